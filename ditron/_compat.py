@@ -1,0 +1,181 @@
+"""All Triton-version glue lives here.
+
+ditron runs on stock Triton (>= 3.5; tested with 3.6.0 and the newest
+release).  Anything that touches a Triton internal -- the builtin protocol,
+the code generator, the semantic layer, compile entry points, hooks -- goes
+through this module so that a Triton upgrade is a one-file change.
+Nothing here probes hardware: importing it is safe on a machine without GPUs.
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+
+import triton
+import triton.language as tl
+from triton.language import core as _core
+
+TRITON_VERSION = tuple(int(p) for p in triton.__version__.split("+")[0].split(".")[:3] if p.isdigit())
+
+#: decorator that turns a Python function into a Triton builtin (it gets
+#: ``_semantic`` and, if it asks for it, ``_generator`` from the code generator)
+builtin = _core.builtin
+JITFunction = triton.runtime.jit.JITFunction
+constexpr = _core.constexpr
+tensor = _core.tensor
+CompilationError = triton.compiler.errors.CompilationError
+
+
+def unwrap(x):
+    """The Python value inside a ``tl.constexpr`` (or ``x`` itself)."""
+    return _core._unwrap_if_constexpr(x)
+
+
+# --------------------------------------------------------------------------
+# Code-generator access
+# --------------------------------------------------------------------------
+
+def builder_options(sem):
+    """Backend options (CUDAOptions / HIPOptions / interpreter options) of the
+    kernel being traced."""
+    builder = getattr(sem, "builder", None)
+    return getattr(builder, "options", None)
+
+
+def is_interpreter(sem) -> bool:
+    builder = getattr(sem, "builder", None)
+    return type(builder).__name__ == "InterpreterBuilder"
+
+
+def source_location(gen):
+    """(file, line, call-node) of the call currently being generated."""
+    if gen is None:
+        return None, None, None
+    node = getattr(gen, "cur_node", None)
+    file_name = getattr(gen, "file_name", None)
+    begin = getattr(gen, "begin_line", 0) or 0
+    line = begin + node.lineno if node is not None and hasattr(node, "lineno") else None
+    return file_name, line, node
+
+
+def function_name(gen):
+    if gen is None:
+        return None
+    jit_fn = getattr(gen, "jit_fn", None)
+    if jit_fn is not None:
+        return getattr(jit_fn, "__name__", None) or getattr(getattr(jit_fn, "fn", None), "__name__", None)
+    return getattr(gen, "function_name", None)
+
+
+def call_jit(gen, fn, args):
+    """Emit a call to another ``@triton.jit`` function from inside a builtin."""
+    return gen.call_JitFunction(fn, list(args), {})
+
+
+# --------------------------------------------------------------------------
+# Value helpers (thin wrappers over tl.core builtins)
+# --------------------------------------------------------------------------
+
+def to_tensor(sem, x):
+    return sem.to_tensor(x)
+
+
+def cast(sem, x, dtype):
+    return _core.cast(x, dtype, _semantic=sem)
+
+
+def bitcast(sem, x, dtype):
+    return _core.cast(x, dtype, bitcast=True, _semantic=sem)
+
+
+def add(sem, a, b):
+    return to_tensor(sem, a).__add__(b, _semantic=sem)
+
+
+def sub(sem, a, b):
+    return to_tensor(sem, a).__sub__(b, _semantic=sem)
+
+
+def mul(sem, a, b):
+    return to_tensor(sem, a).__mul__(b, _semantic=sem)
+
+
+def debug_barrier(sem):
+    return _core.debug_barrier(_semantic=sem)
+
+
+def inline_asm(sem, asm, constraints, args, dtype, *, is_pure=False, pack=1):
+    return _core.inline_asm_elementwise(asm, constraints, list(args), dtype, is_pure, pack, _semantic=sem)
+
+
+def extern_call(sem, lib_name, lib_path, symbol, args, arg_dtypes, ret_dtype, *, is_pure=False):
+    """Call ``symbol`` of an LLVM library with exactly ``arg_dtypes``.
+
+    Scalar arguments give a scalar call; a tensor argument makes the call
+    elementwise.
+    """
+    args = [to_tensor(sem, a) for a in args]
+    args = [cast(sem, a, t) if a.dtype != t else a for a, t in zip(args, arg_dtypes)]
+    return _core.extern_elementwise(lib_name, lib_path, args, {tuple(arg_dtypes): (symbol, ret_dtype)}, is_pure,
+                                    _semantic=sem)
+
+
+def atomic(sem, kind, ptr, *vals, sem_str, scope):
+    fn = {"add": _core.atomic_add, "xchg": _core.atomic_xchg, "cas": _core.atomic_cas}[kind]
+    if kind == "cas":
+        return fn(ptr, vals[0], vals[1], sem=sem_str, scope=scope, _semantic=sem)
+    return fn(ptr, vals[0], sem=sem_str, scope=scope, _semantic=sem)
+
+
+# --------------------------------------------------------------------------
+# Compilation entry points
+# --------------------------------------------------------------------------
+
+def gpu_target(backend: str, arch, warp_size: int):
+    from triton.backends.compiler import GPUTarget
+    return GPUTarget(backend, arch, warp_size)
+
+
+def ast_source(fn, signature, constexprs, attrs):
+    return triton.compiler.ASTSource(fn, signature=signature, constexprs=constexprs, attrs=attrs)
+
+
+def compile_source(src, target, options):
+    return triton.compile(src, target=target, options=options)
+
+
+@contextlib.contextmanager
+def always_compile():
+    """Bypass Triton's on-disk cache (the front end must run to record the
+    distributed IR)."""
+    knobs = triton.knobs.compilation
+    old = knobs.always_compile
+    knobs.always_compile = True
+    try:
+        yield
+    finally:
+        knobs.always_compile = old
+
+
+def divisibility_attr(n=16):
+    return [["tt.divisibility", n]]
+
+
+def jit_function_params(jit_fn):
+    """Names of a JITFunction's parameters, in order."""
+    return [p.name for p in jit_fn.params]
+
+
+def jit_kwargs_signature():
+    """Keyword options accepted by ``triton.jit``."""
+    return set(inspect.signature(triton.jit).parameters) - {"fn"}
+
+
+def triton_cache_dir():
+    return triton.knobs.cache.dir
+
+
+def ditron_cache_dir():
+    base = os.environ.get("DITRON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ditron")
+    return base

@@ -1,0 +1,164 @@
+"""``ditron`` command line.
+
+    ditron compile FILE.py::KERNEL --target sm_90a --signature "x=*fp16,n=i32" --constexpr BLOCK=1024 \
+        --emit dist-ir|ttir|ttgir|llir|ptx|cubin|amdgcn|hsaco [-o OUT]
+    ditron doctor
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import sys
+
+EMIT = {"dist-ir": "dist_ir", "ttir": "ttir", "ttgir": "ttgir", "llir": "llir", "ptx": "ptx", "cubin": "cubin",
+        "amdgcn": "amdgcn", "hsaco": "hsaco"}
+
+
+def _load_kernel(spec: str):
+    if "::" not in spec:
+        raise SystemExit(f"ditron compile: expected FILE.py::KERNEL, got {spec!r}")
+    path, name = spec.rsplit("::", 1)
+    if not os.path.exists(path):
+        raise SystemExit(f"ditron compile: no such file {path!r}")
+    mod_name = f"_ditron_cli_{os.path.splitext(os.path.basename(path))[0]}"
+    loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[mod_name] = module
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    loader_spec.loader.exec_module(module)
+    if not hasattr(module, name):
+        raise SystemExit(f"ditron compile: {path} has no kernel {name!r}")
+    return getattr(module, name)
+
+
+def _parse_value(text: str):
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    if text in ("True", "False"):
+        return text == "True"
+    return text
+
+
+def parse_signature(text: str, params):
+    """``"x=*fp16,n=i32"`` (by name) or ``"*fp16,i32"`` (in parameter order)."""
+    if not text:
+        return {}
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    if all("=" in s or ":" in s for s in items):
+        out = {}
+        for s in items:
+            k, v = s.replace(":", "=", 1).split("=", 1)
+            out[k.strip()] = v.strip()
+        return out
+    return dict(zip(params, items))
+
+
+def cmd_compile(args):
+    import ditron
+    from ditron import _compat
+
+    kernel = _load_kernel(args.kernel)
+    if not isinstance(kernel, _compat.JITFunction):
+        raise SystemExit(f"ditron compile: {args.kernel} is not a @ditron.jit / @triton.jit kernel")
+    params = _compat.jit_function_params(kernel)
+    constexprs = {}
+    for c in args.constexpr or []:
+        if "=" not in c:
+            raise SystemExit(f"ditron compile: --constexpr expects NAME=VALUE, got {c!r}")
+        k, v = c.split("=", 1)
+        constexprs[k.strip()] = _parse_value(v.strip())
+    signature = parse_signature(args.signature or "", [p for p in params if p not in constexprs])
+    options = {}
+    if args.num_warps:
+        options["num_warps"] = args.num_warps
+    if args.num_stages:
+        options["num_stages"] = args.num_stages
+    try:
+        ck = ditron.compile(kernel, target=args.target, signature=signature, constexprs=constexprs, **options)
+    except ditron.DitronError as e:
+        print(f"ditron compile: error: {e}", file=sys.stderr)
+        return 1
+    except _compat.CompilationError as e:
+        print(f"ditron compile: error: {e}", file=sys.stderr)
+        return 1
+    key = EMIT[args.emit]
+    if key not in ck.asm:
+        print(f"ditron compile: target {ck.target.name} has no {args.emit} output (have: "
+              f"{', '.join(k for k, v in EMIT.items() if v in ck.asm)})", file=sys.stderr)
+        return 1
+    out = ck.asm[key]
+    if args.output:
+        mode = "wb" if isinstance(out, bytes) else "w"
+        with open(args.output, mode) as f:
+            f.write(out)
+    elif isinstance(out, bytes):
+        print(f"ditron compile: {args.emit} is binary; use -o FILE", file=sys.stderr)
+        return 1
+    else:
+        sys.stdout.write(out if out.endswith("\n") else out + "\n")
+    return 0
+
+
+def cmd_doctor(args):
+    import triton
+
+    import ditron
+    from ditron import libs
+    from ditron.ir import OPS
+    from ditron.lowering import rules_for
+
+    print(f"ditron        {ditron.__version__}")
+    print(f"python        {platform.python_version()}")
+    print(f"triton        {triton.__version__}")
+    try:
+        import torch
+        print(f"torch         {torch.__version__}")
+        if torch.cuda.is_available():
+            names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            print(f"GPUs          {len(names)}: {', '.join(names)}")
+        else:
+            print("GPUs          none visible (compiling and the simulator still work)")
+    except Exception as e:  # noqa: BLE001 -- doctor reports, never fails
+        print(f"torch         not usable ({e})")
+    print("targets       sm_90a, sm_90 (PTX/cubin via Triton's ptxas); gfx942 (AMDGCN/hsaco via Triton's LLVM)")
+    for backend in ("cuda", "hip", "sim"):
+        have = rules_for(backend)
+        legal = [k for k, spec in OPS.items() if backend in spec.backends]
+        missing = [k for k in legal if k not in have]
+        print(f"lowering      {backend:5s} {len(legal) - len(missing)}/{len(legal)} ops"
+              + (f" (not yet lowered: {', '.join(missing)})" if missing else ""))
+    rep = libs.compatibility_report()
+    print(f"NVSHMEM       bitcode {rep['nvshmem_bitcode'] or 'not found'}")
+    if rep["nvshmem_bitcode"]:
+        print(f"              version {rep['nvshmem_version'] or '?'}, written by {rep['nvshmem_producer'] or '?'}; "
+              f"with Triton {triton.__version__}: {rep['nvshmem_status']}")
+    print(f"rocSHMEM      bitcode {rep['rocshmem_bitcode'] or 'not found (shmem.* on AMD unavailable)'}")
+    return 0
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="ditron", description="ditron: distributed kernels on stock Triton")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("compile", help="compile a kernel for a target without a GPU")
+    p.add_argument("kernel", help="FILE.py::KERNEL")
+    p.add_argument("--target", default="sm_90a", help="sm_90a | sm_90 | gfx942")
+    p.add_argument("--signature", default="", help='"name=*fp16,n=i32" or "*fp16,i32" in parameter order')
+    p.add_argument("--constexpr", "-D", action="append", help="NAME=VALUE (repeatable)")
+    p.add_argument("--emit", default="dist-ir", choices=sorted(EMIT))
+    p.add_argument("--num-warps", type=int)
+    p.add_argument("--num-stages", type=int)
+    p.add_argument("-o", "--output")
+    p.set_defaults(func=cmd_compile)
+    d = sub.add_parser("doctor", help="versions, targets, GPUs, device libraries")
+    d.set_defaults(func=cmd_doctor)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

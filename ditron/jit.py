@@ -1,0 +1,123 @@
+"""``@ditron.jit``: a Triton ``JITFunction`` that knows which device
+libraries a kernel needs.
+
+A ditron kernel is launched exactly like a Triton kernel
+(``kernel[grid](...)``, ``kernel.warmup(...)``) and takes every option of
+``triton.jit``.  What it adds:
+
+* the ditron device library (world descriptor, helpers) is attached for the
+  target being compiled for; it costs nothing in kernels that do not use it
+  (Triton links only needed symbols);
+* the OpenSHMEM library (NVSHMEM / rocSHMEM) is attached only to kernels that
+  call ``shmem.*``: tracing discovers the need (:class:`~ditron.libs.NeedLibrary`),
+  the kernel is compiled again with the library, and the need is remembered;
+* the distributed IR of the last compilation is kept (``kernel.dist_ir``);
+* a device bitcode that the installed Triton cannot read gives an error that
+  names the versions that work.
+"""
+from __future__ import annotations
+
+from . import _compat
+from .ir import recording
+from .libs import NeedLibrary, explain_link_failure, shmem_library
+from .target import parse_target
+
+_MAX_LIBRARY_RETRIES = 4
+
+
+def devlib_for(target):
+    """The ditron device library of ``target``'s backend."""
+    from .lowering import _load, cuda, hip  # noqa: F401  (import registers the rules)
+    return {"cuda": cuda.LIB, "hip": hip.LIB}[target.backend]
+
+
+def library_options(target, needs, user_libs=None):
+    """``extern_libs`` for a compilation: the ditron device library first (its
+    wrappers reference SHMEM symbols, so it must be linked before SHMEM), then
+    the libraries the kernel is known to need, then the user's."""
+    libs = {}
+    lib = devlib_for(target)
+    libs[lib.name] = lib.path()
+    for need in sorted(needs):
+        name, path = shmem_library(target) if need in ("libnvshmem_device", "rocshmem") else (need, None)
+        if path is not None:
+            libs[name] = path
+    for k, v in dict(user_libs or {}).items():
+        libs.setdefault(k, v)
+    return libs
+
+
+def find_cause(exc, kind):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def compile_with_libraries(compile_once, target, needs: set, user_libs=None):
+    """Run ``compile_once(extern_libs)``; when tracing reports a missing device
+    library, add it to ``needs`` and compile again."""
+    for _ in range(_MAX_LIBRARY_RETRIES):
+        libs = library_options(target, needs, user_libs)
+        try:
+            return compile_once(libs)
+        except Exception as e:  # noqa: BLE001 -- re-raised unless it is a library request
+            need = find_cause(e, NeedLibrary)
+            if need is not None and need.name not in needs:
+                needs.add(need.name)
+                continue
+            explained = explain_link_failure(str(e), tuple(libs.items()))
+            if explained is not None:
+                raise explained from e
+            raise
+    raise RuntimeError("device libraries kept changing while compiling; this is a ditron bug")
+
+
+class DitronJITFunction(_compat.JITFunction):
+    """A ``triton.runtime.JITFunction`` with ditron's library handling."""
+
+    def __init__(self, fn, **kwargs):
+        super().__init__(fn, **kwargs)
+        self._needs: dict[str, set] = {}
+        self.dist_ir = None
+
+    def _target(self):
+        from triton.runtime import driver
+        return parse_target(driver.active.get_current_target())
+
+    def run(self, *args, grid, warmup, **kwargs):
+        target = self._target()
+        needs = self._needs.setdefault(target.backend, set())
+        user_libs = kwargs.pop("extern_libs", None)
+        name = self.__name__ if hasattr(self, "__name__") else self.fn.__name__
+
+        def once(libs):
+            with recording(name, target.name) as module:
+                result = _compat.JITFunction.run(self, *args, grid=grid, warmup=warmup, extern_libs=libs, **kwargs)
+            if module.ops:
+                self.dist_ir = module
+            return result
+
+        return compile_with_libraries(once, target, needs, user_libs)
+
+
+def jit(fn=None, **kwargs):
+    """Decorate a kernel: ``@ditron.jit`` or ``@ditron.jit(do_not_specialize=[...], ...)``.
+
+    Takes the options of ``triton.jit``.  Under ``TRITON_INTERPRET=1`` the
+    kernel runs on Triton's interpreter (the simulator's path).
+    """
+    unknown = set(kwargs) - _compat.jit_kwargs_signature()
+    if unknown:
+        raise TypeError(f"ditron.jit got unknown option(s) {sorted(unknown)}; it takes triton.jit's options: "
+                        f"{sorted(_compat.jit_kwargs_signature())}")
+
+    def decorator(f):
+        if _compat.triton.knobs.runtime.interpret:
+            return _compat.triton.jit(f, **kwargs)
+        return DitronJITFunction(f, **kwargs)
+
+    return decorator(fn) if fn is not None else decorator

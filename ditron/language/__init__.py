@@ -1,0 +1,25 @@
+"""``ditron.language`` -- import as ``dl``.
+
+Tile level: :func:`rank`, :func:`num_ranks`, :func:`symm_at`, :func:`wait`,
+:func:`consume_token`, :func:`notify`, :func:`multimem_ld_reduce`,
+:func:`multimem_st`.  Thread level: :func:`tid`, :func:`laneid`,
+:func:`num_threads`, :func:`num_warps`, :func:`ld`, :func:`st`,
+:func:`atomic_add`, :func:`atomic_cas`, :func:`syncthreads`, :func:`fence`,
+:func:`ballot_sync`, :func:`shfl_sync` (+ ``_up``/``_down``/``_xor``),
+:func:`ffs`.  Chunk level: :mod:`ditron.language.shmem`.
+"""
+import sys as _sys
+
+from . import shmem
+from . import shmem as libshmem_device
+
+# ``import ditron.language.libshmem_device`` (Triton-distributed's name) is the same module
+_sys.modules[__name__ + ".libshmem_device"] = shmem
+from .core import (atomic_add, atomic_cas, ballot_sync, consume_token, fence, ffs, laneid, ld, multimem_ld_reduce,
+                   multimem_st, notify, num_ranks, num_threads, num_warps, rank, shfl_down_sync, shfl_sync,
+                   shfl_up_sync, shfl_xor_sync, st, symm_at, syncthreads, tid, wait)
+
+__all__ = ["rank", "num_ranks", "symm_at", "wait", "consume_token", "notify", "multimem_ld_reduce", "multimem_st",
+           "tid", "laneid", "num_threads", "num_warps", "ld", "st", "atomic_add", "atomic_cas", "syncthreads",
+           "fence", "ballot_sync", "shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "ffs",
+           "shmem", "libshmem_device"]

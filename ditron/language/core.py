@@ -1,0 +1,284 @@
+"""Tile- and thread-level primitives of ``ditron.language`` (``dl``).
+
+Names and signatures follow Triton-distributed (``dl.wait``,
+``dl.consume_token``, ``dl.symm_at``, ...) so that its kernels port by
+changing imports.  Each function is a Triton builtin: call it inside a
+``@ditron.jit`` (or ``@triton.jit``) function.  Each creates one op of the
+distributed IR (:mod:`ditron.ir`); the docstrings say what the op means, its
+memory semantics, and what it becomes on each backend.
+
+Memory-model vocabulary: ``scope`` is how far an ordering reaches -- ``"cta"``
+(the program), ``"gpu"`` (the device), ``"sys"`` (the system: peer GPUs over
+NVLink/xGMI and the host).  ``semantic`` is the ordering -- ``"acquire"``
+(later accesses cannot move above), ``"release"`` (earlier accesses cannot
+move below), ``"acq_rel"``, ``"relaxed"`` (atomic, unordered),
+``"volatile"`` (not cached, unordered).
+"""
+from __future__ import annotations
+
+from .. import _compat
+from .semantic import emit
+
+builtin = _compat.builtin
+
+
+# ---------------------------------------------------------------------------
+# tile level
+# ---------------------------------------------------------------------------
+
+@builtin
+def rank(axis=-1, _semantic=None, _generator=None):
+    """This process's rank, an ``int32`` scalar.
+
+    ``axis=-1``: global rank; ``axis=0``: rank within the node (local rank);
+    ``axis=1``: node index.  Reads the world descriptor that the runtime
+    stores in the kernel's module (no kernel argument needed).
+
+    NVIDIA / AMD: one constant-memory load from the ditron device library.
+    Simulator: the simulated rank.
+    """
+    return emit("rank", {}, {"axis": axis}, _semantic, _generator)
+
+
+@builtin
+def num_ranks(axis=-1, _semantic=None, _generator=None):
+    """Number of ranks, an ``int32`` scalar: ``axis=-1`` world size,
+    ``axis=0`` ranks per node, ``axis=1`` number of nodes.  Lowered like
+    :func:`rank`."""
+    return emit("num_ranks", {}, {"axis": axis}, _semantic, _generator)
+
+
+@builtin
+def symm_at(ptr, rank, _semantic=None, _generator=None):
+    """The same offset in ``rank``'s copy of a symmetric tensor.
+
+    ``ptr`` points into a symmetric allocation (``ditron.symm_empty`` /
+    ``symm_zeros``); it may be one pointer or a tensor of pointers.  The result
+    can be loaded from and stored to directly (NVLink / xGMI peer access), so
+    ``rank`` must be on this node: a rank on another node traps.  No memory
+    access and no ordering by itself.
+
+    NVIDIA / AMD: ``ptr + delta[rank] * (4096 / elem_size)`` with ``delta``
+    from the world descriptor (heaps are 4 KiB aligned, so vectorised
+    accesses stay vectorised).  Simulator: address translation between the
+    shared-memory heaps of the simulated ranks.
+    """
+    return emit("symm_at", {"ptr": ptr, "rank": rank}, {}, _semantic, _generator, params=("ptr", "rank"))
+
+
+@builtin
+def wait(barrier_ptrs, num_barriers, scope="gpu", semantic="acquire", waitValue=1, wait_value=None,
+         _semantic=None, _generator=None):
+    """Spin until each of ``num_barriers`` consecutive signal words starting
+    at ``barrier_ptrs`` equals ``waitValue``; return a token.
+
+    ``barrier_ptrs``: one pointer to int32/uint32 or int64/uint64 words;
+    ``num_barriers`` may be a runtime value.  ``scope``: ``"gpu"`` (the signal
+    is written on this GPU) or ``"sys"`` (written by a peer or the host);
+    ``semantic``: ``"acquire"`` (reads after the wait see what the writer
+    released) or ``"relaxed"``.  All threads of the program leave the wait
+    together.  Pass the token to :func:`consume_token` so that loads of the
+    guarded data carry a dependency on the wait.
+
+    NVIDIA: threads poll words ``tid, tid+ntid, ...`` with
+    ``ld.<semantic>.<scope>.global``, then ``bar.sync 0``.  AMD: the same loop
+    with LLVM atomic loads (``syncscope("agent")`` / system) and
+    ``s_barrier``.  Simulator: polls the shared heap.
+    """
+    value = waitValue if wait_value is None else wait_value
+    return emit("wait", {"barrier_ptrs": barrier_ptrs, "num_barriers": num_barriers, "wait_value": value},
+                {"scope": scope, "semantic": semantic}, _semantic, _generator,
+                params=("barrier_ptrs", "num_barriers", "scope", "semantic", "waitValue"),
+                aliases={"waitValue": "wait_value"})
+
+
+@builtin
+def consume_token(value, token, _semantic=None, _generator=None):
+    """``value`` (a pointer, tensor of pointers, or tensor) made data-dependent
+    on ``token`` (from :func:`wait`), so that loads through it cannot be
+    scheduled above the wait by Triton's or LLVM's passes.
+
+    Lowered to ``value + token * k`` (``token`` is zero at run time but opaque
+    to the compiler; for pointers ``k = 128`` elements, which keeps their
+    alignment and vectorisation).  Costs one integer add.
+    """
+    return emit("consume_token", {"value": value, "token": token}, {}, _semantic, _generator,
+                params=("value", "token"))
+
+
+@builtin
+def notify(ptr, rank, signal=1, sig_op="set", comm_scope="intra_node", _semantic=None, _generator=None):
+    """Signal ``rank``: write ``signal`` to (``sig_op="set"``) or add it to
+    (``"add"``) the word at ``ptr`` in ``rank``'s copy, after everything this
+    program wrote before the call.
+
+    ``comm_scope``: ``"gpu"`` (rank is this GPU: release at device scope),
+    ``"intra_node"`` (a peer on this node: release at system scope through a
+    peer pointer), ``"inter_node"`` (any rank: an OpenSHMEM signal
+    operation, needs NVSHMEM / rocSHMEM and 64-bit signal words).  The program's
+    threads synchronise first; one thread performs the release.
+    (Triton-distributed defaults ``comm_scope`` to ``"inter_node"``; ditron
+    defaults to ``"intra_node"``, which needs no SHMEM library.)
+
+    NVIDIA: ``bar.sync 0`` then ``st.release.<scope>.global`` /
+    ``red.release.<scope>.global.add`` by thread 0, or ``nvshmemx_signal_op``.
+    AMD: ``s_barrier`` then an LLVM release store / ``atomicrmw add release``,
+    or ``rocshmem_signal_op``.  Simulator: an atomic store/add on the peer heap.
+    """
+    return emit("notify", {"ptr": ptr, "rank": rank, "signal": signal}, {"sig_op": sig_op, "comm_scope": comm_scope},
+                _semantic, _generator, params=("ptr", "rank", "signal", "sig_op", "comm_scope"))
+
+
+@builtin
+def multimem_ld_reduce(ptrs, op="sum", acc_dtype=None, _semantic=None, _generator=None):
+    """Load through multicast addresses and reduce across all ranks (NVLink
+    SHARP): returns a tile with, per element, the ``op`` (``"sum"``, ``"min"``,
+    ``"max"``) of every rank's value.  ``ptrs`` are multicast pointers
+    (``shmem.remote_mc_ptr``).  fp16/bf16 sums accumulate in fp32 by default
+    (``acc_dtype``).  Relaxed, system scope.
+
+    NVIDIA sm_90+: ``multimem.ld_reduce.relaxed.sys.global.add[.acc::f32].<type>``.
+    AMD and older NVIDIA GPUs: a compile-time error (no multicast memory).
+    """
+    return emit("multimem_ld_reduce", {"ptrs": ptrs}, {"op": op, "acc_dtype": acc_dtype}, _semantic, _generator,
+                params=("ptrs", "op", "acc_dtype"))
+
+
+@builtin
+def multimem_st(ptrs, value, _semantic=None, _generator=None):
+    """Store ``value`` through multicast addresses: every rank's copy receives
+    it (NVLink SHARP broadcast).  Relaxed, system scope.
+
+    NVIDIA sm_90+: ``multimem.st.relaxed.sys.global.<type>``.  AMD: compile-time
+    error.
+    """
+    return emit("multimem_st", {"ptrs": ptrs, "value": value}, {}, _semantic, _generator, params=("ptrs", "value"))
+
+
+# ---------------------------------------------------------------------------
+# thread level: these run in every thread, exactly like their CUDA namesakes;
+# guard with ``if dl.tid(0) == 0:`` for once-per-program effects
+# ---------------------------------------------------------------------------
+
+@builtin
+def tid(axis=0, _semantic=None, _generator=None):
+    """This thread's index in the program (``threadIdx``; Triton launches
+    1-D programs, so ``axis`` is 0 in practice).  NVIDIA: ``%tid.x``; AMD:
+    ``llvm.amdgcn.workitem.id.x``."""
+    return emit("tid", {}, {"axis": axis}, _semantic, _generator)
+
+
+@builtin
+def laneid(_semantic=None, _generator=None):
+    """Lane of this thread in its warp (NVIDIA ``%laneid``, 0..31) or
+    wavefront (AMD ``mbcnt``, 0..63)."""
+    return emit("laneid", {}, {}, _semantic, _generator)
+
+
+@builtin
+def num_threads(_semantic=None, _generator=None):
+    """Threads in the program (``num_warps * warp_size``; NVIDIA ``%ntid.x``)."""
+    return emit("num_threads", {}, {}, _semantic, _generator)
+
+
+@builtin
+def num_warps(_semantic=None, _generator=None):
+    """Warps (wavefronts) in the program."""
+    return emit("num_warps", {}, {}, _semantic, _generator)
+
+
+@builtin
+def ld(ptr, scope="gpu", semantic="acquire", _semantic=None, _generator=None):
+    """Load with explicit memory semantics (per element for a tensor of
+    pointers).  ``semantic``: ``"acquire"``, ``"relaxed"``, ``"volatile"``;
+    ``scope``: ``"cta"``, ``"gpu"``, ``"sys"``.  NVIDIA:
+    ``ld.<semantic>.<scope>.global.b<bits>``; AMD: LLVM ``load atomic`` with
+    the matching ``syncscope``."""
+    return emit("ld", {"ptr": ptr}, {"scope": scope, "semantic": semantic}, _semantic, _generator, params=("ptr",))
+
+
+@builtin
+def st(ptr, value, scope="gpu", semantic="release", _semantic=None, _generator=None):
+    """Store with explicit memory semantics (``"release"``, ``"relaxed"``,
+    ``"volatile"``).  NVIDIA: ``st.<semantic>.<scope>.global.b<bits>``; AMD:
+    LLVM ``store atomic``."""
+    return emit("st", {"ptr": ptr, "value": value}, {"scope": scope, "semantic": semantic}, _semantic, _generator,
+                params=("ptr", "value"))
+
+
+@builtin
+def atomic_add(ptr, value, scope="gpu", semantic="relaxed", _semantic=None, _generator=None):
+    """Atomic add in every calling thread; returns the old value.  NVIDIA:
+    ``atom.<semantic>.<scope>.global.add``; AMD: ``atomicrmw add``/``fadd``."""
+    return emit("atomic_add", {"ptr": ptr, "value": value}, {"scope": scope, "semantic": semantic}, _semantic,
+                _generator, params=("ptr", "value"))
+
+
+@builtin
+def atomic_cas(ptr, cmp, value, scope="gpu", semantic="acq_rel", _semantic=None, _generator=None):
+    """Atomic compare-and-swap in every calling thread; returns the old value.
+    NVIDIA: ``atom.<semantic>.<scope>.global.cas.b<bits>``; AMD: ``cmpxchg``."""
+    return emit("atomic_cas", {"ptr": ptr, "cmp": cmp, "value": value}, {"scope": scope, "semantic": semantic},
+                _semantic, _generator, params=("ptr", "cmp", "value"))
+
+
+@builtin
+def syncthreads(_semantic=None, _generator=None):
+    """Barrier of all threads of the program with CTA-scope ordering
+    (``__syncthreads``).  NVIDIA: ``bar.sync 0``; AMD: ``s_barrier``."""
+    return emit("syncthreads", {}, {}, _semantic, _generator)
+
+
+@builtin
+def fence(semantic="acq_rel", scope="gpu", _semantic=None, _generator=None):
+    """Memory fence.  ``semantic``: ``"acquire"``/``"release"``/``"acq_rel"``
+    (all ``fence.acq_rel`` on NVIDIA) or ``"sc"``; ``scope``: ``"cta"``,
+    ``"gpu"``, ``"sys"``.  AMD: LLVM ``fence`` with the matching syncscope."""
+    return emit("fence", {}, {"semantic": semantic, "scope": scope}, _semantic, _generator)
+
+
+@builtin
+def ballot_sync(mask, pred, _semantic=None, _generator=None):
+    """Bit ``i`` set when lane ``i`` (among ``mask``) has a non-zero ``pred``.
+    NVIDIA: ``vote.sync.ballot.b32`` (int32).  AMD: ``llvm.amdgcn.ballot``
+    over the 64-lane wavefront (int64; ``mask`` is ignored)."""
+    return emit("ballot_sync", {"mask": mask, "pred": pred}, {}, _semantic, _generator, params=("mask", "pred"))
+
+
+@builtin
+def shfl_sync(mask, value, lane, _semantic=None, _generator=None):
+    """``value`` of lane ``lane`` (32- or 64-bit).  NVIDIA ``shfl.sync.idx``;
+    AMD ``ds_bpermute``."""
+    return emit("shfl_sync", {"mask": mask, "value": value, "lane": lane}, {}, _semantic, _generator,
+                params=("mask", "value", "lane"))
+
+
+@builtin
+def shfl_up_sync(mask, value, delta, _semantic=None, _generator=None):
+    """``value`` of lane ``laneid - delta`` (own value for lower lanes).
+    NVIDIA ``shfl.sync.up``."""
+    return emit("shfl_up_sync", {"mask": mask, "value": value, "lane": delta}, {}, _semantic, _generator,
+                params=("mask", "value", "lane"))
+
+
+@builtin
+def shfl_down_sync(mask, value, delta, _semantic=None, _generator=None):
+    """``value`` of lane ``laneid + delta`` (own value past the last lane).
+    NVIDIA ``shfl.sync.down``."""
+    return emit("shfl_down_sync", {"mask": mask, "value": value, "lane": delta}, {}, _semantic, _generator,
+                params=("mask", "value", "lane"))
+
+
+@builtin
+def shfl_xor_sync(mask, value, lane_mask, _semantic=None, _generator=None):
+    """``value`` of lane ``laneid ^ lane_mask`` (butterfly).  NVIDIA
+    ``shfl.sync.bfly``."""
+    return emit("shfl_xor_sync", {"mask": mask, "value": value, "lane": lane_mask}, {}, _semantic, _generator,
+                params=("mask", "value", "lane"))
+
+
+@builtin
+def ffs(x, _semantic=None, _generator=None):
+    """1-based position of the least significant set bit of ``x`` (0 when
+    ``x == 0``), as int32.  NVIDIA: ``brev`` + ``clz``; AMD: ``llvm.cttz``."""
+    return emit("ffs", {"x": x}, {}, _semantic, _generator, params=("x",))

@@ -1,0 +1,319 @@
+"""NVIDIA lowering (sm_70+, multimem on sm_90+): inline PTX for memory-model
+operations, the ditron device library for the world descriptor, NVSHMEM
+device functions (through exact-prototype wrappers) for ``shmem.*``.
+
+PTX is written explicitly (``ld.acquire.gpu``, ``red.release.sys``, ...)
+rather than through LLVM atomics because the NVPTX backend shipped with
+Triton drops the ordering of ``atomicrmw`` (seen: ``acq_rel`` became a plain
+``atom``), while inline PTX says exactly what runs.
+"""
+from __future__ import annotations
+
+import triton.language as tl
+
+from .. import _compat
+from . import common, devlib, register, shmem_rules, shmem_table
+
+BACKEND = "cuda"
+LIB = devlib.DeviceLibrary("ditron", BACKEND, global_addrspace=1, const_addrspace=4)
+devlib.add_world(LIB)
+
+_SCOPE = {"cta": "cta", "gpu": "gpu", "sys": "sys", "intra_node": "sys", "inter_node": "sys"}
+
+
+def _bits(dtype):
+    return dtype.primitive_bitwidth
+
+
+def _reg(bits):
+    return {16: "h", 32: "r", 64: "l"}[bits]
+
+
+def _elem(ctx, value, arg):
+    t = ctx.tensor(value).type
+    t = t.element_ty if t.is_block() else t
+    if t.is_ptr():
+        t = t.element_ty
+    if t.is_block() or t.primitive_bitwidth not in (16, 32, 64):
+        raise ctx.error(f"elements of {t} are not supported (16-, 32- or 64-bit only)", arg=arg)
+    return t
+
+
+def _ptx_type(t, *, arith=False):
+    """PTX type suffix: ``b32`` for moves; ``u32``/``s32``/``f32`` for arithmetic."""
+    bits = _bits(t)
+    if not arith:
+        return f"b{bits}"
+    if t.is_floating():
+        return {16: "f16", 32: "f32", 64: "f64"}[bits] if not t.is_bf16() else "bf16"
+    return f"{'s' if t.is_int_signed() else 'u'}{bits}"
+
+
+# ---------------------------------------------------------------------------
+# tile level
+# ---------------------------------------------------------------------------
+
+@register("rank", BACKEND)
+def _rank(ctx, axis):
+    return common.world_field(ctx, LIB, common.RANK_FIELD[axis])
+
+
+@register("num_ranks", BACKEND)
+def _num_ranks(ctx, axis):
+    return common.world_field(ctx, LIB, common.SIZE_FIELD[axis])
+
+
+@register("symm_at", BACKEND)
+def _symm_at(ctx, ptr, rank):
+    return common.symm_at(ctx, LIB, ctx.tensor(ptr), rank)
+
+
+@register("wait", BACKEND)
+def _wait(ctx, barrier_ptrs, num_barriers, wait_value, scope, semantic):
+    """Every thread polls words tid, tid+ntid, ... < num_barriers with
+    ``ld.<semantic>.<scope>``; then ``bar.sync 0`` joins the CTA."""
+    bits = common.signal_width(ctx, ctx.tensor(barrier_ptrs), "barrier_ptrs")
+    r = _reg(bits)
+    wide = "mul.wide.u32 %off, %i, 8;" if bits == 64 else "mul.wide.u32 %off, %i, 4;"
+    asm = f"""{{
+    .reg .pred %p<2>; .reg .b{bits} %v; .reg .u32 %i, %nt; .reg .u64 %off, %a;
+    mov.u32 %i, %tid.x;
+    mov.u32 %nt, %ntid.x;
+    L_next_${{:uid}}:
+    setp.ge.u32 %p0, %i, $2;
+    @%p0 bra L_done_${{:uid}};
+    {wide}
+    add.u64 %a, $1, %off;
+    L_spin_${{:uid}}:
+    ld.{semantic}.{scope}.global.b{bits} %v, [%a];
+    setp.ne.b{bits} %p1, %v, $3;
+    @%p1 bra L_spin_${{:uid}};
+    add.u32 %i, %i, %nt;
+    bra L_next_${{:uid}};
+    L_done_${{:uid}}:
+    bar.sync 0;
+    mov.u32 $0, 0;
+    }}"""
+    n = _compat.cast(ctx.sem, ctx.tensor(num_barriers), tl.int32)
+    val = _compat.cast(ctx.sem, ctx.tensor(wait_value), tl.int64 if bits == 64 else tl.int32)
+    return ctx.asm(asm, f"=r,l,r,{r}", [barrier_ptrs, n, val], tl.int32)
+
+
+@register("consume_token", BACKEND)
+def _consume_token(ctx, value, token):
+    return common.consume_token(ctx, value, token)
+
+
+@register("notify", BACKEND)
+def _notify(ctx, ptr, rank, signal, sig_op, comm_scope):
+    """``bar.sync 0`` (all threads' writes are done), then thread 0 performs a
+    release store / release reduction at the scope's level; release is
+    cumulative, so the whole CTA's writes become visible before the signal."""
+    ptr = ctx.tensor(ptr)
+    bits = common.signal_width(ctx, ptr, "ptr")
+    if comm_scope == "inter_node":
+        sig = _shmem_call(ctx, "shmem.signal_op", [ptr, signal, rank], extra={"sig_op": sig_op})
+        return sig
+    remote = common.symm_at(ctx, LIB, ptr, rank)
+    scope = _SCOPE[comm_scope]
+    if sig_op == "set":
+        instr = f"st.release.{scope}.global.b{bits} [$1], $2;"
+    else:
+        instr = f"red.release.{scope}.global.add.u{bits} [$1], $2;"
+    asm = f"""{{
+    .reg .pred %p; .reg .u32 %t;
+    bar.sync 0;
+    mov.u32 %t, %tid.x;
+    setp.eq.u32 %p, %t, 0;
+    @%p {instr}
+    mov.u32 $0, 0;
+    }}"""
+    val = _compat.cast(ctx.sem, ctx.tensor(signal), tl.int64 if bits == 64 else tl.int32)
+    ctx.asm(asm, f"=r,l,{_reg(bits)}", [remote, val], tl.int32)
+    return None
+
+
+_MM_OPS = {"sum": "add", "min": "min", "max": "max"}
+
+
+def _mm_type(ctx, t, op, acc):
+    if t.is_fp32():
+        if op != "sum":
+            raise ctx.error("fp32 multimem reductions support op='sum' only", arg="op")
+        return "f32", ""
+    if t.is_fp16() or t.is_bf16():
+        name = "f16" if t.is_fp16() else "bf16"
+        if acc is not None and acc.is_fp32() and op == "sum":
+            return name, ".acc::f32"
+        return name, ""
+    if t.is_int() and t.primitive_bitwidth in (32, 64):
+        return f"{'s' if t.is_int_signed() else 'u'}{t.primitive_bitwidth}", ""
+    raise ctx.error(f"multimem does not support {t} elements", arg="ptrs")
+
+
+@register("multimem_ld_reduce", BACKEND)
+def _multimem_ld_reduce(ctx, ptrs, op, acc_dtype):
+    """``multimem.ld_reduce.relaxed.sys.global.<op>`` per element: the NVLink
+    switch reads every rank's copy behind the multicast address and reduces."""
+    ptrs = ctx.tensor(ptrs)
+    t = _elem(ctx, ptrs, "ptrs")
+    acc = _compat.unwrap(acc_dtype)
+    if acc is None and (t.is_fp16() or t.is_bf16()):
+        acc = tl.float32
+    ty, accq = _mm_type(ctx, t, op, acc)
+    asm = f"multimem.ld_reduce.relaxed.sys.global.{_MM_OPS[op]}{accq}.{ty} $0, [$1];"
+    return ctx.asm(asm, f"={_reg(_bits(t))},l", [ptrs], t)
+
+
+@register("multimem_st", BACKEND)
+def _multimem_st(ctx, ptrs, value):
+    """``multimem.st.relaxed.sys.global`` per element: one store reaches every
+    rank's copy behind the multicast address."""
+    ptrs = ctx.tensor(ptrs)
+    t = _elem(ctx, ptrs, "ptrs")
+    ty, _ = _mm_type(ctx, t, "sum", None)
+    value = _compat.cast(ctx.sem, ctx.tensor(value), t)
+    asm = f"multimem.st.relaxed.sys.global.{ty} [$1], $2; mov.u32 $0, 0;"
+    ctx.asm(asm, f"=r,l,{_reg(_bits(t))}", [ptrs, value], tl.int32)
+    return None
+
+
+# ---------------------------------------------------------------------------
+# thread level (per thread, exactly as in CUDA)
+# ---------------------------------------------------------------------------
+
+def _special(ctx, reg):
+    return ctx.asm(f"mov.u32 $0, {reg};", "=r", [], tl.int32, is_pure=True)
+
+
+@register("tid", BACKEND)
+def _tid(ctx, axis):
+    return _special(ctx, "%tid." + "xyz"[axis])
+
+
+@register("laneid", BACKEND)
+def _laneid(ctx):
+    return _special(ctx, "%laneid")
+
+
+@register("num_threads", BACKEND)
+def _num_threads(ctx):
+    return _special(ctx, "%ntid.x")
+
+
+@register("num_warps", BACKEND)
+def _num_warps(ctx):
+    return ctx.asm("{ .reg .u32 %n; mov.u32 %n, %ntid.x; shr.u32 $0, %n, 5; }", "=r", [], tl.int32, is_pure=True)
+
+
+def _sem_scope(semantic, scope):
+    if semantic == "volatile":
+        return "volatile"
+    return f"{semantic}.{scope}"
+
+
+@register("ld", BACKEND)
+def _ld(ctx, ptr, scope, semantic):
+    t = _elem(ctx, ptr, "ptr")
+    asm = f"ld.{_sem_scope(semantic, scope)}.global.b{_bits(t)} $0, [$1];"
+    return ctx.asm(asm, f"={_reg(_bits(t))},l", [ptr], t)
+
+
+@register("st", BACKEND)
+def _st(ctx, ptr, value, scope, semantic):
+    t = _elem(ctx, ptr, "ptr")
+    value = _compat.cast(ctx.sem, ctx.tensor(value), t)
+    asm = f"st.{_sem_scope(semantic, scope)}.global.b{_bits(t)} [$1], $2; mov.u32 $0, 0;"
+    ctx.asm(asm, f"=r,l,{_reg(_bits(t))}", [ptr, value], tl.int32)
+    return None
+
+
+@register("atomic_add", BACKEND)
+def _atomic_add(ctx, ptr, value, scope, semantic):
+    t = _elem(ctx, ptr, "ptr")
+    if _bits(t) == 16:
+        raise ctx.error("16-bit atomic_add is not supported", arg="ptr")
+    value = _compat.cast(ctx.sem, ctx.tensor(value), t)
+    ty = _ptx_type(t, arith=True)
+    if ty.startswith("s") and ty != "s32":
+        ty = "u64"
+    asm = f"atom.{semantic}.{scope}.global.add.{ty} $0, [$1], $2;"
+    return ctx.asm(asm, f"={_reg(_bits(t))},l,{_reg(_bits(t))}", [ptr, value], t)
+
+
+@register("atomic_cas", BACKEND)
+def _atomic_cas(ctx, ptr, cmp, value, scope, semantic):
+    t = _elem(ctx, ptr, "ptr")
+    if _bits(t) == 16:
+        raise ctx.error("16-bit atomic_cas is not supported", arg="ptr")
+    cmp = _compat.cast(ctx.sem, ctx.tensor(cmp), t)
+    value = _compat.cast(ctx.sem, ctx.tensor(value), t)
+    r = _reg(_bits(t))
+    asm = f"atom.{semantic}.{scope}.global.cas.b{_bits(t)} $0, [$1], $2, $3;"
+    return ctx.asm(asm, f"={r},l,{r},{r}", [ptr, cmp, value], t)
+
+
+@register("syncthreads", BACKEND)
+def _syncthreads(ctx):
+    _compat.debug_barrier(ctx.sem)
+    return None
+
+
+@register("fence", BACKEND)
+def _fence(ctx, semantic, scope):
+    sem = "sc" if semantic == "sc" else "acq_rel"
+    ctx.asm(f"fence.{sem}.{scope}; mov.u32 $0, 0;", "=r", [], tl.int32)
+    return None
+
+
+@register("ballot_sync", BACKEND)
+def _ballot_sync(ctx, mask, pred):
+    p = _compat.cast(ctx.sem, ctx.tensor(pred), tl.int32)
+    m = _compat.cast(ctx.sem, ctx.tensor(mask), tl.int32)
+    asm = "{ .reg .pred %p; setp.ne.u32 %p, $2, 0; vote.sync.ballot.b32 $0, %p, $1; }"
+    return ctx.asm(asm, "=r,r,r", [m, p], tl.int32)
+
+
+def _shfl(mode, clamp):
+    def rule(ctx, mask, value, lane):
+        value = ctx.tensor(value)
+        t = value.type.element_ty if value.type.is_block() else value.type
+        if t.is_ptr() or _bits(t) not in (32, 64):
+            raise ctx.error(f"shuffles move 32- or 64-bit values, not {t}", arg="value")
+        m = _compat.cast(ctx.sem, ctx.tensor(mask), tl.int32)
+        ln = _compat.cast(ctx.sem, ctx.tensor(lane), tl.int32)
+        if _bits(t) == 32:
+            asm = f"shfl.sync.{mode}.b32 $0, $1, $2, {clamp}, $3;"
+            return ctx.asm(asm, "=r,r,r,r", [value, ln, m], t)
+        asm = (f"{{ .reg .b32 %lo, %hi; mov.b64 {{%lo, %hi}}, $1; "
+               f"shfl.sync.{mode}.b32 %lo, %lo, $2, {clamp}, $3; shfl.sync.{mode}.b32 %hi, %hi, $2, {clamp}, $3; "
+               f"mov.b64 $0, {{%lo, %hi}}; }}")
+        return ctx.asm(asm, "=l,l,r,r", [value, ln, m], t)
+    return rule
+
+
+register("shfl_sync", BACKEND)(_shfl("idx", "0x1f"))
+register("shfl_up_sync", BACKEND)(_shfl("up", "0x0"))
+register("shfl_down_sync", BACKEND)(_shfl("down", "0x1f"))
+register("shfl_xor_sync", BACKEND)(_shfl("bfly", "0x1f"))
+
+
+@register("ffs", BACKEND)
+def _ffs(ctx, x):
+    x = ctx.tensor(x)
+    t = x.type.element_ty if x.type.is_block() else x.type
+    b = _bits(t)
+    if b not in (32, 64):
+        raise ctx.error(f"ffs takes 32- or 64-bit integers, not {t}", arg="x")
+    asm = (f"{{ .reg .b{b} %t; .reg .u32 %c; .reg .pred %z; brev.b{b} %t, $1; clz.b{b} %c, %t; "
+           f"add.u32 %c, %c, 1; setp.eq.u{b} %z, $1, 0; selp.b32 $0, 0, %c, %z; }}")
+    return ctx.asm(asm, f"=r,{_reg(b)}", [x], tl.int32, is_pure=True)
+
+
+# ---------------------------------------------------------------------------
+# chunk level: NVSHMEM
+# ---------------------------------------------------------------------------
+_shmem_call = shmem_rules.make_shmem_call(LIB, shmem_table.NVSHMEM,
+                                          {"sig_op": shmem_table.NVSHMEM_SIGNAL, "cmp": shmem_table.NVSHMEM_CMP})
+shmem_rules.register_shmem(BACKEND, _shmem_call)
+shmem_rules.define_wrappers(LIB, shmem_table.NVSHMEM)
