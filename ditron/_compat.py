@@ -142,6 +142,14 @@ def ast_source(fn, signature, constexprs, attrs):
 
 
 def compile_source(src, target, options):
+    options = dict(options or {})
+    if TRITON_VERSION >= (3, 9) and "enable_fp_fusion" not in options:
+        # Triton >= 3.9 warns on every compile that leaves enable_fp_fusion
+        # unset while TRITON_DEFAULT_FP_FUSION is unset (its default flips in
+        # 3.10).  Pass Triton's own default explicitly: same result as leaving
+        # it unset (TRITON_DEFAULT_FP_FUSION / TRITON_FORCE_DISABLE_FP_FUSION
+        # still apply), exactly as on 3.6, without the per-compile warning.
+        options["enable_fp_fusion"] = bool(triton.knobs.language.default_fp_fusion)
     return triton.compile(src, target=target, options=options)
 
 

@@ -39,6 +39,21 @@ def _elem(ctx, value, arg):
     return t
 
 
+_INT_OF = {16: tl.int16, 32: tl.int32, 64: tl.int64}
+
+
+def _raw(ctx, value, t):
+    """``value`` converted to ``t`` and viewed as an integer of the same width
+    (inline asm operands are registers; a float next to a pointer would not
+    broadcast)."""
+    v = _compat.cast(ctx.sem, ctx.tensor(value), t)
+    return _compat.bitcast(ctx.sem, v, _INT_OF[_bits(t)]) if t.is_floating() else v
+
+
+def _cooked(ctx, value, t):
+    return _compat.bitcast(ctx.sem, value, t) if t.is_floating() else value
+
+
 def _ptx_type(t, *, arith=False):
     """PTX type suffix: ``b32`` for moves; ``u32``/``s32``/``f32`` for arithmetic."""
     bits = _bits(t)
@@ -161,6 +176,11 @@ def _multimem_ld_reduce(ctx, ptrs, op, acc_dtype):
     if acc is None and (t.is_fp16() or t.is_bf16()):
         acc = tl.float32
     ty, accq = _mm_type(ctx, t, op, acc)
+    if _bits(t) == 16:
+        # 16-bit data moves in pairs (.f16x2/.bf16x2): each thread reduces two
+        # adjacent elements with one instruction at the first one's address
+        asm = f"multimem.ld_reduce.relaxed.sys.global.{_MM_OPS[op]}{accq}.{ty}x2 $0, [$1];"
+        return ctx.asm(asm, "=r,l,l", [ptrs], t, pack=2)
     asm = f"multimem.ld_reduce.relaxed.sys.global.{_MM_OPS[op]}{accq}.{ty} $0, [$1];"
     return ctx.asm(asm, f"={_reg(_bits(t))},l", [ptrs], t)
 
@@ -172,7 +192,11 @@ def _multimem_st(ctx, ptrs, value):
     ptrs = ctx.tensor(ptrs)
     t = _elem(ctx, ptrs, "ptrs")
     ty, _ = _mm_type(ctx, t, "sum", None)
-    value = _compat.cast(ctx.sem, ctx.tensor(value), t)
+    value = _raw(ctx, value, t)
+    if _bits(t) == 16:
+        asm = f"multimem.st.relaxed.sys.global.{ty}x2 [$1], $3; mov.b32 $0, 0;"
+        ctx.asm(asm, "=r,l,l,r", [ptrs, value], tl.int16, pack=2)
+        return None
     asm = f"multimem.st.relaxed.sys.global.{ty} [$1], $2; mov.u32 $0, 0;"
     ctx.asm(asm, f"=r,l,{_reg(_bits(t))}", [ptrs, value], tl.int32)
     return None
@@ -216,13 +240,13 @@ def _sem_scope(semantic, scope):
 def _ld(ctx, ptr, scope, semantic):
     t = _elem(ctx, ptr, "ptr")
     asm = f"ld.{_sem_scope(semantic, scope)}.global.b{_bits(t)} $0, [$1];"
-    return ctx.asm(asm, f"={_reg(_bits(t))},l", [ptr], t)
+    return _cooked(ctx, ctx.asm(asm, f"={_reg(_bits(t))},l", [ptr], _INT_OF[_bits(t)] if t.is_floating() else t), t)
 
 
 @register("st", BACKEND)
 def _st(ctx, ptr, value, scope, semantic):
     t = _elem(ctx, ptr, "ptr")
-    value = _compat.cast(ctx.sem, ctx.tensor(value), t)
+    value = _raw(ctx, value, t)
     asm = f"st.{_sem_scope(semantic, scope)}.global.b{_bits(t)} [$1], $2; mov.u32 $0, 0;"
     ctx.asm(asm, f"=r,l,{_reg(_bits(t))}", [ptr, value], tl.int32)
     return None
@@ -233,12 +257,13 @@ def _atomic_add(ctx, ptr, value, scope, semantic):
     t = _elem(ctx, ptr, "ptr")
     if _bits(t) == 16:
         raise ctx.error("16-bit atomic_add is not supported", arg="ptr")
-    value = _compat.cast(ctx.sem, ctx.tensor(value), t)
+    value = _raw(ctx, value, t)
     ty = _ptx_type(t, arith=True)
     if ty.startswith("s") and ty != "s32":
         ty = "u64"
     asm = f"atom.{semantic}.{scope}.global.add.{ty} $0, [$1], $2;"
-    return ctx.asm(asm, f"={_reg(_bits(t))},l,{_reg(_bits(t))}", [ptr, value], t)
+    old = ctx.asm(asm, f"={_reg(_bits(t))},l,{_reg(_bits(t))}", [ptr, value], _INT_OF[_bits(t)] if t.is_floating() else t)
+    return _cooked(ctx, old, t)
 
 
 @register("atomic_cas", BACKEND)
@@ -246,11 +271,11 @@ def _atomic_cas(ctx, ptr, cmp, value, scope, semantic):
     t = _elem(ctx, ptr, "ptr")
     if _bits(t) == 16:
         raise ctx.error("16-bit atomic_cas is not supported", arg="ptr")
-    cmp = _compat.cast(ctx.sem, ctx.tensor(cmp), t)
-    value = _compat.cast(ctx.sem, ctx.tensor(value), t)
+    cmp = _raw(ctx, cmp, t)
+    value = _raw(ctx, value, t)
     r = _reg(_bits(t))
     asm = f"atom.{semantic}.{scope}.global.cas.b{_bits(t)} $0, [$1], $2, $3;"
-    return ctx.asm(asm, f"={r},l,{r},{r}", [ptr, cmp, value], t)
+    return _cooked(ctx, ctx.asm(asm, f"={r},l,{r},{r}", [ptr, cmp, value], _INT_OF[_bits(t)] if t.is_floating() else t), t)
 
 
 @register("syncthreads", BACKEND)
