@@ -135,7 +135,7 @@ def cmd_doctor(args):
     rep = libs.compatibility_report()
     print(f"NVSHMEM       bitcode {rep['nvshmem_bitcode'] or 'not found'}")
     if rep["nvshmem_bitcode"]:
-        print(f"              version {rep['nvshmem_version'] or '?'}, written by {rep['nvshmem_producer'] or '?'}; "
+        print(f"              package version {rep['nvshmem_version'] or '?'}; "
               f"with Triton {triton.__version__}: {rep['nvshmem_status']}")
     print(f"rocSHMEM      bitcode {rep['rocshmem_bitcode'] or 'not found (shmem.* on AMD unavailable)'}")
     return 0

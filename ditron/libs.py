@@ -59,8 +59,11 @@ def nvshmem_bitcode() -> str | None:
             if os.path.exists(cand):
                 return cand
     for d in _site_dirs():
-        for cand in glob.glob(os.path.join(d, "nvidia", "nvshmem", "lib", "libnvshmem_device.bc")):
-            return cand
+        lib = os.path.join(d, "nvidia", "nvshmem", "lib")
+        # NVSHMEM <= 3.4 ships one bitcode; newer releases one per architecture
+        for name in ("libnvshmem_device.bc", "libnvshmem_device_sm_90.bc"):
+            if os.path.exists(os.path.join(lib, name)):
+                return os.path.join(lib, name)
     return None
 
 
@@ -82,18 +85,6 @@ def rocshmem_bitcode() -> str | None:
         for cand in glob.glob(os.path.join(home, "lib", "*rocshmem*.bc")):
             return cand
     return None
-
-
-def bitcode_producer(path: str) -> str | None:
-    """The LLVM version that wrote a bitcode file (from its identification
-    block), e.g. ``"LLVM18.1.1"``; None when unknown."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return None
-    m = re.search(rb"LLVM\d+\.\d+\.\d+", head)
-    return m.group(0).decode() if m else None
 
 
 def shmem_library(target):
@@ -128,10 +119,11 @@ def explain_link_failure(message: str, extern_libs) -> Exception | None:
     if name != NVSHMEM_LIB and "nvshmem" not in path:
         return LibraryError(f"Triton {_compat.triton.__version__} could not read the device library {path}")
     good = "; ".join(f"Triton {t}.x + nvidia-nvshmem {n}" for t, n in KNOWN_GOOD)
-    producer = bitcode_producer(path) or "an unknown LLVM"
+    from_pkg = os.path.join("nvidia", "nvshmem", "lib") in path and nvshmem_version()
+    which = f" (from the installed nvidia-nvshmem {from_pkg})" if from_pkg else ""
     return LibraryError(
-        f"Triton {_compat.triton.__version__}'s LLVM cannot read the NVSHMEM device bitcode {path} "
-        f"(nvidia-nvshmem {nvshmem_version() or '?'}, written by {producer}). Versions known to work: {good}. "
+        f"Triton {_compat.triton.__version__}'s LLVM cannot read the NVSHMEM device bitcode {path}{which}: "
+        f"it was probably written by a newer LLVM. Versions known to work: {good}. "
         "Install a matching nvidia-nvshmem-cu13 (e.g. pip install nvidia-nvshmem-cu13==3.4.5 for Triton 3.6) "
         "or point DITRON_NVSHMEM_BC / NVSHMEM_HOME at a compatible build.")
 
@@ -151,7 +143,6 @@ def compatibility_report():
             if tv.startswith(t) and ver == n:
                 status = "KNOWN NOT TO WORK (Triton's LLVM cannot parse it)"
     return {"nvshmem_bitcode": path, "nvshmem_version": ver, "nvshmem_status": status,
-            "nvshmem_producer": bitcode_producer(path) if path and os.path.exists(path) else None,
             "rocshmem_bitcode": rocshmem_bitcode()}
 
 

@@ -183,7 +183,8 @@ def num_threads(_semantic=None, _generator=None):
 
 @builtin
 def num_warps(_semantic=None, _generator=None):
-    """Warps (wavefronts) in the program."""
+    """Warps (wavefronts) in the program.  NVIDIA: ``%ntid.x >> 5``; AMD: the
+    compile-time ``num_warps``."""
     return emit("num_warps", {}, {}, _semantic, _generator)
 
 

@@ -164,12 +164,12 @@ def _coll(kind, coop, name, doc):
 barrier_all = _coll("shmem.barrier_all", "thread", "barrier_all",
                     "Barrier of all PEs that also completes outstanding puts (``nvshmem_barrier_all``); one thread "
                     "per PE calls it.")
-barrier_all_warp = _coll("shmem.barrier_all", "warp", "barrier_all_warp", "Warp-collective :func:`barrier_all`.")
+barrier_all_warp = _coll("shmem.barrier_all", "warp", "barrier_all_warp", "Warp-collective :func:`barrier_all`: every lane of the warp calls it (``nvshmemx_barrier_all_warp``).")
 barrier_all_block = _coll("shmem.barrier_all", "block", "barrier_all_block",
                           "Program-collective :func:`barrier_all` (``nvshmemx_barrier_all_block``).")
 sync_all = _coll("shmem.sync_all", "thread", "sync_all",
                  "Barrier of all PEs without completing puts (``nvshmem_sync_all``).")
-sync_all_warp = _coll("shmem.sync_all", "warp", "sync_all_warp", "Warp-collective :func:`sync_all`.")
-sync_all_block = _coll("shmem.sync_all", "block", "sync_all_block", "Program-collective :func:`sync_all`.")
+sync_all_warp = _coll("shmem.sync_all", "warp", "sync_all_warp", "Warp-collective :func:`sync_all`: every lane of the warp calls it (``nvshmemx_sync_all_warp``).")
+sync_all_block = _coll("shmem.sync_all", "block", "sync_all_block", "Program-collective :func:`sync_all`: every thread of the program calls it (``nvshmemx_sync_all_block``).")
 
 del _g, _op, _nbi, _coop, _name, _f
