@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+import ditron
 import kernels_for_tests as K
 from conftest import compile_for
 from ditron.lowering import cuda, shmem_table
@@ -91,7 +92,28 @@ def test_library_only_attached_to_kernels_that_call_it(nvshmem_bc):
     assert "libnvshmem_device" not in dict(tile.triton_kernel.metadata.extern_libs)
 
 
-def test_notify_inter_node_uses_signal_op(nvshmem_bc):
+def test_notify_inter_node_uses_signal_op_once(nvshmem_bc):
     ck = compile_for(K.k_notify_inter, "sm_90a", {"sig": "*u64", "peer": "i32"})
-    assert 'symbol = "ditron_nvshmemx_signal_op"' in ck.asm["ttir"]
+    assert 'symbol = "ditron_nvshmemx_signal_op_once"' in ck.asm["ttir"]
     assert ck.libraries == ["libnvshmem_device"]
+    ptx = ck.asm["ptx"]
+    assert re.search(r"bar\.sync\s+0", ptx)
+    assert re.search(r"mov\.u32\s+%r\d+, %tid\.x", ptx)  # the signal is guarded to one thread
+    assert "define i32 @ditron_nvshmemx_signal_op_once" in cuda.LIB.text()
+    with pytest.raises(Exception, match="int64"):
+        compile_for(K.k_notify_inter, "sm_90a", {"sig": "*i32", "peer": "i32"})
+
+
+def test_plain_triton_kernel_gets_a_clear_error():
+    import triton
+    import triton.language as tl
+    import ditron.language as dl
+    from ditron import _compat
+
+    @triton.jit
+    def plain(out):
+        tl.store(out, dl.rank())
+
+    src = _compat.ast_source(plain, {"out": "*i32"}, {}, {})
+    with pytest.raises(Exception, match="decorate the kernel with @ditron.jit"):
+        _compat.compile_source(src, ditron.parse_target("sm_90a").to_triton(), {})

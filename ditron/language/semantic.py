@@ -51,6 +51,13 @@ def emit(kind, operands, attrs, _semantic, _generator, params=(), aliases=None):
     operands = {k: _compat.unwrap(v) if not hasattr(v, "handle") else v for k, v in operands.items()}
     op = Op(kind, operands, attrs, fn=_compat.function_name(_generator), file=file, line=line, exprs=exprs)
     verify(op, target)
+    if target.backend in ("cuda", "hip"):
+        libs = getattr(_compat.builder_options(_semantic), "extern_libs", None) or ()
+        if not any(name == "ditron" for name, _ in libs):
+            raise DitronCompileError("the kernel was not compiled through ditron (its device library is not "
+                                     "attached): decorate the kernel with @ditron.jit instead of @triton.jit "
+                                     "(helpers it calls may stay @triton.jit)", op=kind, target=target.name,
+                                     loc=op.loc)
     rule = lookup(kind, target)
     result = rule(LoweringContext(_semantic, _generator, target, op), **operands, **attrs)
     if result is not None:

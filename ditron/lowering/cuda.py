@@ -127,8 +127,11 @@ def _notify(ctx, ptr, rank, signal, sig_op, comm_scope):
     ptr = ctx.tensor(ptr)
     bits = common.signal_width(ctx, ptr, "ptr")
     if comm_scope == "inter_node":
-        sig = _shmem_call(ctx, "shmem.signal_op", [ptr, signal, rank], extra={"sig_op": sig_op})
-        return sig
+        if bits != 64:
+            raise ctx.error("inter_node signals are OpenSHMEM signal words: use int64/uint64", arg="ptr")
+        _compat.debug_barrier(ctx.sem)
+        _shmem_call(ctx, "shmem.signal_op", [ptr, signal, rank], extra={"sig_op": sig_op}, suffix="_once")
+        return None
     remote = common.symm_at(ctx, LIB, ptr, rank)
     scope = _SCOPE[comm_scope]
     if sig_op == "set":
@@ -342,3 +345,4 @@ _shmem_call = shmem_rules.make_shmem_call(LIB, shmem_table.NVSHMEM,
                                           {"sig_op": shmem_table.NVSHMEM_SIGNAL, "cmp": shmem_table.NVSHMEM_CMP})
 shmem_rules.register_shmem(BACKEND, _shmem_call)
 shmem_rules.define_wrappers(LIB, shmem_table.NVSHMEM)
+shmem_rules.define_signal_once(LIB, shmem_table.NVSHMEM, "llvm.nvvm.read.ptx.sreg.tid.x")

@@ -284,7 +284,10 @@ def _notify(ctx, ptr, rank, signal, sig_op, comm_scope):
     ptr = ctx.tensor(ptr)
     bits = common.signal_width(ctx, ptr, "ptr")
     if comm_scope == "inter_node":
-        _shmem_call(ctx, "shmem.signal_op", [ptr, signal, rank], extra={"sig_op": sig_op})
+        if bits != 64:
+            raise ctx.error("inter_node signals are OpenSHMEM signal words: use int64/uint64", arg="ptr")
+        _compat.debug_barrier(ctx.sem)
+        _shmem_call(ctx, "shmem.signal_op", [ptr, signal, rank], extra={"sig_op": sig_op}, suffix="_once")
         return None
     remote = common.symm_at(ctx, LIB, ptr, rank)
     scope = "gpu" if comm_scope == "gpu" else "sys"
@@ -418,3 +421,4 @@ _shmem_call = shmem_rules.make_shmem_call(LIB, shmem_table.ROCSHMEM,
                                           {"sig_op": shmem_table.ROCSHMEM_SIGNAL, "cmp": shmem_table.ROCSHMEM_CMP})
 shmem_rules.register_shmem(BACKEND, _shmem_call)
 shmem_rules.define_wrappers(LIB, shmem_table.ROCSHMEM)
+shmem_rules.define_signal_once(LIB, shmem_table.ROCSHMEM, "llvm.amdgcn.workitem.id.x")

@@ -25,8 +25,17 @@ def define_wrappers(lib, table):
             devlib.add_c_wrapper(lib, name, *entry)
 
 
+def define_signal_once(lib, table, tid_intrinsic):
+    """``ditron_<signal_op>_once``: the signal operation performed by thread 0
+    only (``dl.notify(comm_scope="inter_node")`` signals once per program)."""
+    symbol, ret, params = table[("shmem.signal_op", None, None)]
+    lib.declare(tid_intrinsic, f"declare i32 @{tid_intrinsic}()")
+    guard = f"  %tid = call i32 @{tid_intrinsic}()\n  %guard = icmp eq i32 %tid, 0"
+    devlib.add_c_wrapper(lib, f"ditron_{symbol}_once", symbol, ret, params, guard=guard)
+
+
 def make_shmem_call(lib, table, consts):
-    def shmem_call(ctx, kind, args, extra=None):
+    def shmem_call(ctx, kind, args, extra=None, suffix=""):
         """Call the device function for ``kind`` (variant from the op's
         ``nbi``/``coop`` attributes) with ``args`` in prototype order; ``extra``
         supplies the constants (sig_op, cmp)."""
@@ -49,7 +58,7 @@ def make_shmem_call(lib, table, consts):
             if kind_ == "ptr":
                 v = common.ptr_to_int(ctx, v)
             conv.append(v)
-        return ctx.call(lib, wrapper_name(entry), conv, [_TRITON_ARG[k] for k in params], _TRITON_RET[ret],
+        return ctx.call(lib, wrapper_name(entry) + suffix, conv, [_TRITON_ARG[k] for k in params], _TRITON_RET[ret],
                         is_pure=kind in _PURE)
     return shmem_call
 
