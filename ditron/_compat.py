@@ -93,10 +93,6 @@ def add(sem, a, b):
     return to_tensor(sem, a).__add__(b, _semantic=sem)
 
 
-def sub(sem, a, b):
-    return to_tensor(sem, a).__sub__(b, _semantic=sem)
-
-
 def mul(sem, a, b):
     return to_tensor(sem, a).__mul__(b, _semantic=sem)
 
@@ -119,13 +115,6 @@ def extern_call(sem, lib_name, lib_path, symbol, args, arg_dtypes, ret_dtype, *,
     args = [cast(sem, a, t) if a.dtype != t else a for a, t in zip(args, arg_dtypes)]
     return _core.extern_elementwise(lib_name, lib_path, args, {tuple(arg_dtypes): (symbol, ret_dtype)}, is_pure,
                                     _semantic=sem)
-
-
-def atomic(sem, kind, ptr, *vals, sem_str, scope):
-    fn = {"add": _core.atomic_add, "xchg": _core.atomic_xchg, "cas": _core.atomic_cas}[kind]
-    if kind == "cas":
-        return fn(ptr, vals[0], vals[1], sem=sem_str, scope=scope, _semantic=sem)
-    return fn(ptr, vals[0], sem=sem_str, scope=scope, _semantic=sem)
 
 
 # --------------------------------------------------------------------------
@@ -178,10 +167,6 @@ def jit_function_params(jit_fn):
 def jit_kwargs_signature():
     """Keyword options accepted by ``triton.jit``."""
     return set(inspect.signature(triton.jit).parameters) - {"fn"}
-
-
-def triton_cache_dir():
-    return triton.knobs.cache.dir
 
 
 def ditron_cache_dir():

@@ -27,7 +27,7 @@ _MAX_LIBRARY_RETRIES = 4
 
 def devlib_for(target):
     """The ditron device library of ``target``'s backend."""
-    from .lowering import _load, cuda, hip  # noqa: F401  (import registers the rules)
+    from .lowering import cuda, hip  # importing registers the rules
     return {"cuda": cuda.LIB, "hip": hip.LIB}[target.backend]
 
 

@@ -80,13 +80,6 @@ def require_shmem(ctx):
     return name, path
 
 
-def as_i64(ctx, x):
-    x = ctx.tensor(x)
-    if x.type.is_ptr():
-        return _compat.cast(ctx.sem, x, tl.int64)
-    return _compat.cast(ctx.sem, x, tl.int64)
-
-
 def ptr_to_int(ctx, ptr):
     return _compat.cast(ctx.sem, ctx.tensor(ptr), tl.int64)
 

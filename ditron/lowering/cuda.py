@@ -15,7 +15,7 @@ from .. import _compat
 from . import common, devlib, register, shmem_rules, shmem_table
 
 BACKEND = "cuda"
-LIB = devlib.DeviceLibrary("ditron", BACKEND, global_addrspace=1, const_addrspace=4)
+LIB = devlib.DeviceLibrary("ditron", BACKEND, const_addrspace=4)
 devlib.add_world(LIB)
 
 _SCOPE = {"cta": "cta", "gpu": "gpu", "sys": "sys", "intra_node": "sys", "inter_node": "sys"}

@@ -58,10 +58,9 @@ HEAP_ALIGN = 4096
 class DeviceLibrary:
     """An LLVM IR library for one backend, assembled from named pieces."""
 
-    def __init__(self, name: str, backend: str, *, global_addrspace: int, const_addrspace: int, header: str = ""):
+    def __init__(self, name: str, backend: str, *, const_addrspace: int, header: str = ""):
         self.name = name                 # the key in Triton's ``extern_libs``
         self.backend = backend
-        self.global_as = global_addrspace
         self.const_as = const_addrspace
         self.header = header
         self._pieces: dict[str, str] = {}

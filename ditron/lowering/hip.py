@@ -17,7 +17,7 @@ from .. import _compat
 from . import common, devlib, register, shmem_rules, shmem_table
 
 BACKEND = "hip"
-LIB = devlib.DeviceLibrary("ditron", BACKEND, global_addrspace=1, const_addrspace=4)
+LIB = devlib.DeviceLibrary("ditron", BACKEND, const_addrspace=4)
 devlib.add_world(LIB)
 
 #: ditron scope -> AMDGPU syncscope ("" is system scope)
