@@ -15,10 +15,14 @@ Importing ditron never touches a GPU.
 from . import language
 from .compiler import CompiledKernel, compile
 from .errors import DitronCompileError, DitronError, LibraryError, LoweringError
+from .errors import DitronHangError, DitronRankError
 from .jit import DitronJITFunction, jit
+from .runtime.world import (World, barrier_all, current_world, finalize, heap_scope, init, is_symmetric, peer_tensor,
+                            rank_copy, symm_empty, symm_zeros)
 from .target import Target, parse_target
 
 __version__ = "0.1.0"
 
-__all__ = ["jit", "compile", "language", "CompiledKernel", "DitronJITFunction", "DitronError", "DitronCompileError",
+__all__ = ["init", "finalize", "current_world", "World", "symm_empty", "symm_zeros", "is_symmetric", "heap_scope",
+           "barrier_all", "rank_copy", "peer_tensor", "DitronHangError", "DitronRankError", "jit", "compile", "language", "CompiledKernel", "DitronJITFunction", "DitronError", "DitronCompileError",
            "LoweringError", "LibraryError", "Target", "parse_target", "__version__"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import threading
 
 import triton
 import triton.language as tl
@@ -18,9 +19,28 @@ from triton.language import core as _core
 
 TRITON_VERSION = tuple(int(p) for p in triton.__version__.split("+")[0].split(".")[:3] if p.isdigit())
 
-#: decorator that turns a Python function into a Triton builtin (it gets
-#: ``_semantic`` and, if it asks for it, ``_generator`` from the code generator)
-builtin = _core.builtin
+
+def builtin(fn):
+    """Turn a Python function into a Triton builtin: the code generator passes
+    ``_semantic`` (and ``_generator`` if the function asks for it).
+
+    Under Triton's interpreter (the simulator), Triton patches only the
+    builtins of ``triton.language`` to receive the interpreter's semantic
+    layer; ditron's builtins pick it up themselves, so ``dl.*`` works in
+    every interpreted kernel however it was imported.
+    """
+    import functools
+    inner = _core.builtin(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if kwargs.get("_semantic") is None and interpreter_enabled():
+            kwargs["_semantic"] = interpreter_semantic()
+        return inner(*args, **kwargs)
+
+    setattr(wrapper, _core.TRITON_BUILTIN, True)
+    return wrapper
+
 JITFunction = triton.runtime.jit.JITFunction
 constexpr = _core.constexpr
 tensor = _core.tensor
@@ -172,3 +192,123 @@ def jit_kwargs_signature():
 def ditron_cache_dir():
     base = os.environ.get("DITRON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ditron")
     return base
+
+
+# --------------------------------------------------------------------------
+# Triton's interpreter (the simulator runs kernels on it)
+# --------------------------------------------------------------------------
+
+def interpreter_enabled() -> bool:
+    """``TRITON_INTERPRET=1`` (read at the time of the call, like Triton)."""
+    return bool(triton.knobs.runtime.interpret)
+
+
+def interpreter_runtime():
+    """The interpreter's C++ helpers (raw-address load/store/atomics)."""
+    from triton._C.libtriton import interpreter
+    return interpreter
+
+
+def interpreter_semantic():
+    from triton.runtime import interpreter as _interp
+    return _interp.interpreter_semantic
+
+
+def interpreted_function_class():
+    from triton.runtime.interpreter import InterpretedFunction
+    return InterpretedFunction
+
+
+_GRID_TLS = threading.local()
+_GRID_PATCHED = False
+
+
+def _install_thread_local_grid():
+    """Make the interpreter's program id per thread.
+
+    Triton's interpreter keeps the current program's grid index in one
+    global builder and runs programs one after another; the simulator runs
+    the programs of a launch concurrently (one thread each), so the index
+    must be thread-local.  The grid size stays shared.
+    """
+    global _GRID_PATCHED
+    if _GRID_PATCHED:
+        return
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    def _get(self):
+        return getattr(_GRID_TLS, "idx", None)
+
+    def _set(self, value):
+        _GRID_TLS.idx = value
+
+    InterpreterBuilder.grid_idx = property(_get, _set)
+    _GRID_PATCHED = True
+
+
+def _numpy_safe_index(self):
+    # Triton 3.6's interpreter does int(<1-element 1-D array>), which NumPy
+    # >= 2.4 rejects ("only 0-dimensional arrays can be converted to Python
+    # scalars"); reading the single element works with every NumPy.
+    return int(self.handle.data.reshape(-1)[0])
+
+
+@contextlib.contextmanager
+def interpreter_launch(grid):
+    """Patch ``triton.language`` for the interpreter (as Triton's own
+    ``GridExecutor`` does) for the duration of one launch and yield the
+    interpreter builder with ``grid`` set.  Restores everything afterwards."""
+    from triton.runtime import interpreter as _interp
+    _install_thread_local_grid()
+
+    class _Scope:
+        pass
+
+    holder = _Scope()
+    holder.__globals__ = {"tl": tl, "core": _core}
+    scope = _interp._patch_lang(holder)
+    scope.set_attr(tl.tensor, "__index__", _numpy_safe_index)
+    builder = _interp.interpreter_builder
+    builder.set_grid_dim(*grid)
+    try:
+        yield builder
+    finally:
+        scope.restore()
+
+
+def interpreter_convert_arg(arg):
+    """A kernel argument as the interpreter passes it (tensors -> pointers)."""
+    from triton.runtime import interpreter as _interp
+    if isinstance(arg, bool):
+        # Triton 3.6's interpreter builds an int32 array for an i1 type and rejects it
+        from triton.runtime.interpreter import TensorHandle
+        import numpy as np
+        return tl.tensor(TensorHandle(np.array([arg], dtype=bool), tl.int1), tl.int1)
+    return _interp._implicit_cvt(arg)
+
+
+def interpreter_normalize_annotation(ty):
+    from triton.runtime.jit import _normalize_ty
+    return _normalize_ty(ty)
+
+
+def interpreter_error(message):
+    from triton.runtime.interpreter import InterpreterError
+    return InterpreterError(message)
+
+
+def interpreter_value(data, ty):
+    """A ``tl.tensor`` of the interpreter holding NumPy ``data`` of Triton type
+    ``ty`` (a scalar/pointer dtype or a block type)."""
+    from triton.runtime.interpreter import TensorHandle
+    scalar = ty.scalar if hasattr(ty, "scalar") else ty
+    if getattr(ty, "is_block", lambda: False)():
+        scalar = ty.element_ty
+    return tl.tensor(TensorHandle(data, scalar), ty)
+
+
+def interpreter_np_dtype(tt):
+    """NumPy storage dtype the interpreter uses for Triton dtype ``tt``
+    (bf16 is stored as uint16, fp8 as uint8)."""
+    from triton.runtime.interpreter import _get_np_dtype
+    return _get_np_dtype(tt)

@@ -142,8 +142,18 @@ def cmd_doctor(args):
 
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `ditron sim` and `ditron demo` pass everything after the script to it
+    if argv and argv[0] == "sim":
+        from .sim.launcher import main as sim_main
+        return sim_main(argv[1:])
+    if argv and argv[0] == "demo":
+        from .demo import main as demo_main
+        return demo_main(argv[1:])
     parser = argparse.ArgumentParser(prog="ditron", description="ditron: distributed kernels on stock Triton")
     sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("sim", help="run a script on N simulated ranks: ditron sim -n 4 script.py [args]")
+    sub.add_parser("demo", help="run a zoo kernel on 4 simulated ranks (or on GPUs under torchrun) and check it")
     p = sub.add_parser("compile", help="compile a kernel for a target without a GPU")
     p.add_argument("kernel", help="FILE.py::KERNEL")
     p.add_argument("--target", default="sm_90a", help="sm_90a | sm_90 | gfx942")

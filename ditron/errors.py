@@ -42,3 +42,43 @@ class LoweringError(DitronCompileError):
 
 class LibraryError(DitronError):
     """A device library (NVSHMEM, rocSHMEM) is missing or cannot be used."""
+
+
+class DitronHangError(DitronError):
+    """A wait did not complete: a deadlock found by the simulator, or a bounded
+    wait (``DITRON_WAIT_TIMEOUT_S``) that expired on a GPU.
+
+    ``report`` is a list of dicts, one per blocked wait: ``rank``,
+    ``program``, ``primitive``, ``where`` (source line), ``signal`` (tensor and
+    offset where known), ``expected``, ``observed``.
+    """
+
+    def __init__(self, message, report=()):
+        self.report = list(report)
+        super().__init__(message + ("\n" + format_report(self.report) if self.report else ""))
+
+
+class DitronRankError(DitronError):
+    """A simulated rank failed; carries that rank's traceback text."""
+
+    def __init__(self, message, rank=None, traceback_text=""):
+        self.rank = rank
+        self.traceback_text = traceback_text
+        super().__init__(message + (f"\n--- traceback of rank {rank} ---\n{traceback_text}" if traceback_text else ""))
+
+
+def format_report_entry(e) -> str:
+    prog = e.get("program")
+    who = f"rank {e.get('rank')}" + (f", program {tuple(prog)}" if prog is not None else ", host")
+    parts = [f"{who}: blocked in {e.get('primitive', '?')} at {e.get('where', '?')}"]
+    if e.get("signal"):
+        parts.append(f"signal: {e['signal']}")
+    if e.get("expected") is not None:
+        parts.append(f"expected: {e['expected']}")
+    if e.get("observed") is not None:
+        parts.append(f"observed: {e['observed']}")
+    return "; ".join(parts)
+
+
+def format_report(entries) -> str:
+    return "\n".join("  " + format_report_entry(e) for e in entries)

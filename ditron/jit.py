@@ -28,7 +28,9 @@ _MAX_LIBRARY_RETRIES = 4
 def devlib_for(target):
     """The ditron device library of ``target``'s backend."""
     from .lowering import cuda, hip  # importing registers the rules
-    return {"cuda": cuda.LIB, "hip": hip.LIB}[target.backend]
+    if target.backend == "cuda":
+        return cuda.current_library()   # variant for the world's transport / bounded waits
+    return {"hip": hip.LIB}[target.backend]
 
 
 def library_options(target, needs, user_libs=None):
@@ -108,7 +110,9 @@ def jit(fn=None, **kwargs):
     """Decorate a kernel: ``@ditron.jit`` or ``@ditron.jit(do_not_specialize=[...], ...)``.
 
     Takes the options of ``triton.jit``.  Under ``TRITON_INTERPRET=1`` the
-    kernel runs on Triton's interpreter (the simulator's path).
+    kernel runs on Triton's interpreter through the simulator's executor
+    (:class:`ditron.sim.executor.SimKernel`): programs run concurrently, so
+    producer/consumer protocols between programs complete.
     """
     unknown = set(kwargs) - _compat.jit_kwargs_signature()
     if unknown:
@@ -116,8 +120,12 @@ def jit(fn=None, **kwargs):
                         f"{sorted(_compat.jit_kwargs_signature())}")
 
     def decorator(f):
-        if _compat.triton.knobs.runtime.interpret:
-            return _compat.triton.jit(f, **kwargs)
+        if _compat.interpreter_enabled():
+            from .sim.executor import SimKernel
+            opts = {k: v for k, v in kwargs.items() if k in ("version", "repr", "launch_metadata", "do_not_specialize",
+                                                             "do_not_specialize_on_alignment", "debug",
+                                                             "noinline")}
+            return SimKernel(f, **opts)
         return DitronJITFunction(f, **kwargs)
 
     return decorator(fn) if fn is not None else decorator

@@ -50,3 +50,89 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 
 def has_tool(name):
     return shutil.which(name) is not None
+
+
+# ---------------------------------------------------------------------------
+# Distributed test bodies: one body, two places to run it
+# ---------------------------------------------------------------------------
+# A body is a module-level function ``body(world, *args, **kwargs)`` in an
+# importable module (tests/bodies_*.py); it runs on every rank and asserts.
+# ``dist.run(body, ...)`` returns the per-rank results.
+#   * CPU (CI): the ranks are simulated (ditron.sim.SimCluster, kept for the
+#     session), 4 by default; ``dist_world(n, nnodes)`` gives other sizes.
+#   * GPUs: under ``torchrun --nproc-per-node N -m pytest ...`` with
+#     DITRON_TEST_BACKEND=p2p|nvshmem, the body runs on this rank's GPU world.
+
+GPU_BACKEND = os.environ.get("DITRON_TEST_BACKEND", "sim")
+_CLUSTERS = {}
+
+
+class SimDist:
+    backend = "sim"
+
+    def __init__(self, n, nnodes=1):
+        from ditron.sim.pool import SimCluster
+        key = (n, nnodes)
+        if key not in _CLUSTERS:
+            _CLUSTERS[key] = SimCluster(n, nnodes, hang_timeout=float(os.environ.get("DITRON_TEST_HANG_S", 20)))
+        self.cluster = _CLUSTERS[key]
+        self.world_size = n
+        self.nnodes = nnodes
+
+    def run(self, body, *args, **kwargs):
+        return self.cluster.run(body, *args, **kwargs)
+
+
+class GpuDist:
+    def __init__(self):
+        import torch.distributed as tdist
+        self.world = ditron.init(GPU_BACKEND)
+        self.backend = self.world.backend
+        self.world_size = self.world.world_size
+        self.nnodes = self.world.nnodes
+        self._tdist = tdist
+
+    def run(self, body, *args, **kwargs):
+        with ditron.heap_scope():
+            value = body(self.world, *args, **kwargs)
+            ditron.barrier_all()
+        out = [None] * self.world_size
+        self._tdist.all_gather_object(out, value)
+        return out
+
+
+@pytest.fixture(scope="session")
+def _gpu_dist():
+    if GPU_BACKEND == "sim":
+        pytest.skip("GPU-only test body (run under torchrun with DITRON_TEST_BACKEND=p2p|nvshmem)")
+    d = GpuDist()
+    yield d
+    ditron.finalize()
+
+
+@pytest.fixture
+def dist(request):
+    """4 simulated ranks on CPU; this rank's GPU world under torchrun."""
+    if GPU_BACKEND != "sim":
+        return request.getfixturevalue("_gpu_dist")
+    return SimDist(4)
+
+
+@pytest.fixture
+def dist_world(request):
+    """``dist_world(n, nnodes=1)``: a simulated world of another size (on
+    GPUs: the torchrun world, when its size matches, else the test skips)."""
+    def make(n, nnodes=1):
+        if GPU_BACKEND != "sim":
+            d = request.getfixturevalue("_gpu_dist")
+            if (d.world_size, d.nnodes) != (n, nnodes):
+                pytest.skip(f"needs {n} ranks on {nnodes} node(s); this GPU job has {d.world_size}")
+            return d
+        return SimDist(n, nnodes)
+    return make
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for c in _CLUSTERS.values():
+        c.close()
+    _CLUSTERS.clear()

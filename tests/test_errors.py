@@ -128,11 +128,22 @@ def test_sim_target_has_no_binary():
         ditron.compile(K.k_plain, "sim", {"x": "*i32", "out": "*i32", "peer": "i32"})
 
 
-def test_missing_sim_rule_names_op_and_target():
-    from ditron.lowering import lookup
+def test_missing_rule_names_op_and_target(monkeypatch):
+    from ditron import lowering
     from ditron.errors import LoweringError
+    lowering.lookup("wait", ditron.parse_target("sim"))          # loads the sim rules
+    monkeypatch.delitem(lowering._RULES, ("wait", "sim"))
     with pytest.raises(LoweringError, match=r"dl\.wait, target sim: no lowering rule"):
-        lookup("wait", ditron.parse_target("sim"))
+        lowering.lookup("wait", ditron.parse_target("sim"))
+
+
+def test_every_op_has_a_rule_on_every_backend_it_claims():
+    from ditron import lowering
+    from ditron.ir import OPS
+    for backend in ("cuda", "hip", "sim"):
+        rules = lowering.rules_for(backend)
+        missing = [k for k, spec in OPS.items() if backend in spec.backends and k not in rules]
+        assert not missing, (backend, missing)
 
 
 def test_unreadable_nvshmem_bitcode_names_working_versions(monkeypatch, tmp_path):

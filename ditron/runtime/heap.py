@@ -1,0 +1,158 @@
+"""The symmetric heap allocator shared by every transport.
+
+Each rank owns one contiguous heap of ``heap_size`` bytes (4 KiB aligned).
+Symmetric allocation is collective: every rank makes the same calls in the
+same order, so an allocation sits at the same offset in every rank's heap and
+``symm_at`` / ``shmem.*`` translate addresses by heap-base arithmetic.
+
+The allocator is a bump allocator with marks (:meth:`SymmetricHeap.mark` /
+:meth:`release`): long-lived contexts allocate once; ``ditron.heap_scope()``
+frees what was allocated inside it.  Every allocation remembers its shape,
+dtype, optional name and the source line that made it, so that a hang report
+can say "signal tensor 'flags' (int32[8], made at test.py:30), offset 3"
+instead of a raw address.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import DitronError
+
+#: alignment of every symmetric allocation (bytes); keeps 16-byte vector
+#: accesses and TMA-friendly 128-byte alignment
+ALIGN = 256
+#: heap bases are aligned to this (``symm_at`` moves pointers in these units)
+HEAP_ALIGN = 4096
+
+
+def parse_size(text) -> int:
+    """``"256M"``, ``"1G"``, ``"4096"``, ``"64MiB"`` -> bytes."""
+    if isinstance(text, int):
+        return text
+    s = str(text).strip().lower().replace("ib", "").replace("b", "")
+    mult = 1
+    for suffix, m in (("k", 1 << 10), ("m", 1 << 20), ("g", 1 << 30), ("t", 1 << 40)):
+        if s.endswith(suffix):
+            s, mult = s[:-1], m
+            break
+    try:
+        return int(float(s) * mult)
+    except ValueError:
+        raise DitronError(f"cannot read the size {text!r} (use bytes or a suffix K/M/G, e.g. '256M')") from None
+
+
+def round_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def heap_size_from_env(default: int) -> int:
+    raw = os.environ.get("DITRON_HEAP_SIZE")
+    size = parse_size(raw) if raw else default
+    if size <= 0:
+        raise DitronError(f"DITRON_HEAP_SIZE must be positive (got {raw!r})")
+    return round_up(size, HEAP_ALIGN)
+
+
+def _call_site() -> str:
+    """file:line of the first frame outside ditron (who asked for memory)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for frame in traceback.extract_stack()[::-1]:
+        if not os.path.abspath(frame.filename).startswith(here):
+            return f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    return "?"
+
+
+@dataclass
+class Allocation:
+    index: int
+    offset: int
+    nbytes: int
+    shape: tuple
+    dtype: object
+    name: Optional[str]
+    site: str
+
+    def label(self) -> str:
+        dt = str(self.dtype).replace("torch.", "")
+        shape = "x".join(str(s) for s in self.shape) or "scalar"
+        who = f"'{self.name}'" if self.name else f"#{self.index}"
+        return f"symmetric tensor {who} ({dt}[{shape}], allocated at {self.site})"
+
+
+class SymmetricHeap:
+    """Bump allocator over this rank's heap buffer (a 1-D ``torch.uint8``
+    tensor on the world's device)."""
+
+    def __init__(self, buffer, rank: int, owner: str):
+        import torch
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1:
+            raise AssertionError("heap buffer must be a 1-D uint8 tensor")
+        self.buffer = buffer
+        self.base = buffer.data_ptr()
+        self.size = buffer.numel()
+        self.rank = rank
+        self.owner = owner            # transport name, for messages
+        self.top = 0
+        self.allocations: list[Allocation] = []
+
+    # -- allocation -----------------------------------------------------------
+    def alloc(self, shape, dtype, *, name=None):
+        import torch
+        shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise DitronError(f"symmetric tensor shape {shape} has a negative size")
+        elem = torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * elem
+        offset = round_up(self.top, ALIGN)
+        if offset + nbytes > self.size:
+            used = self.top
+            raise DitronError(
+                f"symmetric heap of rank {self.rank} is full: {nbytes} bytes requested, "
+                f"{self.size - used} of {self.size} free ({self.owner}); set DITRON_HEAP_SIZE (e.g. "
+                f"DITRON_HEAP_SIZE=2G) before ditron.init(), or free allocations with ditron.heap_scope()")
+        self.top = offset + nbytes
+        alloc = Allocation(len(self.allocations), offset, nbytes, shape, dtype, name, _call_site())
+        self.allocations.append(alloc)
+        view = self.buffer[offset:offset + nbytes].view(dtype)
+        return view.view(shape) if shape else view.view(())
+
+    def mark(self):
+        return (self.top, len(self.allocations))
+
+    def release(self, mark):
+        self.top, n = mark
+        del self.allocations[n:]
+
+    # -- queries ----------------------------------------------------------------
+    def contains_ptr(self, ptr: int, nbytes: int = 1) -> bool:
+        return self.base <= ptr and ptr + max(nbytes, 1) <= self.base + self.size
+
+    def offset_of(self, t) -> int:
+        """Heap offset of tensor ``t`` (which must be in this heap)."""
+        return t.data_ptr() - self.base
+
+    def contains(self, t) -> bool:
+        try:
+            ptr = t.data_ptr()
+        except Exception:  # noqa: BLE001 -- not a tensor
+            return False
+        if getattr(t, "device", None) is not None and t.device != self.buffer.device:
+            return False
+        span = (t.numel() and (max((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1)) * t.element_size()
+        return self.contains_ptr(ptr, span)
+
+    def describe_offset(self, offset: int) -> str:
+        """A symmetric tensor and element offset for a heap byte offset."""
+        for a in reversed(self.allocations):
+            if a.offset <= offset < a.offset + max(a.nbytes, 1):
+                import torch
+                elem = torch.empty((), dtype=a.dtype).element_size()
+                return f"{a.label()}, element offset {(offset - a.offset) // elem}"
+        return f"heap offset {offset} (not inside a live symmetric allocation)"
+
+

@@ -1,0 +1,307 @@
+"""The simulator transport: N rank processes on one CPU machine.
+
+Every rank maps one shared file holding all ranks' symmetric heaps
+(``world_size x heap_size`` bytes, rank ``r``'s heap at ``r * heap_size``), so
+a remote view is plain address arithmetic and remote loads, stores and atomics
+are real shared-memory accesses between the rank processes.  A small control
+block (also shared) holds the host barrier, the abort flag and, per rank, how
+many threads are running or blocked: the watchdog (:class:`Watchdog`, run by
+the launcher) declares a deadlock when no rank has made progress for
+``DITRON_HANG_TIMEOUT_S`` seconds (default 30) while some are blocked, and
+every blocked wait then raises with a report of what it was waiting for.
+
+The launcher (``ditron sim``, :mod:`ditron.sim.launcher`) creates the files
+and sets ``DITRON_SIM_DIR``; a single process with ``TRITON_INTERPRET=1`` and
+no launcher gets a private one-rank world (with an in-process watchdog).
+"""
+from __future__ import annotations
+
+import atexit
+import mmap
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+from ..errors import DitronError, DitronHangError
+from ..sim import memory as M
+from .heap import SymmetricHeap, heap_size_from_env, parse_size, round_up, HEAP_ALIGN
+from .world import Transport, World
+
+DEFAULT_SIM_HEAP = 64 << 20
+DEFAULT_HANG_TIMEOUT_S = 30.0
+
+
+def hang_timeout_s() -> float:
+    raw = os.environ.get("DITRON_HANG_TIMEOUT_S")
+    if not raw:
+        return DEFAULT_HANG_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise DitronError(f"DITRON_HANG_TIMEOUT_S={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise DitronError("DITRON_HANG_TIMEOUT_S must be positive")
+    return value
+
+
+class Blocked(Exception):
+    """Raised inside a blocked wait when the job is aborted; ``info`` says
+    what the wait was waiting for."""
+
+    def __init__(self, info, reason):
+        self.info = info
+        self.reason = reason
+        super().__init__(f"{reason}: {info}")
+
+
+class SimTransport(Transport):
+    name = "sim"
+
+    def __init__(self, topo, heap_size, sim_dir, owns_dir):
+        rank, world_size, local_rank, lws, nnodes, node = topo
+        self.rank, self.world_size = rank, world_size
+        self.local_world_size = lws
+        self.sim_dir, self.owns_dir = sim_dir, owns_dir
+        control_path, heap_path = M.sim_dir_paths(sim_dir)
+        self.control = M.Control(control_path, world_size)
+        self.heap_size = heap_size
+        self._heap_file = open(heap_path, "r+b")
+        total = os.fstat(self._heap_file.fileno()).st_size
+        if total != heap_size * world_size:
+            raise DitronError(f"simulator heap file {heap_path} holds {total} bytes, expected "
+                              f"{world_size} x {heap_size}; was it made by another launch?")
+        self._mm = mmap.mmap(self._heap_file.fileno(), total)
+        import torch
+        self.all_heaps = torch.frombuffer(self._mm, dtype=torch.uint8)
+        self.base0 = self.all_heaps.data_ptr()
+        buf = self.all_heaps[rank * heap_size:(rank + 1) * heap_size]
+        self.heap = SymmetricHeap(buf, rank, "simulator")
+        self.control.rank_set(rank, M.R_PID, os.getpid())
+        self.control.rank_set(rank, M.R_ACTIVE, 1)     # this (main) thread runs host code
+        self.control.rank_set(rank, M.R_DONE, 0)
+        self._lock = threading.Lock()
+        self._watchdog_thread = None
+        if owns_dir:
+            self._start_local_watchdog()
+
+    # -- addresses ------------------------------------------------------------------
+    def heap_base(self, rank: int) -> int:
+        return self.base0 + rank * self.heap_size
+
+    def owner_of(self, addr: int):
+        """(rank, heap offset) of an address in some rank's heap, or None."""
+        off = addr - self.base0
+        if 0 <= off < self.heap_size * self.world_size:
+            return off // self.heap_size, off % self.heap_size
+        return None
+
+    def describe_addr(self, addr: int) -> str:
+        where = self.owner_of(int(addr))
+        if where is None:
+            return f"address {int(addr):#x} (not in the symmetric heap)"
+        rank, off = where
+        return f"{self.heap.describe_offset(off)}, in rank {rank}'s copy"
+
+    def peer_tensor(self, t, rank):
+        off = t.data_ptr() - self.heap.base
+        start = rank * self.heap_size + off
+        span = (max((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1 if t.numel() else 0) * t.element_size()
+        flat = self.all_heaps[start:start + span].view(t.dtype)
+        return flat.as_strided(t.shape, t.stride())
+
+    # -- activity accounting (for the deadlock watchdog) ---------------------------
+    def active(self, delta: int):
+        self.control.rank_add(self.rank, M.R_ACTIVE, delta)
+
+    def spin(self, check, describe, launch=None):
+        """Wait until ``check()`` returns ``(True, observed)``.
+
+        Counts this thread as blocked while it spins; raises :class:`Blocked`
+        with ``describe(observed)`` when the job is aborted (deadlock or a
+        failed rank) or when another program of ``launch`` failed.
+        """
+        done, observed = check()
+        if done:
+            return observed
+        ctl = self.control
+        if launch is not None:
+            launch.blocked(+1)
+        else:
+            self.active(-1)
+        ctl.rank_add(self.rank, M.R_BLOCKED, 1)
+        delay = 0.0
+        try:
+            while True:
+                done, observed = check()
+                if done:
+                    ctl.progress()
+                    return observed
+                abort = ctl.abort
+                if abort:
+                    raise Blocked(describe(observed), M.ABORT_REASONS.get(abort, "aborted"))
+                if launch is not None and launch.failed:
+                    raise Blocked(describe(observed), "another program of this launch failed")
+                time.sleep(delay)
+                delay = min(delay * 2 or 2e-5, 2e-3)
+        finally:
+            ctl.rank_add(self.rank, M.R_BLOCKED, -1)
+            if launch is not None:
+                launch.blocked(-1)
+            else:
+                self.active(+1)
+
+    # -- host collectives ------------------------------------------------------------
+    def barrier(self, stream=None, primitive="ditron.barrier_all"):
+        from .heap import _call_site
+        ctl = self.control
+        gen = ctl.get(M.H_BAR_GEN)
+        arrived = ctl.add(M.H_BAR_COUNT, 1) + 1
+        if arrived == self.world_size:
+            ctl.set(M.H_BAR_COUNT, 0)
+            ctl.add(M.H_BAR_GEN, 1)
+            ctl.progress()
+            return
+        site = _call_site()
+
+        def check():
+            g = ctl.get(M.H_BAR_GEN)
+            return g != gen, ctl.get(M.H_BAR_COUNT)
+
+        def describe(count):
+            return {"rank": self.rank, "program": None, "primitive": primitive, "where": site,
+                    "signal": "host barrier", "expected": f"{self.world_size} ranks arrived",
+                    "observed": f"{count} arrived"}
+        try:
+            self.spin(check, describe)
+        except Blocked as b:
+            raise DitronHangError(f"rank {self.rank}: {primitive} did not complete ({b.reason})",
+                                  [b.info]) from None
+
+    def rank_copy(self, dst, src, stream=None):
+        dst.copy_(src)
+        self.control.progress()
+
+    # -- teardown -----------------------------------------------------------------------
+    def finalize(self):
+        if self.control is None:
+            return
+        hang = None
+        if not self.control.abort:
+            try:
+                self.barrier(primitive="ditron.finalize")
+            except DitronHangError as e:
+                hang = e
+        self._stop_watchdog = True
+        self.control.rank_set(self.rank, M.R_DONE, 1)
+        self.control.rank_set(self.rank, M.R_ACTIVE, 0)
+        self.heap = _ClosedHeap()
+        self.all_heaps = None
+        self.control.close()
+        self.control = None
+        try:
+            self._mm.close()
+        except BufferError:
+            pass   # tensors that alias the heap are still alive; the mapping goes with the process
+        self._heap_file.close()
+        if self.owns_dir:
+            shutil.rmtree(self.sim_dir, ignore_errors=True)
+        if hang is not None:
+            raise hang
+
+    # -- in-process watchdog (no launcher) ------------------------------------------------
+    def _start_local_watchdog(self):
+        self._stop_watchdog = False
+        dog = Watchdog(self.control, hang_timeout_s())
+
+        def loop():
+            while not self._stop_watchdog and self.control is not None:
+                try:
+                    dog.poll()
+                except Exception:  # noqa: BLE001 -- the control block went away
+                    return
+                time.sleep(0.05)
+
+        self._watchdog_thread = threading.Thread(target=loop, name="ditron-sim-watchdog", daemon=True)
+        self._watchdog_thread.start()
+
+
+class _ClosedHeap:
+    base = size = 0
+
+    def contains(self, t):
+        return False
+
+    def __getattr__(self, name):
+        raise DitronError("the ditron world was finalized; call ditron.init() again")
+
+
+class Watchdog:
+    """Declares a deadlock when, for ``timeout`` seconds, every live rank is
+    blocked or finished (no thread running), some wait is blocked, and the
+    global progress counter has not moved."""
+
+    def __init__(self, control, timeout, alive=None):
+        self.control = control
+        self.timeout = timeout
+        self.alive = alive or (lambda r: True)
+        self.since = None
+        self.last = None
+
+    def stuck(self) -> bool:
+        c = self.control
+        any_blocked = False
+        for r in range(c.world_size):
+            if not self.alive(r) or c.rank_get(r, M.R_DONE):
+                continue
+            if c.rank_get(r, M.R_ACTIVE) > 0:
+                return False
+            if c.rank_get(r, M.R_BLOCKED) > 0:
+                any_blocked = True
+        return any_blocked
+
+    def poll(self) -> bool:
+        """True once a deadlock has been declared (the abort flag is set)."""
+        c = self.control
+        if c.abort:
+            return c.abort == M.ABORT_DEADLOCK
+        now = time.monotonic()
+        progress = c.get(M.H_PROGRESS)
+        if not self.stuck() or progress != self.last:
+            self.since, self.last = now, progress
+            return False
+        if now - self.since >= self.timeout:
+            c.request_abort(M.ABORT_DEADLOCK)
+            return True
+        return False
+
+
+def make_sim_transport(topo, heap_size=None) -> World:
+    rank, world_size, local_rank, lws, nnodes, node = topo
+    sim_dir = os.environ.get("DITRON_SIM_DIR")
+    owns = False
+    job_heap = os.environ.get("DITRON_SIM_HEAP_SIZE")
+    if sim_dir:
+        if not job_heap:
+            raise DitronError("DITRON_SIM_DIR is set but DITRON_SIM_HEAP_SIZE is not; start ranks with ditron sim")
+        size = int(job_heap)
+        if heap_size is not None and round_up(parse_size(heap_size), HEAP_ALIGN) > size:
+            raise DitronError(f"ditron.init(heap_size={heap_size!r}) is larger than the simulated job's heap "
+                              f"({size} bytes); pass --heap-size to ditron sim")
+    else:
+        if world_size != 1:
+            raise DitronError(f"WORLD_SIZE={world_size} but no simulated job is running: start the script with "
+                              f"`ditron sim -n {world_size} script.py` (or torchrun on GPUs)")
+        size = round_up(parse_size(heap_size), HEAP_ALIGN) if heap_size is not None else \
+            heap_size_from_env(DEFAULT_SIM_HEAP)
+        sim_dir = tempfile.mkdtemp(prefix="ditron-sim-")
+        control_path, heap_path = M.sim_dir_paths(sim_dir)
+        M.create_control(control_path, 1)
+        M.create_heap_file(heap_path, size)
+        owns = True
+        atexit.register(shutil.rmtree, sim_dir, True)
+    transport = SimTransport(topo, size, sim_dir, owns)
+    import torch
+    return World(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=lws, nnodes=nnodes,
+                 node=node, device=torch.device("cpu"), backend="sim", heap_size=size, transport=transport)

@@ -1,0 +1,265 @@
+"""The host API: one world per process.
+
+    world = ditron.init()                 # "auto" | "sim" | "nvshmem" | "p2p"
+    x = ditron.symm_zeros((n,), torch.float32)
+    kernel[grid](x, ...)
+    ditron.barrier_all()
+    ditron.finalize()
+
+The same script runs under ``ditron sim -n 4 script.py`` (simulated ranks on
+the CPU) and under ``torchrun --nproc-per-node 4 script.py`` (GPUs).  The
+transport (how ranks reach each other's memory) is chosen by ``backend``;
+everything above it -- topology, the symmetric heap, argument checks -- is
+shared and lives here.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import DitronError
+
+BACKENDS = ("auto", "sim", "nvshmem", "p2p")
+
+
+@dataclass
+class World:
+    """The current process's place in the distributed job."""
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    nnodes: int
+    node: int
+    device: object
+    backend: str
+    heap_size: int
+    transport: object = field(repr=False, default=None)
+
+    @property
+    def heap(self):
+        return self.transport.heap
+
+    def __str__(self):
+        return (f"rank {self.rank}/{self.world_size} (node {self.node}/{self.nnodes}, local rank "
+                f"{self.local_rank}/{self.local_world_size}) on {self.device} via {self.backend}")
+
+
+class Transport:
+    """What a backend provides.  ``heap`` is this rank's
+    :class:`~ditron.runtime.heap.SymmetricHeap`."""
+    name = "?"
+    heap = None
+
+    def peer_tensor(self, t, rank: int):
+        """A tensor aliasing ``rank``'s copy of the symmetric tensor ``t``."""
+        raise NotImplementedError
+
+    def barrier(self, stream=None):
+        raise NotImplementedError
+
+    def rank_copy(self, dst, src, stream=None):
+        """Copy ``src`` to ``dst`` (either may alias a peer's heap) without SMs."""
+        dst.copy_(src)
+
+    def before_launch(self, kernel, args):
+        """Hook run before a kernel launch on this transport."""
+
+    def finalize(self):
+        pass
+
+
+_WORLD: Optional[World] = None
+
+
+def _env_int(name, default):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DitronError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def topology_from_env():
+    """(rank, world_size, local_rank, local_world_size, nnodes, node) from
+    torchrun's variables (a single process when they are absent)."""
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_world_size = _env_int("LOCAL_WORLD_SIZE", world_size)
+    local_rank = _env_int("LOCAL_RANK", rank % max(local_world_size, 1))
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise DitronError(f"RANK={rank} is not in [0, WORLD_SIZE={world_size})")
+    if local_world_size < 1 or world_size % local_world_size:
+        raise DitronError(f"WORLD_SIZE={world_size} is not a multiple of LOCAL_WORLD_SIZE={local_world_size}: "
+                          "ditron needs the same number of ranks on every node")
+    if not 0 <= local_rank < local_world_size:
+        raise DitronError(f"LOCAL_RANK={local_rank} is not in [0, LOCAL_WORLD_SIZE={local_world_size})")
+    node = rank // local_world_size
+    if rank % local_world_size != local_rank:
+        raise DitronError(f"RANK={rank} and LOCAL_RANK={local_rank} do not give contiguous ranks per node "
+                          f"(LOCAL_WORLD_SIZE={local_world_size}); launch with torchrun or ditron sim")
+    return rank, world_size, local_rank, local_world_size, world_size // local_world_size, node
+
+
+def _sim_requested() -> bool:
+    from .. import _compat
+    return bool(os.environ.get("DITRON_SIM_DIR")) or _compat.interpreter_enabled()
+
+
+def init(backend: str = "auto", *, heap_size=None, device=None) -> World:
+    """Join the distributed job and return the :class:`World`.
+
+    ``backend``: ``"auto"`` (the simulator inside ``ditron sim`` or under
+    ``TRITON_INTERPRET=1``; on GPUs NVSHMEM when usable, else P2P),
+    ``"sim"``, ``"nvshmem"``, ``"p2p"``.  ``heap_size``: bytes (or
+    ``"2G"``) of symmetric heap per rank (default ``DITRON_HEAP_SIZE``, else
+    64 MiB on the simulator and 1 GiB on GPUs).  Calling ``init`` again
+    returns the same world; after :func:`finalize` it starts a new one.
+    """
+    global _WORLD
+    if backend not in BACKENDS:
+        raise DitronError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if _WORLD is not None:
+        if backend in ("auto", _WORLD.backend):
+            return _WORLD
+        raise DitronError(f"ditron is already initialised with backend {_WORLD.backend!r}; call "
+                          f"ditron.finalize() before ditron.init(backend={backend!r})")
+    topo = topology_from_env()
+    if backend == "sim" or (backend == "auto" and _sim_requested()):
+        from .sim import make_sim_transport
+        world = make_sim_transport(topo, heap_size)
+    else:
+        from .gpu import make_gpu_transport
+        world = make_gpu_transport(backend, topo, heap_size, device)
+    _WORLD = world
+    return world
+
+
+def finalize():
+    """Leave the job: synchronise, free the symmetric heap, tear the transport
+    down.  Safe to call twice; :func:`init` may be called again afterwards."""
+    global _WORLD
+    world, _WORLD = _WORLD, None
+    if world is not None:
+        world.transport.finalize()
+
+
+def current_world(required: bool = True) -> Optional[World]:
+    if _WORLD is None and required:
+        raise DitronError("no ditron world: call ditron.init() first")
+    return _WORLD
+
+
+def _world_for(what):
+    if _WORLD is None:
+        raise DitronError(f"{what} needs a ditron world: call ditron.init() first")
+    return _WORLD
+
+
+def symm_empty(shape, dtype=None, *, name=None):
+    """An uninitialised symmetric tensor on ``world.device``.  Collective: all
+    ranks call it with the same shape and dtype, in the same order."""
+    import torch
+    world = _world_for("ditron.symm_empty")
+    return world.heap.alloc(shape, dtype or torch.float32, name=name)
+
+
+def symm_zeros(shape, dtype=None, *, name=None):
+    """A zero-filled symmetric tensor (collective, like :func:`symm_empty`)."""
+    t = symm_empty(shape, dtype, name=name)
+    t.zero_()
+    return t
+
+
+def is_symmetric(t) -> bool:
+    """Whether ``t`` lies in this rank's symmetric heap."""
+    return _WORLD is not None and _WORLD.heap.contains(t)
+
+
+@contextlib.contextmanager
+def heap_scope():
+    """Symmetric allocations made inside the block are freed at its end
+    (collective; tensors made inside must not be used afterwards)."""
+    world = _world_for("ditron.heap_scope")
+    mark = world.heap.mark()
+    try:
+        yield
+    finally:
+        world.heap.release(mark)
+
+
+def barrier_all(stream=None):
+    """Barrier of all ranks.  On GPUs it is stream-ordered: work queued on
+    ``stream`` (default: the current stream) before it completes on every
+    rank before work queued after it starts."""
+    _world_for("ditron.barrier_all").transport.barrier(stream)
+
+
+def peer_tensor(t, rank: int):
+    """The host-side ``symm_at``: a tensor aliasing ``rank``'s copy of the
+    symmetric tensor ``t`` (ranks on this node)."""
+    world = _world_for("ditron.peer_tensor")
+    _require_symmetric(world, t, "t", "ditron.peer_tensor")
+    _require_rank(world, rank, "ditron.peer_tensor", local=True)
+    if rank == world.rank:
+        return t
+    return world.transport.peer_tensor(t, rank)
+
+
+def rank_copy(dst, src, *, dst_rank=None, src_rank=None, stream=None):
+    """Copy ``src`` into ``dst`` through the copy engine (no SMs used).
+
+    ``dst_rank`` / ``src_rank`` name the rank whose copy of the symmetric
+    tensor is meant (default: this rank); at most one may be a peer.  Shapes
+    and dtypes must match.  On GPUs the copy is queued on ``stream`` (default:
+    the current stream) and is asynchronous like any stream work.
+    """
+    world = _world_for("ditron.rank_copy")
+    if tuple(dst.shape) != tuple(src.shape) or dst.dtype != src.dtype:
+        raise DitronError(f"ditron.rank_copy: dst is {dst.dtype}{list(dst.shape)} but src is "
+                          f"{src.dtype}{list(src.shape)}; they must match")
+    if dst_rank not in (None, world.rank) and src_rank not in (None, world.rank):
+        raise DitronError("ditron.rank_copy: copies between two peers are not supported; give at most one of "
+                          "dst_rank / src_rank")
+    if dst_rank not in (None, world.rank):
+        _require_symmetric(world, dst, "dst", "ditron.rank_copy")
+        _require_rank(world, dst_rank, "ditron.rank_copy", local=True)
+        dst = world.transport.peer_tensor(dst, dst_rank)
+    if src_rank not in (None, world.rank):
+        _require_symmetric(world, src, "src", "ditron.rank_copy")
+        _require_rank(world, src_rank, "ditron.rank_copy", local=True)
+        src = world.transport.peer_tensor(src, src_rank)
+    world.transport.rank_copy(dst, src, stream)
+
+
+def check_kernel_args(kernel, args, kwargs, world):
+    """Before a launch: every tensor argument that reaches ``symm_at``,
+    ``notify`` or ``shmem.*`` must be symmetric (static analysis of the
+    kernel's source, :mod:`ditron.analysis`)."""
+    import inspect
+    from ..analysis import check_symmetric_args
+    fn = getattr(kernel, "fn", kernel)
+    try:
+        bound = inspect.signature(fn).bind_partial(*args, **{k: v for k, v in kwargs.items()
+                                                              if k in inspect.signature(fn).parameters})
+    except TypeError:
+        return      # Triton reports a wrong call with its own message
+    check_symmetric_args(kernel, dict(bound.arguments), world.heap.contains)
+
+
+def _require_symmetric(world, t, argname, what):
+    if not world.heap.contains(t):
+        raise DitronError(f"{what}: argument '{argname}' is not a symmetric tensor (allocate it with "
+                          "ditron.symm_empty / ditron.symm_zeros)")
+
+
+def _require_rank(world, rank, what, local=False):
+    if not isinstance(rank, int) or not 0 <= rank < world.world_size:
+        raise DitronError(f"{what}: rank {rank!r} is not in [0, {world.world_size})")
+    if local and rank // world.local_world_size != world.node:
+        raise DitronError(f"{what}: rank {rank} is on node {rank // world.local_world_size}, not on this "
+                          f"node ({world.node}); peer memory is reachable only inside a node")

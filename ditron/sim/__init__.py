@@ -1,0 +1,10 @@
+"""The CPU simulator: run ``@ditron.jit`` kernels on N simulated ranks.
+
+* :mod:`ditron.sim.launcher` -- ``ditron sim -n N script.py`` (torchrun-like)
+* :mod:`ditron.sim.pool` -- :class:`SimCluster`, persistent simulated ranks
+  that run Python functions (the test fixture uses it)
+* :mod:`ditron.sim.executor` -- one kernel launch on Triton's interpreter,
+  programs running concurrently
+* :mod:`ditron.runtime.sim` -- the transport (shared-memory heaps, control
+  block, watchdog); :mod:`ditron.lowering.sim` -- the op semantics
+"""

@@ -1,0 +1,178 @@
+"""Running one kernel launch on the simulator.
+
+Triton's interpreter executes a kernel's Python body with NumPy tiles, one
+program after another, keeping the program id in global state.  That cannot
+run a producer/consumer protocol between programs (a persistent kernel whose
+program 0 waits for data that the last program writes would spin forever).
+
+Here every program runs in its own thread with a thread-local program id,
+under a scheduler that keeps exactly one program *running* at a time: the
+next program starts when the running one finishes or blocks in a wait.  So
+non-communicating kernels run at sequential speed, and a program that waits
+lends its turn to the programs that will satisfy it.  A woken waiter simply
+continues (the GIL serialises the Python work).
+
+Nothing is copied: kernel arguments are CPU tensors, passed by address, so
+remote loads and stores through ``symm_at`` reach the other ranks' heaps.
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+import traceback
+
+from .. import _compat
+from ..errors import DitronError, DitronHangError
+
+_CURRENT = threading.local()
+
+
+def current_launch():
+    """The :class:`Launch` of the calling program thread (None on the host)."""
+    return getattr(_CURRENT, "launch", None)
+
+
+def current_program():
+    return getattr(_CURRENT, "program", None)
+
+
+class Launch:
+    def __init__(self, name, transport):
+        self.name = name
+        self.transport = transport
+        self.cv = threading.Condition()
+        self.running = 0          # programs running and not blocked
+        self.failed = False
+        self.errors = []          # (program, exception, traceback text)
+        self.tensor_args = []     # (name, first byte address, nbytes) of tensor arguments
+
+    def describe_arg(self, addr):
+        """Which tensor argument the address ``addr`` falls in, if any."""
+        for name, start, nbytes in self.tensor_args:
+            if start <= addr < start + max(nbytes, 1):
+                return f"it points into argument '{name}'"
+        return None
+
+    def _running(self, delta):
+        with self.cv:
+            self.running += delta
+            if self.running == 0:
+                self.cv.notify_all()
+        if self.transport is not None:
+            self.transport.active(delta)
+
+    def blocked(self, delta):
+        """A program enters (+1) or leaves (-1) a blocking wait."""
+        self._running(-delta)
+
+    def program_main(self, fn, args, pid, builder):
+        _CURRENT.launch = self
+        _CURRENT.program = pid
+        builder.set_grid_idx(*pid)
+        try:
+            fn(**args)
+        except BaseException as e:  # noqa: BLE001 -- reported by the launching thread
+            self.errors.append((pid, e, traceback.format_exc()))
+            self.failed = True
+        finally:
+            _CURRENT.launch = None
+            if self.transport is not None:
+                self.transport.control.progress()
+            self._running(-1)
+
+
+def _constexpr_names(fn, arg_names):
+    ann = {name: _compat.interpreter_normalize_annotation(ty) for name, ty in fn.__annotations__.items()}
+    return {name for name in arg_names if ann.get(name) == "constexpr"}
+
+
+def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
+    """Run ``fn`` (the interpreter-rewritten kernel body) over ``grid``."""
+    argspec = inspect.getfullargspec(fn)
+    kwargs = {k: v for k, v in kwargs.items() if k in argspec.args}
+    try:
+        bound = inspect.getcallargs(fn, *args, **kwargs)
+    except TypeError as e:
+        raise TypeError(f"kernel {name}: {e}") from None
+    constexprs = _constexpr_names(fn, arg_names)
+    if callable(grid):
+        grid = grid(dict(bound))
+    grid = tuple(int(g) for g in grid)
+    if not 1 <= len(grid) <= 3:
+        raise DitronError(f"kernel {name}: the grid must have 1 to 3 dimensions, got {grid}")
+    grid = grid + (1,) * (3 - len(grid))
+    if any(g < 0 for g in grid):
+        raise DitronError(f"kernel {name}: negative grid {grid}")
+    converted = {k: v if k in constexprs else _compat.interpreter_convert_arg(v) for k, v in bound.items()}
+    launch = Launch(name, transport)
+    for k, v in bound.items():
+        if hasattr(v, "data_ptr") and hasattr(v, "untyped_storage"):
+            launch.tensor_args.append((k, v.data_ptr(), v.numel() * v.element_size()))
+    programs = [(x, y, z) for x in range(grid[0]) for y in range(grid[1]) for z in range(grid[2])]
+    threads = []
+    if transport is not None:
+        transport.active(-1)      # the launching thread only supervises
+    try:
+        with _compat.interpreter_launch(grid) as builder:
+            for pid in programs:
+                with launch.cv:
+                    while launch.running > 0 and not launch.failed:
+                        launch.cv.wait(0.5)
+                    if launch.failed:
+                        break
+                    launch.running += 1
+                if transport is not None:
+                    transport.active(+1)
+                t = threading.Thread(target=launch.program_main, args=(fn, converted, pid, builder),
+                                     name=f"{name}{pid}", daemon=True)
+                threads.append(t)
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        if transport is not None:
+            transport.active(+1)
+    if launch.errors:
+        _raise(name, launch)
+
+
+def _raise(name, launch):
+    from ..runtime.sim import Blocked
+    real = [(p, e, tb) for p, e, tb in launch.errors if not isinstance(e, Blocked)]
+    if real:
+        pid, e, tb = min(real, key=lambda r: r[0])
+        if isinstance(e, DitronError):
+            raise e
+        raise DitronError(f"kernel {name}, program {pid}: {type(e).__name__}: {e}\n{tb}") from e
+    blocked = sorted((e for _, e, _ in launch.errors), key=lambda b: tuple(b.info.get("program") or ()))
+    reason = blocked[0].reason
+    raise DitronHangError(f"kernel {name} stopped ({reason}); blocked waits:", [b.info for b in blocked])
+
+
+class SimKernel(_compat.interpreted_function_class()):
+    """A ``@ditron.jit`` kernel under the simulator (``TRITON_INTERPRET=1``):
+    launched with ``kernel[grid](...)`` like on GPUs, run by :func:`execute`;
+    called from another kernel, it is an inlined device function."""
+
+    def __init__(self, fn, **kwargs):
+        super().__init__(fn, **kwargs)
+        self.dist_ir = None
+
+    def run(self, *args, grid, warmup, **kwargs):
+        if warmup:
+            return None
+        from ..runtime.world import current_world
+        world = current_world(required=False)
+        fn = self.rewrite()
+        name = self.fn.__name__
+        if world is None:
+            # a plain TRITON_INTERPRET=1 process: a private one-rank world
+            from ..runtime.world import init
+            world = init("sim")
+        if world.backend != "sim":
+            raise DitronError(f"kernel {name} was defined under TRITON_INTERPRET=1 but the world runs on "
+                              f"{world.backend}; define kernels after setting the environment consistently")
+        transport = world.transport
+        from ..runtime.world import check_kernel_args
+        check_kernel_args(self, args, kwargs, world)
+        return execute(name, fn, self.arg_names, grid, args, kwargs, transport)

@@ -1,0 +1,186 @@
+"""``ditron sim -n N [--nnodes M] script.py [args...]``: run a script on N
+simulated ranks, like ``torchrun --nproc-per-node N``.
+
+Each rank is a process with torchrun's variables (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``) plus
+``TRITON_INTERPRET=1`` and the simulated job's shared files.  The launcher
+watches the job:
+
+* a rank that fails stops the others promptly (their waits abort) and its
+  traceback is printed; the exit code is the failing rank's;
+* when no rank makes progress for ``--hang-timeout`` seconds
+  (``DITRON_HANG_TIMEOUT_S``, default 30) while some wait is blocked, every
+  rank stops and the launcher prints, per blocked wait, the rank, program id,
+  primitive and source line, the signal (tensor and offset), the expected
+  and the observed value; the exit code is 3.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..errors import format_report_entry
+from ..runtime.heap import HEAP_ALIGN, parse_size, round_up
+from . import memory as M
+
+EXIT_DEADLOCK = 3
+GRACE_S = 5.0
+
+
+def make_job(nprocs, heap_size):
+    sim_dir = tempfile.mkdtemp(prefix="ditron-sim-")
+    control, heap = M.sim_dir_paths(sim_dir)
+    M.create_control(control, nprocs)
+    M.create_heap_file(heap, heap_size * nprocs)
+    return sim_dir
+
+
+def rank_env(base, rank, nprocs, nnodes, sim_dir, heap_size, hang_timeout):
+    lws = nprocs // nnodes
+    env = dict(base)
+    env.update({
+        "RANK": str(rank), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(rank % lws),
+        "LOCAL_WORLD_SIZE": str(lws), "GROUP_RANK": str(rank // lws), "NODE_RANK": str(rank // lws),
+        "TRITON_INTERPRET": "1", "DITRON_SIM_DIR": sim_dir, "DITRON_SIM_HEAP_SIZE": str(heap_size),
+        "DITRON_HANG_TIMEOUT_S": str(hang_timeout),
+    })
+    return env
+
+
+def read_reports(sim_dir, nprocs):
+    out = {}
+    for r in range(nprocs):
+        path = os.path.join(sim_dir, f"rank{r}.json")
+        if os.path.exists(path):
+            try:
+                with open(path) as f:
+                    out[r] = json.load(f)
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def check_topology(nprocs, nnodes):
+    if nprocs < 1:
+        raise SystemExit("ditron sim: -n must be at least 1")
+    if nnodes < 1 or nprocs % nnodes:
+        raise SystemExit(f"ditron sim: {nprocs} ranks cannot be split evenly over {nnodes} nodes")
+
+
+def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, out=sys.stderr):
+    """Run ``argv`` (script and its arguments, or ``-m module ...``) on
+    ``nprocs`` ranks; returns the exit code."""
+    from ..runtime.sim import Watchdog
+    check_topology(nprocs, nnodes)
+    heap_size = round_up(int(heap_size), HEAP_ALIGN)
+    sim_dir = make_job(nprocs, heap_size)
+    control = M.Control(M.sim_dir_paths(sim_dir)[0], nprocs)
+    procs = []
+    try:
+        for r in range(nprocs):
+            env = rank_env(os.environ, r, nprocs, nnodes, sim_dir, heap_size, hang_timeout)
+            procs.append(subprocess.Popen([sys.executable, "-m", "ditron.sim.rank", *argv], env=env))
+        dog = Watchdog(control, hang_timeout, alive=lambda r: procs[r].poll() is None)
+        first_failure = None
+        deadline = None
+        deadlock = False
+        while any(p.poll() is None for p in procs):
+            if first_failure is None:
+                for r, p in enumerate(procs):
+                    code = p.poll()
+                    if code not in (None, 0):
+                        first_failure = (r, code)
+                        control.request_abort(M.ABORT_RANK_FAILED, r)
+                        deadline = time.monotonic() + GRACE_S
+                        break
+            if not deadlock and first_failure is None and dog.poll():
+                deadlock = True
+                deadline = time.monotonic() + GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+            time.sleep(0.05)
+        codes = [p.wait() for p in procs]
+        if first_failure is None:
+            for r, code in enumerate(codes):
+                if code not in (0, None) and code != EXIT_DEADLOCK:
+                    first_failure = (r, code)
+                    break
+        reports = read_reports(sim_dir, nprocs)
+        if deadlock or (first_failure is None and any(c == EXIT_DEADLOCK for c in codes)):
+            print_deadlock(reports, codes, hang_timeout, out)
+            return EXIT_DEADLOCK
+        if first_failure is not None:
+            r, code = first_failure
+            print_failure(r, code, reports, codes, out)
+            return code if code > 0 else 1
+        return 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        control.close()
+        if not os.environ.get("DITRON_SIM_KEEP"):
+            shutil.rmtree(sim_dir, ignore_errors=True)
+
+
+def print_deadlock(reports, codes, timeout, out):
+    print(f"ditron sim: deadlock: no rank made progress for {timeout:g} s; every rank was stopped.", file=out)
+    for r in range(len(codes)):
+        rep = reports.get(r)
+        if rep and rep.get("kind") == "hang":
+            for entry in rep.get("report", []):
+                print("  " + format_report_entry(entry), file=out)
+        elif codes[r] == 0:
+            print(f"  rank {r}: finished", file=out)
+        elif rep and rep.get("kind") == "error":
+            print(f"  rank {r}: failed:\n" + _indent(rep.get("traceback", "")), file=out)
+        else:
+            print(f"  rank {r}: exited with code {codes[r]} (killed: not in a ditron wait)", file=out)
+
+
+def print_failure(rank, code, reports, codes, out):
+    rep = reports.get(rank) or {}
+    print(f"ditron sim: rank {rank} failed (exit code {code}); the other ranks were stopped.", file=out)
+    tb = rep.get("traceback")
+    if tb:
+        print(f"--- traceback of rank {rank} ---\n{tb.rstrip()}", file=out)
+    for r, c in enumerate(codes):
+        if r != rank and c not in (0,):
+            print(f"  rank {r}: stopped (exit code {c})", file=out)
+
+
+def _indent(text):
+    return "\n".join("    " + line for line in text.rstrip().splitlines())
+
+
+def build_parser(prog="ditron sim"):
+    p = argparse.ArgumentParser(prog=prog, description="Run a script on N simulated ranks (like torchrun).")
+    p.add_argument("-n", "--nproc-per-job", "--nproc", dest="n", type=int, default=4,
+                   help="number of ranks (default 4)")
+    p.add_argument("--nnodes", type=int, default=1, help="simulated nodes; ranks are split evenly (default 1)")
+    p.add_argument("--heap-size", default=os.environ.get("DITRON_HEAP_SIZE", "64M"),
+                   help="symmetric heap per rank (default 64M or DITRON_HEAP_SIZE)")
+    p.add_argument("--hang-timeout", type=float, default=float(os.environ.get("DITRON_HANG_TIMEOUT_S", 30)),
+                   help="seconds without progress before a deadlock is reported (default 30)")
+    p.add_argument("script", help="script to run (or -m module)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
+    return p
+
+
+def main(argv=None, prog="ditron sim"):
+    args = build_parser(prog).parse_args(argv)
+    script_argv = [args.script, *args.args]
+    if args.script == "-m" and not args.args:
+        raise SystemExit(f"{prog}: -m needs a module name")
+    if args.script != "-m" and not os.path.exists(args.script):
+        raise SystemExit(f"{prog}: no such script: {args.script}")
+    return run_job(args.n, script_argv, nnodes=args.nnodes, heap_size=parse_size(args.heap_size),
+                   hang_timeout=args.hang_timeout)

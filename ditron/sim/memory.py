@@ -1,0 +1,178 @@
+"""Shared-memory primitives of the simulator: atomics on raw addresses and
+the control block that the ranks and the launcher share.
+
+Atomics go through Triton's interpreter runtime (C++ ``std::atomic`` on the
+address), which is lock-free for 32- and 64-bit integers and therefore atomic
+across the rank processes that map the same file.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+
+from .. import _compat
+
+_I = None
+
+
+def _interp():
+    global _I
+    if _I is None:
+        _I = _compat.interpreter_runtime()
+    return _I
+
+
+def _addr(addr):
+    return np.asarray(addr, dtype=np.uint64).reshape(-1)
+
+
+def atomic_add(addr, value, dtype=np.int64):
+    """``*addr += value``; returns the old value(s)."""
+    I = _interp()
+    addr = _addr(addr)
+    vals = np.broadcast_to(np.asarray(value, dtype=dtype), addr.shape).copy()
+    return I.atomic_rmw(I.RMW_OP.ADD, addr, vals, np.ones(addr.shape, dtype=bool), I.MEM_SEMANTIC.ACQUIRE_RELEASE)
+
+
+def atomic_xchg(addr, value, dtype=np.int64):
+    I = _interp()
+    addr = _addr(addr)
+    vals = np.broadcast_to(np.asarray(value, dtype=dtype), addr.shape).copy()
+    return I.atomic_rmw(I.RMW_OP.XCHG, addr, vals, np.ones(addr.shape, dtype=bool), I.MEM_SEMANTIC.ACQUIRE_RELEASE)
+
+
+def atomic_cas(addr, cmp, value, dtype=np.int64):
+    I = _interp()
+    addr = _addr(addr)
+    c = np.broadcast_to(np.asarray(cmp, dtype=dtype), addr.shape).copy()
+    v = np.broadcast_to(np.asarray(value, dtype=dtype), addr.shape).copy()
+    return I.atomic_cas(addr, c, v, I.MEM_SEMANTIC.ACQUIRE_RELEASE)
+
+
+def atomic_load(addr, dtype=np.int64):
+    """Acquire load (an atomic add of zero, so it is ordered like the GPU's
+    ``ld.acquire``)."""
+    return atomic_add(addr, 0, dtype)
+
+
+def load(addr, dtype):
+    """Plain loads of ``dtype`` values at the addresses ``addr``."""
+    I = _interp()
+    addr = _addr(addr)
+    return I.load(addr, np.ones(addr.shape, dtype=bool), np.zeros(addr.shape, dtype=dtype), np.dtype(dtype))
+
+
+def store(addr, value, dtype):
+    I = _interp()
+    addr = _addr(addr)
+    vals = np.broadcast_to(np.asarray(value, dtype=dtype), addr.shape).copy()
+    I.store(addr, vals, np.ones(addr.shape, dtype=bool))
+
+
+# ---------------------------------------------------------------------------
+# Control block: one small shared file per simulated job
+# ---------------------------------------------------------------------------
+CONTROL_WORDS_HEADER = 16
+RANK_WORDS = 8
+MAGIC = 0x4449545253494D31  # "DITRSIM1"
+
+# header words
+H_MAGIC, H_ABORT, H_PROGRESS, H_BAR_COUNT, H_BAR_GEN, H_FAILED_RANK, H_WORLD = 0, 1, 2, 3, 4, 5, 6
+H_DEV_BAR_COUNT, H_DEV_BAR_GEN = 7, 8
+# per-rank words
+R_ACTIVE, R_BLOCKED, R_DONE, R_PID, R_HEARTBEAT = 0, 1, 2, 3, 4
+
+ABORT_NONE, ABORT_DEADLOCK, ABORT_RANK_FAILED, ABORT_STOP = 0, 1, 2, 3
+ABORT_REASONS = {ABORT_DEADLOCK: "deadlock", ABORT_RANK_FAILED: "another rank failed",
+                 ABORT_STOP: "stopped by the launcher"}
+
+
+def control_size(world_size: int) -> int:
+    return 8 * (CONTROL_WORDS_HEADER + RANK_WORDS * world_size)
+
+
+def create_control(path: str, world_size: int):
+    with open(path, "wb") as f:
+        words = np.zeros(control_size(world_size) // 8, dtype=np.int64)
+        words[H_MAGIC] = MAGIC
+        words[H_WORLD] = world_size
+        words[H_FAILED_RANK] = -1
+        f.write(words.tobytes())
+
+
+def create_heap_file(path: str, nbytes: int):
+    with open(path, "wb") as f:
+        f.truncate(nbytes)      # sparse: pages appear when touched
+
+
+class Control:
+    """The mapped control block."""
+
+    def __init__(self, path: str, world_size: int):
+        self.path = path
+        self._f = open(path, "r+b")
+        self._mm = mmap.mmap(self._f.fileno(), control_size(world_size))
+        self.words = np.frombuffer(self._mm, dtype=np.int64)
+        if self.words[H_MAGIC] != MAGIC or self.words[H_WORLD] != world_size:
+            raise RuntimeError(f"{path} is not a simulator control block for {world_size} ranks")
+        self.world_size = world_size
+        self.base = self.words.ctypes.data
+
+    def addr(self, word: int) -> int:
+        return self.base + 8 * word
+
+    def rank_word(self, rank: int, field: int) -> int:
+        return CONTROL_WORDS_HEADER + RANK_WORDS * rank + field
+
+    def add(self, word: int, value: int) -> int:
+        return int(atomic_add(self.addr(word), value)[0])
+
+    def get(self, word: int) -> int:
+        return int(atomic_load(self.addr(word))[0])
+
+    def set(self, word: int, value: int) -> int:
+        return int(atomic_xchg(self.addr(word), value)[0])
+
+    # -- conveniences -----------------------------------------------------------
+    def progress(self):
+        self.add(H_PROGRESS, 1)
+
+    @property
+    def abort(self) -> int:
+        return int(self.words[H_ABORT])
+
+    def request_abort(self, reason: int, failed_rank: int = -1):
+        if int(atomic_cas(self.addr(H_ABORT), ABORT_NONE, reason)[0]) == ABORT_NONE and failed_rank >= 0:
+            self.set(H_FAILED_RANK, failed_rank)
+
+    def rank_add(self, rank: int, field: int, value: int):
+        return self.add(self.rank_word(rank, field), value)
+
+    def rank_get(self, rank: int, field: int) -> int:
+        return int(self.words[self.rank_word(rank, field)])
+
+    def rank_set(self, rank: int, field: int, value: int):
+        return self.set(self.rank_word(rank, field), value)
+
+    def reset(self):
+        """Clear abort/barrier/progress state (only when every rank is idle)."""
+        for w in (H_ABORT, H_PROGRESS, H_BAR_COUNT, H_BAR_GEN, H_DEV_BAR_COUNT, H_DEV_BAR_GEN):
+            self.set(w, 0)
+        self.set(H_FAILED_RANK, -1)
+        for r in range(self.world_size):
+            for fld in (R_ACTIVE, R_BLOCKED, R_DONE):
+                self.rank_set(r, fld, 0)
+
+    def close(self):
+        self.words = None
+        try:
+            self._mm.close()
+        except BufferError:
+            pass
+        self._f.close()
+
+
+def sim_dir_paths(sim_dir: str):
+    return os.path.join(sim_dir, "control"), os.path.join(sim_dir, "heap")

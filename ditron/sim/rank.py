@@ -1,0 +1,78 @@
+"""One simulated rank: ``python -m ditron.sim.rank SCRIPT [ARGS...]`` (started
+by the launcher, never by hand).  Runs the script as ``__main__`` and, when it
+fails, leaves a report for the launcher in ``$DITRON_SIM_DIR/rank<R>.json``."""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import traceback
+
+EXIT_HANG = 3
+
+
+def _report(rank, payload):
+    sim_dir = os.environ.get("DITRON_SIM_DIR")
+    if not sim_dir:
+        return
+    with open(os.path.join(sim_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(payload, f, default=str)
+
+
+def _stop_reason():
+    try:
+        from ..runtime.world import current_world
+        world = current_world(required=False)
+        if world is not None and world.transport.control is not None:
+            from . import memory as M
+            return M.ABORT_REASONS.get(world.transport.control.abort)
+    except Exception:  # noqa: BLE001
+        return None
+    return None
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print("usage: python -m ditron.sim.rank SCRIPT [ARGS...]", file=sys.stderr)
+        return 2
+    rank = int(os.environ.get("RANK", "0"))
+    script = argv[0]
+    sys.argv = argv
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        target, run = argv[1], runpy.run_module
+    else:
+        target, run = script, runpy.run_path
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        run(target, run_name="__main__", **({"alter_sys": True} if run is runpy.run_module else {}))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code:
+            _report(rank, {"rank": rank, "kind": "exit", "code": code, "traceback": ""})
+        return code
+    except BaseException as e:  # noqa: BLE001 -- reported to the launcher
+        from ..errors import DitronHangError
+        tb = traceback.format_exc()
+        if isinstance(e, DitronHangError):
+            _report(rank, {"rank": rank, "kind": "hang", "report": e.report, "traceback": tb,
+                           "reason": _stop_reason()})
+            return EXIT_HANG
+        _report(rank, {"rank": rank, "kind": "error", "traceback": tb, "stopped": _stop_reason()})
+        return 1
+    finally:
+        try:
+            from ..runtime.world import current_world
+            world = current_world(required=False)
+            if world is not None and world.transport.control is not None:
+                from . import memory as M
+                world.transport.control.rank_set(rank, M.R_DONE, 1)
+        except Exception:  # noqa: BLE001
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

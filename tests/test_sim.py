@@ -1,0 +1,186 @@
+"""Simulator tests: kernels really run on simulated ranks (processes sharing
+heaps), checked against torch on random inputs."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import bodies_sim as B
+import ditron
+from ditron.errors import DitronError, DitronHangError, DitronRankError
+
+pytestmark = pytest.mark.skipif(os.environ.get("DITRON_TEST_BACKEND", "sim") != "sim", reason="simulator tests")
+
+
+@pytest.mark.parametrize("n,block", [(1000, 128), (37, 16)])
+def test_allgather_push_wait_notify_symm_at(dist, n, block):
+    sums = dist.run(B.allgather_push, n, block)
+    grid = -(-n // block)
+    assert sums == [dist.world_size * grid] * dist.world_size
+
+
+@pytest.mark.parametrize("n,block", [(777, 256), (5, 8)])
+def test_putmem_signal_nbi_and_signal_wait_until(dist, n, block):
+    assert dist.run(B.ring_put_signal, n, block) == [7] * dist.world_size
+
+
+def test_getmem_from_every_peer(dist):
+    dist.run(B.pull_all, 301)
+
+
+def test_persistent_producer_consumer_completes(dist):
+    # program 0 waits for the last program, 24 programs deep
+    flags = dist.run(B.persistent_chain, 24, 50)
+    assert all(f == [1] * 24 for f in flags)
+
+
+def test_topology_single_node(dist):
+    for r, (dev, host) in enumerate(dist.run(B.topology)):
+        assert host == (r, 4, r, 4, 0, 1)
+        assert dev == [r, 4, r, 4, 0, 1, r, 4]
+
+
+def test_topology_and_inter_node_on_two_nodes(dist_world):
+    d = dist_world(4, nnodes=2)
+    for r, (dev, host) in enumerate(d.run(B.topology)):
+        assert host == (r, 4, r % 2, 2, r // 2, 2)
+        assert dev == [r, 4, r % 2, 2, r // 2, 2, r, 4]
+    d.run(B.inter_node_exchange, 100)
+    with pytest.raises(DitronRankError, match=r"dl\.symm_at.*rank \d is on node \d, not on this node"):
+        d.run(B.symm_at_off_node)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_odd_and_single_world_sizes(dist_world, n):
+    d = dist_world(n)
+    d.run(B.allgather_push, 33, 16)
+    d.run(B.ring_put_signal, 10, 8)
+
+
+def test_non_symmetric_tensor_is_rejected_before_launch(dist):
+    with pytest.raises(DitronRankError) as info:
+        dist.run(B.non_symmetric_arg)
+    msg = str(info.value)
+    assert "argument 'x_ptr' reaches dl.symm_at" in msg and "not in the symmetric heap" in msg
+
+
+def test_failing_rank_stops_the_others(dist):
+    t = time.monotonic()
+    with pytest.raises(DitronRankError) as info:
+        dist.run(B.fail_on_rank, 2)
+    assert time.monotonic() - t < 15
+    assert info.value.rank == 2
+    assert "planted failure on rank 2" in info.value.traceback_text
+    # the cluster is usable afterwards
+    dist.run(B.allgather_push, 10, 16)
+
+
+def test_missing_notify_is_reported_as_deadlock(dist_world):
+    from ditron.sim.pool import SimCluster
+    with SimCluster(3, hang_timeout=1.5) as cluster:
+        t = time.monotonic()
+        with pytest.raises(DitronHangError) as info:
+            cluster.run(B.missing_notify, 1)
+        assert time.monotonic() - t < 1.5 + 10
+        report = info.value.report
+        blocked = [e for e in report if e["primitive"] == "dl.wait"]
+        assert len(blocked) == 1
+        e = blocked[0]
+        assert e["rank"] == 2 and e["program"] == (0, 0, 0)
+        assert e["where"].startswith("bodies_sim.py:")
+        assert "'ring_flags'" in e["signal"] and "element offset 1" in e["signal"]
+        assert e["expected"] == "== 1" and e["observed"] == 0
+        # the cluster recovers
+        cluster.run(B.allgather_push, 10, 16)
+
+
+def test_barrier_all_reused(dist):
+    assert dist.run(B.barrier_loop, 200) == [200] * 4
+
+
+def test_rank_copy(dist):
+    dist.run(B.rank_copy_roundtrip, 1001)
+
+
+def test_multimem_reduce_and_broadcast(dist):
+    dist.run(B.multimem_sum, 100)
+
+
+def test_thread_helpers_tile_at_a_time(dist):
+    for out, cnt in dist.run(B.thread_helpers):
+        assert sorted(out[:32]) == list(range(32))          # 32 lanes incremented one counter
+        assert out[32] == sum(1 << i for i in range(1, 32, 2)) - (1 << 32)   # int32 bit pattern
+        assert out[33:65] == [i ^ 1 for i in range(32)]
+        assert out[65] == 4                                 # ffs(40) = bit 3 -> 4
+        assert out[66] == 1100
+        assert out[67] == 0 and cnt[1] == 5
+        assert out[68] == 9 and cnt[0] == 32
+
+
+# ---------------------------------------------------------------------------
+# the launcher
+# ---------------------------------------------------------------------------
+
+RING = textwrap.dedent('''
+    import sys, torch, triton.language as tl
+    import ditron, ditron.language as dl
+
+    @ditron.jit
+    def ring(sig_ptr, skip):
+        me = dl.rank()
+        if me != skip:
+            dl.notify(sig_ptr, (me + 1) % dl.num_ranks(), signal=1, comm_scope="intra_node")
+        dl.wait(sig_ptr, 1, "sys", "acquire", waitValue=1)
+
+    world = ditron.init()
+    sig = ditron.symm_zeros((1,), torch.int32, name="sig")
+    ditron.barrier_all()
+    if sys.argv[1] == "raise" and world.rank == 1:
+        raise RuntimeError("boom on rank 1")
+    ring[(1,)](sig, int(sys.argv[1]) if sys.argv[1] != "raise" else -1)
+    ditron.barrier_all()
+    print(f"rank {world.rank} of {world.world_size} ok")
+    ditron.finalize()
+''')
+
+
+def _sim(tmp_path, n, *args, timeout=120, hang=None):
+    script = tmp_path / "ring.py"
+    script.write_text(RING)
+    cmd = [sys.executable, "-m", "ditron.sim", "-n", str(n)]
+    if hang is not None:
+        cmd += ["--hang-timeout", str(hang)]
+    t = time.monotonic()
+    p = subprocess.run(cmd + [str(script), *args], capture_output=True, text=True, timeout=timeout)
+    return p, time.monotonic() - t
+
+
+def test_launcher_runs_ranks(tmp_path):
+    p, _ = _sim(tmp_path, 3, "-1")
+    assert p.returncode == 0, p.stderr
+    assert sorted(re.findall(r"rank (\d) of 3 ok", p.stdout)) == ["0", "1", "2"]
+
+
+def test_launcher_reports_a_planted_deadlock(tmp_path):
+    p, elapsed = _sim(tmp_path, 3, "0", hang=2)     # rank 0 never notifies rank 1
+    assert p.returncode == 3, (p.stdout, p.stderr)
+    err = p.stderr
+    assert "deadlock: no rank made progress for 2 s" in err
+    line = [ln for ln in err.splitlines() if "rank 1, program (0, 0, 0)" in ln]
+    assert line, err
+    assert "blocked in dl.wait at ring.py:10" in line[0]
+    assert "symmetric tensor 'sig' (int32[1]" in line[0] and "element offset 0" in line[0]
+    assert "expected: == 1" in line[0] and "observed: 0" in line[0]
+    # the other ranks wait in the host barrier after their launch
+    assert re.search(r"rank [02], host: blocked in ditron.barrier_all at ring.py:\d+", err), err
+
+
+def test_launcher_shows_failing_rank_traceback(tmp_path):
+    p, elapsed = _sim(tmp_path, 3, "raise", hang=30)
+    assert p.returncode == 1
+    assert "rank 1 failed" in p.stderr and "RuntimeError: boom on rank 1" in p.stderr
+    assert elapsed < 60        # the others were stopped, not left to the 30 s watchdog
