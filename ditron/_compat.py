@@ -312,3 +312,81 @@ def interpreter_np_dtype(tt):
     (bf16 is stored as uint16, fp8 as uint8)."""
     from triton.runtime.interpreter import _get_np_dtype
     return _get_np_dtype(tt)
+
+
+# --------------------------------------------------------------------------
+# Runtime hooks (GPU runtime, ditron/runtime/gpu.py): kernel module load/unload
+# --------------------------------------------------------------------------
+# Triton calls ``kernel_load_end_hook(module, function, name, metadata_group,
+# hash)`` right after loading a kernel's binary (CUmodule handle as int),
+# before its first launch (3.6 and 3.9: a HookChain; older: one callable).
+# Triton >= 3.9 also unloads modules when kernels are freed and calls
+# ``kernel_unload_hook`` with the same arguments first.
+
+def _hook_add(attr, fn):
+    knobs = triton.knobs.runtime
+    if not hasattr(knobs, attr):
+        return False
+    hook = getattr(knobs, attr)
+    if hasattr(hook, "add"):
+        hook.add(fn)
+    elif hook is None or hook is fn:
+        setattr(knobs, attr, fn)
+    else:
+        prev = hook
+
+        def chained(*args, **kwargs):
+            prev(*args, **kwargs)
+            fn(*args, **kwargs)
+        chained._ditron_wrapped = (prev, fn)
+        setattr(knobs, attr, chained)
+    return True
+
+
+def _hook_remove(attr, fn):
+    knobs = triton.knobs.runtime
+    hook = getattr(knobs, attr, None)
+    if hook is None:
+        return
+    if hasattr(hook, "remove"):
+        hook.remove(fn)
+    elif hook is fn:
+        setattr(knobs, attr, None)
+    elif getattr(hook, "_ditron_wrapped", (None, None))[1] is fn:
+        setattr(knobs, attr, hook._ditron_wrapped[0])
+
+
+def add_kernel_load_hook(fn):
+    """Call ``fn(module, function, name, metadata_group, hash)`` after Triton
+    loads a kernel binary, before its first launch."""
+    if not _hook_add("kernel_load_end_hook", fn):
+        raise RuntimeError(f"Triton {triton.__version__} has no kernel_load_end_hook; ditron's GPU runtime needs "
+                           "Triton >= 3.5")
+
+
+def remove_kernel_load_hook(fn):
+    _hook_remove("kernel_load_end_hook", fn)
+
+
+def add_kernel_unload_hook(fn):
+    """``fn`` runs before Triton unloads a kernel's module (Triton >= 3.9;
+    older versions never unload, and this does nothing)."""
+    return _hook_add("kernel_unload_hook", fn)
+
+
+def remove_kernel_unload_hook(fn):
+    _hook_remove("kernel_unload_hook", fn)
+
+
+def metadata_extern_libs(metadata_group):
+    """``extern_libs`` a loaded kernel was compiled with, read from the
+    metadata JSON in the ``metadata_group`` Triton passes to the load hook."""
+    import json
+    for key, path in dict(metadata_group or {}).items():
+        if str(key).endswith(".json") and not str(key).startswith("__grp__"):
+            try:
+                with open(path) as f:
+                    return [tuple(x) for x in json.load(f).get("extern_libs") or ()]
+            except (OSError, ValueError):
+                return []
+    return []

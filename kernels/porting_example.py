@@ -24,3 +24,12 @@ def ring_pull_kernel(x_ptr, out_ptr, sig_ptr, n, BLOCK: tl.constexpr):
     token = dl.wait(sig_ptr + peer, 1, "sys", "acquire", waitValue=1)
     src = dl.consume_token(dl.symm_at(x_ptr + offs, peer), token)
     tl.store(out_ptr + offs, tl.load(src, mask=mask), mask=mask)
+
+
+@ditron.jit
+def ready_kernel(sig_ptr):
+    """Tell the left neighbour (who pulls from this rank) that ``x`` is ready:
+    set word ``rank`` of its signal array."""
+    rank = dl.rank()
+    left = (rank + dl.num_ranks() - 1) % dl.num_ranks()
+    dl.notify(sig_ptr + rank, left, signal=1, sig_op="set", comm_scope="intra_node")

@@ -331,3 +331,21 @@ def thread_helpers(world):
     out = torch.zeros(80, dtype=torch.int32)
     thread_helpers_kernel[(1,)](cnt, out)
     return out.tolist(), cnt.tolist()
+
+
+@ditron.jit
+def runtime_range_kernel(out_ptr, n):
+    # range() over a runtime value: Triton 3.6's interpreter converts it with
+    # int(<1-element array>), which NumPy >= 2.4 rejects; ditron patches it
+    acc = 0
+    for i in range(n):
+        acc += i
+    for j in tl.range(0, n, 2):
+        acc += 1
+    tl.store(out_ptr, acc + dl.rank() * 0)
+
+
+def runtime_range(world, n):
+    out = torch.zeros(1, dtype=torch.int32, device=_dev(world))
+    runtime_range_kernel[(1,)](out, n)
+    return int(out.item())

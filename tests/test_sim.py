@@ -184,3 +184,15 @@ def test_launcher_shows_failing_rank_traceback(tmp_path):
     assert p.returncode == 1
     assert "rank 1 failed" in p.stderr and "RuntimeError: boom on rank 1" in p.stderr
     assert elapsed < 60        # the others were stopped, not left to the 30 s watchdog
+
+
+def test_range_over_runtime_value_with_new_numpy(dist_world):
+    d = dist_world(1)
+    assert d.run(B.runtime_range, 9) == [sum(range(9)) + 5]
+
+
+def test_ditron_demo_runs_and_verifies():
+    p = subprocess.run([sys.executable, "-m", "ditron", "demo"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("matches torch") == 4
+    assert "verified on all 4 ranks" in p.stdout
