@@ -95,6 +95,17 @@ class DitronJITFunction(_compat.JITFunction):
         needs = self._needs.setdefault(target.backend, set())
         user_libs = kwargs.pop("extern_libs", None)
         name = self.__name__ if hasattr(self, "__name__") else self.fn.__name__
+        if not warmup:
+            from .runtime.world import check_kernel_args, current_world
+            world = current_world(required=False)
+            if world is not None:
+                if world.backend == "sim":
+                    from .errors import DitronError
+                    raise DitronError(f"kernel {name} was defined for GPUs, but the world is simulated: the "
+                                      "simulator needs TRITON_INTERPRET=1 before kernels are defined (start the "
+                                      "script with `ditron sim`)")
+                check_kernel_args(self, args, kwargs, world)
+                world.transport.before_launch(self, args)
 
         def once(libs):
             with recording(name, target.name) as module:

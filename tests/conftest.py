@@ -93,9 +93,15 @@ class GpuDist:
         self._tdist = tdist
 
     def run(self, body, *args, **kwargs):
-        with ditron.heap_scope():
-            value = body(self.world, *args, **kwargs)
-            ditron.barrier_all()
+        import traceback
+        from ditron.errors import DitronRankError
+        try:
+            with ditron.heap_scope():
+                value = body(self.world, *args, **kwargs)
+                ditron.barrier_all()
+        except Exception as e:  # same exception type as on the simulator
+            raise DitronRankError(f"rank {self.world.rank} failed: {e}", rank=self.world.rank,
+                                  traceback_text=traceback.format_exc()) from e
         out = [None] * self.world_size
         self._tdist.all_gather_object(out, value)
         return out
