@@ -349,3 +349,13 @@ def runtime_range(world, n):
     out = torch.zeros(1, dtype=torch.int32, device=_dev(world))
     runtime_range_kernel[(1,)](out, n)
     return int(out.item())
+
+
+@ditron.jit
+def out_of_heap_kernel(x_ptr, far):
+    tl.store(dl.symm_at(x_ptr + far, 0), 1.0)
+
+
+def out_of_heap(world):
+    x = ditron.symm_zeros((4,), torch.float32)
+    out_of_heap_kernel[(1,)](x, world.heap_size // 4)     # one heap past x: outside the symmetric heap

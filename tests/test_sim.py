@@ -137,3 +137,11 @@ def test_ditron_demo_runs_and_verifies():
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("matches torch") == 4
     assert "verified on all 4 ranks" in p.stdout
+
+
+def test_out_of_heap_pointer_is_an_error(dist):
+    with pytest.raises(DitronRankError) as info:
+        dist.run(B.out_of_heap)
+    msg = info.value.traceback_text
+    assert "dl.symm_at, argument 'ptr', target sim: the pointer is not in this rank's symmetric heap" in msg
+    assert "(at bodies_sim.py:" in msg

@@ -43,6 +43,10 @@ def emit(kind, operands, attrs, _semantic, _generator, params=(), aliases=None):
     """Create, verify, lower and record one op; return its result."""
     target = target_from_semantic(_semantic)
     file, line, node = _compat.source_location(_generator)
+    if _generator is None and target.backend == "sim":
+        from ..lowering.sim import where           # interpreter: the kernel's line from the Python stack
+        file, _, line = where().rpartition(":")
+        line = int(line) if line.isdigit() else None
     exprs = _exprs(node, params)
     for src, dst in (aliases or {}).items():
         if src in exprs:
