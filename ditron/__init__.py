@@ -12,6 +12,12 @@
 
 Importing ditron never touches a GPU.
 """
+import os as _os
+
+# NVLink multicast stays off unless the caller decided otherwise (see
+# ditron/runtime/gpu.py): set before NCCL / torch symmetric memory / NVSHMEM start.
+for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+    _os.environ.setdefault(_k, _v)
 from . import language
 from .compiler import CompiledKernel, compile
 from .errors import DitronCompileError, DitronError, LibraryError, LoweringError

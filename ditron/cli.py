@@ -138,6 +138,8 @@ def cmd_doctor(args):
         print(f"              package version {rep['nvshmem_version'] or '?'}; "
               f"with Triton {triton.__version__}: {rep['nvshmem_status']}")
     print(f"rocSHMEM      bitcode {rep['rocshmem_bitcode'] or 'not found (shmem.* on AMD unavailable)'}")
+    from ditron.runtime.gpu import auto_backend_report   # reads package metadata only; touches no GPU
+    print(f"runtime       {auto_backend_report()}")
     return 0
 
 
@@ -147,12 +149,16 @@ def main(argv=None):
     if argv and argv[0] == "sim":
         from .sim.launcher import main as sim_main
         return sim_main(argv[1:])
+    if argv and argv[0] == "bench":
+        from .bench import main as bench_main
+        return bench_main(argv[1:])
     if argv and argv[0] == "demo":
         from .demo import main as demo_main
         return demo_main(argv[1:])
     parser = argparse.ArgumentParser(prog="ditron", description="ditron: distributed kernels on stock Triton")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("sim", help="run a script on N simulated ranks: ditron sim -n 4 script.py [args]")
+    sub.add_parser("bench", help="benchmark a collective against NCCL / torch (under torchrun or ditron sim)")
     sub.add_parser("demo", help="run a zoo kernel on 4 simulated ranks (or on GPUs under torchrun) and check it")
     p = sub.add_parser("compile", help="compile a kernel for a target without a GPU")
     p.add_argument("kernel", help="FILE.py::KERNEL")

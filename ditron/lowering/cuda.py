@@ -11,12 +11,113 @@ from __future__ import annotations
 
 import triton.language as tl
 
+import contextlib
+import contextvars
+
 from .. import _compat
-from . import common, devlib, register, shmem_rules, shmem_table
+from . import common, cuda_p2p, devlib, register, shmem_rules, shmem_table
 
 BACKEND = "cuda"
 LIB = devlib.DeviceLibrary("ditron", BACKEND, const_addrspace=4)
 devlib.add_world(LIB)
+
+# ---------------------------------------------------------------------------
+# Library variants: how shmem.* and waits are lowered depends on the world's
+# transport and on DITRON_WAIT_TIMEOUT_S, both known when a kernel is compiled.
+# Each variant is the same library text under a different header line, so its
+# path -- and with it Triton's in-memory and on-disk cache keys -- differs per
+# variant, and rules read the variant back from the compilation's extern_libs.
+# ---------------------------------------------------------------------------
+TRANSPORTS = ("nvshmem", "p2p")
+_VARIANT_HEADER = "; ditron variant: transport={transport} waits={waits}"
+_VARIANT_LIBS: dict = {}
+_VARIANT_OF_PATH: dict = {}
+_OVERRIDE = contextvars.ContextVar("ditron_cuda_variant", default=None)
+
+
+def _variant_key(transport, bounded):
+    if transport not in TRANSPORTS:
+        raise ValueError(f"unknown transport {transport!r}; use one of {TRANSPORTS}")
+    return (transport, bool(bounded))
+
+
+def _make_library(header=""):
+    lib = devlib.DeviceLibrary("ditron", BACKEND, const_addrspace=4, header=header)
+    devlib.add_world(lib)
+    return lib
+
+
+def variant_library(transport="nvshmem", bounded=False):
+    """The ditron device library compiled into kernels for ``transport``
+    (``"nvshmem"`` or ``"p2p"``) with bounded (``DITRON_WAIT_TIMEOUT_S``) or
+    plain waits.  ``variant_library()`` is :data:`LIB`."""
+    key = _variant_key(transport, bounded)
+    lib = _VARIANT_LIBS.get(key)
+    if lib is None:
+        lib = _make_library(_VARIANT_HEADER.format(transport=key[0], waits="bounded" if key[1] else "plain"))
+        _populate(lib)
+        _VARIANT_LIBS[key] = lib
+    path = lib.path()
+    _VARIANT_OF_PATH[path] = key
+    return lib
+
+
+@contextlib.contextmanager
+def compile_variant(transport="nvshmem", bounded=False):
+    """Compile kernels for ``transport`` / bounded waits regardless of the
+    current world (ahead-of-time compilation and tests)::
+
+        with cuda.compile_variant("p2p", bounded=True):
+            ditron.compile(kernel, "sm_90a", ...)
+    """
+    token = _OVERRIDE.set(_variant_key(transport, bounded))
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
+
+
+def current_variant():
+    """(transport, bounded) for kernels compiled now: an active
+    :func:`compile_variant`, else the current world's transport and wait
+    timeout, else ("nvshmem", False)."""
+    key = _OVERRIDE.get()
+    if key is not None:
+        return key
+    from ..runtime.world import current_world
+    world = current_world(required=False)
+    if world is None:
+        return ("nvshmem", False)
+    transport = world.transport
+    name = getattr(transport, "compile_transport", None) or ("p2p" if world.backend == "p2p" else "nvshmem")
+    return _variant_key(name, getattr(transport, "wait_timeout_ns", 0) > 0)
+
+
+def current_library():
+    """The device library for kernels compiled now (see :func:`current_variant`)."""
+    return variant_library(*current_variant())
+
+
+def variant_of(ctx):
+    """(transport, bounded) of the compilation ``ctx`` belongs to, read from
+    the ditron library attached to it."""
+    libs = getattr(ctx.options, "extern_libs", None) or ()
+    path = dict(libs).get(LIB.name)
+    if path is None:
+        return ("nvshmem", False)
+    key = _VARIANT_OF_PATH.get(path)
+    if key is None:
+        key = ("nvshmem", False)
+        try:
+            with open(path) as f:
+                for line in f.read(4096).splitlines():
+                    if line.startswith("; ditron variant:"):
+                        kv = dict(p.split("=", 1) for p in line.split(":", 1)[1].split())
+                        key = _variant_key(kv.get("transport", "nvshmem"), kv.get("waits") == "bounded")
+        except OSError:
+            pass
+        _VARIANT_OF_PATH[path] = key
+    return key
 
 _SCOPE = {"cta": "cta", "gpu": "gpu", "sys": "sys", "intra_node": "sys", "inter_node": "sys"}
 
@@ -88,6 +189,14 @@ def _wait(ctx, barrier_ptrs, num_barriers, wait_value, scope, semantic):
     """Every thread polls words tid, tid+ntid, ... < num_barriers with
     ``ld.<semantic>.<scope>``; then ``bar.sync 0`` joins the CTA."""
     bits = common.signal_width(ctx, ctx.tensor(barrier_ptrs), "barrier_ptrs")
+    if variant_of(ctx)[1]:
+        # DITRON_WAIT_TIMEOUT_S: the same loop in the device library, with a
+        # %globaltimer check that reports and traps past the world's timeout
+        n = _compat.cast(ctx.sem, ctx.tensor(num_barriers), tl.int32)
+        vty = tl.int64 if bits == 64 else tl.int32
+        val = _compat.cast(ctx.sem, ctx.tensor(wait_value), vty)
+        return ctx.call(LIB, f"ditron_wait_bounded_{semantic}_{scope}_i{bits}",
+                        [common.ptr_to_int(ctx, barrier_ptrs), n, val], [tl.int64, tl.int32, vty], tl.int32)
     r = _reg(bits)
     wide = "mul.wide.u32 %off, %i, 8;" if bits == 64 else "mul.wide.u32 %off, %i, 4;"
     asm = f"""{{
@@ -341,8 +450,31 @@ def _ffs(ctx, x):
 # ---------------------------------------------------------------------------
 # chunk level: NVSHMEM
 # ---------------------------------------------------------------------------
-_shmem_call = shmem_rules.make_shmem_call(LIB, shmem_table.NVSHMEM,
-                                          {"sig_op": shmem_table.NVSHMEM_SIGNAL, "cmp": shmem_table.NVSHMEM_CMP})
+_nvshmem_call = shmem_rules.make_shmem_call(LIB, shmem_table.NVSHMEM,
+                                            {"sig_op": shmem_table.NVSHMEM_SIGNAL, "cmp": shmem_table.NVSHMEM_CMP})
+_p2p_call = shmem_rules.make_p2p_call(LIB, cuda_p2p.P2P_SIGNAL, shmem_table.NVSHMEM_CMP)
+
+
+def _shmem_call(ctx, kind, args, extra=None, suffix=""):
+    """``shmem.*`` for the compilation's variant: NVSHMEM's device functions,
+    or loads/stores through the heap deltas on the P2P transport.  Under
+    bounded waits, signal_wait_until polls with a timeout on either transport
+    (NVSHMEM's own loop has none)."""
+    transport, bounded = variant_of(ctx)
+    if transport == "p2p":
+        return _p2p_call(ctx, kind, args, extra, suffix, bounded=bounded)
+    if bounded and kind == "shmem.signal_wait_until":
+        return _p2p_call(ctx, kind, args, extra, suffix, bounded=True)
+    return _nvshmem_call(ctx, kind, args, extra, suffix)
+
+
+def _populate(lib):
+    """Everything a ditron CUDA library defines (all variants hold the same functions)."""
+    shmem_rules.define_wrappers(lib, shmem_table.NVSHMEM)
+    shmem_rules.define_signal_once(lib, shmem_table.NVSHMEM, "llvm.nvvm.read.ptx.sreg.tid.x")
+    cuda_p2p.add_p2p_and_bounded(lib)
+
+
 shmem_rules.register_shmem(BACKEND, _shmem_call)
-shmem_rules.define_wrappers(LIB, shmem_table.NVSHMEM)
-shmem_rules.define_signal_once(LIB, shmem_table.NVSHMEM, "llvm.nvvm.read.ptx.sreg.tid.x")
+_populate(LIB)
+_VARIANT_LIBS[("nvshmem", False)] = LIB

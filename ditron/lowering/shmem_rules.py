@@ -131,3 +131,62 @@ def register_shmem(backend, shmem_call):
 
     for k in ("shmem.quiet", "shmem.fence", "shmem.barrier_all", "shmem.sync_all"):
         register(k, backend)(_plain(k))
+
+
+#: coop of the ops without a cooperation attribute (quiet, fence, ...) is "thread"
+_P2P_MEM = {"shmem.putmem": "putmem", "shmem.getmem": "getmem", "shmem.putmem_signal": "putmem_signal"}
+
+
+def make_p2p_call(lib, sig_consts, cmp_consts):
+    """``shmem_call`` for the P2P transport (NVIDIA, one node): the same
+    operations as NVSHMEM's, done with loads, stores and atomics through the
+    symmetric-heap deltas of the world descriptor (``ditron_p2p_*`` in the
+    device library, see :mod:`ditron.lowering.cuda_p2p`).  No SHMEM library is
+    linked."""
+
+    def p2p_call(ctx, kind, args, extra=None, suffix="", bounded=False):
+        extra = extra or {}
+        coop = ctx.op.attrs.get("coop") or "thread"
+        i64, i32 = tl.int64, tl.int32
+
+        def ptr(a):
+            return common.ptr_to_int(ctx, ctx.tensor(a))
+
+        def call(symbol, values, types, ret=tl.int32, pure=False):
+            return ctx.call(lib, symbol, values, types, ret, is_pure=pure)
+
+        if kind == "shmem.my_pe":
+            return common.world_field(ctx, lib, "rank")
+        if kind == "shmem.n_pes":
+            return common.world_field(ctx, lib, "world_size")
+        if kind == "shmem.remote_ptr":
+            p, pe = args
+            return call("ditron_p2p_ptr", [ptr(p), pe], [i64, i32], i64, pure=True)
+        if kind == "shmem.remote_mc_ptr":
+            raise ctx.error("multicast addresses need NVSHMEM with NVLink SHARP; the P2P transport has none "
+                            "(initialise ditron with backend='nvshmem', or use dl.symm_at loads/stores)")
+        if kind in ("shmem.putmem", "shmem.getmem"):
+            dst, src, nbytes, pe = args
+            return call(f"ditron_p2p_{_P2P_MEM[kind]}_{coop}", [ptr(dst), ptr(src), nbytes, pe], [i64, i64, i64, i32])
+        if kind == "shmem.putmem_signal":
+            dst, src, nbytes, sig, signal, pe = args
+            return call(f"ditron_p2p_putmem_signal_{coop}",
+                        [ptr(dst), ptr(src), nbytes, ptr(sig), signal, sig_consts[extra["sig_op"]], pe],
+                        [i64, i64, i64, i64, i64, i32, i32])
+        if kind == "shmem.signal_op":
+            sig, signal, pe = args
+            symbol = "ditron_p2p_signal_op_once" if suffix == "_once" else "ditron_p2p_signal_op"
+            return call(symbol, [ptr(sig), signal, sig_consts[extra["sig_op"]], pe], [i64, i64, i32, i32])
+        if kind == "shmem.signal_wait_until":
+            sig, value = args
+            symbol = "ditron_signal_wait_until" + ("_bounded" if bounded else "")
+            return call(symbol, [ptr(sig), cmp_consts[extra["cmp"]], value], [i64, i32, i64], i64)
+        if kind == "shmem.quiet":
+            return call("ditron_p2p_quiet", [], [])
+        if kind == "shmem.fence":
+            return call("ditron_p2p_fence", [], [])
+        if kind in ("shmem.barrier_all", "shmem.sync_all"):
+            return call(f"ditron_p2p_barrier_{coop}" + ("_bounded" if bounded else ""), [], [])
+        raise ctx.error("no P2P lowering for this op")
+
+    return p2p_call

@@ -1,0 +1,413 @@
+"""Benchmark harness for distributed ops (``ditron bench``), shared by the
+collectives and the GEMM-overlap benchmarks.
+
+    torchrun --nproc-per-node 4 -m ditron.bench all_reduce --sizes 8K..256M --dtype bf16
+    ditron sim -n 4 -m ditron.bench all_reduce --sizes 1K..8K     # smoke run of the harness on CPU
+
+For each size of the sweep, every implementation (ditron's methods, NCCL
+through ``torch.distributed``, torch's symmetric-memory ops) is first checked
+against a reference on fresh random inputs, then timed side by side in the
+same process: CUDA events around each call (or CUDA-graph replays with
+``--graph``), warm-up first, the median over iterations, and the slowest rank
+reported.  Rank 0 prints a progress bar and writes a Markdown table, the raw
+JSON and a PNG plot per sweep under ``--out`` (default ``bench/results``).
+On the simulator the numbers are meaningless (the interpreter), but every
+code path -- checks, table, JSON -- runs; CI uses it as a smoke test.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_bytes(text: str) -> int:
+    t = text.strip().upper().rstrip("B").replace("I", "")
+    unit = t[-1] if t and t[-1] in _UNITS else ""
+    return int(float(t[:-1] if unit else t) * _UNITS[unit])
+
+
+def parse_sizes(spec: str, step: int = 2):
+    """``"8K..256M"`` (powers of ``step``) or ``"8K,64K,1M"`` -> list of bytes."""
+    if ".." in spec:
+        lo, hi = (parse_bytes(s) for s in spec.split(".."))
+        out, s = [], lo
+        while s <= hi:
+            out.append(s)
+            s *= step
+        return out
+    return [parse_bytes(s) for s in spec.split(",") if s]
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, k in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k} {unit}iB"
+    return f"{n} B"
+
+
+@dataclass
+class Impl:
+    """One implementation at one size: ``run()`` performs the op (returns the
+    output), ``check(out)`` raises if it is wrong."""
+    name: str
+    run: Callable
+    check: Optional[Callable] = None
+    note: str = ""
+
+
+@dataclass
+class Sweep:
+    op: str
+    dtype: str
+    world_size: int
+    device: str
+    rows: list = field(default_factory=list)      # dicts: size, impl, us, algbw, busbw, ok
+
+
+def _sync(device):
+    import torch
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_impl(fn, device, warmup=5, iters=25, graph=False):
+    """Median time of ``fn()`` in microseconds on this rank."""
+    import torch
+    if not str(device).startswith("cuda"):
+        for _ in range(max(1, warmup // 5)):
+            fn()
+        ts = []
+        for _ in range(max(1, iters // 5)):
+            t = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t) * 1e6)
+        return statistics.median(ts)
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            fn()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(g):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g.replay()
+        torch.cuda.synchronize()
+        run = g.replay
+    else:
+        run = fn
+    times = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def max_over_ranks(value: float) -> float:
+    import torch
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    dev = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor([value], dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def run_sweep(op, dtype_name, sizes, make_impls, bus_factor, *, device, world_size, rank, warmup, iters,
+              graph=False, barrier=None, progress=True):
+    """``make_impls(nbytes) -> list[Impl]``; returns a :class:`Sweep`."""
+    sweep = Sweep(op, dtype_name, world_size, str(device))
+    total = len(sizes)
+    bar = None
+    if progress and rank == 0:
+        try:
+            from tqdm import tqdm
+            bar = tqdm(total=total, desc=f"{op} {dtype_name}", file=sys.stderr)
+        except ImportError:
+            bar = None
+    for i, nbytes in enumerate(sizes):
+        for impl in make_impls(nbytes):
+            ok, err = True, ""
+            try:
+                out = impl.run()
+                _sync(device)
+                if impl.check is not None:
+                    impl.check(out)
+            except Exception as e:  # noqa: BLE001 -- recorded in the table
+                ok, err = False, f"{type(e).__name__}: {e}"
+            if barrier:
+                barrier()
+            us = float("nan")
+            if ok:
+                us = max_over_ranks(time_impl(impl.run, device, warmup, iters, graph))
+            if barrier:
+                barrier()
+            algbw = nbytes / (us * 1e-6) / 1e9 if ok and us > 0 else float("nan")
+            sweep.rows.append({"bytes": nbytes, "impl": impl.name, "us": us, "algbw_GBs": algbw,
+                               "busbw_GBs": algbw * bus_factor(world_size), "ok": ok, "error": err,
+                               "note": impl.note})
+        if bar is not None:
+            bar.update(1)
+        elif progress and rank == 0:
+            print(f"[{i + 1}/{total}] {op} {fmt_bytes(nbytes)} done", file=sys.stderr, flush=True)
+    if bar is not None:
+        bar.close()
+    return sweep
+
+
+def table(sweep: Sweep, metric="us") -> str:
+    impls = list(dict.fromkeys(r["impl"] for r in sweep.rows))
+    sizes = list(dict.fromkeys(r["bytes"] for r in sweep.rows))
+    by = {(r["bytes"], r["impl"]): r for r in sweep.rows}
+    head = "| size | " + " | ".join(impls) + " |"
+    lines = [head, "| --- |" + " --- |" * len(impls)]
+    for s in sizes:
+        cells = []
+        for name in impls:
+            r = by.get((s, name))
+            if r is None:
+                cells.append("-")
+            elif not r["ok"]:
+                cells.append("FAILED")
+            else:
+                cells.append(f"{r[metric]:.1f}")
+        lines.append(f"| {fmt_bytes(s)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_results(sweep: Sweep, out_dir: str, tag: str, command: str, machine: str):
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"{tag}-{sweep.op}-{sweep.dtype}")
+    meta = {"op": sweep.op, "dtype": sweep.dtype, "world_size": sweep.world_size, "device": sweep.device,
+            "machine": machine, "date": datetime.date.today().isoformat(), "command": command,
+            "python": platform.python_version()}
+    try:
+        import torch
+        import triton
+        meta.update(torch=torch.__version__, triton=triton.__version__)
+        if torch.cuda.is_available():
+            meta["gpu"] = torch.cuda.get_device_name()
+    except Exception:  # noqa: BLE001
+        pass
+    with open(stem + ".json", "w") as f:
+        json.dump({"meta": meta, "rows": sweep.rows}, f, indent=1, default=str)
+    md = [f"### {sweep.op}, {sweep.dtype}, {sweep.world_size} ranks ({machine}, {meta['date']})", "",
+          f"Command: `{command}`", "", "Latency (us, median, slowest rank):", "", table(sweep, "us"), "",
+          "Bus bandwidth (GB/s):", "", table(sweep, "busbw_GBs"), ""]
+    failed = [r for r in sweep.rows if not r["ok"]]
+    if failed:
+        md += ["Failures:", ""] + [f"- {fmt_bytes(r['bytes'])} {r['impl']}: {r['error']}" for r in failed] + [""]
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(md))
+    png = None
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+        for name in dict.fromkeys(r["impl"] for r in sweep.rows):
+            rows = [r for r in sweep.rows if r["impl"] == name and r["ok"]]
+            if not rows:
+                continue
+            xs = [r["bytes"] for r in rows]
+            ax[0].plot(xs, [r["us"] for r in rows], marker="o", label=name)
+            ax[1].plot(xs, [r["busbw_GBs"] for r in rows], marker="o", label=name)
+        for a, title in zip(ax, ("latency (us)", "bus bandwidth (GB/s)")):
+            a.set_xscale("log", base=2)
+            a.set_title(f"{sweep.op} {sweep.dtype}: {title}")
+            a.set_xlabel("bytes")
+            a.grid(True, alpha=0.3)
+        ax[0].set_yscale("log")
+        ax[1].legend(fontsize=7)
+        fig.tight_layout()
+        png = stem + ".png"
+        fig.savefig(png, dpi=110)
+        plt.close(fig)
+    except ImportError:
+        pass
+    return stem + ".md", stem + ".json", png
+
+
+# ---------------------------------------------------------------------------
+# collectives
+# ---------------------------------------------------------------------------
+
+def _bus(op):
+    return {"all_reduce": lambda n: 2 * (n - 1) / n if n > 1 else 1.0,
+            "all_gather": lambda n: (n - 1) / n if n > 1 else 1.0,
+            "reduce_scatter": lambda n: (n - 1) / n if n > 1 else 1.0,
+            "all_to_all": lambda n: (n - 1) / n if n > 1 else 1.0}[op]
+
+
+def _tol(dtype, world):
+    import torch
+    return {torch.float32: 1e-5, torch.float16: 2e-3 * world, torch.bfloat16: 2e-2 * world}[dtype]
+
+
+def collective_impls(op, dtype, world, methods, peers, rng_seed=0):
+    """``make_impls`` for one collective: ditron's ``methods`` plus ``peers``
+    (``nccl``, ``torch_one_shot``, ``torch_two_shot``)."""
+    import torch
+    import torch.distributed as dist
+
+    from ditron import kernels as zoo
+
+    elem = torch.empty((), dtype=dtype).element_size()
+    dev = world.device
+    W, R = world.world_size, world.rank
+    contexts = {}
+
+    def ctx_for(numel):
+        key = numel
+        if key not in contexts:
+            contexts.clear()
+            if op == "all_reduce":
+                contexts[key] = zoo.create_all_reduce_context(numel, dtype)
+            elif op == "all_gather":
+                contexts[key] = zoo.create_all_gather_context(numel, dtype)
+            elif op == "reduce_scatter":
+                contexts[key] = zoo.create_reduce_scatter_context(numel, dtype)
+        return contexts[key]
+
+    def make(nbytes):
+        numel = max(1, nbytes // elem)
+        if op == "reduce_scatter":
+            numel = max(W, numel // W * W)
+        def gen(r):
+            # every rank can regenerate every rank's input on its own device: references need no communication
+            g = torch.Generator(device=dev).manual_seed(rng_seed + 7919 * r + nbytes)
+            return torch.randn(numel, generator=g, device=dev).to(dtype)
+
+        x = gen(R)
+
+        class _Inputs:
+            def __iter__(self):
+                return (gen(r) for r in range(W))
+
+        xs = _Inputs()
+        impls = []
+        tol = _tol(dtype, W)
+
+        def check_close(ref_fn):
+            def check(out):
+                ref = ref_fn()
+                got = out.float().reshape(ref.shape)
+                if not torch.allclose(got, ref, rtol=tol, atol=tol):
+                    raise AssertionError(f"max error {(got - ref).abs().max().item():.3g}")
+            return check
+
+        if op == "all_reduce":
+            ref = check_close(lambda: sum(t.float() for t in xs))
+            for m in methods:
+                ctx = ctx_for(numel)
+                out = torch.empty_like(x)
+                impls.append(Impl(f"ditron {m}", lambda m=m, ctx=ctx, out=out: zoo.all_reduce(x, ctx, out=out, method=m),
+                                  ref))
+            if "nccl" in peers and dist.is_initialized():
+                y = torch.empty_like(x)
+
+                def nccl():
+                    y.copy_(x)
+                    dist.all_reduce(y)
+                    return y
+                impls.append(Impl("NCCL", nccl, ref, "includes a copy of the input"))
+            if str(dev).startswith("cuda") and {"torch_one_shot", "torch_two_shot"} & set(peers):
+                import torch.distributed._symmetric_memory as symm_mem
+                buf = symm_mem.empty(numel, dtype=dtype, device=dev)
+                symm_mem.rendezvous(buf, dist.group.WORLD.group_name)
+                if "torch_one_shot" in peers:
+                    def one():
+                        buf.copy_(x)
+                        return torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", dist.group.WORLD.group_name)
+                    impls.append(Impl("torch one_shot", one, ref, "includes a copy into symmetric memory"))
+                if "torch_two_shot" in peers:
+                    def two():
+                        buf.copy_(x)
+                        torch.ops.symm_mem.two_shot_all_reduce_(buf, "sum", dist.group.WORLD.group_name)
+                        return buf
+                    impls.append(Impl("torch two_shot", two, ref, "in place, includes a copy"))
+        elif op == "all_gather":
+            ref = check_close(lambda: torch.cat([t.float() for t in xs]))
+            for m in methods:
+                ctx = ctx_for(numel)
+                impls.append(Impl(f"ditron {m}", lambda m=m, ctx=ctx: zoo.all_gather(x, ctx, method=m), ref))
+            if "nccl" in peers and dist.is_initialized():
+                y = torch.empty(W * numel, dtype=dtype, device=dev)
+                impls.append(Impl("NCCL", lambda: (dist.all_gather_into_tensor(y, x), y)[1], ref))
+        elif op == "reduce_scatter":
+            m_ = numel // W
+            ref = check_close(lambda: sum(t.float() for t in xs)[R * m_:(R + 1) * m_])
+            for m in methods:
+                ctx = ctx_for(numel)
+                impls.append(Impl(f"ditron {m}", lambda m=m, ctx=ctx: zoo.reduce_scatter(x, ctx, method=m), ref))
+            if "nccl" in peers and dist.is_initialized():
+                y = torch.empty(m_, dtype=dtype, device=dev)
+                impls.append(Impl("NCCL", lambda: (dist.reduce_scatter_tensor(y, x), y)[1], ref))
+        return impls
+
+    return make
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="ditron bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("op", choices=["all_reduce", "all_gather", "reduce_scatter"])
+    p.add_argument("--sizes", default="8K..256M", help="bytes per rank: 'LO..HI' (powers of --step) or a list")
+    p.add_argument("--step", type=int, default=2)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--methods", default="auto", help="ditron methods, comma-separated")
+    p.add_argument("--peers", default="nccl,torch_one_shot,torch_two_shot",
+                   help="baselines: nccl, torch_one_shot, torch_two_shot (comma-separated; '' for none)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=25)
+    p.add_argument("--graph", action="store_true", help="time CUDA-graph replays")
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--tag", default=None, help="file-name prefix (default: machine kind or 'local')")
+    p.add_argument("--machine", default=os.environ.get("DITRON_MACHINE", "unknown machine"))
+    args = p.parse_args(argv)
+
+    import torch
+    import torch.distributed as dist
+
+    import ditron
+    world = ditron.init()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    peers = [s for s in args.peers.split(",") if s] if world.backend != "sim" else []
+    methods = [m for m in args.methods.split(",") if m]
+    sizes = parse_sizes(args.sizes, args.step)
+    make = collective_impls(args.op, dtype, world, methods, peers)
+    sweep = run_sweep(args.op, args.dtype, sizes, make, _bus(args.op), device=world.device,
+                      world_size=world.world_size, rank=world.rank, warmup=args.warmup, iters=args.iters,
+                      graph=args.graph, barrier=ditron.barrier_all)
+    if world.rank == 0:
+        command = "ditron bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        paths = write_results(sweep, args.out, args.tag or args.machine.replace(" ", "-"), command, args.machine)
+        print(table(sweep, "us"))
+        print("wrote " + ", ".join(p for p in paths if p))
+    bad = [r for r in sweep.rows if not r["ok"]]
+    ditron.finalize()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

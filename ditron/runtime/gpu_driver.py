@@ -1,0 +1,66 @@
+"""The few CUDA driver calls the GPU runtime needs, through ctypes on
+``libcuda.so.1`` (always present where a CUDA GPU is; no cuda-python needed):
+find a module global (``cuModuleGetGlobal``) and write it (``cuMemcpyHtoD``).
+Loaded on first use, never at import."""
+from __future__ import annotations
+
+import ctypes
+import struct
+
+from ..errors import DitronError
+
+CUDA_SUCCESS = 0
+CUDA_ERROR_NOT_FOUND = 500
+
+_LIB = None
+
+
+def _lib():
+    global _LIB
+    if _LIB is None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise DitronError(f"cannot load the CUDA driver library libcuda.so.1 ({e})") from None
+        lib.cuModuleGetGlobal_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t),
+                                             ctypes.c_void_p, ctypes.c_char_p]
+        lib.cuModuleGetGlobal_v2.restype = ctypes.c_int
+        lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+        lib.cuMemcpyHtoD_v2.restype = ctypes.c_int
+        lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+        lib.cuGetErrorName.restype = ctypes.c_int
+        _LIB = lib
+    return _LIB
+
+
+def error_name(code: int) -> str:
+    name = ctypes.c_char_p()
+    if _lib().cuGetErrorName(code, ctypes.byref(name)) == CUDA_SUCCESS and name.value:
+        return name.value.decode()
+    return f"CUresult {code}"
+
+
+def module_global(module: int, symbol: str):
+    """(device address, size) of ``symbol`` in the loaded ``module``, or None
+    when the module does not define it."""
+    ptr = ctypes.c_uint64()
+    size = ctypes.c_size_t()
+    rc = _lib().cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size), ctypes.c_void_p(int(module)),
+                                     symbol.encode())
+    if rc == CUDA_ERROR_NOT_FOUND:
+        return None
+    if rc != CUDA_SUCCESS:
+        raise DitronError(f"cuModuleGetGlobal({symbol}) failed: {error_name(rc)}")
+    return ptr.value, size.value
+
+
+def write_words(dptr: int, words, size: int):
+    """Write 64-bit ``words`` (signed or unsigned Python ints) to device
+    address ``dptr`` (synchronous; ``size`` bytes at most)."""
+    data = struct.pack(f"<{len(words)}Q", *[w & 0xFFFF_FFFF_FFFF_FFFF for w in words])
+    if len(data) > size:
+        raise DitronError(f"world descriptor is {len(data)} bytes but the module's global has {size}")
+    buf = ctypes.create_string_buffer(data, len(data))
+    rc = _lib().cuMemcpyHtoD_v2(ctypes.c_uint64(dptr), buf, len(data))
+    if rc != CUDA_SUCCESS:
+        raise DitronError(f"writing the world descriptor (cuMemcpyHtoD) failed: {error_name(rc)}")

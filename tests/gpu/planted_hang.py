@@ -1,0 +1,99 @@
+"""The planted missing notify: a ring in which every rank notifies the next
+one and then waits for its own flag -- except that rank 1 "forgets" to notify
+rank 2.  With DITRON_WAIT_TIMEOUT_S set, rank 2's wait must stop with a report
+naming the rank, the program, the signal tensor and offset, the expected and
+the observed value, within timeout + 5 s; the other ranks finish normally.
+
+    DITRON_WAIT_TIMEOUT_S=2 torchrun --nproc-per-node 4 tests/gpu/planted_hang.py --backend p2p --kind wait
+
+Exits through os._exit (the hung rank's CUDA context is dead after the trap).
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+import triton.language as tl
+
+import ditron
+import ditron.language as dl
+from ditron.language import shmem
+from ditron.runtime import gpu
+
+
+@ditron.jit
+def k_ring_wait(flag, nxt, skip):
+    if dl.rank() != skip:
+        dl.notify(flag, nxt, signal=1, sig_op="set", comm_scope="intra_node")
+    dl.wait(flag, 1, "sys", "acquire", waitValue=1)
+
+
+@ditron.jit
+def k_ring_signal(sig, nxt, skip):
+    if dl.rank() != skip:
+        shmem.signal_op(sig, 1, shmem.NVSHMEM_SIGNAL_SET, nxt)
+    shmem.signal_wait_until(sig, shmem.NVSHMEM_CMP_EQ, 1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", default="p2p")
+    ap.add_argument("--kind", choices=("wait", "signal"), default="wait")
+    args = ap.parse_args()
+    timeout = float(os.environ.get("DITRON_WAIT_TIMEOUT_S", "0"))
+    if timeout <= 0:
+        print("planted_hang: set DITRON_WAIT_TIMEOUT_S", flush=True)
+        os._exit(2)
+    world = ditron.init(args.backend)
+    rank, n = world.rank, world.world_size
+    nxt = (rank + 1) % n
+    if args.kind == "wait":
+        word = ditron.symm_zeros((2,), torch.int32, name="planted_flags")
+        kernel, arg = k_ring_wait, word[1:]
+        want = ["dl.wait", "'planted_flags'", "element offset 1", "expected value == 1", "observed 0"]
+    else:
+        word = ditron.symm_zeros((1,), torch.uint64, name="planted_sig")
+        kernel, arg = k_ring_signal, word
+        want = ["shmem.signal_wait_until", "'planted_sig'", "element offset 0", "expected value == 1", "observed 0"]
+    # 1) the healthy ring (everyone notifies) completes under the bounded variant
+    ditron.barrier_all()
+    kernel[(2,)](arg, nxt, -1)
+    torch.cuda.synchronize()
+    ditron.barrier_all()
+    word.zero_()
+    torch.cuda.synchronize()
+    ditron.barrier_all()
+    torch.cuda.synchronize()
+    torch.distributed.barrier()
+    # 2) rank 1 skips its notify: rank 2 hangs
+    hung = 2 % n
+    t0 = time.monotonic()
+    kernel[(2,)](arg, nxt, 1)
+    err = None
+    try:
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 -- the trap
+        err = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    report = gpu.wait_for_hang_report(timeout + 5 - (time.monotonic() - t0)) if rank == hung else gpu.hang_report()
+    elapsed = time.monotonic() - t0
+    ok = True
+    if rank == hung:
+        want = [f"rank {rank}", "program (", "thread "] + want
+        missing = [w for w in want if report is None or w not in report]
+        ok = report is not None and not missing and elapsed <= timeout + 5 and err is not None
+        print(f"planted_hang[{args.backend}/{args.kind}] rank {rank}: report after {elapsed:.2f} s "
+              f"(timeout {timeout:g} s), CUDA error: {err}; missing in report: {missing}", flush=True)
+    else:
+        ok = report is None and err is None
+        print(f"planted_hang[{args.backend}/{args.kind}] rank {rank}: finished normally={err is None}, "
+              f"no report={report is None}", flush=True)
+    print(f"planted_hang[{args.backend}/{args.kind}] rank {rank}: {'1 passed, 0 failed' if ok else '0 passed, 1 failed'}",
+          flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""The GPU runtime's CPU-testable parts: transport-specific compilation
+(P2P lowering of shmem.*, bounded waits), the world descriptor, the kernel-load
+hook, hang reports, backend selection and bring-up errors (with stand-ins for
+the GPU, torch.distributed and nvshmem4py).  The GPU runs themselves are in
+tests/test_dist_runtime.py and tests/gpu/ (tests/gpu/run.sh)."""
+import types
+
+import pytest
+import torch
+
+import ditron
+import kernels_for_tests as K
+from conftest import compile_for
+from ditron import _compat
+from ditron.errors import DitronCompileError, DitronError
+from ditron.lowering import cuda, cuda_p2p, devlib
+from ditron.runtime import gpu
+from ditron.runtime.heap import SymmetricHeap
+
+SIG = {"dst": "*i8", "src": "*i8", "nbytes": "i64", "sig": "*u64", "pe": "i32", "out": "*u64"}
+
+
+def _compile(kernel, sig, variant, constexprs=None):
+    with cuda.compile_variant(*variant):
+        return compile_for(kernel, "sm_90a", sig, constexprs)
+
+
+# ---------------------------------------------------------------------------
+# compilation per transport
+# ---------------------------------------------------------------------------
+
+def test_p2p_shmem_needs_no_nvshmem():
+    for kernel, sig in ((K.k_shmem_put_get, {"dst": "*i8", "src": "*i8", "nbytes": "i64", "pe": "i32"}),
+                        (K.k_shmem_signal, SIG), (K.k_shmem_sync, {}), (K.k_shmem_ids, {"out": "*i32"}),
+                        (K.k_shmem_ptrs, {"x": "*fp32", "out": "*fp32", "pe": "i32"})):
+        ck = _compile(kernel, sig, ("p2p", False))
+        ptx = ck.asm["ptx"]
+        assert ck.libraries == [], kernel.__name__
+        assert "nvshmem" not in ptx, kernel.__name__
+        assert "call" not in [ln.split()[0] for ln in ptx.splitlines() if ln.strip()], kernel.__name__
+
+
+def test_p2p_lowering_instructions():
+    ck = _compile(K.k_shmem_signal, SIG, ("p2p", False))
+    ptx = ck.asm["ptx"]
+    assert "st.release.sys.global.b64" in ptx            # putmem_signal / signal_op (set)
+    assert "red.release.sys.global.add.u64" in ptx       # signal add
+    assert "ld.acquire.sys.global.b64" in ptx            # signal_wait_until
+    assert "ld.global.v4" in ptx and "st.global.v4" in ptx   # 16-byte data path
+    assert "globaltimer" not in ptx                      # unbounded: no timer code at all
+    ck = _compile(K.k_shmem_sync, {}, ("p2p", False))
+    ptx = ck.asm["ptx"]
+    assert "fence.sc.sys" in ptx and "bar.warp.sync" in ptx and "bar.sync" in ptx
+
+
+def test_p2p_rejects_multicast():
+    with pytest.raises(Exception) as e:
+        _compile(K.k_shmem_mc, {"x": "*fp32", "out": "*fp32"}, ("p2p", False))
+    assert "P2P transport" in str(e.value)
+
+
+def test_bounded_waits_variant():
+    sig = {"sig": "*i32", "x": "*fp32", "out": "*fp32", "n": "i32"}
+    ce = {"BLOCK": 128, "SCOPE": "sys", "SEM": "acquire"}
+    plain = _compile(K.k_wait, sig, ("nvshmem", False), ce).asm["ptx"]
+    bounded = _compile(K.k_wait, sig, ("nvshmem", True), ce).asm["ptx"]
+    assert "globaltimer" not in plain and "trap;" not in plain
+    assert "globaltimer" in bounded and "trap;" in bounded and "ld.acquire.sys.global.b32" in bounded
+    # signal_wait_until under bounded waits on NVSHMEM: our own loop (NVSHMEM's has no timeout)
+    ck = _compile(K.k_shmem_signal, SIG, ("nvshmem", True))
+    assert "globaltimer" in ck.asm["ptx"] and ck.libraries == ["libnvshmem_device"]
+
+
+def test_variants_have_distinct_libraries():
+    paths = {cuda.variant_library(t, b).path() for t in cuda.TRANSPORTS for b in (False, True)}
+    assert len(paths) == 4
+    assert cuda.variant_library() is cuda.LIB
+    for t in cuda.TRANSPORTS:
+        for b in (False, True):
+            lib = cuda.variant_library(t, b)
+            assert lib.text().replace(lib.header, "") == cuda.LIB.text().replace(cuda.LIB.header, "") or \
+                lib.text().count("define ") == cuda.LIB.text().count("define ")
+
+
+def test_variant_from_world(monkeypatch):
+    from ditron.runtime import world as W
+    fake = types.SimpleNamespace(backend="p2p", transport=types.SimpleNamespace(compile_transport="p2p",
+                                                                                 wait_timeout_ns=2_000_000_000))
+    monkeypatch.setattr(W, "_WORLD", fake)
+    assert cuda.current_variant() == ("p2p", True)
+    fake.transport.wait_timeout_ns = 0
+    fake.backend, fake.transport.compile_transport = "nvshmem", "nvshmem"
+    assert cuda.current_variant() == ("nvshmem", False)
+    with cuda.compile_variant("p2p", True):
+        assert cuda.current_variant() == ("p2p", True)
+    monkeypatch.setattr(W, "_WORLD", None)
+    assert cuda.current_variant() == ("nvshmem", False)
+
+
+# ---------------------------------------------------------------------------
+# world descriptor, hang report
+# ---------------------------------------------------------------------------
+
+class _FakeTransport(gpu.GpuTransport):
+    name = "p2p"
+
+    def __init__(self):
+        super().__init__((5, 8, 1, 4, 2, 1), torch.device("cpu"), 1 << 20, 3_000_000_000)
+        buf = torch.zeros(1 << 20, dtype=torch.uint8)
+        self.heap = SymmetricHeap(buf, 5, "fake")
+        self.sync = self.heap.alloc((512,), torch.int64, name="ditron.sync")
+        base = self.heap.base
+        self.peer_bases = [base - (1 << 30), base, base + (3 << 30), base + (5 << 30)]
+        self.debug = torch.zeros(16, dtype=torch.int64)
+
+
+def test_descriptor_layout():
+    t = _FakeTransport()
+    w = t.descriptor()
+    f = devlib.WORLD_FIELDS
+    assert len(w) == devlib.WORLD_WORDS
+    assert w[f["magic"]] == devlib.WORLD_MAGIC
+    assert [w[f[k]] for k in ("rank", "world_size", "local_rank", "local_world_size", "node", "nnodes")] == \
+        [5, 8, 1, 4, 1, 2]
+    assert w[f["flags"]] == gpu.FLAG_P2P | gpu.FLAG_BOUNDED
+    assert w[f["wait_timeout_ns"]] == 3_000_000_000
+    assert w[f["heap_size"]] == 1 << 20
+    assert w[cuda_p2p.SYNC_AREA_WORD] == t.sync.data_ptr()
+    assert w[devlib.WORLD_HEAP_DELTAS:devlib.WORLD_HEAP_DELTAS + 4] == [-(1 << 18), 0, 3 << 18, 5 << 18]
+
+
+def test_hang_report_names_everything():
+    t = _FakeTransport()
+    flags = t.heap.alloc((4,), torch.int32, name="flags")
+    peer_addr = t.peer_bases[2] + (flags.data_ptr() - t.heap.base) + 8
+    rec = {"valid": cuda_p2p.HANG_VALID, "rank": 5, "ctaid_x": 3, "ctaid_y": 0, "ctaid_z": 0, "tid": 17,
+           "addr": flags.data_ptr() + 4, "expected": 1, "observed": 0, "elapsed_ns": 3_000_100_000, "kind": 1,
+           "cmp": 0, "timeout_ns": 3_000_000_000}
+    text = gpu.format_hang(rec, t)
+    for want in ("rank 5", "program (3, 0, 0)", "thread 17", "dl.wait", "'flags'", "element offset 1",
+                 "expected value == 1", "observed 0", "3.000 s", "DITRON_WAIT_TIMEOUT_S=3"):
+        assert want in text, (want, text)
+    rec.update(addr=peer_addr, kind=2, cmp=5, expected=7, observed=6)
+    text = gpu.format_hang(rec, t)
+    assert "shmem.signal_wait_until" in text and "rank 6's copy of" in text and "element offset 2" in text
+    assert "expected value >= 7" in text
+
+
+def test_watchdog_reads_debug_buffer(monkeypatch):
+    t = _FakeTransport()
+    monkeypatch.setattr(gpu, "_LAST_REPORT", None)
+    t._debug_np = t.debug.numpy()
+    assert t._check_debug() is None
+    d = t._debug_np
+    for k, v in {"rank": 5, "addr": t.sync.data_ptr(), "expected": 4, "observed": 2, "kind": 3, "cmp": 5,
+                 "timeout_ns": 10**9, "elapsed_ns": 10**9 + 5}.items():
+        d[cuda_p2p.HANG_WORDS[k]] = v
+    d[cuda_p2p.HANG_WORDS["valid"]] = cuda_p2p.HANG_VALID
+    text = t._check_debug()
+    assert text and "shmem.barrier_all" in text and "'ditron.sync'" in text
+    assert gpu.hang_report() == text
+
+
+# ---------------------------------------------------------------------------
+# kernel-load hook
+# ---------------------------------------------------------------------------
+
+def test_hooks_chain():
+    calls = []
+
+    def a(*args):
+        calls.append(("a", args))
+
+    _compat.add_kernel_load_hook(a)
+    try:
+        _compat.triton.knobs.runtime.kernel_load_end_hook(1, 2, "k", {}, "h")
+        assert calls == [("a", (1, 2, "k", {}, "h"))]
+    finally:
+        _compat.remove_kernel_load_hook(a)
+    _compat.triton.knobs.runtime.kernel_load_end_hook(1, 2, "k", {}, "h")
+    assert len(calls) == 1
+
+
+def test_metadata_extern_libs(tmp_path):
+    import json
+    p = tmp_path / "k.json"
+    p.write_text(json.dumps({"extern_libs": [["ditron", "/x.ll"], ["libnvshmem_device", "/y.bc"]]}))
+    group = {"k.json": str(p), "k.cubin": str(tmp_path / "k.cubin")}
+    assert _compat.metadata_extern_libs(group) == [("ditron", "/x.ll"), ("libnvshmem_device", "/y.bc")]
+    assert gpu._links_nvshmem(group)
+
+
+def test_kernel_load_writes_descriptor(monkeypatch, tmp_path):
+    import json
+    from ditron.runtime import gpu_driver
+    written = {}
+    monkeypatch.setattr(gpu_driver, "module_global", lambda m, s: (0x7000 + m, 8 * devlib.WORLD_WORDS)
+                        if m != 99 else None)
+    monkeypatch.setattr(gpu_driver, "write_words", lambda d, w, size: written.__setitem__(d, list(w)))
+    monkeypatch.setattr(gpu, "_current_device_index", lambda: 0)
+    monkeypatch.setattr(gpu, "_MODULES", {})
+    t = _FakeTransport()
+    monkeypatch.setattr(gpu, "_ACTIVE", t)
+    plain = tmp_path / "a.json"
+    plain.write_text(json.dumps({"extern_libs": [["ditron", "/x.ll"]]}))
+    gpu._on_kernel_load(5, 6, "k", {"a.json": str(plain)})
+    assert written[0x7005][0] == devlib.WORLD_MAGIC and written[0x7005][1] == 5
+    gpu._on_kernel_load(99, 6, "plain_triton_kernel", {})          # no descriptor, no NVSHMEM: ignored
+    assert [m[0] for m in gpu.loaded_modules()] == ["k"]
+    nv = tmp_path / "b.json"
+    nv.write_text(json.dumps({"extern_libs": [["ditron", "/x.ll"], ["libnvshmem_device", "/y.bc"]]}))
+    with pytest.raises(DitronError, match="through NVSHMEM, but the world uses the p2p transport"):
+        gpu._on_kernel_load(7, 8, "kshmem", {"b.json": str(nv)})
+    monkeypatch.setattr(gpu, "_ACTIVE", None)
+    gpu._on_kernel_load(10, 11, "k2", {"a.json": str(plain)})
+    assert written[0x700A] == [0] * devlib.WORLD_WORDS             # no world: magic 0
+
+
+# ---------------------------------------------------------------------------
+# bring-up decisions and errors
+# ---------------------------------------------------------------------------
+
+def test_nvshmem_requested_but_unusable(monkeypatch):
+    monkeypatch.setattr(gpu, "nvshmem_status", lambda: (False, "nvshmem4py is not installed (pip install "
+                                                               "nvshmem4py-cu13, or -cu12 for CUDA 12)"))
+    monkeypatch.setattr(gpu, "_all_gather", lambda obj: [obj] * 4)
+    with pytest.raises(DitronError, match="backend='nvshmem' requested but NVSHMEM is not usable on rank 0: "
+                                          "nvshmem4py is not installed"):
+        gpu._choose_backend("nvshmem", 1)
+    assert gpu._choose_backend("auto", 1) == "p2p"
+    assert gpu._choose_backend("p2p", 1) == "p2p"
+    with pytest.raises(DitronError, match="spans 2 nodes"):
+        gpu._choose_backend("auto", 2)
+
+
+def test_auto_prefers_nvshmem(monkeypatch):
+    monkeypatch.setattr(gpu, "nvshmem_status", lambda: (True, "ok"))
+    monkeypatch.setattr(gpu, "_all_gather", lambda obj: [obj] * 4)
+    import sys
+    monkeypatch.setitem(sys.modules, "nvshmem", types.ModuleType("nvshmem"))
+    monkeypatch.setitem(sys.modules, "nvshmem.core", types.ModuleType("nvshmem.core"))
+    monkeypatch.setitem(sys.modules, "nvshmem.bindings", types.ModuleType("nvshmem.bindings"))
+    assert gpu._choose_backend("auto", 1) == "nvshmem"
+    # one rank without NVSHMEM: everybody falls back to P2P
+    monkeypatch.setattr(gpu, "_all_gather", lambda obj: [obj, (False, "missing"), obj, obj])
+    assert gpu._choose_backend("auto", 1) == "p2p"
+
+
+def test_world_size_mismatch(monkeypatch):
+    import torch.distributed as tdist
+    monkeypatch.setattr(tdist, "is_initialized", lambda: True)
+    monkeypatch.setattr(tdist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(tdist, "get_rank", lambda group=None: 1)
+    with pytest.raises(DitronError, match="world-size mismatch: torch.distributed has rank 1 of 2, but RANK=1 "
+                                          "WORLD_SIZE=4"):
+        gpu._ensure_process_group(torch, 1, 4, None)
+
+
+def test_device_selection_errors():
+    fake = types.SimpleNamespace(device=torch.device, cuda=types.SimpleNamespace(device_count=lambda: 2))
+    with pytest.raises(DitronError, match="LOCAL_RANK=3 needs GPU 3, but only 2 GPU"):
+        gpu._select_device(fake, None, 3, 4)
+    with pytest.raises(DitronError, match="not a CUDA device"):
+        gpu._select_device(fake, "cpu", 0, 1)
+    with pytest.raises(DitronError, match="does not exist"):
+        gpu._select_device(fake, 5, 0, 1)
+    assert gpu._select_device(fake, None, 1, 2) == torch.device("cuda", 1)
+
+
+def test_duplicate_gpu_is_wrong_device(monkeypatch):
+    fake_cuda = types.SimpleNamespace(get_device_properties=lambda d: types.SimpleNamespace(uuid="GPU-same"),
+                                      can_device_access_peer=lambda a, b: True)
+    fake = types.SimpleNamespace(cuda=fake_cuda)
+    me = lambda r: {"rank": r, "host": "h", "node": 0, "local_rank": r, "device": 0, "uuid": "GPU-same", "lws": 2}  # noqa: E731
+    monkeypatch.setattr(gpu, "_all_gather", lambda obj: [me(0), me(1)])
+    with pytest.raises(DitronError, match="wrong device: ranks 0 and 1 both use GPU 0"):
+        gpu._check_job(fake, (0, 2, 0, 2, 1, 0), torch.device("cuda", 0))
+
+
+def test_wait_timeout_env(monkeypatch):
+    monkeypatch.setenv("DITRON_WAIT_TIMEOUT_S", "2.5")
+    assert gpu.wait_timeout_ns() == 2_500_000_000
+    monkeypatch.setenv("DITRON_WAIT_TIMEOUT_S", "soon")
+    with pytest.raises(DitronError, match="not a number"):
+        gpu.wait_timeout_ns()
+    monkeypatch.delenv("DITRON_WAIT_TIMEOUT_S")
+    assert gpu.wait_timeout_ns() == 0
+
+
+def test_multicast_off_by_default():
+    import os
+    for k, v in gpu.MULTICAST_OFF.items():
+        assert os.environ.get(k) == v
+
+
+def test_doctor_reports_runtime(capsys):
+    from ditron.cli import main
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "runtime       auto -> " in out
