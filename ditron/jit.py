@@ -33,12 +33,29 @@ def devlib_for(target):
     return {"hip": hip.LIB}[target.backend]
 
 
+_LIB_ENV = ("DITRON_CACHE_DIR", "DITRON_NVSHMEM_BC", "NVSHMEM_HOME", "DITRON_ROCSHMEM_BC", "ROCSHMEM_HOME")
+_LIB_CACHE: dict = {}
+
+
 def library_options(target, needs, user_libs=None):
     """``extern_libs`` for a compilation: the ditron device library first (its
     wrappers reference SHMEM symbols, so it must be linked before SHMEM), then
-    the libraries the kernel is known to need, then the user's."""
-    libs = {}
+    the libraries the kernel is known to need, then the user's.
+
+    Cached: this runs on every launch, and finding the NVSHMEM bitcode scans
+    site directories (about a millisecond)."""
+    import os
     lib = devlib_for(target)
+    key = (target, id(lib), frozenset(needs), tuple(sorted(dict(user_libs or {}).items())),
+           tuple(os.environ.get(k) for k in _LIB_ENV))
+    hit = _LIB_CACHE.get(key)
+    if hit is None:
+        hit = _LIB_CACHE[key] = _library_options(lib, target, needs, user_libs)
+    return dict(hit)
+
+
+def _library_options(lib, target, needs, user_libs):
+    libs = {}
     libs[lib.name] = lib.path()
     for need in sorted(needs):
         name, path = shmem_library(target) if need in ("libnvshmem_device", "rocshmem") else (need, None)

@@ -240,15 +240,26 @@ def check_kernel_args(kernel, args, kwargs, world):
     """Before a launch: every tensor argument that reaches ``symm_at``,
     ``notify`` or ``shmem.*`` must be symmetric (static analysis of the
     kernel's source, :mod:`ditron.analysis`)."""
-    import inspect
-    from ..analysis import check_symmetric_args
-    fn = getattr(kernel, "fn", kernel)
+    from ..analysis import check_symmetric_args, symmetric_params
+    if not symmetric_params(kernel):
+        return      # the common case: nothing to check (cached per kernel)
+    sig = _signature(getattr(kernel, "fn", kernel))
     try:
-        bound = inspect.signature(fn).bind_partial(*args, **{k: v for k, v in kwargs.items()
-                                                              if k in inspect.signature(fn).parameters})
+        bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
     except TypeError:
         return      # Triton reports a wrong call with its own message
     check_symmetric_args(kernel, dict(bound.arguments), world.heap.contains)
+
+
+_SIGNATURES: dict = {}
+
+
+def _signature(fn):
+    import inspect
+    sig = _SIGNATURES.get(fn)
+    if sig is None:
+        sig = _SIGNATURES[fn] = inspect.signature(fn)
+    return sig
 
 
 def _require_symmetric(world, t, argname, what):
