@@ -253,6 +253,33 @@ def _numpy_safe_index(self):
     return int(self.handle.data.reshape(-1)[0])
 
 
+_SAFE_INDEX_INSTALLED = False
+
+
+def _install_numpy_safe_index():
+    """Every time Triton's interpreter patches ``triton.language`` -- at each
+    launch and at every call of a ``@triton.jit`` helper from a kernel --
+    install the NumPy-safe ``tensor.__index__`` instead of Triton 3.6's
+    ``int(<1-element array>)``, never the broken one even for a moment (the
+    simulator's programs are threads: one may be in ``range()`` while another
+    calls a helper)."""
+    global _SAFE_INDEX_INSTALLED
+    if _SAFE_INDEX_INSTALLED:
+        return
+    from triton.runtime import interpreter as _interp
+    scope_cls = getattr(_interp, "_LangPatchScope", None)
+    if scope_cls is not None:
+        orig = scope_cls.set_attr
+
+        def set_attr(self, obj, name, value, _orig=orig):
+            if name == "__index__" and obj is _core.tensor:
+                value = _numpy_safe_index
+            return _orig(self, obj, name, value)
+
+        scope_cls.set_attr = set_attr
+    _SAFE_INDEX_INSTALLED = True
+
+
 @contextlib.contextmanager
 def interpreter_launch(grid):
     """Patch ``triton.language`` for the interpreter (as Triton's own
@@ -260,6 +287,7 @@ def interpreter_launch(grid):
     interpreter builder with ``grid`` set.  Restores everything afterwards."""
     from triton.runtime import interpreter as _interp
     _install_thread_local_grid()
+    _install_numpy_safe_index()
 
     class _Scope:
         pass
@@ -267,7 +295,6 @@ def interpreter_launch(grid):
     holder = _Scope()
     holder.__globals__ = {"tl": tl, "core": _core}
     scope = _interp._patch_lang(holder)
-    scope.set_attr(tl.tensor, "__index__", _numpy_safe_index)
     builder = _interp.interpreter_builder
     builder.set_grid_dim(*grid)
     try:

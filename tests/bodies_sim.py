@@ -359,3 +359,21 @@ def out_of_heap_kernel(x_ptr, far):
 def out_of_heap(world):
     x = ditron.symm_zeros((4,), torch.float32)
     out_of_heap_kernel[(1,)](x, world.heap_size // 4)     # one heap past x: outside the symmetric heap
+
+
+@ditron.jit
+def triton_helpers_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    # Triton's own @jit library functions (tl.sum, tl.max, tl.cdiv) inside a simulated kernel
+    offs = tl.arange(0, BLOCK)
+    v = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + 0, tl.sum(v, axis=0))
+    tl.store(out_ptr + 1, tl.max(v, axis=0))
+    tl.store(out_ptr + 2, tl.cdiv(n, 4).to(tl.float32))
+
+
+def triton_helpers(world, n):
+    x = torch.rand(n, device=_dev(world)) + 1
+    out = torch.zeros(3, device=_dev(world))
+    triton_helpers_kernel[(1,)](x, out, n, BLOCK=triton.next_power_of_2(n))
+    torch.testing.assert_close(out[0], x.sum())
+    assert out[1].item() == x.max().item() and out[2].item() == -(-n // 4)

@@ -66,3 +66,7 @@ def test_barrier_all_reused(dist):
 
 def test_rank_copy(dist):
     dist.run(B.rank_copy_roundtrip, 1001)
+
+
+def test_triton_library_helpers_inside_kernels(dist):
+    dist.run(B.triton_helpers, 37)

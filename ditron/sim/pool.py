@@ -92,7 +92,18 @@ class SimCluster:
             env = rank_env({}, r, self.n, self.nnodes, self.sim_dir, self.heap_size, self.hang_timeout)
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker, args=(child, env), name=f"ditron-sim-rank{r}", daemon=True)
-            p.start()
+            # the child must see TRITON_INTERPRET=1 (and its rank) before it imports Triton: Triton decides
+            # at import time whether its own @jit helpers (tl.sum, tl.cdiv, ...) are interpreted
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                p.start()
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
             child.close()
             self.procs.append(p)
             self.conns.append(parent)
