@@ -1,6 +1,14 @@
 """ditron's kernel zoo, written in ``ditron.language`` (importable as
-``ditron.kernels``).  The collectives and GEMM-overlap kernels land here; for
-now it holds the porting example of docs/porting.md."""
-from .porting_example import copy_kernel, ring_pull_kernel
+``ditron.kernels``): the collectives (all_gather, reduce_scatter,
+all_reduce, all_to_all) with reusable contexts, and the porting example of
+docs/porting.md.  See docs/zoo.md."""
+from .all_gather import all_gather, create_all_gather_context
+from .all_reduce import all_reduce, choose_method, create_all_reduce_context, multicast_available
+from .all_to_all import all_to_all, all_to_all_v, create_all_to_all_context
+from .porting_example import copy_kernel, ready_kernel, ring_pull_kernel
+from .reduce_scatter import create_reduce_scatter_context, reduce_scatter
 
-__all__ = ["copy_kernel", "ring_pull_kernel"]
+__all__ = ["create_all_gather_context", "all_gather", "create_reduce_scatter_context", "reduce_scatter",
+           "create_all_reduce_context", "all_reduce", "choose_method", "multicast_available",
+           "create_all_to_all_context", "all_to_all", "all_to_all_v", "copy_kernel", "ready_kernel",
+           "ring_pull_kernel"]

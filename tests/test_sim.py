@@ -145,3 +145,23 @@ def test_out_of_heap_pointer_is_an_error(dist):
     msg = info.value.traceback_text
     assert "dl.symm_at, argument 'ptr', target sim: the pointer is not in this rank's symmetric heap" in msg
     assert "(at bodies_sim.py:" in msg
+
+
+def test_bench_harness_smoke_on_the_simulator(tmp_path):
+    """The benchmark harness's code paths (checks against torch, table, JSON) on 2 simulated ranks;
+    the numbers are meaningless here."""
+    import json
+    p = subprocess.run([sys.executable, "-m", "ditron", "sim", "-n", "2", "-m", "ditron.bench", "all_reduce",
+                        "--sizes", "1K,4K", "--peers", "", "--methods", "auto,two_shot", "--iters", "5",
+                        "--warmup", "1", "--out", str(tmp_path), "--tag", "smoke"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    data = json.loads((tmp_path / "smoke-all_reduce-bf16.json").read_text())
+    assert len(data["rows"]) == 4 and all(r["ok"] for r in data["rows"]), data["rows"]
+    assert "| 4 KiB |" in (tmp_path / "smoke-all_reduce-bf16.md").read_text()
+
+
+def test_launcher_splits_its_options_from_the_script(tmp_path):
+    from ditron.sim.launcher import _split_argv
+    assert _split_argv(["-n", "2", "-m", "mod", "-n", "5"]) == (["-n", "2"], ["-m", "mod", "-n", "5"])
+    assert _split_argv(["--nnodes", "2", "s.py", "--x"]) == (["--nnodes", "2"], ["s.py", "--x"])

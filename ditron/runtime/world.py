@@ -52,6 +52,9 @@ class Transport:
     :class:`~ditron.runtime.heap.SymmetricHeap`."""
     name = "?"
     heap = None
+    #: whether NVLink SHARP multicast objects exist for this world (never on
+    #: the lent machines, where multicast must stay off)
+    multicast = False
 
     def peer_tensor(self, t, rank: int):
         """A tensor aliasing ``rank``'s copy of the symmetric tensor ``t``."""

@@ -175,12 +175,35 @@ def build_parser(prog="ditron sim"):
     return p
 
 
+_VALUE_OPTS = ("-n", "--nproc-per-job", "--nproc", "--nnodes", "--heap-size", "--hang-timeout")
+
+
+def _split_argv(argv):
+    """(launcher options, script argv): the script starts at the first
+    argument that is not a launcher option (``-m`` starts a module)."""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m" or not a.startswith("-"):
+            return argv[:i], argv[i:]
+        if a in _VALUE_OPTS:
+            i += 2
+        else:
+            i += 1     # --opt=value, -h
+    return argv, []
+
+
 def main(argv=None, prog="ditron sim"):
-    args = build_parser(prog).parse_args(argv)
-    script_argv = [args.script, *args.args]
-    if args.script == "-m" and not args.args:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    opts, script_argv = _split_argv(argv)
+    parser = build_parser(prog)
+    if not script_argv:
+        parser.parse_args(opts)          # prints usage / help and exits
+        raise SystemExit(f"{prog}: a script (or -m module) is needed")
+    args = parser.parse_args(opts + ["_"])
+    if script_argv[0] == "-m" and len(script_argv) < 2:
         raise SystemExit(f"{prog}: -m needs a module name")
-    if args.script != "-m" and not os.path.exists(args.script):
-        raise SystemExit(f"{prog}: no such script: {args.script}")
+    if script_argv[0] != "-m" and not os.path.exists(script_argv[0]):
+        raise SystemExit(f"{prog}: no such script: {script_argv[0]}")
     return run_job(args.n, script_argv, nnodes=args.nnodes, heap_size=parse_size(args.heap_size),
                    hang_timeout=args.hang_timeout)

@@ -1,0 +1,97 @@
+"""The zoo's all_gather, reduce_scatter and all_to_all (kernels/): every
+method and dtype against torch on 4 simulated ranks in CI (on GPUs under
+torchrun with DITRON_TEST_BACKEND=p2p|nvshmem; see conftest.py), a subset on 1,
+3 and 8 ranks and on 2 nodes, context reuse, and errors before launch."""
+import pytest
+
+import bodies_zoo_ag_rs_a2a as B
+from conftest import GPU_BACKEND
+
+ON_GPU = GPU_BACKEND != "sim"
+#: sizes that are not multiples of the tile or of the world size; GPUs add a
+#: size that spans many programs and full 32 KiB tiles
+AG_SIZES = (1, 37, 1000) + (((1 << 20) + 3,) if ON_GPU else ())
+RS_SHARDS = (1, 37, 250, 0) + (((1 << 18) + 5,) if ON_GPU else ())
+REUSE_ITERS = 1000 if ON_GPU else 100
+
+
+@pytest.mark.parametrize("method,dtype", [(m, d) for m in ("push", "pull", "ring") for d in ("fp32", "fp16", "bf16")]
+                         + [("auto", "bf16")])
+def test_all_gather(dist, method, dtype):
+    assert dist.run(B.all_gather_sizes, dtype, method, AG_SIZES) == [len(AG_SIZES)] * dist.world_size
+
+
+@pytest.mark.parametrize("method", ["push", "pull", "ring"])
+def test_all_gather_shapes_out_and_symmetric_input(dist, method):
+    assert dist.run(B.all_gather_shapes, method) == [3] * dist.world_size
+
+
+@pytest.mark.parametrize("method,dtype", [(m, d) for m in ("mesh", "ring") for d in ("fp32", "fp16", "bf16")]
+                         + [("auto", "bf16")])
+def test_reduce_scatter(dist, method, dtype):
+    assert dist.run(B.reduce_scatter_sizes, dtype, method, RS_SHARDS) == [len(RS_SHARDS)] * dist.world_size
+
+
+@pytest.mark.parametrize("method", ["mesh", "ring"])
+def test_reduce_scatter_shapes_out_and_symmetric_input(dist, method):
+    assert dist.run(B.reduce_scatter_shapes, method) == [2] * dist.world_size
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_all_to_all_equal_splits(dist, dtype):
+    tokens = (1, 3, 0) + ((257,) if ON_GPU else ())
+    hidden = 4096 + 8 if ON_GPU else 37
+    assert dist.run(B.all_to_all_sizes, dtype, tokens, hidden) == [len(tokens)] * dist.world_size
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_all_to_all_variable_splits(dist, dtype):
+    max_tokens, hidden = (1000, 4096 + 8) if ON_GPU else (13, 37)
+    assert dist.run(B.all_to_all_v_calls, dtype, max_tokens, hidden, 3) == [3] * dist.world_size
+
+
+def test_all_gather_reuse(dist):
+    assert dist.run(B.all_gather_reuse, REUSE_ITERS) == [REUSE_ITERS] * dist.world_size
+
+
+def test_reduce_scatter_reuse(dist):
+    assert dist.run(B.reduce_scatter_reuse, REUSE_ITERS) == [REUSE_ITERS] * dist.world_size
+
+
+def test_all_to_all_reuse(dist):
+    assert dist.run(B.all_to_all_reuse, REUSE_ITERS) == [REUSE_ITERS] * dist.world_size
+
+
+@pytest.mark.parametrize("n,nnodes", [(1, 1), (3, 1), (8, 1), (4, 2)])
+def test_every_op_on_other_worlds(dist_world, n, nnodes):
+    # 3 and 8 ranks: odd and large worlds; (4, 2): ranks on the other node go
+    # through shmem.putmem_signal_block.
+    d = dist_world(n, nnodes)
+    if n > 1 and not ON_GPU:     # one size per op (still 2 programs each): simulated ranks share 2 CPU cores
+        assert d.run(B.every_op, ag_sizes=(300,), rs_shards=(150,), a2a_v_calls=1) == [[1, 1, 1, 1, 1, 1, 1]] * n
+    else:
+        assert d.run(B.every_op) == [[2, 2, 2, 2, 2, 1, 2]] * n
+
+
+def test_errors_before_launch(dist):
+    msgs = dist.run(B.errors)[0]
+    assert "11 elements, more than the context's max_numel=10" in msgs["ag_too_big"]
+    assert "torch.float32, the context was created for torch.float16" in msgs["ag_dtype"]
+    assert "is on meta" in msgs["ag_device"]
+    assert "unknown method 'tree'" in msgs["ag_method"]
+    assert "argument 'out' has" in msgs["ag_out"]
+    assert "must be contiguous" in msgs["ag_strided"]
+    assert "is not supported" in msgs["ag_dtype_ctx"]
+    assert "not a multiple of the world size" in msgs["rs_not_multiple"]
+    assert "more than the context's max_numel" in msgs["rs_too_big"]
+    assert "unknown method 'tree'" in msgs["rs_method"]
+    assert "must be [tokens, hidden=8]" in msgs["a2a_hidden"]
+    assert "more than the context's max_tokens" in msgs["a2a_tokens"]
+    assert "not a multiple of the world size" in msgs["a2a_not_multiple"]
+    assert "splits must be a contiguous int32/int64 tensor" in msgs["a2a_splits"]
+    assert "splits must be" in msgs["a2a_splits_len"]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need GPUs")
+def test_cuda_graph_capture_and_replay(dist):
+    dist.run(B.graph_replay)
