@@ -23,13 +23,13 @@ step() {
   if [ $rc -ne 0 ]; then echo "== FAILED (exit $rc): $*"; status=1; fi
 }
 if [[ " $STEPS " == *" tests "* ]]; then
-  DITRON_TEST_BACKEND=p2p step 240 $TR -m pytest -q -x -p no:cacheprovider tests/test_zoo_all_reduce.py \
+  DITRON_TEST_BACKEND=p2p step ${TEST_TIMEOUT:-240} $TR -m pytest -q -x -p no:cacheprovider tests/test_zoo_all_reduce.py \
       tests/test_zoo_ag_rs_a2a.py
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
-  step 200 $TR -m ditron.bench all_reduce --sizes 8K,32K,64K,256K,1M,4M,16M,64M,256M --dtype bf16 \
+  step ${BENCH_TIMEOUT:-200} $TR -m ditron.bench all_reduce --sizes ${AR_SIZES:-8K,32K,64K,256K,1M,4M,16M,64M,256M} --dtype bf16 \
       --methods auto,ll,one_shot,two_shot --graph --machine "$MACHINE" --tag h200x4
-  step 120 $TR -m ditron.bench all_gather --sizes 64K,1M,16M,64M,256M --dtype bf16 --methods auto,push,pull \
+  step ${BENCH_TIMEOUT:-120} $TR -m ditron.bench all_gather --sizes ${AG_SIZES:-64K,1M,16M,64M,256M} --dtype bf16 --methods auto,push,pull \
       --peers nccl --graph --machine "$MACHINE" --tag h200x4
 fi
 echo "== bench/collectives.sh: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
