@@ -108,7 +108,7 @@ def _put_chunk(dst, src, lo, hi, sig_word, value, peer, ELEM_BYTES: tl.constexpr
 # the kernel
 # ---------------------------------------------------------------------------
 
-@ditron.jit
+@ditron.jit(do_not_specialize=["n", "slot_stride", "sig_stride"])   # 1 would become a constexpr
 def all_gather_kernel(x_ptr, out_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_stride, sig_stride,
                       METHOD: tl.constexpr, MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr,
                       BLOCK: tl.constexpr):

@@ -42,7 +42,7 @@ MULTIMEM_METHODS = ("multimem_one_shot", "multimem_two_shot")
 # automatic choice (to be tuned on GPUs; bytes of the message, per rank)
 # ---------------------------------------------------------------------------
 #: ``auto`` uses ``ll`` up to this size (and within the context's LL buffer).
-AUTO_LL_MAX_BYTES = 64 << 10
+AUTO_LL_MAX_BYTES = 256 << 10
 #: ``auto`` uses ``one_shot`` up to this size for world sizes <= 4; for larger
 #: worlds the threshold shrinks as 4 / world_size (one-shot reads world_size copies).
 AUTO_ONE_SHOT_MAX_BYTES = 512 << 10

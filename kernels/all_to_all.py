@@ -77,7 +77,7 @@ def _exclusive_cumsum(vec):
     return tl.associative_scan(vec, 0, _add) - vec
 
 
-@ditron.jit
+@ditron.jit(do_not_specialize=["t_equal", "x_rows", "H", "slot_stride", "max_programs"])   # 1 -> constexpr
 def all_to_all_kernel(x_ptr, out_ptr, splits_ptr, recv_counts_ptr, buf_ptr, cnt_ptr, sig_ptr, calls_ptr,
                       t_equal, x_rows, H, slot_stride, max_programs,
                       EQUAL: tl.constexpr, MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr, WP: tl.constexpr,

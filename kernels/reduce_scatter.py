@@ -43,7 +43,7 @@ METHODS = ("mesh", "ring")
 _METHOD_ID = {"mesh": 0, "ring": 1}
 
 
-@ditron.jit
+@ditron.jit(do_not_specialize=["m", "slot_stride", "sig_stride"])   # 1 would become a constexpr
 def reduce_scatter_kernel(x_ptr, out_ptr, buf_ptr, rbuf_ptr, sig_ptr, calls_ptr, m, slot_stride, sig_stride,
                           METHOD: tl.constexpr, MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr,
                           WORLD: tl.constexpr, BLOCK: tl.constexpr):
