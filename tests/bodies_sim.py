@@ -377,3 +377,15 @@ def triton_helpers(world, n):
     triton_helpers_kernel[(1,)](x, out, n, BLOCK=triton.next_power_of_2(n))
     torch.testing.assert_close(out[0], x.sum())
     assert out[1].item() == x.max().item() and out[2].item() == -(-n // 4)
+
+
+@ditron.jit
+def plain_poll_kernel(flag_ptr):
+    # polls with plain loads: invisible to the watchdog (not a ditron wait)
+    while tl.load(flag_ptr, volatile=True) == 0:
+        pass
+
+
+def plain_poll_forever(world):
+    flag = ditron.symm_zeros((1,), torch.int32)
+    plain_poll_kernel[(1,)](flag)

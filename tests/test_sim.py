@@ -165,3 +165,13 @@ def test_launcher_splits_its_options_from_the_script(tmp_path):
     from ditron.sim.launcher import _split_argv
     assert _split_argv(["-n", "2", "-m", "mod", "-n", "5"]) == (["-n", "2"], ["-m", "mod", "-n", "5"])
     assert _split_argv(["--nnodes", "2", "s.py", "--x"]) == (["--nnodes", "2"], ["s.py", "--x"])
+
+
+def test_run_time_limit_catches_hangs_the_watchdog_cannot_see():
+    from ditron.sim.pool import SimCluster
+    with SimCluster(1) as cluster:
+        t = time.monotonic()
+        with pytest.raises(DitronHangError, match="did not finish within the run's time limit"):
+            cluster.run(B.plain_poll_forever, timeout=3)
+        assert time.monotonic() - t < 20
+        cluster.run(B.topology)            # restarted and usable

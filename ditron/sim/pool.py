@@ -116,10 +116,16 @@ class SimCluster:
                 self.close()
                 raise DitronRankError("a simulated rank failed to start", rank=r, traceback_text=text)
 
-    def run(self, fn, *args, **kwargs):
-        """``fn(world, *args, **kwargs)`` on every rank; the list of results."""
+    def run(self, fn, *args, timeout=None, **kwargs):
+        """``fn(world, *args, **kwargs)`` on every rank; the list of results.
+
+        ``timeout`` (seconds, default ``DITRON_SIM_RUN_TIMEOUT_S`` or 900)
+        bounds the whole run even when the watchdog cannot see a hang (a
+        kernel spinning on plain loads instead of ``dl.wait``): the ranks are
+        killed and restarted and :class:`DitronHangError` is raised."""
         if not self.procs:
             self._start()
+        limit = time.monotonic() + float(timeout or os.environ.get("DITRON_SIM_RUN_TIMEOUT_S", 900))
         from ..runtime.sim import Watchdog
         self.control.reset()
         for c in self.conns:
@@ -154,6 +160,13 @@ class SimCluster:
             if not deadlock and first_error is None and dog.poll():
                 deadlock = True
                 deadline = time.monotonic() + GRACE_S
+            if pending and time.monotonic() > limit:
+                stuck = sorted(pending)
+                self.close()
+                raise DitronHangError(f"{getattr(fn, '__name__', fn)}: ranks {stuck} did not finish within the "
+                                      "run's time limit (DITRON_SIM_RUN_TIMEOUT_S); no wait was blocked, so the "
+                                      "watchdog saw no deadlock (a kernel polling with plain loads?); the simulated "
+                                      "ranks were restarted")
             if pending and deadline is not None and time.monotonic() > deadline:
                 stuck = sorted(pending)
                 self.close()
