@@ -1,0 +1,54 @@
+"""The zoo's ag_gemm (kernels/ag_gemm.py): all_gather(a) @ b against torch on
+4 simulated ranks in CI (on GPUs under torchrun with
+DITRON_TEST_BACKEND=p2p|nvshmem; see conftest.py): shard sizes that are not
+multiples of the tile (m = 1, 5, 24 with BLOCK_M 16: straddling tiles, tiles
+spanning several segments), N with a tail, fp16 and bf16, same and per-rank
+weights, context reuse, 1 rank and 2 nodes, errors before launch."""
+import pytest
+
+import bodies_ag_gemm as B
+from conftest import GPU_BACKEND
+
+ON_GPU = GPU_BACKEND != "sim"
+K = 32
+#: (m, N, K): every call of one body reuses one context
+SHAPES = [(m, n, K) for m in (1, 5, 24) for n in (16, 40)]
+REUSE = [(5, 40, K)] * 3
+SIM_BLOCKS = {} if ON_GPU else dict(block_m=16, block_n=16, block_k=32)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_ag_gemm_shapes(dist, dtype):
+    assert dist.run(B.ag_gemm_calls, dtype, SHAPES, **SIM_BLOCKS) == [len(SHAPES)] * dist.world_size
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_ag_gemm_reuse_per_rank_weights(dist, dtype):
+    # call i: rank i % world starts late, so its peers really wait for its segment
+    assert dist.run(B.ag_gemm_calls, dtype, REUSE, per_rank_b=True, seed=7, delay=0.5,
+                    **SIM_BLOCKS) == [3] * dist.world_size
+
+
+def test_ag_gemm_out_and_strided_b(dist):
+    assert dist.run(B.ag_gemm_out_and_strided_b) == [1] * dist.world_size
+
+
+@pytest.mark.parametrize("n,nnodes", [(1, 1), (4, 2)])
+def test_ag_gemm_other_worlds(dist_world, n, nnodes):
+    # (4, 2): ranks on the other node get the shard by shmem.putmem_signal_block
+    d = dist_world(n, nnodes)
+    shapes = [(5, 40, K), (24, 16, K)]
+    assert d.run(B.ag_gemm_calls, "bf16", shapes, per_rank_b=True, seed=3, **SIM_BLOCKS) == [2] * n
+
+
+def test_ag_gemm_errors_before_launch(dist):
+    msgs = dist.run(B.errors)[0]
+    assert "9 rows, more than the context's max_m_per_rank=8" in msgs["too_many_rows"]
+    assert "m must be >= 1" in msgs["no_rows"]
+    assert "K=16, the context was created for k=32" in msgs["wrong_k"]
+    assert "torch.bfloat16, the context was created for torch.float16" in msgs["a_dtype"]
+    assert "'b' is torch.float32" in msgs["b_dtype"]
+    assert "'b' has 16 rows" in msgs["b_rows"]
+    assert "2-D" in msgs["a_1d"]
+    assert "expected (20, 16)" in msgs["out_shape"]
+    assert "float16 or bfloat16" in msgs["ctx_dtype"]
