@@ -253,6 +253,35 @@ def _numpy_safe_index(self):
     return int(self.handle.data.reshape(-1)[0])
 
 
+_DOT_PATCHED = False
+
+
+def _install_bf16_dot():
+    """Triton 3.6's interpreter multiplies the raw uint16 storage of bf16
+    operands in ``tl.dot``; widen bf16 operands to fp32 first (what the GPU's
+    tensor cores compute, up to accumulation order)."""
+    global _DOT_PATCHED
+    if _DOT_PATCHED:
+        return
+    import numpy as np
+    from triton.runtime.interpreter import InterpreterBuilder
+    orig = InterpreterBuilder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc, _orig=orig):
+        if a.dtype == tl.bfloat16 or b.dtype == tl.bfloat16:
+            from triton.runtime.interpreter import TensorHandle
+
+            def widen(h):
+                if h.dtype != tl.bfloat16:
+                    return h
+                return TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+            a, b = widen(a), widen(b)
+        return _orig(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    InterpreterBuilder.create_dot = create_dot
+    _DOT_PATCHED = True
+
+
 _SAFE_INDEX_INSTALLED = False
 
 
@@ -288,6 +317,7 @@ def interpreter_launch(grid):
     from triton.runtime import interpreter as _interp
     _install_thread_local_grid()
     _install_numpy_safe_index()
+    _install_bf16_dot()
 
     class _Scope:
         pass

@@ -128,7 +128,7 @@ def ag_gemm_producer_kernel(a_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_stride,
 def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, calls_ptr, m, N, K, slot_stride,
                             stride_bk, stride_bn, P,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, DOT_F32: tl.constexpr):
+                            GROUP_M: tl.constexpr):
     """``c[W*m, N] = gathered_a[W*m, K] @ b[K, N]``; ``a`` (``[m, K]``, row-major)
     is this rank's shard, the others are read from ``buf`` of this call's
     parity once their ``P`` signal words equal ``e + 1``."""
@@ -170,10 +170,7 @@ def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, calls_ptr, m,
         a = tl.load(a_rows[:, None] + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_cols[None, :] + ks.to(tl.int64)[:, None] * stride_bk, mask=k_ok[:, None] & col_ok[None, :],
                     other=0.0)
-        if DOT_F32:     # Triton 3.6's interpreter computes bf16 tl.dot on the raw uint16 bits
-            acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-        else:
-            acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc)
     c_ptrs = c_ptr + rows64[:, None] * N + cols[None, :]
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
     epoch_end(calls_ptr)
@@ -308,7 +305,7 @@ def ag_gemm(a, b, ctx, out=None):
     ag_gemm_consumer_kernel[grid](a, b, out, ctx.buf, ctx.sig, ctx.calls, m, N, K, ctx.slot_stride,
                                   b.stride(0), b.stride(1), P, BLOCK_M=ctx.block_m, BLOCK_N=ctx.block_n,
                                   BLOCK_K=ctx.block_k, GROUP_M=ctx.group_m,
-                                  DOT_F32=ctx.sim and a.dtype == torch.bfloat16, num_warps=ctx.num_warps,
+                                  num_warps=ctx.num_warps,
                                   num_stages=ctx.num_stages)
     if W > 1 and ctx.overlap:
         torch.cuda.current_stream(a.device).wait_stream(ctx.side_stream())   # later writes to a wait for it

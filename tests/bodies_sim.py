@@ -389,3 +389,21 @@ def plain_poll_kernel(flag_ptr):
 def plain_poll_forever(world):
     flag = ditron.symm_zeros((1,), torch.int32)
     plain_poll_kernel[(1,)](flag)
+
+
+@ditron.jit
+def dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+    rm = tl.arange(0, M)
+    rn = tl.arange(0, N)
+    rk = tl.arange(0, K)
+    a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
+    b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
+    tl.store(c_ptr + rm[:, None] * N + rn[None, :], tl.dot(a, b))
+
+
+def bf16_dot(world):
+    a = torch.randn(16, 32).bfloat16()
+    b = torch.randn(32, 16).bfloat16()
+    c = torch.empty(16, 16, dtype=torch.float32)
+    dot_kernel[(1,)](a, b, c, 16, 16, 32)
+    torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-4, atol=1e-4)

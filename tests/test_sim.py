@@ -175,3 +175,8 @@ def test_run_time_limit_catches_hangs_the_watchdog_cannot_see():
             cluster.run(B.plain_poll_forever, timeout=3)
         assert time.monotonic() - t < 20
         cluster.run(B.topology)            # restarted and usable
+
+
+def test_bf16_dot_on_the_simulator(dist_world):
+    # Triton 3.6's interpreter multiplies bf16 bit patterns; ditron widens the operands
+    dist_world(1).run(B.bf16_dot)
