@@ -23,8 +23,16 @@ import triton
 import triton.language as tl
 
 import ditron
+import ditron.language as dl
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def topology():
+    """(rank, world size, ranks per node, node, nodes, local rank) from the
+    world descriptor: the preamble every zoo kernel needs."""
+    return dl.rank(), dl.num_ranks(), dl.num_ranks(0), dl.rank(1), dl.num_ranks(1), dl.rank(0)
 
 
 @triton.jit

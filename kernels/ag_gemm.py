@@ -68,7 +68,7 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
-from ._common import CollectiveContext, epoch_begin, epoch_end
+from ._common import CollectiveContext, epoch_begin, epoch_end, topology
 from .all_gather import _chunk, _put_chunk, _round_up, _sm_count
 
 _SLOT_ALIGN = 128          # elements: every slot starts 256-byte aligned
@@ -88,12 +88,7 @@ def ag_gemm_producer_kernel(a_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_stride,
     e = epoch_begin(calls_ptr)
     par = e % 2
     val = e + 1
-    me = dl.rank()
-    W = dl.num_ranks()
-    LW = dl.num_ranks(0)
-    node = dl.rank(1)
-    NN = dl.num_ranks(1)
-    local = dl.rank(0)
+    me, W, LW, node, NN, local = topology()
     P = tl.num_programs(0)
     ss = slot_stride.to(tl.int64)
     lo, hi = _chunk(n, BLOCK)

@@ -41,7 +41,7 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import CollectiveContext, epoch_begin, epoch_end
+from ._common import CollectiveContext, epoch_begin, epoch_end, topology
 
 
 
@@ -118,12 +118,7 @@ def all_gather_kernel(x_ptr, out_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_strid
     e = epoch_begin(calls_ptr)
     par = e % 2
     val = e + 1
-    me = dl.rank()
-    W = dl.num_ranks()
-    LW = dl.num_ranks(0)
-    node = dl.rank(1)
-    NN = dl.num_ranks(1)
-    local = dl.rank(0)
+    me, W, LW, node, NN, local = topology()
     n64 = n.to(tl.int64)
     ss = slot_stride.to(tl.int64)
     lo, hi = _chunk(n, BLOCK)

@@ -52,7 +52,7 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import CollectiveContext, epoch_begin, epoch_end
+from ._common import CollectiveContext, epoch_begin, epoch_end, topology
 from .all_gather import (_SLOT_ALIGN, _chunk, _copy_local, _copy_to_peer, _put_chunk, _round_up, _sm_count,
                          check_out, launch_config)
 
@@ -86,12 +86,7 @@ def all_to_all_kernel(x_ptr, out_ptr, splits_ptr, recv_counts_ptr, buf_ptr, cnt_
     par = e % 2
     val = e + 1
     pid = tl.program_id(0)
-    me = dl.rank()
-    W = dl.num_ranks()
-    LW = dl.num_ranks(0)
-    node = dl.rank(1)
-    NN = dl.num_ranks(1)
-    local = dl.rank(0)
+    me, W, LW, node, NN, local = topology()
     H64 = H.to(tl.int64)
     ss = slot_stride.to(tl.int64)
     sigp = sig_ptr + (par * max_programs + pid) * W

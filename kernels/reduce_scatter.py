@@ -35,7 +35,7 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
-from ._common import CollectiveContext, epoch_begin, epoch_end
+from ._common import CollectiveContext, epoch_begin, epoch_end, topology
 from .all_gather import (_SLOT_ALIGN, _chunk, _copy_local, _copy_to_peer, _put_chunk, _round_up, _sm_count,
                          check_out, detect_fabric, launch_config)
 
@@ -51,12 +51,7 @@ def reduce_scatter_kernel(x_ptr, out_ptr, buf_ptr, rbuf_ptr, sig_ptr, calls_ptr,
     e = epoch_begin(calls_ptr)
     par = e % 2
     val = e + 1
-    me = dl.rank()
-    W = dl.num_ranks()
-    LW = dl.num_ranks(0)
-    node = dl.rank(1)
-    NN = dl.num_ranks(1)
-    local = dl.rank(0)
+    me, W, LW, node, NN, local = topology()
     m64 = m.to(tl.int64)
     ss = slot_stride.to(tl.int64)
     lo, hi = _chunk(m, BLOCK)

@@ -81,20 +81,27 @@ class Launch:
             self._running(-1)
 
 
-def _constexpr_names(fn, arg_names):
-    ann = {name: _compat.interpreter_normalize_annotation(ty) for name, ty in fn.__annotations__.items()}
-    return {name for name in arg_names if ann.get(name) == "constexpr"}
+_PARAMS: dict = {}
+
+
+def _params(fn, arg_names):
+    """(parameter names, constexpr parameter names) of a kernel body, once per function."""
+    hit = _PARAMS.get(fn)
+    if hit is None:
+        ann = {name: _compat.interpreter_normalize_annotation(ty) for name, ty in fn.__annotations__.items()}
+        hit = _PARAMS[fn] = (frozenset(inspect.getfullargspec(fn).args),
+                             frozenset(name for name in arg_names if ann.get(name) == "constexpr"))
+    return hit
 
 
 def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
     """Run ``fn`` (the interpreter-rewritten kernel body) over ``grid``."""
-    argspec = inspect.getfullargspec(fn)
-    kwargs = {k: v for k, v in kwargs.items() if k in argspec.args}
+    params, constexprs = _params(fn, arg_names)
+    kwargs = {k: v for k, v in kwargs.items() if k in params}
     try:
         bound = inspect.getcallargs(fn, *args, **kwargs)
     except TypeError as e:
         raise TypeError(f"kernel {name}: {e}") from None
-    constexprs = _constexpr_names(fn, arg_names)
     if callable(grid):
         grid = grid(dict(bound))
     grid = tuple(int(g) for g in grid)
