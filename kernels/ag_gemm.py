@@ -10,56 +10,70 @@ rank, or per-rank weights: each rank computes ``all_gather(a) @ b`` with its
 ``b``).  ``c`` is in ``a``'s dtype (float16 / bfloat16); the GEMM accumulates in
 float32.  Rows ``[s * m, (s + 1) * m)`` of ``c`` come from rank ``s``'s shard.
 
-Two kernels per call
---------------------
-* **producer** (:func:`ag_gemm_producer_kernel`, ``P = ctx.producer_programs``
-  programs): every program takes a contiguous chunk of the shard (``m * K``
-  elements), stores it into every node peer's gather buffer with
-  ``dl.symm_at`` (SM push), then signals each peer with ``dl.notify``.  Ranks
-  on other nodes get the chunk and the signal in one
-  ``shmem.putmem_signal_block`` (staged first in the sender's own slot,
-  because a remote put reads symmetric memory), as in all_gather.
-* **consumer** (:func:`ag_gemm_consumer_kernel`): a Triton GEMM (``tl.dot``,
-  ``BLOCK_M/N/K``, masked tails), one program per output tile, in
-  ``dl.swizzle_gather`` order (tiles whose rows are local first, then the
-  segments in arrival order).  Before loading A, a program waits for every
-  signal word of every segment in ``dl.tile_segments`` of its M tile except
-  its own (a tile straddling segments waits for all of them); rows of the own
-  segment are read straight from ``a`` (no wait, no copy), the others from the
-  gather buffer.
+Producer and consumer
+---------------------
+The **consumer** (:func:`ag_gemm_consumer_kernel`) is the zoo's persistent GEMM
+(kernels/gemm.py: pointer loads or TMA descriptors): ``P`` programs walk the
+output tiles in ``dl.swizzle_gather`` order (tiles whose rows are local first,
+then the peers' segments in arrival order ``rank+1, rank+2, ...``).  Before a
+tile it waits for the signals of every remote segment in
+``dl.tile_segments`` of its M tile (a tile straddling segments waits for all of
+them); its own rows are read straight from ``a`` (no copy), the others from
+the gather buffer.
 
-Buffers and signals (symmetric, allocated once by the context):
+The **producer** brings the shards, one of two ways (``producer=`` of the
+context):
 
-* ``buf[2][world][slot]`` (dtype): ``buf[p][s]`` holds rank ``s``'s shard
-  (row-major ``[m, K]``) in parity ``p``; written by rank ``s`` only.
-* ``sig[2][world][P]`` (int64): word ``[p][s][g]`` equals ``e + 1`` when chunk
-  ``g`` of source ``s`` has arrived in call ``e``.  A consumer waits on the
-  ``P`` consecutive words of a segment (one ``dl.wait``; segments ``lo..hi``
-  of a tile are consecutive too, so one wait covers the peers below the own
-  rank and one those above).
+* ``"ce"`` (copy engine; default on one node): on a side stream, for the
+  peers ``rank-1, rank-2, ...`` (so that every rank receives ``rank+1`` first,
+  the order the consumer computes in): ``ditron.stream_wait_value`` until the
+  peer is done reading this rank's previous shard, ``ditron.rank_copy`` of
+  ``a`` into the peer's gather buffer, ``ditron.stream_write_value`` of the
+  peer's ``ready`` flag.  No SM is used, so the GEMM keeps every SM and the
+  copies run at copy-engine speed under it.
+* ``"sm"`` (SM push; needed for several nodes): the kernel
+  :func:`ag_gemm_producer_kernel` (``producer_programs`` programs) stores
+  chunks of ``a`` into every node peer's buffer with ``dl.symm_at`` and
+  ``dl.notify``-s them; ranks on other nodes get chunk and signal in one
+  ``shmem.putmem_signal_block`` (staged in the sender's own slot first, as in
+  all_gather).  With ``overlap=True`` it runs on a side stream and the
+  consumer leaves it ``producer_programs`` SMs.
 
-Reuse (kernels/_common.py): the producer and the consumer each have their own
-device-side call counter (``ctx.pcalls`` and ``ctx.calls``; both count the
-calls, so they agree on the epoch ``e`` even when the kernels run on
-different streams).  Signals carry ``e + 1``; buffers and signal words of
-parity ``e % 2`` are used.  A rank's consumer finishes call ``e`` only after
-every peer's producer of call ``e`` has run, and a producer of call ``e + 1``
-starts only after its own rank's consumer of call ``e`` (stream order), so a
-producer writes parity ``e % 2`` again (call ``e + 2``) only after every peer
-has finished reading it (call ``e``).  No host epoch, no host sync.
+Buffers, signals and reuse
+--------------------------
+``buf[parities][world][slot]`` (symmetric, ``dtype``): ``buf[p][s]`` holds
+rank ``s``'s shard, row-major ``[m, K]`` (slots are ``slot_rows`` rows apart,
+so ``buf[p]`` is also one ``[world * slot_rows, K]`` matrix for TMA).
 
-Streams: by default both kernels go to the current stream, producer first
-(correct everywhere, no overlap of communication with the GEMM).
-``create_ag_gemm_context(..., overlap=True)`` on GPUs launches the producer
-on a side stream (``torch.cuda.Stream``) that waits for the current stream,
-and makes the current stream wait for it after the consumer.
-TODO(perf): overlap with a side stream relies on the producer's programs
-being scheduled although the consumer's spinning programs may occupy the
-SMs; the robust form is a fused persistent kernel (a few producer programs
-plus persistent GEMM programs, or copy-engine ``rank_copy`` pushes on a side
-stream).  Untested on GPUs so far.
+* ``"ce"`` -- flags that are reset, one buffer (``parities = 1``): ``ready[s]``
+  (on the receiver) becomes 1 when ``s``'s shard has landed; ``free[r]`` (on
+  the sender) is 1 when rank ``r`` has finished reading the sender's previous
+  shard (1 at creation).  The sender waits ``free[r] == 1``, sets it to 0,
+  copies, sets ``r``'s ``ready[s]``.  The consumer's last program (all other
+  programs have finished reading) resets its ``ready`` flags to 0, then sets
+  ``free[rank]`` on every peer (release).  A shard is therefore overwritten
+  only after its reader has finished, and a ``ready`` flag is set again only
+  after it was reset.  Every value is a constant, so a call can be captured in
+  a CUDA graph and replayed.
+* ``"sm"`` -- epochs (kernels/_common.py), ``parities = 2``: the producer and
+  the consumer each have a device-side call counter (``ctx.pcalls``,
+  ``ctx.calls``); signal word ``sig[p][s][g]`` equals ``e + 1`` when chunk
+  ``g`` of source ``s`` arrived in call ``e``; parity ``e % 2``.  A rank's
+  consumer finishes call ``e`` only after every peer's producer of call ``e``
+  has run, and a producer of call ``e + 1`` starts only after its own rank's
+  consumer of call ``e`` (stream order), so parity ``e % 2`` is written again
+  (call ``e + 2``) only after every peer has finished reading it (call ``e``).
+
+Persistent programs and spinning: the consumer's programs spin on flags set
+by the producer.  With ``"ce"`` nothing the producer does needs an SM.  With
+``"sm"`` on one stream the producer has finished before the consumer starts;
+with ``overlap=True`` the consumer runs ``SMs - producer_programs`` programs
+(one per SM at its tile sizes) so the producer's programs always find SMs.
 """
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import torch
 import triton
@@ -69,7 +83,9 @@ import ditron
 import ditron.language as dl
 
 from ._common import CollectiveContext, epoch_begin, epoch_end, topology
-from .all_gather import _chunk, _put_chunk, _round_up, _sm_count
+from .gemm import (GemmConfig, check_operands, default_config, ensure_tma_allocator, gemm_tile, gemm_tile_tma,
+                   is_sim_device, sm_count, store_tile, tile_rows, tma_ok)
+from .all_gather import _chunk, _put_chunk
 
 _SLOT_ALIGN = 128          # elements: every slot starts 256-byte aligned
 _GEMM_DTYPES = (torch.float16, torch.bfloat16)
@@ -116,104 +132,162 @@ def ag_gemm_producer_kernel(a_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_stride,
 
 
 # ---------------------------------------------------------------------------
-# consumer: GEMM over the gathered rows, in gather-swizzle order
+# consumer: persistent GEMM over the gathered rows, in gather-swizzle order
 # ---------------------------------------------------------------------------
 
-@ditron.jit(do_not_specialize=["m", "N", "K", "slot_stride", "stride_bk", "stride_bn", "P"])
-def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, calls_ptr, m, N, K, slot_stride,
-                            stride_bk, stride_bn, P,
+@triton.jit
+def _ce_release(calls_ptr, ready_ptr, free_ptr, me, W):
+    """End of a ``"ce"`` call, by every program: the last one resets this
+    rank's ready flags and tells every peer its shard may be overwritten."""
+    done = tl.atomic_add(calls_ptr + 1, 1)
+    if done == tl.num_programs(0) - 1:
+        for s in range(0, W):
+            tl.store(ready_ptr + s, 0)
+        for k in range(1, W):
+            dl.notify(free_ptr + me, (me + k) % W, signal=1, sig_op="set", comm_scope="intra_node")
+        tl.store(calls_ptr + 1, 0)
+        tl.atomic_add(calls_ptr, 1)
+
+
+@ditron.jit(do_not_specialize=["m", "N", "K", "slot_rows", "stride_bk", "stride_bn", "P"])
+def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, free_ptr, calls_ptr, m, N, K,
+                            slot_rows, stride_bk, stride_bn, P,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr):
-    """``c[W*m, N] = gathered_a[W*m, K] @ b[K, N]``; ``a`` (``[m, K]``, row-major)
-    is this rank's shard, the others are read from ``buf`` of this call's
-    parity once their ``P`` signal words equal ``e + 1``."""
-    e = epoch_begin(calls_ptr)
-    par = e % 2
-    val = e + 1
+                            GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, CE: tl.constexpr, TMA: tl.constexpr):
+    """``c[W*m, N] = gathered_a[W*m, K] @ b[K, N]``; ``a`` (``[m, K]``,
+    row-major) is this rank's shard, the others are read from ``buf`` once
+    their signals say they have arrived (``ready[s] == 1`` with ``CE``, else
+    the ``P`` words of ``sig[e % 2][s]`` equal ``e + 1``).  ``TMA``: tiles
+    never straddle segments (``m % BLOCK_M == 0``) and A, B are loaded through
+    tensor descriptors."""
+    if CE:
+        par = 0
+        val = 1
+    else:
+        e = epoch_begin(calls_ptr)
+        par = e % 2
+        val = e + 1
     me = dl.rank()
     W = dl.num_ranks()
     NN = dl.num_ranks(1)
     M = W * m
-    pid = tl.program_id(0)
-    pid_m, pid_n = dl.swizzle_gather(pid, M, N, BLOCK_M, BLOCK_N, me, W, NN, GROUP_M)
-    lo, hi = dl.tile_segments(pid_m, M, BLOCK_M, W)
-    # wait for the tile's remote segments: [lo, me - 1] and [me + 1, hi]
-    sigp = sig_ptr + par * (W * P)
-    n_below = tl.maximum(tl.minimum(hi, me - 1) - lo + 1, 0)
-    tok1 = dl.wait(sigp + lo * P, n_below * P, "sys", "acquire", waitValue=val)
-    s_above = tl.maximum(lo, me + 1)
-    n_above = tl.maximum(hi - s_above + 1, 0)
-    tok2 = dl.wait(sigp + s_above * P, n_above * P, "sys", "acquire", waitValue=val)
-    ss = slot_stride.to(tl.int64)
-    bufp = dl.consume_token(dl.consume_token(buf_ptr + par * (W * ss), tok1), tok2)
-
+    sr = slot_rows.to(tl.int64)
     K64 = K.to(tl.int64)
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    seg = tl.minimum(rows // m, W - 1)
-    rows64 = rows.to(tl.int64)
-    seg64 = seg.to(tl.int64)
-    in_seg = rows64 - seg64 * m                       # row inside its segment
-    a_rows = tl.where(seg == me, a_ptr + in_seg * K64, bufp + seg64 * ss + in_seg * K64)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    b_cols = b_ptr + cols.to(tl.int64) * stride_bn
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
-        a = tl.load(a_rows[:, None] + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = tl.load(b_cols[None, :] + ks.to(tl.int64)[:, None] * stride_bk, mask=k_ok[:, None] & col_ok[None, :],
-                    other=0.0)
-        acc = tl.dot(a, b, acc)
-    c_ptrs = c_ptr + rows64[:, None] * N + cols[None, :]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
-    epoch_end(calls_ptr)
+    bufp = buf_ptr + par * (W * sr * K64)
+    if CE:
+        sigp = ready_ptr
+        per_seg = 1
+    else:
+        sigp = sig_ptr + par * (W * P)
+        per_seg = P
+    if TMA:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[m, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+        buf_desc = tl.make_tensor_descriptor(bufp, shape=[W * slot_rows, K], strides=[K, 1],
+                                             block_shape=[BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                           block_shape=[BLOCK_K, BLOCK_N])
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        pid_m, pid_n = dl.swizzle_gather(tile, M, N, BLOCK_M, BLOCK_N, me, W, NN, GROUP_M)
+        lo, hi = dl.tile_segments(pid_m, M, BLOCK_M, W)
+        # wait for the tile's remote segments: [lo, me - 1] and [me + 1, hi]
+        n_below = tl.maximum(tl.minimum(hi, me - 1) - lo + 1, 0)
+        tok1 = dl.wait(sigp + lo * per_seg, n_below * per_seg, "sys", "acquire", waitValue=val)
+        s_above = tl.maximum(lo, me + 1)
+        n_above = tl.maximum(hi - s_above + 1, 0)
+        tok2 = dl.wait(sigp + s_above * per_seg, n_above * per_seg, "sys", "acquire", waitValue=val)
+        rows, row_ok, rows_c = tile_rows(pid_m, M, BLOCK_M)
+        cols, col_ok, cols_c = tile_rows(pid_n, N, BLOCK_N)
+        if TMA:
+            if lo == me:
+                acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M - me * m, pid_n * BLOCK_N, K,
+                                    BLOCK_M, BLOCK_N, BLOCK_K)
+            else:
+                acc = gemm_tile_tma(buf_desc, b_desc, lo * slot_rows + pid_m * BLOCK_M - lo * m, pid_n * BLOCK_N,
+                                    K, BLOCK_M, BLOCK_N, BLOCK_K)
+        else:
+            src = dl.consume_token(dl.consume_token(bufp, tok1), tok2)
+            seg = tl.minimum(rows_c // m, W - 1)
+            seg64 = seg.to(tl.int64)
+            in_seg = rows_c.to(tl.int64) - seg64 * m                     # row inside its segment
+            a_rows = tl.where(seg == me, a_ptr + in_seg * K64, src + (seg64 * sr + in_seg) * K64)
+            b_cols = b_ptr + cols_c.to(tl.int64) * stride_bn
+            acc = gemm_tile(a_rows, b_cols, 1, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        store_tile(c_ptr, N, 1, rows, row_ok, cols, col_ok, acc)
+    if CE:
+        _ce_release(calls_ptr, ready_ptr, free_ptr, me, W)
+    else:
+        epoch_end(calls_ptr)
 
 
 # ---------------------------------------------------------------------------
 # host API
 # ---------------------------------------------------------------------------
 
+PRODUCERS = ("auto", "ce", "sm")
+
+
 class AgGemmContext(CollectiveContext):
-    """Symmetric gather buffer and signals of ag_gemm (see the module docstring)."""
+    """Gather buffer, signals and GEMM config of ag_gemm (see the module docstring)."""
 
     op = "ag_gemm"
 
-    def __init__(self, max_m_per_rank, k, dtype, world=None, producer_programs=None, block_m=None, block_n=None,
-                 block_k=None, group_m=8, num_warps=None, num_stages=None, overlap=False):
+    def __init__(self, max_m_per_rank, k, dtype, world=None, producer="auto", producer_programs=None,
+                 config: GemmConfig | None = None, num_programs=None, overlap=None, tma=None, **tile_options):
         if dtype not in _GEMM_DTYPES:
             raise ditron.DitronError(f"ag_gemm: dtype {dtype} is not supported (use float16 or bfloat16)")
         if int(max_m_per_rank) < 1 or int(k) < 1:
             raise ditron.DitronError(f"ag_gemm: max_m_per_rank ({max_m_per_rank}) and k ({k}) must be >= 1")
+        if producer not in PRODUCERS:
+            raise ditron.DitronError(f"ag_gemm: producer={producer!r}; use one of {', '.join(PRODUCERS)}")
         super().__init__(int(max_m_per_rank) * int(k), dtype, world)
         W = self.world_size
         self.max_m = int(max_m_per_rank)
         self.k = int(k)
         self.multi_node = self.world.nnodes > 1
-        self.sim = self.world.backend == "sim"
-        self.slot_stride = _round_up(self.max_m * self.k, _SLOT_ALIGN)
+        self.sim = self.world.backend == "sim" or is_sim_device(self.device)
+        if producer == "auto":
+            producer = "sm" if self.multi_node else "ce"
+        if producer == "ce" and self.multi_node:
+            raise ditron.DitronError("ag_gemm: producer='ce' (copy engine) reaches this node's ranks only; this "
+                                     f"world has {self.world.nnodes} nodes: use producer='sm'")
+        self.producer = producer
+        self.config = self._config(config, tile_options)
+        self.num_programs = num_programs
+        self.tma = tma            # None: where it applies (GPU, m % block_m == 0, aligned operands)
         if self.sim:
             self.producer_programs = int(producer_programs or 2)
         else:
-            self.producer_programs = int(producer_programs or min(32, _sm_count(self.device)))
+            self.producer_programs = int(producer_programs or min(32, sm_count(self.device)))
         if self.producer_programs < 1:
             raise ditron.DitronError("ag_gemm: producer_programs must be >= 1")
-        self.block_m = int(block_m or (16 if self.sim else 128))
-        self.block_n = int(block_n or (16 if self.sim else 128))
-        self.block_k = int(block_k or (32 if self.sim else 64))
-        for name, v in (("block_m", self.block_m), ("block_n", self.block_n), ("block_k", self.block_k)):
-            if v < 16 or v & (v - 1):
-                raise ditron.DitronError(f"ag_gemm: {name}={v} must be a power of two >= 16 (tl.dot)")
-        self.group_m = int(group_m)
-        self.num_warps = int(num_warps or (1 if self.sim else 8))
-        self.num_stages = int(num_stages or (1 if self.sim else 3))
-        self.overlap = bool(overlap) and not self.sim and torch.device(self.device).type == "cuda"
+        on_gpu = not self.sim and torch.device(self.device).type == "cuda"
+        # the copy engine always runs beside the GEMM; the SM producer only when asked
+        self.overlap = on_gpu and (producer == "ce" or bool(overlap))
         self._side_stream = None
-        self.pcalls = torch.zeros(2, dtype=torch.int64, device=self.device)   # the producer's call counter
-        self.buf = self.symm((2, W, self.slot_stride), dtype, "buf")
+        # slots of whole rows, each starting 256-byte aligned: buf[p] is also a [W * slot_rows, K] matrix
+        align_rows = _SLOT_ALIGN // math.gcd(self.k, _SLOT_ALIGN)
+        self.slot_rows = (self.max_m + align_rows - 1) // align_rows * align_rows
+        parities = 1 if producer == "ce" else 2
+        self.pcalls = torch.zeros(2, dtype=torch.int64, device=self.device)   # the SM producer's call counter
+        self.buf = self.symm((parities, W, self.slot_rows * self.k), dtype, "buf")
         self.sig = self.symm((2, W, self.producer_programs), torch.int64, "sig")
-        ditron.barrier_all()          # every rank's zeroed signals exist before any peer writes them
+        self.ready = self.symm((W,), torch.int64, "ready")
+        self.free = self.symm((W,), torch.int64, "free")
+        self.free.fill_(1)
+        ditron.barrier_all()          # every rank's flags exist (and are initialised) before any peer writes them
+
+    def _config(self, config, tile_options):
+        if config is not None and tile_options:
+            raise ditron.DitronError("ag_gemm: give either config= or block_m/block_n/block_k/... options")
+        if tile_options:
+            known = {f.name for f in dataclasses.fields(GemmConfig)}
+            bad = sorted(set(tile_options) - known)
+            if bad:
+                raise ditron.DitronError(f"ag_gemm: unknown option(s) {', '.join(bad)}")
+            base = default_config(1 << 14, 1 << 14, self.k, self.dtype, self.device)
+            config = dataclasses.replace(base, **{k: int(v) for k, v in tile_options.items() if v is not None})
+        return config.validate("ag_gemm") if config is not None else None
 
     def side_stream(self):
         if self._side_stream is None:
@@ -222,11 +296,17 @@ class AgGemmContext(CollectiveContext):
 
 
 def create_ag_gemm_context(max_m_per_rank, k, dtype, world=None, **options):
-    """Allocate ag_gemm's gather buffer (``2 * world * max_m_per_rank * k``
-    elements, symmetric) and signals.  Collective: every rank calls it with the
-    same arguments.  ``options``: ``producer_programs``, ``block_m``,
-    ``block_n``, ``block_k``, ``group_m``, ``num_warps``, ``num_stages``,
-    ``overlap`` (GPUs: producer on a side stream; see the module docstring)."""
+    """Allocate ag_gemm's gather buffer (``world * max_m_per_rank * k``
+    elements, twice with ``producer="sm"``; symmetric) and signals.
+    Collective: every rank calls it with the same arguments.
+
+    ``options``: ``producer`` (``"auto"``: ``"ce"`` on one node, ``"sm"`` on
+    several), ``config`` (a :class:`~ditron.kernels.gemm.GemmConfig`; default
+    by shape) or its fields ``block_m``, ``block_n``, ``block_k``,
+    ``group_m``, ``num_warps``, ``num_stages``; ``num_programs`` (persistent
+    GEMM programs; default one per SM), ``tma`` (``None``: where it applies),
+    ``producer_programs`` and ``overlap`` (``"sm"`` producer on a side
+    stream)."""
     return AgGemmContext(max_m_per_rank, k, dtype, world, **options)
 
 
@@ -243,31 +323,48 @@ def _check(ctx, a, b, out):
     if K != ctx.k:
         raise E(f"ag_gemm: argument 'a' has K={K}, the context was created for k={ctx.k}")
     ctx.check_tensor(a, "a")        # dtype, device, layout
-    if not isinstance(b, torch.Tensor) or b.dim() != 2:
-        raise E("ag_gemm: argument 'b' must be a 2-D tensor [K, N]")
-    if b.dtype != a.dtype:
-        raise E(f"ag_gemm: argument 'b' is {b.dtype}, 'a' is {a.dtype}")
-    if b.device.type != a.device.type or (b.device.index not in (None, a.device.index)
-                                          and a.device.index is not None):
-        raise E(f"ag_gemm: argument 'b' is on {b.device}, 'a' on {a.device}")
-    if b.shape[0] != K:
-        raise E(f"ag_gemm: 'b' has {b.shape[0]} rows, 'a' has K={K} columns")
-    N = b.shape[1]
-    if N < 1:
-        raise E("ag_gemm: 'b' has no columns")
-    shape = (ctx.world_size * m, N)
-    if out is not None:
-        if not isinstance(out, torch.Tensor):
-            raise E("ag_gemm: argument 'out' must be a torch.Tensor")
-        if out.dtype != a.dtype:
-            raise E(f"ag_gemm: argument 'out' is {out.dtype}, expected {a.dtype}")
-        if out.device.type != a.device.type:
-            raise E(f"ag_gemm: argument 'out' is on {out.device}, 'a' on {a.device}")
-        if tuple(out.shape) != shape:
-            raise E(f"ag_gemm: argument 'out' has shape {tuple(out.shape)}, expected {shape}")
-        if not out.is_contiguous():
-            raise E("ag_gemm: argument 'out' must be contiguous")
-    return m, K, N
+    shape = (ctx.world_size * m, b.shape[1] if isinstance(b, torch.Tensor) and b.dim() == 2 else -1)
+    check_operands("ag_gemm", a, b, out, shape)
+    if out is not None and not out.is_contiguous():
+        raise E("ag_gemm: argument 'out' must be contiguous")
+    return m, K, b.shape[1]
+
+
+def _produce_ce(ctx, a, m, K):
+    """Copy-engine pushes of ``a`` into every peer's slot ``rank`` (see the module docstring)."""
+    W, me = ctx.world_size, ctx.rank
+    stream = None
+    if ctx.overlap:
+        stream = ctx.side_stream()
+        stream.wait_stream(torch.cuda.current_stream(a.device))          # a is written
+    src = a.reshape(-1)
+    dst = ctx.buf[0, me, :m * K]
+    for k in range(1, W):
+        peer = (me - k) % W
+        flag = ctx.free[peer:peer + 1]
+        ditron.stream_wait_value(flag, 1, stream=stream)          # the peer has read our previous shard
+        ditron.stream_write_value(flag, 0, stream=stream)
+        ditron.rank_copy(dst, src, dst_rank=peer, stream=stream)
+        ditron.stream_write_value(ctx.ready[me:me + 1], 1, rank=peer, stream=stream)
+    if stream is not None:
+        a.record_stream(stream)
+
+
+def _produce_sm(ctx, a, m, K):
+    P = ctx.producer_programs
+    n = m * K
+    block = 128 if ctx.sim else max(256, min(4096, triton.next_power_of_2(triton.cdiv(n, P))))
+    producer = ag_gemm_producer_kernel[(P,)]
+    args = (a, ctx.buf, ctx.sig, ctx.pcalls, n, ctx.slot_rows * ctx.k)
+    kw = dict(MULTI_NODE=ctx.multi_node, ELEM_BYTES=a.element_size(), BLOCK=block, num_warps=1 if ctx.sim else 4)
+    if ctx.overlap:
+        side = ctx.side_stream()
+        side.wait_stream(torch.cuda.current_stream(a.device))   # the previous call's consumer (and a's producer)
+        with torch.cuda.stream(side):
+            producer(*args, **kw)
+        a.record_stream(side)
+    else:
+        producer(*args, **kw)
 
 
 def ag_gemm(a, b, ctx, out=None):
@@ -277,31 +374,31 @@ def ag_gemm(a, b, ctx, out=None):
     dtypes or devices raise ``DitronError`` before anything is launched."""
     m, K, N = _check(ctx, a, b, out)
     W = ctx.world_size
+    M = W * m
     if out is None:
-        out = torch.empty((W * m, N), dtype=a.dtype, device=a.device)
-    P = ctx.producer_programs
+        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    cfg = ctx.config or default_config(M, N, K, a.dtype, a.device)
+    tma = (not ctx.sim and ctx.tma is not False and m % cfg.block_m == 0 and b.stride(1) == 1
+           and tma_ok(a, b))
+    if ctx.tma and not tma:
+        raise ditron.DitronError(f"ag_gemm: tma=True needs m % block_m == 0 (m={m}, block_m={cfg.block_m}), "
+                                 f"row-major b and 16-byte aligned rows; on GPUs only")
+    if tma:
+        ensure_tma_allocator()
     if W > 1:
-        n = m * K
-        block = 128 if ctx.sim else max(256, min(4096, triton.next_power_of_2(triton.cdiv(n, P))))
-        warps = 1 if ctx.sim else 4
-        producer = ag_gemm_producer_kernel[(P,)]
-        args = (a, ctx.buf, ctx.sig, ctx.pcalls, n, ctx.slot_stride)
-        kw = dict(MULTI_NODE=ctx.multi_node, ELEM_BYTES=a.element_size(), BLOCK=block, num_warps=warps)
-        if ctx.overlap:
-            side = ctx.side_stream()
-            cur = torch.cuda.current_stream(a.device)
-            side.wait_stream(cur)              # the previous call's consumer (and a's producer) first
-            with torch.cuda.stream(side):
-                producer(*args, **kw)
-            a.record_stream(side)
-        else:
-            producer(*args, **kw)
-    grid = (triton.cdiv(W * m, ctx.block_m) * triton.cdiv(N, ctx.block_n),)
-    ag_gemm_consumer_kernel[grid](a, b, out, ctx.buf, ctx.sig, ctx.calls, m, N, K, ctx.slot_stride,
-                                  b.stride(0), b.stride(1), P, BLOCK_M=ctx.block_m, BLOCK_N=ctx.block_n,
-                                  BLOCK_K=ctx.block_k, GROUP_M=ctx.group_m,
-                                  num_warps=ctx.num_warps,
-                                  num_stages=ctx.num_stages)
+        (_produce_ce if ctx.producer == "ce" else _produce_sm)(ctx, a, m, K)
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    if ctx.num_programs:
+        P = int(ctx.num_programs)
+    elif ctx.sim:
+        P = 4
+    else:
+        P = sm_count(a.device) - (ctx.producer_programs if ctx.overlap and ctx.producer == "sm" else 0)
+    P = max(1, min(P, tiles))
+    ag_gemm_consumer_kernel[(P,)](a, b, out, ctx.buf, ctx.sig, ctx.ready, ctx.free, ctx.calls, m, N, K,
+                                  ctx.slot_rows, b.stride(0), b.stride(1), ctx.producer_programs,
+                                  EVEN_K=(K % cfg.block_k == 0), CE=(ctx.producer == "ce"), TMA=tma,
+                                  **cfg.launch_options())
     if W > 1 and ctx.overlap:
         torch.cuda.current_stream(a.device).wait_stream(ctx.side_stream())   # later writes to a wait for it
     return out

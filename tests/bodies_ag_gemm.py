@@ -78,6 +78,8 @@ def errors(world):
         "a_1d": lambda: ag_gemm(a.reshape(-1), b, ctx),
         "out_shape": lambda: ag_gemm(a, b, ctx, out=torch.empty(5, 16, dtype=torch.float16, device=world.device)),
         "ctx_dtype": lambda: create_ag_gemm_context(8, 32, torch.float32),
+        "producer": lambda: create_ag_gemm_context(8, 32, torch.float16, producer="nccl"),
+        "option": lambda: create_ag_gemm_context(8, 32, torch.float16, block_q=16),
     }
     for name, fn in cases.items():
         try:

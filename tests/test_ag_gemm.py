@@ -17,15 +17,15 @@ REUSE = [(5, 40, K)] * 3
 SIM_BLOCKS = {} if ON_GPU else dict(block_m=16, block_n=16, block_k=32)
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_ag_gemm_shapes(dist, dtype):
-    assert dist.run(B.ag_gemm_calls, dtype, SHAPES, **SIM_BLOCKS) == [len(SHAPES)] * dist.world_size
+@pytest.mark.parametrize("dtype,producer", [("fp16", "ce"), ("bf16", "sm")])
+def test_ag_gemm_shapes(dist, dtype, producer):
+    assert dist.run(B.ag_gemm_calls, dtype, SHAPES, producer=producer, **SIM_BLOCKS) == [len(SHAPES)] * dist.world_size
 
 
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_ag_gemm_reuse_per_rank_weights(dist, dtype):
+@pytest.mark.parametrize("dtype,producer", [("bf16", "ce"), ("fp16", "sm")])
+def test_ag_gemm_reuse_per_rank_weights(dist, dtype, producer):
     # call i: rank i % world starts late, so its peers really wait for its segment
-    assert dist.run(B.ag_gemm_calls, dtype, REUSE, per_rank_b=True, seed=7, delay=0.5,
+    assert dist.run(B.ag_gemm_calls, dtype, REUSE, per_rank_b=True, seed=7, delay=0.5, producer=producer,
                     **SIM_BLOCKS) == [3] * dist.world_size
 
 
@@ -52,3 +52,22 @@ def test_ag_gemm_errors_before_launch(dist):
     assert "2-D" in msgs["a_1d"]
     assert "expected (20, 16)" in msgs["out_shape"]
     assert "float16 or bfloat16" in msgs["ctx_dtype"]
+    assert "use one of auto, ce, sm" in msgs["producer"]
+    assert "unknown option(s) block_q" in msgs["option"]
+
+
+@pytest.mark.parametrize("ce,tma", [(True, True), (True, False), (False, False)])
+def test_ag_gemm_consumer_compiles_for_sm90a(ce, tma):
+    """The GPU consumer (wgmma; TMA loads when asked) compiles without a GPU."""
+    import ditron
+    from ditron.kernels.ag_gemm import ag_gemm_consumer_kernel
+    sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "buf_ptr": "*bf16", "sig_ptr": "*i64",
+           "ready_ptr": "*i64", "free_ptr": "*i64", "calls_ptr": "*i64", "m": "i32", "N": "i32", "K": "i32",
+           "slot_rows": "i32", "stride_bk": "i32", "stride_bn": "i32", "P": "i32"}
+    ck = ditron.compile(ag_gemm_consumer_kernel, target="sm_90a", signature=sig,
+                        constexprs=dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, CE=ce,
+                                        TMA=tma), num_warps=8, num_stages=3)
+    ptx = ck.asm["ptx"]
+    assert "wgmma.mma_async" in ptx
+    assert ("cp.async.bulk.tensor" in ptx) == tma
+

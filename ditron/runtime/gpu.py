@@ -559,6 +559,18 @@ class GpuTransport(Transport):
         with ctx:
             dst.copy_(src)
 
+    def write_value(self, word, value, stream=None):
+        import torch
+        from . import gpu_driver
+        s = stream if stream is not None else torch.cuda.current_stream(self.device)
+        gpu_driver.stream_write_value64(s.cuda_stream, word.data_ptr(), value)
+
+    def wait_value(self, word, value, stream=None):
+        import torch
+        from . import gpu_driver
+        s = stream if stream is not None else torch.cuda.current_stream(self.device)
+        gpu_driver.stream_wait_value64(s.cuda_stream, word.data_ptr(), value)
+
     def before_launch(self, kernel, args):
         import torch
         if torch.cuda.current_device() != self.device.index:

@@ -27,6 +27,12 @@ def _lib():
         lib.cuModuleGetGlobal_v2.restype = ctypes.c_int
         lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
         lib.cuMemcpyHtoD_v2.restype = ctypes.c_int
+        for name in ("cuStreamWriteValue64", "cuStreamWaitValue64"):
+            fn = getattr(lib, name + "_v2", None) or getattr(lib, name, None)
+            if fn is not None:
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            setattr(lib, "_ditron_" + name, fn)
         lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         lib.cuGetErrorName.restype = ctypes.c_int
         _LIB = lib
@@ -64,3 +70,26 @@ def write_words(dptr: int, words, size: int):
     rc = _lib().cuMemcpyHtoD_v2(ctypes.c_uint64(dptr), buf, len(data))
     if rc != CUDA_SUCCESS:
         raise DitronError(f"writing the world descriptor (cuMemcpyHtoD) failed: {error_name(rc)}")
+
+
+CU_STREAM_WAIT_VALUE_EQ = 0x1
+
+
+def _stream_memop(name, stream: int, dptr: int, value: int, flags: int):
+    fn = getattr(_lib(), "_ditron_" + name)
+    if fn is None:
+        raise DitronError(f"the CUDA driver has no {name} (stream memory operations need CUDA >= 11.7)")
+    rc = fn(ctypes.c_void_p(int(stream)), ctypes.c_uint64(int(dptr)), ctypes.c_uint64(int(value) & (2**64 - 1)),
+            ctypes.c_uint(flags))
+    if rc != CUDA_SUCCESS:
+        raise DitronError(f"{name} failed: {error_name(rc)}")
+
+
+def stream_write_value64(stream: int, dptr: int, value: int):
+    """``cuStreamWriteValue64`` with the default flags (a memory fence first)."""
+    _stream_memop("cuStreamWriteValue64", stream, dptr, value, 0)
+
+
+def stream_wait_value64(stream: int, dptr: int, value: int):
+    """``cuStreamWaitValue64(..., CU_STREAM_WAIT_VALUE_EQ)``."""
+    _stream_memop("cuStreamWaitValue64", stream, dptr, value, CU_STREAM_WAIT_VALUE_EQ)

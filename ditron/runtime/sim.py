@@ -183,6 +183,28 @@ class SimTransport(Transport):
         dst.copy_(src)
         self.control.progress()
 
+    def write_value(self, word, value, stream=None):
+        M.atomic_xchg(word.data_ptr(), value)
+        self.control.progress()
+
+    def wait_value(self, word, value, stream=None):
+        from .heap import _call_site
+        addr = word.data_ptr()
+        site = _call_site()
+
+        def check():
+            v = M.atomic_load(addr)
+            return v == value, v
+
+        def describe(observed):
+            return {"rank": self.rank, "program": None, "primitive": "ditron.stream_wait_value", "where": site,
+                    "signal": self.describe_addr(addr), "expected": f"== {value}", "observed": observed}
+        try:
+            self.spin(check, describe)
+        except Blocked as b:
+            raise DitronHangError(f"rank {self.rank}: ditron.stream_wait_value did not complete ({b.reason})",
+                                  [b.info]) from None
+
     # -- teardown -----------------------------------------------------------------------
     def finalize(self):
         if self.control is None:

@@ -67,6 +67,15 @@ class Transport:
         """Copy ``src`` to ``dst`` (either may alias a peer's heap) without SMs."""
         dst.copy_(src)
 
+    def write_value(self, word, value: int, stream=None):
+        """Stream-ordered 64-bit store of ``value`` into the one-element int64
+        tensor ``word`` (may alias a peer's heap), after a memory fence."""
+        raise NotImplementedError(f"{self.name}: stream memory operations")
+
+    def wait_value(self, word, value: int, stream=None):
+        """Stream-ordered wait until the local int64 ``word`` equals ``value``."""
+        raise NotImplementedError(f"{self.name}: stream memory operations")
+
     def before_launch(self, kernel, args):
         """Hook run before a kernel launch on this transport."""
 
@@ -237,6 +246,41 @@ def rank_copy(dst, src, *, dst_rank=None, src_rank=None, stream=None):
         _require_rank(world, src_rank, "ditron.rank_copy", local=True)
         src = world.transport.peer_tensor(src, src_rank)
     world.transport.rank_copy(dst, src, stream)
+
+
+def _signal_word(world, word, what):
+    import torch
+    if not isinstance(word, torch.Tensor) or word.dtype != torch.int64 or word.numel() != 1:
+        raise DitronError(f"{what}: the signal must be a one-element int64 tensor (e.g. sig[i:i + 1])")
+    _require_symmetric(world, word, "word", what)
+
+
+def stream_write_value(word, value: int, *, rank=None, stream=None):
+    """Set the signal ``word`` (one element of a symmetric int64 tensor) of
+    ``rank`` (default: this rank; a peer on this node) to ``value``, ordered
+    after the work queued before it on ``stream`` (default: the current
+    stream), with a memory fence: a kernel that sees the value also sees that
+    work's writes (e.g. a :func:`rank_copy`).  No SMs are used
+    (``cuStreamWriteValue64`` on GPUs), so it can follow a copy-engine copy
+    while every SM is busy.  The value is fixed when the call is queued (a
+    CUDA graph replays it unchanged)."""
+    world = _world_for("ditron.stream_write_value")
+    _signal_word(world, word, "ditron.stream_write_value")
+    if rank not in (None, world.rank):
+        _require_rank(world, rank, "ditron.stream_write_value", local=True)
+        word = world.transport.peer_tensor(word, rank)
+    world.transport.write_value(word, int(value), stream)
+
+
+def stream_wait_value(word, value: int, *, stream=None):
+    """Make ``stream`` (default: the current stream) wait until this rank's
+    signal ``word`` (one element of a symmetric int64 tensor) equals
+    ``value``; later work on the stream starts after that.  The host does not
+    block (on the simulator, where streams are synchronous, it does).  No
+    time limit: DITRON_WAIT_TIMEOUT_S bounds device-side waits only."""
+    world = _world_for("ditron.stream_wait_value")
+    _signal_word(world, word, "ditron.stream_wait_value")
+    world.transport.wait_value(word, int(value), stream)
 
 
 def check_kernel_args(kernel, args, kwargs, world):

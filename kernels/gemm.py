@@ -1,0 +1,248 @@
+"""The zoo's GEMM core: a persistent Triton GEMM for H100/H200 that the
+overlap kernels (ag_gemm, gemm_rs, gemm_ar) share, and that runs alone as
+:func:`matmul`.
+
+    from ditron.kernels.gemm import matmul, GemmConfig
+    c = matmul(a, b)                      # a: [M, K], b: [K, N] (any strides), fp16 / bf16
+    c = matmul(a, b, config=GemmConfig(128, 256, 64, num_stages=3, num_warps=8))
+
+Structure
+---------
+* :func:`gemm_tile` (``@triton.jit``): one output tile's fp32 accumulator,
+  from per-row pointers of A and per-column pointers of B.  Rows / columns
+  past the matrix are clamped by the caller (they compute garbage that is
+  masked at the store), so the K loop has no row / column masks; the K tail
+  is masked only when ``EVEN_K`` is false.  Per-row pointers let a caller
+  read different rows from different buffers (ag_gemm reads its own rows
+  from ``a`` and the others from the gather buffer) at no cost in the loop.
+* :func:`gemm_tile_tma` (``@triton.jit``): the same through TMA tensor
+  descriptors (Hopper); out-of-range rows, columns and K are zero-filled by
+  the hardware.
+* :func:`gemm_kernel`: persistent (``num_programs`` programs, default one
+  per SM) over the tiles in ``dl.swizzle_2d`` order.
+
+Configs: :func:`default_config` picks tiles by shape (measured on H200:
+bench/gemm.py and bench/results/h200x4.md); ``config=`` overrides it.
+On the simulator (CPU) every kernel uses small tiles.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+import ditron
+import ditron.language as dl
+
+_GEMM_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmConfig:
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+    tma: bool = False
+
+    def validate(self, op="gemm"):
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ditron.DitronError(f"{op}: {name}={v} must be a power of two >= 16 (tl.dot)")
+        if self.group_m < 1 or self.num_warps < 1 or self.num_stages < 1:
+            raise ditron.DitronError(f"{op}: group_m, num_warps and num_stages must be >= 1 ({self})")
+        return self
+
+    def launch_options(self):
+        return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k, GROUP_M=self.group_m,
+                    num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+#: small tiles for the simulator: the interpreter's cost grows with the tile
+SIM_CONFIG = GemmConfig(16, 16, 32, group_m=4, num_warps=1, num_stages=1)
+
+
+def is_sim_device(device) -> bool:
+    return torch.device(device).type == "cpu"
+
+
+def default_config(M, N, K, dtype=torch.bfloat16, device="cuda") -> GemmConfig:
+    """A config for an ``[M, K] @ [K, N]`` GEMM on ``device`` (small tiles on
+    the simulator).  On GPUs: 128 x 256 x 64 tiles, 3 stages, 8 warps (the
+    best pointer-based config measured on H200 at the paper's shapes), 128 x
+    128 when there are fewer output tiles than SMs."""
+    if is_sim_device(device):
+        return SIM_CONFIG
+    tiles = triton.cdiv(M, 128) * triton.cdiv(N, 256)
+    if tiles < sm_count(device):
+        return GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4)
+    return GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3)
+
+
+def sm_count(device) -> int:
+    try:
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    except Exception:  # noqa: BLE001 -- no CUDA device properties (CPU simulator, AMD without torch.cuda)
+        return 132
+
+
+_ALLOCATOR_SET = False
+
+
+def ensure_tma_allocator():
+    """Device-side tensor descriptors need a global scratch allocator."""
+    global _ALLOCATOR_SET
+    if not _ALLOCATOR_SET:
+        def alloc(size, alignment, stream):
+            return torch.empty(size, dtype=torch.int8, device="cuda")
+        triton.set_allocator(alloc)
+        _ALLOCATOR_SET = True
+
+
+# ---------------------------------------------------------------------------
+# device helpers
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def tile_rows(pid_m, M, BLOCK_M: tl.constexpr):
+    """(rows, row_ok, clamped rows) of tile row ``pid_m``."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    return rows, row_ok, tl.minimum(rows, M - 1)
+
+
+@triton.jit
+def gemm_tile(a_rows, b_cols, stride_ak, stride_bk, K,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """fp32 ``[BLOCK_M, BLOCK_N]`` accumulator of one tile: ``a_rows`` are
+    pointers to the tile's A rows (``[BLOCK_M]``, all valid), ``b_cols``
+    pointers to its B columns (``[BLOCK_N]``, all valid)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_rows[:, None] + ks[None, :] * stride_ak
+    b_ptrs = b_cols[None, :] + ks[:, None] * stride_bk
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            k_ok = (k0 + ks) < K
+            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_ok[:, None], other=0.0)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def gemm_tile_tma(a_desc, b_desc, off_am, off_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """The accumulator of the tile at rows ``off_am`` of ``a_desc``'s matrix
+    and columns ``off_n`` of ``b_desc``'s, through TMA."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = a_desc.load([off_am, k0])
+        b = b_desc.load([k0, off_n])
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def store_tile(c_ptr, stride_cm, stride_cn, rows, row_ok, cols, col_ok, acc):
+    c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@ditron.jit(do_not_specialize=["M", "N", "K"])
+def gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                EVEN_K: tl.constexpr, TMA: tl.constexpr):
+    """Persistent ``c = a @ b``: program ``p`` computes tiles ``p, p + P, ...``
+    of the ``dl.swizzle_2d`` order."""
+    P = tl.num_programs(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    if TMA:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                           block_shape=[BLOCK_K, BLOCK_N])
+    for tile in range(tl.program_id(0), num_tiles, P):
+        pid_m, pid_n = dl.swizzle_2d(tile, num_pid_m, num_pid_n, GROUP_M)
+        rows, row_ok, rows_c = tile_rows(pid_m, M, BLOCK_M)
+        cols, col_ok, cols_c = tile_rows(pid_n, N, BLOCK_N)
+        if TMA:
+            acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+        else:
+            a_rows = a_ptr + rows_c.to(tl.int64) * stride_am
+            b_cols = b_ptr + cols_c.to(tl.int64) * stride_bn
+            acc = gemm_tile(a_rows, b_cols, stride_ak, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        store_tile(c_ptr, stride_cm, stride_cn, rows, row_ok, cols, col_ok, acc)
+
+
+# ---------------------------------------------------------------------------
+# host API
+# ---------------------------------------------------------------------------
+
+def check_operands(op, a, b, out=None, out_shape=None):
+    """Shape / dtype / device checks shared by the GEMM kernels (errors name ``op``)."""
+    E = ditron.DitronError
+    if not isinstance(a, torch.Tensor) or a.dim() != 2:
+        raise E(f"{op}: argument 'a' must be a 2-D tensor")
+    if not isinstance(b, torch.Tensor) or b.dim() != 2:
+        raise E(f"{op}: argument 'b' must be a 2-D tensor [K, N]")
+    if a.dtype not in _GEMM_DTYPES:
+        raise E(f"{op}: argument 'a' is {a.dtype}; use float16 or bfloat16")
+    if b.dtype != a.dtype:
+        raise E(f"{op}: argument 'b' is {b.dtype}, 'a' is {a.dtype}")
+    if b.device != a.device:
+        raise E(f"{op}: argument 'b' is on {b.device}, 'a' on {a.device}")
+    if b.shape[0] != a.shape[1]:
+        raise E(f"{op}: 'b' has {b.shape[0]} rows, 'a' has K={a.shape[1]} columns")
+    if a.shape[0] < 1 or a.shape[1] < 1 or b.shape[1] < 1:
+        raise E(f"{op}: empty operands (a is {list(a.shape)}, b is {list(b.shape)})")
+    if out is not None:
+        if not isinstance(out, torch.Tensor):
+            raise E(f"{op}: argument 'out' must be a torch.Tensor")
+        if out.dtype != a.dtype:
+            raise E(f"{op}: argument 'out' is {out.dtype}, expected {a.dtype}")
+        if out.device != a.device:
+            raise E(f"{op}: argument 'out' is on {out.device}, 'a' on {a.device}")
+        if out_shape is not None and tuple(out.shape) != tuple(out_shape):
+            raise E(f"{op}: argument 'out' has shape {tuple(out.shape)}, expected {tuple(out_shape)}")
+
+
+def tma_ok(*tensors) -> bool:
+    """TMA needs a unit last stride, 16-byte aligned bases and row strides."""
+    for t in tensors:
+        if t.stride(-1) != 1 or (t.data_ptr() % 16) or (t.stride(0) * t.element_size()) % 16:
+            return False
+    return True
+
+
+def matmul(a, b, out=None, config: GemmConfig | None = None, num_programs=None):
+    """``a @ b`` with the zoo's GEMM core (fp32 accumulation, ``a``'s dtype)."""
+    check_operands("matmul", a, b, out, (a.shape[0], b.shape[1]))
+    M, K = a.shape
+    N = b.shape[1]
+    cfg = (config or default_config(M, N, K, a.dtype, a.device)).validate("matmul")
+    if out is None:
+        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    tma = cfg.tma and not is_sim_device(a.device)
+    if tma:
+        if not tma_ok(a, b):
+            raise ditron.DitronError("matmul: config.tma needs unit last strides and 16-byte aligned rows; "
+                                     "use tma=False")
+        ensure_tma_allocator()
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    P = max(1, min(tiles, int(num_programs or (4 if is_sim_device(a.device) else sm_count(a.device)))))
+    gemm_kernel[(P,)](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
+                      out.stride(1), EVEN_K=(K % cfg.block_k == 0), TMA=tma, **cfg.launch_options())
+    return out
