@@ -149,17 +149,20 @@ def _ce_release(calls_ptr, ready_ptr, free_ptr, me, W):
         tl.atomic_add(calls_ptr, 1)
 
 
-@ditron.jit(do_not_specialize=["m", "N", "K", "slot_rows", "stride_bk", "stride_bn", "P"])
+@ditron.jit(do_not_specialize=["m", "slot_rows", "P"])
 def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, free_ptr, calls_ptr, m, N, K,
-                            slot_rows, stride_bk, stride_bn, P,
+                            slot_rows, stride_am, stride_bk, stride_bn, P,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, CE: tl.constexpr, TMA: tl.constexpr):
     """``c[W*m, N] = gathered_a[W*m, K] @ b[K, N]``; ``a`` (``[m, K]``,
     row-major) is this rank's shard, the others are read from ``buf`` once
     their signals say they have arrived (``ready[s] == 1`` with ``CE``, else
-    the ``P`` words of ``sig[e % 2][s]`` equal ``e + 1``).  ``TMA``: tiles
-    never straddle segments (``m % BLOCK_M == 0``) and A, B are loaded through
-    tensor descriptors."""
+    the ``P`` words of ``sig[e % 2][s]`` equal ``e + 1``).  ``stride_am`` is
+    ``K`` (``a`` and the slots are row-major), a separate argument so that it
+    is specialised (alignment) even where ``K`` is not.  ``TMA``: tiles never
+    straddle segments (``m % BLOCK_M == 0``); each tile builds a descriptor
+    of its segment (``a`` or the slot), so one K loop and one set of shared
+    memory buffers serve both."""
     if CE:
         par = 0
         val = 1
@@ -172,8 +175,7 @@ def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, fr
     NN = dl.num_ranks(1)
     M = W * m
     sr = slot_rows.to(tl.int64)
-    K64 = K.to(tl.int64)
-    bufp = buf_ptr + par * (W * sr * K64)
+    bufp = buf_ptr + par * (W * sr) * stride_am
     if CE:
         sigp = ready_ptr
         per_seg = 1
@@ -181,9 +183,6 @@ def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, fr
         sigp = sig_ptr + par * (W * P)
         per_seg = P
     if TMA:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[m, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
-        buf_desc = tl.make_tensor_descriptor(bufp, shape=[W * slot_rows, K], strides=[K, 1],
-                                             block_shape=[BLOCK_M, BLOCK_K])
         b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
                                            block_shape=[BLOCK_K, BLOCK_N])
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -197,22 +196,22 @@ def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, fr
         n_above = tl.maximum(hi - s_above + 1, 0)
         tok2 = dl.wait(sigp + s_above * per_seg, n_above * per_seg, "sys", "acquire", waitValue=val)
         rows, row_ok, rows_c = tile_rows(pid_m, M, BLOCK_M)
-        cols, col_ok, cols_c = tile_rows(pid_n, N, BLOCK_N)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        src = dl.consume_token(dl.consume_token(bufp, tok1), tok2)
         if TMA:
-            if lo == me:
-                acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M - me * m, pid_n * BLOCK_N, K,
-                                    BLOCK_M, BLOCK_N, BLOCK_K)
-            else:
-                acc = gemm_tile_tma(buf_desc, b_desc, lo * slot_rows + pid_m * BLOCK_M - lo * m, pid_n * BLOCK_N,
-                                    K, BLOCK_M, BLOCK_N, BLOCK_K)
+            seg_base = tl.where(lo == me, a_ptr, src + (lo * sr) * stride_am)
+            a_desc = tl.make_tensor_descriptor(seg_base, shape=[m, K], strides=[stride_am, 1],
+                                               block_shape=[BLOCK_M, BLOCK_K])
+            acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M - lo * m, pid_n * BLOCK_N, K,
+                                BLOCK_M, BLOCK_N, BLOCK_K)
         else:
-            src = dl.consume_token(dl.consume_token(bufp, tok1), tok2)
             seg = tl.minimum(rows_c // m, W - 1)
             seg64 = seg.to(tl.int64)
             in_seg = rows_c.to(tl.int64) - seg64 * m                     # row inside its segment
-            a_rows = tl.where(seg == me, a_ptr + in_seg * K64, src + (seg64 * sr + in_seg) * K64)
-            b_cols = b_ptr + cols_c.to(tl.int64) * stride_bn
-            acc = gemm_tile(a_rows, b_cols, 1, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+            a_rows = tl.where(seg == me, a_ptr + in_seg * stride_am, src + (seg64 * sr + in_seg) * stride_am)
+            b_cols = b_ptr + cols.to(tl.int64) * stride_bn
+            acc = gemm_tile(a_rows, b_cols, col_ok, 1, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         store_tile(c_ptr, N, 1, rows, row_ok, cols, col_ok, acc)
     if CE:
         _ce_release(calls_ptr, ready_ptr, free_ptr, me, W)
@@ -396,7 +395,7 @@ def ag_gemm(a, b, ctx, out=None):
         P = sm_count(a.device) - (ctx.producer_programs if ctx.overlap and ctx.producer == "sm" else 0)
     P = max(1, min(P, tiles))
     ag_gemm_consumer_kernel[(P,)](a, b, out, ctx.buf, ctx.sig, ctx.ready, ctx.free, ctx.calls, m, N, K,
-                                  ctx.slot_rows, b.stride(0), b.stride(1), ctx.producer_programs,
+                                  ctx.slot_rows, a.stride(0), b.stride(0), b.stride(1), ctx.producer_programs,
                                   EVEN_K=(K % cfg.block_k == 0), CE=(ctx.producer == "ce"), TMA=tma,
                                   **cfg.launch_options())
     if W > 1 and ctx.overlap:

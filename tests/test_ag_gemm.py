@@ -63,7 +63,7 @@ def test_ag_gemm_consumer_compiles_for_sm90a(ce, tma):
     from ditron.kernels.ag_gemm import ag_gemm_consumer_kernel
     sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "buf_ptr": "*bf16", "sig_ptr": "*i64",
            "ready_ptr": "*i64", "free_ptr": "*i64", "calls_ptr": "*i64", "m": "i32", "N": "i32", "K": "i32",
-           "slot_rows": "i32", "stride_bk": "i32", "stride_bn": "i32", "P": "i32"}
+           "slot_rows": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_bn": "i32", "P": "i32"}
     ck = ditron.compile(ag_gemm_consumer_kernel, target="sm_90a", signature=sig,
                         constexprs=dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, CE=ce,
                                         TMA=tma), num_warps=8, num_stages=3)
