@@ -134,56 +134,112 @@ def max_over_ranks(value: float) -> float:
     return float(t.item())
 
 
+class Progress:
+    """Rank 0's progress: a tqdm bar when tqdm is installed, else one line per step on stderr."""
+
+    def __init__(self, total, desc, enabled=True):
+        self.total, self.desc, self.enabled, self.done = total, desc, enabled, 0
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=total, desc=desc, file=sys.stderr)
+            except ImportError:
+                self.bar = None
+
+    def step(self, label):
+        self.done += 1
+        if self.bar is not None:
+            self.bar.update(1)
+        elif self.enabled:
+            print(f"[{self.done}/{self.total}] {self.desc} {label} done", file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def measure(impls, device, *, warmup, iters, graph=False, barrier=None, repeat=2, agree=None, after_checks=None):
+    """Correctness of every implementation first (``run()`` then ``check(out)``),
+    then timing rounds in alternating order (the first implementation timed at
+    a new size can pay first-touch costs).  Returns ``{name: dict(ok, error,
+    exc, us, rounds_us)}``: ``us`` is the best round's median of the slowest
+    rank.  ``agree(flags) -> flags`` (optional) makes the ranks agree on which
+    implementations passed, so they all time the same ones; ``after_checks()``
+    (optional) runs between the checks and the timing (e.g. to free references)."""
+    status = {}
+    for impl in impls:
+        ok, err, exc = True, "", ""
+        try:
+            out = impl.run()
+            _sync(device)
+            if impl.check is not None:
+                impl.check(out)
+        except Exception as e:  # noqa: BLE001 -- recorded in the table
+            ok, err, exc = False, f"{type(e).__name__}: {e}", type(e).__name__
+        status[impl.name] = [ok, err, exc]
+        out = None
+    if agree is not None and impls:
+        flags = agree([status[i.name][0] for i in impls])
+        for impl, ok in zip(impls, flags):
+            if status[impl.name][0] and not ok:
+                status[impl.name][:2] = [False, "failed on another rank"]
+    if after_checks is not None:
+        after_checks()
+    if barrier:
+        barrier()
+    rounds = {impl.name: [] for impl in impls}
+    notes = {impl.name: "" for impl in impls}
+    eager = set()
+    for rnd in range(max(1, repeat)):
+        for impl in (impls if rnd % 2 == 0 else impls[::-1]):
+            if not status[impl.name][0]:
+                continue
+            try:
+                t = time_impl(impl.run, device, warmup, iters, graph and impl.name not in eager)
+            except Exception as e:  # noqa: BLE001 -- a capture failure is local: time eagerly instead
+                if graph and impl.name not in eager:
+                    eager.add(impl.name)
+                    notes[impl.name] = f"timed eagerly: CUDA-graph capture failed ({type(e).__name__}: {e})"
+                    _sync(device)
+                    try:
+                        t = time_impl(impl.run, device, warmup, iters, False)
+                    except Exception as e2:  # noqa: BLE001
+                        t, notes[impl.name] = math.inf, f"timing failed: {type(e2).__name__}: {e2}"
+                else:
+                    t, notes[impl.name] = math.inf, f"timing failed: {type(e).__name__}: {e}"
+            rounds[impl.name].append(max_over_ranks(t))   # every rank takes part, whatever happened
+            if barrier:
+                barrier()
+    res = {}
+    for impl in impls:
+        ok, err, exc = status[impl.name]
+        ts = rounds[impl.name]
+        if ok and ts and any(math.isinf(t) for t in ts):
+            ok, err = False, notes[impl.name] if notes[impl.name].startswith("timing") else "timing failed on a rank"
+        us = min(ts) if ok and ts else float("nan")
+        res[impl.name] = {"ok": ok, "error": err, "exc": exc, "us": us, "rounds_us": ts,
+                          "note": notes[impl.name] if ok else ""}
+    return res
+
+
 def run_sweep(op, dtype_name, sizes, make_impls, bus_factor, *, device, world_size, rank, warmup, iters,
               graph=False, barrier=None, progress=True, repeat=2):
     """``make_impls(nbytes) -> list[Impl]``; returns a :class:`Sweep`."""
     sweep = Sweep(op, dtype_name, world_size, str(device))
-    total = len(sizes)
-    bar = None
-    if progress and rank == 0:
-        try:
-            from tqdm import tqdm
-            bar = tqdm(total=total, desc=f"{op} {dtype_name}", file=sys.stderr)
-        except ImportError:
-            bar = None
-    for i, nbytes in enumerate(sizes):
+    bar = Progress(len(sizes), f"{op} {dtype_name}", progress and rank == 0)
+    for nbytes in sizes:
         impls = make_impls(nbytes)
-        status = {}
-        for impl in impls:                       # correctness first, every implementation
-            ok, err = True, ""
-            try:
-                out = impl.run()
-                _sync(device)
-                if impl.check is not None:
-                    impl.check(out)
-            except Exception as e:  # noqa: BLE001 -- recorded in the table
-                ok, err = False, f"{type(e).__name__}: {e}"
-            status[impl.name] = (ok, err)
-        if barrier:
-            barrier()
-        # timing rounds, alternating the order (the first implementation timed at a new size can pay
-        # first-touch costs); report the best round's median and keep every round
-        rounds = {impl.name: [] for impl in impls}
-        for rnd in range(max(1, repeat)):
-            for impl in (impls if rnd % 2 == 0 else impls[::-1]):
-                if not status[impl.name][0]:
-                    continue
-                rounds[impl.name].append(max_over_ranks(time_impl(impl.run, device, warmup, iters, graph)))
-                if barrier:
-                    barrier()
+        res = measure(impls, device, warmup=warmup, iters=iters, graph=graph, barrier=barrier, repeat=repeat)
         for impl in impls:
-            ok, err = status[impl.name]
-            us = min(rounds[impl.name]) if ok and rounds[impl.name] else float("nan")
+            r = res[impl.name]
+            ok, us = r["ok"], r["us"]
             algbw = nbytes / (us * 1e-6) / 1e9 if ok and us > 0 else float("nan")
-            sweep.rows.append({"bytes": nbytes, "impl": impl.name, "us": us, "rounds_us": rounds[impl.name],
+            sweep.rows.append({"bytes": nbytes, "impl": impl.name, "us": us, "rounds_us": r["rounds_us"],
                                "algbw_GBs": algbw, "busbw_GBs": algbw * bus_factor(world_size), "ok": ok,
-                               "error": err, "note": impl.note})
-        if bar is not None:
-            bar.update(1)
-        elif progress and rank == 0:
-            print(f"[{i + 1}/{total}] {op} {fmt_bytes(nbytes)} done", file=sys.stderr, flush=True)
-    if bar is not None:
-        bar.close()
+                               "error": r["error"], "note": "; ".join(n for n in (impl.note, r["note"]) if n)})
+        bar.step(fmt_bytes(nbytes))
+    bar.close()
     return sweep
 
 
@@ -207,10 +263,9 @@ def table(sweep: Sweep, metric="us") -> str:
     return "\n".join(lines)
 
 
-def write_results(sweep: Sweep, out_dir: str, tag: str, command: str, machine: str):
-    os.makedirs(out_dir, exist_ok=True)
-    stem = os.path.join(out_dir, f"{tag}-{sweep.op}-{sweep.dtype}")
-    meta = {"op": sweep.op, "dtype": sweep.dtype, "world_size": sweep.world_size, "device": sweep.device,
+def result_meta(op, dtype, world_size, device, machine, command) -> dict:
+    """What every result file records: op, machine, date, command, versions."""
+    meta = {"op": op, "dtype": dtype, "world_size": world_size, "device": str(device),
             "machine": machine, "date": datetime.date.today().isoformat(), "command": command,
             "python": platform.python_version()}
     try:
@@ -221,6 +276,13 @@ def write_results(sweep: Sweep, out_dir: str, tag: str, command: str, machine: s
             meta["gpu"] = torch.cuda.get_device_name()
     except Exception:  # noqa: BLE001
         pass
+    return meta
+
+
+def write_results(sweep: Sweep, out_dir: str, tag: str, command: str, machine: str):
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"{tag}-{sweep.op}-{sweep.dtype}")
+    meta = result_meta(sweep.op, sweep.dtype, sweep.world_size, sweep.device, machine, command)
     with open(stem + ".json", "w") as f:
         json.dump({"meta": meta, "rows": sweep.rows}, f, indent=1, default=str)
     md = [f"### {sweep.op}, {sweep.dtype}, {sweep.world_size} ranks ({machine}, {meta['date']})", "",
@@ -382,7 +444,14 @@ def collective_impls(op, dtype, world, methods, peers, rng_seed=0):
     return make
 
 
+GEMM_OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm")
+
+
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in GEMM_OPS:             # the GEMM-overlap benchmarks: ditron/bench_gemm.py
+        from .bench_gemm import main as gemm_main
+        return gemm_main(argv)
     p = argparse.ArgumentParser(prog="ditron bench", description=__doc__.split("\n\n")[0])
     p.add_argument("op", choices=["all_reduce", "all_gather", "reduce_scatter"])
     p.add_argument("--sizes", default="8K..256M", help="bytes per rank: 'LO..HI' (powers of --step) or a list")
@@ -415,7 +484,7 @@ def main(argv=None):
                       world_size=world.world_size, rank=world.rank, warmup=args.warmup, iters=args.iters,
                       graph=args.graph, barrier=ditron.barrier_all, repeat=args.repeat)
     if world.rank == 0:
-        command = "ditron bench " + " ".join(argv if argv is not None else sys.argv[1:])
+        command = "ditron bench " + " ".join(argv)
         paths = write_results(sweep, args.out, args.tag or args.machine.replace(" ", "-"), command, args.machine)
         print(table(sweep, "us"))
         print("wrote " + ", ".join(p for p in paths if p))

@@ -264,6 +264,7 @@ class AgGemmContext(CollectiveContext):
         # the copy engine always runs beside the GEMM; the SM producer only when asked
         self.overlap = on_gpu and (producer == "ce" or bool(overlap))
         self._side_stream = None
+        self._plans = {}
         # slots of whole rows, each starting 256-byte aligned: buf[p] is also a [W * slot_rows, K] matrix
         align_rows = _SLOT_ALIGN // math.gcd(self.k, _SLOT_ALIGN)
         self.slot_rows = (self.max_m + align_rows - 1) // align_rows * align_rows
@@ -329,22 +330,36 @@ def _check(ctx, a, b, out):
     return m, K, b.shape[1]
 
 
+def _ce_plan(ctx, m, K):
+    """Per shard size: for each peer ``rank-1, rank-2, ...`` the views the
+    copy-engine producer needs (built once: the host path of a call is a few
+    driver calls)."""
+    plan = ctx._plans.get(m)
+    if plan is None:
+        W, me = ctx.world_size, ctx.rank
+        slot = ctx.buf[0, me, :m * K]
+        plan = []
+        for k in range(1, W):
+            peer = (me - k) % W
+            plan.append((ctx.free[peer:peer + 1], ditron.peer_tensor(slot, peer),
+                         ditron.peer_tensor(ctx.ready[me:me + 1], peer)))
+        ctx._plans = {m: plan}
+    return plan
+
+
 def _produce_ce(ctx, a, m, K):
     """Copy-engine pushes of ``a`` into every peer's slot ``rank`` (see the module docstring)."""
-    W, me = ctx.world_size, ctx.rank
+    transport = ctx.world.transport
     stream = None
     if ctx.overlap:
         stream = ctx.side_stream()
         stream.wait_stream(torch.cuda.current_stream(a.device))          # a is written
     src = a.reshape(-1)
-    dst = ctx.buf[0, me, :m * K]
-    for k in range(1, W):
-        peer = (me - k) % W
-        flag = ctx.free[peer:peer + 1]
-        ditron.stream_wait_value(flag, 1, stream=stream)          # the peer has read our previous shard
-        ditron.stream_write_value(flag, 0, stream=stream)
-        ditron.rank_copy(dst, src, dst_rank=peer, stream=stream)
-        ditron.stream_write_value(ctx.ready[me:me + 1], 1, rank=peer, stream=stream)
+    for free, dst, ready in _ce_plan(ctx, m, K):
+        transport.wait_value(free, 1, stream)          # the peer has read our previous shard
+        transport.write_value(free, 0, stream)
+        transport.rank_copy(dst, src, stream)
+        transport.write_value(ready, 1, stream)
     if stream is not None:
         a.record_stream(stream)
 

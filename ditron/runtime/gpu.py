@@ -555,6 +555,11 @@ class GpuTransport(Transport):
 
     def rank_copy(self, dst, src, stream=None):
         import torch
+        if dst.is_contiguous() and src.is_contiguous() and src.is_cuda:
+            from . import gpu_driver
+            s = stream if stream is not None else torch.cuda.current_stream(self.device)
+            gpu_driver.memcpy_async(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size(), s.cuda_stream)
+            return
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx:
             dst.copy_(src)

@@ -33,6 +33,8 @@ def _lib():
                 fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]
                 fn.restype = ctypes.c_int
             setattr(lib, "_ditron_" + name, fn)
+        lib.cuMemcpyAsync.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+        lib.cuMemcpyAsync.restype = ctypes.c_int
         lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         lib.cuGetErrorName.restype = ctypes.c_int
         _LIB = lib
@@ -93,3 +95,12 @@ def stream_write_value64(stream: int, dptr: int, value: int):
 def stream_wait_value64(stream: int, dptr: int, value: int):
     """``cuStreamWaitValue64(..., CU_STREAM_WAIT_VALUE_EQ)``."""
     _stream_memop("cuStreamWaitValue64", stream, dptr, value, CU_STREAM_WAIT_VALUE_EQ)
+
+
+def memcpy_async(dst: int, src: int, nbytes: int, stream: int):
+    """``cuMemcpyAsync`` (unified addressing: a peer's mapped memory is a
+    copy-engine peer-to-peer copy)."""
+    rc = _lib().cuMemcpyAsync(ctypes.c_uint64(int(dst)), ctypes.c_uint64(int(src)), ctypes.c_size_t(int(nbytes)),
+                              ctypes.c_void_p(int(stream)))
+    if rc != CUDA_SUCCESS:
+        raise DitronError(f"cuMemcpyAsync failed: {error_name(rc)}")

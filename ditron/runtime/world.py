@@ -287,9 +287,13 @@ def check_kernel_args(kernel, args, kwargs, world):
     """Before a launch: every tensor argument that reaches ``symm_at``,
     ``notify`` or ``shmem.*`` must be symmetric (static analysis of the
     kernel's source, :mod:`ditron.analysis`)."""
-    from ..analysis import check_symmetric_args, symmetric_params
-    if not symmetric_params(kernel):
+    from ..analysis import check_symmetric_args
+    positions = _symmetric_positions(kernel)
+    if not positions:
         return      # the common case: nothing to check (cached per kernel)
+    contains = world.heap.contains
+    if all(i < len(args) and hasattr(args[i], "data_ptr") and contains(args[i]) for i in positions):
+        return      # fast path of every launch: the symmetric operands are positional tensors in the heap
     sig = _signature(getattr(kernel, "fn", kernel))
     try:
         bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
@@ -299,6 +303,18 @@ def check_kernel_args(kernel, args, kwargs, world):
 
 
 _SIGNATURES: dict = {}
+_POSITIONS: dict = {}
+
+
+def _symmetric_positions(kernel):
+    """Positions (in the kernel's signature) of the parameters that must be symmetric."""
+    key = id(kernel)
+    hit = _POSITIONS.get(key)
+    if hit is None or hit[0] is not kernel:
+        from ..analysis import symmetric_params
+        names = list(_signature(getattr(kernel, "fn", kernel)).parameters)
+        hit = _POSITIONS[key] = (kernel, tuple(names.index(p) for p in symmetric_params(kernel) if p in names))
+    return hit[1]
 
 
 def _signature(fn):
