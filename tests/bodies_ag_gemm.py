@@ -90,3 +90,22 @@ def errors(world):
             msgs[name] = None
     assert int(ctx.calls[0]) == 0       # nothing was launched
     return msgs
+
+
+def tutorial(world, m=5, N=24, K=48):
+    """docs/zoo.md's walk-through: step 0 (plain Triton GEMM) on this rank and
+    step 3 (AllGather-GEMM) across ranks, against torch."""
+    from ditron.kernels.ag_gemm_tutorial import matmul_kernel, tutorial_ag_gemm
+    W = world.world_size
+    a = _rand_of(world.rank, (m, K), torch.float16, 11).to(world.device)
+    b = _rand_of(0, (K, N), torch.float16, 11, salt=1).to(world.device)
+    c0 = torch.empty((m, N), dtype=torch.float16, device=world.device)
+    # the walk-through's first step: the same function under @ditron.jit (the simulator runs ditron kernels;
+    # Triton 3.6's own interpreter fails on range(K) with NumPy >= 2.4, which ditron's executor fixes)
+    ditron.jit(matmul_kernel.fn)[(1 * 2,)](a, b, c0, m, N, K, BLOCK_M=16, BLOCK_N=16, BLOCK_K=32)
+    _check(c0, a.float().cpu() @ b.float().cpu(), "step 0")
+    with ditron.heap_scope():
+        c = tutorial_ag_gemm(a, b)
+    full = torch.cat([_rand_of(r, (m, K), torch.float16, 11) for r in range(W)]).float()
+    _check(c, full @ b.float().cpu(), "step 3")
+    return c.shape[0]

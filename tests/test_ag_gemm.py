@@ -71,3 +71,8 @@ def test_ag_gemm_consumer_compiles_for_sm90a(ce, tma):
     assert "wgmma.mma_async" in ptx
     assert ("cp.async.bulk.tensor" in ptx) == tma
 
+
+
+def test_porting_walkthrough_code(dist):
+    """The walk-through's plain GEMM and its AllGather-GEMM (docs/zoo.md) are correct."""
+    assert dist.run(B.tutorial) == [5 * dist.world_size] * dist.world_size
