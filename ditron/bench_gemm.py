@@ -54,7 +54,6 @@ import re
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Optional
 
 from .bench import Impl, Progress, measure, result_meta
 
@@ -429,7 +428,6 @@ def overlap_impls(op, shape: Shape, world, dtype, methods, peers, seed=0, log=No
 
     K = shape.K
     if op == "ag_gemm":
-        m = a_shape[0]
         a_full = inp.ref("a_full", lambda: torch.cat([others_a(r) for r in range(W)]))
         ref = inp.ref("out", lambda: a_full().float() @ b.float())
         check_op = make_check(ref, tolerance(dtype, K))
@@ -532,24 +530,24 @@ def overlap_impls(op, shape: Shape, world, dtype, methods, peers, seed=0, log=No
         g_out = nan_empty((gemm_a.shape[0], b.shape[1]))
     if "gemm_only" in peers:
         impls.append(Impl("gemm_only", lambda: torch.matmul(gemm_a, b, out=g_out), check_gemm,
-                          f"torch.matmul {list(gemm_a.shape)} @ {list(b.shape)}"))
+                          "torch.matmul at the local shape" + (" (the gathered A)" if op == "ag_gemm" else "")))
     if "comm_only" in peers:
         if not have_dist:
             na["comm_only"] = nccl_why
         elif op == "ag_gemm":
             gathered2 = nan_empty((shape.M, K))
             impls.append(Impl("comm_only", lambda: (dist.all_gather_into_tensor(gathered2, a), gathered2)[1],
-                              check_comm, f"all_gather_into_tensor of [{m}, {K}] per rank"))
+                              check_comm, "all_gather_into_tensor of the A shards"))
         else:
             partial = torch.matmul(a, b)      # this rank's partial C, the collective's input
             if op == "gemm_rs":
                 rs_out = nan_empty(out_shape)
                 impls.append(Impl("comm_only", lambda: (dist.reduce_scatter_tensor(rs_out, partial), rs_out)[1],
-                                  check_comm, f"reduce_scatter_tensor of [{shape.M}, {shape.N}]"))
+                                  check_comm, "reduce_scatter_tensor of the partial C"))
             else:
                 impls.append(Impl("comm_only", lambda: (dist.all_reduce(partial), partial)[1], check_comm,
-                                  f"all_reduce of [{shape.M}, {shape.N}] in place (checked on the first call; "
-                                  "later calls reduce the previous result: same traffic)"))
+                                  "all_reduce of the partial C in place (checked on the first call; later calls "
+                                  "reduce the previous result: the same traffic)"))
     if "ditron_gemm_only" in peers:
         try:
             gemm_mod = importlib.import_module("ditron.kernels.gemm")
@@ -597,6 +595,17 @@ def _release(device):
         torch.cuda.empty_cache()
 
 
+def _log_local_failures(world, shape, res):
+    """Rank 0 writes the results; the other ranks print their own failures (rank 0's table only says
+    'failed on another rank')."""
+    if world.rank == 0:
+        return
+    for name, r in res.items():
+        if not r["ok"] and r["error"] != "failed on another rank":
+            print(f"ditron bench: rank {world.rank}: {shape.label} {name}: {r['error']}", file=sys.stderr,
+                  flush=True)
+
+
 def _column_order(name):
     return PEERS.index(name) + 1 if name in PEERS else 0
 
@@ -632,6 +641,7 @@ def run_overlap(op, shapes, world, dtype, methods, peers, *, warmup, iters, grap
                           after_checks=inp.clear if inp is not None else None)
             ditron.barrier_all()
             _release(world.device)
+        _log_local_failures(world, shape, res)
         names = [i.name for i in impls] + [n for n in na if n not in {i.name for i in impls}]
         names.sort(key=_column_order)          # ditron's methods, then the peers in PEERS order (stable)
         notes = {i.name: i.note for i in impls}
@@ -692,7 +702,7 @@ def derive(rows):
             r["hidden_own_raw"] = (own + tc - us) / tc if own and tc and us else None
             r["ideal"] = ideal[s]
     impls = list(dict.fromkeys(r["impl"] for r in rows if r["impl"] not in PARTS))
-    summary = {"geomean_speedup": {}, "geomean_shapes": {}, "geomean_hidden": {}, "shapes": len(shapes)}
+    summary = {"geomean_speedup": {}, "geomean_shapes": {}, "mean_hidden": {}, "shapes": len(shapes)}
     for name in impls:
         sp = [by[(s, name)].get("speedup") for s in shapes if (s, name) in by]
         sp = [x for x in sp if x]
@@ -700,7 +710,7 @@ def derive(rows):
         summary["geomean_shapes"][name] = len(sp)
         hid = [by[(s, name)].get("hidden") for s in shapes if (s, name) in by]
         hid = [x for x in hid if x is not None]
-        summary["geomean_hidden"][name] = sum(hid) / len(hid) if hid else None    # arithmetic mean
+        summary["mean_hidden"][name] = sum(hid) / len(hid) if hid else None
     summary["ideal_geomean"] = geomean([v for v in ideal.values() if v])
     return summary
 
@@ -768,10 +778,12 @@ def gemm_impls(shape: Shape, device, dtype, configs, seed=0):
             check_close(res)
         finally:
             out.fill_(float("nan"))
+    try:
+        default = config_label(dataclasses.asdict(gemm_mod.default_config(shape.M, shape.N, shape.K, dtype, device)))
+    except Exception:  # noqa: BLE001 -- only a label
+        default = ""
     impls = [Impl("cublas", lambda: torch.matmul(a, b, out=out), check, "torch.matmul"),
-             Impl("ditron default", lambda: gemm_mod.matmul(a, b, out=out), check,
-                  config_label(dataclasses.asdict(gemm_mod.default_config(shape.M, shape.N, shape.K, dtype, device)))
-                  if hasattr(gemm_mod, "default_config") else "")]
+             Impl("ditron default", lambda: gemm_mod.matmul(a, b, out=out), check, default)]
     cfgs = {}
     for c in configs:
         label = "ditron " + config_label(c)
@@ -800,6 +812,7 @@ def run_gemm(shapes, world, dtype, configs, *, warmup, iters, graph, repeat, see
         impls, cfgs, inp = gemm_impls(shape, world.device, dtype, configs, seed)
         res = measure(impls, world.device, warmup=warmup, iters=iters, graph=graph, barrier=None,
                       repeat=repeat, agree=agree, after_checks=inp.clear)
+        _log_local_failures(world, shape, res)
         flops = 2.0 * shape.M * shape.N * shape.K
         base = res["cublas"]["us"] if res["cublas"]["ok"] else None
         for impl in impls:
@@ -883,10 +896,11 @@ _DESCRIBE = {
 }
 
 
-def _method_text(op, peers, graph, warmup, iters, repeat):
-    timing = (f"{'CUDA-graph replays' if graph else 'eager calls'} between CUDA events (a host timer on the "
-              f"simulator), {warmup} warm-ups, "
-              f"median of {iters}, slowest rank, best of {repeat} rounds in alternating order")
+def _method_text(op, peers, graph, warmup, iters, repeat, sim=False):
+    how = ("a host timer around each call (the simulator: meaningless numbers)" if sim else
+           f"{'CUDA-graph replays' if graph else 'eager calls'} between CUDA events")
+    timing = (f"{how}, {warmup} warm-ups, median of {iters}, slowest rank, best of {repeat} round(s) in "
+              "alternating order")
     if op == "gemm":
         return ("Each GEMM is checked against torch in float32 on fresh random inputs, then timed: " + timing + ".")
     return (f"Global shapes split for TP=W: {_DESCRIBE[op]}. Every implementation is checked against a float32 "
@@ -945,9 +959,9 @@ def write_gemm(rows, summary, meta, stem):
         md += ["Failures:", ""] + [f"- {r['model']} {r['impl']}: {r['error']}" for r in failed] + [""]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(md))
-    png = _plot([r for r in rows if r["impl"] in ("cublas", "ditron default") or
-                 any(b["impl"] == r["impl"] and b.get("impl") for b in summary["best_per_shape"].values())],
-                stem, "gemm", "tflops", "TFLOP/s")
+    best = {b["impl"] for b in summary["best_per_shape"].values()}
+    png = _plot([r for r in rows if r["impl"] in {"cublas", "ditron default"} | best], stem, "gemm", "tflops",
+                "TFLOP/s")
     return stem + ".md", stem + ".json", png
 
 
@@ -973,9 +987,9 @@ def _plot(rows, stem, op, key, ylabel, exclude=()):
     if key == "speedup":
         ax.axhline(1.0, color="gray", lw=0.8)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))     # beside the bars, not over them
     fig.tight_layout()
-    fig.savefig(stem + ".png", dpi=110)
+    fig.savefig(stem + ".png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return stem + ".png"
 
@@ -1068,7 +1082,7 @@ def main(argv=None):
         meta = result_meta(name, args.dtype, W, world.device, args.machine, command)
         meta.update(tp=tp, backend=world.backend, shapes=args.shapes,
                     heap_size=os.environ.get("DITRON_HEAP_SIZE"),
-                    method=_method_text(op, peers, args.graph, args.warmup, args.iters, args.repeat))
+                    method=_method_text(op, peers, args.graph, args.warmup, args.iters, args.repeat, sim))
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, f"{args.tag or args.machine.replace(' ', '-')}-{name}-{args.dtype}")
         if op == "gemm":

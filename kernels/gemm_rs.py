@@ -1,0 +1,377 @@
+"""GEMM-ReduceScatter written in ditron.language: the row-parallel layer of
+tensor parallelism, ``out = (sum over ranks s of a_s @ b_s)[rank segment]``.
+
+    ctx = create_gemm_rs_context(max_m, n, torch.bfloat16)          # collective, once
+    out = gemm_rs(a, b, ctx)            # a: [M, K], b: [K, N]; out: [M // world, N]
+    out = gemm_rs(a, b, ctx, out=out)
+    ctx = create_gemm_rs_context(max_m, n, torch.bfloat16, method="pull")
+
+Every rank passes its own ``a`` ``[M, K]`` and ``b`` ``[K, N]`` (any strides;
+``M``, ``N`` and ``K`` the same on every rank, ``M`` a multiple of the world
+size ``W``, ``N`` the context's ``n``).  Rank ``r`` gets rows
+``[r * m, (r + 1) * m)`` (``m = M // W``) of ``sum_s a_s @ b_s`` in ``a``'s
+dtype (float16 / bfloat16), like torch's ``fused_matmul_reduce_scatter``:
+the GEMM accumulates in fp32, each rank's partial product is rounded once to
+the dtype (what travels), the reduction sums the ``W`` partials in fp32.
+``m`` need not be a multiple of ``BLOCK_M`` (a tile then straddles two or
+more ranks' segments), nor ``N`` and ``K`` of the tile.
+
+Two kernels per call, both on the current stream
+------------------------------------------------
+* **GEMM** (:func:`gemm_rs_gemm_kernel`, ``ctx.num_programs`` persistent
+  programs): the tiles of ``a @ b`` in ``dl.swizzle_scatter`` order (tiles of
+  the other nodes' segments first, then the node's ring ``rank+1, ...``, the
+  own segment last), each computed by kernels/gemm.py's :func:`gemm_tile`
+  (or :func:`gemm_tile_tma`).  The epilogue depends on the method:
+
+  - ``"scatter"`` (default): the rows of the tile that belong to rank ``o``
+    go straight into ``o``'s slot ``buf[p][rank]`` (``dl.symm_at`` stores; a
+    straddling tile stores each part to its owner);
+  - ``"pull"``: the whole tile goes into this rank's own ``cbuf[p]``, where
+    the owners read it.
+
+  Then the program counts the tile in ``count[pid_m]`` (a local counter per
+  M tile, ``atomic_add`` acq_rel).  The program that completes an M tile's
+  row (its ``num_pid_n``-th tile) resets the counter and signals each owner
+  ``o`` of the row's segments: ``dl.notify`` sets word ``sig[p][pid_m][rank]``
+  on ``o`` to ``e + 1``.  Owners on other nodes cannot be reached by stores:
+  the tiles' rows for them are staged in the own ``cbuf[p]`` (scatter) or are
+  there already (pull), and the completing program sends the owner's rows of
+  the M tile (contiguous: all ``N`` columns) with ``shmem.putmem_signal_block``
+  into the owner's ``buf[p][rank]``, setting the same signal word.
+* **reduction** (:func:`gemm_rs_reduce_kernel`, one program per
+  ``[RBLOCK_M, RBLOCK_N]`` tile of ``out``): waits (one ``dl.wait``) until the
+  ``W`` words of every M tile its rows touch equal ``e + 1``, then sums the
+  ``W`` partials in fp32 (sources in the order ``rank, rank+1, ...``, so the
+  peers do not all read the same rank at once) and stores ``out``.  A
+  partial is read from the local ``buf[p][s]`` (scatter; pull from a rank on
+  another node) or with ``dl.symm_at`` loads from source ``s``'s ``cbuf[p]``
+  (pull inside the node).
+
+Buffers and signals (symmetric, allocated once by the context; ``p`` =
+parity of the call, ``max_rows = W * (max_m // W)``):
+
+* ``buf[2][W][slot]`` (dtype; scatter, or several nodes): on owner ``o``,
+  ``buf[p][s]`` is source ``s``'s partial of ``o``'s segment, row-major
+  ``[m, N]``; written by rank ``s`` only.
+* ``cbuf[2][max_rows * n]`` (dtype; pull, or several nodes): this rank's
+  partial product ``[M, N]``, row-major (pull: read by the owners; several
+  nodes: the staging area of the puts, which read symmetric memory).
+* ``sig[2][T][W]`` (int64; ``T``: M tiles of ``max_rows`` rows for the
+  context's ``config.block_m``, or for the smallest, 16, when the config is
+  chosen per call): word ``[p][t][s]`` equals ``e + 1`` once source ``s``'s
+  rows of M tile ``t`` for this rank are in place in call ``e``.  The words a
+  reduction program needs (M tiles ``t_lo .. t_hi``, every source) are
+  consecutive: one ``dl.wait``.
+* ``count[T]`` (int32, local): tiles of each M tile's row finished by this
+  rank's GEMM in the running call (0 between calls).
+
+Ordering: a program's tile stores (local or peer), ``syncthreads``, then its
+count (``atomic_add`` acq_rel, system scope); the completing program acquired
+every earlier count of the row, and ``dl.notify``'s release is cumulative, so
+an owner that acquires the signal sees all ``num_pid_n`` tiles of the row.
+
+Signal values are absolute (``e + 1``) rather than counts, so a call with
+other ``M`` or ``BLOCK_M`` than the previous ones (other tiles, other
+owners) needs nothing reset; the per-row count is the GEMM's own and back to
+0 when the row's last tile is done.
+
+Reuse (kernels/_common.py): the GEMM and the reduction each keep a
+device-side call counter (``ctx.gcalls`` and ``ctx.calls``; both count the
+calls, so they agree on the epoch ``e``); call ``e`` uses parity ``p = e % 2``
+and the signal value ``e + 1``.  Every reduction program of rank ``r`` waits
+for a signal from every rank ``s``'s GEMM of the same call (``m >= 1``, so
+every source contributes to every row of ``r``'s segment), and each rank runs
+GEMM ``e``, reduction ``e``, GEMM ``e + 1``, ... in stream order.  So when
+rank ``s``'s GEMM of call ``e + 2`` writes parity ``p`` again (into ``r``'s
+``buf[p][s]``, into its own ``cbuf[p]``, or ``r``'s word ``sig[p][t][s]``):
+it runs after ``s``'s reduction ``e + 1``, which waited for ``r``'s GEMM
+``e + 1``, which ran after ``r``'s reduction ``e`` -- the last reader of
+parity ``p`` on ``r`` (and of ``s``'s ``cbuf[p]`` by ``r``).  A signal word
+of parity ``p`` is written once per call of that parity, after its reader of
+the previous such call has finished, so a waiter never misses its value.
+No host epoch, no host sync: the calls can be captured in a CUDA graph.
+Deadlock freedom: the GEMM never waits, and a reduction waits only for GEMMs
+of the same call, which follow reductions of earlier calls only.
+
+Streams: everything runs on the current stream; the remote stores (scatter)
+already overlap the communication with the GEMM, only the reduction of the
+received partials follows it.
+TODO(perf): an ``overlap`` option that runs the reduction on a side stream
+next to the GEMM needs the GEMM's programs to be scheduled even when
+spinning reduction programs occupy the SMs: a fused persistent kernel (a
+few reduction programs next to the GEMM programs, started last) would be the
+robust form.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+import ditron
+import ditron.language as dl
+
+from ._common import CollectiveContext, epoch_begin, epoch_end, topology
+from .all_gather import _SLOT_ALIGN, _put_chunk, _round_up
+from .gemm import (GemmConfig, _GEMM_DTYPES, check_operands, default_config, ensure_tma_allocator, gemm_tile,
+                   gemm_tile_tma, is_sim_device, sm_count, store_tile, tile_rows, tma_ok)
+
+METHODS = ("scatter", "pull")
+_MIN_BLOCK_M = 16            # GemmConfig.validate's smallest BLOCK_M: sizes the signal array
+
+
+# ---------------------------------------------------------------------------
+# GEMM: tiles in scatter order, epilogue stores to the owners, per-row signals
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _row_done(pid_m, lo, hi, num_pid_n, m, N, LW, node, my_slot, cbufp, sig_row, count_ptr, val,
+              BLOCK_M: tl.constexpr, MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr):
+    """Count one finished tile of M tile ``pid_m``; the program finishing the
+    row's last tile signals every owner ``lo .. hi`` of its rows (``sig_row``:
+    this rank's word of the row, ``sig[p][pid_m][rank]``)."""
+    dl.syncthreads()                  # every thread's stores of the tile, before the count releases them
+    done = tl.atomic_add(count_ptr + pid_m, 1, sem="acq_rel", scope="sys")
+    if done == num_pid_n - 1:
+        tl.store(count_ptr + pid_m, 0)        # nobody counts this row again in this call
+        for o in range(lo, hi + 1):
+            if o // LW == node:
+                dl.notify(sig_row, o, signal=val, sig_op="set", comm_scope="intra_node")
+            else:
+                if MULTI_NODE:
+                    # the owner's rows of this M tile, all N columns: contiguous in cbuf and in its slot
+                    r0 = tl.maximum(pid_m * BLOCK_M, o * m)
+                    r1 = tl.minimum(pid_m * BLOCK_M + BLOCK_M, o * m + m)
+                    _put_chunk(my_slot + (r0 - o * m).to(tl.int64) * N, cbufp + r0.to(tl.int64) * N, 0,
+                               (r1 - r0).to(tl.int64) * N, sig_row, val, o, ELEM_BYTES)
+
+
+@ditron.jit(do_not_specialize=["M", "sig_stride"])
+def gemm_rs_gemm_kernel(a_ptr, b_ptr, buf_ptr, cbuf_ptr, sig_ptr, count_ptr, calls_ptr, M, N, K,
+                        stride_am, stride_ak, stride_bk, stride_bn, slot_stride, cbuf_stride, sig_stride,
+                        PULL: tl.constexpr, MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                        EVEN_K: tl.constexpr, TMA: tl.constexpr):
+    """This rank's partial ``a @ b`` (``[M, N]``), persistent over the tiles
+    in ``dl.swizzle_scatter`` order, delivered to the owners of its rows
+    (scatter: their ``buf[p][rank]``; pull: this rank's ``cbuf[p]``) and
+    signalled per M tile (see the module docstring).  ``slot_stride``:
+    elements between two slots of ``buf``; ``cbuf_stride``: between the two
+    parities of ``cbuf``; ``sig_stride``: words between the two parities of
+    ``sig``."""
+    e = epoch_begin(calls_ptr)
+    par = e % 2
+    val = e + 1
+    me, W, LW, node, NN, local = topology()
+    m = M // W
+    ss = slot_stride.to(tl.int64)
+    my_slot = buf_ptr + par * (W * ss) + me * ss              # on every owner: this rank's slot
+    cbufp = cbuf_ptr + par * cbuf_stride.to(tl.int64)
+    sigp = sig_ptr + par * sig_stride.to(tl.int64) + me       # this rank's word of M tile t: sigp + t * W
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    if TMA:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                           block_shape=[BLOCK_K, BLOCK_N])
+    for tile in range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
+        pid_m, pid_n = dl.swizzle_scatter(tile, M, N, BLOCK_M, BLOCK_N, me, W, NN, GROUP_M)
+        rows, row_ok, rows_c = tile_rows(pid_m, M, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < N
+        if TMA:
+            acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+        else:
+            a_rows = a_ptr + rows_c.to(tl.int64) * stride_am
+            b_cols = b_ptr + cols.to(tl.int64) * stride_bn
+            acc = gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        lo, hi = dl.tile_segments(pid_m, M, BLOCK_M, W)          # the owners of the tile's rows
+        if PULL:
+            store_tile(cbufp, N, 1, rows, row_ok, cols, col_ok, acc)
+        else:
+            for o in range(lo, hi + 1):
+                part = row_ok & (rows >= o * m) & (rows < o * m + m)
+                if o // LW == node:
+                    store_tile(dl.symm_at(my_slot, o), N, 1, rows - o * m, part, cols, col_ok, acc)
+                else:
+                    if MULTI_NODE:
+                        store_tile(cbufp, N, 1, rows, part, cols, col_ok, acc)     # staged for the put
+        _row_done(pid_m, lo, hi, num_pid_n, m, N, LW, node, my_slot, cbufp, sigp + pid_m * W, count_ptr, val,
+                  BLOCK_M, MULTI_NODE, ELEM_BYTES)
+    epoch_end(calls_ptr)
+
+
+# ---------------------------------------------------------------------------
+# reduction: wait per row block, sum the W partials of this rank's segment
+# ---------------------------------------------------------------------------
+
+@ditron.jit(do_not_specialize=["M", "sig_stride"])
+def gemm_rs_reduce_kernel(out_ptr, buf_ptr, cbuf_ptr, sig_ptr, calls_ptr, M, N, stride_om, stride_on,
+                          slot_stride, cbuf_stride, sig_stride,
+                          PULL: tl.constexpr, MULTI_NODE: tl.constexpr, WORLD: tl.constexpr,
+                          BLOCK_M: tl.constexpr, RBLOCK_M: tl.constexpr, RBLOCK_N: tl.constexpr):
+    """``out[m, N]`` = the sum of the ``WORLD`` partials of this rank's
+    segment; program ``i`` reduces tile ``(i // cdiv(N, RBLOCK_N), i % ...)``
+    once the GEMM tiles of its rows (``BLOCK_M``: the GEMM's) are signalled."""
+    e = epoch_begin(calls_ptr)
+    par = e % 2
+    val = e + 1
+    me, W, LW, node, NN, local = topology()
+    m = M // W
+    num_c = tl.cdiv(N, RBLOCK_N)
+    pid_r = tl.program_id(0) // num_c
+    pid_c = tl.program_id(0) % num_c
+    r0 = pid_r * RBLOCK_M
+    seg0 = me * m                                             # first row of this rank's segment in C
+    t_lo = (seg0 + r0) // BLOCK_M
+    t_hi = (seg0 + tl.minimum(r0 + RBLOCK_M, m) - 1) // BLOCK_M
+    tok = dl.wait(sig_ptr + par * sig_stride.to(tl.int64) + t_lo * W, (t_hi - t_lo + 1) * W, "sys", "acquire",
+                  waitValue=val)
+    ss = slot_stride.to(tl.int64)
+    bufp = dl.consume_token(buf_ptr + par * (W * ss), tok)
+    cbufp = dl.consume_token(cbuf_ptr + par * cbuf_stride.to(tl.int64), tok)
+    rows = r0 + tl.arange(0, RBLOCK_M)
+    cols = pid_c * RBLOCK_N + tl.arange(0, RBLOCK_N)
+    mask = (rows < m)[:, None] & (cols < N)[None, :]
+    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]             # in a slot (rows of the segment)
+    coffs = offs + seg0.to(tl.int64) * N                              # in cbuf (rows of C)
+    acc = tl.zeros((RBLOCK_M, RBLOCK_N), dtype=tl.float32)
+    for q in tl.static_range(WORLD):             # unrolled: the W loads overlap
+        s = (me + q) % WORLD
+        if PULL:
+            if MULTI_NODE:
+                if s // LW == node:
+                    v = tl.load(dl.symm_at(cbufp, s) + coffs, mask=mask)
+                else:
+                    v = tl.load(bufp + s * ss + offs, mask=mask)          # put here by s
+            else:
+                v = tl.load(dl.symm_at(cbufp, s) + coffs, mask=mask)
+        else:
+            v = tl.load(bufp + s * ss + offs, mask=mask)
+        acc += v.to(tl.float32)
+    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+    epoch_end(calls_ptr)
+
+
+# ---------------------------------------------------------------------------
+# host API
+# ---------------------------------------------------------------------------
+
+class GemmRsContext(CollectiveContext):
+    """Symmetric partial-product buffers and signals of gemm_rs (see the
+    module docstring)."""
+
+    op = "gemm_rs"
+
+    def __init__(self, max_m, n, dtype, world=None, method="scatter", config: GemmConfig | None = None,
+                 num_programs=None):
+        E = ditron.DitronError
+        if dtype not in _GEMM_DTYPES:
+            raise E(f"gemm_rs: dtype {dtype} is not supported (use float16 or bfloat16)")
+        if method not in METHODS:
+            raise E(f"gemm_rs: unknown method {method!r}; use one of {', '.join(METHODS)}")
+        super().__init__(int(max_m) * int(n), dtype, world)
+        W = self.world_size
+        if int(max_m) < W:
+            raise E(f"gemm_rs: max_m={max_m} is less than the world size {W} (M must be a multiple of it)")
+        if int(n) < 1:
+            raise E(f"gemm_rs: n={n} must be >= 1")
+        if config is not None and not isinstance(config, GemmConfig):
+            raise E(f"gemm_rs: config must be a GemmConfig, not {type(config).__name__}")
+        self.config = config.validate("gemm_rs") if config is not None else None
+        self.method = method
+        self.max_m = int(max_m)
+        self.n = int(n)
+        self.sim = self.world.backend == "sim"
+        self.multi_node = self.world.nnodes > 1
+        self.num_programs = int(num_programs or (4 if self.sim else sm_count(self.device)))
+        if self.num_programs < 1:
+            raise E(f"gemm_rs: num_programs={num_programs} must be >= 1")
+        max_rows = self.max_m // W * W
+        max_tiles_m = triton.cdiv(max_rows, self.config.block_m if self.config else _MIN_BLOCK_M)
+        self.slot_stride = _round_up(max_rows // W * self.n, _SLOT_ALIGN)
+        self.cbuf_stride = _round_up(max_rows * self.n, _SLOT_ALIGN)
+        push = method == "scatter" or self.multi_node      # receives partials in buf
+        pull = method == "pull" or self.multi_node         # keeps its partial in cbuf
+        self.buf = self.symm((2, W, self.slot_stride) if push else (2, 1, _SLOT_ALIGN), dtype, "buf")
+        self.cbuf = self.symm((2, self.cbuf_stride) if pull else (2, _SLOT_ALIGN), dtype, "cbuf")
+        self.sig = self.symm((2, max_tiles_m, W), torch.int64, "sig")
+        self.count = torch.zeros(max_tiles_m, dtype=torch.int32, device=self.device)
+        self.gcalls = torch.zeros(2, dtype=torch.int64, device=self.device)   # the GEMM's call counter
+        ditron.barrier_all()          # every rank's zeroed signals exist before any peer writes them
+
+    def reduce_tile(self):
+        """(RBLOCK_M, RBLOCK_N, num_warps) of the reduction kernel."""
+        return (16, 64, 1) if self.sim else (32, 128, 4)
+
+
+def create_gemm_rs_context(max_m, n, dtype, world=None, method="scatter", **options):
+    """Allocate gemm_rs's symmetric buffers for ``M <= max_m`` (total rows of
+    ``a``) and ``N = n``: scatter ``2 * max_m * n`` elements of ``dtype``,
+    pull the same, several nodes twice that; plus the signals.  Collective:
+    every rank calls it with the same arguments.  ``method``: ``"scatter"``
+    (fused scatter, default) or ``"pull"``.  ``options``: ``config``
+    (a :class:`~ditron.kernels.gemm.GemmConfig`, the same on every rank;
+    default :func:`~ditron.kernels.gemm.default_config` per call; its
+    ``flatten`` is not used: the tile loop's epilogue signals),
+    ``num_programs`` (persistent GEMM programs; default one per SM, 4 on the
+    simulator)."""
+    return GemmRsContext(max_m, n, dtype, world, method, **options)
+
+
+def _check(ctx, a, b, out):
+    E = ditron.DitronError
+    check_operands("gemm_rs", a, b)
+    M, K = a.shape
+    N = b.shape[1]
+    W = ctx.world_size
+    if a.dtype != ctx.dtype:
+        raise E(f"gemm_rs: argument 'a' is {a.dtype}, the context was created for {ctx.dtype}")
+    dev = torch.device(ctx.device)
+    if a.device.type != dev.type or a.device.index not in (None, dev.index) and dev.index is not None:
+        raise E(f"gemm_rs: argument 'a' is on {a.device}, this rank works on {ctx.device}")
+    if M % W:
+        raise E(f"gemm_rs: argument 'a' has M={M} rows, not a multiple of the world size {W}")
+    if M > ctx.max_m:
+        raise E(f"gemm_rs: argument 'a' has M={M} rows, more than the context's max_m={ctx.max_m}; "
+                f"create a larger context")
+    if N != ctx.n:
+        raise E(f"gemm_rs: argument 'b' has N={N} columns, the context was created for n={ctx.n}")
+    if out is not None:
+        check_operands("gemm_rs", a, b, out, (M // W, N))
+    return M, K, N
+
+
+def gemm_rs(a, b, ctx, out=None):
+    """This rank's rows of ``sum over ranks of a @ b`` (``[M // world, N]``,
+    ``a``'s dtype; see the module docstring).  Every rank must call it with
+    the same ``M``, ``K`` and ``N``, in the same order as its other calls on
+    ``ctx``.  Wrong shapes, dtypes or devices raise ``DitronError`` before
+    anything is launched."""
+    M, K, N = _check(ctx, a, b, out)
+    W = ctx.world_size
+    cfg = ctx.config or default_config(M, N, K, a.dtype, a.device)
+    tma = cfg.tma and not is_sim_device(a.device)
+    if tma:
+        if not tma_ok(a, b):
+            raise ditron.DitronError("gemm_rs: config.tma needs unit last strides and 16-byte aligned rows; "
+                                     "use tma=False")
+        ensure_tma_allocator()
+    if out is None:
+        out = torch.empty((M // W, N), dtype=a.dtype, device=a.device)
+    pull = ctx.method == "pull"
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    sig_stride = ctx.sig.shape[1] * W
+    gemm_rs_gemm_kernel[(min(tiles, ctx.num_programs),)](
+        a, b, ctx.buf, ctx.cbuf, ctx.sig, ctx.count, ctx.gcalls, M, N, K, a.stride(0), a.stride(1), b.stride(0),
+        b.stride(1), ctx.slot_stride, ctx.cbuf_stride, sig_stride, PULL=pull, MULTI_NODE=ctx.multi_node,
+        ELEM_BYTES=a.element_size(), EVEN_K=(K % cfg.block_k == 0), TMA=tma, **cfg.launch_options())
+    rbm, rbn, warps = ctx.reduce_tile()
+    grid = (triton.cdiv(M // W, rbm) * triton.cdiv(N, rbn),)
+    gemm_rs_reduce_kernel[grid](out, ctx.buf, ctx.cbuf, ctx.sig, ctx.calls, M, N, out.stride(0), out.stride(1),
+                                ctx.slot_stride, ctx.cbuf_stride, sig_stride, PULL=pull, MULTI_NODE=ctx.multi_node,
+                                WORLD=W, BLOCK_M=cfg.block_m, RBLOCK_M=rbm, RBLOCK_N=rbn, num_warps=warps)
+    return out

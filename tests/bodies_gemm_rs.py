@@ -1,0 +1,126 @@
+"""Test bodies (run on every rank; see conftest.py) for the zoo's gemm_rs:
+seeded random operands, different on every rank (never zeros), checked
+against torch's ``(sum over ranks of a_s @ b_s)[rank's rows]`` in float32.
+They run on simulated ranks in CI and on GPUs under torchrun."""
+import time
+
+import torch
+
+import ditron
+from ditron.kernels.gemm import SIM_CONFIG, GemmConfig
+from ditron.kernels.gemm_rs import create_gemm_rs_context, gemm_rs
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _rand_of(rank, shape, dtype, seed, salt=0):
+    g = torch.Generator().manual_seed(1_000_003 * seed + 7919 * rank + 104_729 * salt + 17)
+    return (torch.randn(shape, generator=g, dtype=torch.float32) + 0.25).to(dtype)
+
+
+def _operands(rank, M, K, N, dtype, seed):
+    return _rand_of(rank, (M, K), dtype, seed), _rand_of(rank, (K, N), dtype, seed, salt=1)
+
+
+def _reference(world, M, K, N, dtype, seed):
+    """This rank's rows of ``sum_s a_s @ b_s`` (fp32, from the unrounded products)."""
+    total = torch.zeros(M, N)
+    for s in range(world.world_size):
+        a, b = _operands(s, M, K, N, dtype, seed)
+        total += a.float() @ b.float()
+    m = M // world.world_size
+    return total[world.rank * m:(world.rank + 1) * m]
+
+
+def _check(got, ref, what):
+    got = got.float().cpu()
+    err = (got - ref).abs().max().item()
+    scale = ref.abs().max().item() + 1e-6
+    assert err <= 2e-2 * scale + 1e-2, f"{what}: max abs error {err} (scale {scale})"
+
+
+def _sim_options(world, options):
+    """Small tiles on the simulator unless the test chose a config."""
+    if world.backend == "sim":
+        options.setdefault("config", SIM_CONFIG)
+    return options
+
+
+def gemm_rs_calls(world, dtype, method, shapes, N=40, seed=0, delay=0.0, **options):
+    """One context (the largest M, ``N`` columns), one call per ``(m, K)`` of
+    ``shapes`` (``M = world * m``), in order: every call reuses the context.
+    All calls are queued first, then checked.  ``delay``: before call ``i``,
+    rank ``i % world`` sleeps that long (its peers' reductions must wait for
+    its partial products, not read stale or zero rows).  Returns the calls
+    counted by the reduction and by the GEMM."""
+    dtype = DTYPES[dtype]
+    W = world.world_size
+    ctx = create_gemm_rs_context(W * max(m for m, _ in shapes), N, dtype, method=method,
+                                 **_sim_options(world, options))
+    results = []
+    for i, (m, K) in enumerate(shapes):
+        if delay and W > 1 and world.rank == i % W:
+            time.sleep(delay)
+        a, b = _operands(world.rank, W * m, K, N, dtype, seed + i)
+        results.append(gemm_rs(a.to(world.device), b.to(world.device), ctx))
+    for i, ((m, K), out) in enumerate(zip(shapes, results)):
+        assert out.shape == (m, N) and out.dtype == dtype, (out.shape, out.dtype)
+        _check(out, _reference(world, W * m, K, N, dtype, seed + i), f"{method} call {i} m={m} K={K} rank={world.rank}")
+    return int(ctx.calls[0]), int(ctx.gcalls[0])
+
+
+def gemm_rs_out_and_strides(world, method):
+    """A given ``out`` that is a column slice of a wider tensor (row stride !=
+    N), a transposed ``a`` and a transposed ``b`` (no unit last stride)."""
+    W, m, K, N = world.world_size, 5, 48, 24
+    dtype = torch.float16
+    ctx = create_gemm_rs_context(W * m, N, dtype, method=method, **_sim_options(world, {}))
+    a, b = _operands(world.rank, W * m, K, N, dtype, 5)
+    at = a.t().contiguous().to(world.device)
+    bt = b.t().contiguous().to(world.device)
+    wide = torch.full((m, N + 8), -1.0, dtype=dtype, device=world.device)
+    out = wide[:, 4:4 + N]
+    res = gemm_rs(at.t(), bt.t(), ctx, out=out)
+    assert res is out
+    _check(out, _reference(world, W * m, K, N, dtype, 5), f"{method} out/strides")
+    assert bool((wide[:, :4] == -1).all()) and bool((wide[:, 4 + N:] == -1).all()), "wrote outside 'out'"
+    return int(ctx.calls[0])
+
+
+def errors(world):
+    """Messages of the errors raised before launch (nothing is launched)."""
+    W = world.world_size
+    dev = world.device
+    msgs = {}
+    ctx = create_gemm_rs_context(8 * W, 16, torch.float16, **_sim_options(world, {}))
+
+    def t(*shape, dtype=torch.float16):
+        return torch.ones(*shape, dtype=dtype, device=dev)
+
+    a, b = t(4 * W, 32), t(32, 16)
+    cases = {
+        "m_not_multiple": lambda: gemm_rs(t(4 * W + 1, 32), b, ctx),
+        "too_many_rows": lambda: gemm_rs(t(9 * W, 32), b, ctx),
+        "wrong_n": lambda: gemm_rs(a, t(32, 24), ctx),
+        "a_dtype": lambda: gemm_rs(a.to(torch.bfloat16), b.to(torch.bfloat16), ctx),
+        "a_fp32": lambda: gemm_rs(a.float(), b.float(), ctx),
+        "b_dtype": lambda: gemm_rs(a, b.float(), ctx),
+        "b_rows": lambda: gemm_rs(a, t(16, 16), ctx),
+        "a_1d": lambda: gemm_rs(a.reshape(-1), b, ctx),
+        "out_shape": lambda: gemm_rs(a, b, ctx, out=t(4 * W, 16)),
+        "out_dtype": lambda: gemm_rs(a, b, ctx, out=t(4, 16, dtype=torch.bfloat16)),
+        "ctx_dtype": lambda: create_gemm_rs_context(8 * W, 16, torch.float32),
+        "ctx_method": lambda: create_gemm_rs_context(8 * W, 16, torch.float16, method="ring"),
+        "ctx_max_m": lambda: create_gemm_rs_context(W - 1, 16, torch.float16),
+        "ctx_config": lambda: create_gemm_rs_context(8 * W, 16, torch.float16,
+                                                     config=GemmConfig(block_m=24)),
+    }
+    for name, fn in cases.items():
+        try:
+            fn()
+        except ditron.DitronError as e:
+            msgs[name] = str(e)
+        else:
+            msgs[name] = None
+    assert int(ctx.calls[0]) == 0 and int(ctx.gcalls[0]) == 0       # nothing was launched
+    return msgs
