@@ -31,6 +31,8 @@ if [[ " $STEPS " == *" bench "* ]]; then
       --methods auto,ll,one_shot,two_shot --graph --machine "$MACHINE" --tag h200x4
   step ${BENCH_TIMEOUT:-120} $TR -m ditron.bench all_gather --sizes ${AG_SIZES:-64K,1M,16M,64M,256M} --dtype bf16 --methods auto,push,pull \
       --peers nccl --graph --machine "$MACHINE" --tag h200x4
+  step ${BENCH_TIMEOUT:-120} $TR -m ditron.bench reduce_scatter --sizes ${RS_SIZES:-64K,1M,16M,64M,256M} --dtype bf16 \
+      --methods auto,mesh,ring --peers nccl --graph --machine "$MACHINE" --tag h200x4
 fi
 echo "== bench/collectives.sh: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
 exit $status

@@ -1,6 +1,7 @@
 """AllGather written in ditron.language: push and pull over the full mesh,
 and a ring (for PCIe machines); ranks on other nodes are reached with
-``shmem.putmem_signal_block``.
+``shmem.putmem_signal_block``.  Method ``"ce"`` moves the data with the copy
+engine only (:func:`_all_gather_ce`; one node).
 
     ctx = create_all_gather_context(max_numel_per_rank, torch.bfloat16)   # collective, once
     out = all_gather(x, ctx)                  # [world_size * x.shape[0], *x.shape[1:]]
@@ -45,8 +46,8 @@ from ._common import CollectiveContext, epoch_begin, epoch_end, topology
 
 
 
-METHODS = ("push", "pull", "ring")
-_METHOD_ID = {"push": 0, "pull": 1, "ring": 2}
+METHODS = ("push", "pull", "ring", "ce")
+_METHOD_ID = {"push": 0, "pull": 1, "ring": 2}     # the kernel's methods; "ce" launches no kernel
 _SLOT_ALIGN = 128            # elements: every slot starts 256-byte aligned (vectorised accesses)
 
 
@@ -289,14 +290,32 @@ class AllGatherContext(CollectiveContext):
         self.buf = self.symm((2, W, self.slot_stride), dtype, "buf")
         self.sig = self.symm((2, self.max_programs, W), torch.int64, "sig")
         self.fabric = detect_fabric(self.world)
+        # method "ce": a staging slot of its own and reset flags (see _all_gather_ce)
+        self.ce_stage = self.symm((self.slot_stride,), dtype, "ce_stage")
+        self.ce_ready = self.symm((W,), torch.int64, "ce_ready")
+        self.ce_free = self.symm((W,), torch.int64, "ce_free")
+        self.ce_free.fill_(1)
+        self._ce_streams = None
+        self._ce_views = None
         ditron.barrier_all()          # every rank's zeroed signals exist before any peer writes them
 
     def choose(self, numel):
         """The method ``auto`` picks: ring on PCIe machines, push for up to
-        256 KiB per rank (one-way latency), pull above (no receive-side copy)."""
+        256 KiB per rank (one-way latency), pull up to ``CE_MIN_BYTES``, the
+        copy engine above (one node, GPUs)."""
         if self.fabric == "pcie" and not self.multi_node:
             return "ring"
-        return "push" if numel * self.buf.element_size() <= (256 << 10) else "pull"
+        nbytes = numel * self.buf.element_size()
+        if nbytes <= (256 << 10):
+            return "push"
+        if nbytes >= CE_MIN_BYTES and not self.multi_node and self.world.backend != "sim":
+            return "ce"
+        return "pull"
+
+
+#: ``auto`` uses the copy engine from this size per rank (one node, GPUs): measured on 4 x H200,
+#: bench/results/h200x4.md
+CE_MIN_BYTES = 16 << 20
 
 
 def create_all_gather_context(max_numel_per_rank, dtype, world=None, max_programs=None):
@@ -322,12 +341,67 @@ def all_gather(x, ctx, out=None, method="auto"):
         check_out(ctx, out, W * n)
     if method == "auto":
         method = ctx.choose(n)
-    if method not in _METHOD_ID:
+    if method not in METHODS:
         raise ditron.DitronError(f"all_gather: unknown method {method!r}; use 'auto' or one of {', '.join(METHODS)}")
+    if method == "ce":
+        return _all_gather_ce(ctx, x, out, n)
     block, programs, warps = launch_config(ctx.world, n, x.element_size(), ctx.max_programs)
     all_gather_kernel[(programs,)](x, out, ctx.buf, ctx.sig, ctx.calls, n, ctx.slot_stride,
                                    ctx.max_programs * W, METHOD=_METHOD_ID[method], MULTI_NODE=ctx.multi_node,
                                    ELEM_BYTES=x.element_size(), BLOCK=block, num_warps=warps)
+    return out
+
+
+def _all_gather_ce(ctx, x, out, n):
+    """Method ``"ce"``: copy engine only, no kernel and no SM.
+
+    Every rank stages ``x`` in its ``ce_stage`` slot and raises ``ce_ready[rank]``
+    on every peer; every rank pulls each peer's slot into ``out`` with
+    ``ditron.rank_copy`` (one stream per peer, so the copies run in parallel),
+    after ``ditron.stream_wait_value(ce_ready[s] == 1)``, resets the flag and
+    sets ``ce_free[rank]`` on the peer when its copy is done.  A rank restages
+    only when every peer's ``ce_free`` flag for it is 1 again.  A flag is set
+    again only after its reader reset it, and a slot is rewritten only after
+    every reader has finished: no race across calls, and every value is a
+    constant, so the calls can be captured in a CUDA graph.  One node only."""
+    if ctx.multi_node:
+        raise ditron.DitronError("all_gather: method='ce' (copy engine) reaches this node's ranks only; use 'pull' "
+                                 "or 'push' across nodes")
+    W, me = ctx.world_size, ctx.rank
+    transport = ctx.world.transport
+    flat = out.view(-1)
+    gpu = torch.device(ctx.device).type == "cuda" and ctx.world.backend != "sim"
+    if ctx._ce_views is None:
+        ctx._ce_views = [(s, ditron.peer_tensor(ctx.ce_stage, s), ditron.peer_tensor(ctx.ce_ready[me:me + 1], s),
+                          ditron.peer_tensor(ctx.ce_free[me:me + 1], s)) for s in range(W) if s != me]
+        if gpu:
+            ctx._ce_streams = [torch.cuda.Stream(device=ctx.device) for _ in range(W - 1)]
+    cur = torch.cuda.current_stream(x.device) if gpu else None
+    streams = ctx._ce_streams if gpu else [None] * (W - 1)
+    for st in streams:
+        if st is not None:
+            st.wait_stream(cur)            # out is allocated and free to write
+    # stage x once every peer has read the previous call's slot, then tell the peers
+    for s, _, _, _ in ctx._ce_views:
+        transport.wait_value(ctx.ce_free[s:s + 1], 1, cur)
+        transport.write_value(ctx.ce_free[s:s + 1], 0, cur)
+    src = x.reshape(-1)
+    transport.rank_copy(ctx.ce_stage[:n], src, cur)
+    transport.rank_copy(flat[me * n:(me + 1) * n], src, cur)
+    for _, _, ready, _ in ctx._ce_views:
+        transport.write_value(ready, 1, cur)
+    # pull every peer's slot, rank+1 first
+    views = sorted(ctx._ce_views, key=lambda v: (v[0] - me) % W)
+    for st, (s, stage, _, free) in zip(streams, views):
+        transport.wait_value(ctx.ce_ready[s:s + 1], 1, st)
+        transport.write_value(ctx.ce_ready[s:s + 1], 0, st)
+        transport.rank_copy(flat[s * n:(s + 1) * n], stage[:n], st)
+        transport.write_value(free, 1, st)
+    for st in streams:
+        if st is not None:
+            cur.wait_stream(st)
+            out.record_stream(st)
+    ctx.calls[0] += 1         # stream-ordered, like the kernels' count: the methods can be mixed on one context
     return out
 
 

@@ -12,7 +12,7 @@ from ditron.kernels.all_to_all import all_to_all, all_to_all_v, create_all_to_al
 from ditron.kernels.reduce_scatter import create_reduce_scatter_context, reduce_scatter
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-AG_METHODS = ("push", "pull", "ring")
+AG_METHODS = ("push", "pull", "ring", "ce")
 RS_METHODS = ("mesh", "ring")
 
 
@@ -79,9 +79,9 @@ def all_gather_reuse(world, iters, max_n=160, dtype="bf16"):
     g = torch.Generator().manual_seed(5)
     sizes = torch.randint(0, max_n + 1, (iters,), generator=g).tolist()
     xs = [_dev(world, _rand_of(world.rank, (n,), dtype, 100 + i)) for i, n in enumerate(sizes)]
-    outs = [all_gather(x, ctx, method=AG_METHODS[i % 3]) for i, x in enumerate(xs)]
+    outs = [all_gather(x, ctx, method=AG_METHODS[i % 4]) for i, x in enumerate(xs)]
     for i, (n, out) in enumerate(zip(sizes, outs)):
-        assert torch.equal(out.cpu(), _ag_ref(world, (n,), dtype, 100 + i)), f"iteration {i} ({AG_METHODS[i % 3]})"
+        assert torch.equal(out.cpu(), _ag_ref(world, (n,), dtype, 100 + i)), f"iteration {i} ({AG_METHODS[i % 4]})"
     return int(ctx.calls[0])
 
 
@@ -234,7 +234,8 @@ def all_to_all_reuse(world, iters, max_tokens=8, hidden=16, dtype="bf16"):
 
 def every_op(world, dtype="fp16", ag_sizes=(37, 300), rs_shards=(37, 1), a2a_v_calls=2):
     calls = []
-    for method in AG_METHODS:
+    # the copy engine reaches this node's ranks only
+    for method in AG_METHODS if world.nnodes == 1 else [m for m in AG_METHODS if m != "ce"]:
         calls.append(all_gather_sizes(world, dtype, method, ag_sizes, seed=41))
     for method in RS_METHODS:
         calls.append(reduce_scatter_sizes(world, dtype, method, rs_shards, seed=42))

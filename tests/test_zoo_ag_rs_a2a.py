@@ -15,13 +15,13 @@ RS_SHARDS = (1, 37, 250, 0) + (((1 << 18) + 5,) if ON_GPU else ())
 REUSE_ITERS = 1000 if ON_GPU else 100
 
 
-@pytest.mark.parametrize("method,dtype", [(m, d) for m in ("push", "pull", "ring") for d in ("fp32", "fp16", "bf16")]
+@pytest.mark.parametrize("method,dtype", [(m, d) for m in ("push", "pull", "ring", "ce") for d in ("fp32", "fp16", "bf16")]
                          + [("auto", "bf16")])
 def test_all_gather(dist, method, dtype):
     assert dist.run(B.all_gather_sizes, dtype, method, AG_SIZES) == [len(AG_SIZES)] * dist.world_size
 
 
-@pytest.mark.parametrize("method", ["push", "pull", "ring"])
+@pytest.mark.parametrize("method", ["push", "pull", "ring", "ce"])
 def test_all_gather_shapes_out_and_symmetric_input(dist, method):
     assert dist.run(B.all_gather_shapes, method) == [3] * dist.world_size
 
@@ -67,10 +67,11 @@ def test_every_op_on_other_worlds(dist_world, n, nnodes):
     # 3 and 8 ranks: odd and large worlds; (4, 2): ranks on the other node go
     # through shmem.putmem_signal_block.
     d = dist_world(n, nnodes)
+    ag = 4 if nnodes == 1 else 3        # all_gather's "ce" is for one node
     if n > 1 and not ON_GPU:     # one size per op (still 2 programs each): simulated ranks share 2 CPU cores
-        assert d.run(B.every_op, ag_sizes=(300,), rs_shards=(150,), a2a_v_calls=1) == [[1, 1, 1, 1, 1, 1, 1]] * n
+        assert d.run(B.every_op, ag_sizes=(300,), rs_shards=(150,), a2a_v_calls=1) == [[1] * (ag + 4)] * n
     else:
-        assert d.run(B.every_op) == [[2, 2, 2, 2, 2, 1, 2]] * n
+        assert d.run(B.every_op) == [[2] * ag + [2, 2, 1, 2]] * n
 
 
 def test_errors_before_launch(dist):
