@@ -47,12 +47,12 @@ if has ag; then
       "${COMMON[@]}"
 fi
 if has rs; then
-  step ${BENCH_TIMEOUT:-480} $TR -m ditron.bench gemm_rs --shapes "$SHAPES" --methods ${RS_METHODS:-scatter,pull} \
+  step ${BENCH_TIMEOUT:-480} $TR -m ditron.bench gemm_rs --shapes "$SHAPES" --methods ${RS_METHODS:-ce,scatter,pull} \
       "${COMMON[@]}"
 fi
 if has ar; then
   step ${BENCH_TIMEOUT:-480} $TR -m ditron.bench gemm_ar --shapes "$SHAPES" \
-      --methods ${AR_METHODS:-auto,one_shot,two_shot} "${COMMON[@]}"
+      --methods ${AR_METHODS:-auto,one_shot,two_shot,rs_ag} "${COMMON[@]}"
 fi
 # the GEMM core alone on one GPU, at the per-rank GEMM shapes of the three workloads for TP=$NPROC
 if has gemm; then

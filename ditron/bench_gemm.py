@@ -85,11 +85,12 @@ SHAPE_SETS = {"paper": PAPER_SHAPES, "strong": STRONG_SHAPES}
 METHOD_PRESETS = {
     "ag_gemm": {"default": ({}, {}), "ce": ({"producer": "ce"}, {}), "sm": ({"producer": "sm"}, {}),
                 "sm_overlap": ({"producer": "sm", "overlap": True}, {})},
-    "gemm_rs": {"default": ({}, {}), "scatter": ({"method": "scatter"}, {}), "pull": ({"method": "pull"}, {})},
+    "gemm_rs": {"default": ({}, {}), "ce": ({"method": "ce"}, {}), "scatter": ({"method": "scatter"}, {}),
+                "pull": ({"method": "pull"}, {})},
     "gemm_ar": {"default": ({}, {}), "auto": ({}, {"method": "auto"}), "one_shot": ({}, {"method": "one_shot"}),
-                "two_shot": ({}, {"method": "two_shot"})},
+                "two_shot": ({}, {"method": "two_shot"}), "rs_ag": ({}, {"method": "rs_ag"})},
 }
-DEFAULT_METHODS = {"ag_gemm": "default", "gemm_rs": "scatter,pull", "gemm_ar": "auto,one_shot,two_shot"}
+DEFAULT_METHODS = {"ag_gemm": "default", "gemm_rs": "ce,scatter,pull", "gemm_ar": "auto,one_shot,two_shot,rs_ag"}
 PEERS = ("cublas_nccl", "torch_fused", "gemm_only", "comm_only", "ditron_gemm_only")
 #: implementations that are parts of the op, not the op (no speedup / hidden fraction)
 PARTS = ("gemm_only", "comm_only", "ditron_gemm_only")

@@ -1,15 +1,21 @@
 """ditron's kernel zoo, written in ``ditron.language`` (importable as
 ``ditron.kernels``): the collectives (all_gather, reduce_scatter,
-all_reduce, all_to_all) with reusable contexts, AllGather-GEMM (first version), and the porting example of
-docs/porting.md.  See docs/zoo.md."""
+all_reduce, all_to_all) with reusable contexts, the GEMM core (``matmul``) and the
+GEMM-overlap kernels (AllGather-GEMM, GEMM-ReduceScatter, GEMM-AllReduce), and the porting
+examples of docs/porting.md and docs/zoo.md.  See docs/zoo.md."""
 from .ag_gemm import ag_gemm, create_ag_gemm_context
 from .all_gather import all_gather, create_all_gather_context
 from .all_reduce import all_reduce, choose_method, create_all_reduce_context, multicast_available
 from .all_to_all import all_to_all, all_to_all_v, create_all_to_all_context
+from .gemm import GemmConfig, matmul
+from .gemm_ar import create_gemm_ar_context, gemm_ar
+from .gemm_rs import create_gemm_rs_context, gemm_rs
 from .porting_example import copy_kernel, ready_kernel, ring_pull_kernel
 from .reduce_scatter import create_reduce_scatter_context, reduce_scatter
 
 __all__ = ["create_all_gather_context", "all_gather", "create_reduce_scatter_context", "reduce_scatter",
            "create_all_reduce_context", "all_reduce", "choose_method", "multicast_available",
-           "create_all_to_all_context", "create_ag_gemm_context", "ag_gemm", "all_to_all", "all_to_all_v", "copy_kernel", "ready_kernel",
+           "create_all_to_all_context", "create_ag_gemm_context", "ag_gemm", "create_gemm_rs_context", "gemm_rs",
+           "create_gemm_ar_context", "gemm_ar",
+           "GemmConfig", "matmul", "all_to_all", "all_to_all_v", "copy_kernel", "ready_kernel",
            "ring_pull_kernel"]

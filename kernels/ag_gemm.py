@@ -139,6 +139,7 @@ def ag_gemm_producer_kernel(a_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_stride,
 def _ce_release(calls_ptr, ready_ptr, free_ptr, me, W):
     """End of a ``"ce"`` call, by every program: the last one resets this
     rank's ready flags and tells every peer its shard may be overwritten."""
+    dl.syncthreads()          # every warp's last loads of the gathered rows are done
     done = tl.atomic_add(calls_ptr + 1, 1)
     if done == tl.num_programs(0) - 1:
         for s in range(0, W):

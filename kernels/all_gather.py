@@ -387,7 +387,9 @@ def _all_gather_ce(ctx, x, out, n):
         transport.write_value(ctx.ce_free[s:s + 1], 0, cur)
     src = x.reshape(-1)
     transport.rank_copy(ctx.ce_stage[:n], src, cur)
-    transport.rank_copy(flat[me * n:(me + 1) * n], src, cur)
+    own = flat[me * n:(me + 1) * n]
+    if own.data_ptr() != src.data_ptr():         # x may already be out's own part (gemm_ar's rs_ag)
+        transport.rank_copy(own, src, cur)
     for _, _, ready, _ in ctx._ce_views:
         transport.write_value(ready, 1, cur)
     # pull every peer's slot, rank+1 first

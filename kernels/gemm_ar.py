@@ -50,6 +50,10 @@ Methods (``M`` rows, ``T`` tiles of ``BLOCK_M x BLOCK_N``, ``W`` ranks):
   ``dl.multimem_st`` into every rank's result buffer.  One node only; NVLink
   multicast is off on the lent GPUs, so on GPUs these are compile-verified
   (tests compile them for sm_90a) and run on the simulator.
+* ``rs_ag``: no fused kernel: :func:`kernels.gemm_rs.gemm_rs` with the
+  copy-engine method (the partials travel by copy engine under the GEMM)
+  into this rank's rows of ``out``, then :func:`kernels.all_gather.all_gather`'s
+  copy-engine method in place.  One node, ``M`` a multiple of ``W``.
 * ``auto``: :func:`choose_method`.
 
 Ranks on other nodes (``one_shot``, ``two_shot``): a tile is staged in the
@@ -111,7 +115,7 @@ from .all_reduce import AUTO_MULTIMEM_ON_GPU, AUTO_ONE_SHOT_MAX_BYTES, multicast
 from .gemm import (GemmConfig, check_operands, default_config, ensure_tma_allocator, gemm_tile, gemm_tile_tma,
                    sm_count, store_tile, tile_rows, tma_ok)
 
-METHODS = ("auto", "one_shot", "two_shot", "multimem_one_shot", "multimem_two_shot")
+METHODS = ("auto", "one_shot", "two_shot", "multimem_one_shot", "multimem_two_shot", "rs_ag")
 MULTIMEM_METHODS = ("multimem_one_shot", "multimem_two_shot")
 _METHOD_ID = {"one_shot": 0, "two_shot": 1, "multimem_one_shot": 2, "multimem_two_shot": 3}
 _GEMM_DTYPES = (torch.float16, torch.bfloat16)
@@ -357,6 +361,7 @@ class GemmArContext(CollectiveContext):
             raise E("gemm_ar: multicast=True, but this world has no NVLink multicast (it is switched off on "
                     "these machines)")
         self.multicast = bool(multicast) and not self.multi_node
+        self._rs_ag = None          # method "rs_ag": (gemm_rs context, all_gather context), made at its first call
         cfg = self.config
         self.max_tiles = triton.cdiv(self.max_m, cfg.block_m) * triton.cdiv(self.n, cfg.block_n)
         tile = cfg.block_m * cfg.block_n
@@ -426,6 +431,14 @@ def _check(ctx, a, b, out, method):
                 "create a larger context")
     if N != ctx.n:
         raise E(f"gemm_ar: argument 'b' has N={N} columns, the context was created for n={ctx.n}")
+    if method == "rs_ag":
+        if ctx.multi_node:
+            raise E("gemm_ar: method='rs_ag' (copy engine) needs every rank on one node; use one_shot or two_shot")
+        if M % ctx.world_size:
+            raise E(f"gemm_ar: method='rs_ag' needs M ({M}) to be a multiple of the world size "
+                    f"({ctx.world_size}); use one_shot or two_shot")
+        if out is not None and not out.is_contiguous():
+            raise E("gemm_ar: method='rs_ag' needs a contiguous 'out'")
     if method in MULTIMEM_METHODS:
         if ctx.multi_node:
             raise E(f"gemm_ar: method={method!r} needs every rank on one node (multicast spans one NVLink "
@@ -434,6 +447,30 @@ def _check(ctx, a, b, out, method):
             raise E(f"gemm_ar: method={method!r} needs NVLink multicast, which this world does not have (it is "
                     "off on these machines); use one_shot or two_shot")
     return M, a.shape[1], N
+
+
+def _gemm_ar_rs_ag(a, b, ctx, out, M):
+    """Method ``"rs_ag"``: GEMM-ReduceScatter with the copy engine
+    (kernels/gemm_rs.py, method ``"ce"``) straight into this rank's rows of
+    ``out``, then all_gather's copy-engine method in place.  The partials
+    travel under the GEMM; only the reduction of the own rows and the
+    gather of the reduced rows follow it.  One node, ``M`` a multiple of the
+    world size, ``out`` contiguous.  Its two contexts are created at the
+    first such call (collectively: every rank makes the same calls)."""
+    from .all_gather import all_gather, create_all_gather_context
+    from .gemm_rs import create_gemm_rs_context, gemm_rs
+    W, me = ctx.world_size, ctx.rank
+    m = M // W
+    if ctx._rs_ag is None:
+        rs = create_gemm_rs_context(W * (ctx.max_m // W), ctx.n, ctx.dtype, ctx.world, method="ce",
+                                    config=ctx.config)
+        ag = create_all_gather_context((ctx.max_m // W) * ctx.n, ctx.dtype, ctx.world)
+        ctx._rs_ag = (rs, ag)
+    rs, ag = ctx._rs_ag
+    own = out[me * m:(me + 1) * m]
+    gemm_rs(a, b, rs, out=own)
+    all_gather(own, ag, out=out, method="ce")
+    return out
 
 
 def gemm_ar(a, b, ctx: GemmArContext, out=None, method="auto"):
@@ -448,6 +485,8 @@ def gemm_ar(a, b, ctx: GemmArContext, out=None, method="auto"):
         method = choose_method(ctx, M)
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    if method == "rs_ag":
+        return _gemm_ar_rs_ag(a, b, ctx, out, M)
     cfg = ctx.config
     tma = cfg.tma and not ctx.sim
     if tma:

@@ -4,7 +4,7 @@ tensor parallelism, ``out = (sum over ranks s of a_s @ b_s)[rank segment]``.
     ctx = create_gemm_rs_context(max_m, n, torch.bfloat16)          # collective, once
     out = gemm_rs(a, b, ctx)            # a: [M, K], b: [K, N]; out: [M // world, N]
     out = gemm_rs(a, b, ctx, out=out)
-    ctx = create_gemm_rs_context(max_m, n, torch.bfloat16, method="pull")
+    ctx = create_gemm_rs_context(max_m, n, torch.bfloat16, method="scatter")
 
 Every rank passes its own ``a`` ``[M, K]`` and ``b`` ``[K, N]`` (any strides;
 ``M``, ``N`` and ``K`` the same on every rank, ``M`` a multiple of the world
@@ -16,87 +16,162 @@ the dtype (what travels), the reduction sums the ``W`` partials in fp32.
 ``m`` need not be a multiple of ``BLOCK_M`` (a tile then straddles two or
 more ranks' segments), nor ``N`` and ``K`` of the tile.
 
-Two kernels per call, both on the current stream
-------------------------------------------------
+Methods (``method=`` of the context; ``"auto"``, the default: ``"ce"`` on one
+node, ``"scatter"`` on several):
+
+* ``"ce"`` (copy engine; one node only): the GEMM stores locally at full
+  speed, the copy engine moves each finished peer segment, no SM is spent on
+  communication (remote SM stores slow the GEMM down on H200);
+* ``"scatter"``: the GEMM epilogue stores straight into the owners' buffers;
+* ``"pull"``: the GEMM stores locally, the owners' reductions load from it.
+
+Two kernels per call on the current stream (and, ``"ce"``, copies on a side stream)
+------------------------------------------------------------------------------------
 * **GEMM** (:func:`gemm_rs_gemm_kernel`, ``ctx.num_programs`` persistent
   programs): the tiles of ``a @ b`` in ``dl.swizzle_scatter`` order (tiles of
   the other nodes' segments first, then the node's ring ``rank+1, ...``, the
   own segment last), each computed by kernels/gemm.py's :func:`gemm_tile`
   (or :func:`gemm_tile_tma`).  The epilogue depends on the method:
 
-  - ``"scatter"`` (default): the rows of the tile that belong to rank ``o``
-    go straight into ``o``'s slot ``buf[p][rank]`` (``dl.symm_at`` stores; a
+  - ``"ce"``: the whole tile goes into this rank's own ``cbuf[0]``; the
+    program then counts the tile in ``seg_count[s]`` (local, ``atomic_add``
+    acq_rel, system scope) for every peer segment ``s`` its rows touch.  The
+    program that completes segment ``s`` (its ``(M tiles touching s) *
+    num_pid_n``-th tile) resets the count to 0 and sets the local flag
+    ``done[s] = 1`` (``atomic_xchg`` release, system scope);
+  - ``"scatter"``: the rows of the tile that belong to rank ``o`` go
+    straight into ``o``'s slot ``buf[p][rank]`` (``dl.symm_at`` stores; a
     straddling tile stores each part to its owner);
   - ``"pull"``: the whole tile goes into this rank's own ``cbuf[p]``, where
     the owners read it.
 
-  Then the program counts the tile in ``count[pid_m]`` (a local counter per
-  M tile, ``atomic_add`` acq_rel).  The program that completes an M tile's
-  row (its ``num_pid_n``-th tile) resets the counter and signals each owner
-  ``o`` of the row's segments: ``dl.notify`` sets word ``sig[p][pid_m][rank]``
-  on ``o`` to ``e + 1``.  Owners on other nodes cannot be reached by stores:
-  the tiles' rows for them are staged in the own ``cbuf[p]`` (scatter) or are
-  there already (pull), and the completing program sends the owner's rows of
-  the M tile (contiguous: all ``N`` columns) with ``shmem.putmem_signal_block``
-  into the owner's ``buf[p][rank]``, setting the same signal word.
+  scatter / pull: then the program counts the tile in ``count[pid_m]`` (a
+  local counter per M tile, ``atomic_add`` acq_rel).  The program that
+  completes an M tile's row (its ``num_pid_n``-th tile) resets the counter
+  and signals each owner ``o`` of the row's segments: ``dl.notify`` sets word
+  ``sig[p][pid_m][rank]`` on ``o`` to ``e + 1``.  Owners on other nodes
+  cannot be reached by stores: the tiles' rows for them are staged in the
+  own ``cbuf[p]`` (scatter) or are there already (pull), and the completing
+  program sends the owner's rows of the M tile (contiguous: all ``N``
+  columns) with ``shmem.putmem_signal_block`` into the owner's
+  ``buf[p][rank]``, setting the same signal word.
+* **copies** (``"ce"``, :func:`_copy_ce`; on GPUs on the context's side
+  stream, which waits for the current stream *before* the GEMM is queued, so
+  it starts with the GEMM, not after it): for each peer ``o`` in the order the
+  GEMM finishes their segments, ``rank+1, rank+2, ...``:
+  ``stream_wait_value(done[o] == 1)``, ``done[o] = 0``,
+  ``stream_wait_value(free[o] == 1)`` (``o`` has finished reading this
+  rank's previous copy), ``free[o] = 0``, ``rank_copy`` of ``cbuf`` rows
+  ``[o*m, (o+1)*m)`` (contiguous, ``m * N`` elements) into ``o``'s
+  ``buf[0][rank]``, then ``o``'s ``ready[rank] = 1`` (stream write values:
+  ``cuStreamWaitValue64`` / ``cuStreamWriteValue64``, no SM).  After the
+  reduction is queued, the current stream waits for the side stream.
 * **reduction** (:func:`gemm_rs_reduce_kernel`, one program per
-  ``[RBLOCK_M, RBLOCK_N]`` tile of ``out``): waits (one ``dl.wait``) until the
-  ``W`` words of every M tile its rows touch equal ``e + 1``, then sums the
-  ``W`` partials in fp32 (sources in the order ``rank, rank+1, ...``, so the
-  peers do not all read the same rank at once) and stores ``out``.  A
-  partial is read from the local ``buf[p][s]`` (scatter; pull from a rank on
+  ``[RBLOCK_M, RBLOCK_N]`` tile of ``out``): waits until its partials are in
+  place, then sums the ``W`` partials in fp32 (sources in the order
+  ``rank, rank+1, ...``, so the peers do not all read the same rank at once)
+  and stores ``out``.  ``"ce"``: waits (two ``dl.wait`` over consecutive
+  words) for ``ready[s] == 1`` of every peer ``s``, reads the own partial
+  from the local ``cbuf[0]`` and peer ``s``'s from the local ``buf[0][s]``;
+  every program ends with ag_gemm's ``_ce_release``: the last one resets
+  ``ready[*]`` to 0, then sets ``free[rank] = 1`` on every peer
+  (``dl.notify``, release).  scatter / pull: waits (one ``dl.wait``) until
+  the ``W`` words of every M tile its rows touch equal ``e + 1``; a partial
+  is read from the local ``buf[p][s]`` (scatter; pull from a rank on
   another node) or with ``dl.symm_at`` loads from source ``s``'s ``cbuf[p]``
   (pull inside the node).
 
 Buffers and signals (symmetric, allocated once by the context; ``p`` =
-parity of the call, ``max_rows = W * (max_m // W)``):
+parity of the call, always 0 with ``"ce"``, ``max_rows = W * (max_m // W)``):
 
-* ``buf[2][W][slot]`` (dtype; scatter, or several nodes): on owner ``o``,
-  ``buf[p][s]`` is source ``s``'s partial of ``o``'s segment, row-major
-  ``[m, N]``; written by rank ``s`` only.
-* ``cbuf[2][max_rows * n]`` (dtype; pull, or several nodes): this rank's
-  partial product ``[M, N]``, row-major (pull: read by the owners; several
-  nodes: the staging area of the puts, which read symmetric memory).
-* ``sig[2][T][W]`` (int64; ``T``: M tiles of ``max_rows`` rows for the
-  context's ``config.block_m``, or for the smallest, 16, when the config is
-  chosen per call): word ``[p][t][s]`` equals ``e + 1`` once source ``s``'s
-  rows of M tile ``t`` for this rank are in place in call ``e``.  The words a
-  reduction program needs (M tiles ``t_lo .. t_hi``, every source) are
-  consecutive: one ``dl.wait``.
-* ``count[T]`` (int32, local): tiles of each M tile's row finished by this
-  rank's GEMM in the running call (0 between calls).
+* ``buf[parities][W][slot]`` (dtype; ce, scatter, or several nodes): on owner
+  ``o``, ``buf[p][s]`` is source ``s``'s partial of ``o``'s segment,
+  row-major ``[m, N]``; written by rank ``s`` only (ce: by its copy engine).
+* ``cbuf[parities][max_rows * n]`` (dtype; ce, pull, or several nodes): this
+  rank's partial product ``[M, N]``, row-major (ce: the copies' source; pull:
+  read by the owners; several nodes: the staging area of the puts, which
+  read symmetric memory).
+* ``parities``: 1 with ``"ce"`` (flags that are reset), else 2 (epochs).
+* ``ce`` flags (int64 ``[W]`` each): ``done[o]`` (local use: segment ``o`` of
+  ``cbuf`` is complete in this call), ``ready[s]`` (``s``'s copy has landed
+  in ``buf[0][s]``), ``free[o]`` (owner ``o`` has finished reading this
+  rank's previous copy; 1 at creation); ``seg_count[W]`` (int32, local):
+  finished tiles per segment in the running call (0 between calls).
+* ``sig[2][T][W]`` (int64; scatter / pull; ``T``: M tiles of ``max_rows``
+  rows for the context's ``config.block_m``, or for the smallest, 16, when
+  the config is chosen per call): word ``[p][t][s]`` equals ``e + 1`` once
+  source ``s``'s rows of M tile ``t`` for this rank are in place in call
+  ``e``.  The words a reduction program needs (M tiles ``t_lo .. t_hi``,
+  every source) are consecutive: one ``dl.wait``.
+* ``count[T]`` (int32, local; scatter / pull): tiles of each M tile's row
+  finished by this rank's GEMM in the running call (0 between calls).
 
 Ordering: a program's tile stores (local or peer), ``syncthreads``, then its
 count (``atomic_add`` acq_rel, system scope); the completing program acquired
-every earlier count of the row, and ``dl.notify``'s release is cumulative, so
-an owner that acquires the signal sees all ``num_pid_n`` tiles of the row.
+every earlier count of the row (segment), and its release (``dl.notify``, or
+the ``done`` exchange) is cumulative, so an owner that acquires the signal,
+or the copy engine that follows the stream wait on ``done``, sees all the
+tiles.  ``"ce"``: the copy's ``ready`` write is stream-ordered after the copy
+(with a fence), so a reduction that acquires ``ready[s]`` sees the slot.
 
-Signal values are absolute (``e + 1``) rather than counts, so a call with
-other ``M`` or ``BLOCK_M`` than the previous ones (other tiles, other
-owners) needs nothing reset; the per-row count is the GEMM's own and back to
-0 when the row's last tile is done.
+Reuse with ``"ce"`` (flags that are reset, one buffer; every value is a
+constant, so calls can be captured in a CUDA graph).  Each flag has one
+setter and one resetter, and each set follows the previous reset:
 
-Reuse (kernels/_common.py): the GEMM and the reduction each keep a
-device-side call counter (``ctx.gcalls`` and ``ctx.calls``; both count the
-calls, so they agree on the epoch ``e``); call ``e`` uses parity ``p = e % 2``
-and the signal value ``e + 1``.  Every reduction program of rank ``r`` waits
-for a signal from every rank ``s``'s GEMM of the same call (``m >= 1``, so
-every source contributes to every row of ``r``'s segment), and each rank runs
-GEMM ``e``, reduction ``e``, GEMM ``e + 1``, ... in stream order.  So when
-rank ``s``'s GEMM of call ``e + 2`` writes parity ``p`` again (into ``r``'s
-``buf[p][s]``, into its own ``cbuf[p]``, or ``r``'s word ``sig[p][t][s]``):
-it runs after ``s``'s reduction ``e + 1``, which waited for ``r``'s GEMM
-``e + 1``, which ran after ``r``'s reduction ``e`` -- the last reader of
-parity ``p`` on ``r`` (and of ``s``'s ``cbuf[p]`` by ``r``).  A signal word
-of parity ``p`` is written once per call of that parity, after its reader of
-the previous such call has finished, so a waiter never misses its value.
-No host epoch, no host sync: the calls can be captured in a CUDA graph.
-Deadlock freedom: the GEMM never waits, and a reduction waits only for GEMMs
-of the same call, which follow reductions of earlier calls only.
+* ``done[o]`` (on ``r``): set by ``r``'s GEMM, reset by ``r``'s side stream
+  right after its wait on it.  The next set is by the GEMM of the next call,
+  which the current stream queues after ``wait_stream(side)`` of this call,
+  so after the reset; the side stream of the next call starts after this
+  call's side stream (same stream) and waits for the next set.
+* ``ready[s]`` (on ``o``): set by ``s``'s side stream after its copy, reset by
+  ``o``'s reduction's last program (after every program has read the
+  slots), which *then* sets ``free[o]`` on ``s`` (release).  ``s``'s next set
+  follows its wait for that ``free[o] == 1``, so it follows the reset.
+* ``free[o]`` (on ``r``): set by ``o``'s reduction's last program, reset by
+  ``r``'s side stream after its wait on it, before the copy.  ``o``'s next set
+  is at the end of its next reduction, which waited for ``ready[r]``, set by
+  ``r`` after the reset.
+* ``buf[0][r]`` on ``o`` is overwritten only after ``free[o]``, i.e. after
+  ``o``'s reduction has read it; ``cbuf`` (read by this rank's copies and
+  its own reduction) is overwritten by the next GEMM only after
+  ``wait_stream(side)`` and the reduction (current stream);
+  ``seg_count`` is reset by the completing program in the same call.
 
-Streams: everything runs on the current stream; the remote stores (scatter)
-already overlap the communication with the GEMM, only the reduction of the
-received partials follows it.
+A waiter therefore never sees a stale set: a flag is 1 only between its set
+and its (single) reset in the same call.  Deadlock freedom: the GEMM never
+waits; the side stream waits for its own GEMM (``done``) and for peers'
+earlier reductions (``free``); a reduction waits for peers' copies of the
+same call, which follow only GEMMs and earlier reductions.  Nothing of the
+side stream needs an SM, so spinning reductions cannot starve it.  On the
+simulator streams are synchronous: the GEMM runs to completion, then the
+copy sequence (its waits block the host), then the reduction.
+
+Reuse with scatter / pull (kernels/_common.py): the GEMM and the reduction
+each keep a device-side call counter (``ctx.gcalls`` and ``ctx.calls``; both
+count the calls, so they agree on the epoch ``e``); call ``e`` uses parity
+``p = e % 2`` and the signal value ``e + 1``.  Every reduction program of
+rank ``r`` waits for a signal from every rank ``s``'s GEMM of the same call
+(``m >= 1``, so every source contributes to every row of ``r``'s segment),
+and each rank runs GEMM ``e``, reduction ``e``, GEMM ``e + 1``, ... in
+stream order.  So when rank ``s``'s GEMM of call ``e + 2`` writes parity
+``p`` again (into ``r``'s ``buf[p][s]``, into its own ``cbuf[p]``, or
+``r``'s word ``sig[p][t][s]``): it runs after ``s``'s reduction ``e + 1``,
+which waited for ``r``'s GEMM ``e + 1``, which ran after ``r``'s reduction
+``e`` -- the last reader of parity ``p`` on ``r`` (and of ``s``'s
+``cbuf[p]`` by ``r``).  A signal word of parity ``p`` is written once per
+call of that parity, after its reader of the previous such call has
+finished, so a waiter never misses its value.  Signal values are absolute
+(``e + 1``) rather than counts, so a call with other ``M`` or ``BLOCK_M``
+than the previous ones (other tiles, other owners) needs nothing reset; the
+per-row count is the GEMM's own and back to 0 when the row's last tile is
+done.  No host epoch, no host sync: the calls can be captured in a CUDA
+graph.  Deadlock freedom: the GEMM never waits, and a reduction waits only
+for GEMMs of the same call, which follow reductions of earlier calls only.
+
+Streams: scatter / pull run everything on the current stream; the remote
+stores (scatter) already overlap the communication with the GEMM, only the
+reduction of the received partials follows it.  ``"ce"`` overlaps the
+copies of finished segments with the rest of the GEMM.
 TODO(perf): an ``overlap`` option that runs the reduction on a side stream
 next to the GEMM needs the GEMM's programs to be scheduled even when
 spinning reduction programs occupy the SMs: a fused persistent kernel (a
@@ -113,11 +188,12 @@ import ditron
 import ditron.language as dl
 
 from ._common import CollectiveContext, epoch_begin, epoch_end, topology
+from .ag_gemm import _ce_release
 from .all_gather import _SLOT_ALIGN, _put_chunk, _round_up
 from .gemm import (GemmConfig, _GEMM_DTYPES, check_operands, default_config, ensure_tma_allocator, gemm_tile,
                    gemm_tile_tma, is_sim_device, sm_count, store_tile, tile_rows, tma_ok)
 
-METHODS = ("scatter", "pull")
+METHODS = ("auto", "ce", "scatter", "pull")
 _MIN_BLOCK_M = 16            # GemmConfig.validate's smallest BLOCK_M: sizes the signal array
 
 
@@ -147,21 +223,42 @@ def _row_done(pid_m, lo, hi, num_pid_n, m, N, LW, node, my_slot, cbufp, sig_row,
                                (r1 - r0).to(tl.int64) * N, sig_row, val, o, ELEM_BYTES)
 
 
+@triton.jit
+def _segments_done(lo, hi, me, m, num_pid_n, seg_count_ptr, done_ptr, BLOCK_M: tl.constexpr):
+    """``"ce"``: count one finished tile in every peer segment ``lo .. hi``
+    its rows touch; the program completing a segment (its ``(M tiles
+    touching it) * num_pid_n``-th tile) resets the count and sets this rank's
+    local ``done[s] = 1`` (release, system scope: the copy engine reads the
+    segment's rows after a stream wait on the flag)."""
+    dl.syncthreads()                  # every thread's stores of the tile, before the count releases them
+    for s in range(lo, hi + 1):
+        if s != me:                   # the own segment is read by the reduction, later on this stream
+            c = tl.atomic_add(seg_count_ptr + s, 1, sem="acq_rel", scope="sys")
+            tiles_m = (s * m + m - 1) // BLOCK_M - (s * m) // BLOCK_M + 1
+            if c == tiles_m * num_pid_n - 1:
+                tl.store(seg_count_ptr + s, 0)            # nobody counts this segment again in this call
+                tl.atomic_xchg(done_ptr + s, 1, sem="release", scope="sys")
+
+
 @ditron.jit(do_not_specialize=["M", "sig_stride"])
-def gemm_rs_gemm_kernel(a_ptr, b_ptr, buf_ptr, cbuf_ptr, sig_ptr, count_ptr, calls_ptr, M, N, K,
-                        stride_am, stride_ak, stride_bk, stride_bn, slot_stride, cbuf_stride, sig_stride,
-                        PULL: tl.constexpr, MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr,
+def gemm_rs_gemm_kernel(a_ptr, b_ptr, buf_ptr, cbuf_ptr, sig_ptr, count_ptr, seg_count_ptr, done_ptr, calls_ptr,
+                        M, N, K, stride_am, stride_ak, stride_bk, stride_bn, slot_stride, cbuf_stride, sig_stride,
+                        PULL: tl.constexpr, CE: tl.constexpr, MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                         EVEN_K: tl.constexpr, TMA: tl.constexpr):
     """This rank's partial ``a @ b`` (``[M, N]``), persistent over the tiles
     in ``dl.swizzle_scatter`` order, delivered to the owners of its rows
     (scatter: their ``buf[p][rank]``; pull: this rank's ``cbuf[p]``) and
-    signalled per M tile (see the module docstring).  ``slot_stride``:
-    elements between two slots of ``buf``; ``cbuf_stride``: between the two
-    parities of ``cbuf``; ``sig_stride``: words between the two parities of
-    ``sig``."""
+    signalled per M tile, or (``CE``) kept in this rank's ``cbuf[0]`` and
+    flagged per peer segment in the local ``done`` (see the module
+    docstring).  ``slot_stride``: elements between two slots of ``buf``;
+    ``cbuf_stride``: between the two parities of ``cbuf``; ``sig_stride``:
+    words between the two parities of ``sig``."""
     e = epoch_begin(calls_ptr)
-    par = e % 2
+    if CE:
+        par = 0                       # one buffer: flags that are reset, not epochs
+    else:
+        par = e % 2
     val = e + 1
     me, W, LW, node, NN, local = topology()
     m = M // W
@@ -188,7 +285,7 @@ def gemm_rs_gemm_kernel(a_ptr, b_ptr, buf_ptr, cbuf_ptr, sig_ptr, count_ptr, cal
             b_cols = b_ptr + cols.to(tl.int64) * stride_bn
             acc = gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         lo, hi = dl.tile_segments(pid_m, M, BLOCK_M, W)          # the owners of the tile's rows
-        if PULL:
+        if PULL or CE:
             store_tile(cbufp, N, 1, rows, row_ok, cols, col_ok, acc)
         else:
             for o in range(lo, hi + 1):
@@ -198,8 +295,11 @@ def gemm_rs_gemm_kernel(a_ptr, b_ptr, buf_ptr, cbuf_ptr, sig_ptr, count_ptr, cal
                 else:
                     if MULTI_NODE:
                         store_tile(cbufp, N, 1, rows, part, cols, col_ok, acc)     # staged for the put
-        _row_done(pid_m, lo, hi, num_pid_n, m, N, LW, node, my_slot, cbufp, sigp + pid_m * W, count_ptr, val,
-                  BLOCK_M, MULTI_NODE, ELEM_BYTES)
+        if CE:
+            _segments_done(lo, hi, me, m, num_pid_n, seg_count_ptr, done_ptr, BLOCK_M)
+        else:
+            _row_done(pid_m, lo, hi, num_pid_n, m, N, LW, node, my_slot, cbufp, sigp + pid_m * W, count_ptr, val,
+                      BLOCK_M, MULTI_NODE, ELEM_BYTES)
     epoch_end(calls_ptr)
 
 
@@ -208,16 +308,15 @@ def gemm_rs_gemm_kernel(a_ptr, b_ptr, buf_ptr, cbuf_ptr, sig_ptr, count_ptr, cal
 # ---------------------------------------------------------------------------
 
 @ditron.jit(do_not_specialize=["M", "sig_stride"])
-def gemm_rs_reduce_kernel(out_ptr, buf_ptr, cbuf_ptr, sig_ptr, calls_ptr, M, N, stride_om, stride_on,
-                          slot_stride, cbuf_stride, sig_stride,
-                          PULL: tl.constexpr, MULTI_NODE: tl.constexpr, WORLD: tl.constexpr,
+def gemm_rs_reduce_kernel(out_ptr, buf_ptr, cbuf_ptr, sig_ptr, ready_ptr, free_ptr, calls_ptr, M, N,
+                          stride_om, stride_on, slot_stride, cbuf_stride, sig_stride,
+                          PULL: tl.constexpr, CE: tl.constexpr, MULTI_NODE: tl.constexpr, WORLD: tl.constexpr,
                           BLOCK_M: tl.constexpr, RBLOCK_M: tl.constexpr, RBLOCK_N: tl.constexpr):
     """``out[m, N]`` = the sum of the ``WORLD`` partials of this rank's
     segment; program ``i`` reduces tile ``(i // cdiv(N, RBLOCK_N), i % ...)``
-    once the GEMM tiles of its rows (``BLOCK_M``: the GEMM's) are signalled."""
-    e = epoch_begin(calls_ptr)
-    par = e % 2
-    val = e + 1
+    once the GEMM tiles of its rows (``BLOCK_M``: the GEMM's) are signalled,
+    or (``CE``) once every peer's copy has landed (``ready[s] == 1``); the
+    ``CE`` reduction ends with :func:`_ce_release`."""
     me, W, LW, node, NN, local = topology()
     m = M // W
     num_c = tl.cdiv(N, RBLOCK_N)
@@ -225,13 +324,23 @@ def gemm_rs_reduce_kernel(out_ptr, buf_ptr, cbuf_ptr, sig_ptr, calls_ptr, M, N, 
     pid_c = tl.program_id(0) % num_c
     r0 = pid_r * RBLOCK_M
     seg0 = me * m                                             # first row of this rank's segment in C
-    t_lo = (seg0 + r0) // BLOCK_M
-    t_hi = (seg0 + tl.minimum(r0 + RBLOCK_M, m) - 1) // BLOCK_M
-    tok = dl.wait(sig_ptr + par * sig_stride.to(tl.int64) + t_lo * W, (t_hi - t_lo + 1) * W, "sys", "acquire",
-                  waitValue=val)
     ss = slot_stride.to(tl.int64)
-    bufp = dl.consume_token(buf_ptr + par * (W * ss), tok)
-    cbufp = dl.consume_token(cbuf_ptr + par * cbuf_stride.to(tl.int64), tok)
+    if CE:
+        # every peer's slot: ready words [0, me - 1] and [me + 1, W - 1]
+        tok1 = dl.wait(ready_ptr, me, "sys", "acquire", waitValue=1)
+        tok2 = dl.wait(ready_ptr + me + 1, W - 1 - me, "sys", "acquire", waitValue=1)
+        bufp = dl.consume_token(dl.consume_token(buf_ptr, tok1), tok2)
+        cbufp = cbuf_ptr                                      # the own partial: this stream's GEMM wrote it
+    else:
+        e = epoch_begin(calls_ptr)
+        par = e % 2
+        val = e + 1
+        t_lo = (seg0 + r0) // BLOCK_M
+        t_hi = (seg0 + tl.minimum(r0 + RBLOCK_M, m) - 1) // BLOCK_M
+        tok = dl.wait(sig_ptr + par * sig_stride.to(tl.int64) + t_lo * W, (t_hi - t_lo + 1) * W, "sys", "acquire",
+                      waitValue=val)
+        bufp = dl.consume_token(buf_ptr + par * (W * ss), tok)
+        cbufp = dl.consume_token(cbuf_ptr + par * cbuf_stride.to(tl.int64), tok)
     rows = r0 + tl.arange(0, RBLOCK_M)
     cols = pid_c * RBLOCK_N + tl.arange(0, RBLOCK_N)
     mask = (rows < m)[:, None] & (cols < N)[None, :]
@@ -240,7 +349,12 @@ def gemm_rs_reduce_kernel(out_ptr, buf_ptr, cbuf_ptr, sig_ptr, calls_ptr, M, N, 
     acc = tl.zeros((RBLOCK_M, RBLOCK_N), dtype=tl.float32)
     for q in tl.static_range(WORLD):             # unrolled: the W loads overlap
         s = (me + q) % WORLD
-        if PULL:
+        if CE:
+            if q == 0:
+                v = tl.load(cbufp + coffs, mask=mask)                     # own partial, local
+            else:
+                v = tl.load(bufp + s * ss + offs, mask=mask)              # copied here by s
+        elif PULL:
             if MULTI_NODE:
                 if s // LW == node:
                     v = tl.load(dl.symm_at(cbufp, s) + coffs, mask=mask)
@@ -253,7 +367,11 @@ def gemm_rs_reduce_kernel(out_ptr, buf_ptr, cbuf_ptr, sig_ptr, calls_ptr, M, N, 
         acc += v.to(tl.float32)
     out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    epoch_end(calls_ptr)
+    if CE:
+        dl.syncthreads()          # every thread's loads of the slots are done before the slots are freed
+        _ce_release(calls_ptr, ready_ptr, free_ptr, me, W)
+    else:
+        epoch_end(calls_ptr)
 
 
 # ---------------------------------------------------------------------------
@@ -266,7 +384,7 @@ class GemmRsContext(CollectiveContext):
 
     op = "gemm_rs"
 
-    def __init__(self, max_m, n, dtype, world=None, method="scatter", config: GemmConfig | None = None,
+    def __init__(self, max_m, n, dtype, world=None, method="auto", config: GemmConfig | None = None,
                  num_programs=None):
         E = ditron.DitronError
         if dtype not in _GEMM_DTYPES:
@@ -281,44 +399,69 @@ class GemmRsContext(CollectiveContext):
             raise E(f"gemm_rs: n={n} must be >= 1")
         if config is not None and not isinstance(config, GemmConfig):
             raise E(f"gemm_rs: config must be a GemmConfig, not {type(config).__name__}")
+        self.multi_node = self.world.nnodes > 1
+        if method == "auto":
+            method = "scatter" if self.multi_node else "ce"
+        if method == "ce" and self.multi_node:
+            raise E("gemm_rs: method='ce' (copy engine) reaches this node's ranks only; this world has "
+                    f"{self.world.nnodes} nodes: use method='scatter'")
         self.config = config.validate("gemm_rs") if config is not None else None
         self.method = method
         self.max_m = int(max_m)
         self.n = int(n)
-        self.sim = self.world.backend == "sim"
-        self.multi_node = self.world.nnodes > 1
+        self.sim = self.world.backend == "sim" or is_sim_device(self.device)
         self.num_programs = int(num_programs or (4 if self.sim else sm_count(self.device)))
         if self.num_programs < 1:
             raise E(f"gemm_rs: num_programs={num_programs} must be >= 1")
+        ce = method == "ce"
+        # the copy engine runs beside the GEMM on GPUs (on the simulator, streams are synchronous)
+        self.overlap = ce and not self.sim and torch.device(self.device).type == "cuda"
+        self._side_stream = None
+        self._plans = {}
         max_rows = self.max_m // W * W
         max_tiles_m = triton.cdiv(max_rows, self.config.block_m if self.config else _MIN_BLOCK_M)
         self.slot_stride = _round_up(max_rows // W * self.n, _SLOT_ALIGN)
         self.cbuf_stride = _round_up(max_rows * self.n, _SLOT_ALIGN)
-        push = method == "scatter" or self.multi_node      # receives partials in buf
-        pull = method == "pull" or self.multi_node         # keeps its partial in cbuf
-        self.buf = self.symm((2, W, self.slot_stride) if push else (2, 1, _SLOT_ALIGN), dtype, "buf")
-        self.cbuf = self.symm((2, self.cbuf_stride) if pull else (2, _SLOT_ALIGN), dtype, "cbuf")
-        self.sig = self.symm((2, max_tiles_m, W), torch.int64, "sig")
-        self.count = torch.zeros(max_tiles_m, dtype=torch.int32, device=self.device)
+        parities = 1 if ce else 2                          # ce: flags that are reset, one buffer
+        push = method in ("scatter", "ce") or self.multi_node      # receives partials in buf
+        pull = method in ("pull", "ce") or self.multi_node         # keeps its partial in cbuf
+        self.buf = self.symm((parities, W, self.slot_stride) if push else (2, 1, _SLOT_ALIGN), dtype, "buf")
+        self.cbuf = self.symm((parities, self.cbuf_stride) if pull else (2, _SLOT_ALIGN), dtype, "cbuf")
+        self.sig = self.symm((2, 1 if ce else max_tiles_m, W), torch.int64, "sig")
+        self.count = torch.zeros(1 if ce else max_tiles_m, dtype=torch.int32, device=self.device)
         self.gcalls = torch.zeros(2, dtype=torch.int64, device=self.device)   # the GEMM's call counter
-        ditron.barrier_all()          # every rank's zeroed signals exist before any peer writes them
+        # ce flags (see the module docstring): done[o] (local: segment o of cbuf is complete), ready[s]
+        # (s's copy has landed here), free[o] (o has finished reading this rank's previous copy; 1 at first)
+        self.seg_count = torch.zeros(W, dtype=torch.int32, device=self.device)
+        self.done = self.symm((W,), torch.int64, "done")
+        self.ready = self.symm((W,), torch.int64, "ready")
+        self.free = self.symm((W,), torch.int64, "free")
+        self.free.fill_(1)
+        ditron.barrier_all()          # every rank's flags exist (and are initialised) before any peer writes them
 
     def reduce_tile(self):
         """(RBLOCK_M, RBLOCK_N, num_warps) of the reduction kernel."""
         return (16, 64, 1) if self.sim else (32, 128, 4)
 
+    def side_stream(self):
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(device=self.device)
+        return self._side_stream
 
-def create_gemm_rs_context(max_m, n, dtype, world=None, method="scatter", **options):
+
+def create_gemm_rs_context(max_m, n, dtype, world=None, method="auto", **options):
     """Allocate gemm_rs's symmetric buffers for ``M <= max_m`` (total rows of
-    ``a``) and ``N = n``: scatter ``2 * max_m * n`` elements of ``dtype``,
+    ``a``) and ``N = n``: ce ``2 * max_m * n`` elements of ``dtype`` (one
+    copy-target buffer, one partial product), scatter ``2 * max_m * n``,
     pull the same, several nodes twice that; plus the signals.  Collective:
-    every rank calls it with the same arguments.  ``method``: ``"scatter"``
-    (fused scatter, default) or ``"pull"``.  ``options``: ``config``
-    (a :class:`~ditron.kernels.gemm.GemmConfig`, the same on every rank;
-    default :func:`~ditron.kernels.gemm.default_config` per call; its
-    ``flatten`` is not used: the tile loop's epilogue signals),
-    ``num_programs`` (persistent GEMM programs; default one per SM, 4 on the
-    simulator)."""
+    every rank calls it with the same arguments.  ``method``: ``"auto"``
+    (default: ``"ce"`` on one node, ``"scatter"`` on several), ``"ce"``
+    (copy engine, one node only), ``"scatter"`` (fused scatter) or
+    ``"pull"``.  ``options``: ``config`` (a
+    :class:`~ditron.kernels.gemm.GemmConfig`, the same on every rank; default
+    :func:`~ditron.kernels.gemm.default_config` per call; its ``flatten`` is
+    not used: the tile loop's epilogue signals), ``num_programs``
+    (persistent GEMM programs; default one per SM, 4 on the simulator)."""
     return GemmRsContext(max_m, n, dtype, world, method, **options)
 
 
@@ -345,6 +488,39 @@ def _check(ctx, a, b, out):
     return M, K, N
 
 
+def _ce_plan(ctx, m, N):
+    """Per segment size ``m``: for each peer ``o`` in the order the GEMM
+    completes their segments (``rank+1, rank+2, ...``) the views the
+    copy-engine sequence needs (built once: the host path of a call is a few
+    driver calls)."""
+    plan = ctx._plans.get(m)
+    if plan is None:
+        W, me = ctx.world_size, ctx.rank
+        n = m * N
+        slot = ctx.buf[0, me, :n]                  # this rank's slot, on every owner
+        plan = []
+        for k in range(1, W):
+            o = (me + k) % W
+            plan.append((ctx.done[o:o + 1], ctx.free[o:o + 1], ditron.peer_tensor(slot, o),
+                         ctx.cbuf[0, o * n:(o + 1) * n], ditron.peer_tensor(ctx.ready[me:me + 1], o)))
+        ctx._plans = {m: plan}
+    return plan
+
+
+def _copy_ce(ctx, m, N, stream):
+    """The copy-engine sequence of a ``"ce"`` call (see the module
+    docstring), queued on ``stream`` (the side stream; ``None``: the current
+    one, synchronous on the simulator)."""
+    transport = ctx.world.transport
+    for done, free, dst, src, ready in _ce_plan(ctx, m, N):
+        transport.wait_value(done, 1, stream)          # our GEMM has finished segment o (in cbuf)
+        transport.write_value(done, 0, stream)
+        transport.wait_value(free, 1, stream)          # o has read our previous copy
+        transport.write_value(free, 0, stream)
+        transport.rank_copy(dst, src, stream)          # rows [o*m, (o+1)*m) of cbuf -> o's buf[0][rank]
+        transport.write_value(ready, 1, stream)        # o's ready[rank]
+
+
 def gemm_rs(a, b, ctx, out=None):
     """This rank's rows of ``sum over ranks of a @ b`` (``[M // world, N]``,
     ``a``'s dtype; see the module docstring).  Every rank must call it with
@@ -363,15 +539,31 @@ def gemm_rs(a, b, ctx, out=None):
     if out is None:
         out = torch.empty((M // W, N), dtype=a.dtype, device=a.device)
     pull = ctx.method == "pull"
+    ce = ctx.method == "ce"
+    copies = ce and W > 1
+    side = cur = None
+    if copies and ctx.overlap:
+        cur = torch.cuda.current_stream(a.device)
+        side = ctx.side_stream()
+        # recorded BEFORE the GEMM is queued: the side stream follows this rank's previous call (its
+        # reduction, so no peer's ready/free word is touched early) but not this call's GEMM, which it
+        # runs beside, segment by segment (done flags)
+        side.wait_stream(cur)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     sig_stride = ctx.sig.shape[1] * W
     gemm_rs_gemm_kernel[(min(tiles, ctx.num_programs),)](
-        a, b, ctx.buf, ctx.cbuf, ctx.sig, ctx.count, ctx.gcalls, M, N, K, a.stride(0), a.stride(1), b.stride(0),
-        b.stride(1), ctx.slot_stride, ctx.cbuf_stride, sig_stride, PULL=pull, MULTI_NODE=ctx.multi_node,
-        ELEM_BYTES=a.element_size(), EVEN_K=(K % cfg.block_k == 0), TMA=tma, **cfg.launch_options())
+        a, b, ctx.buf, ctx.cbuf, ctx.sig, ctx.count, ctx.seg_count, ctx.done, ctx.gcalls, M, N, K, a.stride(0),
+        a.stride(1), b.stride(0), b.stride(1), ctx.slot_stride, ctx.cbuf_stride, sig_stride, PULL=pull, CE=ce,
+        MULTI_NODE=ctx.multi_node, ELEM_BYTES=a.element_size(), EVEN_K=(K % cfg.block_k == 0), TMA=tma,
+        **cfg.launch_options())
+    if copies:
+        _copy_ce(ctx, M // W, N, side)
     rbm, rbn, warps = ctx.reduce_tile()
     grid = (triton.cdiv(M // W, rbm) * triton.cdiv(N, rbn),)
-    gemm_rs_reduce_kernel[grid](out, ctx.buf, ctx.cbuf, ctx.sig, ctx.calls, M, N, out.stride(0), out.stride(1),
-                                ctx.slot_stride, ctx.cbuf_stride, sig_stride, PULL=pull, MULTI_NODE=ctx.multi_node,
-                                WORLD=W, BLOCK_M=cfg.block_m, RBLOCK_M=rbm, RBLOCK_N=rbn, num_warps=warps)
+    gemm_rs_reduce_kernel[grid](out, ctx.buf, ctx.cbuf, ctx.sig, ctx.ready, ctx.free, ctx.calls, M, N,
+                                out.stride(0), out.stride(1), ctx.slot_stride, ctx.cbuf_stride, sig_stride,
+                                PULL=pull, CE=ce, MULTI_NODE=ctx.multi_node, WORLD=W, BLOCK_M=cfg.block_m,
+                                RBLOCK_M=rbm, RBLOCK_N=rbn, num_warps=warps)
+    if side is not None:
+        cur.wait_stream(side)         # the next GEMM overwrites cbuf only after the copies have read it
     return out

@@ -129,3 +129,28 @@ def multimem_multi_node_error(world):
             msgs.append(str(e))
     assert int(ctx.calls[0]) == 0
     return msgs, GA.choose_method(ctx, 5), ctx.multicast
+
+
+def rs_ag_calls(world, calls=3, m=6, N=40, K=48, seed=5, delay=0.3):
+    """Method "rs_ag" (gemm_rs "ce" + all_gather "ce"): reused context, a
+    delayed rank per call, against torch; then its errors."""
+    W = world.world_size
+    dtype = torch.bfloat16
+    ctx = GA.create_gemm_ar_context(W * m, N, dtype)
+    for i in range(calls):
+        if delay and W > 1 and world.rank == i % W:
+            time.sleep(delay)
+        a = _rand_of(world.rank, (W * m, K), dtype, seed + i).to(world.device)
+        b = _rand_of(world.rank, (K, N), dtype, seed + i, salt=1).to(world.device)
+        out = GA.gemm_ar(a, b, ctx, method="rs_ag")
+        ref = sum(_rand_of(r, (W * m, K), dtype, seed + i).float() @ _rand_of(r, (K, N), dtype, seed + i, salt=1).float()
+                  for r in range(W))
+        _check(out, ref, f"rs_ag call {i}")
+    msgs = []
+    for fn in (lambda: GA.gemm_ar(torch.ones(W * m - 1 if W > 1 else 0, K, dtype=dtype, device=world.device),
+                                  torch.ones(K, N, dtype=dtype, device=world.device), ctx, method="rs_ag"),):
+        try:
+            fn()
+        except ditron.DitronError as e:
+            msgs.append(str(e))
+    return calls, msgs

@@ -2,6 +2,8 @@
 seeded random operands, different on every rank (never zeros), checked
 against torch's ``(sum over ranks of a_s @ b_s)[rank's rows]`` in float32.
 They run on simulated ranks in CI and on GPUs under torchrun."""
+import contextlib
+import importlib
 import time
 
 import torch
@@ -46,23 +48,46 @@ def _sim_options(world, options):
     return options
 
 
-def gemm_rs_calls(world, dtype, method, shapes, N=40, seed=0, delay=0.0, **options):
+@contextlib.contextmanager
+def _held_after_copies(hold):
+    """``"ce"``: this rank sleeps ``hold`` seconds between its copy-engine
+    sequence and its reduction (the simulator's streams are synchronous), so
+    its peers' next copies into its slots must wait for its ``free`` flags."""
+    G = importlib.import_module("ditron.kernels.gemm_rs")
+    copy = G._copy_ce
+
+    def held(*args):
+        copy(*args)
+        time.sleep(hold)
+    G._copy_ce = held
+    try:
+        yield
+    finally:
+        G._copy_ce = copy
+
+
+def gemm_rs_calls(world, dtype, method, shapes, N=40, seed=0, delay=0.0, hold=0.0, **options):
     """One context (the largest M, ``N`` columns), one call per ``(m, K)`` of
     ``shapes`` (``M = world * m``), in order: every call reuses the context.
     All calls are queued first, then checked.  ``delay``: before call ``i``,
     rank ``i % world`` sleeps that long (its peers' reductions must wait for
-    its partial products, not read stale or zero rows).  Returns the calls
-    counted by the reduction and by the GEMM."""
+    its partial products, not read stale or zero rows).  ``hold`` (``"ce"``):
+    in call ``i`` the same rank also sleeps between its copies and its
+    reduction (its peers' copies of call ``i + 1`` must wait until it has
+    read their copies of call ``i``).  Returns the calls counted by the
+    reduction and by the GEMM."""
     dtype = DTYPES[dtype]
     W = world.world_size
     ctx = create_gemm_rs_context(W * max(m for m, _ in shapes), N, dtype, method=method,
                                  **_sim_options(world, options))
     results = []
     for i, (m, K) in enumerate(shapes):
-        if delay and W > 1 and world.rank == i % W:
+        late = W > 1 and world.rank == i % W
+        if delay and late:
             time.sleep(delay)
         a, b = _operands(world.rank, W * m, K, N, dtype, seed + i)
-        results.append(gemm_rs(a.to(world.device), b.to(world.device), ctx))
+        with _held_after_copies(hold) if hold and late else contextlib.nullcontext():
+            results.append(gemm_rs(a.to(world.device), b.to(world.device), ctx))
     for i, ((m, K), out) in enumerate(zip(shapes, results)):
         assert out.shape == (m, N) and out.dtype == dtype, (out.shape, out.dtype)
         _check(out, _reference(world, W * m, K, N, dtype, seed + i), f"{method} call {i} m={m} K={K} rank={world.rank}")
@@ -85,6 +110,16 @@ def gemm_rs_out_and_strides(world, method):
     _check(out, _reference(world, W * m, K, N, dtype, 5), f"{method} out/strides")
     assert bool((wide[:, :4] == -1).all()) and bool((wide[:, 4 + N:] == -1).all()), "wrote outside 'out'"
     return int(ctx.calls[0])
+
+
+def method_choice(world):
+    """The method ``"auto"`` picks, and the error of ``"ce"`` (one node only)."""
+    ctx = create_gemm_rs_context(4 * world.world_size, 16, torch.float16, **_sim_options(world, {}))
+    try:
+        create_gemm_rs_context(4 * world.world_size, 16, torch.float16, method="ce", **_sim_options(world, {}))
+    except ditron.DitronError as e:
+        return ctx.method, str(e)
+    return ctx.method, None
 
 
 def errors(world):

@@ -142,3 +142,11 @@ def test_plain_ptx(nvshmem_bc, method):
     assert "ld.acquire.sys.global.b64" in ptx and "st.release.sys.global.b64" in ptx and "mma" in ptx
     assert "nvshmem" not in ptx
     assert "nvshmemx_putmem_signal_block" in _ptx(method, True, "nvshmem")
+
+
+def test_rs_ag_copy_engine_composition(dist):
+    """gemm_ar's "rs_ag": gemm_rs (copy engine) into the own rows, all_gather (copy engine) in place."""
+    res = dist.run(B.rs_ag_calls)
+    for calls, msgs in res:
+        assert calls == 3
+        assert any("multiple of the world size" in m for m in msgs), msgs

@@ -1,11 +1,13 @@
 """The zoo's gemm_rs (kernels/gemm_rs.py): ``(sum over ranks of a_s @ b_s)``
 reduce-scattered along M, against torch on 4 simulated ranks in CI (on GPUs
-under torchrun with DITRON_TEST_BACKEND=p2p|nvshmem; see conftest.py): both
-methods, fp16 and bf16, per-rank operands, shapes that are not multiples of
-the tile (m = 1, 5, 24 rows per rank with BLOCK_M 16: tiles straddling two
-or all four segments; N = 40 with BLOCK_N 16; K = 48 with BLOCK_K 32),
-context reuse with a delayed rank, a given strided ``out`` and strided
-operands, 1 rank and 2 nodes, errors before launch, and the kernels
+under torchrun with DITRON_TEST_BACKEND=p2p|nvshmem; see conftest.py): the
+three methods (ce, scatter, pull), fp16 and bf16, per-rank operands, shapes
+that are not multiples of the tile (m = 1, 5, 24 rows per rank with BLOCK_M
+16: tiles straddling two or all four segments; N = 40 with BLOCK_N 16;
+K = 48 with BLOCK_K 32), context reuse with a delayed rank (ce: also held
+between its copies and its reduction, so the free flags are needed), a
+given strided ``out`` and strided operands, 1 rank and 2 nodes ("auto" is
+"scatter" there, "ce" an error), errors before launch, and the kernels
 compiled for sm_90a."""
 import pytest
 
@@ -13,7 +15,7 @@ import bodies_gemm_rs as B
 from conftest import GPU_BACKEND
 
 ON_GPU = GPU_BACKEND != "sim"
-METHODS = ["scatter", "pull"]
+METHODS = ["ce", "scatter", "pull"]
 #: columns: two tiles and a tail on the simulator (BLOCK_N 16), several and a tail on GPUs (BLOCK_N 128 / 256)
 N = 808 if ON_GPU else 40
 #: (m, K) per call, M = world * m; every call of one body reuses one context.  The simulator
@@ -38,8 +40,12 @@ def test_gemm_rs_shapes(dist, method, dtype):
 def test_gemm_rs_reuse_delayed_rank(dist, method):
     # call i: rank i % world starts late, so its peers' reductions really wait
     # for its partial products (reading without waiting sees the previous
-    # call's or zero rows: the check fails); per-rank operands in every call
-    res = dist.run(B.gemm_rs_calls, "bf16", method, REUSE, N, seed=7, delay=0.01 if ON_GPU else 0.25)
+    # call's or zero rows: the check fails); per-rank operands in every call.
+    # ce: that rank also holds between its copies and its reduction, so its
+    # peers' next copies into its slots wait for its free flags (copying
+    # without waiting overwrites the partials it has yet to read)
+    hold = (0.01 if ON_GPU else 1.0) if method == "ce" else 0.0
+    res = dist.run(B.gemm_rs_calls, "bf16", method, REUSE, N, seed=7, delay=0.01 if ON_GPU else 0.25, hold=hold)
     assert res == [(len(REUSE),) * 2] * dist.world_size
 
 
@@ -50,10 +56,17 @@ def test_gemm_rs_out_and_strides(dist, method):
 
 @pytest.mark.parametrize("n,nnodes", [(1, 1), (4, 2)])
 def test_gemm_rs_other_worlds(dist_world, n, nnodes):
-    # (4, 2): owners on the other node get their rows by shmem.putmem_signal_block
+    # (4, 2): owners on the other node get their rows by shmem.putmem_signal_block;
+    # the copy engine reaches this node's ranks only: "auto" is "scatter" there, "ce" an error
     d = dist_world(n, nnodes)
-    for method in METHODS:
+    for method in METHODS if nnodes == 1 else [m for m in METHODS if m != "ce"]:
         assert d.run(B.gemm_rs_calls, "bf16", method, [(5, 48), (1, 48)], N, seed=3) == [(2, 2)] * n
+    auto, err = d.run(B.method_choice)[0]
+    if nnodes == 1:
+        assert auto == "ce" and err is None
+    else:
+        assert auto == "scatter"
+        assert "method='ce' (copy engine) reaches this node's ranks only" in err and "use method='scatter'" in err
 
 
 def test_gemm_rs_errors_before_launch(dist):
@@ -70,7 +83,7 @@ def test_gemm_rs_errors_before_launch(dist):
     assert "expected (4, 16)" in msgs["out_shape"]
     assert "'out' is torch.bfloat16, expected torch.float16" in msgs["out_dtype"]
     assert "float16 or bfloat16" in msgs["ctx_dtype"]
-    assert "unknown method 'ring'" in msgs["ctx_method"]
+    assert "unknown method 'ring'; use one of auto, ce, scatter, pull" in msgs["ctx_method"]
     assert f"max_m={W - 1} is less than the world size {W}" in msgs["ctx_max_m"]
     assert "block_m=24 must be a power of two" in msgs["ctx_config"]
 
@@ -80,7 +93,8 @@ def test_gemm_rs_errors_before_launch(dist):
 # ---------------------------------------------------------------------------
 
 _PTRS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "buf_ptr": "*bf16", "cbuf_ptr": "*bf16",
-         "sig_ptr": "*i64", "count_ptr": "*i32", "calls_ptr": "*i64"}
+         "sig_ptr": "*i64", "count_ptr": "*i32", "seg_count_ptr": "*i32", "done_ptr": "*i64", "ready_ptr": "*i64",
+         "free_ptr": "*i64", "calls_ptr": "*i64"}
 #: what a GPU launch specialises: sizes and strides that are multiples of 16, unit strides
 _DIV16 = ("N", "K", "slot_stride", "cbuf_stride", "stride_am", "stride_bk", "stride_om")
 _UNIT = ("stride_ak", "stride_bn", "stride_on")
@@ -98,28 +112,38 @@ def _ptx(kernel, constexprs, multi_node, num_warps, num_stages=1):
                               num_warps=num_warps, num_stages=num_stages).asm["ptx"]
 
 
-def _gemm_ptx(pull, multi_node):
-    from ditron.kernels import gemm_rs as G
-    return _ptx(G.gemm_rs_gemm_kernel, dict(PULL=pull, MULTI_NODE=multi_node, ELEM_BYTES=2, BLOCK_M=128,
-                                            BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, TMA=False),
-                multi_node, 8, 3)
+def _module():
+    import importlib
+    return importlib.import_module("ditron.kernels.gemm_rs")
 
 
-def _reduce_ptx(pull, multi_node):
-    from ditron.kernels import gemm_rs as G
-    return _ptx(G.gemm_rs_reduce_kernel, dict(PULL=pull, MULTI_NODE=multi_node, WORLD=4, BLOCK_M=128, RBLOCK_M=32,
-                                              RBLOCK_N=128), multi_node, 4)
+def _gemm_ptx(method, multi_node):
+    return _ptx(_module().gemm_rs_gemm_kernel,
+                dict(PULL=method == "pull", CE=method == "ce", MULTI_NODE=multi_node, ELEM_BYTES=2, BLOCK_M=128,
+                     BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, TMA=False), multi_node, 8, 3)
+
+
+def _reduce_ptx(method, multi_node):
+    return _ptx(_module().gemm_rs_reduce_kernel,
+                dict(PULL=method == "pull", CE=method == "ce", MULTI_NODE=multi_node, WORLD=4, BLOCK_M=128,
+                     RBLOCK_M=32, RBLOCK_N=128), multi_node, 4)
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_gemm_rs_compiles_for_sm90a(method):
     """Tensor-core GEMM, 16-byte epilogue stores, a system-scope release per
     signal, acquire polls and 16-byte loads in the reduction; no NVSHMEM on
-    one node."""
-    gemm, red = _gemm_ptx(method == "pull", False), _reduce_ptx(method == "pull", False)
-    assert "wgmma.mma_async" in gemm
-    assert "st.global.v4.b32" in gemm and "st.release.sys.global.b64" in gemm
-    assert "atom.global.sys.acq_rel.add.u32" in gemm          # the per-row tile count
+    one node.  ce: the GEMM's per-segment count and its system-scope release
+    of ``done``; the reduction's acquire polls of ``ready`` and the release of
+    ``free`` on the peers."""
+    gemm, red = _gemm_ptx(method, False), _reduce_ptx(method, False)
+    assert "wgmma.mma_async" in gemm and "st.global.v4.b32" in gemm
+    assert "atom.global.sys.acq_rel.add.u32" in gemm          # the per-row / per-segment tile count
+    if method == "ce":
+        assert "atom.global.sys.release.exch.b64" in gemm and "st.release.sys" not in gemm   # done[s], no peer
+        assert "st.release.sys.global.b64" in red                 # free[rank] on the peers
+    else:
+        assert "st.release.sys.global.b64" in gemm
     assert "ld.acquire.sys.global.b64" in red and "ld.global.v4.b32" in red and "st.global.v4.b32" in red
     assert "nvshmem" not in gemm and "nvshmem" not in red
 
@@ -127,6 +151,6 @@ def test_gemm_rs_compiles_for_sm90a(method):
 def test_gemm_rs_multi_node_compiles_for_sm90a(nvshmem_bc):
     """Owners on other nodes: NVSHMEM's block put with signal (the scatter
     GEMM: staging stores and puts; the pull reduction: peer and local loads)."""
-    gemm, red = _gemm_ptx(False, True), _reduce_ptx(True, True)
+    gemm, red = _gemm_ptx("scatter", True), _reduce_ptx("pull", True)
     assert "nvshmemi_transfer_put_signal" in gemm and "wgmma.mma_async" in gemm
     assert "ld.acquire.sys.global.b64" in red and "ld.global.v4.b32" in red
