@@ -39,7 +39,7 @@ step() {
 }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 if has tests; then
-  tests=$(ls tests/test_ag_gemm.py tests/test_gemm_rs.py tests/test_gemm_ar.py 2>/dev/null)
+  tests=$(ls tests/test_ag_gemm.py tests/test_gemm_rs.py tests/test_gemm_ar.py tests/test_gemm_paper_shapes.py 2>/dev/null)
   DITRON_TEST_BACKEND=p2p step ${TEST_TIMEOUT:-300} $TR -m pytest -q -x -p no:cacheprovider $tests
 fi
 if has ag; then

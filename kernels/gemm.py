@@ -102,6 +102,70 @@ def sm_count(device) -> int:
     return n
 
 
+#: what :func:`tune` tries on GPUs: the default and the configs that won at some paper shape on H200
+TUNE_CONFIGS = (
+    GemmConfig(128, 256, 64, 8, 8, 4),
+    GemmConfig(128, 256, 64, 8, 8, 3),
+    GemmConfig(128, 256, 64, 8, 8, 3, tma=True, flatten=True),
+    GemmConfig(128, 256, 64, 8, 8, 4, tma=True, flatten=True),
+    GemmConfig(128, 128, 64, 8, 8, 4),
+    GemmConfig(128, 128, 64, 8, 4, 4, tma=True, flatten=True),
+    GemmConfig(256, 128, 64, 8, 8, 3, tma=True),
+)
+#: what :func:`tune` tries on the simulator (exercises the tuner; the timings mean nothing there)
+SIM_TUNE_CONFIGS = (SIM_CONFIG, GemmConfig(16, 32, 32, group_m=4, num_warps=1, num_stages=1))
+_TUNED: dict = {}
+
+
+def tune(M, N, K, dtype=torch.bfloat16, device="cuda", candidates=None, warmup=3, iters=10) -> GemmConfig:
+    """The fastest of ``candidates`` (default :data:`TUNE_CONFIGS`) for an
+    ``[M, K] @ [K, N]`` GEMM on ``device``, timed on random inputs and cached
+    per shape, dtype and device.  Candidates that do not compile (shared
+    memory) or do not apply (TMA alignment) are skipped.
+
+    For :func:`matmul` (``config="tune"``) only: ranks time independently and
+    may pick different configs, which the overlap kernels' signal layouts do
+    not allow -- give them one explicit ``config``."""
+    import time
+    key = (int(M), int(N), int(K), dtype, str(device), tuple(candidates or ()))
+    hit = _TUNED.get(key)
+    if hit is not None:
+        return hit
+    sim = is_sim_device(device)
+    cands = tuple(candidates or (SIM_TUNE_CONFIGS if sim else TUNE_CONFIGS))
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(M, K, generator=g).to(dtype).to(device)
+    b = torch.randn(K, N, generator=g).to(dtype).to(device)
+    best, best_t, errors = None, float("inf"), []
+    for cfg in cands:
+        try:
+            for _ in range(warmup):
+                matmul(a, b, config=cfg)
+            if sim:
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    matmul(a, b, config=cfg)
+                t = time.perf_counter() - t0
+            else:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(iters):
+                    matmul(a, b, config=cfg)
+                end.record()
+                end.synchronize()
+                t = start.elapsed_time(end)
+        except Exception as e:  # noqa: BLE001 -- a config that does not compile or apply is skipped
+            errors.append(f"{cfg}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            continue
+        if t < best_t:
+            best, best_t = cfg, t
+    if best is None:
+        raise ditron.DitronError(f"gemm.tune: no candidate config ran for M={M}, N={N}, K={K}:\n  "
+                                 + "\n  ".join(errors))
+    _TUNED[key] = best
+    return best
+
+
 _ALLOCATOR_SET = False
 
 
@@ -243,11 +307,18 @@ def tma_ok(*tensors) -> bool:
     return True
 
 
-def matmul(a, b, out=None, config: GemmConfig | None = None, num_programs=None):
-    """``a @ b`` with the zoo's GEMM core (fp32 accumulation, ``a``'s dtype)."""
+def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=None):
+    """``a @ b`` with the zoo's GEMM core (fp32 accumulation, ``a``'s dtype).
+    ``config``: a :class:`GemmConfig`, ``None`` (:func:`default_config`) or
+    ``"tune"`` (:func:`tune`: the fastest candidate for this shape, timed once
+    and cached)."""
     check_operands("matmul", a, b, out, (a.shape[0], b.shape[1]))
     M, K = a.shape
     N = b.shape[1]
+    if isinstance(config, str):
+        if config != "tune":
+            raise ditron.DitronError(f"matmul: config={config!r}; give a GemmConfig, None or 'tune'")
+        config = tune(M, N, K, a.dtype, a.device)
     cfg = (config or default_config(M, N, K, a.dtype, a.device)).validate("matmul")
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
