@@ -233,6 +233,39 @@ def gemm_tile_tma(a_desc, b_desc, off_am, off_n, K, BLOCK_M: tl.constexpr, BLOCK
 
 
 @triton.jit
+def operand_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, TMA: tl.constexpr):
+    """TMA descriptors of row-major A ``[M, K]`` and B ``[K, N]`` (placeholders without ``TMA``)."""
+    if TMA:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                           block_shape=[BLOCK_K, BLOCK_N])
+    else:
+        a_desc = 0
+        b_desc = 0
+    return a_desc, b_desc
+
+
+@triton.jit
+def gemm_tile_at(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 TMA: tl.constexpr):
+    """Tile ``(pid_m, pid_n)`` of ``a @ b``: ``(rows, row_ok, cols, col_ok,
+    acc)`` through TMA (:func:`operand_descriptors`) or pointer loads."""
+    rows, row_ok, rows_c = tile_rows(pid_m, M, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if TMA:
+        acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        a_rows = a_ptr + rows_c.to(tl.int64) * stride_am
+        b_cols = b_ptr + cols.to(tl.int64) * stride_bn
+        acc = gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    return rows, row_ok, cols, col_ok, acc
+
+
+@triton.jit
 def store_tile(c_ptr, stride_cm, stride_cn, rows, row_ok, cols, col_ok, acc):
     c_ptrs = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :] * stride_cn
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -248,22 +281,12 @@ def gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, s
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
-    if TMA:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
-                                           block_shape=[BLOCK_M, BLOCK_K])
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
-                                           block_shape=[BLOCK_K, BLOCK_N])
+    a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, TMA)
     for tile in tl.range(tl.program_id(0), num_tiles, P, flatten=FLATTEN):
         pid_m, pid_n = dl.swizzle_2d(tile, num_pid_m, num_pid_n, GROUP_M)
-        rows, row_ok, rows_c = tile_rows(pid_m, M, BLOCK_M)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < N
-        if TMA:
-            acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
-        else:
-            a_rows = a_ptr + rows_c.to(tl.int64) * stride_am
-            b_cols = b_ptr + cols.to(tl.int64) * stride_bn
-            acc = gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        rows, row_ok, cols, col_ok, acc = gemm_tile_at(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K,
+                                                       stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N,
+                                                       BLOCK_K, EVEN_K, TMA)
         store_tile(c_ptr, stride_cm, stride_cn, rows, row_ok, cols, col_ok, acc)
 
 
@@ -307,6 +330,17 @@ def tma_ok(*tensors) -> bool:
     return True
 
 
+def prepare_tma(op, cfg, sim, a, b) -> bool:
+    """Whether a launch uses TMA (``cfg.tma`` on a GPU); checks the operands
+    and installs the descriptors' scratch allocator."""
+    if not cfg.tma or sim:
+        return False
+    if not tma_ok(a, b):
+        raise ditron.DitronError(f"{op}: config.tma needs unit last strides and 16-byte aligned rows; use tma=False")
+    ensure_tma_allocator()
+    return True
+
+
 def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=None):
     """``a @ b`` with the zoo's GEMM core (fp32 accumulation, ``a``'s dtype).
     ``config``: a :class:`GemmConfig`, ``None`` (:func:`default_config`) or
@@ -322,12 +356,7 @@ def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=
     cfg = (config or default_config(M, N, K, a.dtype, a.device)).validate("matmul")
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    tma = cfg.tma and not is_sim_device(a.device)
-    if tma:
-        if not tma_ok(a, b):
-            raise ditron.DitronError("matmul: config.tma needs unit last strides and 16-byte aligned rows; "
-                                     "use tma=False")
-        ensure_tma_allocator()
+    tma = prepare_tma("matmul", cfg, is_sim_device(a.device), a, b)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     P = max(1, min(tiles, int(num_programs or (4 if is_sim_device(a.device) else sm_count(a.device)))))
     gemm_kernel[(P,)](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),

@@ -112,8 +112,8 @@ from ditron.language import shmem
 from ._common import CollectiveContext, epoch_begin, epoch_end, topology
 from .all_gather import _put_chunk
 from .all_reduce import AUTO_MULTIMEM_ON_GPU, AUTO_ONE_SHOT_MAX_BYTES, multicast_available
-from .gemm import (GemmConfig, check_operands, default_config, ensure_tma_allocator, gemm_tile, gemm_tile_tma,
-                   sm_count, store_tile, tile_rows, tma_ok)
+from .gemm import (GemmConfig, check_operands, default_config, gemm_tile_at, operand_descriptors, prepare_tma,
+                   sm_count, store_tile, tile_rows)
 
 METHODS = ("auto", "one_shot", "two_shot", "multimem_one_shot", "multimem_two_shot", "rs_ag")
 MULTIMEM_METHODS = ("multimem_one_shot", "multimem_two_shot")
@@ -211,20 +211,13 @@ def gemm_ar_kernel(a_ptr, b_ptr, out_ptr, part_ptr, red_ptr, res_ptr, flag_ptr, 
 
     if pid < G:
         # ------------------------- persistent GEMM -------------------------
-        if TMA:
-            a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
-                                               block_shape=[BLOCK_M, BLOCK_K])
-            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
-                                               block_shape=[BLOCK_K, BLOCK_N])
+        a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, BLOCK_M, BLOCK_N,
+                                             BLOCK_K, TMA)
         for t in range(pid, num_tiles, G):
             pid_m, pid_n = _tile_pid(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-            if TMA:
-                acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
-            else:
-                _r, _ok, rows_c = tile_rows(pid_m, M, BLOCK_M)
-                cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-                acc = gemm_tile(a_ptr + rows_c.to(tl.int64) * stride_am, b_ptr + cols.to(tl.int64) * stride_bn,
-                                cols < N, stride_ak, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+            _r, _rok, _c, _cok, acc = gemm_tile_at(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, stride_am,
+                                                   stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                   EVEN_K, TMA)
             v = acc.to(DT)
             t64 = tl.cast(t, tl.int64)
             own = part + t64 * TILE
@@ -488,12 +481,7 @@ def gemm_ar(a, b, ctx: GemmArContext, out=None, method="auto"):
     if method == "rs_ag":
         return _gemm_ar_rs_ag(a, b, ctx, out, M)
     cfg = ctx.config
-    tma = cfg.tma and not ctx.sim
-    if tma:
-        if not tma_ok(a, b):
-            raise ditron.DitronError("gemm_ar: config.tma needs unit last strides and 16-byte aligned rows; "
-                                     "use tma=False")
-        ensure_tma_allocator()
+    tma = prepare_tma("gemm_ar", cfg, ctx.sim, a, b)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     G = min(ctx.gemm_programs, tiles)
     R = min(ctx.reduce_programs, tiles)

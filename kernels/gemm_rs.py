@@ -190,8 +190,8 @@ import ditron.language as dl
 from ._common import CollectiveContext, epoch_begin, epoch_end, topology
 from .ag_gemm import _ce_release
 from .all_gather import _SLOT_ALIGN, _put_chunk, _round_up
-from .gemm import (GemmConfig, _GEMM_DTYPES, check_operands, default_config, ensure_tma_allocator, gemm_tile,
-                   gemm_tile_tma, is_sim_device, sm_count, store_tile, tile_rows, tma_ok)
+from .gemm import (GemmConfig, _GEMM_DTYPES, check_operands, default_config, gemm_tile_at, is_sim_device,
+                   operand_descriptors, prepare_tma, sm_count, store_tile)
 
 METHODS = ("auto", "ce", "scatter", "pull")
 _MIN_BLOCK_M = 16            # GemmConfig.validate's smallest BLOCK_M: sizes the signal array
@@ -268,22 +268,12 @@ def gemm_rs_gemm_kernel(a_ptr, b_ptr, buf_ptr, cbuf_ptr, sig_ptr, count_ptr, seg
     sigp = sig_ptr + par * sig_stride.to(tl.int64) + me       # this rank's word of M tile t: sigp + t * W
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    if TMA:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
-                                           block_shape=[BLOCK_M, BLOCK_K])
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
-                                           block_shape=[BLOCK_K, BLOCK_N])
+    a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, TMA)
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
         pid_m, pid_n = dl.swizzle_scatter(tile, M, N, BLOCK_M, BLOCK_N, me, W, NN, GROUP_M)
-        rows, row_ok, rows_c = tile_rows(pid_m, M, BLOCK_M)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < N
-        if TMA:
-            acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
-        else:
-            a_rows = a_ptr + rows_c.to(tl.int64) * stride_am
-            b_cols = b_ptr + cols.to(tl.int64) * stride_bn
-            acc = gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        rows, row_ok, cols, col_ok, acc = gemm_tile_at(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K,
+                                                       stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N,
+                                                       BLOCK_K, EVEN_K, TMA)
         lo, hi = dl.tile_segments(pid_m, M, BLOCK_M, W)          # the owners of the tile's rows
         if PULL or CE:
             store_tile(cbufp, N, 1, rows, row_ok, cols, col_ok, acc)
@@ -530,12 +520,7 @@ def gemm_rs(a, b, ctx, out=None):
     M, K, N = _check(ctx, a, b, out)
     W = ctx.world_size
     cfg = ctx.config or default_config(M, N, K, a.dtype, a.device)
-    tma = cfg.tma and not is_sim_device(a.device)
-    if tma:
-        if not tma_ok(a, b):
-            raise ditron.DitronError("gemm_rs: config.tma needs unit last strides and 16-byte aligned rows; "
-                                     "use tma=False")
-        ensure_tma_allocator()
+    tma = prepare_tma("gemm_rs", cfg, is_sim_device(a.device), a, b)
     if out is None:
         out = torch.empty((M // W, N), dtype=a.dtype, device=a.device)
     pull = ctx.method == "pull"

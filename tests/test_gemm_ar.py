@@ -108,14 +108,14 @@ _PTRS = ("a_ptr", "b_ptr", "out_ptr", "part_ptr", "red_ptr", "res_ptr")
 _SIGS = ("flag_ptr", "done_ptr", "calls_ptr")
 
 
-def _ptx(method, multi_node, transport):
+def _ptx(method, multi_node, transport, tma=False):
     import ditron
     from ditron.lowering import cuda
     k = GA.gemm_ar_kernel
     cfg = GemmConfig(64, 64, 32, num_warps=4, num_stages=2)
     constexprs = dict(METHOD=GA._METHOD_ID[method], WORLD=4, MULTI_NODE=multi_node, ELEM_BYTES=2,
                       BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                      EVEN_K=True, TMA=False)
+                      EVEN_K=True, TMA=tma)
     names = [p for p in k.arg_names if p not in constexprs]
     sig = {p: "*bf16" if p in _PTRS else "*i64" if p in _SIGS else "i32" for p in names}
     sig.update(stride_ak="constexpr", stride_bn="constexpr", stride_cn="constexpr")
@@ -150,3 +150,9 @@ def test_rs_ag_copy_engine_composition(dist):
     for calls, msgs in res:
         assert calls == 3
         assert any("multiple of the world size" in m for m in msgs), msgs
+
+
+def test_tma_config_compiles_for_sm90a():
+    """config.tma: the GEMM programs load their operands through tensor descriptors."""
+    ptx = _ptx("two_shot", False, "p2p", tma=True)
+    assert "cp.async.bulk.tensor" in ptx and "mma" in ptx

@@ -117,10 +117,16 @@ def _module():
     return importlib.import_module("ditron.kernels.gemm_rs")
 
 
-def _gemm_ptx(method, multi_node):
+def _gemm_ptx(method, multi_node, tma=False):
     return _ptx(_module().gemm_rs_gemm_kernel,
                 dict(PULL=method == "pull", CE=method == "ce", MULTI_NODE=multi_node, ELEM_BYTES=2, BLOCK_M=128,
-                     BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, TMA=False), multi_node, 8, 3)
+                     BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, TMA=tma), multi_node, 8, 3)
+
+
+def test_gemm_rs_tma_config_compiles_for_sm90a():
+    """config.tma: the GEMM loads its operands through tensor descriptors."""
+    ptx = _gemm_ptx("ce", False, tma=True)
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async" in ptx
 
 
 def _reduce_ptx(method, multi_node):
