@@ -15,6 +15,19 @@ one call ahead of a peer, because every call waits for all peers' signals of
 that call).  The last program to finish bumps ``calls[0]``
 (:func:`epoch_end`); the next launch on the stream starts after it.
 All state lives on the device, so the ops can be captured in a CUDA graph.
+
+Copy-engine protocol (reset flags)
+----------------------------------
+Transfers by the copy engine (``ditron.rank_copy`` on a side stream) are
+ordered by stream memory operations, whose values are fixed when queued, so
+they use flags that go 1 -> 0 instead of epochs.  A receiver has
+``ready[src]`` (1: ``src``'s data has landed), a sender ``free[dst]`` (1:
+``dst`` has finished reading the sender's previous data; 1 at creation).  The
+sender :func:`ce_send`: takes ``free[dst]`` (waits for 1, resets it), copies,
+sets ``dst``'s ``ready[rank]``.  The receiver's kernel waits for its ``ready``
+flags; its last program (:func:`ce_release`) resets them and then sets
+``free[rank]`` on every peer.  A flag is set again only after it was reset,
+and a buffer is rewritten only after its reader has finished.
 """
 from __future__ import annotations
 
@@ -51,6 +64,53 @@ def epoch_end(calls_ptr):
         tl.atomic_add(calls_ptr, 1)
 
 
+@triton.jit
+def ce_release(calls_ptr, ready_ptr, free_ptr, me, W):
+    """End of a receiver's call in the copy-engine protocol, by every program:
+    the last one resets this rank's ``ready`` flags, tells every peer that its
+    data may be overwritten (``free[rank] = 1`` there) and counts the call."""
+    dl.syncthreads()          # every warp's last loads of the received data are done
+    done = tl.atomic_add(calls_ptr + 1, 1)
+    if done == tl.num_programs(0) - 1:
+        for s in range(0, W):
+            tl.store(ready_ptr + s, 0)
+        for k in range(1, W):
+            dl.notify(free_ptr + me, (me + k) % W, signal=1, sig_op="set", comm_scope="intra_node")
+        tl.store(calls_ptr + 1, 0)
+        tl.atomic_add(calls_ptr, 1)
+
+
+def take_flag(transport, word, stream):
+    """Stream-ordered: wait until the local flag ``word`` is 1, then reset it."""
+    transport.wait_value(word, 1, stream)
+    transport.write_value(word, 0, stream)
+
+
+def ce_send(transport, free, dst, src, ready, stream):
+    """A sender's step of the copy-engine protocol: take the receiver's
+    ``free`` flag (kept on this rank), copy ``src`` into ``dst`` (the
+    receiver's buffer), set ``ready`` (the receiver's flag for this rank)."""
+    take_flag(transport, free, stream)
+    transport.rank_copy(dst, src, stream)
+    transport.write_value(ready, 1, stream)
+
+
+_SM_COUNTS: dict = {}
+
+
+def sm_count(device) -> int:
+    """Streaming multiprocessors of ``device`` (cached: it is asked on every launch)."""
+    key = str(device)
+    n = _SM_COUNTS.get(key)
+    if n is None:
+        try:
+            n = torch.cuda.get_device_properties(device).multi_processor_count
+        except Exception:  # noqa: BLE001 -- no CUDA device properties (CPU simulator, AMD without torch.cuda)
+            n = 132
+        _SM_COUNTS[key] = n
+    return n
+
+
 class CollectiveContext:
     """Base of the zoo's contexts: the world, the device, the call counter and
     the symmetric buffers (allocated once, collectively, at creation)."""
@@ -67,6 +127,13 @@ class CollectiveContext:
         self.dtype = dtype
         self.device = self.world.device
         self.calls = torch.zeros(2, dtype=torch.int64, device=self.device)
+
+    def side_stream(self):
+        """This context's second CUDA stream (created at first use), for work
+        that runs beside the kernels of the current stream."""
+        if getattr(self, "_side_stream", None) is None:
+            self._side_stream = torch.cuda.Stream(device=self.device)
+        return self._side_stream
 
     @property
     def rank(self):

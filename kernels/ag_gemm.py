@@ -82,9 +82,9 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
-from ._common import CollectiveContext, epoch_begin, epoch_end, topology
+from ._common import CollectiveContext, ce_release, ce_send, epoch_begin, epoch_end, sm_count, topology
 from .gemm import (GemmConfig, check_operands, default_config, ensure_tma_allocator, gemm_tile, gemm_tile_tma,
-                   is_sim_device, sm_count, store_tile, tile_rows, tma_ok)
+                   is_sim_device, store_tile, tile_rows, tma_ok)
 from .all_gather import _chunk, _put_chunk
 
 _SLOT_ALIGN = 128          # elements: every slot starts 256-byte aligned
@@ -134,21 +134,6 @@ def ag_gemm_producer_kernel(a_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_stride,
 # ---------------------------------------------------------------------------
 # consumer: persistent GEMM over the gathered rows, in gather-swizzle order
 # ---------------------------------------------------------------------------
-
-@triton.jit
-def _ce_release(calls_ptr, ready_ptr, free_ptr, me, W):
-    """End of a ``"ce"`` call, by every program: the last one resets this
-    rank's ready flags and tells every peer its shard may be overwritten."""
-    dl.syncthreads()          # every warp's last loads of the gathered rows are done
-    done = tl.atomic_add(calls_ptr + 1, 1)
-    if done == tl.num_programs(0) - 1:
-        for s in range(0, W):
-            tl.store(ready_ptr + s, 0)
-        for k in range(1, W):
-            dl.notify(free_ptr + me, (me + k) % W, signal=1, sig_op="set", comm_scope="intra_node")
-        tl.store(calls_ptr + 1, 0)
-        tl.atomic_add(calls_ptr, 1)
-
 
 @ditron.jit(do_not_specialize=["m", "slot_rows", "P"])
 def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, free_ptr, calls_ptr, m, N, K,
@@ -215,7 +200,7 @@ def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, fr
             acc = gemm_tile(a_rows, b_cols, col_ok, 1, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
         store_tile(c_ptr, N, 1, rows, row_ok, cols, col_ok, acc)
     if CE:
-        _ce_release(calls_ptr, ready_ptr, free_ptr, me, W)
+        ce_release(calls_ptr, ready_ptr, free_ptr, me, W)
     else:
         epoch_end(calls_ptr)
 
@@ -264,7 +249,6 @@ class AgGemmContext(CollectiveContext):
         on_gpu = not self.sim and torch.device(self.device).type == "cuda"
         # the copy engine always runs beside the GEMM; the SM producer only when asked
         self.overlap = on_gpu and (producer == "ce" or bool(overlap))
-        self._side_stream = None
         self._plans = {}
         # slots of whole rows, each starting 256-byte aligned: buf[p] is also a [W * slot_rows, K] matrix
         align_rows = _SLOT_ALIGN // math.gcd(self.k, _SLOT_ALIGN)
@@ -289,11 +273,6 @@ class AgGemmContext(CollectiveContext):
             base = default_config(1 << 14, 1 << 14, self.k, self.dtype, self.device)
             config = dataclasses.replace(base, **{k: int(v) for k, v in tile_options.items() if v is not None})
         return config.validate("ag_gemm") if config is not None else None
-
-    def side_stream(self):
-        if self._side_stream is None:
-            self._side_stream = torch.cuda.Stream(device=self.device)
-        return self._side_stream
 
 
 def create_ag_gemm_context(max_m_per_rank, k, dtype, world=None, **options):
@@ -357,10 +336,7 @@ def _produce_ce(ctx, a, m, K):
         stream.wait_stream(torch.cuda.current_stream(a.device))          # a is written
     src = a.reshape(-1)
     for free, dst, ready in _ce_plan(ctx, m, K):
-        transport.wait_value(free, 1, stream)          # the peer has read our previous shard
-        transport.write_value(free, 0, stream)
-        transport.rank_copy(dst, src, stream)
-        transport.write_value(ready, 1, stream)
+        ce_send(transport, free, dst, src, ready, stream)
     if stream is not None:
         a.record_stream(stream)
 

@@ -42,7 +42,7 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import CollectiveContext, epoch_begin, epoch_end, topology
+from ._common import CollectiveContext, epoch_begin, epoch_end, sm_count, take_flag, topology
 
 
 
@@ -224,13 +224,6 @@ def _round_up(x, m):
     return (x + m - 1) // m * m
 
 
-def _sm_count(device):
-    try:
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    except Exception:  # noqa: BLE001 -- no CUDA device properties (e.g. AMD, or none)
-        return 132
-
-
 def launch_config(world, numel, elem_bytes, max_programs):
     """(BLOCK, programs, num_warps) for a per-program split of ``numel``
     elements.  GPUs: tiles of up to 32 KiB (16 warps), at least 2 KiB, as many
@@ -286,7 +279,7 @@ class AllGatherContext(CollectiveContext):
         if self.world.backend == "sim":
             self.max_programs = int(max_programs or 2)
         else:
-            self.max_programs = int(max_programs or min(64, _sm_count(self.device)))
+            self.max_programs = int(max_programs or min(64, sm_count(self.device)))
         self.buf = self.symm((2, W, self.slot_stride), dtype, "buf")
         self.sig = self.symm((2, self.max_programs, W), torch.int64, "sig")
         self.fabric = detect_fabric(self.world)
@@ -375,8 +368,9 @@ def _all_gather_ce(ctx, x, out, n):
     flat = out.view(-1)
     gpu = torch.device(ctx.device).type == "cuda" and ctx.world.backend != "sim"
     if ctx._ce_views is None:
+        peers = [(me + k) % W for k in range(1, W)]          # pulled in this order: rank+1 first
         ctx._ce_views = [(s, ditron.peer_tensor(ctx.ce_stage, s), ditron.peer_tensor(ctx.ce_ready[me:me + 1], s),
-                          ditron.peer_tensor(ctx.ce_free[me:me + 1], s)) for s in range(W) if s != me]
+                          ditron.peer_tensor(ctx.ce_free[me:me + 1], s)) for s in peers]
         if gpu:
             ctx._ce_streams = [torch.cuda.Stream(device=ctx.device) for _ in range(W - 1)]
     cur = torch.cuda.current_stream(x.device) if gpu else None
@@ -386,8 +380,7 @@ def _all_gather_ce(ctx, x, out, n):
             st.wait_stream(cur)            # out is allocated and free to write
     # stage x once every peer has read the previous call's slot, then tell the peers
     for s, _, _, _ in ctx._ce_views:
-        transport.wait_value(ctx.ce_free[s:s + 1], 1, cur)
-        transport.write_value(ctx.ce_free[s:s + 1], 0, cur)
+        take_flag(transport, ctx.ce_free[s:s + 1], cur)
     src = x.reshape(-1)
     transport.rank_copy(ctx.ce_stage[:n], src, cur)
     own = flat[me * n:(me + 1) * n]
@@ -395,11 +388,9 @@ def _all_gather_ce(ctx, x, out, n):
         transport.rank_copy(own, src, cur)
     for _, _, ready, _ in ctx._ce_views:
         transport.write_value(ready, 1, cur)
-    # pull every peer's slot, rank+1 first
-    views = sorted(ctx._ce_views, key=lambda v: (v[0] - me) % W)
-    for st, (s, stage, _, free) in zip(streams, views):
-        transport.wait_value(ctx.ce_ready[s:s + 1], 1, st)
-        transport.write_value(ctx.ce_ready[s:s + 1], 0, st)
+    # pull every peer's slot
+    for st, (s, stage, _, free) in zip(streams, ctx._ce_views):
+        take_flag(transport, ctx.ce_ready[s:s + 1], st)
         transport.rank_copy(flat[s * n:(s + 1) * n], stage[:n], st)
         transport.write_value(free, 1, st)
     for st in streams:

@@ -52,8 +52,8 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import CollectiveContext, epoch_begin, epoch_end, topology
-from .all_gather import (_SLOT_ALIGN, _chunk, _copy_local, _copy_to_peer, _put_chunk, _round_up, _sm_count,
+from ._common import CollectiveContext, epoch_begin, epoch_end, sm_count, topology
+from .all_gather import (_SLOT_ALIGN, _chunk, _copy_local, _copy_to_peer, _put_chunk, _round_up,
                          check_out, launch_config)
 
 
@@ -172,7 +172,7 @@ class AllToAllContext(CollectiveContext):
         if self.world.backend == "sim":
             self.max_programs = int(max_programs or 2)
         else:
-            self.max_programs = int(max_programs or min(64, _sm_count(self.device)))
+            self.max_programs = int(max_programs or min(64, sm_count(self.device)))
         self.buf = self.symm((2, W, self.slot_stride), dtype, "buf")
         self.cnt = self.symm((2 * W + 2 * self.max_programs,), torch.int64, "cnt")
         self.sig = self.symm((2, self.max_programs, W), torch.int64, "sig")

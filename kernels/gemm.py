@@ -36,6 +36,8 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
+from ._common import sm_count
+
 _GEMM_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -84,22 +86,6 @@ def default_config(M, N, K, dtype=torch.bfloat16, device="cuda") -> GemmConfig:
     if tiles < sm_count(device):
         return GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4)
     return GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4)
-
-
-_SM_COUNTS: dict = {}
-
-
-def sm_count(device) -> int:
-    """Streaming multiprocessors of ``device`` (cached: it is asked on every launch)."""
-    key = str(device)
-    n = _SM_COUNTS.get(key)
-    if n is None:
-        try:
-            n = torch.cuda.get_device_properties(device).multi_processor_count
-        except Exception:  # noqa: BLE001 -- no CUDA device properties (CPU simulator, AMD without torch.cuda)
-            n = 132
-        _SM_COUNTS[key] = n
-    return n
 
 
 #: what :func:`tune` tries on GPUs: the default and the configs that won at some paper shape on H200

@@ -109,11 +109,11 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import CollectiveContext, epoch_begin, epoch_end, topology
+from ._common import CollectiveContext, epoch_begin, epoch_end, sm_count, topology
 from .all_gather import _put_chunk
 from .all_reduce import AUTO_MULTIMEM_ON_GPU, AUTO_ONE_SHOT_MAX_BYTES, multicast_available
 from .gemm import (GemmConfig, check_operands, default_config, gemm_tile_at, operand_descriptors, prepare_tma,
-                   sm_count, store_tile, tile_rows)
+                   store_tile, tile_rows)
 
 METHODS = ("auto", "one_shot", "two_shot", "multimem_one_shot", "multimem_two_shot", "rs_ag")
 MULTIMEM_METHODS = ("multimem_one_shot", "multimem_two_shot")

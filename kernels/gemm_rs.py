@@ -73,7 +73,7 @@ Two kernels per call on the current stream (and, ``"ce"``, copies on a side stre
   and stores ``out``.  ``"ce"``: waits (two ``dl.wait`` over consecutive
   words) for ``ready[s] == 1`` of every peer ``s``, reads the own partial
   from the local ``cbuf[0]`` and peer ``s``'s from the local ``buf[0][s]``;
-  every program ends with ag_gemm's ``_ce_release``: the last one resets
+  every program ends with kernels/_common.py's ``ce_release``: the last one resets
   ``ready[*]`` to 0, then sets ``free[rank] = 1`` on every peer
   (``dl.notify``, release).  scatter / pull: waits (one ``dl.wait``) until
   the ``W`` words of every M tile its rows touch equal ``e + 1``; a partial
@@ -187,11 +187,10 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
-from ._common import CollectiveContext, epoch_begin, epoch_end, topology
-from .ag_gemm import _ce_release
+from ._common import CollectiveContext, ce_release, ce_send, epoch_begin, epoch_end, sm_count, take_flag, topology
 from .all_gather import _SLOT_ALIGN, _put_chunk, _round_up
 from .gemm import (GemmConfig, _GEMM_DTYPES, check_operands, default_config, gemm_tile_at, is_sim_device,
-                   operand_descriptors, prepare_tma, sm_count, store_tile)
+                   operand_descriptors, prepare_tma, store_tile)
 
 METHODS = ("auto", "ce", "scatter", "pull")
 _MIN_BLOCK_M = 16            # GemmConfig.validate's smallest BLOCK_M: sizes the signal array
@@ -306,7 +305,7 @@ def gemm_rs_reduce_kernel(out_ptr, buf_ptr, cbuf_ptr, sig_ptr, ready_ptr, free_p
     segment; program ``i`` reduces tile ``(i // cdiv(N, RBLOCK_N), i % ...)``
     once the GEMM tiles of its rows (``BLOCK_M``: the GEMM's) are signalled,
     or (``CE``) once every peer's copy has landed (``ready[s] == 1``); the
-    ``CE`` reduction ends with :func:`_ce_release`."""
+    ``CE`` reduction ends with :func:`kernels._common.ce_release`."""
     me, W, LW, node, NN, local = topology()
     m = M // W
     num_c = tl.cdiv(N, RBLOCK_N)
@@ -359,7 +358,7 @@ def gemm_rs_reduce_kernel(out_ptr, buf_ptr, cbuf_ptr, sig_ptr, ready_ptr, free_p
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     if CE:
         dl.syncthreads()          # every thread's loads of the slots are done before the slots are freed
-        _ce_release(calls_ptr, ready_ptr, free_ptr, me, W)
+        ce_release(calls_ptr, ready_ptr, free_ptr, me, W)
     else:
         epoch_end(calls_ptr)
 
@@ -406,7 +405,6 @@ class GemmRsContext(CollectiveContext):
         ce = method == "ce"
         # the copy engine runs beside the GEMM on GPUs (on the simulator, streams are synchronous)
         self.overlap = ce and not self.sim and torch.device(self.device).type == "cuda"
-        self._side_stream = None
         self._plans = {}
         max_rows = self.max_m // W * W
         max_tiles_m = triton.cdiv(max_rows, self.config.block_m if self.config else _MIN_BLOCK_M)
@@ -432,11 +430,6 @@ class GemmRsContext(CollectiveContext):
     def reduce_tile(self):
         """(RBLOCK_M, RBLOCK_N, num_warps) of the reduction kernel."""
         return (16, 64, 1) if self.sim else (32, 128, 4)
-
-    def side_stream(self):
-        if self._side_stream is None:
-            self._side_stream = torch.cuda.Stream(device=self.device)
-        return self._side_stream
 
 
 def create_gemm_rs_context(max_m, n, dtype, world=None, method="auto", **options):
@@ -503,12 +496,8 @@ def _copy_ce(ctx, m, N, stream):
     one, synchronous on the simulator)."""
     transport = ctx.world.transport
     for done, free, dst, src, ready in _ce_plan(ctx, m, N):
-        transport.wait_value(done, 1, stream)          # our GEMM has finished segment o (in cbuf)
-        transport.write_value(done, 0, stream)
-        transport.wait_value(free, 1, stream)          # o has read our previous copy
-        transport.write_value(free, 0, stream)
-        transport.rank_copy(dst, src, stream)          # rows [o*m, (o+1)*m) of cbuf -> o's buf[0][rank]
-        transport.write_value(ready, 1, stream)        # o's ready[rank]
+        take_flag(transport, done, stream)             # our GEMM has finished segment o (in cbuf)
+        ce_send(transport, free, dst, src, ready, stream)   # rows [o*m, (o+1)*m) of cbuf -> o's buf[0][rank]
 
 
 def gemm_rs(a, b, ctx, out=None):

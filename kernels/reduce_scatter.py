@@ -35,8 +35,8 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
-from ._common import CollectiveContext, epoch_begin, epoch_end, topology
-from .all_gather import (_SLOT_ALIGN, _chunk, _copy_local, _copy_to_peer, _put_chunk, _round_up, _sm_count,
+from ._common import CollectiveContext, epoch_begin, epoch_end, sm_count, topology
+from .all_gather import (_SLOT_ALIGN, _chunk, _copy_local, _copy_to_peer, _put_chunk, _round_up,
                          check_out, detect_fabric, launch_config)
 
 METHODS = ("mesh", "ring")
@@ -144,7 +144,7 @@ class ReduceScatterContext(CollectiveContext):
         if self.world.backend == "sim":
             self.max_programs = int(max_programs or 2)
         else:
-            self.max_programs = int(max_programs or min(64, _sm_count(self.device)))
+            self.max_programs = int(max_programs or min(64, sm_count(self.device)))
         dummy = (2, 1, _SLOT_ALIGN)
         self.buf = self.symm((2, W, self.slot_stride) if "mesh" in methods else dummy, dtype, "buf")
         self.rbuf = self.symm((2, W, self.slot_stride) if "ring" in methods else dummy, torch.float32, "rbuf")

@@ -24,6 +24,19 @@ def _check(got, ref, what):
     assert err <= 2e-2 * scale + 1e-2, f"{what}: max abs error {err} (scale {scale})"
 
 
+def error_messages(cases):
+    """``{name: message of the DitronError that cases[name]() raised, or None}``."""
+    msgs = {}
+    for name, fn in cases.items():
+        try:
+            fn()
+        except ditron.DitronError as e:
+            msgs[name] = str(e)
+        else:
+            msgs[name] = None
+    return msgs
+
+
 def ag_gemm_calls(world, dtype, shapes, per_rank_b=False, seed=0, delay=0.0, **options):
     """One context (the largest m), one call per ``(m, N)`` of ``shapes``, in
     order (every call reuses the context).  All calls are queued first, then
@@ -63,7 +76,6 @@ def ag_gemm_out_and_strided_b(world):
 
 def errors(world):
     """Messages of the errors raised before launch (nothing is launched)."""
-    msgs = {}
     ctx = create_ag_gemm_context(8, 32, torch.float16)
     a = torch.ones(5, 32, dtype=torch.float16, device=world.device)
     b = torch.ones(32, 16, dtype=torch.float16, device=world.device)
@@ -81,13 +93,7 @@ def errors(world):
         "producer": lambda: create_ag_gemm_context(8, 32, torch.float16, producer="nccl"),
         "option": lambda: create_ag_gemm_context(8, 32, torch.float16, block_q=16),
     }
-    for name, fn in cases.items():
-        try:
-            fn()
-        except ditron.DitronError as e:
-            msgs[name] = str(e)
-        else:
-            msgs[name] = None
+    msgs = error_messages(cases)
     assert int(ctx.calls[0]) == 0       # nothing was launched
     return msgs
 

@@ -9,7 +9,7 @@ import time
 import torch
 
 import ditron
-from bodies_ag_gemm import DTYPES, _check, _rand_of
+from bodies_ag_gemm import DTYPES, _check, _rand_of, error_messages
 
 GA = importlib.import_module("ditron.kernels.gemm_ar")
 
@@ -104,14 +104,7 @@ def errors(world):
         "ctx_size": lambda: GA.create_gemm_ar_context(0, 16, torch.float16),
         "ctx_programs": lambda: GA.create_gemm_ar_context(8, 16, torch.float16, reduce_programs=-1),
     }
-    msgs = {}
-    for name, fn in cases.items():
-        try:
-            fn()
-        except ditron.DitronError as e:
-            msgs[name] = str(e)
-        else:
-            msgs[name] = None
+    msgs = error_messages(cases)
     assert int(ctx.calls[0]) == 0       # nothing was launched
     return msgs
 

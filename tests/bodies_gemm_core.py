@@ -5,7 +5,7 @@ import importlib
 
 import torch
 
-import ditron
+from bodies_ag_gemm import error_messages
 
 G = importlib.import_module("ditron.kernels.gemm")
 
@@ -46,7 +46,6 @@ def tune_and_errors(world):
     assert cfg in G.SIM_TUNE_CONFIGS or cfg in G.TUNE_CONFIGS
     assert G.tune(37, 45, 70, torch.bfloat16, world.device, warmup=1, iters=1) is cfg      # cached
     _close(G.matmul(a, b, config="tune"), a.float().cpu() @ b.float().cpu(), "tuned")
-    msgs = {}
     cases = {
         "dtype": lambda: G.matmul(a.float(), b.float()),
         "k": lambda: G.matmul(a, b[:60]),
@@ -54,9 +53,4 @@ def tune_and_errors(world):
         "config": lambda: G.matmul(a, b, config="fast"),
         "block": lambda: G.matmul(a, b, config=G.GemmConfig(24, 16, 32)),
     }
-    for name, fn in cases.items():
-        try:
-            fn()
-        except ditron.DitronError as e:
-            msgs[name] = str(e)
-    return msgs
+    return error_messages(cases)

@@ -9,15 +9,9 @@ import time
 import torch
 
 import ditron
+from bodies_ag_gemm import DTYPES, _check, _rand_of, error_messages
 from ditron.kernels.gemm import SIM_CONFIG, GemmConfig
 from ditron.kernels.gemm_rs import create_gemm_rs_context, gemm_rs
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def _rand_of(rank, shape, dtype, seed, salt=0):
-    g = torch.Generator().manual_seed(1_000_003 * seed + 7919 * rank + 104_729 * salt + 17)
-    return (torch.randn(shape, generator=g, dtype=torch.float32) + 0.25).to(dtype)
 
 
 def _operands(rank, M, K, N, dtype, seed):
@@ -32,13 +26,6 @@ def _reference(world, M, K, N, dtype, seed):
         total += a.float() @ b.float()
     m = M // world.world_size
     return total[world.rank * m:(world.rank + 1) * m]
-
-
-def _check(got, ref, what):
-    got = got.float().cpu()
-    err = (got - ref).abs().max().item()
-    scale = ref.abs().max().item() + 1e-6
-    assert err <= 2e-2 * scale + 1e-2, f"{what}: max abs error {err} (scale {scale})"
 
 
 def _sim_options(world, options):
@@ -150,12 +137,6 @@ def errors(world):
         "ctx_config": lambda: create_gemm_rs_context(8 * W, 16, torch.float16,
                                                      config=GemmConfig(block_m=24)),
     }
-    for name, fn in cases.items():
-        try:
-            fn()
-        except ditron.DitronError as e:
-            msgs[name] = str(e)
-        else:
-            msgs[name] = None
+    msgs.update(error_messages(cases))
     assert int(ctx.calls[0]) == 0 and int(ctx.gcalls[0]) == 0       # nothing was launched
     return msgs
