@@ -77,9 +77,17 @@ def main():
     dev = "cuda"
     probe = None
     if args.probe:
+        import importlib.util
+        import tempfile
         text = open(args.probe).read()
-        probe = {}
-        exec(compile(text[:text.index("def bench(")], args.probe, "exec"), probe)   # the kernel and run()
+        # the probe is a script: import only its kernel and run() (everything before its timing code)
+        tmp = tempfile.NamedTemporaryFile("w", suffix="_probe_kernel.py", delete=False)
+        tmp.write(text[:text.index("def bench(")])
+        tmp.close()
+        spec = importlib.util.spec_from_file_location("probe_kernel", tmp.name)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        probe = {"run": mod.run}
     print(torch.cuda.get_device_name(0), "torch", torch.__version__, "triton", __import__("triton").__version__,
           flush=True)
     out = []

@@ -57,7 +57,7 @@ fi
 # the GEMM core alone on one GPU, at the per-rank GEMM shapes of the three workloads for TP=$NPROC
 if has gemm; then
   DITRON_HEAP_SIZE=64M step ${GEMM_TIMEOUT:-300} $TR1 -m ditron.bench gemm --shapes "$SHAPES" --tp "$NPROC" \
-      --configs default --dtype bf16 --machine "$MACHINE" --tag "$TAG"
+      --configs default --dtype bf16 --machine "$MACHINE" --tag "$TAG" $GRAPH
 fi
 if has sweep; then   # 32 configs x 10 shapes: fewer iterations, one round
   DITRON_HEAP_SIZE=64M step ${SWEEP_TIMEOUT:-570} $TR1 -m ditron.bench gemm --shapes "$SHAPES" --tp "$NPROC" \
