@@ -7,7 +7,7 @@ weights, context reuse, 1 rank and 2 nodes, errors before launch."""
 import pytest
 
 import bodies_ag_gemm as B
-from conftest import GPU_BACKEND
+from conftest import tma_loads, tma_stores, GPU_BACKEND
 
 ON_GPU = GPU_BACKEND != "sim"
 K = 32
@@ -70,8 +70,8 @@ def test_ag_gemm_consumer_compiles_for_sm90a(ce, tma):
                                         TMA=tma, FLATTEN=tma, SUBTILE=1), num_warps=8, num_stages=3)
     ptx = ck.asm["ptx"]
     assert "wgmma.mma_async" in ptx
-    assert ("cp.async.bulk.tensor.2d.shared::cluster.global" in ptx) == tma       # TMA loads
-    assert ("cp.async.bulk.tensor.2d.global.shared::cta" in ptx) == tma           # TMA-store epilogue
+    assert tma_loads(ptx) == tma
+    assert tma_stores(ptx) == tma           # TMA-store epilogue
 
 
 

@@ -8,6 +8,7 @@ import pytest
 import ditron
 
 import bodies_gemm_core as B
+from conftest import tma_loads, tma_stores
 
 G = importlib.import_module("ditron.kernels.gemm")
 SHAPES = [(37, 45, 70), (16, 16, 32), (5, 17, 33)]
@@ -60,8 +61,8 @@ def test_default_config_compiles_to_tma_and_wgmma(shape):
     assert cfg.tma
     ptx = _compile_core(cfg, tma=True)
     assert "wgmma.mma_async" in ptx
-    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in ptx      # TMA loads
-    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx          # TMA-store epilogue
+    assert tma_loads(ptx)
+    assert tma_stores(ptx)                  # TMA-store epilogue
 
 
 @pytest.mark.parametrize("cfg", [G.GemmConfig(128, 256, 64, 8, 8, 3, tma=True, flatten=True, epilogue_subtile=2),
@@ -69,7 +70,7 @@ def test_default_config_compiles_to_tma_and_wgmma(shape):
                          ids=["subtile2", "warp_specialize"])
 def test_tma_variants_compile(cfg):
     ptx = _compile_core(cfg, tma=True)
-    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.2d.global.shared::cta" in ptx
+    assert "wgmma.mma_async" in ptx and tma_loads(ptx) and tma_stores(ptx)
 
 
 def test_pointer_fallback_keeps_vector_loads():
