@@ -12,7 +12,7 @@ pads); ``rank_copy`` is ``copy_`` between peer views (the copy engine).
 from __future__ import annotations
 
 from ..errors import DitronError
-from .gpu import HEAP_ALIGN, GpuTransport
+from .gpu_base import HEAP_ALIGN, GpuTransport
 
 
 class P2PTransport(GpuTransport):
@@ -57,7 +57,7 @@ class P2PTransport(GpuTransport):
         me = hdl.get_buffer(hdl.rank, (1,), torch.uint8, 0).data_ptr()
         extra = buf.data_ptr() - me
         pad = (-buf.data_ptr()) % HEAP_ALIGN
-        from .gpu import _all_gather
+        from .gpu_base import _all_gather
         layouts = _all_gather((extra, pad))
         if any(lay != (extra, pad) for lay in layouts):
             raise DitronError(f"torch symmetric memory placed the heap differently on different ranks {layouts}")

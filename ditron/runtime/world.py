@@ -337,3 +337,9 @@ def _require_rank(world, rank, what, local=False):
     if local and rank // world.local_world_size != world.node:
         raise DitronError(f"{what}: rank {rank} is on node {rank // world.local_world_size}, not on this "
                           f"node ({world.node}); peer memory is reachable only inside a node")
+
+
+# lowering rules read the world through this provider: lowering sits below the runtime and never imports it
+from ..lowering import provide as _provide  # noqa: E402
+
+_provide("world", lambda: _WORLD)
