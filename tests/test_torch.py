@@ -1,0 +1,51 @@
+"""ditron inside PyTorch programs (issue 16): the registered ops ``torch.ops.ditron.*`` (against torch, and
+``torch.library.opcheck``), ``torch.compile(fullgraph=True)`` of a model calling ag_gemm and gemm_rs (matches
+eager), and the tensor-parallel layers of ``ditron.nn`` (equal the unsharded modules), on simulated ranks in
+CI and on GPUs under torchrun with DITRON_TEST_BACKEND=p2p|nvshmem (see conftest.py)."""
+import pytest
+
+import bodies_torch as B
+from conftest import GPU_BACKEND
+
+ON_GPU = GPU_BACKEND != "sim"
+COMPILE_BACKEND = "inductor"     # on the simulator inductor compiles the non-ditron parts to C++ (needs a C++ compiler)
+ALL_OPS = sorted(["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ag_gemm", "gemm_rs", "gemm_ar"])
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_ops_match_torch(dist_world, n):
+    assert dist_world(n).run(B.ops_match_torch, "bf16") == [ALL_OPS] * n
+
+
+def test_ops_match_torch_one_rank_fp32_collectives(dist_world):
+    # fp32: the collectives only (the GEMM kernels take float16 / bfloat16); one rank
+    got = dist_world(1).run(B.ops_match_torch, "fp32")
+    assert got == [["all_gather", "all_reduce", "all_to_all", "reduce_scatter"]]
+
+
+def test_opcheck_every_op(dist_world):
+    assert dist_world(2).run(B.opcheck_ops, "bf16") == [ALL_OPS] * 2
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_compiled_model_matches_eager(dist_world, n):
+    assert dist_world(n).run(B.compiled_matches_eager, COMPILE_BACKEND) == [(5, 24)] * n
+
+
+def test_wrong_world_size_is_an_error(dist_world):
+    assert dist_world(2).run(B.wrong_world_size) == ["torch.ops.ditron.ag_gemm: world_size=3 but the ditron world "
+                                                      "has 2 ranks"] * 2
+
+
+# n = 3: hidden 40 splits 14, 14, 12 (the last shard zero-padded); M = 3 * 5 rows for gemm_rs
+@pytest.mark.parametrize("n,dtype", [(1, "bf16"), (2, "fp16"), (3, "bf16"), (4, "fp16")])
+def test_tp_layers_equal_unsharded(dist_world, n, dtype):
+    assert dist_world(n).run(B.tp_layers_match, dtype) == [True] * n
+
+
+def test_tp_layers_without_bias(dist_world):
+    assert dist_world(2).run(B.tp_layers_match, "bf16", bias=False) == [True] * 2
+
+
+def test_tp_mlp_from_shards(dist_world):
+    assert dist_world(3).run(B.tp_from_shards) == [True] * 3
