@@ -182,3 +182,38 @@ def wrong_world_size(world):
     except ditron.DitronError as e:
         return str(e)
     return None
+
+
+def world_from_torch_group(world, store_path):
+    """Inside the simulated ranks: a gloo process group and CPU device meshes; ``ditron.init(group=...)`` and
+    ``ditron.init(device_mesh=..., mesh_dim=...)`` on the whole job give this world (rank i = group rank i),
+    the registered ops run on it; a sub-group (TP inside DP) of a process that already has a world is
+    refused, naming both ranks."""
+    import torch.distributed as tdist
+    from torch.distributed.device_mesh import init_device_mesh
+    W, R = world.world_size, world.rank
+    tdist.init_process_group("gloo", init_method=f"file://{store_path}", rank=R, world_size=W)
+    try:
+        assert ditron.init(group=tdist.group.WORLD) is world
+        mesh = init_device_mesh("cpu", (W,), mesh_dim_names=("tp",))
+        w = ditron.init(device_mesh=mesh, mesh_dim="tp")
+        assert w is world and (w.rank, w.world_size) == (mesh.get_local_rank("tp"), W)
+        x = _rand((3, 4), torch.float32, 21, R)
+        _close(torch.ops.ditron.all_reduce(x), sum(_rand((3, 4), torch.float32, 21, r) for r in range(W)),
+               f"rank {R}: all_reduce on the mesh's world")
+        refused = None
+        if W % 2 == 0 and W > 2:
+            mesh2 = init_device_mesh("cpu", (2, W // 2), mesh_dim_names=("dp", "tp"))
+            try:
+                ditron.init(device_mesh=mesh2, mesh_dim="tp")
+            except ditron.DitronError as e:
+                refused = str(e)
+            try:
+                ditron.init(device_mesh=mesh2)
+            except ditron.DitronError as e:
+                assert "name one with mesh_dim=" in str(e), str(e)
+            else:
+                raise AssertionError("a 2-D mesh without mesh_dim was accepted")
+        return refused
+    finally:
+        tdist.destroy_process_group()

@@ -49,3 +49,38 @@ def test_tp_layers_without_bias(dist_world):
 
 def test_tp_mlp_from_shards(dist_world):
     assert dist_world(3).run(B.tp_from_shards) == [True] * 3
+
+
+# ---------------------------------------------------------------------------
+# worlds from torch process groups and device meshes
+# ---------------------------------------------------------------------------
+
+@pytest.mark.skipif(ON_GPU, reason="builds its own gloo process group inside the simulated ranks")
+def test_world_from_group_and_mesh_on_the_simulator(dist_world, tmp_path):
+    msgs = dist_world(4).run(B.world_from_torch_group, str(tmp_path / "store"))
+    # the (dp, tp) = (2, 2) mesh: rank r is rank r % 2 of its TP group; this process's world is the whole job
+    assert msgs == [f"ditron is already initialised (rank {r} of 4); the group given is rank {r % 2} of 2: call "
+                    "ditron.finalize() first" for r in range(4)], msgs
+
+
+@pytest.mark.parametrize("members,lws,expect", [
+    ([0, 1, 2, 3], 4, [(0, 4, 0, 4, 1, 0), (1, 4, 1, 4, 1, 0), (2, 4, 2, 4, 1, 0), (3, 4, 3, 4, 1, 0)]),
+    ([2, 3], 4, [(0, 2, 0, 2, 1, 0), (1, 2, 1, 2, 1, 0)]),                      # TP group inside a node
+    ([2, 3, 4, 5], 4, [(0, 4, 0, 2, 2, 0), (1, 4, 1, 2, 2, 0), (2, 4, 0, 2, 2, 1), (3, 4, 1, 2, 2, 1)]),
+    ([1, 5, 9], 4, [(0, 3, 0, 1, 3, 0), (1, 3, 0, 1, 3, 1), (2, 3, 0, 1, 3, 2)]),  # a DP group: one per node
+    ([0], 4, [(0, 1, 0, 1, 1, 0)]),
+])
+def test_group_rank_mapping(members, lws, expect):
+    from ditron.runtime.groups import topology_of_members
+    assert [topology_of_members(members, i, lws) for i in range(len(members))] == expect
+
+
+@pytest.mark.parametrize("members,lws,match", [
+    ([0, 4, 1, 5], 4, "not consecutive group ranks"),
+    ([2, 3, 4], 4, "different numbers of members per node"),
+])
+def test_group_rank_mapping_errors(members, lws, match):
+    import ditron
+    from ditron.runtime.groups import topology_of_members
+    with pytest.raises(ditron.DitronError, match=match):
+        topology_of_members(members, 0, lws)

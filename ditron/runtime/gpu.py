@@ -40,10 +40,10 @@ import socket
 
 from ..errors import DitronError
 from ..lowering.devlib import HEAP_ALIGN, MAX_LOCAL_RANKS
-from .gpu_base import _activate, _all_gather, _install_hooks, multicast_off, wait_timeout_ns
+from .gpu_base import _activate, _all_gather, _install_hooks, multicast_off, set_group, wait_timeout_ns
 from .gpu_base import hang_report, loaded_modules, wait_for_hang_report  # noqa: F401  (public API)
 from .heap import heap_size_from_env, parse_size, round_up
-from .world import World
+from .world import World, topology_from_env
 
 DEFAULT_HEAP = 1 << 30
 
@@ -242,17 +242,21 @@ def _choose_backend(backend, nnodes):
     return "p2p"
 
 
-def make_gpu_transport(backend, topo, heap_size, device) -> World:
-    """Build this rank's world on its GPU (see the module docstring)."""
+def make_gpu_transport(backend, topo, heap_size, device, group=None) -> World:
+    """Build this rank's world on its GPU (see the module docstring); ``group``: the torch process group the
+    world is built on (``topo`` is then the group's, see :mod:`ditron.runtime.groups`)."""
     multicast_off()
     rank, world_size, local_rank, lws, nnodes, node = topo
     if lws > MAX_LOCAL_RANKS:
         raise DitronError(f"LOCAL_WORLD_SIZE={lws} exceeds the {MAX_LOCAL_RANKS} ranks per node the world "
                           "descriptor holds")
     torch = _torch()
-    dev = _select_device(torch, device, local_rank, lws)
+    job = topology_from_env()       # the GPU is the process's own: LOCAL_RANK of the job, not of the group
+    dev = _select_device(torch, device, job[2], job[3])
     torch.cuda.set_device(dev)
-    _ensure_process_group(torch, rank, world_size, dev)
+    if group is None:
+        _ensure_process_group(torch, rank, world_size, dev)
+    set_group(group)
     _check_job(torch, topo, dev)
     choice = _choose_backend(backend, nnodes)
     size = heap_size_from_env(DEFAULT_HEAP) if heap_size is None else round_up(parse_size(heap_size), HEAP_ALIGN)

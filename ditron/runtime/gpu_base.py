@@ -210,19 +210,33 @@ def format_hang(record: dict, transport) -> str:
 
 
 _GATHER_SEQ = [0]
+_GROUP = [None]          # the torch process group of the world being built (None: the whole job)
+
+
+def set_group(group):
+    """The process group the GPU world is built on (None: every rank of the job)."""
+    _GROUP[0] = group
+
+
+def process_group():
+    """The process group of the GPU world (``torch.distributed.group.WORLD`` for the whole job)."""
+    import torch.distributed as dist
+    return _GROUP[0] if _GROUP[0] is not None else dist.group.WORLD
 
 
 def _all_gather(obj):
-    """All ranks' ``obj`` through torch.distributed's store (CPU only: it
+    """All ranks' ``obj`` (ranks of the world's group) through torch.distributed's store (CPU only: it
     works before NCCL communicators exist, e.g. when ranks share a GPU)."""
     import pickle
 
     import torch.distributed as dist
+    group = _GROUP[0]
     store = dist.distributed_c10d._get_default_store()
     _GATHER_SEQ[0] += 1
-    prefix = f"ditron/gather/{_GATHER_SEQ[0]}/"
-    store.set(prefix + str(dist.get_rank()), pickle.dumps(obj))
-    keys = [prefix + str(r) for r in range(dist.get_world_size())]
+    name = "job" if group is None else group.group_name      # concurrent groups (TP inside DP) do not mix
+    prefix = f"ditron/gather/{name}/{_GATHER_SEQ[0]}/"
+    store.set(prefix + str(dist.get_rank(group)), pickle.dumps(obj))
+    keys = [prefix + str(r) for r in range(dist.get_world_size(group))]
     store.wait(keys)
     return [pickle.loads(store.get(k)) for k in keys]
 

@@ -12,7 +12,7 @@ pads); ``rank_copy`` is ``copy_`` between peer views (the copy engine).
 from __future__ import annotations
 
 from ..errors import DitronError
-from .gpu_base import HEAP_ALIGN, GpuTransport
+from .gpu_base import HEAP_ALIGN, GpuTransport, process_group
 
 
 class P2PTransport(GpuTransport):
@@ -34,7 +34,7 @@ class P2PTransport(GpuTransport):
                 symm_mem.set_backend("CUDA")
         except Exception:  # noqa: BLE001 -- older torch: CUDA is the only backend
             pass
-        group = dist.group.WORLD
+        group = process_group()
         try:
             buf = symm_mem.empty(self.heap_size + HEAP_ALIGN, dtype=torch.uint8, device=self.device)
             try:
