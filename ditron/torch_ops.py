@@ -161,13 +161,49 @@ def _gemm_shapes(op, a, b):
     return a.shape[0], a.shape[1], b.shape[1]
 
 
+def _class_numel(x, *_):
+    n = _bucket(x.numel())
+    return (x.dtype, n), (n, x.dtype)
+
+
+def _class_tokens(x, *_):
+    if x.dim() != 2:
+        raise DitronError(f"torch.ops.ditron.all_to_all: x must be [tokens, hidden], got {list(x.shape)}")
+    t = _bucket(x.shape[0])
+    return (x.dtype, x.shape[1], t), (t, x.shape[1], x.dtype)
+
+
+def _class_ag_gemm(a, b, *_):
+    m, K, _ = _gemm_shapes("ag_gemm", a, b)
+    return (a.dtype, K, _bucket(m)), (_bucket(m), K, a.dtype)
+
+
+def _class_rows_n(op):
+    def shape_class(a, b, *_):
+        M, _, N = _gemm_shapes(op, a, b)
+        return (a.dtype, N, _bucket(M)), (_bucket(M), N, a.dtype)
+    return shape_class
+
+
+_SHAPE_CLASS = {"all_reduce": _class_numel, "all_gather": _class_numel, "reduce_scatter": _class_numel,
+                "all_to_all": _class_tokens, "ag_gemm": _class_ag_gemm, "gemm_rs": _class_rows_n("gemm_rs"),
+                "gemm_ar": _class_rows_n("gemm_ar")}
+
+
+def context_for(op: str, *args):
+    """The zoo context that ``torch.ops.ditron.<op>(*args)`` uses (made, collectively, on first use), e.g. to
+    call the zoo function with it directly."""
+    key, shape_args = _SHAPE_CLASS[op](*args)
+    return context(op, key, *shape_args)
+
+
 # ---------------------------------------------------------------------------
 # collectives
 # ---------------------------------------------------------------------------
 
 @torch.library.custom_op("ditron::all_reduce", mutates_args=())
 def all_reduce(x: torch.Tensor, method: str = "auto") -> torch.Tensor:
-    ctx = context("all_reduce", (x.dtype, _bucket(x.numel())), _bucket(x.numel()), x.dtype)
+    ctx = context_for("all_reduce", x)
     return _fresh(_zoo("all_reduce").all_reduce(x.contiguous(), ctx, method=method), x)
 
 
@@ -183,7 +219,7 @@ def _gathered_shape(x, W):
 @torch.library.custom_op("ditron::all_gather", mutates_args=())
 def all_gather(x: torch.Tensor, world_size: int, method: str = "auto") -> torch.Tensor:
     _world_size("all_gather", world_size)
-    ctx = context("all_gather", (x.dtype, _bucket(x.numel())), _bucket(x.numel()), x.dtype)
+    ctx = context_for("all_gather", x)
     return _fresh(_zoo("all_gather").all_gather(x.contiguous(), ctx, method=method), x)
 
 
@@ -202,7 +238,7 @@ def _scattered_shape(x, W):
 @torch.library.custom_op("ditron::reduce_scatter", mutates_args=())
 def reduce_scatter(x: torch.Tensor, world_size: int, method: str = "auto") -> torch.Tensor:
     shape = _scattered_shape(x, _world_size("reduce_scatter", world_size))
-    ctx = context("reduce_scatter", (x.dtype, _bucket(x.numel())), _bucket(x.numel()), x.dtype)
+    ctx = context_for("reduce_scatter", x)
     out = _zoo("reduce_scatter").reduce_scatter(x.contiguous(), ctx, method=method)
     return _fresh(out.reshape(shape), x)
 
@@ -214,10 +250,7 @@ def _(x, world_size, method="auto"):
 
 @torch.library.custom_op("ditron::all_to_all", mutates_args=())
 def all_to_all(x: torch.Tensor) -> torch.Tensor:
-    if x.dim() != 2:
-        raise DitronError(f"torch.ops.ditron.all_to_all: x must be [tokens, hidden], got {list(x.shape)}")
-    tokens, hidden = x.shape
-    ctx = context("all_to_all", (x.dtype, hidden, _bucket(tokens)), _bucket(tokens), hidden, x.dtype)
+    ctx = context_for("all_to_all", x)
     return _fresh(_zoo("all_to_all").all_to_all(x.contiguous(), ctx), x)
 
 
@@ -233,8 +266,7 @@ def _(x):
 @torch.library.custom_op("ditron::ag_gemm", mutates_args=())
 def ag_gemm(a: torch.Tensor, b: torch.Tensor, world_size: int) -> torch.Tensor:
     _world_size("ag_gemm", world_size)
-    m, K, _ = _gemm_shapes("ag_gemm", a, b)
-    ctx = context("ag_gemm", (a.dtype, K, _bucket(m)), _bucket(m), K, a.dtype)
+    ctx = context_for("ag_gemm", a, b)
     return _fresh(_zoo("ag_gemm").ag_gemm(a.contiguous(), b, ctx), a, b)
 
 
@@ -247,8 +279,7 @@ def _(a, b, world_size):
 @torch.library.custom_op("ditron::gemm_rs", mutates_args=())
 def gemm_rs(a: torch.Tensor, b: torch.Tensor, world_size: int) -> torch.Tensor:
     _world_size("gemm_rs", world_size)
-    M, _, N = _gemm_shapes("gemm_rs", a, b)
-    ctx = context("gemm_rs", (a.dtype, N, _bucket(M)), _bucket(M), N, a.dtype)
+    ctx = context_for("gemm_rs", a, b)
     return _fresh(_zoo("gemm_rs").gemm_rs(a.contiguous(), b, ctx), a, b)
 
 
@@ -262,8 +293,7 @@ def _(a, b, world_size):
 
 @torch.library.custom_op("ditron::gemm_ar", mutates_args=())
 def gemm_ar(a: torch.Tensor, b: torch.Tensor, method: str = "auto") -> torch.Tensor:
-    M, _, N = _gemm_shapes("gemm_ar", a, b)
-    ctx = context("gemm_ar", (a.dtype, N, _bucket(M)), _bucket(M), N, a.dtype)
+    ctx = context_for("gemm_ar", a, b)
     return _fresh(_zoo("gemm_ar").gemm_ar(a.contiguous(), b, ctx, method=method), a, b)
 
 

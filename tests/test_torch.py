@@ -84,3 +84,23 @@ def test_group_rank_mapping_errors(members, lws, match):
     from ditron.runtime.groups import topology_of_members
     with pytest.raises(ditron.DitronError, match=match):
         topology_of_members(members, 0, lws)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GPUs only (torchrun with DITRON_TEST_BACKEND=p2p|nvshmem)")
+def test_tp_mlp_compiled_and_cuda_graphs(dist):
+    assert dist.run(B.tp_mlp_compiled_graphs) == [True] * dist.world_size
+
+
+@pytest.mark.skipif(ON_GPU, reason="the smoke run of the GPU benchmark script on 2 simulated ranks")
+def test_bench_script_smoke():
+    """bench/torch_tp_mlp.py's checks (eager vs unsharded, compiled vs eager, direct calls vs eager) and its
+    table on the simulator; the timings are meaningless there and not judged."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-m", "ditron", "sim", "-n", "2", os.path.join(root, "bench", "torch_tp_mlp.py"),
+                        "--tokens", "32", "--d", "16", "--ffn", "24", "--iters", "1", "--warmup", "1", "--repeat", "1"],
+                       capture_output=True, text=True, timeout=600, cwd=root)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    assert "| 32, 16, 24 | 2 | bf16 |" in p.stdout, p.stdout[-2000:]

@@ -24,6 +24,7 @@ step() {
 for b in $BACKENDS; do
   DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_dist_runtime.py
   DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_dist_primitives.py
+  DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_torch.py
   step $TR tests/gpu/lifecycle.py --backend "$b"
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind wait
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind signal
