@@ -104,3 +104,22 @@ def test_bench_script_smoke():
                        capture_output=True, text=True, timeout=600, cwd=root)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     assert "| 32, 16, 24 | 2 | bf16 |" in p.stdout, p.stdout[-2000:]
+
+
+@pytest.mark.skipif(ON_GPU, reason="runs the docs' example on 2 simulated ranks")
+def test_docs_example_runs(tmp_path):
+    """The eager + torch.compile example of docs/torch.md, as written there, on 2 simulated ranks."""
+    import os
+    import re
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "docs", "torch.md")).read()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if b.startswith("# example.py")]
+    assert len(blocks) == 1, "docs/torch.md lost its example.py block"
+    script = tmp_path / "example.py"
+    script.write_text(blocks[0])
+    p = subprocess.run([sys.executable, "-m", "ditron", "sim", "-n", "2", str(script)], capture_output=True, text=True,
+                       timeout=600, cwd=root)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    assert "rank 0: compiled == eager, (8, 32)" in p.stdout and "rank 1: compiled == eager" in p.stdout, p.stdout
