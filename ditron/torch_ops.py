@@ -51,9 +51,11 @@ def _bucket(n: int) -> int:
 
 def configure(op: str, **options):
     """Options for the contexts of ``op`` made from now on (e.g. ``configure("gemm_rs", method="scatter")``);
-    the same on every rank.  Contexts already made keep theirs."""
-    if op not in _FACTORIES:
-        raise DitronError(f"ditron.torch_ops.configure: unknown op {op!r}; use one of {', '.join(_FACTORIES)}")
+    the same on every rank, in the same order as the ops.  The contexts of ``op`` made so far are dropped
+    from the cache (their symmetric memory stays allocated until the enclosing ``ditron.heap_scope`` ends
+    or ``ditron.finalize``)."""
+    if op not in OPS:
+        raise DitronError(f"ditron.torch_ops.configure: unknown op {op!r}; use one of {', '.join(OPS)}")
     _OPTIONS[op] = dict(options)
     for key in [k for k in _CACHE["contexts"] if k[0] == op]:
         del _CACHE["contexts"][key]
@@ -67,7 +69,7 @@ def contexts():
     return {k: e[0] for k, e in _CACHE["contexts"].items() if _alive(world, e)}
 
 
-def context(op: str, key: tuple, *shape_args):
+def _context(op: str, key: tuple, *shape_args):
     """The context of ``op`` for the shape class ``key``, made (collectively) on first use."""
     world = current_world(required=False)
     if world is None:
@@ -84,7 +86,7 @@ def context(op: str, key: tuple, *shape_args):
                               "before capturing it")
         allocs = world.heap.allocations
         before = len(allocs)
-        ctx = _FACTORIES[op](*shape_args, **_OPTIONS.get(op, {}))
+        ctx = _make(op, *shape_args, **_OPTIONS.get(op, {}))
         last = allocs[-1] if len(allocs) > before else None
         entry = _CACHE["contexts"][full] = (ctx, len(allocs) - 1, last)
     return entry[0]
@@ -103,37 +105,12 @@ def _zoo(name):
     return importlib.import_module("ditron.kernels." + name)
 
 
-def _make_all_reduce(numel, dtype, **o):
-    return _zoo("all_reduce").create_all_reduce_context(numel, dtype, **o)
+def _make(op, *shape_args, **options):
+    """A new zoo context for ``op``: ``ditron.kernels.<op>.create_<op>_context(*shape_args, **options)``."""
+    return getattr(_zoo(op), f"create_{op}_context")(*shape_args, **options)
 
 
-def _make_all_gather(numel, dtype, **o):
-    return _zoo("all_gather").create_all_gather_context(numel, dtype, **o)
-
-
-def _make_reduce_scatter(numel, dtype, **o):
-    return _zoo("reduce_scatter").create_reduce_scatter_context(numel, dtype, **o)
-
-
-def _make_all_to_all(tokens, hidden, dtype, **o):
-    return _zoo("all_to_all").create_all_to_all_context(tokens, hidden, dtype, **o)
-
-
-def _make_ag_gemm(m, k, dtype, **o):
-    return _zoo("ag_gemm").create_ag_gemm_context(m, k, dtype, **o)
-
-
-def _make_gemm_rs(m, n, dtype, **o):
-    return _zoo("gemm_rs").create_gemm_rs_context(m, n, dtype, **o)
-
-
-def _make_gemm_ar(m, n, dtype, **o):
-    return _zoo("gemm_ar").create_gemm_ar_context(m, n, dtype, **o)
-
-
-_FACTORIES = {"all_reduce": _make_all_reduce, "all_gather": _make_all_gather, "reduce_scatter": _make_reduce_scatter,
-              "all_to_all": _make_all_to_all, "ag_gemm": _make_ag_gemm, "gemm_rs": _make_gemm_rs,
-              "gemm_ar": _make_gemm_ar}
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "ag_gemm", "gemm_rs", "gemm_ar")
 
 
 def _world_size(op, world_size):
@@ -194,7 +171,7 @@ def context_for(op: str, *args):
     """The zoo context that ``torch.ops.ditron.<op>(*args)`` uses (made, collectively, on first use), e.g. to
     call the zoo function with it directly."""
     key, shape_args = _SHAPE_CLASS[op](*args)
-    return context(op, key, *shape_args)
+    return _context(op, key, *shape_args)
 
 
 # ---------------------------------------------------------------------------
@@ -302,5 +279,3 @@ def _(a, b, method="auto"):
     M, _, N = _gemm_shapes("gemm_ar", a, b)
     return a.new_empty((M, N))
 
-
-OPS = tuple(_FACTORIES)

@@ -254,3 +254,25 @@ def tp_mlp_compiled_graphs(world, m=256, d=512, hidden=1024, dtype="bf16"):
             _close(overhead(xs[i]), eager[i], f"rank {R}: reduce-overhead call with input {i}", rel=1e-2)
     torch.cuda.synchronize()
     return True
+
+
+def configure_contexts(world):
+    """``torch_ops.configure`` changes the options of the contexts made afterwards (here ag_gemm's producer),
+    results stay right, and an unknown op is an error naming it."""
+    W, R = world.world_size, world.rank
+    a = [_rand((5, 32), torch.bfloat16, 40, r) for r in range(W)]
+    b = _dev(world, _rand((32, 24), torch.bfloat16, 41))
+    ref = torch.cat([t.float() for t in a]) @ b.float().cpu()
+    producers = []
+    try:
+        for producer in ("sm", "ce"):
+            torch_ops.configure("ag_gemm", producer=producer)
+            _close(torch.ops.ditron.ag_gemm(_dev(world, a[R]), b, W), ref, f"rank {R}: producer {producer}")
+            producers.append(torch_ops.context_for("ag_gemm", a[R], b).producer)
+    finally:
+        torch_ops.configure("ag_gemm")
+    try:
+        torch_ops.configure("all_gatherr")
+    except ditron.DitronError as e:
+        producers.append(str(e).split(";")[0])
+    return producers

@@ -38,13 +38,10 @@ def test_wrong_world_size_is_an_error(dist_world):
 
 
 # n = 3: hidden 40 splits 14, 14, 12 (the last shard zero-padded); M = 3 * 5 rows for gemm_rs
-@pytest.mark.parametrize("n,dtype", [(1, "bf16"), (2, "fp16"), (3, "bf16"), (4, "fp16")])
-def test_tp_layers_equal_unsharded(dist_world, n, dtype):
-    assert dist_world(n).run(B.tp_layers_match, dtype) == [True] * n
-
-
-def test_tp_layers_without_bias(dist_world):
-    assert dist_world(2).run(B.tp_layers_match, "bf16", bias=False) == [True] * 2
+@pytest.mark.parametrize("n,dtype,bias", [(1, "bf16", True), (2, "fp16", False), (3, "bf16", True),
+                                          (4, "fp16", True)])
+def test_tp_layers_equal_unsharded(dist_world, n, dtype, bias):
+    assert dist_world(n).run(B.tp_layers_match, dtype, bias=bias) == [True] * n
 
 
 def test_tp_mlp_from_shards(dist_world):
@@ -123,3 +120,8 @@ def test_docs_example_runs(tmp_path):
                        timeout=600, cwd=root)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     assert "rank 0: compiled == eager, (8, 32)" in p.stdout and "rank 1: compiled == eager" in p.stdout, p.stdout
+
+
+def test_configure_contexts(dist_world):
+    assert dist_world(2).run(B.configure_contexts) == [
+        ["sm", "ce", "ditron.torch_ops.configure: unknown op 'all_gatherr'"]] * 2
