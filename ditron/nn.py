@@ -53,6 +53,13 @@ def _param(t):
     return nn.Parameter(t.detach().clone(), requires_grad=False) if t is not None else None
 
 
+def _weight_param(w):
+    """``w [out, in]`` stored column-major: ``weight.t()`` -- the ``b [K, N]`` operand the GEMM kernels take --
+    is then row-major and contiguous (the layout their TMA path needs), and ``weight`` keeps ``nn.Linear``'s
+    shape.  ``Module.to`` keeps the strides."""
+    return nn.Parameter(w.detach().t().contiguous().t(), requires_grad=False)
+
+
 def _check_weight(what, weight, bias, bias_len):
     if weight.dim() != 2 or weight.dtype not in (torch.float16, torch.bfloat16):
         raise DitronError(f"ditron.nn.{what}: weight must be a 2-D float16/bfloat16 tensor, got "
@@ -69,7 +76,7 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, local_features: int | None = None):
         super().__init__()
         _check_weight("ColumnParallelLinear", weight, bias, weight.shape[0])
-        self.weight = _param(weight)
+        self.weight = _weight_param(weight)
         self.bias = _param(bias)
         self.local_features = weight.shape[0] if local_features is None else int(local_features)
         self.world_size = _topology(None)[1]
@@ -102,7 +109,7 @@ class RowParallelLinear(nn.Module):
         if reduce not in ("rs", "ar"):
             raise DitronError(f"ditron.nn.RowParallelLinear: reduce must be 'rs' or 'ar', got {reduce!r}")
         _check_weight("RowParallelLinear", weight, bias, weight.shape[0])
-        self.weight = _param(weight)
+        self.weight = _weight_param(weight)
         self.bias = _param(bias)
         self.reduce = reduce
         self.local_features = weight.shape[1] if local_features is None else int(local_features)

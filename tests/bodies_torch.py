@@ -134,6 +134,7 @@ def tp_layers_match(world, dtype, m=5, d=24, hidden=40, d_out=20, bias=True):
         ref_h = f1(x.float())
         ref_y = f2(torch.nn.functional.gelu(ref_h))
         col = dnn.ColumnParallelLinear.from_linear(fc1).to(world.device)
+        assert col.weight.t().is_contiguous(), "the GEMM operand weight.t() is not row-major contiguous"
         h = col(xr)
         per = -(-hidden // W)
         lo = min(R * per, hidden)
