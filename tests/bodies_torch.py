@@ -109,6 +109,9 @@ def compiled_matches_eager(world, backend, m=5, d=24, hidden_per_rank=16, dtype=
     _close(eager, ref, f"rank {R}: eager")
     for i, y in enumerate(outs):       # inductor may fuse gelu / scale / add differently: bf16 rounding
         _close(y, eager, f"rank {R}: compiled call {i} vs eager", rel=1e-2)
+    # another sequence length: a recompilation (dynamic rows), the fake implementations on symbolic shapes
+    x2 = _dev(world, _rand((m + 3, d), dtype, 10, R))
+    _close(compiled(x2), model(x2), f"rank {R}: compiled vs eager with {m + 3} rows", rel=1e-2)
     return tuple(outs[0].shape)
 
 
