@@ -2,7 +2,7 @@
 # GEMM + communication overlap on one node of GPUs (default 4 x H200): the zoo's GEMM-overlap test bodies
 # first (correctness on GPUs), then ditron's AG-GEMM / GEMM-RS / GEMM-AR against cuBLAS+NCCL (sequential),
 # torch's fused symmetric-memory ops, the GEMM alone and the collective alone, at the paper's shapes for TP=4
-# (ditron/bench_gemm.py), then the GEMM core against cuBLAS (and, with STEPS=sweep, a sweep of GemmConfig).
+# (ditron/bench/gemm.py), then the GEMM core against cuBLAS (and, with STEPS=sweep, a sweep of GemmConfig).
 # Results under bench/results/ (Markdown, JSON, PNG): <tag>-ag_gemm-bf16.*, <tag>-gemm_rs-bf16.*,
 # <tag>-gemm_ar-bf16.*, <tag>-gemm-bf16.*, <tag>-gemm-sweep-bf16.*.  Every step has a timeout.
 #

@@ -35,7 +35,7 @@ import triton.language as tl
 
 from .. import _compat
 from ..errors import DitronError
-from . import register
+from . import provided, register
 
 BACKEND = "sim"
 _MC_TAG = np.uint64(1 << 62)          # marks multicast addresses
@@ -48,8 +48,7 @@ _TRITON = os.path.dirname(os.path.abspath(tl.__file__)).rsplit(os.sep, 1)[0]
 # ---------------------------------------------------------------------------
 
 def _world(ctx):
-    from ..runtime.world import current_world
-    world = current_world(required=False)
+    world = provided("world")
     if world is None or world.backend != "sim":
         raise ctx.error("needs a simulated ditron world: call ditron.init() (the script runs under "
                         "`ditron sim -n N` or with TRITON_INTERPRET=1)")
@@ -100,13 +99,11 @@ def where() -> str:
 
 
 def _program():
-    from ..sim.executor import current_program
-    return current_program()
+    return provided("program")
 
 
 def _launch():
-    from ..sim.executor import current_launch
-    return current_launch()
+    return provided("launch")
 
 
 def _check_rank(ctx, world, rank, arg, local):
@@ -354,8 +351,7 @@ def _st(ctx, ptr, value, scope, semantic):
 
 
 def _progress():
-    from ..runtime.world import current_world
-    world = current_world(required=False)
+    world = provided("world")
     if world is not None and world.backend == "sim":
         world.transport.control.progress()
 

@@ -23,6 +23,7 @@ import traceback
 
 from .. import _compat
 from ..errors import DitronError, DitronHangError
+from ..lowering import provide
 
 _CURRENT = threading.local()
 
@@ -34,6 +35,10 @@ def current_launch():
 
 def current_program():
     return getattr(_CURRENT, "program", None)
+
+
+provide("launch", current_launch)       # the sim lowering rules read these; lowering never imports the simulator
+provide("program", current_program)
 
 
 class Launch:
