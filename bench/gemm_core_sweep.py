@@ -15,7 +15,7 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-from ditron.bench_gemm import gemm_core_shapes  # noqa: E402
+from ditron.bench.gemm import gemm_core_shapes  # noqa: E402
 import ditron.kernels.gemm as G  # noqa: E402
 
 C = G.GemmConfig
