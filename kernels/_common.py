@@ -189,7 +189,7 @@ class CollectiveContext:
         if span is None or t.numel() == 0 or not heap.contains(t):
             return
         lo = t.data_ptr() - heap.base
-        hi = lo + (max((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+        hi = lo + (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
         if lo < span[1] and span[0] < hi:
             raise ditron.DitronError(f"{op}: argument '{argname}' overlaps this context's own buffers "
                                      f"({heap.describe_offset(max(lo, span[0]))}); peers write there during the "
