@@ -154,7 +154,7 @@ class SymmetricHeap:
             return False
         if getattr(t, "device", None) is not None and t.device != self.buffer.device:
             return False
-        span = (t.numel() and (max((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1)) * t.element_size()
+        span = (t.numel() and (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1)) * t.element_size()
         return self.contains_ptr(ptr, span)
 
     def describe_offset(self, offset: int) -> str:
