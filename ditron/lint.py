@@ -323,7 +323,7 @@ def _one(vals):
     return "/".join(sorted(map(str, vals)))
 
 
-def _check(events, kernel_name):
+def _check(events):
     findings = []
     waited = set().union(*(e.bases for e in events if e.kind in ("wait", "poll"))) if events else set()
     peer_written = set()
@@ -390,7 +390,7 @@ def lint(kernel, module=None, constexprs=None) -> list:
         w = _Walker(module, constexprs)
         params = A._param_names(fn) or ()
         w.walk_function(fn, {p: {p} for p in params})
-        return _check(w.events, fn.__name__)
+        return _check(w.events)
     except Exception:  # noqa: BLE001 -- a lint must never break a compilation
         return []
 

@@ -114,8 +114,12 @@ def failed_creation(world):
     """A context creation that fails after allocating gives its memory back."""
     heap = world.heap
     before = heap.mark()
-    errs = [_error(lambda: K.create_gemm_rs_context(max(1, world.world_size - 1), 16, torch.float16)),
-            _error(lambda: K.create_all_gather_context(heap.size, torch.float32))]      # heap full
+    # all_gather's context allocates 2 * W slots, then its signals, then one more slot: size the slot so
+    # that the first allocations fit and the last one does not (heap full half-way through the creation)
+    W = world.world_size
+    slot = (heap.size - heap.top) * 2 // (4 * W + 1) // 4        # 2W slots use 4W/(4W+1) of the free heap
+    errs = [_error(lambda: K.create_gemm_rs_context(max(1, W - 1), 16, torch.float16)),
+            _error(lambda: K.create_all_gather_context(slot, torch.float32))]
     return errs, heap.mark() == before
 
 

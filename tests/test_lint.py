@@ -62,8 +62,9 @@ def test_cli_prints_findings(capsys):
 
 
 def _all_kernels():
-    import sys
+    """Every @ditron.jit kernel of the zoo and of the tests' kernel / body modules."""
     import os
+
     import ditron.kernels
     here = os.path.dirname(__file__)
     names = ["ditron.kernels." + m.name for m in pkgutil.iter_modules(ditron.kernels.__path__)]
@@ -75,7 +76,6 @@ def _all_kernels():
         for k, v in vars(mod).items():
             if isinstance(v, DitronJITFunction) and v.fn.__module__ == mod.__name__:
                 out.append((name, k, v))
-    assert sys.modules.get("ditron.kernels.all_reduce") is not None
     return out
 
 

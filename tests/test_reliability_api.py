@@ -14,7 +14,6 @@ import pytest
 
 import bodies_reliability as B
 from ditron.errors import DitronHangError
-from ditron.runtime import consistency
 
 HANG_S = 3.0
 NRANKS = 3
@@ -78,6 +77,7 @@ def test_store_exchange_reports_mismatch_and_missing_rank():
     import threading
 
     import torch.distributed as dist
+    from ditron.runtime import consistency
     store = dist.HashStore()
     W = 3
     fps = [{"op": "all_reduce", "call": 0, "fields": [("x.shape", "(8,)" if r else "(4,)")], "site": "t.py:1"}
