@@ -89,23 +89,21 @@ def test_no_finding_on_zoo_and_test_kernels():
 
 
 def test_zoo_collectives_compile_clean():
-    """The zoo kernels no other test compiles for sm_90a, compiled here (their IR attributes included)."""
-    ag_gemm, all_gather, all_to_all, porting_example, reduce_scatter = (
+    """The zoo kernels no other test compiles for sm_90a, compiled here (their IR attributes included;
+    the others are compiled by their own tests, where a finding is an error too)."""
+    ag_gemm, all_gather, all_to_all, reduce_scatter = (
         importlib.import_module(f"ditron.kernels.{m}") for m in ("ag_gemm", "all_gather", "all_to_all",
-                                                                 "porting_example", "reduce_scatter"))
+                                                                 "reduce_scatter"))
     p16, i64, i32 = "*fp16", "*i64", "i32"
     jobs = [
         (all_gather.all_gather_kernel, [p16, p16, p16, i64, i64, i32, i32, i32],
          {"METHOD": 0, "MULTI_NODE": False, "ELEM_BYTES": 2, "BLOCK": 256}),
-        (all_gather.all_gather_kernel, [p16, p16, p16, i64, i64, i32, i32, i32],
-         {"METHOD": 2, "MULTI_NODE": True, "ELEM_BYTES": 2, "BLOCK": 256}),
         (reduce_scatter.reduce_scatter_kernel, [p16, p16, p16, "*fp32", i64, i64, i32, i32, i32],
          {"METHOD": 0, "MULTI_NODE": False, "ELEM_BYTES": 2, "WORLD": 4, "BLOCK": 256}),
         (all_to_all.all_to_all_kernel, [p16, p16, i64, i64, p16, i64, i64, i64, i32, i32, i32, i32, i32],
          {"EQUAL": True, "MULTI_NODE": False, "ELEM_BYTES": 2, "WP": 4, "BLOCK": 256}),
         (ag_gemm.ag_gemm_producer_kernel, [p16, p16, i64, i64, i32, i32],
          {"MULTI_NODE": False, "ELEM_BYTES": 2, "BLOCK": 256}),
-        (porting_example.ring_pull_kernel, [p16, p16, "*i32", i32], {"BLOCK": 256}),
     ]
     from ditron import _compat
     for kernel, types, cx in jobs:
