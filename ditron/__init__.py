@@ -21,7 +21,7 @@ for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "
 from . import language
 from .compiler import CompiledKernel, compile
 from .errors import DitronCompileError, DitronError, LibraryError, LoweringError
-from .errors import DitronHangError, DitronRankError
+from .errors import DitronHangError, DitronLintWarning, DitronRankError
 from .jit import DitronJITFunction, jit
 from .runtime.world import (World, barrier_all, current_world, finalize, heap_scope, init, is_symmetric, peer_tensor,
                             rank_copy, stream_wait_value, stream_write_value, symm_empty, symm_zeros)
@@ -30,5 +30,5 @@ from .target import Target, parse_target
 __version__ = "0.1.0"
 
 __all__ = ["init", "finalize", "current_world", "World", "symm_empty", "symm_zeros", "is_symmetric", "heap_scope",
-           "barrier_all", "rank_copy", "stream_write_value", "stream_wait_value", "peer_tensor", "DitronHangError", "DitronRankError", "jit", "compile", "language", "CompiledKernel", "DitronJITFunction", "DitronError", "DitronCompileError",
+           "barrier_all", "rank_copy", "stream_write_value", "stream_wait_value", "peer_tensor", "DitronHangError", "DitronRankError", "DitronLintWarning", "jit", "compile", "language", "CompiledKernel", "DitronJITFunction", "DitronError", "DitronCompileError",
            "LoweringError", "LibraryError", "Target", "parse_target", "__version__"]

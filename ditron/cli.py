@@ -78,14 +78,19 @@ def cmd_compile(args):
         options["num_warps"] = args.num_warps
     if args.num_stages:
         options["num_stages"] = args.num_stages
+    import warnings
     try:
-        ck = ditron.compile(kernel, target=args.target, signature=signature, constexprs=constexprs, **options)
+        with warnings.catch_warnings():            # lint findings are printed below, once
+            warnings.simplefilter("ignore", ditron.DitronLintWarning)
+            ck = ditron.compile(kernel, target=args.target, signature=signature, constexprs=constexprs, **options)
     except ditron.DitronError as e:
         print(f"ditron compile: error: {e}", file=sys.stderr)
         return 1
     except _compat.CompilationError as e:
         print(f"ditron compile: error: {e}", file=sys.stderr)
         return 1
+    for finding in ck.lint:
+        print(f"ditron compile: warning: {finding}", file=sys.stderr)
     key = EMIT[args.emit]
     if key not in ck.asm:
         print(f"ditron compile: target {ck.target.name} has no {args.emit} output (have: "

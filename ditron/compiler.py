@@ -32,6 +32,8 @@ class CompiledKernel:
     dist_ir: Module
     libraries: list = field(default_factory=list)
     triton_kernel: object = None
+    #: findings of the compile-time lint (:mod:`ditron.lint`), also issued as DitronLintWarning
+    lint: list = field(default_factory=list)
 
     @property
     def metadata(self):
@@ -112,4 +114,8 @@ def compile(kernel, target="sm_90a", signature=None, constexprs=None, attrs=None
     ck, module = compile_with_libraries(once, tgt, needs, extern_libs)
     asm = dict(ck.asm)
     asm["dist_ir"] = module.text()
-    return CompiledKernel(name=name, target=tgt, asm=asm, dist_ir=module, libraries=sorted(needs), triton_kernel=ck)
+    from . import lint
+    findings = lint.lint(fn, module, constexprs) if module.ops else []
+    lint.report(name, findings)
+    return CompiledKernel(name=name, target=tgt, asm=asm, dist_ir=module, libraries=sorted(needs), triton_kernel=ck,
+                          lint=findings)

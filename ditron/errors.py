@@ -44,6 +44,13 @@ class LibraryError(DitronError):
     """A device library (NVSHMEM, rocSHMEM) is missing or cannot be used."""
 
 
+class DitronLintWarning(UserWarning):
+    """A finding of the compile-time lint (:mod:`ditron.lint`): a signal
+    without release after stores, a GPU-scope wait on a buffer a peer writes,
+    a load after a wait that does not go through ``dl.consume_token``.
+    ``DITRON_STRICT=1`` turns findings into :class:`DitronCompileError`."""
+
+
 class DitronHangError(DitronError):
     """A wait did not complete: a deadlock found by the simulator, or a bounded
     wait (``DITRON_WAIT_TIMEOUT_S``) that expired on a GPU.

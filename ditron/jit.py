@@ -102,6 +102,7 @@ class DitronJITFunction(_compat.JITFunction):
         super().__init__(fn, **kwargs)
         self._needs: dict[str, set] = {}
         self.dist_ir = None
+        self._linted = False
 
     def _target(self):
         from triton.runtime import driver
@@ -129,6 +130,10 @@ class DitronJITFunction(_compat.JITFunction):
                 result = _compat.JITFunction.run(self, *args, grid=grid, warmup=warmup, extern_libs=libs, **kwargs)
             if module.ops:
                 self.dist_ir = module
+                if not self._linted:            # once per kernel: the lint reads the source, not the binary
+                    self._linted = True
+                    from . import lint
+                    lint.report(name, lint.lint(self, module, kwargs), stacklevel=5)
             return result
 
         return compile_with_libraries(once, target, needs, user_libs)

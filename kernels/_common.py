@@ -31,12 +31,16 @@ and a buffer is rewritten only after its reader has finished.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 import ditron
 import ditron.language as dl
+from ditron.runtime.consistency import CallBoard
+from ditron.runtime.world import check_live_tensor
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -111,11 +115,44 @@ def sm_count(device) -> int:
     return n
 
 
+def _guarded_init(init):
+    """Wrap a context's ``__init__``: a creation that fails gives its
+    symmetric allocations back (the heap is not leaked); a successful one
+    records the heap span it owns (for the aliasing check) and its
+    allocations (to notice a ``heap_scope`` that freed them)."""
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        if getattr(self, "_creating", False):          # a subclass's __init__ calling super().__init__
+            return init(self, *args, **kwargs)
+        world = kwargs.get("world") or next((a for a in args if isinstance(a, ditron.World)), None)
+        world = world or ditron.current_world()
+        heap = world.heap
+        mark = heap.mark()
+        self._creating = True
+        try:
+            init(self, *args, **kwargs)
+        except BaseException:
+            heap.release(mark)
+            raise
+        finally:
+            self._creating = False
+        self._heap_span = (mark[0], heap.top)
+        self._allocations = tuple(heap.allocations[mark[1]:])
+    return __init__
+
+
 class CollectiveContext:
     """Base of the zoo's contexts: the world, the device, the call counter and
     the symmetric buffers (allocated once, collectively, at creation)."""
 
     op = "collective"
+    #: the function that creates this kind of context (for error messages)
+    creator = "its create_*_context function"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _guarded_init(cls.__dict__["__init__"])
 
     def __init__(self, max_numel: int, dtype, world=None):
         self.world = world or ditron.current_world()
@@ -127,6 +164,36 @@ class CollectiveContext:
         self.dtype = dtype
         self.device = self.world.device
         self.calls = torch.zeros(2, dtype=torch.int64, device=self.device)
+        self.board = CallBoard(self.world, self.op)
+
+    def check_alive(self, op):
+        """A clear error for a context whose world or buffers are gone."""
+        w = self.world
+        if w.finalized:
+            raise ditron.DitronError(f"{op}: this {self.op} context belongs to a world that was finalized "
+                                     "(ditron.finalize()); create a new context after ditron.init()")
+        if ditron.current_world(required=False) is not w:
+            raise ditron.DitronError(f"{op}: this {self.op} context belongs to another ditron world than the "
+                                     "current one; create a new context in this world")
+        gone = next((a for a in getattr(self, "_allocations", ()) if a.freed), None)
+        if gone is not None:
+            raise ditron.DitronError(f"{op}: this {self.op} context's symmetric buffers were freed ({gone.freed}: "
+                                     f"{gone.label()}); a context must not outlive the ditron.heap_scope it was "
+                                     "created in. Create it again (or outside the scope)")
+
+    def check_not_aliased(self, t, argname, op):
+        """Reject an argument that overlaps this context's symmetric buffers
+        (peers write into them during the call: the result would be wrong)."""
+        span = getattr(self, "_heap_span", None)
+        heap = self.world.heap
+        if span is None or t.numel() == 0 or not heap.contains(t):
+            return
+        lo = t.data_ptr() - heap.base
+        hi = lo + (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+        if lo < span[1] and span[0] < hi:
+            raise ditron.DitronError(f"{op}: argument '{argname}' overlaps this context's own buffers "
+                                     f"({heap.describe_offset(max(lo, span[0]))}); peers write there during the "
+                                     "call. Pass a tensor of your own")
 
     def side_stream(self):
         """This context's second CUDA stream (created at first use), for work
@@ -165,6 +232,44 @@ class CollectiveContext:
         if t.numel() > self.max_numel * max(1, getattr(self, "numel_factor", 1)):
             raise ditron.DitronError(f"{self.op}: argument '{argname}' has {t.numel()} elements, more than the "
                                      f"context's max_numel={self.max_numel}; create a larger context")
+
+
+def enter(ctx, cls, op, fields=(), **tensors):
+    """The checks at the entry of every zoo op, before anything is launched:
+
+    * ``ctx`` is a context of the right kind (``cls``);
+    * the context is alive: its world was not finalized and its buffers were
+      not freed by the end of a ``heap_scope``;
+    * no tensor argument (``tensors``: name -> tensor or None) is a freed
+      symmetric tensor or overlaps the context's own symmetric buffers;
+    * every rank makes this call with the same ``fields`` (``(name, value)``
+      pairs: sizes, dtypes, method; :mod:`ditron.runtime.consistency`: always on
+      the simulator, with ``DITRON_DEBUG=1`` on GPUs).
+    """
+    if not isinstance(ctx, cls):
+        want = f"a context from {cls.creator}()"
+        if isinstance(ctx, CollectiveContext):
+            raise ditron.DitronError(f"{op}: ctx is a {ctx.op} context ({type(ctx).__name__}, from "
+                                     f"{type(ctx).creator}()); {op} needs {want}")
+        raise ditron.DitronError(f"{op}: ctx must be {want}, got {type(ctx).__name__}")
+    ctx.check_alive(op)
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor):
+            check_live_tensor(t, name, op)
+            ctx.check_not_aliased(t, name, op)
+    ctx.board.check(op, list(fields))
+
+
+def op_fields(x, method=None, rows=True, name="x"):
+    """The fingerprint fields of a tensor argument (shape, or only its row
+    length when ``rows`` is False, and dtype) and the method, for :func:`enter`."""
+    if isinstance(x, torch.Tensor):
+        shape = tuple(x.shape) if rows else tuple(x.shape[1:])
+        fields = [(f"{name}.shape" if rows else f"{name}.shape[1:]", shape),
+                  (f"{name}.dtype", str(x.dtype).replace("torch.", ""))]
+    else:
+        fields = [(name, type(x).__name__)]
+    return fields + ([("method", method)] if method is not None else [])
 
 
 def tl_dtype(dtype):

@@ -82,7 +82,7 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
-from ._common import CollectiveContext, ce_release, ce_send, epoch_begin, epoch_end, sm_count, topology
+from ._common import CollectiveContext, enter, op_fields, ce_release, ce_send, epoch_begin, epoch_end, sm_count, topology
 from .gemm import (GemmConfig, check_operands, default_config, ensure_tma_allocator, gemm_tile, gemm_tile_tma,
                    is_sim_device, store_tile, store_tile_tma, tile_rows, tma_ok)
 from .all_gather import _chunk, _put_chunk
@@ -241,6 +241,7 @@ class AgGemmContext(CollectiveContext):
     """Gather buffer, signals and GEMM config of ag_gemm (see the module docstring)."""
 
     op = "ag_gemm"
+    creator = "create_ag_gemm_context"
 
     def __init__(self, max_m_per_rank, k, dtype, world=None, producer="auto", producer_programs=None,
                  config: GemmConfig | None = None, num_programs=None, overlap=None, tma=None, **tile_options):
@@ -388,6 +389,7 @@ def ag_gemm(a, b, ctx, out=None):
     must call it with the same ``m`` and ``K`` (``N`` and ``b`` may differ per
     rank), in the same order as its other calls on ``ctx``.  Wrong shapes,
     dtypes or devices raise ``DitronError`` before anything is launched."""
+    enter(ctx, AgGemmContext, "ag_gemm", op_fields(a, name="a"), a=a, b=b, out=out)
     m, K, N = _check(ctx, a, b, out)
     W = ctx.world_size
     M = W * m

@@ -42,7 +42,8 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import CollectiveContext, epoch_begin, epoch_end, sm_count, take_flag, topology
+from ._common import CollectiveContext, enter, epoch_begin, epoch_end, sm_count, take_flag, topology
+from ._common import op_fields as _fields
 
 
 
@@ -270,6 +271,7 @@ class AllGatherContext(CollectiveContext):
     """Symmetric buffers and signals of all_gather (see the module docstring)."""
 
     op = "all_gather"
+    creator = "create_all_gather_context"
 
     def __init__(self, max_numel_per_rank, dtype, world=None, max_programs=None):
         super().__init__(max_numel_per_rank, dtype, world)
@@ -327,6 +329,7 @@ def all_gather(x, ctx, out=None, method="auto"):
     ``method``: ``"auto"``, ``"push"``, ``"pull"``, ``"ring"``; every rank must
     use the same one.  ``x`` may be any contiguous tensor (symmetric or not):
     the kernel stages it where peers need it."""
+    enter(ctx, AllGatherContext, "all_gather", _fields(x, method), x=x, out=out)
     ctx.check_tensor(x, "x")
     W = ctx.world_size
     n = x.numel()

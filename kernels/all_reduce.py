@@ -33,7 +33,7 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import CollectiveContext, epoch_begin, epoch_end
+from ._common import CollectiveContext, enter, epoch_begin, epoch_end, op_fields as _fields
 
 METHODS = ("auto", "one_shot", "two_shot", "multimem_one_shot", "multimem_two_shot", "ll")
 MULTIMEM_METHODS = ("multimem_one_shot", "multimem_two_shot")
@@ -363,6 +363,7 @@ class AllReduceContext(CollectiveContext):
     of ``dtype`` (see :func:`create_all_reduce_context`)."""
 
     op = "all_reduce"
+    creator = "create_all_reduce_context"
 
     def __init__(self, max_numel, dtype, world=None, multicast=None):
         super().__init__(max_numel, dtype, world)
@@ -455,8 +456,8 @@ def all_reduce(x, ctx: AllReduceContext, out=None, method="auto", *, block=None,
     ``block`` (tile elements; LL: words), ``chunk`` (elements per signal) and
     ``programs`` (grid bound) are tuning knobs; the defaults follow the size.
     Returns ``out``."""
-    if not isinstance(ctx, AllReduceContext):
-        raise ditron.DitronError("all_reduce: ctx must come from create_all_reduce_context()")
+    enter(ctx, AllReduceContext, "all_reduce", _fields(x, method) + [("block", block), ("chunk", chunk),
+                                                                      ("programs", programs)], x=x, out=out)
     if method not in METHODS:
         raise ditron.DitronError(f"all_reduce: unknown method {method!r}; use one of {', '.join(METHODS)}")
     ctx.check_tensor(x, "x")

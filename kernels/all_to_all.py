@@ -52,7 +52,8 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import CollectiveContext, epoch_begin, epoch_end, sm_count, topology
+from ._common import CollectiveContext, enter, epoch_begin, epoch_end, sm_count, topology
+from ._common import op_fields as _fields
 from .all_gather import (_SLOT_ALIGN, _chunk, _copy_local, _copy_to_peer, _put_chunk, _round_up,
                          check_out, launch_config)
 
@@ -159,6 +160,7 @@ class AllToAllContext(CollectiveContext):
     """Symmetric buffers and signals of all_to_all (see the module docstring)."""
 
     op = "all_to_all"
+    creator = "create_all_to_all_context"
 
     def __init__(self, max_tokens, hidden, dtype, world=None, max_programs=None):
         if int(hidden) < 1:
@@ -208,6 +210,7 @@ def all_to_all(x, ctx, out=None):
     """Equal splits: ``x`` is ``[world_size * t, hidden]`` (the same ``t`` on
     every rank); returns ``out`` ``[world_size * t, hidden]`` with rank ``s``'s
     rows ``[rank * t, (rank + 1) * t)`` at rows ``[s * t, (s + 1) * t)``."""
+    enter(ctx, AllToAllContext, "all_to_all", _fields(x), x=x, out=out)
     ctx.check_x(x)
     W = ctx.world_size
     if x.shape[0] % W:
@@ -228,6 +231,8 @@ def all_to_all_v(x, splits, ctx, out=None, recv_counts=None):
     order.  Returns ``(out, recv_counts)``: ``out`` ``[world_size * max_tokens,
     hidden]`` with the received rows packed in source order, and the int64
     ``[world_size]`` counts received from each rank (see the module docstring)."""
+    enter(ctx, AllToAllContext, "all_to_all_v", _fields(x, rows=False), x=x, out=out, splits=splits,
+          recv_counts=recv_counts)
     ctx.check_x(x)
     W = ctx.world_size
     if not isinstance(splits, torch.Tensor) or splits.dtype not in (torch.int32, torch.int64) or \

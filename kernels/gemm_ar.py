@@ -109,7 +109,7 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import CollectiveContext, epoch_begin, epoch_end, sm_count, topology
+from ._common import CollectiveContext, enter, op_fields, epoch_begin, epoch_end, sm_count, topology
 from .all_gather import _put_chunk
 from .all_reduce import AUTO_MULTIMEM_ON_GPU, AUTO_ONE_SHOT_MAX_BYTES, multicast_available
 from .gemm import (GemmConfig, check_operands, default_config, gemm_tile_at, operand_descriptors, prepare_tma,
@@ -316,6 +316,7 @@ class GemmArContext(CollectiveContext):
     """Symmetric buffers and signals of :func:`gemm_ar` (see the module docstring)."""
 
     op = "gemm_ar"
+    creator = "create_gemm_ar_context"
 
     def __init__(self, max_m, n, dtype, world=None, config: GemmConfig | None = None, gemm_programs=None,
                  reduce_programs=None, multicast=None):
@@ -481,6 +482,8 @@ def gemm_ar(a, b, ctx: GemmArContext, out=None, method="auto"):
     (``K`` and ``b`` may differ per rank).  ``method``: one of
     :data:`METHODS`.  Wrong shapes, dtypes, devices or methods raise
     ``DitronError`` before anything is launched.  Returns ``out``."""
+    fields = [("M", getattr(a, "shape", (None,))[0])] + op_fields(a, method, name="a")[1:]   # K may differ
+    enter(ctx, GemmArContext, "gemm_ar", fields, a=a, b=b, out=out)
     M, K, N = _check(ctx, a, b, out, method)
     if method == "auto":
         method = choose_method(ctx, M)

@@ -187,7 +187,7 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
-from ._common import CollectiveContext, ce_release, ce_send, epoch_begin, epoch_end, sm_count, take_flag, topology
+from ._common import CollectiveContext, enter, op_fields, ce_release, ce_send, epoch_begin, epoch_end, sm_count, take_flag, topology
 from .all_gather import _SLOT_ALIGN, _put_chunk, _round_up
 from .gemm import (GemmConfig, _GEMM_DTYPES, check_operands, default_config, gemm_tile_at, is_sim_device,
                    operand_descriptors, prepare_tma, store_tile)
@@ -372,6 +372,7 @@ class GemmRsContext(CollectiveContext):
     module docstring)."""
 
     op = "gemm_rs"
+    creator = "create_gemm_rs_context"
 
     def __init__(self, max_m, n, dtype, world=None, method="auto", config: GemmConfig | None = None,
                  num_programs=None):
@@ -506,6 +507,8 @@ def gemm_rs(a, b, ctx, out=None):
     the same ``M``, ``K`` and ``N``, in the same order as its other calls on
     ``ctx``.  Wrong shapes, dtypes or devices raise ``DitronError`` before
     anything is launched."""
+    enter(ctx, GemmRsContext, "gemm_rs", op_fields(a, name="a") + op_fields(b, name="b")[:1], a=a, b=b,
+          out=out)
     M, K, N = _check(ctx, a, b, out)
     W = ctx.world_size
     cfg = ctx.config or default_config(M, N, K, a.dtype, a.device)

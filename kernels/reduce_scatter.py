@@ -35,7 +35,8 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
-from ._common import CollectiveContext, epoch_begin, epoch_end, sm_count, topology
+from ._common import CollectiveContext, enter, epoch_begin, epoch_end, sm_count, topology
+from ._common import op_fields as _fields
 from .all_gather import (_SLOT_ALIGN, _chunk, _copy_local, _copy_to_peer, _put_chunk, _round_up,
                          check_out, detect_fabric, launch_config)
 
@@ -130,6 +131,7 @@ class ReduceScatterContext(CollectiveContext):
     """Symmetric buffers and signals of reduce_scatter (see the module docstring)."""
 
     op = "reduce_scatter"
+    creator = "create_reduce_scatter_context"
 
     def __init__(self, max_numel, dtype, world=None, max_programs=None, methods=METHODS):
         super().__init__(max_numel, dtype, world)
@@ -172,6 +174,7 @@ def reduce_scatter(x, ctx, out=None, method="auto"):
     over ranks and keep shard ``rank`` (``m`` elements) in ``out``.  ``method``:
     ``"auto"``, ``"mesh"``, ``"ring"`` (the same on every rank).  ``x`` is
     read in place (symmetric or not)."""
+    enter(ctx, ReduceScatterContext, "reduce_scatter", _fields(x, method), x=x, out=out)
     ctx.check_tensor(x, "x")
     W = ctx.world_size
     if x.numel() % W:

@@ -76,6 +76,9 @@ class Allocation:
     dtype: object
     name: Optional[str]
     site: str
+    #: why the allocation is gone (its heap_scope ended, ditron.finalize(), a failed context creation),
+    #: None while it is live; tensors made by :meth:`SymmetricHeap.alloc` carry their Allocation
+    freed: Optional[str] = None
 
     def label(self) -> str:
         dt = str(self.dtype).replace("torch.", "")
@@ -119,14 +122,22 @@ class SymmetricHeap:
         alloc = Allocation(len(self.allocations), offset, nbytes, shape, dtype, name, _call_site())
         self.allocations.append(alloc)
         view = self.buffer[offset:offset + nbytes].view(dtype)
-        return view.view(shape) if shape else view.view(())
+        view = view.view(shape) if shape else view.view(())
+        view._ditron_alloc = alloc            # lets a later use of a freed tensor say so (world.check_live_tensor)
+        return view
 
     def mark(self):
         return (self.top, len(self.allocations))
 
-    def release(self, mark):
+    def release(self, mark, why="the ditron.heap_scope it was allocated in has ended"):
         self.top, n = mark
+        for a in self.allocations[n:]:
+            a.freed = why
         del self.allocations[n:]
+
+    def release_all(self, why):
+        """Mark every allocation freed (the heap itself goes away)."""
+        self.release((0, 0), why)
 
     # -- queries ----------------------------------------------------------------
     def contains_ptr(self, ptr: int, nbytes: int = 1) -> bool:
@@ -143,7 +154,7 @@ class SymmetricHeap:
             return False
         if getattr(t, "device", None) is not None and t.device != self.buffer.device:
             return False
-        span = (t.numel() and (max((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1)) * t.element_size()
+        span = (t.numel() and (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1)) * t.element_size()
         return self.contains_ptr(ptr, span)
 
     def describe_offset(self, offset: int) -> str:

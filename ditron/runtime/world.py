@@ -39,6 +39,10 @@ class World:
     transport: object = field(repr=False, default=None)
     #: the torch process group the world was built on (``ditron.init(group=...)``); None: every rank of the job
     group: object = field(repr=False, default=None)
+    #: set by :func:`finalize`: the world's heap is gone
+    finalized: bool = False
+    #: the arguments ``init`` was called with (a second ``init`` must not ask for other settings)
+    settings: dict = field(repr=False, default_factory=dict)
 
     @property
     def heap(self):
@@ -151,10 +155,11 @@ def init(backend: str = "auto", *, heap_size=None, device=None, group=None, devi
         if group is not None and (_WORLD.rank, _WORLD.world_size) != topo[:2]:
             raise DitronError(f"ditron is already initialised (rank {_WORLD.rank} of {_WORLD.world_size}); the "
                               f"group given is rank {topo[0]} of {topo[1]}: call ditron.finalize() first")
-        if backend in ("auto", _WORLD.backend):
-            return _WORLD
-        raise DitronError(f"ditron is already initialised with backend {_WORLD.backend!r}; call "
-                          f"ditron.finalize() before ditron.init(backend={backend!r})")
+        if backend not in ("auto", _WORLD.backend):
+            raise DitronError(f"ditron is already initialised with backend {_WORLD.backend!r}; call "
+                              f"ditron.finalize() before ditron.init(backend={backend!r})")
+        _check_same_settings(_WORLD, heap_size, device)
+        return _WORLD
     if backend == "sim" or (backend == "auto" and _sim_requested()):
         from .sim import make_sim_transport
         if group is not None and topo != topology_from_env():
@@ -167,16 +172,40 @@ def init(backend: str = "auto", *, heap_size=None, device=None, group=None, devi
         from .gpu import make_gpu_transport
         world = make_gpu_transport(backend, topo, heap_size, device, group=group)
     world.group = group
+    world.settings = {"heap_size": heap_size, "device": device}
     _WORLD = world
     return world
 
 
+def _check_same_settings(world, heap_size, device):
+    """A second ``init`` while a world exists returns it, unless it asks for
+    settings the world does not have (that would be silently ignored)."""
+    if heap_size is not None:
+        from .heap import HEAP_ALIGN, parse_size, round_up
+        want = round_up(parse_size(heap_size), HEAP_ALIGN)
+        if want != world.heap_size:
+            raise DitronError(f"ditron.init(heap_size={heap_size!r}): ditron is already initialised with a "
+                              f"{world.heap_size}-byte heap per rank ({world}); a second init cannot change it: "
+                              "call ditron.finalize() first")
+    if device is not None:
+        import torch
+        if torch.device(device) != torch.device(world.device):
+            raise DitronError(f"ditron.init(device={device!r}): ditron is already initialised on {world.device} "
+                              f"({world}); call ditron.finalize() first")
+
+
 def finalize():
     """Leave the job: synchronise, free the symmetric heap, tear the transport
-    down.  Safe to call twice; :func:`init` may be called again afterwards."""
+    down.  Safe to call twice; :func:`init` may be called again afterwards.
+    Symmetric tensors and zoo contexts of this world cannot be used afterwards
+    (using one raises an error that says so)."""
     global _WORLD
     world, _WORLD = _WORLD, None
     if world is not None:
+        world.finalized = True
+        heap = world.transport.heap
+        if heap is not None and hasattr(heap, "release_all"):
+            heap.release_all("ditron.finalize() was called")
         world.transport.finalize()
 
 
@@ -192,24 +221,70 @@ def _world_for(what):
     return _WORLD
 
 
+_DTYPE_NAMES = {
+    "float32": "float32", "fp32": "float32", "f32": "float32", "float": "float32",
+    "float16": "float16", "fp16": "float16", "f16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float64": "float64", "fp64": "float64", "f64": "float64", "double": "float64",
+    "int8": "int8", "i8": "int8", "uint8": "uint8", "u8": "uint8", "int16": "int16", "i16": "int16",
+    "int32": "int32", "i32": "int32", "int": "int32", "int64": "int64", "i64": "int64", "long": "int64",
+    "uint16": "uint16", "u16": "uint16", "uint32": "uint32", "u32": "uint32", "uint64": "uint64", "u64": "uint64",
+    "bool": "bool",
+}
+
+
+def as_torch_dtype(dtype, what="dtype"):
+    """A torch dtype from a torch dtype or a name (``"float16"``, ``"bf16"``,
+    ``"torch.int32"``, ``"i64"``, ...); anything else is a clear error."""
+    import torch
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        key = dtype.strip().lower().removeprefix("torch.")
+        name = _DTYPE_NAMES.get(key)
+        t = getattr(torch, name, None) if name else None
+        if isinstance(t, torch.dtype):
+            return t
+        raise DitronError(f"{what}: unknown dtype name {dtype!r}; use a torch dtype (torch.float16) or one of "
+                          f"{', '.join(sorted(_DTYPE_NAMES))}")
+    raise DitronError(f"{what}: dtype must be a torch.dtype or a name such as 'float16', got "
+                      f"{type(dtype).__name__} {dtype!r}")
+
+
 def symm_empty(shape, dtype=None, *, name=None):
     """An uninitialised symmetric tensor on ``world.device``.  Collective: all
-    ranks call it with the same shape and dtype, in the same order."""
-    import torch
+    ranks call it with the same shape and dtype, in the same order.  ``dtype``:
+    a torch dtype or its name (``"float16"``, ``"bf16"``, ``"int64"``, ...)."""
     world = _world_for("ditron.symm_empty")
-    return world.heap.alloc(shape, dtype or torch.float32, name=name)
+    return world.heap.alloc(shape, as_torch_dtype(dtype, "ditron.symm_empty"), name=name)
 
 
 def symm_zeros(shape, dtype=None, *, name=None):
     """A zero-filled symmetric tensor (collective, like :func:`symm_empty`)."""
+    dtype = as_torch_dtype(dtype, "ditron.symm_zeros")
     t = symm_empty(shape, dtype, name=name)
     t.zero_()
     return t
 
 
 def is_symmetric(t) -> bool:
-    """Whether ``t`` lies in this rank's symmetric heap."""
+    """Whether ``t`` lies in this rank's symmetric heap (and was not freed)."""
+    alloc = getattr(t, "_ditron_alloc", None)
+    if alloc is not None and alloc.freed:
+        return False
     return _WORLD is not None and _WORLD.heap.contains(t)
+
+
+def check_live_tensor(t, argname, what):
+    """A symmetric tensor whose allocation is gone (its ``heap_scope`` ended,
+    ``ditron.finalize()``, a failed context creation) must not be used: its
+    memory may hold newer tensors.  Raise an error that says so."""
+    alloc = getattr(t, "_ditron_alloc", None)
+    if alloc is not None and alloc.freed:
+        raise DitronError(f"{what}: argument '{argname}' is the {alloc.label()}, which was freed: {alloc.freed}. "
+                          "Its memory may now belong to other tensors; allocate it again")
 
 
 @contextlib.contextmanager
@@ -308,6 +383,9 @@ def check_kernel_args(kernel, args, kwargs, world):
     ``notify`` or ``shmem.*`` must be symmetric (static analysis of the
     kernel's source, :mod:`ditron.analysis`)."""
     from ..analysis import check_symmetric_args
+    for i, a in enumerate(args):
+        if getattr(a, "_ditron_alloc", None) is not None:
+            check_live_tensor(a, _param_name(kernel, i), f"kernel {getattr(kernel, '__name__', '?')}")
     positions = _symmetric_positions(kernel)
     if not positions:
         return      # the common case: nothing to check (cached per kernel)
@@ -337,6 +415,11 @@ def _symmetric_positions(kernel):
     return hit[1]
 
 
+def _param_name(kernel, i):
+    names = list(_signature(getattr(kernel, "fn", kernel)).parameters)
+    return names[i] if i < len(names) else f"#{i}"
+
+
 def _signature(fn):
     import inspect
     sig = _SIGNATURES.get(fn)
@@ -346,6 +429,7 @@ def _signature(fn):
 
 
 def _require_symmetric(world, t, argname, what):
+    check_live_tensor(t, argname, what)
     if not world.heap.contains(t):
         raise DitronError(f"{what}: argument '{argname}' is not a symmetric tensor (allocate it with "
                           "ditron.symm_empty / ditron.symm_zeros)")
