@@ -1,0 +1,63 @@
+"""EP dispatch / combine (kernels/ep.py), normal and low-latency, against
+torch on simulated ranks in CI (on GPUs under torchrun with
+DITRON_TEST_BACKEND=p2p|nvshmem): uneven routing, experts that get no token,
+a rank that sends nothing, repeated experts in a token, context reuse, 1, 2,
+3 and 4 ranks and 2 nodes, the LL capacity overflow report, ids out of range,
+errors before launch."""
+import pytest
+
+import bodies_ep as B
+from conftest import GPU_BACKEND
+
+ON_GPU = GPU_BACKEND != "sim"
+H = 4096 + 8 if ON_GPU else 24
+MODES = ["normal", "low_latency"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype,kind,tokens", [("bf16", "uniform", (5, 3)), ("fp16", "skewed", (6, 0, 2)),
+                                                ("fp32", "dup", (1,))])
+def test_ep_round_trip(dist, mode, dtype, kind, tokens):
+    # (6, 0, 2): rank 1 (and 5, ...) sends nothing; skewed: half of the experts get no pair, some slots are -1
+    got = dist.run(B.ep_rounds, mode, dtype, tokens, H=H, kind=kind)
+    assert len(got) == dist.world_size and sum(got) > 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n,nnodes", [(1, 1), (2, 1), (3, 1), (4, 2)])
+def test_ep_other_worlds(dist_world, mode, n, nnodes):
+    # (4, 2): ranks on the other node get rows and counts through shmem puts
+    d = dist_world(n, nnodes)
+    got = d.run(B.ep_rounds, mode, "bf16", (4, 1, 0), H=H, kind="skewed", experts_per_rank=3)
+    assert len(got) == n
+
+
+def test_ep_ll_capacity_overflow_is_reported(dist):
+    W = dist.world_size
+    res = dist.run(B.overflow_report)
+    for rank, (n_dropped, msg, counts) in enumerate(res):
+        assert n_dropped == 4 * 2 - 1                      # 8 pairs for expert 0, capacity 1
+        assert "7 pair(s) over the low-latency capacity" in msg
+        assert counts == ([W] if rank == 0 else [0])       # rank 0 owns expert 0: one pair from each rank
+
+
+def test_ep_expert_id_out_of_range(dist):
+    E = 2 * dist.world_size
+    msgs = dist.run(B.invalid_ids)[0]
+    assert f"topk_idx[1, 0] = {E} is not an expert id in [0, {E})" in msgs["validate"]
+    assert msgs["dropped"] == [1, 0]
+    assert "1 pair(s) routed to an expert id out of range" in msgs["report"]
+
+
+def test_ep_errors_before_launch(dist):
+    msgs = dist.run(B.errors)[0]
+    assert "5 tokens, more than the context's max_tokens=4" in msgs["too_many"]
+    assert "hidden=16" in msgs["hidden"]
+    assert "torch.float16, the context was created for torch.bfloat16" in msgs["x_dtype"]
+    assert "k=3, the context was created for topk=2" in msgs["k"]
+    assert "int32/int64" in msgs["idx_dtype"]
+    assert "topk_weights must be [tokens=3, k=2]" in msgs["w_shape"]
+    assert "use float32 or x's dtype" in msgs["w_dtype"]
+    assert "num_experts" in msgs["experts"]
+    assert "use one of normal, low_latency" in msgs["mode"]
+    assert "y must have recv_x's shape" in msgs["y_shape"]
