@@ -8,6 +8,7 @@ from .ag_gemm import ag_gemm, create_ag_gemm_context
 from .all_gather import all_gather, create_all_gather_context
 from .all_reduce import all_reduce, choose_method, create_all_reduce_context, multicast_available
 from .all_to_all import all_to_all, all_to_all_v, create_all_to_all_context
+from .ep import check_dropped, create_ep_context, ep_combine, ep_dispatch
 from .gemm import GemmConfig, matmul
 from .gemm_ar import create_gemm_ar_context, gemm_ar
 from .gemm_rs import create_gemm_rs_context, gemm_rs
