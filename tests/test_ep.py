@@ -61,3 +61,13 @@ def test_ep_errors_before_launch(dist):
     assert "num_experts" in msgs["experts"]
     assert "use one of normal, low_latency" in msgs["mode"]
     assert "y must have recv_x's shape" in msgs["y_shape"]
+
+
+@pytest.mark.skipif(ON_GPU, reason="starts its own simulated ranks")
+def test_ditron_demo_moe_runs_and_verifies():
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "ditron", "demo", "moe"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "verified on all 4 ranks" in p.stdout
+    assert p.stdout.count("matches torch") == 4
