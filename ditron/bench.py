@@ -456,6 +456,9 @@ def main(argv=None):
     if argv and argv[0] in GEMM_OPS:             # the GEMM-overlap benchmarks: ditron/bench_gemm.py
         from .bench_gemm import main as gemm_main
         return gemm_main(argv)
+    if argv and argv[0] in ("grouped_gemm", "ag_moe", "moe_rs", "moe_ar", "ep"):   # MoE: ditron/bench_moe.py
+        from .bench_moe import main as moe_main
+        return moe_main(argv)
     p = argparse.ArgumentParser(prog="ditron bench", description=__doc__.split("\n\n")[0])
     p.add_argument("op", choices=["all_reduce", "all_gather", "reduce_scatter"])
     p.add_argument("--sizes", default="8K..256M", help="bytes per rank: 'LO..HI' (powers of --step) or a list")
