@@ -380,12 +380,13 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, out_ptr, 
             if d // LW == node:
                 tl.store(dl.symm_at(cbox + lidx * W + me, d), word, mask=lmask)
             else:
-                st = lstage_ptr + (2 * TK) * rowsz + par * W * Eloc + d * Eloc
-                tl.store(st + lidx, word, mask=lmask)
-                dl.fence("release", "sys")
-                dl.syncthreads()
-                for l in range(0, Eloc):
-                    shmem.putmem_block(cbox + l * W + me, st + l, 8, d)
+                if MULTI_NODE:
+                    st = lstage_ptr + (2 * TK) * rowsz + par * W * Eloc + d * Eloc
+                    tl.store(st + lidx, word, mask=lmask)
+                    dl.fence("release", "sys")
+                    dl.syncthreads()
+                    for l in range(0, Eloc):
+                        shmem.putmem_block(cbox + l * W + me, st + l, 8, d)
     # ---------------- receive: poll counts, then rows, per local expert ----------------
     for l in range(pid, Eloc, P):
         cw = _poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
@@ -396,16 +397,16 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, out_ptr, 
         for s in range(0, W):
             n = _pick(cnt, widx, s)
             base = _pick(pre, widx, s)
-            for r0 in range(0, n, BR):
-                r = r0 + rr
-                ok = r < n
-                src = (l * W + s) * cap + r.to(tl.int64)
-                orow = l * (W * cap) + base + r.to(tl.int64)
+            for q0 in range(0, n, BR):
+                q = q0 + rr
+                qok = q < n
+                src = (l * W + s) * cap + q.to(tl.int64)
+                orow = l * (W * cap) + base + q.to(tl.int64)
                 for w0 in range(0, HW, BW):
                     w = w0 + ww
-                    m = ok[:, None] & (w[None, :] < HW)
+                    m = qok[:, None] & (w[None, :] < HW)
                     pk = _poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
-                    _unpack_store(pk, out_ptr, orow, ok, w, HW, H, EPW, out_ptr.dtype.element_ty)
+                    _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
     epoch_end(calls_ptr)
 
 
@@ -447,17 +448,21 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
                     w = w0 + ww
                     pkt = _pack(y_ptr, yrow, ok, w, HW, H, fl64, EPW)
                     m = ok[:, None] & (w[None, :] < HW)
-                    if remote:
-                        tl.store(lstage_ptr + (par * W * cap + s * cap + r.to(tl.int64))[:, None] * rowsz
-                                 + w[None, :], pkt, mask=m)
+                    if MULTI_NODE:
+                        if remote:
+                            tl.store(lstage_ptr + (par * W * cap + s * cap + r.to(tl.int64))[:, None] * rowsz
+                                     + w[None, :], pkt, mask=m)
+                        else:
+                            tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
                     else:
                         tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
-                if remote:
-                    dl.fence("release", "sys")
-                    dl.syncthreads()
-                    nr = tl.minimum(n - r0, BR)
-                    shmem.putmem_block(box + ((me * Eloc + l) * cap + r0) * rowsz,
-                                       lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
+                if MULTI_NODE:
+                    if remote:
+                        dl.fence("release", "sys")
+                        dl.syncthreads()
+                        nr = tl.minimum(n - r0, BR)
+                        shmem.putmem_block(box + ((me * Eloc + l) * cap + r0) * rowsz,
+                                           lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
     # ---------------- token side: poll the k rows of each token ----------------
     for t0 in range(pid * BR, T, P * BR):
         t = t0 + rr

@@ -201,3 +201,44 @@ def errors(world):
                                       ep_dispatch(x, idx, w, ctx)[2], ctx),
     }
     return error_messages(cases)
+
+
+def ep_graph_replay(world, mode, T=64, H=4104, k=4, experts_per_rank=4, replays=3):
+    """GPUs: one dispatch -> (identity experts) -> combine round captured in a
+    CUDA graph (``validate=False``: nothing read back), replayed with fresh
+    inputs copied into the captured tensors; every replay checked."""
+    W = world.world_size
+    E = experts_per_rank * W
+    dev = world.device
+    ctx = create_ep_context(T, H, E, k, torch.bfloat16, mode=mode, capacity=T)
+    x_s = torch.empty(T, H, dtype=torch.bfloat16, device=dev)
+    idx_s = torch.empty(T, k, dtype=torch.int64, device=dev)
+    w_s = torch.empty(T, k, dtype=torch.float32, device=dev)
+
+    def load(rnd):
+        x, idx, w = _inputs(world, world.rank, (T,), H, k, E, torch.bfloat16, 50 + rnd, "uniform")
+        x_s.copy_(x)
+        idx_s.copy_(idx)
+        w_s.copy_(w)
+        return x, w
+
+    def step():
+        recv_x, _, handle = ep_dispatch(x_s, idx_s, w_s, ctx, validate=False)
+        return ep_combine(recv_x, handle, ctx)
+
+    load(0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()                                   # compiles the kernels outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = step()
+    for rnd in range(1, replays + 1):
+        x, w = load(rnd)
+        g.replay()
+        torch.cuda.synchronize()
+        _check(out, x.float() * w.sum(1, keepdim=True), f"replay {rnd} on rank {world.rank}")
+    return replays

@@ -71,3 +71,40 @@ def test_ditron_demo_moe_runs_and_verifies():
     assert p.returncode == 0, p.stdout + p.stderr
     assert "verified on all 4 ranks" in p.stdout
     assert p.stdout.count("matches torch") == 4
+
+
+_I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "sig_ptr", "calls_ptr", "pos_ptr",
+        "eid_ptr", "slot_ptr", "lrc_ptr", "lrecv_ptr", "lcnt_ptr", "lstage_ptr", "peid_ptr", "pslot_ptr", "lcomb_ptr"}
+_CONST = {"ep_dispatch_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024),
+          "ep_combine_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024),
+          "ep_ll_dispatch_kernel": dict(EPW=2, WP=2, ELP=16, BR=4, BW=512),
+          "ep_ll_combine_kernel": dict(EPW=2, WP=2, BR=4, BW=512)}
+
+
+def _compile(name, multi_node):
+    import inspect
+
+    import ditron
+    from ditron.kernels import ep_kernels
+    k = getattr(ep_kernels, name)
+    const = dict(_CONST[name], MULTI_NODE=multi_node)
+    sig = {p: ("*i64" if p in _I64 else "*fp32" if p == "w_ptr" else "*bf16") if p.endswith("_ptr") else "i32"
+           for p in inspect.signature(k.fn).parameters if p not in const}
+    return ditron.compile(k, target="sm_90a", signature=sig, constexprs=const, num_warps=4)
+
+
+@pytest.mark.parametrize("name", sorted(_CONST))
+def test_ep_kernels_compile_for_sm90a_without_nvshmem_on_one_node(name):
+    ptx = _compile(name, False).asm["ptx"]
+    assert "nvshmem" not in ptx                # one node: loads and stores only, no NVSHMEM linked
+    assert "ld.global" in ptx and "st.global" in ptx
+
+
+def test_ep_ll_dispatch_compiles_for_two_nodes(nvshmem_bc):
+    assert "nvshmem" in _compile("ep_ll_dispatch_kernel", True).asm["llir"]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs: GPUs only (run under torchrun, see the module docstring)")
+@pytest.mark.parametrize("mode", MODES)
+def test_ep_cuda_graph_replay(dist, mode):
+    assert dist.run(B.ep_graph_replay, mode) == [3] * dist.world_size
