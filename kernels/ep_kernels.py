@@ -214,6 +214,7 @@ def ep_dispatch_kernel(x_ptr, tok_ptr, send_ptr, out_ptr, rc_ptr, rcnt_ptr, buf_
     # ---------------- receive: every source's rows, into the expert-grouped output ----------------
     tok = dl.wait(sig_ptr + par * P * W, P * W, "sys", "acquire", waitValue=val)
     cntp = dl.consume_token(cntp, tok)
+    bufp = dl.consume_token(bufp, tok)
     widx, cnt, so, do = _recv_layout(cntp, W, Eloc, CW, WP, ELP)
     if pid == 0:
         rcm = (widx[:, None] < W) & (lidx[None, :] < CW)

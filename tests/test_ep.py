@@ -15,11 +15,12 @@ MODES = ["normal", "low_latency"]
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype,kind,tokens", [("bf16", "uniform", (5, 3)), ("fp16", "skewed", (6, 0, 2)),
-                                                ("fp32", "dup", (1,))])
-def test_ep_round_trip(dist, mode, dtype, kind, tokens):
-    # (6, 0, 2): rank 1 (and 5, ...) sends nothing; skewed: half of the experts get no pair, some slots are -1
-    got = dist.run(B.ep_rounds, mode, dtype, tokens, H=H, kind=kind)
+@pytest.mark.parametrize("dtype,kind,tokens,odd", [("bf16", "uniform", (5, 3), 0), ("fp16", "skewed", (6, 0, 2), 1),
+                                                    ("fp32", "dup", (1,), 0)])
+def test_ep_round_trip(dist, mode, dtype, kind, tokens, odd):
+    # (6, 0, 2): rank 1 (and 5, ...) sends nothing; skewed: half of the experts get no pair, some slots are -1;
+    # odd: an odd hidden size (LL packs two 16-bit elements per word)
+    got = dist.run(B.ep_rounds, mode, dtype, tokens, H=H + odd, kind=kind)
     assert len(got) == dist.world_size and sum(got) > 0
 
 
