@@ -47,6 +47,9 @@ def run_on_this_rank(n: int, block: int) -> float:
 
 
 def main(argv=None):
+    if argv and argv[0] == "moe":                  # ditron demo moe: EP dispatch -> expert MLP -> combine
+        from .demo_moe import main as moe_main
+        return moe_main(argv[1:])
     p = argparse.ArgumentParser(prog="ditron demo", description=__doc__.split("\n\n")[0])
     p.add_argument("-n", "--ranks", type=int, default=4, help="simulated ranks (default 4)")
     p.add_argument("--size", type=int, default=3000, help="elements per rank (default 3000, not a tile multiple)")

@@ -5,7 +5,8 @@
   plots);
 * one module per op family: :mod:`ditron.bench.collectives`
   (all_reduce, all_gather, reduce_scatter) and :mod:`ditron.bench.gemm`
-  (ag_gemm, gemm_rs, gemm_ar, the GEMM core).
+  (ag_gemm, gemm_rs, gemm_ar, the GEMM core) and :mod:`ditron.bench.moe`
+  (grouped_gemm, ag_moe, moe_rs, moe_ar, ep).
 
     torchrun --nproc-per-node 4 -m ditron.bench all_reduce --sizes 8K..256M
     ditron sim -n 2 -m ditron.bench ag_gemm --shapes 64,32,32
@@ -15,12 +16,15 @@ from __future__ import annotations
 import sys
 
 GEMM_OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm")
+MOE_OPS = ("grouped_gemm", "ag_moe", "moe_rs", "moe_ar", "ep")
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in GEMM_OPS:
         from .gemm import main as family_main
+    elif argv and argv[0] in MOE_OPS:
+        from .moe import main as family_main
     else:
         from .collectives import main as family_main
     return family_main(argv)

@@ -1,0 +1,361 @@
+"""Expert-parallel (EP) dispatch and combine written in ditron.language, with
+DeepEP's contract, in two modes: normal (throughput: prefill, training) and
+low-latency (decode: fixed capacity, no host sync, CUDA-graph capturable).
+
+    ctx = create_ep_context(max_tokens, hidden, num_experts, torch.bfloat16)          # collective, once
+    recv_x, recv_counts, handle = ep_dispatch(x, topk_idx, topk_weights, ctx)
+    y = expert_mlp(recv_x, recv_counts)            # any per-expert computation, same row layout
+    out = ep_combine(y, handle, ctx)               # [T, H] = sum_j topk_weights[t, j] * y[row of (t, j)]
+
+    ll = create_ep_context(max_tokens, hidden, num_experts, torch.bfloat16, mode="low_latency", capacity=...)
+    recv_x, recv_counts, handle = ep_dispatch(x, topk_idx, topk_weights, ll)     # recv_x: [E_local, W * cap, H]
+    out = ep_combine(y, handle, ll)
+
+The kernels are in kernels/ep_kernels.py.
+
+Contract
+--------
+Tokens ``x [T, H]`` (``T <= max_tokens``, float32 / float16 / bfloat16),
+``topk_idx [T, k]`` (int32 / int64 expert ids; ``-1``: slot not routed, as in
+DeepEP), ``topk_weights [T, k]`` (float32 or x's dtype).  Each rank owns
+``E_local = num_experts / W`` experts: rank ``r`` owns ``[r * E_local, (r + 1)
+* E_local)``.  Every (token, slot) pair routed to expert ``e`` is one row at
+``e``'s owner (a token routed to two experts of one rank is received twice).
+
+* normal: ``recv_x`` is ``[W * max_tokens * k, H]``; the received rows are
+  grouped by local expert (``recv_counts[l]`` rows for local expert ``l``,
+  expert after expert, from row 0), inside an expert by source rank, then by
+  the source's token order; rows from ``recv_counts.sum()`` on are not
+  written.  ``recv_counts`` (int64 ``[E_local]``) stays on the device.
+* low-latency: ``recv_x`` is ``[E_local, W * capacity, H]``: local expert
+  ``l``'s rows are ``recv_x[l, :recv_counts[l]]``, again by source rank.
+  At most ``capacity`` pairs travel from one rank to one expert per call.
+
+``ep_combine(y, handle, ctx)`` takes ``y`` in ``recv_x``'s layout (the expert
+outputs, rows beyond the counts ignored) and returns ``out [T, H]`` (x's
+dtype): ``out[t] = sum_j topk_weights[t, j] * y[row of (t, j)]`` in fp32, over
+the pairs that were delivered.  Each combine must follow the dispatch whose
+handle it takes, and every rank calls dispatch and combine in the same order.
+
+Bad input
+---------
+Before launch (``DitronError``): shapes, dtypes, devices, ``k`` of
+``topk_idx`` vs ``topk_weights``, more tokens than ``max_tokens``, a hidden
+size or dtype other than the context's, ``num_experts % W``.  Expert ids
+outside ``[-1, num_experts)`` are found by a host check (``validate=True``,
+the default: one device-to-host read).  With ``validate=False`` (nothing read
+back: what CUDA-graph capture needs) such pairs are dropped on the device and
+counted in ``handle.dropped[0]``; in low-latency mode the pairs beyond
+``capacity`` for one (source, expert) are dropped and counted in
+``handle.dropped[1]``.  Dropped pairs contribute nothing to ``ep_combine``.
+:func:`check_dropped` reads the counters (a host sync) and raises a
+``DitronError`` naming them; nothing is dropped silently.
+
+How (normal mode)
+-----------------
+Host side, on the device and without a sync: the pairs are sorted by expert
+id (stable ``torch.sort``), which is also (destination rank, local expert)
+order; ``pos[pair]`` is the pair's position in that *staging order*, and the
+counts per (destination, local expert) come from an ``index_add``.
+
+Dispatch kernel (``ctx.max_programs`` programs, the same on every rank): the
+rows for each destination are split over the programs; a program gathers its
+rows of ``x`` (through the staging order: the permutation is fused, nothing
+is copied first) and stores them into the destination's slot
+``buf[p][rank]`` (``dl.symm_at``), program 0 also stores the destination's
+counts (``E_local`` counts and the offset of the destination's block in the
+staging order) into ``cnt[p][rank]``, and every program sets its signal word
+``sig[p][pid][rank]`` on the destination.  Ranks on other nodes: rows and
+counts are staged locally and sent by ``shmem.putmem_block`` (counts, then
+``shmem.fence``) and ``shmem.putmem_signal_block`` (rows and signal).  Then
+each program waits for the words of every program of every rank, reads the
+``W x E_local`` counts, and copies its share of every source's rows into
+``recv_x`` at their expert-grouped place (its own rows come from ``x``
+directly).
+
+Combine kernel: each owner copies the rows of ``y`` for source ``s`` into
+``s``'s ``cbuf[p]`` at their staging positions (the block offset came with
+the counts), signals ``s``; then every rank waits for every owner and
+computes ``out[t] = sum_j w[t, j] * cbuf[p][pos[t, j]]``.
+
+Low-latency mode
+----------------
+Data and flag travel in the same 8-byte word (the LL protocol of
+kernels/all_reduce.py): low 32 bits one fp32 or two 16-bit elements, high 32
+bits ``epoch + 1``.  A pair goes straight to its slot ``lrecv[p][l][rank][slot]``
+on the owner (``slot``: its index among this rank's pairs for that expert,
+computed with the sort), and the count of each (expert, source) travels as
+one flagged word ``lcnt[p][l][rank]``; the owner polls the count words, then
+the rows' words, until every flag is this call's.  Combine sends each row
+back to ``lcomb[p][owner][l][slot]`` on the token's rank, which polls the
+rows it needs.  No signal, no host read, no buffer reset: the calls can be
+captured in a CUDA graph.  Other nodes: packed rows are staged and sent with
+``shmem.putmem_block`` (each word carries its own flag, so the order in
+which the words land does not matter).  On the simulator the LL kernels run
+one program per rank (a polling program does not lend its turn to the
+rank's other programs); on GPUs every program is resident.
+
+Reuse: device-side call counters (kernels/_common.py; separate ones for
+dispatch and combine), parity ``e % 2``, signal / flag value ``e + 1``.  A
+rank reuses parity ``p`` at call ``e + 2`` only after call ``e + 1``, which
+waited for every peer's call ``e + 1`` (normal: every peer signals every
+rank; LL: every peer sends every count word), which followed its call ``e``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+import ditron
+
+from ._common import CollectiveContext, sm_count
+from .ep_kernels import ep_combine_kernel, ep_dispatch_kernel, ep_ll_combine_kernel, ep_ll_dispatch_kernel
+
+MODES = ("normal", "low_latency")
+
+
+# ---------------------------------------------------------------------------
+# host API
+# ---------------------------------------------------------------------------
+
+class EpHandle:
+    """What :func:`ep_combine` needs from its dispatch (device tensors only).
+    ``dropped`` (int64 ``[2]``): pairs dropped for an expert id out of range
+    (``validate=False``) and, in low-latency mode, for the capacity."""
+
+    def __init__(self, mode, T, k, weights, dropped, **tensors):
+        self.mode, self.T, self.k, self.weights, self.dropped = mode, T, k, weights, dropped
+        for name, t in tensors.items():
+            setattr(self, name, t)
+
+
+class EpContext(CollectiveContext):
+    """Symmetric buffers, signals and call counters of EP dispatch / combine
+    (see the module docstring)."""
+
+    op = "ep"
+
+    def __init__(self, max_tokens, hidden, num_experts, topk, dtype, world=None, mode="normal", capacity=None,
+                 max_programs=None):
+        E = ditron.DitronError
+        if mode not in MODES:
+            raise E(f"ep: mode={mode!r}; use one of {', '.join(MODES)}")
+        for name, v in (("max_tokens", max_tokens), ("hidden", hidden), ("num_experts", num_experts),
+                        ("topk", topk)):
+            if int(v) < 1:
+                raise E(f"ep: {name} must be >= 1 (got {v})")
+        super().__init__(int(max_tokens) * int(hidden), dtype, world)
+        W = self.world_size
+        if int(num_experts) % W:
+            raise E(f"ep: num_experts={num_experts} is not a multiple of the world size {W} (each rank owns "
+                    f"num_experts / world_size experts)")
+        self.mode = mode
+        self.max_tokens, self.hidden, self.num_experts, self.topk = int(max_tokens), int(hidden), \
+            int(num_experts), int(topk)
+        self.local_experts = self.num_experts // W
+        self.multi_node = self.world.nnodes > 1
+        self.sim = self.world.backend == "sim"
+        self.ccalls = torch.zeros(2, dtype=torch.int64, device=self.device)     # combine's call counter
+        self.wp = max(2, triton.next_power_of_2(W))
+        self.elp = max(2, triton.next_power_of_2(self.local_experts + 1))
+        TK, H, El = self.max_tokens * self.topk, self.hidden, self.local_experts
+        self.slot_rows = TK
+        if mode == "normal":
+            self.max_programs = int(max_programs or (2 if self.sim else min(32, sm_count(self.device))))
+            P = self.max_programs
+            self.buf = self.symm((2, W, TK * H), dtype, "buf")
+            self.cnt = self.symm((2, W, El + 1), torch.int64, "cnt")
+            self.sig = self.symm((2, P, W), torch.int64, "sig")
+            self.csig = self.symm((2, P, W), torch.int64, "csig")
+            self.cbuf = self.symm((2, TK * H), dtype, "cbuf")
+            mn = self.multi_node
+            self.stage = self.symm((2, TK * H) if mn else (1,), dtype, "stage")
+            self.cstage = self.symm((2, W, El + 1) if mn else (1,), torch.int64, "cstage")
+            self.ystage = self.symm((2, W, TK * H) if mn else (1,), dtype, "ystage")
+        else:
+            cap = int(capacity if capacity is not None else self.max_tokens)
+            if cap < 1:
+                raise E(f"ep: capacity must be >= 1 (got {capacity})")
+            self.capacity = cap
+            # one program per rank on the simulator: a polling program does not lend its turn
+            self.max_programs = 1 if self.sim else int(max_programs or min(64, sm_count(self.device)))
+            self.epw = 4 // torch.empty((), dtype=dtype).element_size()
+            self.hw = (H + self.epw - 1) // self.epw
+            self.lrecv = self.symm((2, El, W, cap, self.hw), torch.int64, "lrecv")
+            self.lcnt = self.symm((2, El, W), torch.int64, "lcnt")
+            self.lcomb = self.symm((2, W, El, cap, self.hw), torch.int64, "lcomb")
+            words = max(2 * TK * self.hw + 2 * W * El, 2 * W * cap * self.hw) if self.multi_node else 1
+            self.lstage = self.symm((words,), torch.int64, "lstage")
+        ditron.barrier_all()        # every rank's zeroed signals exist before any peer writes them
+
+    def blocks(self):
+        """(BR, BH or BW): rows and columns (LL: words) of a tile."""
+        if self.sim:
+            return 4, 32
+        if self.mode == "normal":
+            return 8, max(64, min(1024, triton.next_power_of_2(self.hidden)))
+        return 4, max(32, min(512, triton.next_power_of_2(self.hw)))
+
+
+def create_ep_context(max_tokens, hidden, num_experts, topk, dtype, world=None, mode="normal", capacity=None,
+                      max_programs=None):
+    """Allocate EP's symmetric buffers for up to ``max_tokens`` tokens of
+    ``hidden`` elements per rank, routed to ``topk`` of ``num_experts``
+    experts.  ``mode``: ``"normal"`` or ``"low_latency"`` (``capacity``: most
+    pairs one rank sends to one expert per call; default ``max_tokens``).
+    Collective: every rank calls it with the same arguments.  Memory per rank
+    (elements): normal ``4 * W * max_tokens * topk * hidden`` (x3 on several
+    nodes' staging), low-latency ``4 * num_experts * capacity * hidden`` in
+    8-byte words per 1 (fp32) or 2 (fp16 / bf16) elements."""
+    return EpContext(max_tokens, hidden, num_experts, topk, dtype, world, mode, capacity, max_programs)
+
+
+def _check_inputs(ctx, x, topk_idx, topk_weights):
+    E = ditron.DitronError
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != ctx.hidden:
+        shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise E(f"ep_dispatch: x must be [tokens, hidden={ctx.hidden}], got {shape}")
+    T = x.shape[0]
+    if T > ctx.max_tokens:
+        raise E(f"ep_dispatch: x has {T} tokens, more than the context's max_tokens={ctx.max_tokens}; create a "
+                f"larger context")
+    ctx.check_tensor(x, "x")
+    if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2 or topk_idx.shape[0] != T or \
+            topk_idx.dtype not in (torch.int32, torch.int64):
+        desc = f"{topk_idx.dtype}{list(topk_idx.shape)}" if isinstance(topk_idx, torch.Tensor) else \
+            type(topk_idx).__name__
+        raise E(f"ep_dispatch: topk_idx must be an int32/int64 tensor [tokens={T}, k], got {desc}")
+    k = topk_idx.shape[1]
+    if k != ctx.topk:
+        raise E(f"ep_dispatch: topk_idx has k={k}, the context was created for topk={ctx.topk}")
+    if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != (T, k):
+        shape = list(topk_weights.shape) if isinstance(topk_weights, torch.Tensor) else type(topk_weights).__name__
+        raise E(f"ep_dispatch: topk_weights must be [tokens={T}, k={k}] like topk_idx, got {shape}")
+    if topk_weights.dtype not in (torch.float32, x.dtype):
+        raise E(f"ep_dispatch: topk_weights is {topk_weights.dtype}; use float32 or x's dtype {x.dtype}")
+    for name, t in (("topk_idx", topk_idx), ("topk_weights", topk_weights)):
+        if t.device != x.device:
+            raise E(f"ep_dispatch: argument '{name}' is on {t.device}, x on {x.device}")
+    return T, k
+
+
+def _route(ctx, topk_idx, T, k, validate):
+    """The staging order and the counts, on the device (no host read unless ``validate``)."""
+    E = ctx.num_experts
+    dev = topk_idx.device
+    ids = topk_idx.reshape(-1).to(torch.int64)
+    if validate and ids.numel():
+        bad = (ids < -1) | (ids >= E)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ditron.DitronError(f"ep_dispatch: topk_idx[{i // k}, {i % k}] = {int(ids[i])} is not an expert "
+                                     f"id in [0, {E}) (or -1: not routed); rank {ctx.rank}")
+    valid = (ids >= 0) & (ids < E)
+    key = torch.where(valid, ids, E)
+    skey, perm = torch.sort(key, stable=True)
+    counts = torch.zeros(E + 1, dtype=torch.int64, device=dev).index_add_(0, key, torch.ones_like(key))
+    return ids, valid, key, skey, perm, counts
+
+
+def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
+    """Send every (token, slot) pair to its expert's rank; returns ``(recv_x,
+    recv_counts, handle)`` (see the module docstring for the layouts)."""
+    T, k = _check_inputs(ctx, x, topk_idx, topk_weights)
+    W, El, H = ctx.world_size, ctx.local_experts, ctx.hidden
+    TK = T * k
+    ids, valid, key, skey, perm, counts = _route(ctx, topk_idx, T, k, validate)
+    dev = x.device
+    dropped = torch.zeros(2, dtype=torch.int64, device=dev)
+    dropped[0] = (~valid & (ids != -1)).sum()
+    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    tok = (perm // k).contiguous()
+    send = counts[:ctx.num_experts].contiguous()
+    br, bh = ctx.blocks()
+    if ctx.mode == "normal":
+        pos = torch.empty(TK, dtype=torch.int64, device=dev)
+        pos[perm] = torch.arange(TK, dtype=torch.int64, device=dev)
+        pos = torch.where(valid, pos, -1)
+        recv_x = torch.empty((W * ctx.slot_rows, H), dtype=x.dtype, device=dev)
+        rc = torch.empty((W, El + 1), dtype=torch.int64, device=dev)
+        recv_counts = torch.empty(El, dtype=torch.int64, device=dev)
+        ep_dispatch_kernel[(ctx.max_programs,)](
+            x, tok, send, recv_x, rc, recv_counts, ctx.buf, ctx.cnt, ctx.stage, ctx.cstage, ctx.sig, ctx.calls, TK, H,
+            ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(), WP=ctx.wp, ELP=ctx.elp,
+            BR=br, BH=bh, num_warps=1 if ctx.sim else 4)
+        return recv_x, recv_counts, EpHandle("normal", T, k, weights, dropped, pos=pos, rc=rc)
+    cap = ctx.capacity
+    starts = torch.cumsum(counts, 0) - counts
+    slot_staged = torch.arange(TK, dtype=torch.int64, device=dev) - starts[skey]
+    pslot = torch.empty(TK, dtype=torch.int64, device=dev)
+    pslot[perm] = slot_staged
+    dropped[1] = ((pslot >= cap) & valid).sum()
+    recv_x = torch.empty((El, W * cap, H), dtype=x.dtype, device=dev)
+    lrc = torch.empty((El, W), dtype=torch.int64, device=dev)
+    recv_counts = torch.empty(El, dtype=torch.int64, device=dev)
+    ep_ll_dispatch_kernel[(ctx.max_programs,)](
+        x, tok, skey, slot_staged, send, recv_x, lrc, recv_counts, ctx.lrecv, ctx.lcnt, ctx.lstage, ctx.calls, TK, H,
+        ctx.hw, El, cap, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, BR=br, BW=bh,
+        num_warps=1 if ctx.sim else 4)
+    return recv_x, recv_counts, EpHandle("low_latency", T, k, weights, dropped, peid=key, pslot=pslot, lrc=lrc)
+
+
+def ep_combine(y, handle, ctx, out=None):
+    """``out [T, H]``: for each token the ``topk_weights``-weighted sum of its
+    pairs' rows of ``y`` (``recv_x``'s layout), accumulated in fp32."""
+    E = ditron.DitronError
+    if not isinstance(handle, EpHandle) or handle.mode != ctx.mode:
+        raise E(f"ep_combine: handle must come from ep_dispatch on this {ctx.mode} context")
+    W, El, H = ctx.world_size, ctx.local_experts, ctx.hidden
+    shape = (W * ctx.slot_rows, H) if ctx.mode == "normal" else (El, W * ctx.capacity, H)
+    if not isinstance(y, torch.Tensor) or tuple(y.shape) != shape:
+        got = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
+        raise E(f"ep_combine: y must have recv_x's shape {list(shape)}, got {got}")
+    ctx.check_tensor(y.reshape(-1)[:0], "y")
+    if not y.is_contiguous():
+        raise E("ep_combine: argument 'y' must be contiguous")
+    T, k = handle.T, handle.k
+    if out is None:
+        out = torch.empty((T, H), dtype=y.dtype, device=y.device)
+    elif not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H) or out.dtype != y.dtype or \
+            not out.is_contiguous():
+        raise E(f"ep_combine: argument 'out' must be a contiguous ({T}, {H}) {y.dtype} tensor")
+    br, bh = ctx.blocks()
+    if ctx.mode == "normal":
+        ep_combine_kernel[(ctx.max_programs,)](
+            y, out, handle.pos, handle.weights, handle.rc, ctx.cbuf, ctx.ystage, ctx.csig, ctx.ccalls, T, k,
+            ctx.slot_rows, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=y.element_size(),
+            WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, num_warps=1 if ctx.sim else 4)
+    else:
+        ep_ll_combine_kernel[(ctx.max_programs,)](
+            y, out, handle.peid, handle.pslot, handle.weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, T, k,
+            T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp, BR=br, BW=bh,
+            num_warps=1 if ctx.sim else 4)
+    return out
+
+
+def check_dropped(handle):
+    """Raise ``DitronError`` if the dispatch of ``handle`` dropped pairs (reads
+    two counters back: a host sync); returns ``handle`` otherwise."""
+    bad, over = (int(v) for v in handle.dropped.tolist())
+    if bad or over:
+        parts = []
+        if bad:
+            parts.append(f"{bad} pair(s) routed to an expert id out of range")
+        if over:
+            parts.append(f"{over} pair(s) over the low-latency capacity (create the context with a larger "
+                         f"capacity)")
+        raise ditron.DitronError("ep_dispatch dropped " + " and ".join(parts))
+    return handle
+
+
+def ep_reference(x_all, idx_all, w_all, expert_fn, num_experts):
+    """torch: ``out[t] = sum_j w[t, j] * expert_fn(e, x[t])`` over the valid
+    pairs, for all ranks' tokens at once (the tests' reference, fp32)."""
+    out = torch.zeros(x_all.shape, dtype=torch.float32)
+    xf = x_all.float()
+    for j in range(idx_all.shape[1]):
+        for e in range(num_experts):
+            m = idx_all[:, j] == e
+            if m.any():
+                out[m] += w_all[m, j].float()[:, None] * expert_fn(e, xf[m])
+    return out

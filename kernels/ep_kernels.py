@@ -1,0 +1,487 @@
+"""Device code of EP dispatch / combine (kernels/ep.py has the protocol,
+the layouts and the host API): helpers, the normal-mode kernels and the
+low-latency (LL) kernels."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+import ditron
+import ditron.language as dl
+from ditron.language import shmem
+
+from ._common import epoch_begin, epoch_end, topology
+from .all_gather import _put_chunk
+from .all_to_all import _add, _exclusive_cumsum, _pick
+
+
+# ---------------------------------------------------------------------------
+# device helpers
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _max_i32(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _row_of(mat, widx, w):
+    """Row ``w`` of a ``[WP, ELP]`` tile, as an ``[ELP]`` vector."""
+    return tl.reduce(tl.where(widx[:, None] == w, mat, 0), 0, _add)
+
+
+@triton.jit
+def _recv_layout(cnt_ptr, W, Eloc, row_stride, WP: tl.constexpr, ELP: tl.constexpr):
+    """From the ``W x E_local`` counts (row ``s``: source ``s``, ``row_stride``
+    apart): ``(widx, cnt, so, do)`` where ``so[s, l]`` is where local expert
+    ``l``'s rows start in source ``s``'s slot and ``do[s, l]`` where they start
+    in the expert-grouped output (experts in order, inside by source)."""
+    widx = tl.arange(0, WP)
+    lidx = tl.arange(0, ELP)
+    m = (widx[:, None] < W) & (lidx[None, :] < Eloc)
+    cnt = tl.load(cnt_ptr + widx[:, None] * row_stride + lidx[None, :], mask=m, other=0)
+    so = tl.associative_scan(cnt, 1, _add) - cnt
+    pre = tl.associative_scan(cnt, 0, _add) - cnt
+    tot = tl.reduce(cnt, 0, _add)
+    eoff = tl.associative_scan(tot, 0, _add) - tot
+    return widx, cnt, so, eoff[None, :] + pre
+
+
+@triton.jit
+def _out_rows(r, so_row, cnt_row, do_row, ELP: tl.constexpr):
+    """Output rows of slot rows ``r`` (``[BR]``) of one source."""
+    lidx = tl.arange(0, ELP)
+    le = tl.reduce(tl.where((so_row + cnt_row)[None, :] <= r[:, None], 1, 0), 1, _add)
+    delta = tl.reduce(tl.where(lidx[None, :] == le[:, None], (do_row - so_row)[None, :], 0), 1, _add)
+    return r + delta
+
+
+@triton.jit
+def _rows_chunk(n, P):
+    """[lo, hi): this program's share of ``n`` rows."""
+    per = (n + P - 1) // P
+    lo = tl.program_id(0) * per
+    return lo, tl.minimum(lo + per, n)
+
+
+@triton.jit
+def _copy_rows(src_ptr, src_rows, dst_ptr, dst_rows, ok, H, BH: tl.constexpr):
+    """``dst[dst_rows] = src[src_rows]`` (``[BR]`` row indices, int64), all ``H`` columns."""
+    for h0 in range(0, H, BH):
+        hs = h0 + tl.arange(0, BH)
+        m = ok[:, None] & (hs[None, :] < H)
+        v = tl.load(src_ptr + src_rows[:, None] * H + hs[None, :], mask=m)
+        tl.store(dst_ptr + dst_rows[:, None] * H + hs[None, :], v, mask=m)
+
+
+@triton.jit
+def _copy_rows_to_peer(src_ptr, src_rows, dst_ptr, dst_rows, ok, H, peer, BH: tl.constexpr):
+    """The same into ``peer``'s copy of the symmetric ``dst``."""
+    for h0 in range(0, H, BH):
+        hs = h0 + tl.arange(0, BH)
+        m = ok[:, None] & (hs[None, :] < H)
+        v = tl.load(src_ptr + src_rows[:, None] * H + hs[None, :], mask=m)
+        tl.store(dl.symm_at(dst_ptr + dst_rows[:, None] * H + hs[None, :], peer), v, mask=m)
+
+
+@triton.jit
+def _pack(x_ptr, rows, ok, w, HW, H, flag64, EPW: tl.constexpr):
+    """LL packets ``[BR, BW]`` of words ``w`` of rows ``rows`` of ``x``."""
+    m = ok[:, None] & (w[None, :] < HW)
+    if EPW == 1:
+        word = tl.load(x_ptr + rows[:, None] * H + w[None, :], mask=m, other=0.0).to(tl.int32, bitcast=True)
+    else:
+        c = w[None, :] * 2
+        lo = tl.load(x_ptr + rows[:, None] * H + c, mask=m & (c < H), other=0.0)
+        hi = tl.load(x_ptr + rows[:, None] * H + c + 1, mask=m & (c + 1 < H), other=0.0)
+        lo = lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        hi = hi.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        word = lo | (hi << 16)
+    return flag64 | (word.to(tl.int64) & 0xFFFFFFFF)
+
+
+@triton.jit
+def _poll(ptrs, m, flag):
+    """The packets at ``ptrs`` once every one under ``m`` carries ``flag``."""
+    pk = tl.load(ptrs, mask=m, other=0, volatile=True)
+    while tl.reduce(tl.reduce((((pk >> 32).to(tl.int32) != flag) & m).to(tl.int32), 1, _max_i32), 0,
+                    _max_i32) > 0:
+        pk = tl.load(ptrs, mask=m, other=0, volatile=True)
+    return pk
+
+
+@triton.jit
+def _unpack_store(pk, out_ptr, rows, ok, w, HW, H, EPW: tl.constexpr, DT: tl.constexpr):
+    m = ok[:, None] & (w[None, :] < HW)
+    word = pk.to(tl.int32)
+    if EPW == 1:
+        tl.store(out_ptr + rows[:, None] * H + w[None, :], word.to(tl.float32, bitcast=True).to(DT), mask=m)
+    else:
+        c = w[None, :] * 2
+        lo = (word & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+        hi = ((word >> 16) & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+        tl.store(out_ptr + rows[:, None] * H + c, lo, mask=m & (c < H))
+        tl.store(out_ptr + rows[:, None] * H + c + 1, hi, mask=m & (c + 1 < H))
+
+
+@triton.jit
+def _unpack_f32(pk, EPW: tl.constexpr, DT: tl.constexpr):
+    """fp32 ``[BR, BW * EPW]`` values of packets ``[BR, BW]`` (element order as in the row)."""
+    word = pk.to(tl.int32)
+    if EPW == 1:
+        return word.to(tl.float32, bitcast=True)
+    else:
+        lo = (word & 0xFFFF).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+        hi = ((word >> 16) & 0xFFFF).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+        return tl.reshape(tl.join(lo, hi), (lo.shape[0], lo.shape[1] * 2))
+
+
+# ---------------------------------------------------------------------------
+# normal mode
+# ---------------------------------------------------------------------------
+
+@ditron.jit(do_not_specialize=["TK", "slot_rows", "Eloc"])
+def ep_dispatch_kernel(x_ptr, tok_ptr, send_ptr, out_ptr, rc_ptr, rcnt_ptr, buf_ptr, cnt_ptr, stage_ptr, cstage_ptr,
+                       sig_ptr, calls_ptr, TK, H, slot_rows, Eloc,
+                       MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
+                       BR: tl.constexpr, BH: tl.constexpr):
+    """``tok_ptr[i]``: token of staged row ``i``; ``send_ptr``: ``[W, E_local]``
+    counts this rank sends; ``rc_ptr`` (out): ``[W, E_local + 1]`` counts
+    received from each source and the offset of this rank's block in the
+    source's staging order; ``rcnt_ptr`` (out): ``[E_local]`` rows received
+    per local expert.  ``cnt`` rows are ``E_local + 1`` words apart."""
+    e = epoch_begin(calls_ptr)
+    par = e % 2
+    val = e + 1
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    me, W, LW, node, NN, local = topology()
+    CW = Eloc + 1
+    slot = slot_rows.to(tl.int64) * H
+    bufp = buf_ptr + par * W * slot
+    cntp = cnt_ptr + par * W * CW
+    sigp = sig_ptr + (par * P + pid) * W
+    widx = tl.arange(0, WP)
+    lidx = tl.arange(0, ELP)
+    lmask = lidx < Eloc
+    sm = (widx[:, None] < W) & lmask[None, :]
+    sends = tl.load(send_ptr + widx[:, None] * Eloc + lidx[None, :], mask=sm, other=0)
+    ndst = tl.reduce(sends, 1, _add)
+    soff = _exclusive_cumsum(ndst)
+    rr = tl.arange(0, BR)
+
+    # ---------------- send: rows and counts to every rank of this node ----------------
+    node0 = node * LW
+    for k in range(0, LW):
+        peer = node0 + (local + k) % LW
+        n = _pick(ndst, widx, peer)
+        s0 = _pick(soff, widx, peer)
+        if pid == 0:
+            row = _row_of(sends, widx, peer)
+            tl.store(dl.symm_at(cntp + me * CW + lidx, peer), row, mask=lmask)
+            tl.store(dl.symm_at(cntp + me * CW + Eloc, peer), s0)
+        if k > 0:
+            lo, hi = _rows_chunk(n, P)
+            for r0 in range(lo, hi, BR):
+                r = r0 + rr
+                ok = r < hi
+                t = tl.load(tok_ptr + s0 + r, mask=ok, other=0).to(tl.int64)
+                _copy_rows_to_peer(x_ptr, t, bufp + me * slot, r.to(tl.int64), ok, H, peer, BH)
+        dl.notify(sigp + me, peer, signal=val, sig_op="set", comm_scope="intra_node")
+    if MULTI_NODE:
+        stg = stage_ptr + par * TK * H
+        for k in range(1, NN):
+            for l in range(0, LW):
+                peer = ((node + k) % NN) * LW + (local + l) % LW
+                n = _pick(ndst, widx, peer)
+                s0 = _pick(soff, widx, peer)
+                lo, hi = _rows_chunk(n, P)
+                for r0 in range(lo, hi, BR):
+                    r = r0 + rr
+                    ok = r < hi
+                    t = tl.load(tok_ptr + s0 + r, mask=ok, other=0).to(tl.int64)
+                    _copy_rows(x_ptr, t, stg, (s0 + r).to(tl.int64), ok, H, BH)
+                if pid == 0:
+                    ci = cstage_ptr + (par * W + peer) * CW
+                    tl.store(ci + lidx, _row_of(sends, widx, peer), mask=lmask)
+                    tl.store(ci + Eloc, s0)
+                    dl.fence("release", "sys")
+                    dl.syncthreads()
+                    shmem.putmem_block(cntp + me * CW, ci, CW * 8, peer)
+                    shmem.fence()                     # the counts land before the rows' signal
+                _put_chunk(bufp + me * slot, stg + s0 * H, lo * H, hi * H, sigp + me, val, peer, ELEM_BYTES)
+
+    # ---------------- receive: every source's rows, into the expert-grouped output ----------------
+    tok = dl.wait(sig_ptr + par * P * W, P * W, "sys", "acquire", waitValue=val)
+    cntp = dl.consume_token(cntp, tok)
+    bufp = dl.consume_token(bufp, tok)
+    widx, cnt, so, do = _recv_layout(cntp, W, Eloc, CW, WP, ELP)
+    if pid == 0:
+        rcm = (widx[:, None] < W) & (lidx[None, :] < CW)
+        tl.store(rc_ptr + widx[:, None] * CW + lidx[None, :],
+                 tl.load(cntp + widx[:, None] * CW + lidx[None, :], mask=rcm), mask=rcm)
+        tl.store(rc_ptr + widx * CW + Eloc, tl.load(cntp + widx * CW + Eloc, mask=widx < W), mask=widx < W)
+        tl.store(rcnt_ptr + lidx, tl.reduce(cnt, 0, _add), mask=lmask)
+    my_s0 = _pick(soff, widx, me)
+    for s in range(0, W):
+        c_row = _row_of(cnt, widx, s)
+        so_row = _row_of(so, widx, s)
+        do_row = _row_of(do, widx, s)
+        n = tl.reduce(c_row, 0, _add)
+        lo, hi = _rows_chunk(n, P)
+        for r0 in range(lo, hi, BR):
+            r = r0 + rr
+            ok = r < hi
+            dst = _out_rows(r, so_row, c_row, do_row, ELP).to(tl.int64)
+            if s == me:
+                t = tl.load(tok_ptr + my_s0 + r, mask=ok, other=0).to(tl.int64)
+                _copy_rows(x_ptr, t, out_ptr, dst, ok, H, BH)
+            else:
+                _copy_rows(bufp + s * slot, r.to(tl.int64), out_ptr, dst, ok, H, BH)
+    epoch_end(calls_ptr)
+
+
+@ditron.jit(do_not_specialize=["T", "TK", "slot_rows", "Eloc"])
+def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_ptr, sig_ptr, calls_ptr, T, KT, TK, H,
+                      slot_rows, Eloc,
+                      MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
+                      BR: tl.constexpr, BH: tl.constexpr):
+    """Send ``y``'s rows back to their tokens' ranks (into ``cbuf`` at the
+    staging positions), then ``out[t] = sum_j w[t, j] * cbuf[pos[t, j]]``."""
+    e = epoch_begin(calls_ptr)
+    par = e % 2
+    val = e + 1
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    me, W, LW, node, NN, local = topology()
+    CW = Eloc + 1
+    cbp = cbuf_ptr + par * TK * H
+    sigp = sig_ptr + (par * P + pid) * W
+    widx, cnt, so, do = _recv_layout(rc_ptr, W, Eloc, CW, WP, ELP)
+    boff = tl.load(rc_ptr + widx * CW + Eloc, mask=widx < W, other=0)      # my block in each source's order
+    rr = tl.arange(0, BR)
+    node0 = node * LW
+    for k in range(0, LW):
+        s = node0 + (local + k) % LW
+        c_row = _row_of(cnt, widx, s)
+        so_row = _row_of(so, widx, s)
+        do_row = _row_of(do, widx, s)
+        b = _pick(boff, widx, s)
+        lo, hi = _rows_chunk(tl.reduce(c_row, 0, _add), P)
+        for r0 in range(lo, hi, BR):
+            r = r0 + rr
+            ok = r < hi
+            src = _out_rows(r, so_row, c_row, do_row, ELP).to(tl.int64)
+            _copy_rows_to_peer(y_ptr, src, cbp, (b + r).to(tl.int64), ok, H, s, BH)
+        dl.notify(sigp + me, s, signal=val, sig_op="set", comm_scope="intra_node")
+    if MULTI_NODE:
+        stg = stage_ptr + par * W * slot_rows.to(tl.int64) * H
+        for k in range(1, NN):
+            for l in range(0, LW):
+                s = ((node + k) % NN) * LW + (local + l) % LW
+                c_row = _row_of(cnt, widx, s)
+                so_row = _row_of(so, widx, s)
+                do_row = _row_of(do, widx, s)
+                b = _pick(boff, widx, s)
+                lo, hi = _rows_chunk(tl.reduce(c_row, 0, _add), P)
+                sst = stg + s * slot_rows.to(tl.int64) * H
+                for r0 in range(lo, hi, BR):
+                    r = r0 + rr
+                    ok = r < hi
+                    src = _out_rows(r, so_row, c_row, do_row, ELP).to(tl.int64)
+                    _copy_rows(y_ptr, src, sst, r.to(tl.int64), ok, H, BH)
+                _put_chunk(cbp + b * H, sst, lo * H, hi * H, sigp + me, val, s, ELEM_BYTES)
+
+    # ---------------- reduce the k rows of each token ----------------
+    tok = dl.wait(sig_ptr + par * P * W, P * W, "sys", "acquire", waitValue=val)
+    cbp = dl.consume_token(cbp, tok)
+    for t0 in range(pid * BR, T, P * BR):
+        t = t0 + rr
+        tok_ok = t < T
+        for h0 in range(0, H, BH):
+            hs = h0 + tl.arange(0, BH)
+            hm = hs < H
+            acc = tl.full((BR, BH), 0.0, tl.float32)
+            for j in range(0, KT):
+                p = tl.load(pos_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=-1)
+                wt = tl.load(w_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=0.0)
+                m = (p >= 0)[:, None] & hm[None, :]
+                v = tl.load(cbp + p[:, None] * H + hs[None, :], mask=m, other=0.0)
+                acc += wt[:, None] * v.to(tl.float32)
+            tl.store(out_ptr + t.to(tl.int64)[:, None] * H + hs[None, :], acc.to(out_ptr.dtype.element_ty),
+                     mask=tok_ok[:, None] & hm[None, :])
+    epoch_end(calls_ptr)
+
+
+# ---------------------------------------------------------------------------
+# low-latency mode
+# ---------------------------------------------------------------------------
+
+@ditron.jit(do_not_specialize=["TK", "Eloc", "cap"])
+def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, out_ptr, lrc_ptr, rcnt_ptr, lrecv_ptr,
+                          lcnt_ptr, lstage_ptr, calls_ptr, TK, H, HW, Eloc, cap,
+                          MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
+                          BR: tl.constexpr, BW: tl.constexpr):
+    """Staged pair ``i``: token ``tok_ptr[i]``, expert ``eid_ptr[i]`` (``>= E``:
+    not sent), slot ``slot_ptr[i]`` (``>= cap``: dropped).  ``lrc_ptr`` (out):
+    ``[E_local, W]`` rows received per (local expert, source)."""
+    e = epoch_begin(calls_ptr)
+    par = e % 2
+    val = e + 1
+    flag = val.to(tl.int32)
+    fl64 = flag.to(tl.int64) << 32
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    me, W, LW, node, NN, local = topology()
+    E = Eloc * W
+    rowsz = HW.to(tl.int64)
+    rbox = lrecv_ptr + par * (Eloc * W * cap) * rowsz          # [E_local][W][cap][HW]
+    cbox = lcnt_ptr + par * Eloc * W                         # [E_local][W]
+    rr = tl.arange(0, BR)
+    ww = tl.arange(0, BW)
+    widx = tl.arange(0, WP)
+    lidx = tl.arange(0, ELP)
+    lmask = lidx < Eloc
+    node0 = node * LW
+    # ---------------- send the pairs (each program a share of the staging order) ----------------
+    for r0 in range(pid * BR, TK, P * BR):
+        r = r0 + rr
+        inr = r < TK
+        eid = tl.load(eid_ptr + r, mask=inr, other=E)
+        sl = tl.load(slot_ptr + r, mask=inr, other=cap).to(tl.int64)
+        ok = inr & (eid < E) & (sl < cap)
+        t = tl.load(tok_ptr + r, mask=ok, other=0).to(tl.int64)
+        dst = eid // Eloc
+        le = (eid % Eloc).to(tl.int64)
+        drow = (le * W + me) * cap + sl
+        for w0 in range(0, HW, BW):
+            w = w0 + ww
+            pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
+            for k in range(0, LW):
+                peer = node0 + (local + k) % LW
+                m = (ok & (dst == peer))[:, None] & (w[None, :] < HW)
+                tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
+            if MULTI_NODE:
+                sm = ok[:, None] & (w[None, :] < HW)
+                tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt, mask=sm)
+        if MULTI_NODE:
+            dl.fence("release", "sys")
+            dl.syncthreads()
+            for i in range(0, BR):
+                d_i = _pick(dst, rr, i)
+                if _pick(ok.to(tl.int32), rr, i) != 0:
+                    if d_i // LW != node:
+                        shmem.putmem_block(rbox + _pick(drow, rr, i) * rowsz,
+                                           lstage_ptr + (par * TK + r0 + i) * rowsz, HW * 8, d_i)
+    # counts: one flagged word per (local expert, destination), capped at the capacity
+    if pid == 0:
+        for d in range(0, W):
+            c = tl.load(send_ptr + d * Eloc + lidx, mask=lmask, other=0)
+            word = fl64 | tl.minimum(c, cap).to(tl.int64)
+            if d // LW == node:
+                tl.store(dl.symm_at(cbox + lidx * W + me, d), word, mask=lmask)
+            else:
+                if MULTI_NODE:
+                    st = lstage_ptr + (2 * TK) * rowsz + par * W * Eloc + d * Eloc
+                    tl.store(st + lidx, word, mask=lmask)
+                    dl.fence("release", "sys")
+                    dl.syncthreads()
+                    for l in range(0, Eloc):
+                        shmem.putmem_block(cbox + l * W + me, st + l, 8, d)
+    # ---------------- receive: poll counts, then rows, per local expert ----------------
+    for l in range(pid, Eloc, P):
+        cw = _poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
+        cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
+        pre = _exclusive_cumsum(cnt)
+        tl.store(lrc_ptr + l * W + widx, cnt, mask=widx < W)
+        tl.store(rcnt_ptr + l, tl.reduce(cnt, 0, _add))
+        for s in range(0, W):
+            n = _pick(cnt, widx, s)
+            base = _pick(pre, widx, s)
+            for q0 in range(0, n, BR):
+                q = q0 + rr
+                qok = q < n
+                src = (l * W + s) * cap + q.to(tl.int64)
+                orow = l * (W * cap) + base + q.to(tl.int64)
+                for w0 in range(0, HW, BW):
+                    w = w0 + ww
+                    m = qok[:, None] & (w[None, :] < HW)
+                    pk = _poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
+                    _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
+    epoch_end(calls_ptr)
+
+
+@ditron.jit(do_not_specialize=["T", "TK", "Eloc", "cap"])
+def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lcomb_ptr, lstage_ptr, calls_ptr,
+                         T, KT, TK, H, HW, Eloc, cap,
+                         MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
+                         BR: tl.constexpr, BW: tl.constexpr):
+    """Owner side: row ``r`` of (local expert ``l``, source ``s``) goes back to
+    ``lcomb[p][rank][l][r]`` on ``s``.  Token side: pair ``(t, j)`` (expert
+    ``peid``, slot ``pslot``; skipped when not delivered) is polled there."""
+    e = epoch_begin(calls_ptr)
+    par = e % 2
+    val = e + 1
+    flag = val.to(tl.int32)
+    fl64 = flag.to(tl.int64) << 32
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    me, W, LW, node, NN, local = topology()
+    E = Eloc * W
+    rowsz = HW.to(tl.int64)
+    box = lcomb_ptr + par * (W * Eloc * cap) * rowsz           # [W owners][E_local][cap][HW]
+    rr = tl.arange(0, BR)
+    ww = tl.arange(0, BW)
+    widx = tl.arange(0, WP)
+    for l in range(pid, Eloc, P):
+        cnt = tl.load(lrc_ptr + l * W + widx, mask=widx < W, other=0)
+        pre = _exclusive_cumsum(cnt)
+        for s in range(0, W):
+            n = _pick(cnt, widx, s)
+            base = _pick(pre, widx, s)
+            remote = (s // LW) != node
+            for r0 in range(0, n, BR):
+                r = r0 + rr
+                ok = r < n
+                yrow = l * (W * cap) + base + r.to(tl.int64)
+                drow = (me * Eloc + l) * cap + r.to(tl.int64)
+                for w0 in range(0, HW, BW):
+                    w = w0 + ww
+                    pkt = _pack(y_ptr, yrow, ok, w, HW, H, fl64, EPW)
+                    m = ok[:, None] & (w[None, :] < HW)
+                    if MULTI_NODE:
+                        if remote:
+                            tl.store(lstage_ptr + (par * W * cap + s * cap + r.to(tl.int64))[:, None] * rowsz
+                                     + w[None, :], pkt, mask=m)
+                        else:
+                            tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
+                    else:
+                        tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
+                if MULTI_NODE:
+                    if remote:
+                        dl.fence("release", "sys")
+                        dl.syncthreads()
+                        nr = tl.minimum(n - r0, BR)
+                        shmem.putmem_block(box + ((me * Eloc + l) * cap + r0) * rowsz,
+                                           lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
+    # ---------------- token side: poll the k rows of each token ----------------
+    for t0 in range(pid * BR, T, P * BR):
+        t = t0 + rr
+        tok_ok = t < T
+        for w0 in range(0, HW, BW):
+            w = w0 + ww
+            acc = tl.full((BR, BW * EPW), 0.0, tl.float32)
+            for j in range(0, KT):
+                eid = tl.load(peid_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=E)
+                sl = tl.load(pslot_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=cap).to(tl.int64)
+                wt = tl.load(w_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=0.0)
+                ok = tok_ok & (eid < E) & (sl < cap)
+                src = ((eid // Eloc).to(tl.int64) * Eloc + (eid % Eloc)) * cap + sl
+                m = ok[:, None] & (w[None, :] < HW)
+                pk = _poll(box + src[:, None] * rowsz + w[None, :], m, flag)
+                v = _unpack_f32(pk, EPW, out_ptr.dtype.element_ty)
+                acc += tl.where(ok[:, None], wt[:, None] * v, 0.0)
+            cols = w0 * EPW + tl.arange(0, BW * EPW)
+            tl.store(out_ptr + t.to(tl.int64)[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                     mask=tok_ok[:, None] & (cols[None, :] < H) & (cols[None, :] < HW * EPW))
+    epoch_end(calls_ptr)

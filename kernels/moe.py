@@ -1,0 +1,208 @@
+"""The zoo's grouped GEMM for mixture-of-experts layers: one launch computes
+``out[rows of expert e] = a[rows of expert e] @ w[e]`` for every expert.
+
+    from ditron.kernels.moe import grouped_gemm
+    out = grouped_gemm(a, w, counts)          # a: [M, K] sorted by expert, w: [E, K, N], counts: int [E]
+    out = grouped_gemm(a, w, counts, gather_idx=idx)   # row i of the problem is a[idx[i]]
+
+``counts[e]`` rows belong to expert ``e``, in order: rows ``[off[e], off[e] +
+counts[e])`` with ``off`` the exclusive prefix sum of ``counts``.  Any count
+is allowed, zero included, and none is read back to the host: the counts live
+on the device (what EP dispatch produces) and the kernel derives each tile's
+expert from them.  Rows past ``sum(counts)`` are not written; counts that run
+past ``M`` are cut at ``M`` (negative counts count as 0).  ``gather_idx``
+(int32/int64 ``[M]``) reads problem row ``i`` from ``a[gather_idx[i]]``: the
+permutation that groups tokens by expert is fused into the A loads (no
+permuted copy of the tokens).  float16 / bfloat16, fp32 accumulation.
+
+Tiles
+-----
+An expert's rows are cut into ``BLOCK_M`` tiles of their own (a tile never
+mixes two experts), so there are at most ``cdiv(M, BLOCK_M) + E`` M tiles:
+the kernel walks this *virtual* M range (:func:`expert_tile` maps virtual
+tile ``j`` to its expert and first row from the counts -- a prefix sum over
+``E`` counts, no host sync) and skips the virtual tiles past the last
+expert's.  Programs are persistent; the tile order is ``dl.swizzle_2d`` over
+(virtual M tiles, N tiles).  The same helpers serve the TP MoE kernels
+(kernels/moe_tp.py), whose virtual tiles are per (rank segment, expert).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+import ditron
+import ditron.language as dl
+
+from ._common import sm_count
+from .gemm import _GEMM_DTYPES, GemmConfig, default_config, gemm_tile, is_sim_device, store_tile
+
+
+# Core builtins only (tl.reduce / tl.associative_scan with our own combine), as in kernels/all_to_all.py.
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _pick(vec, idx, i):
+    """vec[i] as a scalar (0 when no element of idx equals i)."""
+    return tl.reduce(tl.where(idx == i, vec, 0), 0, _add)
+
+
+@triton.jit
+def expert_tile(j, counts_ptr, E, row_base, row_limit, BLOCK_M: tl.constexpr, EP: tl.constexpr):
+    """Virtual M tile ``j`` of a problem whose rows (from ``row_base``) are
+    grouped by expert with ``counts_ptr[0:E]`` rows each.  Returns ``(e, rows,
+    row_ok, rows_c)``: the tile's expert (``E`` when ``j`` is past the last
+    tile), its row indices, which of them exist (``< row_limit`` and inside
+    the expert) and the rows clamped to an existing one (for unmasked loads;
+    meaningful only when some row exists)."""
+    eidx = tl.arange(0, EP)
+    emask = eidx < E
+    cnt = tl.maximum(tl.load(counts_ptr + eidx, mask=emask, other=0).to(tl.int64), 0)
+    tiles = (cnt + BLOCK_M - 1) // BLOCK_M
+    tend = tl.associative_scan(tiles, 0, _add)
+    rstart = tl.associative_scan(cnt, 0, _add) - cnt
+    e = tl.reduce(tl.where((tend <= j) & emask, 1, 0), 0, _add)
+    first = row_base + _pick(rstart, eidx, e) + (j - (_pick(tend, eidx, e) - _pick(tiles, eidx, e))) * BLOCK_M
+    end = tl.minimum(row_base + _pick(rstart, eidx, e) + _pick(cnt, eidx, e), row_limit)
+    rows = first + tl.arange(0, BLOCK_M)
+    row_ok = (rows < end) & (e < E)
+    rows_c = tl.maximum(tl.minimum(rows, end - 1), 0)
+    return e, rows, row_ok, rows_c
+
+
+@triton.jit
+def expert_tile_acc(a_ptr, idx_ptr, w_ptr, e, rows_c, pid_n, N, K, stride_am, stride_ak, stride_we, stride_wk,
+                    stride_wn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    EVEN_K: tl.constexpr, GATHER: tl.constexpr):
+    """``(cols, col_ok, acc)``: the fp32 tile ``a[rows] @ w[e][:, cols]``
+    (rows through ``idx_ptr`` with ``GATHER``), by kernels/gemm.py's
+    :func:`gemm_tile`."""
+    if GATHER:
+        src = tl.load(idx_ptr + rows_c).to(tl.int64)
+    else:
+        src = rows_c.to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    a_rows = a_ptr + src * stride_am
+    b_cols = w_ptr + e.to(tl.int64) * stride_we + cols.to(tl.int64) * stride_wn
+    acc = gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_wk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    return cols, col_ok, acc
+
+
+@ditron.jit(do_not_specialize=["M", "num_vm"])
+def grouped_gemm_kernel(a_ptr, w_ptr, c_ptr, counts_ptr, idx_ptr, M, N, K, E, num_vm, stride_am, stride_ak,
+                        stride_we, stride_wk, stride_wn, stride_cm,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                        EVEN_K: tl.constexpr, EP: tl.constexpr, GATHER: tl.constexpr):
+    """Persistent grouped GEMM over ``num_vm`` virtual M tiles (see the module docstring)."""
+    num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    for t in range(tl.program_id(0), num_vm * num_pid_n, tl.num_programs(0)):
+        vm, pid_n = dl.swizzle_2d(t, num_vm, num_pid_n, GROUP_M)
+        e, rows, row_ok, rows_c = expert_tile(vm, counts_ptr, E, 0, M, BLOCK_M, EP)
+        if e < E:
+            cols, col_ok, acc = expert_tile_acc(a_ptr, idx_ptr, w_ptr, e, rows_c, pid_n, N, K, stride_am, stride_ak,
+                                                stride_we, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                                                GATHER)
+            store_tile(c_ptr, stride_cm, 1, rows, row_ok, cols, col_ok, acc)
+
+
+# ---------------------------------------------------------------------------
+# host API
+# ---------------------------------------------------------------------------
+
+def expert_pow2(E: int) -> int:
+    return max(2, triton.next_power_of_2(int(E)))
+
+
+def check_counts(op, counts, E, device):
+    """A device int tensor of ``E`` counts (a list or tuple is moved there)."""
+    if isinstance(counts, (list, tuple)):
+        counts = torch.tensor(counts, dtype=torch.int64, device=device)
+    if not isinstance(counts, torch.Tensor) or counts.dtype not in (torch.int32, torch.int64) \
+            or counts.numel() != E or counts.device.type != torch.device(device).type:
+        desc = f"{counts.dtype}{list(counts.shape)} on {counts.device}" if isinstance(counts, torch.Tensor) \
+            else type(counts).__name__
+        raise ditron.DitronError(f"{op}: argument 'counts' must be an int32/int64 tensor of {E} counts (one per "
+                                 f"expert) on {device}, got {desc}")
+    return counts.contiguous()
+
+
+def check_experts_weight(op, a, w, argname="w"):
+    E_ = ditron.DitronError
+    if not isinstance(a, torch.Tensor) or a.dim() != 2:
+        raise E_(f"{op}: argument 'a' must be a 2-D tensor [M, K]")
+    if not isinstance(w, torch.Tensor) or w.dim() != 3:
+        raise E_(f"{op}: argument '{argname}' must be a 3-D tensor [experts, K, N]")
+    if a.dtype not in _GEMM_DTYPES:
+        raise E_(f"{op}: argument 'a' is {a.dtype}; use float16 or bfloat16")
+    if w.dtype != a.dtype:
+        raise E_(f"{op}: argument '{argname}' is {w.dtype}, 'a' is {a.dtype}")
+    if w.device != a.device:
+        raise E_(f"{op}: argument '{argname}' is on {w.device}, 'a' on {a.device}")
+    if w.shape[1] != a.shape[1]:
+        raise E_(f"{op}: '{argname}' has K={w.shape[1]}, 'a' has K={a.shape[1]} columns")
+    if w.shape[0] < 1 or w.shape[2] < 1 or a.shape[1] < 1:
+        raise E_(f"{op}: empty operands (a is {list(a.shape)}, {argname} is {list(w.shape)})")
+
+
+def moe_config(M, N, K, dtype, device, config=None) -> GemmConfig:
+    if config is not None:
+        return config.validate("moe")
+    cfg = default_config(M, N, K, dtype, device)
+    return cfg
+
+
+def grouped_gemm(a, w, counts, out=None, gather_idx=None, config: GemmConfig | None = None, num_programs=None):
+    """``out[M, N]``: the rows of expert ``e`` (``counts[e]`` of them, in
+    expert order) times ``w[e]`` (see the module docstring).  ``a``: ``[rows,
+    K]`` (``M = rows``, or ``gather_idx.numel()`` with ``gather_idx``), ``w``:
+    ``[E, K, N]`` (any strides), ``counts``: int32/int64 ``[E]`` on the
+    device.  Wrong shapes, dtypes or devices raise ``DitronError`` before
+    launch."""
+    op = "grouped_gemm"
+    check_experts_weight(op, a, w)
+    E, K, N = w.shape
+    counts = check_counts(op, counts, E, a.device)
+    if gather_idx is not None:
+        if not isinstance(gather_idx, torch.Tensor) or gather_idx.dim() != 1 or \
+                gather_idx.dtype not in (torch.int32, torch.int64) or gather_idx.device != a.device:
+            raise ditron.DitronError(f"{op}: argument 'gather_idx' must be a 1-D int32/int64 tensor on {a.device}")
+        gather_idx = gather_idx.contiguous()
+        M = gather_idx.numel()
+    else:
+        M = a.shape[0]
+    if out is None:
+        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    elif not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or out.dtype != a.dtype or \
+            out.stride(1) != 1:
+        raise ditron.DitronError(f"{op}: argument 'out' must be a row-major ({M}, {N}) {a.dtype} tensor")
+    if M == 0:
+        return out
+    cfg = moe_config(M, N, K, a.dtype, a.device, config)
+    num_vm = triton.cdiv(M, cfg.block_m) + E
+    tiles = num_vm * triton.cdiv(N, cfg.block_n)
+    P = int(num_programs or (4 if is_sim_device(a.device) else sm_count(a.device)))
+    P = max(1, min(P, tiles))
+    grouped_gemm_kernel[(P,)](a, w, out, counts, gather_idx if gather_idx is not None else counts, M, N, K, E,
+                              num_vm, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
+                              EVEN_K=(K % cfg.block_k == 0), EP=expert_pow2(E), GATHER=gather_idx is not None,
+                              **cfg.launch_options())
+    return out
+
+
+def grouped_gemm_reference(a, w, counts, gather_idx=None):
+    """torch: a per-expert loop of ``matmul`` in fp32 (the tests' and benchmarks' reference)."""
+    rows = a[gather_idx.long()] if gather_idx is not None else a
+    counts = [max(0, int(c)) for c in counts.tolist()]
+    out = torch.zeros((rows.shape[0], w.shape[2]), dtype=torch.float32)
+    off = 0
+    for e, c in enumerate(counts):
+        c = min(c, rows.shape[0] - off)
+        if c > 0:
+            out[off:off + c] = rows[off:off + c].float().cpu() @ w[e].float().cpu()
+        off += max(c, 0)
+    return out

@@ -1,0 +1,59 @@
+"""The MoE benchmark harness (ditron/bench/moe.py, ``ditron bench
+grouped_gemm|ag_moe|moe_rs|moe_ar|ep``) on the CPU: simulated ranks run every
+ditron code path with its check against torch and write the Markdown and
+JSON results; the NCCL baselines need GPUs and are absent there.  The
+numbers themselves are meaningless on the simulator."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from ditron.bench import moe as bm
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FAST = ["--iters", "5", "--warmup", "1", "--repeat", "1"]
+
+
+def _sim(tmp_path, n, *args, timeout=300):
+    cmd = [sys.executable, "-m", "ditron", "sim", "-n", str(n), "-m", "ditron.bench", *args, *FAST, "--out",
+           str(tmp_path), "--tag", "smoke"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def _rows(path):
+    data = json.loads(path.read_text())
+    return data, {(r["shape"], r["impl"]): r for r in data["rows"]}
+
+
+@pytest.mark.parametrize("op", ["ag_moe", "moe_rs"])
+def test_tp_moe_bench_on_the_simulator(tmp_path, op):
+    p = _sim(tmp_path, 2, op, "--shapes", "6,16,32,4,2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    data, rows = _rows(tmp_path / f"smoke-{op}-bf16.json")
+    r = rows[("T6_H16_I32_E4_k2", "ditron")]
+    assert r["status"] == "ok" and r["us"] > 0, r
+    assert data["meta"]["command"].startswith(f"ditron bench {op}")
+    assert "| T6_H16_I32_E4_k2 |" in (tmp_path / f"smoke-{op}-bf16.md").read_text()
+
+
+def test_grouped_gemm_and_ep_bench_on_the_simulator(tmp_path):
+    p = _sim(tmp_path, 1, "grouped_gemm", "--shapes", "8,16,32,4,2", "--tp", "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    _, rows = _rows(tmp_path / "smoke-grouped_gemm-bf16.json")
+    for impl in ("ditron", "torch_loop"):
+        assert rows[("T8_H16_I32_E4_k2", impl)]["status"] == "ok"
+    assert rows[("T8_H16_I32_E4_k2", "ditron")]["speedup"] > 0
+    p = _sim(tmp_path, 2, "ep", "--tokens", "3", "--hidden", "24", "--topk", "2", "--experts-per-rank", "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    _, rows = _rows(tmp_path / "smoke-ep-bf16.json")
+    for mode in ("normal", "low_latency"):
+        assert rows[("3 tok/rank", f"ditron {mode}")]["status"] == "ok"
+
+
+def test_shapes():
+    assert [s[0] for s in bm.parse_shapes("paper")] == ["Qwen1.5-MoE-A2.7B", "Mixtral-8x7B", "Mixtral-8x22B",
+                                                        "DeepSeek-MoE"]
+    assert bm.parse_shapes("8,16,32,4,2;16,8,8,2,1") == [("T8_H16_I32_E4_k2", 8, 16, 32, 4, 2),
+                                                        ("T16_H8_I8_E2_k1", 16, 8, 8, 2, 1)]
