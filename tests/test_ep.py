@@ -101,6 +101,8 @@ def test_ep_kernels_compile_for_sm90a_without_nvshmem_on_one_node(name):
     assert "ld.global" in ptx and "st.global" in ptx
 
 
+@pytest.mark.skipif(GPU_BACKEND == "p2p", reason="under a live P2P world shmem.* lower to loads and stores, "
+                                                  "not NVSHMEM calls (CPU compile test)")
 def test_ep_ll_dispatch_compiles_for_two_nodes(nvshmem_bc):
     assert "nvshmem" in _compile("ep_ll_dispatch_kernel", True).asm["llir"]
 
