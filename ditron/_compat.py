@@ -282,6 +282,63 @@ def _install_bf16_dot():
     _DOT_PATCHED = True
 
 
+def f32_to_bf16_bits(x):
+    """fp32 values -> bf16 bit patterns (uint16), rounded to nearest even as
+    GPUs convert (``cvt.rn.bf16.f32``); NaN stays a (quiet) NaN."""
+    import numpy as np
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16)
+
+
+def bf16_bits_to_f32(raw):
+    import numpy as np
+    return (np.asarray(raw).astype(np.uint32) << 16).view(np.float32)
+
+
+_CAST_PATCHED = False
+
+
+def _install_rne_casts():
+    """Triton 3.6's interpreter truncates fp32 -> bf16 (and converts bf16 to
+    other types from its raw uint16 storage); GPUs round to nearest even.
+    Conversions to and from bf16 go through fp32 here, rounding to nearest
+    even; fp16 conversions already round to nearest even in NumPy."""
+    global _CAST_PATCHED
+    if _CAST_PATCHED:
+        return
+    import numpy as np
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle, _get_np_dtype
+    orig_cast = InterpreterBuilder.cast_impl
+    orig_fp_to_fp = InterpreterBuilder.create_fp_to_fp
+
+    def to_f32(h):
+        if h.dtype.scalar == tl.bfloat16:
+            return bf16_bits_to_f32(h.data)
+        return h.data.astype(np.float32)
+
+    def cast_impl(self, src, dst_type, _orig=orig_cast):
+        s, d = src.dtype.scalar, dst_type.scalar
+        if d == tl.bfloat16 and s != tl.bfloat16:
+            return TensorHandle(f32_to_bf16_bits(to_f32(src)), d)
+        if s == tl.bfloat16 and d != tl.bfloat16:
+            return TensorHandle(bf16_bits_to_f32(src.data).astype(_get_np_dtype(dst_type)), d)
+        return _orig(self, src, dst_type)
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode, _orig=orig_fp_to_fp):
+        from triton._C.libtriton import ir
+        s, d = src.dtype.scalar, dst_type.scalar
+        if d in (tl.bfloat16, tl.float16) and s in (tl.float32, tl.float64, tl.bfloat16, tl.float16) and \
+                rounding_mode in (None, ir.ROUNDING_MODE.RTNE):
+            return cast_impl(self, src, dst_type)
+        return _orig(self, src, dst_type, rounding_mode)
+
+    InterpreterBuilder.cast_impl = cast_impl      # create_fp_trunc / _ext / _to_si ... call it
+    InterpreterBuilder.create_fp_to_fp = create_fp_to_fp
+    _CAST_PATCHED = True
+
+
 _SAFE_INDEX_INSTALLED = False
 
 
@@ -318,6 +375,7 @@ def interpreter_launch(grid):
     _install_thread_local_grid()
     _install_numpy_safe_index()
     _install_bf16_dot()
+    _install_rne_casts()
 
     class _Scope:
         pass

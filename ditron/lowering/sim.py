@@ -250,15 +250,13 @@ def _untag(ctx, ptrs, arg):
 
 def _to_f32(raw, tt):
     if tt.is_bf16():
-        return (raw.astype(np.uint32) << 16).view(np.float32)
+        return _compat.bf16_bits_to_f32(raw)
     return raw.astype(np.float64 if tt.is_fp64() else np.float32) if tt.is_floating() else raw
 
 
 def _from_f32(x, tt, np_dtype):
     if tt.is_bf16():
-        u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-        u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16          # round to nearest even
-        return u.astype(np.uint16)
+        return _compat.f32_to_bf16_bits(x)                # round to nearest even
     return np.asarray(x).astype(np_dtype)
 
 
