@@ -339,6 +339,68 @@ def _install_rne_casts():
     _CAST_PATCHED = True
 
 
+class _AccessHooks:
+    """Callbacks of the simulator on the interpreter's memory operations.
+
+    ``load(ptrs, mask, data, volatile)`` after a load (may return replacement
+    data), ``store(ptrs, mask, data)`` before a store, ``atomic(phase, ptrs,
+    mask, sem, scope)`` before (``"pre"``) and after (``"post"``) an atomic.
+    Volatile loads always reach ``load``; plain loads, stores and atomics only
+    while ``plain`` is set (the race finder), so the default simulator pays
+    one attribute test per access."""
+    load = store = atomic = None
+    plain = False
+
+
+ACCESS_HOOKS = _AccessHooks()
+_ACCESS_PATCHED = False
+
+
+def _install_access_hooks():
+    global _ACCESS_PATCHED
+    if _ACCESS_PATCHED:
+        return
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+    H = ACCESS_HOOKS
+    orig_load, orig_store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
+    orig_rmw, orig_cas = InterpreterBuilder.create_atomic_rmw, InterpreterBuilder.create_atomic_cas
+
+    def create_masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
+        ret = orig_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
+        if H.load is not None and (is_volatile or H.plain):
+            data = H.load(ptrs.data, mask.data, ret.data, is_volatile)
+            if data is not None:
+                ret = TensorHandle(data, ret.dtype)
+        return ret
+
+    def create_masked_store(self, ptrs, value, mask, cache_modifier, eviction_policy):
+        if H.plain and H.store is not None:
+            H.store(ptrs.data, mask.data, value.data)
+        return orig_store(self, ptrs, value, mask, cache_modifier, eviction_policy)
+
+    def create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):
+        if not (H.plain and H.atomic is not None):
+            return orig_rmw(self, rmwOp, ptr, val, mask, sem, scope)
+        H.atomic("pre", ptr.data, mask.data, str(sem), str(scope))
+        ret = orig_rmw(self, rmwOp, ptr, val, mask, sem, scope)
+        H.atomic("post", ptr.data, mask.data, str(sem), str(scope))
+        return ret
+
+    def create_atomic_cas(self, ptr, cmp, val, sem, scope):
+        if not (H.plain and H.atomic is not None):
+            return orig_cas(self, ptr, cmp, val, sem, scope)
+        H.atomic("pre", ptr.data, None, str(sem), str(scope))
+        ret = orig_cas(self, ptr, cmp, val, sem, scope)
+        H.atomic("post", ptr.data, None, str(sem), str(scope))
+        return ret
+
+    InterpreterBuilder.create_masked_load = create_masked_load       # create_load calls it
+    InterpreterBuilder.create_masked_store = create_masked_store     # create_store calls it
+    InterpreterBuilder.create_atomic_rmw = create_atomic_rmw
+    InterpreterBuilder.create_atomic_cas = create_atomic_cas
+    _ACCESS_PATCHED = True
+
+
 _SAFE_INDEX_INSTALLED = False
 
 
@@ -376,6 +438,7 @@ def interpreter_launch(grid):
     _install_numpy_safe_index()
     _install_bf16_dot()
     _install_rne_casts()
+    _install_access_hooks()
 
     class _Scope:
         pass

@@ -47,3 +47,61 @@ def rounding(world):
     assert torch.equal(back.view(torch.int16), want_bf.to(torch.float16).view(torch.int16)), \
         "bf16->fp16 differs from torch"
     return n
+
+
+# ---------------------------------------------------------------------------
+# polling loops: program-to-program spins complete, hangs are reported
+# ---------------------------------------------------------------------------
+
+@ditron.jit
+def program_spin_kernel(flag_ptr, out_ptr, USE_LD: tl.constexpr):
+    pid = tl.program_id(0)
+    last = tl.num_programs(0) - 1
+    if pid == 0:
+        # program 0 runs first on the simulator and waits for the last program of the same launch
+        if USE_LD:
+            while dl.ld(flag_ptr, scope="gpu", semantic="acquire") == 0:
+                pass
+        else:
+            while tl.load(flag_ptr, volatile=True) == 0:
+                pass
+        tl.store(out_ptr, tl.load(flag_ptr, volatile=True))
+    if pid == last:
+        dl.st(flag_ptr, 7, scope="gpu", semantic="release")
+
+
+def program_spin(world, use_ld):
+    flag = torch.zeros(1, dtype=torch.int32)
+    out = torch.zeros(1, dtype=torch.int32)
+    program_spin_kernel[(4,)](flag, out, USE_LD=use_ld)
+    return int(out.item())
+
+
+@ditron.jit
+def poll_hang_kernel(flag_ptr, USE_LD: tl.constexpr):
+    if USE_LD:
+        while dl.ld(flag_ptr + 1, scope="sys", semantic="acquire") < 1:     # POLL_LD: nobody writes it
+            pass
+    else:
+        while tl.load(flag_ptr + 1, volatile=True) < 1:                     # POLL_VOLATILE
+            pass
+
+
+def poll_hang(world, use_ld, rank):
+    flag = ditron.symm_zeros((2,), torch.int32, name="never_set")
+    ditron.barrier_all()
+    if world.rank == rank:
+        poll_hang_kernel[(1,)](flag, USE_LD=use_ld)
+    ditron.barrier_all()
+
+
+def ll_skipped_call(world, skipper):
+    """A rank that skips an ``ll`` all_reduce: the others poll for its packets forever."""
+    import importlib
+    AR = importlib.import_module("ditron.kernels.all_reduce")
+    ctx = AR.create_all_reduce_context(120, torch.float32)
+    x = torch.ones(120)
+    AR.all_reduce(x, ctx, method="ll")
+    if world.rank != skipper:
+        AR.all_reduce(x, ctx, method="ll")
+    ditron.barrier_all()

@@ -161,6 +161,67 @@ def _spin_values(ctx, tr, addrs, dtype, ok, expected_text, primitive):
     return tr.spin(check, describe, launch)
 
 
+def polled(addrs, mask, vals, primitive):
+    """A polling load of the current program (``dl.ld``, ``tl.load(volatile=True)``)
+    read ``vals``: a program that keeps reading the same value there counts
+    as blocked and lends its turn (see ``SimTransport.poll``)."""
+    launch = _launch()
+    if launch is None or launch.transport is None:
+        return
+    tr = launch.transport
+    addrs = np.asarray(addrs).reshape(-1)
+    if addrs.size == 0:
+        return
+    live = np.flatnonzero(np.asarray(mask).reshape(-1)) if mask is not None else np.arange(addrs.size)
+    if live.size == 0:
+        return
+    loc = where()
+    prog = _program()
+    key = (loc, int(addrs[live[0]]), addrs.size)
+
+    def describe():
+        i = live[0]
+        flat = np.asarray(vals).reshape(-1)
+        return {"rank": tr.rank, "program": prog, "primitive": primitive, "where": loc,
+                "signal": "polled " + tr.describe_addr(int(addrs[i])) +
+                          (f" (element 0 of {live.size} polled)" if live.size > 1 else ""),
+                "expected": "another value (a polling loop; nobody writes this address)",
+                "observed": flat[i].item() if flat.size > i else None}
+
+    tr.poll(key, np.asarray(vals).reshape(-1)[live], describe, launch)
+
+
+def _end_poll():
+    """A writing op of a program ends any polling loop it was in."""
+    from ..runtime.sim import _POLL
+    if _POLL.__dict__:
+        launch = _launch()
+        if launch is not None and launch.transport is not None:
+            launch.transport.poll_end(launch)
+
+
+def interp_load(ptrs, mask, data, volatile):
+    """Hook on the interpreter's loads (``_compat.ACCESS_HOOKS``)."""
+    if volatile:
+        polled(ptrs, mask, data, "tl.load(volatile=True)")
+        return None
+    from ..sim import race
+    return race.plain_access("read", ptrs, mask, data)
+
+
+def interp_store(ptrs, mask, data):
+    from ..sim import race
+    _end_poll()
+    race.plain_access("write", ptrs, mask, data)
+
+
+def interp_atomic(phase, ptrs, mask, sem, scope):
+    from ..sim import race
+    if phase == "pre":
+        _end_poll()
+    race.atomic_access(phase, ptrs, mask, sem, scope, where=where)
+
+
 def _signal_dtype(ctx, tt, arg, need64=False):
     if not tt.is_int() or tt.primitive_bitwidth not in (32, 64):
         raise ctx.error(f"signal words must be int32/uint32 or int64/uint64, not {tt}", arg=arg)
@@ -171,6 +232,7 @@ def _signal_dtype(ctx, tt, arg, need64=False):
 
 def _signal_update(tr, addr, value, sig_op, dtype):
     from ..sim import memory as M
+    _end_poll()
     if sig_op == "set":
         M.atomic_xchg(addr, value, dtype)
     else:
@@ -291,6 +353,7 @@ def _multimem_st(ctx, ptrs, value):
     vals = np.broadcast_to(raw, local.shape).astype(npd)
     for r in _mc_node_ranks(ctx, world):
         M.store((np.int64(tr.heap_base(r)) + off).astype(np.uint64).reshape(-1), vals.reshape(-1), npd)
+    _end_poll()
     tr.control.progress()
     return None
 
@@ -333,6 +396,7 @@ def _ld(ctx, ptr, scope, semantic):
         vals = M.atomic_load(addrs.reshape(-1), npd)
     else:
         vals = M.load(addrs.reshape(-1), npd)
+    polled(addrs, None, vals, "dl.ld")
     return _like(ptr, vals.reshape(addrs.shape), tt)
 
 
@@ -353,6 +417,7 @@ def _st(ctx, ptr, value, scope, semantic):
 
 def _progress():
     from ..runtime.world import current_world
+    _end_poll()
     world = current_world(required=False)
     if world is not None and world.backend == "sim":
         world.transport.control.progress()
@@ -502,6 +567,7 @@ def _ptr0(ctx, p, arg):
 def _copy(ctx, tr, dst_addr, src_addr, nbytes):
     if nbytes < 0:
         raise ctx.error(f"negative byte count {nbytes}", arg="nbytes")
+    _end_poll()
     if nbytes:
         ctypes.memmove(int(dst_addr), int(src_addr), nbytes)
     tr.control.progress()

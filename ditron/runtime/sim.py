@@ -24,6 +24,8 @@ import tempfile
 import threading
 import time
 
+import numpy as np
+
 from ..errors import DitronError, DitronHangError
 from ..sim import memory as M
 from .heap import SymmetricHeap, heap_size_from_env, parse_size, round_up, HEAP_ALIGN
@@ -44,6 +46,9 @@ def hang_timeout_s() -> float:
     if value <= 0:
         raise DitronError("DITRON_HANG_TIMEOUT_S must be positive")
     return value
+
+
+_POLL = threading.local()     # per program thread: the polling loop it may be in
 
 
 class Blocked(Exception):
@@ -115,6 +120,58 @@ class SimTransport(Transport):
     def active(self, delta: int):
         self.control.rank_add(self.rank, M.R_ACTIVE, delta)
 
+    # -- polling loops (``while dl.ld(...) < v``, ``tl.load(volatile=True)``) -------
+    def poll(self, key, observed, describe, launch=None):
+        """A polling load at ``key`` (source line and addresses) returned
+        ``observed``.  The same value read again at the same place means the
+        program spins: from the second repeat on it counts as blocked (the
+        watchdog can see the hang), lends its turn to the other programs
+        (sleeping a little per poll) and raises :class:`Blocked` with
+        ``describe()`` when the job is aborted.  A new value or any other
+        ditron operation ends the spin (:meth:`poll_end`)."""
+        st = _POLL.__dict__
+        if st.get("key") != key or not np.array_equal(st.get("value"), observed):
+            self.poll_end(launch)
+            st.update(key=key, value=np.array(observed, copy=True), repeats=0, launch=launch)
+            return
+        st["repeats"] += 1
+        if st["repeats"] < 2:
+            return
+        if not st.get("blocked"):
+            st["blocked"], st["delay"] = True, 0.0
+            self._enter_blocked(launch)
+        abort = self.control.abort
+        if abort:
+            self.poll_end(launch)
+            raise Blocked(describe(), M.ABORT_REASONS.get(abort, "aborted"))
+        if launch is not None and launch.failed:
+            self.poll_end(launch)
+            raise Blocked(describe(), "another program of this launch failed")
+        time.sleep(st["delay"])
+        st["delay"] = min(st["delay"] * 2 or 2e-5, 2e-3)
+
+    def poll_end(self, launch=None):
+        """The calling thread stops polling (if it was)."""
+        st = _POLL.__dict__
+        if st.pop("blocked", False):
+            self._leave_blocked(st.get("launch", launch))
+        st.pop("key", None)
+        st.pop("value", None)
+
+    def _enter_blocked(self, launch):
+        if launch is not None:
+            launch.blocked(+1)
+        else:
+            self.active(-1)
+        self.control.rank_add(self.rank, M.R_BLOCKED, 1)
+
+    def _leave_blocked(self, launch):
+        self.control.rank_add(self.rank, M.R_BLOCKED, -1)
+        if launch is not None:
+            launch.blocked(-1)
+        else:
+            self.active(+1)
+
     def spin(self, check, describe, launch=None):
         """Wait until ``check()`` returns ``(True, observed)``.
 
@@ -122,15 +179,12 @@ class SimTransport(Transport):
         with ``describe(observed)`` when the job is aborted (deadlock or a
         failed rank) or when another program of ``launch`` failed.
         """
+        self.poll_end(launch)
         done, observed = check()
         if done:
             return observed
         ctl = self.control
-        if launch is not None:
-            launch.blocked(+1)
-        else:
-            self.active(-1)
-        ctl.rank_add(self.rank, M.R_BLOCKED, 1)
+        self._enter_blocked(launch)
         delay = 0.0
         try:
             while True:
@@ -146,11 +200,7 @@ class SimTransport(Transport):
                 time.sleep(delay)
                 delay = min(delay * 2 or 2e-5, 2e-3)
         finally:
-            ctl.rank_add(self.rank, M.R_BLOCKED, -1)
-            if launch is not None:
-                launch.blocked(-1)
-            else:
-                self.active(+1)
+            self._leave_blocked(launch)
 
     # -- host collectives ------------------------------------------------------------
     def barrier(self, stream=None, primitive="ditron.barrier_all"):

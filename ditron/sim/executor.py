@@ -75,6 +75,8 @@ class Launch:
             self.errors.append((pid, e, traceback.format_exc()))
             self.failed = True
         finally:
+            if self.transport is not None:
+                self.transport.poll_end(self)
             _CURRENT.launch = None
             if self.transport is not None:
                 self.transport.control.progress()
@@ -94,8 +96,20 @@ def _params(fn, arg_names):
     return hit
 
 
+def _install_hooks():
+    """Route the interpreter's volatile loads (polling) -- and, for the race
+    finder, every load, store and atomic -- to the simulator."""
+    from ..lowering import sim as S
+    from . import race
+    H = _compat.ACCESS_HOOKS
+    if H.load is None:
+        H.load, H.store, H.atomic = S.interp_load, S.interp_store, S.interp_atomic
+    H.plain = race.enabled()
+
+
 def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
     """Run ``fn`` (the interpreter-rewritten kernel body) over ``grid``."""
+    _install_hooks()
     params, constexprs = _params(fn, arg_names)
     kwargs = {k: v for k, v in kwargs.items() if k in params}
     try:
