@@ -105,3 +105,56 @@ def ll_skipped_call(world, skipper):
     if world.rank != skipper:
         AR.all_reduce(x, ctx, method="ll")
     ditron.barrier_all()
+
+
+# ---------------------------------------------------------------------------
+# the race finder: a producer pushes a tile into the next rank's buffer and
+# signals it; the next rank waits and reads.  MODE picks a correct or a racy
+# version of each side.
+# ---------------------------------------------------------------------------
+
+MODES = ("ok", "fences_ok", "relaxed_flag", "signal_first", "no_wait", "gpu_wait", "relaxed_wait")
+
+
+@ditron.jit
+def push_kernel(x_ptr, rx_ptr, flag_ptr, out_ptr, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
+    me = dl.rank()
+    nxt = (me + 1) % dl.num_ranks()
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x_ptr + offs, mask=mask)
+    if MODE == "signal_first":
+        dl.notify(flag_ptr, nxt, signal=1, sig_op="set", comm_scope="intra_node")
+    tl.store(dl.symm_at(rx_ptr + offs, nxt), v, mask=mask)                  # RACE_STORE
+    if MODE == "relaxed_flag":
+        dl.st(dl.symm_at(flag_ptr, nxt), 1, scope="sys", semantic="relaxed")
+    elif MODE == "fences_ok":
+        dl.fence("release", "sys")
+        dl.st(dl.symm_at(flag_ptr, nxt), 1, scope="sys", semantic="relaxed")
+    elif MODE != "signal_first":
+        dl.notify(flag_ptr, nxt, signal=1, sig_op="set", comm_scope="intra_node")
+    if MODE == "gpu_wait":
+        tok = dl.wait(flag_ptr, 1, "gpu", "acquire", waitValue=1)
+    elif MODE == "relaxed_wait" or MODE == "fences_ok":
+        tok = dl.wait(flag_ptr, 1, "sys", "relaxed", waitValue=1)
+        if MODE == "fences_ok":
+            dl.fence("acquire", "sys")
+    elif MODE != "no_wait":
+        tok = dl.wait(flag_ptr, 1, "sys", "acquire", waitValue=1)
+    else:
+        tok = 0
+    got = tl.load(dl.consume_token(rx_ptr + offs, tok), mask=mask)           # RACE_LOAD
+    tl.store(out_ptr + offs, got, mask=mask)
+
+
+def push(world, mode, n=40):
+    x = ditron.symm_empty((n,), torch.float32)
+    x.copy_(torch.arange(n, dtype=torch.float32) + 1000 * world.rank)
+    rx = ditron.symm_zeros((64,), torch.float32, name="rx")
+    flag = ditron.symm_zeros((1,), torch.int32, name="flag")
+    out = torch.zeros(n)
+    ditron.barrier_all()
+    push_kernel[(1,)](x, rx, flag, out, n, MODE=mode, BLOCK=64)
+    ditron.barrier_all()
+    prev = (world.rank - 1) % world.world_size
+    return bool(torch.equal(out, torch.arange(n, dtype=torch.float32) + 1000 * prev))

@@ -35,6 +35,7 @@ import triton.language as tl
 
 from .. import _compat
 from ..errors import DitronError
+from ..sim import race
 from . import register
 
 BACKEND = "sim"
@@ -203,23 +204,21 @@ def _end_poll():
 def interp_load(ptrs, mask, data, volatile):
     """Hook on the interpreter's loads (``_compat.ACCESS_HOOKS``)."""
     if volatile:
+        race.signal_relaxed_read(ptrs, mask) if _compat.ACCESS_HOOKS.plain else None
         polled(ptrs, mask, data, "tl.load(volatile=True)")
         return None
-    from ..sim import race
     return race.plain_access("read", ptrs, mask, data)
 
 
 def interp_store(ptrs, mask, data):
-    from ..sim import race
     _end_poll()
     race.plain_access("write", ptrs, mask, data)
 
 
 def interp_atomic(phase, ptrs, mask, sem, scope):
-    from ..sim import race
     if phase == "pre":
         _end_poll()
-    race.atomic_access(phase, ptrs, mask, sem, scope, where=where)
+    race.atomic_access(phase, ptrs, mask, sem, scope)
 
 
 def _signal_dtype(ctx, tt, arg, need64=False):
@@ -276,6 +275,10 @@ def _wait(ctx, barrier_ptrs, num_barriers, wait_value, scope, semantic):
     if n > 0:
         addrs = np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(_elem_bytes(tt))
         _spin_values(ctx, tr, addrs, dtype, lambda v: np.all(v == want), f"== {int(want)}", "dl.wait")
+        if semantic == "acquire":
+            race.signal_acquire(addrs, scope == "sys")
+        else:
+            race.signal_relaxed_read(addrs)
     return _scalar(0, tl.int32)
 
 
@@ -294,6 +297,7 @@ def _notify(ctx, ptr, rank, signal, sig_op, comm_scope):
         raise ctx.error(f"comm_scope='gpu' signals this rank only, but rank {r} was given (use 'intra_node')",
                         arg="comm_scope")
     addr = _translate(ctx, tr, world, _data(ptr), r, "ptr", local=comm_scope != "inter_node")
+    race.signal_release(addr, comm_scope != "gpu")        # st/red.release at the scope's level
     _signal_update(tr, addr, _int(signal), sig_op, dtype)
     return None
 
@@ -332,7 +336,10 @@ def _multimem_ld_reduce(ctx, ptrs, op, acc_dtype):
     off = _own_offsets(ctx, tr, local, "ptrs")
     acc = None
     for r in _mc_node_ranks(ctx, world):
-        vals = _to_f32(M.load((np.int64(tr.heap_base(r)) + off).astype(np.uint64), npd), tt)
+        addrs = (np.int64(tr.heap_base(r)) + off).astype(np.uint64)
+        vals = M.load(addrs, npd)
+        stale = race.plain_access("read", addrs, None, vals)
+        vals = _to_f32(vals if stale is None else stale, tt)
         acc = vals if acc is None else {"sum": np.add, "min": np.minimum, "max": np.maximum}[op](acc, vals)
     out = _from_f32(acc, tt, npd).reshape(local.shape)
     return _like(ptrs, out, tt)
@@ -352,7 +359,9 @@ def _multimem_st(ctx, ptrs, value):
         raw = _from_f32(_to_f32(raw, v.dtype).astype(np.float64), tt, npd)
     vals = np.broadcast_to(raw, local.shape).astype(npd)
     for r in _mc_node_ranks(ctx, world):
-        M.store((np.int64(tr.heap_base(r)) + off).astype(np.uint64).reshape(-1), vals.reshape(-1), npd)
+        addrs = (np.int64(tr.heap_base(r)) + off).astype(np.uint64).reshape(-1)
+        race.plain_access("write", addrs, None, vals.reshape(-1))
+        M.store(addrs, vals.reshape(-1), npd)
     _end_poll()
     tr.control.progress()
     return None
@@ -394,8 +403,14 @@ def _ld(ctx, ptr, scope, semantic):
     addrs = _heap_ptrs(ctx, ptr)
     if tt.is_int() and tt.primitive_bitwidth in (32, 64):
         vals = M.atomic_load(addrs.reshape(-1), npd)
+        if semantic == "acquire":
+            race.signal_acquire(addrs, scope == "sys")
+        else:
+            race.signal_relaxed_read(addrs)
     else:
         vals = M.load(addrs.reshape(-1), npd)
+        stale = race.plain_access("read", addrs, None, vals) if semantic != "volatile" else None
+        vals = vals if stale is None else stale
     polled(addrs, None, vals, "dl.ld")
     return _like(ptr, vals.reshape(addrs.shape), tt)
 
@@ -408,8 +423,14 @@ def _st(ctx, ptr, value, scope, semantic):
     addrs = _heap_ptrs(ctx, ptr).reshape(-1)
     vals = np.broadcast_to(_data(ctx.tensor(value)).astype(npd), _data(ptr).shape).reshape(-1)
     if tt.is_int() and tt.primitive_bitwidth in (32, 64):
+        if semantic == "release":
+            race.signal_release(addrs, scope == "sys")
+        else:
+            race.signal_relaxed_write(addrs)
         M.atomic_xchg(addrs, vals, npd)
     else:
+        if semantic != "volatile":
+            race.plain_access("write", addrs, None, vals)
         M.store(addrs, vals, npd)
     _progress()
     return None
@@ -431,7 +452,9 @@ def _atomic_add(ctx, ptr, value, scope, semantic):
     addrs = _heap_ptrs(ctx, ptr).reshape(-1)
     vals = np.broadcast_to(_data(ctx.tensor(value)).astype(npd), _data(ptr).shape).reshape(-1).copy()
     op = I.RMW_OP.FADD if tt.is_floating() else I.RMW_OP.ADD
+    race.rmw("pre", addrs, semantic, scope == "sys")
     old = I.atomic_rmw(op, addrs, vals, np.ones(addrs.shape, dtype=bool), I.MEM_SEMANTIC.ACQUIRE_RELEASE)
+    race.rmw("post", addrs, semantic, scope == "sys")
     _progress()
     return _like(ptr, old.reshape(_data(ptr).shape), tt)
 
@@ -445,8 +468,10 @@ def _atomic_cas(ctx, ptr, cmp, value, scope, semantic):
     addrs = _heap_ptrs(ctx, ptr).reshape(-1)
     c = np.broadcast_to(_data(ctx.tensor(cmp)).astype(npd), shape).reshape(-1)
     v = np.broadcast_to(_data(ctx.tensor(value)).astype(npd), shape).reshape(-1)
+    race.rmw("pre", addrs, semantic, scope == "sys")
     old = np.stack([M.atomic_cas(a, ci, vi, npd)[0] for a, ci, vi in zip(addrs, c, v)]) if addrs.size else \
         np.zeros(0, dtype=npd)
+    race.rmw("post", addrs, semantic, scope == "sys")
     _progress()
     return _like(ptr, old.reshape(shape), tt)
 
@@ -458,6 +483,7 @@ def _syncthreads(ctx):
 
 @register("fence", BACKEND)
 def _fence(ctx, semantic, scope):
+    race.fence(semantic, scope == "sys")
     return None
 
 
@@ -568,6 +594,10 @@ def _copy(ctx, tr, dst_addr, src_addr, nbytes):
     if nbytes < 0:
         raise ctx.error(f"negative byte count {nbytes}", arg="nbytes")
     _end_poll()
+    if nbytes and race.enabled():
+        half = np.arange(0, nbytes, 2, dtype=np.uint64)
+        race.plain_access("read", np.uint64(int(src_addr)) + half, None, None)
+        race.plain_access("write", np.uint64(int(dst_addr)) + half, None, None)
     if nbytes:
         ctypes.memmove(int(dst_addr), int(src_addr), nbytes)
     tr.control.progress()
@@ -599,6 +629,7 @@ def _putmem_signal(ctx, dst, src, nbytes, sig_addr, signal, pe, nbi, coop, sig_o
     remote = _translate(ctx, tr, world, _ptr0(ctx, dst, "dst"), r, "dst", local=False, nbytes=n)
     sig = _translate(ctx, tr, world, _ptr0(ctx, sig_addr, "sig_addr"), r, "sig_addr", local=False, nbytes=8)
     _copy(ctx, tr, remote[0], _ptr0(ctx, src, "src")[0], n)
+    race.signal_release(sig, True)        # the signal is delivered after the data
     _signal_update(tr, sig, _int(signal), sig_op, dtype)
     return None
 
@@ -609,6 +640,7 @@ def _signal_op(ctx, sig_addr, signal, pe, sig_op):
     dtype = _signal_dtype(ctx, _elem_ty(sig_addr), "sig_addr", need64=True)
     sig = _translate(ctx, tr, world, _ptr0(ctx, sig_addr, "sig_addr"), _int(pe), "sig_addr", local=False,
                      nbytes=8)
+    race.signal_release(sig, True)
     _signal_update(tr, sig, _int(signal), sig_op, dtype)
     return None
 
@@ -630,6 +662,7 @@ def _signal_wait_until(ctx, sig_addr, cmp_value, cmp):
     want = np.array([_int(cmp_value)]).astype(dtype)[0]
     vals = _spin_values(ctx, tr, addr, dtype, lambda v: bool(_CMP[cmp](v, want).all()),
                         f"{_CMP_TEXT[cmp]} {int(want)}", "shmem.signal_wait_until")
+    race.signal_acquire(addr, True)
     return _scalar(np.asarray(vals).astype(np.int64)[0], tl.int64)
 
 
@@ -649,10 +682,12 @@ def _device_barrier(ctx, primitive):
     ctl = tr.control
     gen_w, cnt_w = M.H_DEV_BAR_GEN, M.H_DEV_BAR_COUNT
     gen = ctl.get(gen_w)
+    race.barrier(race.DEVICE_BARRIER, gen, "arrive")
     if ctl.add(cnt_w, 1) + 1 == world.world_size:
         ctl.set(cnt_w, 0)
         ctl.add(gen_w, 1)
         ctl.progress()
+        race.barrier(race.DEVICE_BARRIER, gen, "leave")
         return None
     prog, loc = _program(), where()
 
@@ -665,6 +700,7 @@ def _device_barrier(ctx, primitive):
                 "observed": f"{count} arrived"}
 
     tr.spin(check, describe, _launch())
+    race.barrier(race.DEVICE_BARRIER, gen, "leave")
     return None
 
 

@@ -23,6 +23,7 @@ import traceback
 
 from .. import _compat
 from ..errors import DitronError, DitronHangError
+from . import race
 
 _CURRENT = threading.local()
 
@@ -45,6 +46,7 @@ class Launch:
         self.failed = False
         self.errors = []          # (program, exception, traceback text)
         self.tensor_args = []     # (name, first byte address, nbytes) of tensor arguments
+        self.race = None          # race.LaunchRace in race mode
 
     def describe_arg(self, addr):
         """Which tensor argument the address ``addr`` falls in, if any."""
@@ -65,16 +67,20 @@ class Launch:
         """A program enters (+1) or leaves (-1) a blocking wait."""
         self._running(-delta)
 
-    def program_main(self, fn, args, pid, builder):
+    def program_main(self, fn, args, pid, builder, linear=0):
         _CURRENT.launch = self
         _CURRENT.program = pid
         builder.set_grid_idx(*pid)
         try:
+            if self.race is not None:
+                self.race.program_begin(pid, linear)
             fn(**args)
         except BaseException as e:  # noqa: BLE001 -- reported by the launching thread
             self.errors.append((pid, e, traceback.format_exc()))
             self.failed = True
         finally:
+            if self.race is not None:
+                self.race.program_end()
             if self.transport is not None:
                 self.transport.poll_end(self)
             _CURRENT.launch = None
@@ -100,7 +106,6 @@ def _install_hooks():
     """Route the interpreter's volatile loads (polling) -- and, for the race
     finder, every load, store and atomic -- to the simulator."""
     from ..lowering import sim as S
-    from . import race
     H = _compat.ACCESS_HOOKS
     if H.load is None:
         H.load, H.store, H.atomic = S.interp_load, S.interp_store, S.interp_atomic
@@ -130,12 +135,14 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
         if hasattr(v, "data_ptr") and hasattr(v, "untyped_storage"):
             launch.tensor_args.append((k, v.data_ptr(), v.numel() * v.element_size()))
     programs = [(x, y, z) for x in range(grid[0]) for y in range(grid[1]) for z in range(grid[2])]
+    launch.race = race.launch_begin(launch)
+    order = list(enumerate(programs)) if launch.race is None else launch.race.order(list(enumerate(programs)))
     threads = []
     if transport is not None:
         transport.active(-1)      # the launching thread only supervises
     try:
         with _compat.interpreter_launch(grid) as builder:
-            for pid in programs:
+            for linear, pid in order:
                 with launch.cv:
                     while launch.running > 0 and not launch.failed:
                         launch.cv.wait(0.5)
@@ -144,7 +151,7 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
                     launch.running += 1
                 if transport is not None:
                     transport.active(+1)
-                t = threading.Thread(target=launch.program_main, args=(fn, converted, pid, builder),
+                t = threading.Thread(target=launch.program_main, args=(fn, converted, pid, builder, linear),
                                      name=f"{name}{pid}", daemon=True)
                 threads.append(t)
                 t.start()
@@ -155,6 +162,8 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
             transport.active(+1)
     if launch.errors:
         _raise(name, launch)
+    if launch.race is not None:
+        launch.race.end(name)
 
 
 def _raise(name, launch):

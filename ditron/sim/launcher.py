@@ -33,11 +33,16 @@ EXIT_DEADLOCK = 3
 GRACE_S = 5.0
 
 
-def make_job(nprocs, heap_size):
+def make_job(nprocs, heap_size, race=None):
+    """The shared files of a job (``race``: also the race finder's, default:
+    whether ``DITRON_SIM_RACE`` is set)."""
+    from . import race as R
     sim_dir = tempfile.mkdtemp(prefix="ditron-sim-")
     control, heap = M.sim_dir_paths(sim_dir)
     M.create_control(control, nprocs)
     M.create_heap_file(heap, heap_size * nprocs)
+    if R.enabled() if race is None else race:
+        R.create_race_file(sim_dir, nprocs, heap_size)
     return sim_dir
 
 
@@ -73,18 +78,25 @@ def check_topology(nprocs, nnodes):
         raise SystemExit(f"ditron sim: {nprocs} ranks cannot be split evenly over {nnodes} nodes")
 
 
-def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, out=sys.stderr):
+def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, out=sys.stderr, race=None,
+            seed=None):
     """Run ``argv`` (script and its arguments, or ``-m module ...``) on
-    ``nprocs`` ranks; returns the exit code."""
+    ``nprocs`` ranks; returns the exit code.  ``race``: run under the race
+    finder (default: ``DITRON_SIM_RACE``); ``seed``: its ``DITRON_SIM_SEED``."""
     from ..runtime.sim import Watchdog
+    from . import race as R
     check_topology(nprocs, nnodes)
     heap_size = round_up(int(heap_size), HEAP_ALIGN)
-    sim_dir = make_job(nprocs, heap_size)
+    race = R.enabled() if race is None else race
+    sim_dir = make_job(nprocs, heap_size, race)
     control = M.Control(M.sim_dir_paths(sim_dir)[0], nprocs)
     procs = []
     try:
         for r in range(nprocs):
             env = rank_env(os.environ, r, nprocs, nnodes, sim_dir, heap_size, hang_timeout)
+            env[R.ENV] = "1" if race else "0"
+            if seed is not None:
+                env[R.SEED_ENV] = str(int(seed))
             procs.append(subprocess.Popen([sys.executable, "-m", "ditron.sim.rank", *argv], env=env))
         dog = Watchdog(control, hang_timeout, alive=lambda r: procs[r].poll() is None)
         first_failure = None
@@ -170,12 +182,17 @@ def build_parser(prog="ditron sim"):
                    help="symmetric heap per rank (default 64M or DITRON_HEAP_SIZE)")
     p.add_argument("--hang-timeout", type=float, default=float(os.environ.get("DITRON_HANG_TIMEOUT_S", 30)),
                    help="seconds without progress before a deadlock is reported (default 30)")
+    p.add_argument("--race", action="store_true", default=None,
+                   help="run under the race finder: weak memory model, seeded random interleavings, every data "
+                        "race reported (DITRON_SIM_RACE=1)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the race finder's interleavings and stale values (DITRON_SIM_SEED, default 0)")
     p.add_argument("script", help="script to run (or -m module)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p
 
 
-_VALUE_OPTS = ("-n", "--nproc-per-job", "--nproc", "--nnodes", "--heap-size", "--hang-timeout")
+_VALUE_OPTS = ("-n", "--nproc-per-job", "--nproc", "--nnodes", "--heap-size", "--hang-timeout", "--seed")
 
 
 def _split_argv(argv):
@@ -206,4 +223,4 @@ def main(argv=None, prog="ditron sim"):
     if script_argv[0] != "-m" and not os.path.exists(script_argv[0]):
         raise SystemExit(f"{prog}: no such script: {script_argv[0]}")
     return run_job(args.n, script_argv, nnodes=args.nnodes, heap_size=parse_size(args.heap_size),
-                   hang_timeout=args.hang_timeout)
+                   hang_timeout=args.hang_timeout, race=args.race, seed=args.seed)

@@ -1,0 +1,47 @@
+"""The race finder (``ditron sim --race``): racy producer/consumer protocols
+are reported with both accesses; correct ones (release/acquire, fences) pass."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import bodies_sim_rel as B
+from ditron.errors import DitronRankError
+
+pytestmark = pytest.mark.skipif(os.environ.get("DITRON_TEST_BACKEND", "sim") != "sim", reason="simulator tests")
+
+
+def _line(marker):
+    with open(B.__file__) as f:
+        for i, text in enumerate(f, 1):
+            if marker in text:
+                return f"bodies_sim_rel.py:{i}"
+    raise AssertionError(marker)
+
+
+@pytest.fixture(scope="module")
+def race_cluster():
+    from ditron.sim.pool import SimCluster
+    with SimCluster(3, race=True, hang_timeout=10) as c:
+        yield c
+
+
+@pytest.mark.parametrize("mode", ["ok", "fences_ok"])
+def test_correct_protocols_pass(race_cluster, mode):
+    assert race_cluster.run(B.push, mode, timeout=120) == [True] * 3
+
+
+@pytest.mark.parametrize("mode", ["relaxed_flag", "signal_first", "no_wait", "gpu_wait", "relaxed_wait"])
+def test_racy_protocols_are_reported(race_cluster, mode):
+    with pytest.raises(DitronRankError) as info:
+        race_cluster.run(B.push, mode, timeout=120)
+    text = info.value.traceback_text
+    assert "DitronRaceError" in text and "data race on symmetric tensor 'rx'" in text, text
+    assert "element offset" in text and "in rank" in text
+    store, load = _line("RACE_STORE"), _line("RACE_LOAD")
+    assert f"write by rank" in text and f"at {store}" in text, text
+    assert f"at {load}" in text, text
+    assert "program (0, 0, 0)" in text
+    race_cluster.run(B.push, "ok", timeout=120)         # the cluster is usable afterwards
