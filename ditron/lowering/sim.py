@@ -595,9 +595,13 @@ def _copy(ctx, tr, dst_addr, src_addr, nbytes):
         raise ctx.error(f"negative byte count {nbytes}", arg="nbytes")
     _end_poll()
     if nbytes and race.enabled():
-        half = np.arange(0, nbytes, 2, dtype=np.uint64)
-        race.plain_access("read", np.uint64(int(src_addr)) + half, None, None)
-        race.plain_access("write", np.uint64(int(dst_addr)) + half, None, None)
+        from ..sim import memory as M
+        unit = np.uint16 if nbytes % 2 == 0 and int(src_addr) % 2 == 0 and int(dst_addr) % 2 == 0 else np.uint8
+        step = np.dtype(unit).itemsize
+        rel = np.arange(0, nbytes, step, dtype=np.uint64)
+        src_addrs = np.uint64(int(src_addr)) + rel
+        race.plain_access("read", src_addrs, None, None)
+        race.plain_access("write", np.uint64(int(dst_addr)) + rel, None, M.load(src_addrs, unit))
     if nbytes:
         ctypes.memmove(int(dst_addr), int(src_addr), nbytes)
     tr.control.progress()

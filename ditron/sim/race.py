@@ -56,6 +56,8 @@ CLOCK_MASK = (1 << CLOCK_BITS) - 1
 MAGIC = 0x4449545241434531   # "DITRACE1"
 HEADER = 8
 _GRAN = 1                    # log2 of the granule in bytes
+SAME = 4                     # writers of an unchanged value remembered per granule
+_ARRAYS = 5 + SAME
 
 
 def enabled() -> bool:
@@ -84,9 +86,9 @@ class DitronRaceError(DitronError):
 
 def _layout(world_size, heap_size):
     dims = world_size * (1 + SLOTS)
-    table = NBUCKETS * (2 + dims)
+    table = NBUCKETS * (2 + dims) + world_size * dims       # + the start clock of each rank's latest launch
     granules = (world_size * heap_size) >> _GRAN
-    return dims, table, granules, 8 * (HEADER + table + 5 * granules)
+    return dims, table, granules, 8 * (HEADER + table + _ARRAYS * granules)
 
 
 def race_path(sim_dir):
@@ -115,11 +117,14 @@ class _Shared:
         if words[0] != MAGIC or words[1] != world_size or words[2] != heap_size:
             raise DitronError(f"{path} was made for another job")
         self.dims = dims
-        self.table = words[HEADER:HEADER + table].reshape(NBUCKETS, 2 + dims)
+        ntab = NBUCKETS * (2 + dims)
+        self.table = words[HEADER:HEADER + ntab].reshape(NBUCKETS, 2 + dims)
         self.table_addr = self.table.ctypes.data
+        self.launch_start = words[HEADER + ntab:HEADER + table].reshape(world_size, dims)
         s = words[HEADER + table:]
-        self.w_ep, self.w_info, self.r_ep, self.r_info, self.old = (s[i * granules:(i + 1) * granules]
-                                                                    for i in range(5))
+        self.w_ep, self.w_info, self.r_ep, self.r_info, self.old, *same = (s[i * granules:(i + 1) * granules]
+                                                                           for i in range(_ARRAYS))
+        self.same = same          # epochs of writes that stored the value already there
 
     def _bucket(self, key, create):
         i = (key * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF) >> 52
@@ -229,18 +234,37 @@ class _State:
                     out = c.copy() if out is None else np.maximum(out, c)
         return out
 
-    def acquire(self, t, keys, sys_scope):
-        c = self.gather(keys, sys_scope)
-        if c is not None:
-            np.maximum(t.vc, c, out=t.vc)
+    def observed(self, addrs, sys_scope):
+        """Clocks a read of ``addrs`` may acquire from plain stores there: the
+        start of the writer's latest launch (kernel boundaries are full fences
+        on GPUs, so a store of a kernel is a relaxed write after a fence; this
+        lets the LL protocol's data-carried flags order later launches)."""
+        a = np.asarray(addrs).reshape(-1).astype(np.uint64)
+        a = a[(a >= np.uint64(self.lo)) & (a < np.uint64(self.hi))]
+        if a.size == 0:
+            return None
+        w = self.shared.w_ep[((a - np.uint64(self.lo)) >> np.uint64(_GRAN)).astype(np.int64)]
+        ranks = np.unique((w[w != 0] >> CLOCK_BITS) // (1 + SLOTS))
+        out = None
+        for r in ranks:
+            if int(r) == self.rank or sys_scope:
+                c = self.shared.launch_start[int(r)]
+                out = c.copy() if out is None else np.maximum(out, c)
+        return out
 
-    def relaxed_read(self, t, keys):
-        """A relaxed read of signal words: an acquire fence later may make it an acquire."""
-        for attr, scope in (("pend_local", False), ("pend_sys", True)):
-            c = self.gather(keys, scope)
+    def acquire(self, t, keys, sys_scope, addrs=None):
+        for c in (self.gather(keys, sys_scope), self.observed(addrs, sys_scope) if addrs is not None else None):
             if c is not None:
-                cur = getattr(t, attr)
-                setattr(t, attr, c if cur is None else np.maximum(cur, c))
+                np.maximum(t.vc, c, out=t.vc)
+
+    def relaxed_read(self, t, keys, addrs=None):
+        """A relaxed read of signal words: an acquire fence (or the end of the
+        kernel) later makes it an acquire."""
+        for attr, scope in (("pend_local", False), ("pend_sys", True)):
+            for c in (self.gather(keys, scope), self.observed(addrs, scope) if addrs is not None else None):
+                if c is not None:
+                    cur = getattr(t, attr)
+                    setattr(t, attr, c if cur is None else np.maximum(cur, c))
 
     def fence(self, t, semantic, sys_scope):
         if semantic in ("acquire", "acq_rel", "sc"):
@@ -275,6 +299,11 @@ class _State:
         out = None
         if kind == "read":
             if bad_w.any():
+                # a write of the same value that happens before the read justifies it as well
+                for s in sh.same:
+                    sv = s[g]
+                    bad_w &= ~((sv != 0) & ~self._unordered(t, sv))
+            if bad_w.any():
                 self._report(t, "write", "read", a, bad_w, sh.w_info[g], w, info)
                 out = self._stale(data, idx, g, bad_w)
             sh.r_ep[g] = me
@@ -282,15 +311,36 @@ class _State:
         else:
             r = sh.r_ep[g]
             bad_r = self._unordered(t, r)
+            if data is not None:
+                before = _raw_bits(M.load(a, data.dtype))
+                new = _raw_bits(np.broadcast_to(np.asarray(data), np.asarray(addrs).shape
+                                                ).reshape(-1)[idx].astype(data.dtype, copy=False))
+                same = (before == new) & (w != 0)
+            else:
+                before, same = None, np.zeros(idx.size, dtype=bool)
+            if same.any():
+                # storing the value that is already there (every program of a kernel writing the same count):
+                # not a race; remembered so that readers ordered after this write are justified
+                gs = g[same]
+                slot = sh.same[int(t.tid) % SAME]
+                slot[gs] = me
+                keep = ~same
+                g, idx, a, w, r, bad_w, bad_r = g[keep], idx[keep], a[keep], w[keep], r[keep], bad_w[keep], \
+                    bad_r[keep]
+                before = before[keep] if before is not None else None
+                if not keep.any():
+                    return None
             if bad_w.any():
                 self._report(t, "write", "write", a, bad_w, sh.w_info[g], w, info)
             if bad_r.any():
                 self._report(t, "read", "write", a, bad_r, sh.r_info[g], r, info)
-            if data is not None:
-                sh.old[g] = _raw_bits(M.load(a, data.dtype))
+            if before is not None:
+                sh.old[g] = before
             sh.w_ep[g] = me
             sh.w_info[g] = info
             sh.r_ep[g] = 0
+            for s in sh.same:
+                s[g] = 0
         return out
 
     def _unordered(self, t, ep):
@@ -386,6 +436,7 @@ class LaunchRace:
         self.rng = np.random.default_rng([st.seed, st.rank, st.launches])
         self.start = st.host.vc.copy()
         self.join = st.host.vc.copy()
+        np.copyto(st.shared.launch_start[st.rank], self.start)
         self.lock = threading.Lock()
 
     def order(self, programs):
@@ -396,12 +447,15 @@ class LaunchRace:
         vc = self.start.copy()
         tid = self.st.rank * (1 + SLOTS) + 1 + linear % SLOTS
         vc[tid] += 1
-        _T.t = _Thread(vc, tid, pid)
+        t = _Thread(vc, tid, pid)
+        t.fence_vc, t.fence_sys = self.start, True        # a kernel starts after a full fence
+        _T.t = t
 
     def program_end(self):
         t = getattr(_T, "t", None)
         _T.t = None
         if t is not None:
+            self.st.fence(t, "acquire", True)              # and ends with one
             with self.lock:
                 np.maximum(self.join, t.vc, out=self.join)
 
@@ -476,16 +530,21 @@ def signal_release(addrs, sys_scope, mask=None):
         st.release(_thread(st), _keys(st, addrs, mask), sys_scope)
 
 
+def _live(addrs, mask):
+    a = np.asarray(addrs).reshape(-1)
+    return a if mask is None else a[np.asarray(mask).reshape(-1).astype(bool)]
+
+
 def signal_acquire(addrs, sys_scope, mask=None):
     st = state()
     if st is not None:
-        st.acquire(_thread(st), _keys(st, addrs, mask), sys_scope)
+        st.acquire(_thread(st), _keys(st, addrs, mask), sys_scope, _live(addrs, mask))
 
 
 def signal_relaxed_read(addrs, mask=None):
     st = state()
     if st is not None:
-        st.relaxed_read(_thread(st), _keys(st, addrs, mask))
+        st.relaxed_read(_thread(st), _keys(st, addrs, mask), _live(addrs, mask))
 
 
 def signal_relaxed_write(addrs, mask=None):
