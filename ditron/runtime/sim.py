@@ -20,7 +20,6 @@ import atexit
 import mmap
 import os
 import shutil
-import tempfile
 import threading
 import time
 
@@ -375,7 +374,7 @@ def make_sim_transport(topo, heap_size=None) -> World:
                               f"`ditron sim -n {world_size} script.py` (or torchrun on GPUs)")
         size = round_up(parse_size(heap_size), HEAP_ALIGN) if heap_size is not None else \
             heap_size_from_env(DEFAULT_SIM_HEAP)
-        sim_dir = tempfile.mkdtemp(prefix="ditron-sim-")
+        sim_dir = M.make_job_dir()
         control_path, heap_path = M.sim_dir_paths(sim_dir)
         M.create_control(control_path, 1)
         M.create_heap_file(heap_path, size)

@@ -17,12 +17,14 @@ watches the job:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 
 from ..errors import format_report_entry
@@ -37,7 +39,7 @@ def make_job(nprocs, heap_size, race=None):
     """The shared files of a job (``race``: also the race finder's, default:
     whether ``DITRON_SIM_RACE`` is set)."""
     from . import race as R
-    sim_dir = tempfile.mkdtemp(prefix="ditron-sim-")
+    sim_dir = M.make_job_dir()          # also removes the directories of killed jobs
     control, heap = M.sim_dir_paths(sim_dir)
     M.create_control(control, nprocs)
     M.create_heap_file(heap, heap_size * nprocs)
@@ -97,7 +99,8 @@ def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, ou
             env[R.ENV] = "1" if race else "0"
             if seed is not None:
                 env[R.SEED_ENV] = str(int(seed))
-            procs.append(subprocess.Popen([sys.executable, "-m", "ditron.sim.rank", *argv], env=env))
+            procs.append(subprocess.Popen([sys.executable, "-m", "ditron.sim.rank", *argv], env=env,
+                                          preexec_fn=M.die_with_parent))
         dog = Watchdog(control, hang_timeout, alive=lambda r: procs[r].poll() is None)
         first_failure = None
         deadline = None
@@ -135,12 +138,49 @@ def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, ou
             return code if code > 0 else 1
         return 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        stop_ranks(procs)
         control.close()
         if not os.environ.get("DITRON_SIM_KEEP"):
             shutil.rmtree(sim_dir, ignore_errors=True)
+
+
+class Stopped(BaseException):
+    """The launcher got SIGTERM or SIGHUP."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def stop_ranks(procs, grace=2.0):
+    """Terminate every rank still running (SIGTERM), then kill what is left."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGTERM / SIGHUP raise :class:`Stopped` in the launcher, so that its
+    clean-up (stop every rank, remove the job's files) runs as for Ctrl-C."""
+    def handler(signum, frame):
+        raise Stopped(signum)
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            saved[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
 
 
 def print_deadlock(reports, codes, timeout, out):
@@ -222,5 +262,11 @@ def main(argv=None, prog="ditron sim"):
         raise SystemExit(f"{prog}: -m needs a module name")
     if script_argv[0] != "-m" and not os.path.exists(script_argv[0]):
         raise SystemExit(f"{prog}: no such script: {script_argv[0]}")
-    return run_job(args.n, script_argv, nnodes=args.nnodes, heap_size=parse_size(args.heap_size),
-                   hang_timeout=args.hang_timeout, race=args.race, seed=args.seed)
+    try:
+        with stop_on_signals():
+            return run_job(args.n, script_argv, nnodes=args.nnodes, heap_size=parse_size(args.heap_size),
+                           hang_timeout=args.hang_timeout, race=args.race, seed=args.seed)
+    except Stopped as e:
+        name = signal.Signals(e.signum).name
+        print(f"{prog}: stopped by {name}; every rank was stopped and the job's files removed", file=sys.stderr)
+        return 128 + e.signum
