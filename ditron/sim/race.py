@@ -282,6 +282,7 @@ class _State:
 
     # -- plain accesses --------------------------------------------------------------
     def access(self, t, kind, addrs, mask, data, where):
+        shape = np.shape(addrs)
         addrs = np.asarray(addrs).reshape(-1).astype(np.uint64, copy=False)
         sel = (addrs >= np.uint64(self.lo)) & (addrs < np.uint64(self.hi))
         if mask is not None:
@@ -313,8 +314,7 @@ class _State:
             bad_r = self._unordered(t, r)
             if data is not None:
                 before = _raw_bits(M.load(a, data.dtype))
-                new = _raw_bits(np.broadcast_to(np.asarray(data), np.asarray(addrs).shape
-                                                ).reshape(-1)[idx].astype(data.dtype, copy=False))
+                new = _raw_bits(np.broadcast_to(np.asarray(data), shape).reshape(-1)[idx])
                 same = (before == new) & (w != 0)
             else:
                 before, same = None, np.zeros(idx.size, dtype=bool)
