@@ -45,3 +45,30 @@ def test_racy_protocols_are_reported(race_cluster, mode):
     assert f"at {load}" in text, text
     assert "program (0, 0, 0)" in text
     race_cluster.run(B.push, "ok", timeout=120)         # the cluster is usable afterwards
+
+
+PUSH_SCRIPT = textwrap.dedent('''
+    import sys
+    sys.path.insert(0, {tests!r})
+    import ditron
+    import bodies_sim_rel as B
+    world = ditron.init()
+    for mode in sys.argv[1:]:
+        assert B.push(world, mode), mode
+        print(f"rank {{world.rank}}: {{mode}} passed", flush=True)
+    ditron.finalize()
+''')
+
+
+def test_ditron_sim_race_cli(tmp_path):
+    """One job: the correct protocol passes, then the relaxed-flag producer is reported."""
+    script = tmp_path / "push.py"
+    script.write_text(PUSH_SCRIPT.format(tests=os.path.dirname(os.path.abspath(B.__file__))))
+    p = subprocess.run([sys.executable, "-m", "ditron.sim", "-n", "2", "--race", "--seed", "3", str(script), "ok",
+                        "relaxed_flag"], capture_output=True, text=True, timeout=300)
+    assert "rank 0: ok passed" in p.stdout and "rank 1: ok passed" in p.stdout, (p.stdout, p.stderr)
+    assert "relaxed_flag passed" not in p.stdout
+    assert p.returncode != 0
+    assert "DitronRaceError" in p.stderr and "DITRON_SIM_SEED=3" in p.stderr, p.stderr
+    assert "data race on symmetric tensor 'rx'" in p.stderr
+    assert f"at {_line('RACE_STORE')}" in p.stderr and f"at {_line('RACE_LOAD')}" in p.stderr
