@@ -600,7 +600,7 @@ def _copy(ctx, tr, dst_addr, src_addr, nbytes):
         step = np.dtype(unit).itemsize
         rel = np.arange(0, nbytes, step, dtype=np.uint64)
         src_addrs = np.uint64(int(src_addr)) + rel
-        race.plain_access("read", src_addrs, None, None)
+        race.plain_access("read", src_addrs, None, None, itemsize=step)
         race.plain_access("write", np.uint64(int(dst_addr)) + rel, None, M.load(src_addrs, unit))
     if nbytes:
         ctypes.memmove(int(dst_addr), int(src_addr), nbytes)

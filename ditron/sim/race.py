@@ -281,7 +281,7 @@ class _State:
             self.release(t, keys, t.fence_sys, vc=t.fence_vc)
 
     # -- plain accesses --------------------------------------------------------------
-    def access(self, t, kind, addrs, mask, data, where):
+    def access(self, t, kind, addrs, mask, data, where, itemsize=None):
         shape = np.shape(addrs)
         addrs = np.asarray(addrs).reshape(-1).astype(np.uint64, copy=False)
         sel = (addrs >= np.uint64(self.lo)) & (addrs < np.uint64(self.hi))
@@ -292,6 +292,14 @@ class _State:
         idx = np.flatnonzero(sel)
         a = addrs[idx]
         g = ((a - np.uint64(self.lo)) >> np.uint64(_GRAN)).astype(np.int64)
+        if (itemsize or (data.dtype.itemsize if data is not None else 2)) == 1:
+            # byte accesses: only granules whose two bytes this access covers (neighbouring bytes of
+            # another program are not a race); no stale values or same-value writes for them
+            _, inv, cnt = np.unique(g, return_inverse=True, return_counts=True)
+            keep = (cnt[inv] >= 2) & (a % np.uint64(2) == 0)
+            idx, a, g, data = idx[keep], a[keep], g[keep], None
+            if idx.size == 0:
+                return None
         sh = self.shared
         me = (t.tid << CLOCK_BITS) | int(t.vc[t.tid])
         info = self._info(t, where)
@@ -497,14 +505,17 @@ def maybe_yield():
         launch.blocked(-1)
 
 
-def plain_access(kind, ptrs, mask, data, where=None):
+def plain_access(kind, ptrs, mask, data, where=None, itemsize=None):
+    """A plain load (``kind="read"``, ``data``: the values loaded) or store
+    (``"write"``, ``data``: the values to store) of the calling program;
+    returns replacement data for a load that reads stale values, else None."""
     st = state()
     if st is None:
         return None
     if where is None:
         from ..lowering.sim import where as _where
         where = _where()
-    return st.access(_thread(st), kind, ptrs, mask, data, where)
+    return st.access(_thread(st), kind, ptrs, mask, data, where, itemsize)
 
 
 #: keys of the barriers' clocks (heap words are keyed by their offset in the job's heaps + 1, which is
