@@ -56,6 +56,16 @@ def _start(tmp_path, n=2):
     return p, [i["pid"] for i in infos], infos[0]["sim_dir"]
 
 
+def _reap(pids):
+    """Kill what a failing launcher left behind (the test must not leak spinning ranks)."""
+    for pid in pids:
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
 def _gone(pids, sim_dir=None, within=15):
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
@@ -72,19 +82,23 @@ def test_signal_stops_every_rank_and_removes_the_heap(tmp_path, sig):
     p.send_signal(sig)
     try:
         out, err = p.communicate(timeout=20)
+        assert p.returncode != 0
+        assert _gone(pids, sim_dir), (pids, sim_dir, err)
+        assert f"stopped by {signal.Signals(sig).name}" in err
     finally:
         if p.poll() is None:
             p.kill()
-    assert p.returncode != 0
-    assert _gone(pids, sim_dir), (pids, sim_dir, err)
-    assert f"stopped by {signal.Signals(sig).name}" in err
+        _reap(pids)
 
 
 def test_killed_launcher_leaves_no_ranks_and_the_next_job_removes_its_files(tmp_path):
     p, pids, sim_dir = _start(tmp_path)
     p.kill()
     p.wait()
-    assert _gone(pids), pids                          # the ranks die with their launcher
+    try:
+        assert _gone(pids), pids                      # the ranks die with their launcher
+    finally:
+        _reap(pids)
     assert os.path.exists(os.path.join(sim_dir, "heap"))
     script = tmp_path / "quick.py"
     script.write_text(QUICK)
