@@ -47,12 +47,16 @@ def _start(tmp_path, n=2):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     infos = []
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(infos) < n:
-        infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)
-                 if (tmp_path / f"rank{r}.json").exists()]
-        assert p.poll() is None, p.communicate()
-        time.sleep(0.2)
-    assert len(infos) == n
+    try:
+        while time.monotonic() < deadline and len(infos) < n:
+            infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)
+                     if (tmp_path / f"rank{r}.json").exists()]
+            assert p.poll() is None, p.communicate()
+            time.sleep(0.2)
+        assert len(infos) == n
+    except BaseException:
+        p.kill()
+        raise
     return p, [i["pid"] for i in infos], infos[0]["sim_dir"]
 
 
