@@ -72,3 +72,26 @@ def test_ditron_sim_race_cli(tmp_path):
     assert "DitronRaceError" in p.stderr and "DITRON_SIM_SEED=3" in p.stderr, p.stderr
     assert "data race on symmetric tensor 'rx'" in p.stderr
     assert f"at {_line('RACE_STORE')}" in p.stderr and f"at {_line('RACE_LOAD')}" in p.stderr
+
+
+# the zoo under the race finder, on an odd world size: context reuse across calls of every method (the
+# full zoo suite runs clean with DITRON_SIM_RACE=1 too; these keep CI short)
+ZOO = {
+    "all_reduce": ("bodies_zoo_all_reduce", "reuse", (8, ["ll", "one_shot", "two_shot", "multimem_one_shot",
+                                                           "multimem_two_shot"], 120, "bfloat16")),
+    "all_gather": ("bodies_zoo_ag_rs_a2a", "all_gather_reuse", (6,)),
+    "reduce_scatter": ("bodies_zoo_ag_rs_a2a", "reduce_scatter_reuse", (6,)),
+    "all_to_all": ("bodies_zoo_ag_rs_a2a", "all_to_all_reuse", (4,)),
+    "ag_gemm": ("bodies_ag_gemm", "ag_gemm_calls", ("bf16", [(5, 40, 32)] * 2),
+                dict(block_m=16, block_n=16, block_k=32)),
+    "gemm_rs": ("bodies_gemm_rs", "gemm_rs_calls", ("bf16", "scatter", [(1, 48), (5, 32)], 40)),
+    "gemm_ar": ("bodies_gemm_ar", "gemm_ar_calls", ("bf16", [("one_shot", 9, 40, 24), ("two_shot", 9, 40, 24)])),
+}
+
+
+@pytest.mark.parametrize("op", list(ZOO))
+def test_zoo_runs_clean_under_the_race_finder(race_cluster, op):
+    import importlib
+    module, name, args, *kw = ZOO[op]
+    body = getattr(importlib.import_module(module), name)
+    race_cluster.run(body, *args, **(kw[0] if kw else {}), timeout=600)
