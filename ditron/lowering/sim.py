@@ -36,6 +36,7 @@ import triton.language as tl
 from .. import _compat
 from ..errors import DitronError
 from ..sim import race
+from ..sim.access import end_poll, polled
 from . import register
 
 BACKEND = "sim"
@@ -162,65 +163,6 @@ def _spin_values(ctx, tr, addrs, dtype, ok, expected_text, primitive):
     return tr.spin(check, describe, launch)
 
 
-def polled(addrs, mask, vals, primitive):
-    """A polling load of the current program (``dl.ld``, ``tl.load(volatile=True)``)
-    read ``vals``: a program that keeps reading the same value there counts
-    as blocked and lends its turn (see ``SimTransport.poll``)."""
-    launch = _launch()
-    if launch is None or launch.transport is None:
-        return
-    tr = launch.transport
-    addrs = np.asarray(addrs).reshape(-1)
-    if addrs.size == 0:
-        return
-    live = np.flatnonzero(np.asarray(mask).reshape(-1)) if mask is not None else np.arange(addrs.size)
-    if live.size == 0:
-        return
-    loc = where()
-    prog = _program()
-    key = (loc, int(addrs[live[0]]), addrs.size)
-
-    def describe():
-        i = live[0]
-        flat = np.asarray(vals).reshape(-1)
-        return {"rank": tr.rank, "program": prog, "primitive": primitive, "where": loc,
-                "signal": "polled " + tr.describe_addr(int(addrs[i])) +
-                          (f" (element 0 of {live.size} polled)" if live.size > 1 else ""),
-                "expected": "another value (a polling loop; nobody writes this address)",
-                "observed": flat[i].item() if flat.size > i else None}
-
-    tr.poll(key, np.asarray(vals).reshape(-1)[live], describe, launch)
-
-
-def _end_poll():
-    """A writing op of a program ends any polling loop it was in."""
-    from ..runtime.sim import _POLL
-    if _POLL.__dict__:
-        launch = _launch()
-        if launch is not None and launch.transport is not None:
-            launch.transport.poll_end(launch)
-
-
-def interp_load(ptrs, mask, data, volatile):
-    """Hook on the interpreter's loads (``_compat.ACCESS_HOOKS``)."""
-    if volatile:
-        race.signal_relaxed_read(ptrs, mask) if _compat.ACCESS_HOOKS.plain else None
-        polled(ptrs, mask, data, "tl.load(volatile=True)")
-        return None
-    return race.plain_access("read", ptrs, mask, data)
-
-
-def interp_store(ptrs, mask, data):
-    _end_poll()
-    race.plain_access("write", ptrs, mask, data)
-
-
-def interp_atomic(phase, ptrs, mask, sem, scope):
-    if phase == "pre":
-        _end_poll()
-    race.atomic_access(phase, ptrs, mask, sem, scope)
-
-
 def _signal_dtype(ctx, tt, arg, need64=False):
     if not tt.is_int() or tt.primitive_bitwidth not in (32, 64):
         raise ctx.error(f"signal words must be int32/uint32 or int64/uint64, not {tt}", arg=arg)
@@ -231,7 +173,7 @@ def _signal_dtype(ctx, tt, arg, need64=False):
 
 def _signal_update(tr, addr, value, sig_op, dtype):
     from ..sim import memory as M
-    _end_poll()
+    end_poll()
     if sig_op == "set":
         M.atomic_xchg(addr, value, dtype)
     else:
@@ -362,7 +304,7 @@ def _multimem_st(ctx, ptrs, value):
         addrs = (np.int64(tr.heap_base(r)) + off).astype(np.uint64).reshape(-1)
         race.plain_access("write", addrs, None, vals.reshape(-1))
         M.store(addrs, vals.reshape(-1), npd)
-    _end_poll()
+    end_poll()
     tr.control.progress()
     return None
 
@@ -438,7 +380,7 @@ def _st(ctx, ptr, value, scope, semantic):
 
 def _progress():
     from ..runtime.world import current_world
-    _end_poll()
+    end_poll()
     world = current_world(required=False)
     if world is not None and world.backend == "sim":
         world.transport.control.progress()
@@ -593,7 +535,7 @@ def _ptr0(ctx, p, arg):
 def _copy(ctx, tr, dst_addr, src_addr, nbytes):
     if nbytes < 0:
         raise ctx.error(f"negative byte count {nbytes}", arg="nbytes")
-    _end_poll()
+    end_poll()
     if nbytes and race.enabled():
         from ..sim import memory as M
         unit = np.uint16 if nbytes % 2 == 0 and int(src_addr) % 2 == 0 and int(dst_addr) % 2 == 0 else np.uint8

@@ -105,10 +105,10 @@ def _params(fn, arg_names):
 def _install_hooks():
     """Route the interpreter's volatile loads (polling) -- and, for the race
     finder, every load, store and atomic -- to the simulator."""
-    from ..lowering import sim as S
+    from . import access
     H = _compat.ACCESS_HOOKS
     if H.load is None:
-        H.load, H.store, H.atomic = S.interp_load, S.interp_store, S.interp_atomic
+        H.load, H.store, H.atomic = access.interp_load, access.interp_store, access.interp_atomic
     H.plain = race.enabled()
 
 
