@@ -2,7 +2,7 @@
 # GEMM + communication overlap on one node of GPUs (default 4 x H200): the zoo's GEMM-overlap test bodies
 # first (correctness on GPUs), then ditron's AG-GEMM / GEMM-RS / GEMM-AR against cuBLAS+NCCL (sequential),
 # torch's fused symmetric-memory ops, the GEMM alone and the collective alone, at the paper's shapes for TP=4
-# (ditron/bench_gemm.py), then the GEMM core against cuBLAS (and, with STEPS=sweep, a sweep of GemmConfig).
+# (ditron/bench/gemm.py), then the GEMM core against cuBLAS (and, with STEPS=sweep, a sweep of GemmConfig).
 # Results under bench/results/ (Markdown, JSON, PNG): <tag>-ag_gemm-bf16.*, <tag>-gemm_rs-bf16.*,
 # <tag>-gemm_ar-bf16.*, <tag>-gemm-bf16.*, <tag>-gemm-sweep-bf16.*.  Every step has a timeout.
 #
@@ -57,7 +57,7 @@ fi
 # the GEMM core alone on one GPU, at the per-rank GEMM shapes of the three workloads for TP=$NPROC
 if has gemm; then
   DITRON_HEAP_SIZE=64M step ${GEMM_TIMEOUT:-300} $TR1 -m ditron.bench gemm --shapes "$SHAPES" --tp "$NPROC" \
-      --configs default --dtype bf16 --machine "$MACHINE" --tag "$TAG"
+      --configs default --dtype bf16 --machine "$MACHINE" --tag "$TAG" $GRAPH
 fi
 if has sweep; then   # 32 configs x 10 shapes: fewer iterations, one round
   DITRON_HEAP_SIZE=64M step ${SWEEP_TIMEOUT:-570} $TR1 -m ditron.bench gemm --shapes "$SHAPES" --tp "$NPROC" \

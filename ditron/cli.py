@@ -114,7 +114,10 @@ def cmd_doctor(args):
 
     print(f"ditron        {ditron.__version__}")
     print(f"python        {platform.python_version()}")
-    print(f"triton        {triton.__version__}")
+    tested = triton.__version__ in libs.CI_TESTED_TRITON
+    print(f"triton        {triton.__version__} ("
+          + ("tested by ditron's CI" if tested else
+             f"not tested by ditron's CI, which runs {' and '.join(libs.CI_TESTED_TRITON)}") + ")")
     try:
         import torch
         print(f"torch         {torch.__version__}")

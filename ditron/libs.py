@@ -16,7 +16,9 @@ NVSHMEM_LIB = "libnvshmem_device"     # key in Triton's extern_libs
 ROCSHMEM_LIB = "rocshmem"             # AMD links a library when a called symbol contains its key
 
 #: (Triton version prefix, NVSHMEM version) pairs seen to link; and pairs seen to fail
-KNOWN_GOOD = [("3.6", "3.4.5"), ("3.9", "3.8.0")]
+KNOWN_GOOD = [("3.6", "3.4.5"), ("3.9", "3.4.5"), ("3.9", "3.8.0")]
+#: Triton versions that CI runs the whole test suite on (.ci/run: 3.6.0 pinned, and the newest pip resolves)
+CI_TESTED_TRITON = ("3.6.0", "3.9.0")
 KNOWN_BAD = [("3.6", "3.8.0")]
 
 

@@ -84,7 +84,7 @@ import ditron.language as dl
 
 from ._common import CollectiveContext, ce_release, ce_send, epoch_begin, epoch_end, sm_count, topology
 from .gemm import (GemmConfig, check_operands, default_config, ensure_tma_allocator, gemm_tile, gemm_tile_tma,
-                   is_sim_device, store_tile, tile_rows, tma_ok)
+                   is_sim_device, store_tile, store_tile_tma, tile_rows, tma_ok)
 from .all_gather import _chunk, _put_chunk
 
 _SLOT_ALIGN = 128          # elements: every slot starts 256-byte aligned
@@ -139,7 +139,8 @@ def ag_gemm_producer_kernel(a_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_stride,
 def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, free_ptr, calls_ptr, m, N, K,
                             slot_rows, stride_am, stride_bk, stride_bn, P,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, CE: tl.constexpr, TMA: tl.constexpr):
+                            GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, CE: tl.constexpr, TMA: tl.constexpr,
+                            FLATTEN: tl.constexpr = False, SUBTILE: tl.constexpr = 1):
     """``c[W*m, N] = gathered_a[W*m, K] @ b[K, N]``; ``a`` (``[m, K]``,
     row-major) is this rank's shard, the others are read from ``buf`` once
     their signals say they have arrived (``ready[s] == 1`` with ``CE``, else
@@ -168,37 +169,61 @@ def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, fr
     else:
         sigp = sig_ptr + par * (W * P)
         per_seg = P
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = tl.cdiv(M, BLOCK_M) * num_pid_n
     if TMA:
+        # m % BLOCK_M == 0: no tile straddles segments, and the gather order starts with the local tiles.
+        # Three operand descriptors, built once: the local shard, the gather buffer (one [W * slot_rows, K]
+        # matrix), B; the result leaves through a TMA-store epilogue.
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[m, K], strides=[stride_am, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+        g_desc = tl.make_tensor_descriptor(bufp, shape=[W * slot_rows, K], strides=[stride_am, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
         b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
                                            block_shape=[BLOCK_K, BLOCK_N])
-    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        pid_m, pid_n = dl.swizzle_gather(tile, M, N, BLOCK_M, BLOCK_N, me, W, NN, GROUP_M)
-        lo, hi = dl.tile_segments(pid_m, M, BLOCK_M, W)
-        # wait for the tile's remote segments: [lo, me - 1] and [me + 1, hi]
-        n_below = tl.maximum(tl.minimum(hi, me - 1) - lo + 1, 0)
-        tok1 = dl.wait(sigp + lo * per_seg, n_below * per_seg, "sys", "acquire", waitValue=val)
-        s_above = tl.maximum(lo, me + 1)
-        n_above = tl.maximum(hi - s_above + 1, 0)
-        tok2 = dl.wait(sigp + s_above * per_seg, n_above * per_seg, "sys", "acquire", waitValue=val)
-        rows, row_ok, rows_c = tile_rows(pid_m, M, BLOCK_M)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = cols < N
-        src = dl.consume_token(dl.consume_token(bufp, tok1), tok2)
-        if TMA:
-            seg_base = tl.where(lo == me, a_ptr, src + (lo * sr) * stride_am)
-            a_desc = tl.make_tensor_descriptor(seg_base, shape=[m, K], strides=[stride_am, 1],
-                                               block_shape=[BLOCK_M, BLOCK_K])
-            acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M - lo * m, pid_n * BLOCK_N, K,
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N // SUBTILE])
+        local_tiles = (m // BLOCK_M) * num_pid_n
+        # local tiles: nothing to wait for, so the loop is software-pipelined across tiles
+        for tile in tl.range(tl.program_id(0), local_tiles, tl.num_programs(0), flatten=FLATTEN):
+            pid_m, pid_n = dl.swizzle_gather(tile, M, N, BLOCK_M, BLOCK_N, me, W, NN, GROUP_M)
+            acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M - me * m, pid_n * BLOCK_N, K,
                                 BLOCK_M, BLOCK_N, BLOCK_K)
-        else:
+            store_tile_tma(c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, acc, BLOCK_M, BLOCK_N, SUBTILE,
+                           c_ptr.dtype.element_ty)
+        # remote tiles, continuing each program's round robin: wait for the segment, then read it. Not
+        # flattened: the next tile's loads must not be issued before its wait.
+        P_ = tl.num_programs(0)
+        first = local_tiles + ((tl.program_id(0) - local_tiles) % P_ + P_) % P_
+        for tile in range(first, num_tiles, P_):
+            pid_m, pid_n = dl.swizzle_gather(tile, M, N, BLOCK_M, BLOCK_N, me, W, NN, GROUP_M)
+            seg = (pid_m * BLOCK_M) // m
+            tok = dl.wait(sigp + seg * per_seg, per_seg, "sys", "acquire", waitValue=val)
+            row0 = dl.consume_token(seg * slot_rows + (pid_m * BLOCK_M - seg * m), tok)
+            acc = gemm_tile_tma(g_desc, b_desc, row0, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+            store_tile_tma(c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, acc, BLOCK_M, BLOCK_N, SUBTILE,
+                           c_ptr.dtype.element_ty)
+    else:
+        for tile in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+            pid_m, pid_n = dl.swizzle_gather(tile, M, N, BLOCK_M, BLOCK_N, me, W, NN, GROUP_M)
+            lo, hi = dl.tile_segments(pid_m, M, BLOCK_M, W)
+            # wait for the tile's remote segments: [lo, me - 1] and [me + 1, hi]
+            n_below = tl.maximum(tl.minimum(hi, me - 1) - lo + 1, 0)
+            tok1 = dl.wait(sigp + lo * per_seg, n_below * per_seg, "sys", "acquire", waitValue=val)
+            s_above = tl.maximum(lo, me + 1)
+            n_above = tl.maximum(hi - s_above + 1, 0)
+            tok2 = dl.wait(sigp + s_above * per_seg, n_above * per_seg, "sys", "acquire", waitValue=val)
+            rows, row_ok, rows_c = tile_rows(pid_m, M, BLOCK_M)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            col_ok = cols < N
+            src = dl.consume_token(dl.consume_token(bufp, tok1), tok2)
             seg = tl.minimum(rows_c // m, W - 1)
             seg64 = seg.to(tl.int64)
             in_seg = rows_c.to(tl.int64) - seg64 * m                     # row inside its segment
             a_rows = tl.where(seg == me, a_ptr + in_seg * stride_am, src + (seg64 * sr + in_seg) * stride_am)
             b_cols = b_ptr + cols.to(tl.int64) * stride_bn
             acc = gemm_tile(a_rows, b_cols, col_ok, 1, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
-        store_tile(c_ptr, N, 1, rows, row_ok, cols, col_ok, acc)
+            store_tile(c_ptr, N, 1, rows, row_ok, cols, col_ok, acc)
     if CE:
         ce_release(calls_ptr, ready_ptr, free_ptr, me, W)
     else:
@@ -369,8 +394,9 @@ def ag_gemm(a, b, ctx, out=None):
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
     cfg = ctx.config or default_config(M, N, K, a.dtype, a.device)
+    # ctx.tma (not config.tma) decides here: None = wherever it applies
     tma = (not ctx.sim and ctx.tma is not False and m % cfg.block_m == 0 and b.stride(1) == 1
-           and tma_ok(a, b))
+           and tma_ok(a, b, out))
     if ctx.tma and not tma:
         raise ditron.DitronError(f"ag_gemm: tma=True needs m % block_m == 0 (m={m}, block_m={cfg.block_m}), "
                                  f"row-major b and 16-byte aligned rows; on GPUs only")
@@ -389,6 +415,7 @@ def ag_gemm(a, b, ctx, out=None):
     ag_gemm_consumer_kernel[(P,)](a, b, out, ctx.buf, ctx.sig, ctx.ready, ctx.free, ctx.calls, m, N, K,
                                   ctx.slot_rows, a.stride(0), b.stride(0), b.stride(1), ctx.producer_programs,
                                   EVEN_K=(K % cfg.block_k == 0), CE=(ctx.producer == "ce"), TMA=tma,
+                                  FLATTEN=cfg.flatten and tma, SUBTILE=cfg.epilogue_subtile if tma else 1,
                                   **cfg.launch_options())
     if W > 1 and ctx.overlap:
         torch.cuda.current_stream(a.device).wait_stream(ctx.side_stream())   # later writes to a wait for it

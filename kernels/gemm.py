@@ -52,6 +52,11 @@ class GemmConfig:
     tma: bool = False
     #: software-pipeline across tiles of a persistent loop (``tl.range(flatten=True)``)
     flatten: bool = False
+    #: TMA-store epilogue in ``epilogue_subtile`` column slices (1 or 2; only with ``tma``)
+    epilogue_subtile: int = 1
+    #: producer/consumer warp specialisation of the persistent loop (``tl.range(warp_specialize=True)``;
+    #: only with ``tma`` and without ``flatten``)
+    warp_specialize: bool = False
 
     def validate(self, op="gemm"):
         for name in ("block_m", "block_n", "block_k"):
@@ -60,6 +65,10 @@ class GemmConfig:
                 raise ditron.DitronError(f"{op}: {name}={v} must be a power of two >= 16 (tl.dot)")
         if self.group_m < 1 or self.num_warps < 1 or self.num_stages < 1:
             raise ditron.DitronError(f"{op}: group_m, num_warps and num_stages must be >= 1 ({self})")
+        if self.epilogue_subtile not in (1, 2):
+            raise ditron.DitronError(f"{op}: epilogue_subtile={self.epilogue_subtile} must be 1 or 2")
+        if self.warp_specialize and (self.flatten or not self.tma):
+            raise ditron.DitronError(f"{op}: warp_specialize needs tma=True and flatten=False ({self})")
         return self
 
     def launch_options(self):
@@ -77,26 +86,34 @@ def is_sim_device(device) -> bool:
 
 def default_config(M, N, K, dtype=torch.bfloat16, device="cuda") -> GemmConfig:
     """A config for an ``[M, K] @ [K, N]`` GEMM on ``device`` (small tiles on
-    the simulator).  On GPUs: 128 x 256 x 64 tiles, 3 stages, 8 warps (the
-    best pointer-based config measured on H200 at the paper's shapes), 128 x
-    128 when there are fewer output tiles than SMs."""
+    the simulator).  On GPUs: TMA descriptors, 128 x 256 x 64 tiles, 3
+    stages, 8 warps, the tile loop flattened (the best config at most of the
+    paper's per-rank shapes on H200: bench/gemm_core_sweep.py); 128 x 128
+    when there are fewer output tiles than SMs.  Where TMA does not apply
+    (unaligned or non-contiguous operands) the same tiles run on pointer
+    loads."""
     if is_sim_device(device):
         return SIM_CONFIG
-    tiles = triton.cdiv(M, 128) * triton.cdiv(N, 256)
-    if tiles < sm_count(device):
-        return GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4)
-    return GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4)
+    return gpu_default_config(M, N, K, sm_count(device))
+
+
+def gpu_default_config(M, N, K, num_sms) -> GemmConfig:
+    """:func:`default_config` on a GPU with ``num_sms`` SMs (no device query:
+    compile tests use it on CPUs)."""
+    if triton.cdiv(M, 128) * triton.cdiv(N, 256) < num_sms:
+        return GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, tma=True, flatten=True)
+    return GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, tma=True, flatten=True)
 
 
 #: what :func:`tune` tries on GPUs: the default and the configs that won at some paper shape on H200
 TUNE_CONFIGS = (
-    GemmConfig(128, 256, 64, 8, 8, 4),
-    GemmConfig(128, 256, 64, 8, 8, 3),
     GemmConfig(128, 256, 64, 8, 8, 3, tma=True, flatten=True),
-    GemmConfig(128, 256, 64, 8, 8, 4, tma=True, flatten=True),
-    GemmConfig(128, 128, 64, 8, 8, 4),
-    GemmConfig(128, 128, 64, 8, 4, 4, tma=True, flatten=True),
-    GemmConfig(256, 128, 64, 8, 8, 3, tma=True),
+    GemmConfig(128, 256, 64, 8, 8, 3, tma=True, flatten=True, epilogue_subtile=2),
+    GemmConfig(128, 256, 64, 8, 8, 3, tma=True, warp_specialize=True),
+    GemmConfig(128, 256, 64, 16, 8, 3, tma=True, flatten=True),
+    GemmConfig(256, 128, 64, 8, 8, 3, tma=True, flatten=True),
+    GemmConfig(128, 128, 64, 8, 8, 4, tma=True, flatten=True),
+    GemmConfig(128, 256, 64, 8, 8, 4),
 )
 #: what :func:`tune` tries on the simulator (exercises the tuner; the timings mean nothing there)
 SIM_TUNE_CONFIGS = (SIM_CONFIG, GemmConfig(16, 32, 32, group_m=4, num_warps=1, num_stages=1))
@@ -211,9 +228,9 @@ def gemm_tile_tma(a_desc, b_desc, off_am, off_n, K, BLOCK_M: tl.constexpr, BLOCK
     """The accumulator of the tile at rows ``off_am`` of ``a_desc``'s matrix
     and columns ``off_n`` of ``b_desc``'s, through TMA."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        a = a_desc.load([off_am, k0])
-        b = b_desc.load([k0, off_n])
+    for ki in range(tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([off_am, ki * BLOCK_K])
+        b = b_desc.load([ki * BLOCK_K, off_n])
         acc = tl.dot(a, b, acc)
     return acc
 
@@ -257,23 +274,56 @@ def store_tile(c_ptr, stride_cm, stride_cn, rows, row_ok, cols, col_ok, acc):
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
+@triton.jit
+def store_tile_tma(c_desc, off_m, off_n, acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SUBTILE: tl.constexpr, DTYPE: tl.constexpr):
+    """TMA-store epilogue of one tile into ``c_desc`` (block ``[BLOCK_M,
+    BLOCK_N // SUBTILE]``): in ``SUBTILE`` column slices, so that the shared
+    memory staging buffer is smaller (more pipeline stages fit) and the first
+    slice's store overlaps the second's conversion.  The hardware clips rows
+    and columns past the matrix.  The stores are asynchronous: they are
+    complete at the end of the kernel, not before a following signal (use
+    :func:`store_tile` where a flag announces the data)."""
+    if SUBTILE == 2:
+        acc3 = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        c0, c1 = tl.split(acc3)
+        c_desc.store([off_m, off_n], c0.to(DTYPE))
+        c_desc.store([off_m, off_n + BLOCK_N // 2], c1.to(DTYPE))
+    else:
+        c_desc.store([off_m, off_n], acc.to(DTYPE))
+
+
 @ditron.jit(do_not_specialize=["M"])
 def gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                EVEN_K: tl.constexpr, TMA: tl.constexpr, FLATTEN: tl.constexpr):
+                EVEN_K: tl.constexpr, TMA: tl.constexpr, FLATTEN: tl.constexpr, SUBTILE: tl.constexpr,
+                WARP_SPEC: tl.constexpr):
     """Persistent ``c = a @ b``: program ``p`` computes tiles ``p, p + P, ...``
-    of the ``dl.swizzle_2d`` order."""
+    of the ``dl.swizzle_2d`` order.  ``TMA``: operands and result through
+    device-side tensor descriptors (TMA loads, TMA-store epilogue), the tile
+    loop software-pipelined across tiles (``FLATTEN``) or warp-specialised
+    (``WARP_SPEC``); otherwise pointer loads and masked stores."""
     P = tl.num_programs(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
-    a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, TMA)
-    for tile in tl.range(tl.program_id(0), num_tiles, P, flatten=FLATTEN):
-        pid_m, pid_n = dl.swizzle_2d(tile, num_pid_m, num_pid_n, GROUP_M)
-        rows, row_ok, cols, col_ok, acc = gemm_tile_at(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K,
-                                                       stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N,
-                                                       BLOCK_K, EVEN_K, TMA)
-        store_tile(c_ptr, stride_cm, stride_cn, rows, row_ok, cols, col_ok, acc)
+    if TMA:
+        a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, BLOCK_M, BLOCK_N,
+                                             BLOCK_K, TMA)
+        c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N // SUBTILE])
+        for tile in tl.range(tl.program_id(0), num_tiles, P, flatten=FLATTEN, warp_specialize=WARP_SPEC):
+            pid_m, pid_n = dl.swizzle_2d(tile, num_pid_m, num_pid_n, GROUP_M)
+            acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+            store_tile_tma(c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, acc, BLOCK_M, BLOCK_N, SUBTILE,
+                           c_ptr.dtype.element_ty)
+    else:
+        for tile in tl.range(tl.program_id(0), num_tiles, P, flatten=FLATTEN):
+            pid_m, pid_n = dl.swizzle_2d(tile, num_pid_m, num_pid_n, GROUP_M)
+            rows, row_ok, cols, col_ok, acc = gemm_tile_at(a_ptr, b_ptr, 0, 0, pid_m, pid_n, M, N, K, stride_am,
+                                                           stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N,
+                                                           BLOCK_K, EVEN_K, TMA)
+            store_tile(c_ptr, stride_cm, stride_cn, rows, row_ok, cols, col_ok, acc)
 
 
 # ---------------------------------------------------------------------------
@@ -316,13 +366,15 @@ def tma_ok(*tensors) -> bool:
     return True
 
 
-def prepare_tma(op, cfg, sim, a, b) -> bool:
-    """Whether a launch uses TMA (``cfg.tma`` on a GPU); checks the operands
-    and installs the descriptors' scratch allocator."""
-    if not cfg.tma or sim:
+def prepare_tma(op, cfg, sim, *tensors) -> bool:
+    """Whether a launch uses TMA: ``cfg.tma``, on a GPU, and every tensor
+    (operands, and the output where the epilogue stores through TMA) has a
+    unit last stride and 16-byte aligned rows.  Otherwise the launch falls
+    back to pointer tiles of the same sizes (pointer loads need no
+    alignment), so a config never fails on an operand's layout.  Installs the
+    descriptors' scratch allocator."""
+    if not cfg.tma or sim or not tma_ok(*tensors):
         return False
-    if not tma_ok(a, b):
-        raise ditron.DitronError(f"{op}: config.tma needs unit last strides and 16-byte aligned rows; use tma=False")
     ensure_tma_allocator()
     return True
 
@@ -342,10 +394,11 @@ def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=
     cfg = (config or default_config(M, N, K, a.dtype, a.device)).validate("matmul")
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    tma = prepare_tma("matmul", cfg, is_sim_device(a.device), a, b)
+    tma = prepare_tma("matmul", cfg, is_sim_device(a.device), a, b, out)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     P = max(1, min(tiles, int(num_programs or (4 if is_sim_device(a.device) else sm_count(a.device)))))
     gemm_kernel[(P,)](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
                       out.stride(1), EVEN_K=(K % cfg.block_k == 0), TMA=tma, FLATTEN=cfg.flatten,
+                      SUBTILE=cfg.epilogue_subtile if tma else 1, WARP_SPEC=cfg.warp_specialize and tma,
                       **cfg.launch_options())
     return out

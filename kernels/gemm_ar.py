@@ -394,14 +394,22 @@ def create_gemm_ar_context(max_m, n, dtype, world=None, **options) -> GemmArCont
 
 
 def choose_method(ctx: GemmArContext, m: int) -> str:
-    """What ``method="auto"`` runs for an ``[m, n]`` output: one-shot up to
+    """What ``method="auto"`` runs for an ``[m, n]`` output of ``S`` bytes.
+
+    Per rank, one-shot reads the ``W - 1`` peers' partials (``(W - 1) S``
+    bytes) in one phase; two-shot reads and writes ``(W - 1) / W * S`` each in
+    two phases with a signal between them.  At ``W = 2`` both move ``S`` bytes,
+    so one-shot, with one phase less, wins at every size (measured on 2 x H200
+    at the paper's shapes: one_shot 1.06x, two_shot 0.94x cuBLAS+NCCL,
+    shared/bench/h200x2-2026-11-23.md); above 2 ranks one-shot up to
     all_reduce's one-shot threshold (smaller for more than 4 ranks, since
-    every rank reads ``W`` partials), two-shot above; the multimem variants
-    where the context allows multicast (the simulator, one node, or a GPU
-    world with multicast and ``AUTO_MULTIMEM_ON_GPU``)."""
+    every rank reads ``W`` partials), two-shot above (4 x H200: two_shot 0.97x,
+    one_shot 0.84x; bench/results/h200x4.md).  The multimem variants where the
+    context allows multicast (the simulator, one node, or a GPU world with
+    multicast and ``AUTO_MULTIMEM_ON_GPU``)."""
     nbytes = m * ctx.n * ctx.esize
     mm = ctx.multicast and (ctx.sim or AUTO_MULTIMEM_ON_GPU)
-    if nbytes <= AUTO_ONE_SHOT_MAX_BYTES * 4 // max(4, ctx.world_size):
+    if ctx.world_size <= 2 or nbytes <= AUTO_ONE_SHOT_MAX_BYTES * 4 // max(4, ctx.world_size):
         return "multimem_one_shot" if mm else "one_shot"
     return "multimem_two_shot" if mm else "two_shot"
 

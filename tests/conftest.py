@@ -142,3 +142,15 @@ def pytest_sessionfinish(session, exitstatus):
     for c in _CLUSTERS.values():
         c.close()
     _CLUSTERS.clear()
+
+
+def tma_loads(ptx):
+    """The PTX has TMA (bulk tensor) loads into shared memory (``shared::cluster`` on Triton 3.6,
+    ``shared::cta`` on 3.9)."""
+    import re
+    return re.search(r"cp\.async\.bulk\.tensor\.\dd\.shared::(cluster|cta)\.global", ptx) is not None
+
+
+def tma_stores(ptx):
+    """The PTX has TMA (bulk tensor) stores from shared memory to global memory."""
+    return "cp.async.bulk.tensor.2d.global.shared::cta" in ptx

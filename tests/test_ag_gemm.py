@@ -7,7 +7,7 @@ weights, context reuse, 1 rank and 2 nodes, errors before launch."""
 import pytest
 
 import bodies_ag_gemm as B
-from conftest import GPU_BACKEND
+from conftest import tma_loads, tma_stores, GPU_BACKEND
 
 ON_GPU = GPU_BACKEND != "sim"
 K = 32
@@ -50,15 +50,16 @@ def test_ag_gemm_errors_before_launch(dist):
     assert "'b' is torch.float32" in msgs["b_dtype"]
     assert "'b' has 16 rows" in msgs["b_rows"]
     assert "2-D" in msgs["a_1d"]
-    assert "expected (20, 16)" in msgs["out_shape"]
+    assert f"expected ({5 * dist.world_size}, 16)" in msgs["out_shape"]
     assert "float16 or bfloat16" in msgs["ctx_dtype"]
     assert "use one of auto, ce, sm" in msgs["producer"]
     assert "unknown option(s) block_q" in msgs["option"]
 
 
-@pytest.mark.parametrize("ce,tma", [(True, True), (True, False), (False, False)])
+@pytest.mark.parametrize("ce,tma", [(True, True), (False, True), (True, False), (False, False)])
 def test_ag_gemm_consumer_compiles_for_sm90a(ce, tma):
-    """The GPU consumer (wgmma; TMA loads when asked) compiles without a GPU."""
+    """The GPU consumer compiles without a GPU: wgmma; with TMA, descriptor
+    loads, the local tiles' loop flattened, and a TMA-store epilogue."""
     import ditron
     from ditron.kernels.ag_gemm import ag_gemm_consumer_kernel
     sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "buf_ptr": "*bf16", "sig_ptr": "*i64",
@@ -66,10 +67,11 @@ def test_ag_gemm_consumer_compiles_for_sm90a(ce, tma):
            "slot_rows": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_bn": "i32", "P": "i32"}
     ck = ditron.compile(ag_gemm_consumer_kernel, target="sm_90a", signature=sig,
                         constexprs=dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, CE=ce,
-                                        TMA=tma), num_warps=8, num_stages=3)
+                                        TMA=tma, FLATTEN=tma, SUBTILE=1), num_warps=8, num_stages=3)
     ptx = ck.asm["ptx"]
     assert "wgmma.mma_async" in ptx
-    assert ("cp.async.bulk.tensor" in ptx) == tma
+    assert tma_loads(ptx) == tma
+    assert tma_stores(ptx) == tma           # TMA-store epilogue
 
 
 

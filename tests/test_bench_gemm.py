@@ -1,4 +1,4 @@
-"""The GEMM-overlap benchmark harness (ditron/bench_gemm.py, ``ditron bench
+"""The GEMM-overlap benchmark harness (ditron/bench/gemm.py, ``ditron bench
 ag_gemm|gemm_rs|gemm_ar|gemm``) on the CPU: 2 simulated ranks run every code
 path (checks against torch, tables, JSON, Markdown; PNG when matplotlib is
 installed); the peers that need CUDA / NCCL are reported n/a there.  A broken
@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-from ditron import bench_gemm as bg
+from ditron.bench import gemm as bg
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FAST = ["--iters", "5", "--warmup", "1"]           # on the CPU: one warm-up, one timed call per round
@@ -77,7 +77,7 @@ def test_a_wrong_kernel_is_reported_failed(tmp_path):
     script.write_text(textwrap.dedent("""
         import importlib
         import sys
-        from ditron.bench_gemm import main
+        from ditron.bench.gemm import main
 
         K = importlib.import_module("ditron.kernels.ag_gemm")   # the package exports a function of that name
 

@@ -73,12 +73,25 @@ def test_multimem_on_the_simulator(dist, method):
     assert {r[0] for r in results} == {2}
 
 
+def _auto_expected(world_size, prefix=""):
+    # two ranks: one-shot moves as many bytes as two-shot in one phase less, so it wins at every size
+    if world_size <= 2:
+        return [prefix + "one_shot"] * 4
+    return [prefix + "one_shot", prefix + "one_shot", prefix + "two_shot", prefix + "two_shot"]
+
+
 def test_auto_choice(dist):
     got = dist.run(B.auto_choices, False)[0]
-    assert got == ["one_shot", "one_shot", "two_shot", "two_shot"]
+    assert got == _auto_expected(dist.world_size)
     if not ON_GPU:
         got = dist.run(B.auto_choices, True)[0]
-        assert got == ["multimem_one_shot", "multimem_one_shot", "multimem_two_shot", "multimem_two_shot"]
+        assert got == _auto_expected(dist.world_size, "multimem_")
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_auto_choice_other_worlds(dist_world, world_size):
+    got = dist_world(world_size).run(B.auto_choices, False)[0]
+    assert got == _auto_expected(world_size)
 
 
 def test_errors_before_launch(dist):

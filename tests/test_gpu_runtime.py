@@ -14,7 +14,7 @@ from conftest import compile_for
 from ditron import _compat
 from ditron.errors import DitronCompileError, DitronError
 from ditron.lowering import cuda, cuda_p2p, devlib
-from ditron.runtime import gpu
+from ditron.runtime import gpu, gpu_base
 from ditron.runtime.heap import SymmetricHeap
 
 SIG = {"dst": "*i8", "src": "*i8", "nbytes": "i64", "sig": "*u64", "pe": "i32", "out": "*u64"}
@@ -101,7 +101,7 @@ def test_variant_from_world(monkeypatch):
 # world descriptor, hang report
 # ---------------------------------------------------------------------------
 
-class _FakeTransport(gpu.GpuTransport):
+class _FakeTransport(gpu_base.GpuTransport):
     name = "p2p"
 
     def __init__(self):
@@ -122,7 +122,7 @@ def test_descriptor_layout():
     assert w[f["magic"]] == devlib.WORLD_MAGIC
     assert [w[f[k]] for k in ("rank", "world_size", "local_rank", "local_world_size", "node", "nnodes")] == \
         [5, 8, 1, 4, 1, 2]
-    assert w[f["flags"]] == gpu.FLAG_P2P | gpu.FLAG_BOUNDED
+    assert w[f["flags"]] == gpu_base.FLAG_P2P | gpu_base.FLAG_BOUNDED
     assert w[f["wait_timeout_ns"]] == 3_000_000_000
     assert w[f["heap_size"]] == 1 << 20
     assert w[cuda_p2p.SYNC_AREA_WORD] == t.sync.data_ptr()
@@ -136,19 +136,19 @@ def test_hang_report_names_everything():
     rec = {"valid": cuda_p2p.HANG_VALID, "rank": 5, "ctaid_x": 3, "ctaid_y": 0, "ctaid_z": 0, "tid": 17,
            "addr": flags.data_ptr() + 4, "expected": 1, "observed": 0, "elapsed_ns": 3_000_100_000, "kind": 1,
            "cmp": 0, "timeout_ns": 3_000_000_000}
-    text = gpu.format_hang(rec, t)
+    text = gpu_base.format_hang(rec, t)
     for want in ("rank 5", "program (3, 0, 0)", "thread 17", "dl.wait", "'flags'", "element offset 1",
                  "expected value == 1", "observed 0", "3.000 s", "DITRON_WAIT_TIMEOUT_S=3"):
         assert want in text, (want, text)
     rec.update(addr=peer_addr, kind=2, cmp=5, expected=7, observed=6)
-    text = gpu.format_hang(rec, t)
+    text = gpu_base.format_hang(rec, t)
     assert "shmem.signal_wait_until" in text and "rank 6's copy of" in text and "element offset 2" in text
     assert "expected value >= 7" in text
 
 
 def test_watchdog_reads_debug_buffer(monkeypatch):
     t = _FakeTransport()
-    monkeypatch.setattr(gpu, "_LAST_REPORT", None)
+    monkeypatch.setattr(gpu_base, "_LAST_REPORT", None)
     t._debug_np = t.debug.numpy()
     assert t._check_debug() is None
     d = t._debug_np
@@ -158,7 +158,7 @@ def test_watchdog_reads_debug_buffer(monkeypatch):
     d[cuda_p2p.HANG_WORDS["valid"]] = cuda_p2p.HANG_VALID
     text = t._check_debug()
     assert text and "shmem.barrier_all" in text and "'ditron.sync'" in text
-    assert gpu.hang_report() == text
+    assert gpu_base.hang_report() == text
 
 
 # ---------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_metadata_extern_libs(tmp_path):
     p.write_text(json.dumps({"extern_libs": [["ditron", "/x.ll"], ["libnvshmem_device", "/y.bc"]]}))
     group = {"k.json": str(p), "k.cubin": str(tmp_path / "k.cubin")}
     assert _compat.metadata_extern_libs(group) == [("ditron", "/x.ll"), ("libnvshmem_device", "/y.bc")]
-    assert gpu._links_nvshmem(group)
+    assert gpu_base._links_nvshmem(group)
 
 
 def test_kernel_load_writes_descriptor(monkeypatch, tmp_path):
@@ -197,22 +197,22 @@ def test_kernel_load_writes_descriptor(monkeypatch, tmp_path):
     monkeypatch.setattr(gpu_driver, "module_global", lambda m, s: (0x7000 + m, 8 * devlib.WORLD_WORDS)
                         if m != 99 else None)
     monkeypatch.setattr(gpu_driver, "write_words", lambda d, w, size: written.__setitem__(d, list(w)))
-    monkeypatch.setattr(gpu, "_current_device_index", lambda: 0)
-    monkeypatch.setattr(gpu, "_MODULES", {})
+    monkeypatch.setattr(gpu_base, "_current_device_index", lambda: 0)
+    monkeypatch.setattr(gpu_base, "_MODULES", {})
     t = _FakeTransport()
-    monkeypatch.setattr(gpu, "_ACTIVE", t)
+    monkeypatch.setattr(gpu_base, "_ACTIVE", t)
     plain = tmp_path / "a.json"
     plain.write_text(json.dumps({"extern_libs": [["ditron", "/x.ll"]]}))
-    gpu._on_kernel_load(5, 6, "k", {"a.json": str(plain)})
+    gpu_base._on_kernel_load(5, 6, "k", {"a.json": str(plain)})
     assert written[0x7005][0] == devlib.WORLD_MAGIC and written[0x7005][1] == 5
-    gpu._on_kernel_load(99, 6, "plain_triton_kernel", {})          # no descriptor, no NVSHMEM: ignored
-    assert [m[0] for m in gpu.loaded_modules()] == ["k"]
+    gpu_base._on_kernel_load(99, 6, "plain_triton_kernel", {})          # no descriptor, no NVSHMEM: ignored
+    assert [m[0] for m in gpu_base.loaded_modules()] == ["k"]
     nv = tmp_path / "b.json"
     nv.write_text(json.dumps({"extern_libs": [["ditron", "/x.ll"], ["libnvshmem_device", "/y.bc"]]}))
     with pytest.raises(DitronError, match="through NVSHMEM, but the world uses the p2p transport"):
-        gpu._on_kernel_load(7, 8, "kshmem", {"b.json": str(nv)})
-    monkeypatch.setattr(gpu, "_ACTIVE", None)
-    gpu._on_kernel_load(10, 11, "k2", {"a.json": str(plain)})
+        gpu_base._on_kernel_load(7, 8, "kshmem", {"b.json": str(nv)})
+    monkeypatch.setattr(gpu_base, "_ACTIVE", None)
+    gpu_base._on_kernel_load(10, 11, "k2", {"a.json": str(plain)})
     assert written[0x700A] == [0] * devlib.WORLD_WORDS             # no world: magic 0
 
 
@@ -279,17 +279,17 @@ def test_duplicate_gpu_is_wrong_device(monkeypatch):
 
 def test_wait_timeout_env(monkeypatch):
     monkeypatch.setenv("DITRON_WAIT_TIMEOUT_S", "2.5")
-    assert gpu.wait_timeout_ns() == 2_500_000_000
+    assert gpu_base.wait_timeout_ns() == 2_500_000_000
     monkeypatch.setenv("DITRON_WAIT_TIMEOUT_S", "soon")
     with pytest.raises(DitronError, match="not a number"):
-        gpu.wait_timeout_ns()
+        gpu_base.wait_timeout_ns()
     monkeypatch.delenv("DITRON_WAIT_TIMEOUT_S")
-    assert gpu.wait_timeout_ns() == 0
+    assert gpu_base.wait_timeout_ns() == 0
 
 
 def test_multicast_off_by_default():
     import os
-    for k, v in gpu.MULTICAST_OFF.items():
+    for k, v in gpu_base.MULTICAST_OFF.items():
         assert os.environ.get(k) == v
 
 

@@ -25,6 +25,23 @@ from ..errors import DitronCompileError, LoweringError
 
 _RULES: dict[tuple[str, str], Callable] = {}
 _LOADED: set[str] = set()
+_PROVIDERS: dict[str, Callable] = {}
+
+
+def provide(name: str, fn: Callable):
+    """Let rules read run-time state owned by a layer above lowering, which
+    lowering never imports: :mod:`ditron.runtime.world` provides ``"world"``
+    (the current :class:`~ditron.runtime.world.World` or ``None``),
+    :mod:`ditron.sim.executor` provides ``"program"`` and ``"launch"`` (the
+    simulated program / launch running on this thread)."""
+    _PROVIDERS[name] = fn
+
+
+def provided(name: str):
+    """The value ``name``'s provider returns now; ``None`` when its layer is
+    not loaded (then nothing of it can be active)."""
+    fn = _PROVIDERS.get(name)
+    return None if fn is None else fn()
 
 
 def register(kind: str, backend: str):

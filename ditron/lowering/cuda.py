@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 
 from .. import _compat
-from . import common, cuda_p2p, devlib, register, shmem_rules, shmem_table
+from . import common, cuda_p2p, devlib, provided, register, shmem_rules, shmem_table
 
 BACKEND = "cuda"
 LIB = devlib.DeviceLibrary("ditron", BACKEND, const_addrspace=4)
@@ -84,8 +84,7 @@ def current_variant():
     key = _OVERRIDE.get()
     if key is not None:
         return key
-    from ..runtime.world import current_world
-    world = current_world(required=False)
+    world = provided("world")
     if world is None:
         return ("nvshmem", False)
     transport = world.transport

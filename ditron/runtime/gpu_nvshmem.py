@@ -16,7 +16,7 @@ import atexit
 import os
 
 from ..errors import DitronError
-from .gpu import GpuTransport, _all_gather
+from .gpu_base import GpuTransport, _all_gather
 
 _NV = {"initialized": False, "pe": None, "npes": None, "symmetric_size": None}
 #: NVSHMEM's own heap holds ditron's heap plus this much for NVSHMEM's internals

@@ -12,7 +12,7 @@ pads); ``rank_copy`` is ``copy_`` between peer views (the copy engine).
 from __future__ import annotations
 
 from ..errors import DitronError
-from .gpu import HEAP_ALIGN, GpuTransport
+from .gpu_base import HEAP_ALIGN, GpuTransport, process_group
 
 
 class P2PTransport(GpuTransport):
@@ -34,7 +34,7 @@ class P2PTransport(GpuTransport):
                 symm_mem.set_backend("CUDA")
         except Exception:  # noqa: BLE001 -- older torch: CUDA is the only backend
             pass
-        group = dist.group.WORLD
+        group = process_group()
         try:
             buf = symm_mem.empty(self.heap_size + HEAP_ALIGN, dtype=torch.uint8, device=self.device)
             try:
@@ -57,7 +57,7 @@ class P2PTransport(GpuTransport):
         me = hdl.get_buffer(hdl.rank, (1,), torch.uint8, 0).data_ptr()
         extra = buf.data_ptr() - me
         pad = (-buf.data_ptr()) % HEAP_ALIGN
-        from .gpu import _all_gather
+        from .gpu_base import _all_gather
         layouts = _all_gather((extra, pad))
         if any(lay != (extra, pad) for lay in layouts):
             raise DitronError(f"torch symmetric memory placed the heap differently on different ranks {layouts}")

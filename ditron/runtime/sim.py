@@ -47,6 +47,13 @@ def hang_timeout_s() -> float:
     return value
 
 
+def _race():
+    """The race finder's hooks (:mod:`ditron.sim.race` provides itself; the
+    runtime never imports the simulator above it)."""
+    from ..lowering.sim import race
+    return race()
+
+
 _POLL = threading.local()     # per program thread: the polling loop it may be in
 
 
@@ -204,16 +211,16 @@ class SimTransport(Transport):
     # -- host collectives ------------------------------------------------------------
     def barrier(self, stream=None, primitive="ditron.barrier_all"):
         from .heap import _call_site
-        from ..sim import race
+        race = _race()
         ctl = self.control
         gen = ctl.get(M.H_BAR_GEN)
-        race.barrier(race.HOST_BARRIER, gen, "arrive")
+        race.barrier("host", gen, "arrive")
         arrived = ctl.add(M.H_BAR_COUNT, 1) + 1
         if arrived == self.world_size:
             ctl.set(M.H_BAR_COUNT, 0)
             ctl.add(M.H_BAR_GEN, 1)
             ctl.progress()
-            race.barrier(race.HOST_BARRIER, gen, "leave")
+            race.barrier("host", gen, "leave")
             return
         site = _call_site()
 
@@ -230,14 +237,14 @@ class SimTransport(Transport):
         except Blocked as b:
             raise DitronHangError(f"rank {self.rank}: {primitive} did not complete ({b.reason})",
                                   [b.info]) from None
-        race.barrier(race.HOST_BARRIER, gen, "leave")
+        race.barrier("host", gen, "leave")
 
     def rank_copy(self, dst, src, stream=None):
         dst.copy_(src)
         self.control.progress()
 
     def write_value(self, word, value, stream=None):
-        from ..sim import race
+        race = _race()
         race.signal_release(word.data_ptr(), True)
         M.atomic_xchg(word.data_ptr(), value)
         self.control.progress()
@@ -259,7 +266,7 @@ class SimTransport(Transport):
         except Blocked as b:
             raise DitronHangError(f"rank {self.rank}: ditron.stream_wait_value did not complete ({b.reason})",
                                   [b.info]) from None
-        from ..sim import race
+        race = _race()
         race.signal_acquire(addr, True)
 
     # -- teardown -----------------------------------------------------------------------
@@ -378,8 +385,8 @@ def make_sim_transport(topo, heap_size=None) -> World:
         control_path, heap_path = M.sim_dir_paths(sim_dir)
         M.create_control(control_path, 1)
         M.create_heap_file(heap_path, size)
-        from ..sim import race
-        if race.enabled():
+        race = _race()
+        if race.enabled():        # the race finder is on (DITRON_SIM_RACE) and loaded
             race.create_race_file(sim_dir, 1, size)
         owns = True
         atexit.register(shutil.rmtree, sim_dir, True)

@@ -37,6 +37,8 @@ class World:
     backend: str
     heap_size: int
     transport: object = field(repr=False, default=None)
+    #: the torch process group the world was built on (``ditron.init(group=...)``); None: every rank of the job
+    group: object = field(repr=False, default=None)
 
     @property
     def heap(self):
@@ -122,7 +124,7 @@ def _sim_requested() -> bool:
     return bool(os.environ.get("DITRON_SIM_DIR")) or _compat.interpreter_enabled()
 
 
-def init(backend: str = "auto", *, heap_size=None, device=None) -> World:
+def init(backend: str = "auto", *, heap_size=None, device=None, group=None, device_mesh=None, mesh_dim=None) -> World:
     """Join the distributed job and return the :class:`World`.
 
     ``backend``: ``"auto"`` (the simulator inside ``ditron sim`` or under
@@ -131,22 +133,40 @@ def init(backend: str = "auto", *, heap_size=None, device=None) -> World:
     ``"2G"``) of symmetric heap per rank (default ``DITRON_HEAP_SIZE``, else
     64 MiB on the simulator and 1 GiB on GPUs).  Calling ``init`` again
     returns the same world; after :func:`finalize` it starts a new one.
+
+    ``group`` (a ``torch.distributed`` process group) or ``device_mesh`` and
+    ``mesh_dim`` (a ``DeviceMesh`` and the name or index of one of its
+    dimensions): build the world on that group, whose rank ``i`` is the
+    world's rank ``i`` (see :mod:`ditron.runtime.groups`).
     """
     global _WORLD
     if backend not in BACKENDS:
         raise DitronError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    from .groups import resolve_group, topology_from_group
+    group = resolve_group(group, device_mesh, mesh_dim)
+    topo = topology_from_env()
+    if group is not None:
+        topo = topology_from_group(group, topo)
     if _WORLD is not None:
+        if group is not None and (_WORLD.rank, _WORLD.world_size) != topo[:2]:
+            raise DitronError(f"ditron is already initialised (rank {_WORLD.rank} of {_WORLD.world_size}); the "
+                              f"group given is rank {topo[0]} of {topo[1]}: call ditron.finalize() first")
         if backend in ("auto", _WORLD.backend):
             return _WORLD
         raise DitronError(f"ditron is already initialised with backend {_WORLD.backend!r}; call "
                           f"ditron.finalize() before ditron.init(backend={backend!r})")
-    topo = topology_from_env()
     if backend == "sim" or (backend == "auto" and _sim_requested()):
         from .sim import make_sim_transport
+        if group is not None and topo != topology_from_env():
+            from .groups import group_ranks
+            raise DitronError(f"ditron.init(group=...): on the simulator a world spans every simulated rank in "
+                              f"order; this group has global ranks {group_ranks(group)} of {topology_from_env()[1]}. "
+                              "Worlds on sub-groups run on GPUs")
         world = make_sim_transport(topo, heap_size)
     else:
         from .gpu import make_gpu_transport
-        world = make_gpu_transport(backend, topo, heap_size, device)
+        world = make_gpu_transport(backend, topo, heap_size, device, group=group)
+    world.group = group
     _WORLD = world
     return world
 
@@ -337,3 +357,9 @@ def _require_rank(world, rank, what, local=False):
     if local and rank // world.local_world_size != world.node:
         raise DitronError(f"{what}: rank {rank} is on node {rank // world.local_world_size}, not on this "
                           f"node ({world.node}); peer memory is reachable only inside a node")
+
+
+# lowering rules read the world through this provider: lowering sits below the runtime and never imports it
+from ..lowering import provide as _provide  # noqa: E402
+
+_provide("world", lambda: _WORLD)

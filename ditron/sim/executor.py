@@ -24,6 +24,7 @@ import traceback
 from .. import _compat
 from ..errors import DitronError, DitronHangError
 from . import race
+from ..lowering import provide
 
 _CURRENT = threading.local()
 
@@ -35,6 +36,10 @@ def current_launch():
 
 def current_program():
     return getattr(_CURRENT, "program", None)
+
+
+provide("launch", current_launch)       # the sim lowering rules read these; lowering never imports the simulator
+provide("program", current_program)
 
 
 class Launch:

@@ -24,7 +24,13 @@ step() {
 for b in $BACKENDS; do
   DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_dist_runtime.py
   DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_dist_primitives.py
+  DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_torch.py
   step $TR tests/gpu/lifecycle.py --backend "$b"
+  step $TR tests/gpu/mesh_world.py --backend "$b" --mesh "1,$NPROC"
+  step $TR tests/gpu/mesh_world.py --backend "$b" --mesh "$NPROC,1"
+  if [ $((NPROC % 2)) -eq 0 ] && [ "$NPROC" -gt 2 ]; then
+    step $TR tests/gpu/mesh_world.py --backend "$b" --mesh "2,$((NPROC / 2))"
+  fi
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind wait
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind signal
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind barrier

@@ -24,7 +24,7 @@ fused_matmul_reduce_scatter; none exists for GEMM-AR), ``gemm_only``
 and ``ditron_gemm_only`` (ditron.kernels.gemm.matmul at the local shape).
 Every implementation is first checked against a float32 torch reference on
 fresh random inputs (every rank regenerates every rank's inputs), then timed
-like the collectives (ditron/bench.py: rounds in alternating order, the best
+like the collectives (ditron/bench/harness.py: rounds in alternating order, the best
 round's median of the slowest rank, ``--graph`` for CUDA-graph replays).
 Reported: the time of each, the speedup over ``cublas_nccl``, the fraction of
 the communication hidden, ``(t_gemm_only + t_comm_only - t) / t_comm_only``
@@ -55,7 +55,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 
-from .bench import Impl, Progress, measure, result_meta
+from .harness import Impl, Progress, measure, result_meta
 
 OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm")
 

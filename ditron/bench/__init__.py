@@ -1,0 +1,26 @@
+"""``ditron bench``: benchmarks of the zoo against NCCL, cuBLAS and torch.
+
+* :mod:`ditron.bench.harness` -- measure (CUDA events / graph replays, rounds
+  in alternating order), check against a reference, report (Markdown, JSON,
+  plots);
+* one module per op family: :mod:`ditron.bench.collectives`
+  (all_reduce, all_gather, reduce_scatter) and :mod:`ditron.bench.gemm`
+  (ag_gemm, gemm_rs, gemm_ar, the GEMM core).
+
+    torchrun --nproc-per-node 4 -m ditron.bench all_reduce --sizes 8K..256M
+    ditron sim -n 2 -m ditron.bench ag_gemm --shapes 64,32,32
+"""
+from __future__ import annotations
+
+import sys
+
+GEMM_OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm")
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in GEMM_OPS:
+        from .gemm import main as family_main
+    else:
+        from .collectives import main as family_main
+    return family_main(argv)
