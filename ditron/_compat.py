@@ -282,6 +282,125 @@ def _install_bf16_dot():
     _DOT_PATCHED = True
 
 
+def f32_to_bf16_bits(x):
+    """fp32 values -> bf16 bit patterns (uint16), rounded to nearest even as
+    GPUs convert (``cvt.rn.bf16.f32``); NaN stays a (quiet) NaN."""
+    import numpy as np
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16)
+
+
+def bf16_bits_to_f32(raw):
+    import numpy as np
+    return (np.asarray(raw).astype(np.uint32) << 16).view(np.float32)
+
+
+_CAST_PATCHED = False
+
+
+def _install_rne_casts():
+    """Triton 3.6's interpreter truncates fp32 -> bf16 (and converts bf16 to
+    other types from its raw uint16 storage); GPUs round to nearest even.
+    Conversions to and from bf16 go through fp32 here, rounding to nearest
+    even; fp16 conversions already round to nearest even in NumPy."""
+    global _CAST_PATCHED
+    if _CAST_PATCHED:
+        return
+    import numpy as np
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle, _get_np_dtype
+    orig_cast = InterpreterBuilder.cast_impl
+    orig_fp_to_fp = InterpreterBuilder.create_fp_to_fp
+
+    def to_f32(h):
+        if h.dtype.scalar == tl.bfloat16:
+            return bf16_bits_to_f32(h.data)
+        return h.data.astype(np.float32)
+
+    def cast_impl(self, src, dst_type, _orig=orig_cast):
+        s, d = src.dtype.scalar, dst_type.scalar
+        if d == tl.bfloat16 and s != tl.bfloat16:
+            return TensorHandle(f32_to_bf16_bits(to_f32(src)), d)
+        if s == tl.bfloat16 and d != tl.bfloat16:
+            return TensorHandle(bf16_bits_to_f32(src.data).astype(_get_np_dtype(dst_type)), d)
+        return _orig(self, src, dst_type)
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode, _orig=orig_fp_to_fp):
+        from triton._C.libtriton import ir
+        s, d = src.dtype.scalar, dst_type.scalar
+        if d in (tl.bfloat16, tl.float16) and s in (tl.float32, tl.float64, tl.bfloat16, tl.float16) and \
+                rounding_mode in (None, ir.ROUNDING_MODE.RTNE):
+            return cast_impl(self, src, dst_type)
+        return _orig(self, src, dst_type, rounding_mode)
+
+    InterpreterBuilder.cast_impl = cast_impl      # create_fp_trunc / _ext / _to_si ... call it
+    InterpreterBuilder.create_fp_to_fp = create_fp_to_fp
+    _CAST_PATCHED = True
+
+
+class _AccessHooks:
+    """Callbacks of the simulator on the interpreter's memory operations.
+
+    ``load(ptrs, mask, data, volatile)`` after a load (may return replacement
+    data), ``store(ptrs, mask, data)`` before a store, ``atomic(phase, ptrs,
+    mask, sem, scope)`` before (``"pre"``) and after (``"post"``) an atomic.
+    Volatile loads always reach ``load``; plain loads, stores and atomics only
+    while ``plain`` is set (the race finder), so the default simulator pays
+    one attribute test per access."""
+    load = store = atomic = None
+    plain = False
+
+
+ACCESS_HOOKS = _AccessHooks()
+_ACCESS_PATCHED = False
+
+
+def _install_access_hooks():
+    global _ACCESS_PATCHED
+    if _ACCESS_PATCHED:
+        return
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+    H = ACCESS_HOOKS
+    orig_load, orig_store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
+    orig_rmw, orig_cas = InterpreterBuilder.create_atomic_rmw, InterpreterBuilder.create_atomic_cas
+
+    def create_masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
+        ret = orig_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
+        if H.load is not None and (is_volatile or H.plain):
+            data = H.load(ptrs.data, mask.data, ret.data, is_volatile)
+            if data is not None:
+                ret = TensorHandle(data, ret.dtype)
+        return ret
+
+    def create_masked_store(self, ptrs, value, mask, cache_modifier, eviction_policy):
+        if H.plain and H.store is not None:
+            H.store(ptrs.data, mask.data, value.data)
+        return orig_store(self, ptrs, value, mask, cache_modifier, eviction_policy)
+
+    def create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):
+        if not (H.plain and H.atomic is not None):
+            return orig_rmw(self, rmwOp, ptr, val, mask, sem, scope)
+        H.atomic("pre", ptr.data, mask.data, str(sem), str(scope))
+        ret = orig_rmw(self, rmwOp, ptr, val, mask, sem, scope)
+        H.atomic("post", ptr.data, mask.data, str(sem), str(scope))
+        return ret
+
+    def create_atomic_cas(self, ptr, cmp, val, sem, scope):
+        if not (H.plain and H.atomic is not None):
+            return orig_cas(self, ptr, cmp, val, sem, scope)
+        H.atomic("pre", ptr.data, None, str(sem), str(scope))
+        ret = orig_cas(self, ptr, cmp, val, sem, scope)
+        H.atomic("post", ptr.data, None, str(sem), str(scope))
+        return ret
+
+    InterpreterBuilder.create_masked_load = create_masked_load       # create_load calls it
+    InterpreterBuilder.create_masked_store = create_masked_store     # create_store calls it
+    InterpreterBuilder.create_atomic_rmw = create_atomic_rmw
+    InterpreterBuilder.create_atomic_cas = create_atomic_cas
+    _ACCESS_PATCHED = True
+
+
 _SAFE_INDEX_INSTALLED = False
 
 
@@ -318,6 +437,8 @@ def interpreter_launch(grid):
     _install_thread_local_grid()
     _install_numpy_safe_index()
     _install_bf16_dot()
+    _install_rne_casts()
+    _install_access_hooks()
 
     class _Scope:
         pass

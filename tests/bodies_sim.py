@@ -381,7 +381,8 @@ def triton_helpers(world, n):
 
 @ditron.jit
 def plain_poll_kernel(flag_ptr):
-    # polls with plain loads: invisible to the watchdog (not a ditron wait)
+    # a polling loop nobody satisfies: the watchdog reports it after the hang timeout (30 s by default);
+    # the run's time limit in the test (3 s) comes first
     while tl.load(flag_ptr, volatile=True) == 0:
         pass
 

@@ -13,7 +13,7 @@ AR = importlib.import_module("ditron.kernels.all_reduce")   # the module (ditron
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: (rtol, atol) against the fp32 reference: the result is the fp32 sum rounded
-#: once to the dtype (the simulator's conversion truncates: up to 1 ulp).
+#: once to the dtype (rounded to nearest on GPUs and on the simulator).
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}
 
 

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from ..errors import DitronError
+from ..errors import DitronError, DitronHangError
 from ..lowering import cuda_p2p
 from ..lowering.devlib import HEAP_ALIGN, WORLD_FIELDS, WORLD_HEAP_DELTAS, WORLD_MAGIC, \
     WORLD_SYMBOL, WORLD_WORDS
@@ -398,6 +398,43 @@ class GpuTransport(Transport):
         while not self._stop.wait(0.05):
             if self._check_debug() is not None:
                 return
+
+    # -- the host barrier, bounded by DITRON_WAIT_TIMEOUT_S ---------------------------
+    def _bounded_barrier(self, enqueue, stream, primitive="ditron.barrier_all"):
+        """``enqueue()`` queues the transport's stream-ordered barrier.  With
+        ``DITRON_WAIT_TIMEOUT_S`` the host then waits for it (and for the work
+        queued before it on the stream) up to the timeout; past it, it reports
+        the rank and the call site and raises :class:`DitronHangError`."""
+        import torch
+        enqueue()
+        if not self.wait_timeout_ns:
+            return
+        global _LAST_REPORT
+        from .heap import _call_site
+        s = stream if stream is not None else torch.cuda.current_stream(self.device)
+        ev = torch.cuda.Event()
+        ev.record(s)
+        t0 = time.monotonic()
+        timeout = self.wait_timeout_ns / 1e9
+        delay = 1e-4
+        while not ev.query():
+            if self._check_debug() is not None:      # a kernel before the barrier trapped: its report stands
+                raise DitronHangError(f"rank {self.rank}: {primitive} after a bounded wait expired: {_LAST_REPORT}")
+            if time.monotonic() - t0 > timeout:
+                site = _call_site()
+                text = (f"ditron: bounded wait expired on rank {self.rank} (DITRON_WAIT_TIMEOUT_S={timeout:g}): "
+                        f"host, {primitive} at {site} did not complete within {timeout:g} s: a rank did not reach "
+                        "its barrier (or a kernel queued before it on this stream is still running). The stream "
+                        "stays blocked; this process cannot continue.")
+                if _LAST_REPORT is None:
+                    _LAST_REPORT = text
+                print(text, file=sys.stderr, flush=True)
+                raise DitronHangError(text, [{"rank": self.rank, "program": None, "primitive": primitive,
+                                              "where": site, "signal": "host barrier",
+                                              "expected": f"{self.world_size} ranks arrived",
+                                              "observed": f"not complete after {timeout:g} s"}])
+            time.sleep(delay)
+            delay = min(delay * 2, 0.01)
 
     # -- teardown --------------------------------------------------------------------
     def finalize(self):

@@ -117,7 +117,7 @@ class NvshmemTransport(GpuTransport):
     def barrier(self, stream=None):
         import torch
         s = stream if stream is not None else torch.cuda.current_stream(self.device)
-        self._nvb.barrier_all_on_stream(int(s.cuda_stream))
+        self._bounded_barrier(lambda: self._nvb.barrier_all_on_stream(int(s.cuda_stream)), s)
 
     def module_init(self, handle: int):
         status = self._nvb.cumodule_init(int(handle))

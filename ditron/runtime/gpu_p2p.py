@@ -73,8 +73,11 @@ class P2PTransport(GpuTransport):
 
     def barrier(self, stream=None):
         import torch
-        with torch.cuda.stream(stream) if stream is not None else _null():
-            self._hdl.barrier(channel=0)
+
+        def enqueue():
+            with torch.cuda.stream(stream) if stream is not None else _null():
+                self._hdl.barrier(channel=0)
+        self._bounded_barrier(enqueue, stream)
 
     def _release(self, ok):
         self._hdl = None

@@ -20,9 +20,10 @@ import atexit
 import mmap
 import os
 import shutil
-import tempfile
 import threading
 import time
+
+import numpy as np
 
 from ..errors import DitronError, DitronHangError
 from ..sim import memory as M
@@ -44,6 +45,16 @@ def hang_timeout_s() -> float:
     if value <= 0:
         raise DitronError("DITRON_HANG_TIMEOUT_S must be positive")
     return value
+
+
+def _race():
+    """The race finder's hooks (:mod:`ditron.sim.race` provides itself; the
+    runtime never imports the simulator above it)."""
+    from ..lowering.sim import race
+    return race()
+
+
+_POLL = threading.local()     # per program thread: the polling loop it may be in
 
 
 class Blocked(Exception):
@@ -115,6 +126,58 @@ class SimTransport(Transport):
     def active(self, delta: int):
         self.control.rank_add(self.rank, M.R_ACTIVE, delta)
 
+    # -- polling loops (``while dl.ld(...) < v``, ``tl.load(volatile=True)``) -------
+    def poll(self, key, observed, describe, launch=None):
+        """A polling load at ``key`` (source line and addresses) returned
+        ``observed``.  The same value read again at the same place means the
+        program spins: from the second repeat on it counts as blocked (the
+        watchdog can see the hang), lends its turn to the other programs
+        (sleeping a little per poll) and raises :class:`Blocked` with
+        ``describe()`` when the job is aborted.  A new value or any other
+        ditron operation ends the spin (:meth:`poll_end`)."""
+        st = _POLL.__dict__
+        if st.get("key") != key or not np.array_equal(st.get("value"), observed):
+            self.poll_end(launch)
+            st.update(key=key, value=np.array(observed, copy=True), repeats=0, launch=launch)
+            return
+        st["repeats"] += 1
+        if st["repeats"] < 2:
+            return
+        if not st.get("blocked"):
+            st["blocked"], st["delay"] = True, 0.0
+            self._enter_blocked(launch)
+        abort = self.control.abort
+        if abort:
+            self.poll_end(launch)
+            raise Blocked(describe(), M.ABORT_REASONS.get(abort, "aborted"))
+        if launch is not None and launch.failed:
+            self.poll_end(launch)
+            raise Blocked(describe(), "another program of this launch failed")
+        time.sleep(st["delay"])
+        st["delay"] = min(st["delay"] * 2 or 2e-5, 2e-3)
+
+    def poll_end(self, launch=None):
+        """The calling thread stops polling (if it was)."""
+        st = _POLL.__dict__
+        if st.pop("blocked", False):
+            self._leave_blocked(st.get("launch", launch))
+        st.pop("key", None)
+        st.pop("value", None)
+
+    def _enter_blocked(self, launch):
+        if launch is not None:
+            launch.blocked(+1)
+        else:
+            self.active(-1)
+        self.control.rank_add(self.rank, M.R_BLOCKED, 1)
+
+    def _leave_blocked(self, launch):
+        self.control.rank_add(self.rank, M.R_BLOCKED, -1)
+        if launch is not None:
+            launch.blocked(-1)
+        else:
+            self.active(+1)
+
     def spin(self, check, describe, launch=None):
         """Wait until ``check()`` returns ``(True, observed)``.
 
@@ -122,15 +185,12 @@ class SimTransport(Transport):
         with ``describe(observed)`` when the job is aborted (deadlock or a
         failed rank) or when another program of ``launch`` failed.
         """
+        self.poll_end(launch)
         done, observed = check()
         if done:
             return observed
         ctl = self.control
-        if launch is not None:
-            launch.blocked(+1)
-        else:
-            self.active(-1)
-        ctl.rank_add(self.rank, M.R_BLOCKED, 1)
+        self._enter_blocked(launch)
         delay = 0.0
         try:
             while True:
@@ -146,22 +206,21 @@ class SimTransport(Transport):
                 time.sleep(delay)
                 delay = min(delay * 2 or 2e-5, 2e-3)
         finally:
-            ctl.rank_add(self.rank, M.R_BLOCKED, -1)
-            if launch is not None:
-                launch.blocked(-1)
-            else:
-                self.active(+1)
+            self._leave_blocked(launch)
 
     # -- host collectives ------------------------------------------------------------
     def barrier(self, stream=None, primitive="ditron.barrier_all"):
         from .heap import _call_site
+        race = _race()
         ctl = self.control
         gen = ctl.get(M.H_BAR_GEN)
+        race.barrier("host", gen, "arrive")
         arrived = ctl.add(M.H_BAR_COUNT, 1) + 1
         if arrived == self.world_size:
             ctl.set(M.H_BAR_COUNT, 0)
             ctl.add(M.H_BAR_GEN, 1)
             ctl.progress()
+            race.barrier("host", gen, "leave")
             return
         site = _call_site()
 
@@ -178,12 +237,15 @@ class SimTransport(Transport):
         except Blocked as b:
             raise DitronHangError(f"rank {self.rank}: {primitive} did not complete ({b.reason})",
                                   [b.info]) from None
+        race.barrier("host", gen, "leave")
 
     def rank_copy(self, dst, src, stream=None):
         dst.copy_(src)
         self.control.progress()
 
     def write_value(self, word, value, stream=None):
+        race = _race()
+        race.signal_release(word.data_ptr(), True)
         M.atomic_xchg(word.data_ptr(), value)
         self.control.progress()
 
@@ -204,6 +266,8 @@ class SimTransport(Transport):
         except Blocked as b:
             raise DitronHangError(f"rank {self.rank}: ditron.stream_wait_value did not complete ({b.reason})",
                                   [b.info]) from None
+        race = _race()
+        race.signal_acquire(addr, True)
 
     # -- teardown -----------------------------------------------------------------------
     def finalize(self):
@@ -317,10 +381,13 @@ def make_sim_transport(topo, heap_size=None) -> World:
                               f"`ditron sim -n {world_size} script.py` (or torchrun on GPUs)")
         size = round_up(parse_size(heap_size), HEAP_ALIGN) if heap_size is not None else \
             heap_size_from_env(DEFAULT_SIM_HEAP)
-        sim_dir = tempfile.mkdtemp(prefix="ditron-sim-")
+        sim_dir = M.make_job_dir()
         control_path, heap_path = M.sim_dir_paths(sim_dir)
         M.create_control(control_path, 1)
         M.create_heap_file(heap_path, size)
+        race = _race()
+        if race.enabled():        # the race finder is on (DITRON_SIM_RACE) and loaded
+            race.create_race_file(sim_dir, 1, size)
         owns = True
         atexit.register(shutil.rmtree, sim_dir, True)
     transport = SimTransport(topo, size, sim_dir, owns)

@@ -5,6 +5,9 @@
   that run Python functions (the test fixture uses it)
 * :mod:`ditron.sim.executor` -- one kernel launch on Triton's interpreter,
   programs running concurrently
+* :mod:`ditron.sim.race` -- the race finder (``ditron sim --race``)
+* :mod:`ditron.sim.access` -- hooks on the interpreter's loads and stores;
+  polling loops
 * :mod:`ditron.runtime.sim` -- the transport (shared-memory heaps, control
   block, watchdog); :mod:`ditron.lowering.sim` -- the op semantics
 """

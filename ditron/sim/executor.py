@@ -23,6 +23,7 @@ import traceback
 
 from .. import _compat
 from ..errors import DitronError, DitronHangError
+from . import race
 from ..lowering import provide
 
 _CURRENT = threading.local()
@@ -50,6 +51,7 @@ class Launch:
         self.failed = False
         self.errors = []          # (program, exception, traceback text)
         self.tensor_args = []     # (name, first byte address, nbytes) of tensor arguments
+        self.race = None          # race.LaunchRace in race mode
 
     def describe_arg(self, addr):
         """Which tensor argument the address ``addr`` falls in, if any."""
@@ -70,16 +72,22 @@ class Launch:
         """A program enters (+1) or leaves (-1) a blocking wait."""
         self._running(-delta)
 
-    def program_main(self, fn, args, pid, builder):
+    def program_main(self, fn, args, pid, builder, linear=0):
         _CURRENT.launch = self
         _CURRENT.program = pid
         builder.set_grid_idx(*pid)
         try:
+            if self.race is not None:
+                self.race.program_begin(pid, linear)
             fn(**args)
         except BaseException as e:  # noqa: BLE001 -- reported by the launching thread
             self.errors.append((pid, e, traceback.format_exc()))
             self.failed = True
         finally:
+            if self.race is not None:
+                self.race.program_end()
+            if self.transport is not None:
+                self.transport.poll_end(self)
             _CURRENT.launch = None
             if self.transport is not None:
                 self.transport.control.progress()
@@ -99,8 +107,19 @@ def _params(fn, arg_names):
     return hit
 
 
+def _install_hooks():
+    """Route the interpreter's volatile loads (polling) -- and, for the race
+    finder, every load, store and atomic -- to the simulator."""
+    from . import access
+    H = _compat.ACCESS_HOOKS
+    if H.load is None:
+        H.load, H.store, H.atomic = access.interp_load, access.interp_store, access.interp_atomic
+    H.plain = race.enabled()
+
+
 def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
     """Run ``fn`` (the interpreter-rewritten kernel body) over ``grid``."""
+    _install_hooks()
     params, constexprs = _params(fn, arg_names)
     kwargs = {k: v for k, v in kwargs.items() if k in params}
     try:
@@ -121,12 +140,14 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
         if hasattr(v, "data_ptr") and hasattr(v, "untyped_storage"):
             launch.tensor_args.append((k, v.data_ptr(), v.numel() * v.element_size()))
     programs = [(x, y, z) for x in range(grid[0]) for y in range(grid[1]) for z in range(grid[2])]
+    launch.race = race.launch_begin(launch)
+    order = list(enumerate(programs)) if launch.race is None else launch.race.order(list(enumerate(programs)))
     threads = []
     if transport is not None:
         transport.active(-1)      # the launching thread only supervises
     try:
         with _compat.interpreter_launch(grid) as builder:
-            for pid in programs:
+            for linear, pid in order:
                 with launch.cv:
                     while launch.running > 0 and not launch.failed:
                         launch.cv.wait(0.5)
@@ -135,7 +156,7 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
                     launch.running += 1
                 if transport is not None:
                     transport.active(+1)
-                t = threading.Thread(target=launch.program_main, args=(fn, converted, pid, builder),
+                t = threading.Thread(target=launch.program_main, args=(fn, converted, pid, builder, linear),
                                      name=f"{name}{pid}", daemon=True)
                 threads.append(t)
                 t.start()
@@ -146,6 +167,8 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
             transport.active(+1)
     if launch.errors:
         _raise(name, launch)
+    if launch.race is not None:
+        launch.race.end(name)
 
 
 def _raise(name, launch):

@@ -17,12 +17,14 @@ watches the job:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 
 from ..errors import format_report_entry
@@ -33,11 +35,16 @@ EXIT_DEADLOCK = 3
 GRACE_S = 5.0
 
 
-def make_job(nprocs, heap_size):
-    sim_dir = tempfile.mkdtemp(prefix="ditron-sim-")
+def make_job(nprocs, heap_size, race=None):
+    """The shared files of a job (``race``: also the race finder's, default:
+    whether ``DITRON_SIM_RACE`` is set)."""
+    from . import race as R
+    sim_dir = M.make_job_dir()          # also removes the directories of killed jobs
     control, heap = M.sim_dir_paths(sim_dir)
     M.create_control(control, nprocs)
     M.create_heap_file(heap, heap_size * nprocs)
+    if R.enabled() if race is None else race:
+        R.create_race_file(sim_dir, nprocs, heap_size)
     return sim_dir
 
 
@@ -73,19 +80,27 @@ def check_topology(nprocs, nnodes):
         raise SystemExit(f"ditron sim: {nprocs} ranks cannot be split evenly over {nnodes} nodes")
 
 
-def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, out=sys.stderr):
+def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, out=sys.stderr, race=None,
+            seed=None):
     """Run ``argv`` (script and its arguments, or ``-m module ...``) on
-    ``nprocs`` ranks; returns the exit code."""
+    ``nprocs`` ranks; returns the exit code.  ``race``: run under the race
+    finder (default: ``DITRON_SIM_RACE``); ``seed``: its ``DITRON_SIM_SEED``."""
     from ..runtime.sim import Watchdog
+    from . import race as R
     check_topology(nprocs, nnodes)
     heap_size = round_up(int(heap_size), HEAP_ALIGN)
-    sim_dir = make_job(nprocs, heap_size)
+    race = R.enabled() if race is None else race
+    sim_dir = make_job(nprocs, heap_size, race)
     control = M.Control(M.sim_dir_paths(sim_dir)[0], nprocs)
     procs = []
     try:
         for r in range(nprocs):
             env = rank_env(os.environ, r, nprocs, nnodes, sim_dir, heap_size, hang_timeout)
-            procs.append(subprocess.Popen([sys.executable, "-m", "ditron.sim.rank", *argv], env=env))
+            env[R.ENV] = "1" if race else "0"
+            if seed is not None:
+                env[R.SEED_ENV] = str(int(seed))
+            procs.append(subprocess.Popen([sys.executable, "-m", "ditron.sim.rank", *argv], env=env,
+                                          preexec_fn=M.die_with_parent))
         dog = Watchdog(control, hang_timeout, alive=lambda r: procs[r].poll() is None)
         first_failure = None
         deadline = None
@@ -123,12 +138,49 @@ def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, ou
             return code if code > 0 else 1
         return 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        stop_ranks(procs)
         control.close()
         if not os.environ.get("DITRON_SIM_KEEP"):
             shutil.rmtree(sim_dir, ignore_errors=True)
+
+
+class Stopped(BaseException):
+    """The launcher got SIGTERM or SIGHUP."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def stop_ranks(procs, grace=2.0):
+    """Terminate every rank still running (SIGTERM), then kill what is left."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGTERM / SIGHUP raise :class:`Stopped` in the launcher, so that its
+    clean-up (stop every rank, remove the job's files) runs as for Ctrl-C."""
+    def handler(signum, frame):
+        raise Stopped(signum)
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            saved[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
 
 
 def print_deadlock(reports, codes, timeout, out):
@@ -170,12 +222,17 @@ def build_parser(prog="ditron sim"):
                    help="symmetric heap per rank (default 64M or DITRON_HEAP_SIZE)")
     p.add_argument("--hang-timeout", type=float, default=float(os.environ.get("DITRON_HANG_TIMEOUT_S", 30)),
                    help="seconds without progress before a deadlock is reported (default 30)")
+    p.add_argument("--race", action="store_true", default=None,
+                   help="run under the race finder: weak memory model, seeded random interleavings, every data "
+                        "race reported (DITRON_SIM_RACE=1)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the race finder's interleavings and stale values (DITRON_SIM_SEED, default 0)")
     p.add_argument("script", help="script to run (or -m module)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
     return p
 
 
-_VALUE_OPTS = ("-n", "--nproc-per-job", "--nproc", "--nnodes", "--heap-size", "--hang-timeout")
+_VALUE_OPTS = ("-n", "--nproc-per-job", "--nproc", "--nnodes", "--heap-size", "--hang-timeout", "--seed")
 
 
 def _split_argv(argv):
@@ -205,5 +262,11 @@ def main(argv=None, prog="ditron sim"):
         raise SystemExit(f"{prog}: -m needs a module name")
     if script_argv[0] != "-m" and not os.path.exists(script_argv[0]):
         raise SystemExit(f"{prog}: no such script: {script_argv[0]}")
-    return run_job(args.n, script_argv, nnodes=args.nnodes, heap_size=parse_size(args.heap_size),
-                   hang_timeout=args.hang_timeout)
+    try:
+        with stop_on_signals():
+            return run_job(args.n, script_argv, nnodes=args.nnodes, heap_size=parse_size(args.heap_size),
+                           hang_timeout=args.hang_timeout, race=args.race, seed=args.seed)
+    except Stopped as e:
+        name = signal.Signals(e.signum).name
+        print(f"{prog}: stopped by {name}; every rank was stopped and the job's files removed", file=sys.stderr)
+        return 128 + e.signum

@@ -176,3 +176,77 @@ class Control:
 
 def sim_dir_paths(sim_dir: str):
     return os.path.join(sim_dir, "control"), os.path.join(sim_dir, "heap")
+
+
+# ---------------------------------------------------------------------------
+# Job directories: owned by a process; those of dead owners are stale
+# ---------------------------------------------------------------------------
+JOB_PREFIX = "ditron-sim-"
+OWNER_FILE = "owner"
+
+
+def _start_time(pid: int):
+    """Start time of process ``pid`` (clock ticks since boot), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "?"
+
+
+def make_job_dir() -> str:
+    """A new job directory owned by this process (see :func:`clean_stale_jobs`)."""
+    import tempfile
+    clean_stale_jobs()
+    sim_dir = tempfile.mkdtemp(prefix=JOB_PREFIX)
+    with open(os.path.join(sim_dir, OWNER_FILE), "w") as f:
+        f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
+    return sim_dir
+
+
+def job_is_stale(sim_dir: str) -> bool:
+    """True when the process that made ``sim_dir`` is gone (killed before it
+    could remove it); directories without an owner file are left alone."""
+    try:
+        with open(os.path.join(sim_dir, OWNER_FILE)) as f:
+            pid, started = f.read().split()
+    except (OSError, ValueError):
+        return False
+    now = _start_time(int(pid))
+    return now is None or (now != "?" and started != "?" and now != started)
+
+
+def clean_stale_jobs(tmp_dir=None) -> list:
+    """Remove the job directories (heap files) of simulated jobs whose owner
+    was killed; returns the removed paths."""
+    import shutil
+    import tempfile
+    tmp_dir = tmp_dir or tempfile.gettempdir()
+    removed = []
+    try:
+        names = [n for n in os.listdir(tmp_dir) if n.startswith(JOB_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(tmp_dir, name)
+        if os.path.isdir(path) and job_is_stale(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def die_with_parent():
+    """In a child process: ask Linux to kill it when its parent dies (a
+    launcher killed with SIGKILL leaves no ranks behind)."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

@@ -32,6 +32,7 @@ def _worker(conn, env):
     try:
         import ditron
         from ditron.runtime.world import heap_scope
+        from ditron.sim import race
         world = ditron.init()
         ctl = world.transport.control
     except BaseException:  # noqa: BLE001
@@ -51,13 +52,16 @@ def _worker(conn, env):
         ctl.rank_set(rank, M.R_DONE, 0)
         ctl.rank_set(rank, M.R_ACTIVE, 1)
         try:
+            race.run_boundary("begin")       # every rank's previous run happened before this one
             with heap_scope():
                 value = fn(world, *args, **kwargs)
+            race.take_reports(getattr(fn, "__name__", "the run"))
             msg = ("ok", value, None)
         except DitronHangError as e:
             msg = ("hang", traceback.format_exc(), e.report)
         except BaseException:  # noqa: BLE001 -- sent to the parent
             msg = ("error", traceback.format_exc(), M.ABORT_REASONS.get(ctl.abort))
+        race.run_boundary("end")
         ctl.rank_set(rank, M.R_ACTIVE, 0)
         ctl.rank_set(rank, M.R_DONE, 1)
         try:
@@ -73,9 +77,14 @@ def _worker(conn, env):
 class SimCluster:
     """``n`` simulated ranks (``nnodes`` nodes) kept alive between runs."""
 
-    def __init__(self, n=4, nnodes=1, heap_size=64 << 20, hang_timeout=None):
+    def __init__(self, n=4, nnodes=1, heap_size=64 << 20, hang_timeout=None, race=None, seed=None):
+        """``race``: run under the race finder (default: ``DITRON_SIM_RACE``);
+        ``seed``: its ``DITRON_SIM_SEED``."""
+        from . import race as R
         check_topology(n, nnodes)
         self.n, self.nnodes = n, nnodes
+        self.race = R.enabled() if race is None else bool(race)
+        self.seed = seed
         self.heap_size = round_up(int(heap_size), HEAP_ALIGN)
         self.hang_timeout = float(hang_timeout or os.environ.get("DITRON_HANG_TIMEOUT_S", 30))
         self.procs = []
@@ -86,10 +95,14 @@ class SimCluster:
 
     def _start(self):
         ctx = mp.get_context("spawn")
-        self.sim_dir = make_job(self.n, self.heap_size)
+        from . import race as R
+        self.sim_dir = make_job(self.n, self.heap_size, self.race)
         self.control = M.Control(M.sim_dir_paths(self.sim_dir)[0], self.n)
         for r in range(self.n):
             env = rank_env({}, r, self.n, self.nnodes, self.sim_dir, self.heap_size, self.hang_timeout)
+            env[R.ENV] = "1" if self.race else "0"
+            if self.seed is not None:
+                env[R.SEED_ENV] = str(int(self.seed))
             parent, child = ctx.Pipe()
             p = ctx.Process(target=_worker, args=(child, env), name=f"ditron-sim-rank{r}", daemon=True)
             # the child must see TRITON_INTERPRET=1 (and its rank) before it imports Triton: Triton decides

@@ -6,6 +6,10 @@ the observed value, within timeout + 5 s; the other ranks finish normally.
 
     DITRON_WAIT_TIMEOUT_S=2 torchrun --nproc-per-node 4 tests/gpu/planted_hang.py --backend p2p --kind wait
 
+``--kind barrier``: rank 1 skips a ``ditron.barrier_all``; every other rank's
+host barrier must stop within timeout + 5 s with a report naming the rank and
+the call site (the host barrier is bounded by DITRON_WAIT_TIMEOUT_S too).
+
 Exits through os._exit (the hung rank's CUDA context is dead after the trap).
 """
 import argparse
@@ -39,7 +43,7 @@ def k_ring_signal(sig, nxt, skip):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="p2p")
-    ap.add_argument("--kind", choices=("wait", "signal"), default="wait")
+    ap.add_argument("--kind", choices=("wait", "signal", "barrier"), default="wait")
     args = ap.parse_args()
     timeout = float(os.environ.get("DITRON_WAIT_TIMEOUT_S", "0"))
     if timeout <= 0:
@@ -48,6 +52,8 @@ def main():
     world = ditron.init(args.backend)
     rank, n = world.rank, world.world_size
     nxt = (rank + 1) % n
+    if args.kind == "barrier":
+        planted_barrier(args, world, timeout)
     if args.kind == "wait":
         word = ditron.symm_zeros((2,), torch.int32, name="planted_flags")
         kernel, arg = k_ring_wait, word[1:]
@@ -92,6 +98,33 @@ def main():
           flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
+    os._exit(0 if ok else 1)
+
+
+def planted_barrier(args, world, timeout):
+    from ditron.errors import DitronHangError
+    rank = world.rank
+    ditron.barrier_all()                    # 1) a healthy bounded barrier
+    torch.cuda.synchronize()
+    torch.distributed.barrier()
+    t0 = time.monotonic()
+    err = None
+    if rank != 1:                           # 2) rank 1 skips this one
+        try:
+            ditron.barrier_all()
+        except DitronHangError as e:
+            err = str(e)
+    elapsed = time.monotonic() - t0
+    if rank == 1:
+        ok = err is None
+    else:
+        want = [f"rank {rank}", "ditron.barrier_all at planted_hang.py:", "DITRON_WAIT_TIMEOUT_S"]
+        missing = [w for w in want if err is None or w not in err]
+        ok = err is not None and not missing and elapsed <= timeout + 5
+        print(f"planted_hang[{args.backend}/barrier] rank {rank}: report after {elapsed:.2f} s; missing: {missing}",
+              flush=True)
+    print(f"planted_hang[{args.backend}/barrier] rank {rank}: {'1 passed, 0 failed' if ok else '0 passed, 1 failed'}",
+          flush=True)
     os._exit(0 if ok else 1)
 
 
