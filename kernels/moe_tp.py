@@ -85,7 +85,8 @@ import ditron.language as dl
 from ditron.language import shmem
 
 from ._common import CollectiveContext, epoch_begin, epoch_end, sm_count, topology
-from .all_gather import _chunk, _put_chunk, all_gather, create_all_gather_context
+from .ag_gemm import ag_gemm_producer_kernel
+from .all_gather import _put_chunk, all_gather, create_all_gather_context
 from .gemm import GemmConfig, gemm_tile, is_sim_device, store_tile
 from .moe import _add, check_experts_weight, expert_pow2, expert_tile, expert_tile_acc, grouped_gemm, moe_config
 
@@ -96,37 +97,8 @@ _SLOT_ALIGN = 128
 # kernels
 # ---------------------------------------------------------------------------
 
-@ditron.jit(do_not_specialize=["n", "slot_stride"])
-def ag_moe_producer_kernel(x_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_stride,
-                           MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr, BLOCK: tl.constexpr):
-    """Push this rank's ``n`` elements into every peer's ``buf[p][rank]``; program
-    ``g`` sets word ``sig[p][rank][g]`` of every peer to ``e + 1``."""
-    e = epoch_begin(calls_ptr)
-    par = e % 2
-    val = e + 1
-    me, W, LW, node, NN, local = topology()
-    P = tl.num_programs(0)
-    ss = slot_stride.to(tl.int64)
-    lo, hi = _chunk(n, BLOCK)
-    my_slot = buf_ptr + par * (W * ss) + me * ss
-    sig_word = sig_ptr + par * (W * P) + me * P + tl.program_id(0)
-    node0 = node * LW
-    for off in range(lo, hi, BLOCK):
-        offs = off + tl.arange(0, BLOCK)
-        mask = offs < hi
-        v = tl.load(x_ptr + offs, mask=mask)
-        if MULTI_NODE:
-            tl.store(my_slot + offs, v, mask=mask)        # staged: remote puts read it
-        for k in range(1, LW):
-            tl.store(dl.symm_at(my_slot + offs, node0 + (local + k) % LW), v, mask=mask)
-    if MULTI_NODE:
-        for k in range(1, NN):
-            for l in range(0, LW):
-                _put_chunk(my_slot, my_slot, lo, hi, sig_word, val, ((node + k) % NN) * LW + (local + l) % LW,
-                           ELEM_BYTES)
-    for k in range(1, LW):
-        dl.notify(sig_word, node0 + (local + k) % LW, signal=val, sig_op="set", comm_scope="intra_node")
-    epoch_end(calls_ptr)
+# the producer is ag_gemm's: it pushes any row-major shard into every peer's slot and signals per chunk
+ag_moe_producer_kernel = ag_gemm_producer_kernel
 
 
 @triton.jit
