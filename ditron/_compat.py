@@ -365,18 +365,21 @@ def _install_access_hooks():
     orig_load, orig_store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
     orig_rmw, orig_cas = InterpreterBuilder.create_atomic_rmw, InterpreterBuilder.create_atomic_cas
 
-    def create_masked_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile):
-        ret = orig_load(self, ptrs, mask, other, cache_modifier, eviction_policy, is_volatile)
+    # the cache arguments differ by version (3.6: cache_modifier, eviction_policy; 3.9: cache_policy), so they
+    # pass through untouched; is_volatile is the last argument in both
+    def create_masked_load(self, ptrs, mask, other, *cache_and_volatile):
+        ret = orig_load(self, ptrs, mask, other, *cache_and_volatile)
+        is_volatile = bool(cache_and_volatile[-1]) if cache_and_volatile else False
         if H.load is not None and (is_volatile or H.plain):
             data = H.load(ptrs.data, mask.data, ret.data, is_volatile)
             if data is not None:
                 ret = TensorHandle(data, ret.dtype)
         return ret
 
-    def create_masked_store(self, ptrs, value, mask, cache_modifier, eviction_policy):
+    def create_masked_store(self, ptrs, value, mask, *cache):
         if H.plain and H.store is not None:
             H.store(ptrs.data, mask.data, value.data)
-        return orig_store(self, ptrs, value, mask, cache_modifier, eviction_policy)
+        return orig_store(self, ptrs, value, mask, *cache)
 
     def create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):
         if not (H.plain and H.atomic is not None):
