@@ -377,6 +377,9 @@ def _install_access_hooks():
         return ret
 
     def create_masked_store(self, ptrs, value, mask, *cache):
+        if mask is not None and mask.data.dtype != bool:
+            # Triton 3.9's native store takes only bool masks (3.6's accepted an i1 tile held as integers)
+            mask = TensorHandle(mask.data.astype(bool), mask.dtype)
         if H.plain and H.store is not None:
             H.store(ptrs.data, mask.data, value.data)
         return orig_store(self, ptrs, value, mask, *cache)
