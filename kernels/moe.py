@@ -36,19 +36,8 @@ import ditron
 import ditron.language as dl
 
 from ._common import sm_count
+from .all_to_all import _add, _pick     # core builtins only (tl.reduce with our own combine)
 from .gemm import _GEMM_DTYPES, GemmConfig, default_config, gemm_tile, is_sim_device, store_tile
-
-
-# Core builtins only (tl.reduce / tl.associative_scan with our own combine), as in kernels/all_to_all.py.
-@triton.jit
-def _add(a, b):
-    return a + b
-
-
-@triton.jit
-def _pick(vec, idx, i):
-    """vec[i] as a scalar (0 when no element of idx equals i)."""
-    return tl.reduce(tl.where(idx == i, vec, 0), 0, _add)
 
 
 @triton.jit
