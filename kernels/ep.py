@@ -177,8 +177,9 @@ class EpContext(CollectiveContext):
             if cap < 1:
                 raise E(f"ep: capacity must be >= 1 (got {capacity})")
             self.capacity = cap
-            # one program per rank on the simulator: a polling program does not lend its turn
-            self.max_programs = 1 if self.sim else int(max_programs or min(64, sm_count(self.device)))
+            # several programs on the simulator too (a polling load lends its turn), so that the work-unit
+            # split of every phase is exercised
+            self.max_programs = int(max_programs or (3 if self.sim else min(64, sm_count(self.device))))
             self.epw = 4 // torch.empty((), dtype=dtype).element_size()
             self.hw = (H + self.epw - 1) // self.epw
             self.lrecv = self.symm((2, El, W, cap, self.hw), torch.int64, "lrecv")

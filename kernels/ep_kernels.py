@@ -388,26 +388,32 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, out_ptr, 
                     dl.syncthreads()
                     for l in range(0, Eloc):
                         shmem.putmem_block(cbox + l * W + me, st + l, 8, d)
-    # ---------------- receive: poll counts, then rows, per local expert ----------------
-    for l in range(pid, Eloc, P):
+    # ---------------- receive: work units (row block qb, local expert l, source s) over all programs ----------------
+    # row blocks outermost, so that the non-empty units (low qb) spread over every program
+    nls = Eloc * W
+    for u in range(pid, nls * ((cap + BR - 1) // BR), P):
+        qb = u // nls
+        l = (u % nls) // W
+        s = u % W
         cw = _poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
         cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
-        pre = _exclusive_cumsum(cnt)
-        tl.store(lrc_ptr + l * W + widx, cnt, mask=widx < W)
-        tl.store(rcnt_ptr + l, tl.reduce(cnt, 0, _add))
-        for s in range(0, W):
-            n = _pick(cnt, widx, s)
-            base = _pick(pre, widx, s)
-            for q0 in range(0, n, BR):
-                q = q0 + rr
-                qok = q < n
-                src = (l * W + s) * cap + q.to(tl.int64)
-                orow = l * (W * cap) + base + q.to(tl.int64)
-                for w0 in range(0, HW, BW):
-                    w = w0 + ww
-                    m = qok[:, None] & (w[None, :] < HW)
-                    pk = _poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
-                    _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
+        n = _pick(cnt, widx, s)
+        if qb == 0:
+            tl.store(lrc_ptr + l * W + s, n)
+            if s == 0:
+                tl.store(rcnt_ptr + l, tl.reduce(cnt, 0, _add))
+        q0 = qb * BR
+        if q0 < n:
+            base = _pick(_exclusive_cumsum(cnt), widx, s)
+            q = q0 + rr
+            qok = q < n
+            src = (l * W + s) * cap + q.to(tl.int64)
+            orow = l * (W * cap) + base + q.to(tl.int64)
+            for w0 in range(0, HW, BW):
+                w = w0 + ww
+                m = qok[:, None] & (w[None, :] < HW)
+                pk = _poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
+                _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
     epoch_end(calls_ptr)
 
 
@@ -433,55 +439,61 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
     rr = tl.arange(0, BR)
     ww = tl.arange(0, BW)
     widx = tl.arange(0, WP)
-    for l in range(pid, Eloc, P):
+    # owner side: work units (row block rb, local expert l, source s) over all programs, row blocks outermost
+    nls = Eloc * W
+    for u in range(pid, nls * ((cap + BR - 1) // BR), P):
+        rb = u // nls
+        l = (u % nls) // W
+        s = u % W
         cnt = tl.load(lrc_ptr + l * W + widx, mask=widx < W, other=0)
-        pre = _exclusive_cumsum(cnt)
-        for s in range(0, W):
-            n = _pick(cnt, widx, s)
-            base = _pick(pre, widx, s)
+        n = _pick(cnt, widx, s)
+        r0 = rb * BR
+        if r0 < n:
+            base = _pick(_exclusive_cumsum(cnt), widx, s)
             remote = (s // LW) != node
-            for r0 in range(0, n, BR):
-                r = r0 + rr
-                ok = r < n
-                yrow = l * (W * cap) + base + r.to(tl.int64)
-                drow = (me * Eloc + l) * cap + r.to(tl.int64)
-                for w0 in range(0, HW, BW):
-                    w = w0 + ww
-                    pkt = _pack(y_ptr, yrow, ok, w, HW, H, fl64, EPW)
-                    m = ok[:, None] & (w[None, :] < HW)
-                    if MULTI_NODE:
-                        if remote:
-                            tl.store(lstage_ptr + (par * W * cap + s * cap + r.to(tl.int64))[:, None] * rowsz
-                                     + w[None, :], pkt, mask=m)
-                        else:
-                            tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
-                    else:
-                        tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
+            r = r0 + rr
+            ok = r < n
+            yrow = l * (W * cap) + base + r.to(tl.int64)
+            drow = (me * Eloc + l) * cap + r.to(tl.int64)
+            for w0 in range(0, HW, BW):
+                w = w0 + ww
+                pkt = _pack(y_ptr, yrow, ok, w, HW, H, fl64, EPW)
+                m = ok[:, None] & (w[None, :] < HW)
                 if MULTI_NODE:
                     if remote:
-                        dl.fence("release", "sys")
-                        dl.syncthreads()
-                        nr = tl.minimum(n - r0, BR)
-                        shmem.putmem_block(box + ((me * Eloc + l) * cap + r0) * rowsz,
-                                           lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
+                        tl.store(lstage_ptr + (par * W * cap + s * cap + r.to(tl.int64))[:, None] * rowsz
+                                 + w[None, :], pkt, mask=m)
+                    else:
+                        tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
+                else:
+                    tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
+            if MULTI_NODE:
+                if remote:
+                    dl.fence("release", "sys")
+                    dl.syncthreads()
+                    nr = tl.minimum(n - r0, BR)
+                    shmem.putmem_block(box + ((me * Eloc + l) * cap + r0) * rowsz,
+                                       lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
     # ---------------- token side: poll the k rows of each token ----------------
-    for t0 in range(pid * BR, T, P * BR):
-        t = t0 + rr
+    # token side: work units (token block, word chunk) over all programs
+    nwc = (HW + BW - 1) // BW
+    for u in range(pid, ((T + BR - 1) // BR) * nwc, P):
+        t = (u // nwc) * BR + rr
         tok_ok = t < T
-        for w0 in range(0, HW, BW):
-            w = w0 + ww
-            acc = tl.full((BR, BW * EPW), 0.0, tl.float32)
-            for j in range(0, KT):
-                eid = tl.load(peid_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=E)
-                sl = tl.load(pslot_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=cap).to(tl.int64)
-                wt = tl.load(w_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=0.0)
-                ok = tok_ok & (eid < E) & (sl < cap)
-                src = ((eid // Eloc).to(tl.int64) * Eloc + (eid % Eloc)) * cap + sl
-                m = ok[:, None] & (w[None, :] < HW)
-                pk = _poll(box + src[:, None] * rowsz + w[None, :], m, flag)
-                v = _unpack_f32(pk, EPW, out_ptr.dtype.element_ty)
-                acc += tl.where(ok[:, None], wt[:, None] * v, 0.0)
-            cols = w0 * EPW + tl.arange(0, BW * EPW)
-            tl.store(out_ptr + t.to(tl.int64)[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                     mask=tok_ok[:, None] & (cols[None, :] < H) & (cols[None, :] < HW * EPW))
+        w0 = (u % nwc) * BW
+        w = w0 + ww
+        acc = tl.full((BR, BW * EPW), 0.0, tl.float32)
+        for j in range(0, KT):
+            eid = tl.load(peid_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=E)
+            sl = tl.load(pslot_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=cap).to(tl.int64)
+            wt = tl.load(w_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=0.0)
+            ok = tok_ok & (eid < E) & (sl < cap)
+            src = ((eid // Eloc).to(tl.int64) * Eloc + (eid % Eloc)) * cap + sl
+            m = ok[:, None] & (w[None, :] < HW)
+            pk = _poll(box + src[:, None] * rowsz + w[None, :], m, flag)
+            v = _unpack_f32(pk, EPW, out_ptr.dtype.element_ty)
+            acc += tl.where(ok[:, None], wt[:, None] * v, 0.0)
+        cols = w0 * EPW + tl.arange(0, BW * EPW)
+        tl.store(out_ptr + t.to(tl.int64)[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=tok_ok[:, None] & (cols[None, :] < H) & (cols[None, :] < HW * EPW))
     epoch_end(calls_ptr)
