@@ -69,6 +69,27 @@ def epoch_end(calls_ptr):
 
 
 @triton.jit
+def _imax(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def ll_poll(ptrs, mask, flag):
+    """The LL packets at ``ptrs`` (a 2-D tile) once every one under ``mask``
+    carries ``flag`` in its high 32 bits.  Bounded like ``dl.wait`` under
+    ``DITRON_WAIT_TIMEOUT_S``: the report names a packet not yet arrived and
+    the flag it holds (``dl.poll_timeout``; nothing is emitted
+    without a timeout)."""
+    pk = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    t0 = dl.clock_ns()
+    # only the packets are loop-carried (a carried bool tile trips Triton 3.6's layout pass)
+    while tl.reduce(tl.reduce((((pk >> 32).to(tl.int32) != flag) & mask).to(tl.int32), 1, _imax), 0, _imax) > 0:
+        dl.poll_timeout(t0, ptrs, flag, pk >> 32, ((pk >> 32).to(tl.int32) != flag) & mask)
+        pk = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    return pk
+
+
+@triton.jit
 def ce_release(calls_ptr, ready_ptr, free_ptr, me, W):
     """End of a receiver's call in the copy-engine protocol, by every program:
     the last one resets this rank's ``ready`` flags, tells every peer that its

@@ -33,7 +33,7 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import CollectiveContext, enter, epoch_begin, epoch_end, op_fields as _fields
+from ._common import CollectiveContext, enter, epoch_begin, epoch_end, ll_poll, op_fields as _fields
 
 METHODS = ("auto", "one_shot", "two_shot", "multimem_one_shot", "multimem_two_shot", "ll")
 MULTIMEM_METHODS = ("multimem_one_shot", "multimem_two_shot")
@@ -88,11 +88,6 @@ def _roundup(a, b):
 # interpretable in ditron.sim.pool's workers, which import Triton before
 # TRITON_INTERPRET=1 is set.
 
-@triton.jit
-def _max_i32(a, b):
-    return tl.maximum(a, b)
-
-
 @ditron.jit
 def all_reduce_ll_kernel(x_ptr, out_ptr, ll_ptr, calls_ptr, n, nwords, ntiles, slot,
                          WORLD: tl.constexpr, EPW: tl.constexpr, BW: tl.constexpr):
@@ -138,9 +133,7 @@ def all_reduce_ll_kernel(x_ptr, out_ptr, ll_ptr, calls_ptr, n, nwords, ntiles, s
                 acc += xv.to(tl.float32)
             else:
                 p = box + q * slot + w
-                pk = tl.load(p, mask=mw, other=0, volatile=True)
-                while tl.reduce((((pk >> 32).to(tl.int32) != flag) & mw).to(tl.int32), 0, _max_i32) > 0:
-                    pk = tl.load(p, mask=mw, other=0, volatile=True)
+                pk = tl.reshape(ll_poll(p[:, None], mw[:, None], flag), [BW])
                 word = pk.to(tl.int32)
                 if EPW == 1:
                     acc += word.to(tl.float32, bitcast=True)

@@ -10,7 +10,7 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import epoch_begin, epoch_end, topology
+from ._common import epoch_begin, epoch_end, ll_poll, topology
 from .all_gather import _put_chunk
 from .all_to_all import _add, _exclusive_cumsum, _pick
 
@@ -18,11 +18,6 @@ from .all_to_all import _add, _exclusive_cumsum, _pick
 # ---------------------------------------------------------------------------
 # device helpers
 # ---------------------------------------------------------------------------
-
-@triton.jit
-def _max_i32(a, b):
-    return tl.maximum(a, b)
-
 
 @triton.jit
 def _row_of(mat, widx, w):
@@ -98,16 +93,6 @@ def _pack(x_ptr, rows, ok, w, HW, H, flag64, EPW: tl.constexpr):
         hi = hi.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
         word = lo | (hi << 16)
     return flag64 | (word.to(tl.int64) & 0xFFFFFFFF)
-
-
-@triton.jit
-def _poll(ptrs, m, flag):
-    """The packets at ``ptrs`` once every one under ``m`` carries ``flag``."""
-    pk = tl.load(ptrs, mask=m, other=0, volatile=True)
-    while tl.reduce(tl.reduce((((pk >> 32).to(tl.int32) != flag) & m).to(tl.int32), 1, _max_i32), 0,
-                    _max_i32) > 0:
-        pk = tl.load(ptrs, mask=m, other=0, volatile=True)
-    return pk
 
 
 @triton.jit
@@ -395,7 +380,7 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, out_ptr, 
         qb = u // nls
         l = (u % nls) // W
         s = u % W
-        cw = _poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
+        cw = ll_poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
         cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
         n = _pick(cnt, widx, s)
         if qb == 0:
@@ -412,7 +397,7 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, out_ptr, 
             for w0 in range(0, HW, BW):
                 w = w0 + ww
                 m = qok[:, None] & (w[None, :] < HW)
-                pk = _poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
+                pk = ll_poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
                 _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
     epoch_end(calls_ptr)
 
@@ -490,7 +475,7 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
             ok = tok_ok & (eid < E) & (sl < cap)
             src = ((eid // Eloc).to(tl.int64) * Eloc + (eid % Eloc)) * cap + sl
             m = ok[:, None] & (w[None, :] < HW)
-            pk = _poll(box + src[:, None] * rowsz + w[None, :], m, flag)
+            pk = ll_poll(box + src[:, None] * rowsz + w[None, :], m, flag)
             v = _unpack_f32(pk, EPW, out_ptr.dtype.element_ty)
             acc += tl.where(ok[:, None], wt[:, None] * v, 0.0)
         cols = w0 * EPW + tl.arange(0, BW * EPW)

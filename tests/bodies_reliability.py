@@ -66,11 +66,18 @@ def divergent_method(world, methods):
     return _error(lambda: K.all_reduce(x, ctx, method=methods[0] if world.rank == 0 else methods[1]))
 
 
-def skip_call(world, op, method):
+def skip_call(world, op, method, stamp_dir=None):
     """Rank 0 makes one call fewer than the others and returns: the others
-    must not hang silently (the test expects a hang report)."""
+    must not hang silently (the test expects a hang report).  With
+    ``stamp_dir``, each rank writes the wall time at which the good first call
+    finished there (the hang starts after it)."""
+    import os
+    import time
     _, call = _ctx_and_call(world, op, method, 40)
     call(40)
+    if stamp_dir is not None:
+        with open(os.path.join(stamp_dir, f"rank{world.rank}"), "w") as f:
+            f.write(repr(time.time()))
     if world.rank != 0:
         call(40)
     return "done"

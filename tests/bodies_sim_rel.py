@@ -95,13 +95,18 @@ def poll_hang(world, use_ld, rank):
     ditron.barrier_all()
 
 
-def ll_skipped_call(world, skipper):
-    """A rank that skips an ``ll`` all_reduce: the others poll for its packets forever."""
+def ll_skipped_call(world, skipper, stamp_dir):
+    """A rank that skips an ``ll`` all_reduce: the others poll for its packets forever.  Each rank writes the
+    wall time at which the good first call finished to ``stamp_dir`` (the hang starts after it)."""
     import importlib
+    import os
+    import time
     AR = importlib.import_module("ditron.kernels.all_reduce")
     ctx = AR.create_all_reduce_context(120, torch.float32)
     x = torch.ones(120)
     AR.all_reduce(x, ctx, method="ll")
+    with open(os.path.join(stamp_dir, f"rank{world.rank}"), "w") as f:
+        f.write(repr(time.time()))
     if world.rank != skipper:
         AR.all_reduce(x, ctx, method="ll")
     ditron.barrier_all()

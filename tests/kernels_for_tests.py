@@ -167,3 +167,15 @@ def k_uses_helper(x, out, peer):
 @ditron.jit(do_not_specialize=["peer"])
 def k_plain(x, out, peer):
     tl.store(out, tl.load(x) + peer)
+
+
+@ditron.jit
+def k_poll_bounded(flags, out, flag, BLOCK: tl.constexpr):
+    """A user polling loop bounded with dl.clock_ns / dl.poll_timeout."""
+    offs = tl.arange(0, BLOCK)
+    t0 = dl.clock_ns()
+    v = tl.load(flags + offs, volatile=True)
+    while tl.sum((v != flag).to(tl.int32), 0) > 0:
+        dl.poll_timeout(t0, flags + offs, flag, v, v != flag)
+        v = tl.load(flags + offs, volatile=True)
+    tl.store(out, dl.clock_ns() - t0)

@@ -85,3 +85,11 @@ def test_warp_helpers_hip():
     assert "ds_bpermute_b32" in amd
     assert re.search(r"v_ffbl_b32|s_ff1_i32_b32", amd)
     assert re.search(r"v_cmp_\w+_e64 s\[\d+:\d+\]", amd)  # the ballot mask lands in an SGPR pair
+
+
+def test_clock_ns_on_both_targets():
+    sig = {"flags": "*i64", "out": "*i64", "flag": "i64"}
+    nv = compile_for(K.k_poll_bounded, "sm_90a", sig, {"BLOCK": 64}).asm["ptx"]
+    assert "%globaltimer" in nv
+    amd = compile_for(K.k_poll_bounded, "gfx942", sig, {"BLOCK": 64}).asm["amdgcn"]
+    assert "s_memrealtime" in amd

@@ -71,6 +71,42 @@ def test_bounded_waits_variant():
     assert "globaltimer" in ck.asm["ptx"] and ck.libraries == ["libnvshmem_device"]
 
 
+def test_poll_timeout_is_free_unbounded_and_traps_bounded():
+    """dl.poll_timeout emits nothing without DITRON_WAIT_TIMEOUT_S; bounded, a
+    timer check that reaches the hang report (trap).  The zoo's LL polls
+    (all_reduce ll, EP low-latency) are bounded the same way."""
+    import importlib
+    ar = importlib.import_module("ditron.kernels.all_reduce")
+    ep_kernels = importlib.import_module("ditron.kernels.ep_kernels")
+    sig = {"flags": "*i64", "out": "*i64", "flag": "i64"}
+    plain = _compile(K.k_poll_bounded, sig, ("p2p", False), {"BLOCK": 64}).asm["ptx"]
+    bounded = _compile(K.k_poll_bounded, sig, ("p2p", True), {"BLOCK": 64}).asm["ptx"]
+    assert "trap;" not in plain and plain.count("%globaltimer") == 2        # the two dl.clock_ns
+    assert "trap;" in bounded and bounded.count("%globaltimer") > 2
+    ll_sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "ll_ptr": "*i64", "calls_ptr": "*i64", "n": "i32", "nwords": "i32",
+              "ntiles": "i32", "slot": "i32"}
+    ce = {"WORLD": 2, "EPW": 2, "BW": 256}
+    # (symm_at traps for a rank off the node in both variants: count the extra report paths)
+    plain, bounded = (_compile(ar.all_reduce_ll_kernel, ll_sig, ("p2p", b), ce).asm["ptx"] for b in (False, True))
+    assert bounded.count("trap;") > plain.count("trap;") and "ditron_hang" not in plain
+    comb_sig = {n: t for n, t in zip(
+        ("y_ptr", "out_ptr", "peid_ptr", "pslot_ptr", "w_ptr", "lrc_ptr", "lcomb_ptr", "lstage_ptr", "calls_ptr",
+         "T", "KT", "TK", "H", "HW", "Eloc", "cap"),
+        ("*bf16", "*bf16", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*i64") + ("i32",) * 7)}
+    plain, bounded = (_compile(ep_kernels.ep_ll_combine_kernel, comb_sig, ("p2p", b),
+                               {"MULTI_NODE": False, "EPW": 2, "WP": 2, "BR": 4, "BW": 256}).asm["ptx"]
+                      for b in (False, True))
+    assert bounded.count("trap;") > plain.count("trap;")
+
+
+def test_poll_hang_report_names_the_polling_loop():
+    rec = {"rank": 1, "ctaid_x": 3, "ctaid_y": 0, "ctaid_z": 0, "tid": 5, "addr": 0x1000, "expected": 7,
+           "observed": 6, "elapsed_ns": 2_000_000_000, "kind": 4, "cmp": 0, "timeout_ns": 1_000_000_000}
+    text = gpu_base.format_hang(rec, None)
+    assert "polling loop (dl.poll_timeout)" in text and "expected value == 7, observed 6" in text
+    assert "rank 1" in text and "program (3, 0, 0)" in text
+
+
 def test_variants_have_distinct_libraries():
     paths = {cuda.variant_library(t, b).path() for t in cuda.TRANSPORTS for b in (False, True)}
     assert len(paths) == 4

@@ -123,3 +123,40 @@ def test_zoo_collectives_compile_clean():
             warnings.simplefilter("error", ditron.DitronLintWarning)
             ck = ditron.compile(kernel, "sm_90a", dict(zip(params, types)), cx)
         assert ck.dist_ir.ops and ck.lint == [], (kernel.__name__, ck.lint)
+
+
+_SIM_SCRIPT = """
+import sys, torch, ditron
+sys.path.insert(0, {tests!r})
+import lint_kernels as L
+ditron.init()
+data = ditron.symm_zeros((64,), torch.float32)
+flag = ditron.symm_zeros((1,), torch.int32)
+for _ in range(2):                     # reported once per kernel, not per launch
+    L.relaxed_flag_producer[(1,)](data, flag, 64, BLOCK=64)
+ditron.barrier_all()
+L.fenced_relaxed_producer[(1,)](data, flag, 64, BLOCK=64)
+ditron.barrier_all()
+ditron.finalize()
+"""
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_lint_runs_on_the_simulator(tmp_path, strict):
+    """The simulator compiles nothing, but launching a kernel there lints it like a GPU compilation."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "racy.py"
+    script.write_text(_SIM_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, DITRON_STRICT="1" if strict else "0")
+    p = subprocess.run([sys.executable, "-m", "ditron", "sim", "-n", "2", str(script)], capture_output=True,
+                       text=True, timeout=300, env=env)
+    if strict:
+        assert p.returncode != 0
+        assert "relaxed_flag_producer: [relaxed-signal]" in p.stderr and "DITRON_STRICT=1" in p.stderr, p.stderr
+    else:
+        assert p.returncode == 0, p.stderr
+        # one warning per rank (each rank is a process), for the racy kernel only
+        assert p.stderr.count("kernel relaxed_flag_producer: lint_kernels.py:18: [relaxed-signal]") == 2, p.stderr
+        assert "fenced_relaxed_producer" not in p.stderr

@@ -97,6 +97,9 @@ _add(_spec("ballot_sync", "thread", [("mask", INT), ("pred", VALUE)], result="la
 for _k in ("shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync"):
     _add(_spec(_k, "thread", [("mask", INT), ("value", VALUE), ("lane", INT)], result="value"))
 _add(_spec("ffs", "thread", [("x", INT)], result="i32"))
+_add(_spec("clock_ns", "thread", result="i64"))
+_add(_spec("poll_timeout", "tile", [("start", INT_SCALAR), ("ptr", PTR), ("expected", INT), ("observed", INT),
+                                    ("pending", VALUE)], effects=("sync",)))
 
 # chunk level (OpenSHMEM) ----------------------------------------------------
 _add(_spec("shmem.my_pe", "chunk", result="i32", library="shmem"))

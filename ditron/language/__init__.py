@@ -6,7 +6,7 @@ Tile level: :func:`rank`, :func:`num_ranks`, :func:`symm_at`, :func:`wait`,
 :func:`num_threads`, :func:`num_warps`, :func:`ld`, :func:`st`,
 :func:`atomic_add`, :func:`atomic_cas`, :func:`syncthreads`, :func:`fence`,
 :func:`ballot_sync`, :func:`shfl_sync` (+ ``_up``/``_down``/``_xor``),
-:func:`ffs`.  Chunk level: :mod:`ditron.language.shmem`.  Tile order:
+:func:`ffs`.  Bounding polling loops: :func:`clock_ns`, :func:`poll_timeout`.  Chunk level: :mod:`ditron.language.shmem`.  Tile order:
 :func:`swizzle_2d`, :func:`swizzle_gather`, :func:`swizzle_scatter`,
 :func:`tile_segments` (:mod:`ditron.language.swizzle`, with host twins
 ``*_py``).
@@ -18,9 +18,9 @@ from . import shmem as libshmem_device
 
 # ``import ditron.language.libshmem_device`` (Triton-distributed's name) is the same module
 _sys.modules[__name__ + ".libshmem_device"] = shmem
-from .core import (atomic_add, atomic_cas, ballot_sync, consume_token, fence, ffs, laneid, ld, multimem_ld_reduce,
+from .core import (atomic_add, atomic_cas, ballot_sync, clock_ns, consume_token, fence, ffs, laneid, ld, multimem_ld_reduce,
                    multimem_st, notify, num_ranks, num_threads, num_warps, rank, shfl_down_sync, shfl_sync,
-                   shfl_up_sync, shfl_xor_sync, st, symm_at, syncthreads, tid, wait)
+                   shfl_up_sync, shfl_xor_sync, poll_timeout, st, symm_at, syncthreads, tid, wait)
 from . import swizzle
 from .swizzle import (segment_position, segment_position_py, swizzle_2d, swizzle_2d_py, swizzle_gather,
                       swizzle_gather_py, swizzle_scatter, swizzle_scatter_py, tile_order_py, tile_segments,
@@ -29,6 +29,7 @@ from .swizzle import (segment_position, segment_position_py, swizzle_2d, swizzle
 __all__ = ["rank", "num_ranks", "symm_at", "wait", "consume_token", "notify", "multimem_ld_reduce", "multimem_st",
            "tid", "laneid", "num_threads", "num_warps", "ld", "st", "atomic_add", "atomic_cas", "syncthreads",
            "fence", "ballot_sync", "shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "ffs",
+           "clock_ns", "poll_timeout",
            "shmem", "libshmem_device",
            "swizzle", "swizzle_2d", "swizzle_gather", "swizzle_scatter", "tile_segments", "segment_position",
            "swizzle_2d_py", "swizzle_gather_py", "swizzle_scatter_py", "tile_segments_py", "segment_position_py",

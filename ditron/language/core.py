@@ -283,3 +283,40 @@ def ffs(x, _semantic=None, _generator=None):
     """1-based position of the least significant set bit of ``x`` (0 when
     ``x == 0``), as int32.  NVIDIA: ``brev`` + ``clz``; AMD: ``llvm.cttz``."""
     return emit("ffs", {"x": x}, {}, _semantic, _generator, params=("x",))
+
+
+# ---------------------------------------------------------------------------
+# bounding user polling loops (DITRON_WAIT_TIMEOUT_S)
+# ---------------------------------------------------------------------------
+
+@builtin
+def clock_ns(_semantic=None, _generator=None):
+    """A device-wide clock in nanoseconds (``int64``; only differences are
+    meaningful).  NVIDIA: ``%globaltimer``; AMD: ``s_memrealtime`` (100 MHz)
+    x 10; simulator: the host's monotonic clock."""
+    return emit("clock_ns", {}, {}, _semantic, _generator)
+
+
+@builtin
+def poll_timeout(start, ptr, expected, observed, pending=True, _semantic=None, _generator=None):
+    """Bound a polling loop written with loads (``tl.load(volatile=True)``,
+    :func:`ld`) the way ``DITRON_WAIT_TIMEOUT_S`` bounds :func:`wait`: call it
+    in the loop body with ``start`` (a :func:`clock_ns` value taken before the
+    loop), the polled address(es) ``ptr`` (a pointer or a tile of pointers),
+    the ``expected`` and last ``observed`` values (integers, scalars or tiles
+    like ``ptr``) and ``pending`` (a bool tile like ``ptr``: which elements are
+    still waited for; default all).  When the kernel was compiled with a wait
+    timeout and more than that has passed since ``start``, a thread holding a
+    pending element writes the same hang report as a bounded wait (rank,
+    program, thread, the symmetric tensor and offset of that element's
+    address, expected and observed values) and traps.
+
+    NVIDIA: without a timeout nothing at all is emitted; with one, a
+    ``%globaltimer`` read and a compare per pending element and call.  AMD:
+    nothing (waits are not bounded on AMD yet).  Simulator: nothing -- its
+    watchdog already treats a program that only polls as blocked and reports
+    the polled address.
+    """
+    return emit("poll_timeout", {"start": start, "ptr": ptr, "expected": expected, "observed": observed,
+                                 "pending": pending}, {},
+                _semantic, _generator, params=("start", "ptr", "expected", "observed", "pending"))

@@ -434,6 +434,25 @@ register("shfl_down_sync", BACKEND)(_shfl("down", "0x1f"))
 register("shfl_xor_sync", BACKEND)(_shfl("bfly", "0x1f"))
 
 
+@register("clock_ns", BACKEND)
+def _clock_ns(ctx):
+    return ctx.asm("mov.u64 $0, %globaltimer;", "=l", [], tl.int64)
+
+
+@register("poll_timeout", BACKEND)
+def _poll_timeout(ctx, start, ptr, expected, observed, pending):
+    """Nothing unless the kernel is compiled bounded (DITRON_WAIT_TIMEOUT_S);
+    then the device library's timer check, elementwise over ``ptr``, which
+    reports and traps for an expired pending element."""
+    if not variant_of(ctx)[1]:
+        return None
+    args = [_compat.cast(ctx.sem, ctx.tensor(start), tl.int64), common.ptr_to_int(ctx, ptr),
+            _compat.cast(ctx.sem, ctx.tensor(expected), tl.int64), _compat.cast(ctx.sem, ctx.tensor(observed), tl.int64),
+            _compat.cast(ctx.sem, ctx.tensor(pending), tl.int32)]
+    ctx.call(LIB, "ditron_poll_timeout", args, [tl.int64] * 4 + [tl.int32], tl.int32)
+    return None
+
+
 @register("ffs", BACKEND)
 def _ffs(ctx, x):
     x = ctx.tensor(x)

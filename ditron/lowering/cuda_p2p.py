@@ -38,7 +38,7 @@ HANG_WORDS = {"valid": 0, "rank": 1, "ctaid_x": 2, "ctaid_y": 3, "ctaid_z": 4, "
               "observed": 8, "elapsed_ns": 9, "kind": 10, "cmp": 11, "timeout_ns": 12}
 HANG_RECORD_WORDS = 16
 HANG_VALID = 0x48414E47      # "HANG"
-HANG_KINDS = {1: "dl.wait", 2: "shmem.signal_wait_until", 3: "shmem.barrier_all"}
+HANG_KINDS = {1: "dl.wait", 2: "shmem.signal_wait_until", 3: "shmem.barrier_all", 4: "polling loop (dl.poll_timeout)"}
 
 #: sig_op values of the ditron_p2p_* functions
 P2P_SIGNAL = {"set": 0, "add": 1}
@@ -309,6 +309,27 @@ done:
 }}"""
 
 
+def _poll_timeout_fn():
+    """``ditron_poll_timeout(t0, addr, expected, observed, pending)``: for a
+    pending element, report and trap once the world's timeout has passed since
+    ``t0`` (dl.poll_timeout; called elementwise, so not convergent)."""
+    return f"""
+define i32 @ditron_poll_timeout(i64 %t0, i64 %addr, i64 %exp, i64 %obs, i32 %pending) #0 {{
+entry:
+  %p = icmp ne i32 %pending, 0
+  br i1 %p, label %check, label %ok
+check:
+{_world('%tmo', _W['wait_timeout_ns'])}
+{_expired('c', '%t0', '%tmo', '1')}
+  br i1 %c.exp, label %fail, label %ok
+fail:
+  call void @ditron_hang(i64 %addr, i64 %exp, i64 %obs, i64 %c.dt, i32 4, i32 0)
+  unreachable
+ok:
+  ret i32 0
+}}"""
+
+
 def _signal_wait_fn(bounded):
     """``ditron_signal_wait_until[_bounded](sig, cmp, value)``: NVSHMEM's
     signal_wait_until on a local 64-bit word (acquire, system scope); the
@@ -567,6 +588,7 @@ def add_p2p_and_bounded(lib):
     lib.define("ditron_p2p_copy", _copy_fn())
     lib.define("ditron_cmp_u64", _cmp_fn())
     lib.define("ditron_hang", _hang_fn())
+    lib.define("ditron_poll_timeout", _poll_timeout_fn())
     for bounded in (False, True):
         name, text = _signal_wait_fn(bounded)
         lib.define(name, text)

@@ -202,6 +202,13 @@ define i64 @ditron_shfl_{mode}_i64(i64 %v, i32 %x) #1 {{
   %r = or i64 %sh, %zl
   ret i64 %r
 }}""")
+    LIB.declare("llvm.amdgcn.s.memrealtime", "declare i64 @llvm.amdgcn.s.memrealtime()")
+    LIB.define("ditron_clock_ns", """
+define i64 @ditron_clock_ns() #0 {
+  %t = call i64 @llvm.amdgcn.s.memrealtime()
+  %ns = mul i64 %t, 10
+  ret i64 %ns
+}""")
     for ty in ("i32", "i64"):
         LIB.define(f"ditron_ffs_{ty}", f"""
 define i32 @ditron_ffs_{ty}({ty} %x) #0 {{
@@ -402,6 +409,17 @@ register("shfl_sync", BACKEND)(_shfl("idx"))
 register("shfl_up_sync", BACKEND)(_shfl("up"))
 register("shfl_down_sync", BACKEND)(_shfl("down"))
 register("shfl_xor_sync", BACKEND)(_shfl("xor"))
+
+
+@register("clock_ns", BACKEND)
+def _clock_ns(ctx):
+    return _call(ctx, "ditron_clock_ns", [], [], tl.int64)
+
+
+@register("poll_timeout", BACKEND)
+def _poll_timeout(ctx, start, ptr, expected, observed, pending):
+    """Nothing: waits are not bounded on AMD yet (dl.wait neither)."""
+    return None
 
 
 @register("ffs", BACKEND)

@@ -30,6 +30,8 @@ import ctypes
 import os
 import sys
 
+import time
+
 import numpy as np
 import triton.language as tl
 
@@ -493,6 +495,18 @@ register("shfl_sync", BACKEND)(_shfl("idx"))
 register("shfl_up_sync", BACKEND)(_shfl("up"))
 register("shfl_down_sync", BACKEND)(_shfl("down"))
 register("shfl_xor_sync", BACKEND)(_shfl("xor"))
+
+
+@register("clock_ns", BACKEND)
+def _clock_ns(ctx):
+    return _scalar(time.monotonic_ns(), tl.int64)
+
+
+@register("poll_timeout", BACKEND)
+def _poll_timeout(ctx, start, ptr, expected, observed, pending):
+    """Nothing: the simulator's watchdog reports a program that only polls
+    (see ditron.sim.access.polled)."""
+    return None
 
 
 @register("ffs", BACKEND)

@@ -192,6 +192,7 @@ class SimKernel(_compat.interpreted_function_class()):
     def __init__(self, fn, **kwargs):
         super().__init__(fn, **kwargs)
         self.dist_ir = None
+        self._linted = False
 
     def run(self, *args, grid, warmup, **kwargs):
         if warmup:
@@ -210,4 +211,10 @@ class SimKernel(_compat.interpreted_function_class()):
         transport = world.transport
         from ..runtime.world import check_kernel_args
         check_kernel_args(self, args, kwargs, world)
+        if not self._linted:
+            # the compile-time lint, as on GPUs (once per kernel; it reads the source): the simulator compiles
+            # nothing, so the attribute values come from the source and this launch's constexprs
+            self._linted = True
+            from .. import lint
+            lint.report(name, lint.lint(self, None, kwargs), stacklevel=3)
         return execute(name, fn, self.arg_names, grid, args, kwargs, transport)

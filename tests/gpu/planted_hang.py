@@ -10,6 +10,10 @@ the observed value, within timeout + 5 s; the other ranks finish normally.
 host barrier must stop within timeout + 5 s with a report naming the rank and
 the call site (the host barrier is bounded by DITRON_WAIT_TIMEOUT_S too).
 
+``--kind ll``: rank 1 skips an ``all_reduce(method="ll")``; the other ranks' kernels poll the LL packets
+(no ``dl.wait`` anywhere) and must stop within timeout + 5 s with a "polling loop" report naming the LL
+buffer (``dl.poll_timeout`` in ``kernels/_common.py:ll_poll``).
+
 Exits through os._exit (the hung rank's CUDA context is dead after the trap).
 """
 import argparse
@@ -43,7 +47,7 @@ def k_ring_signal(sig, nxt, skip):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="p2p")
-    ap.add_argument("--kind", choices=("wait", "signal", "barrier"), default="wait")
+    ap.add_argument("--kind", choices=("wait", "signal", "barrier", "ll"), default="wait")
     args = ap.parse_args()
     timeout = float(os.environ.get("DITRON_WAIT_TIMEOUT_S", "0"))
     if timeout <= 0:
@@ -54,6 +58,8 @@ def main():
     nxt = (rank + 1) % n
     if args.kind == "barrier":
         planted_barrier(args, world, timeout)
+    if args.kind == "ll":
+        planted_ll(args, world, timeout)
     if args.kind == "wait":
         word = ditron.symm_zeros((2,), torch.int32, name="planted_flags")
         kernel, arg = k_ring_wait, word[1:]
@@ -98,6 +104,38 @@ def main():
           flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
+    os._exit(0 if ok else 1)
+
+
+def planted_ll(args, world, timeout):
+    from ditron import kernels as K
+    rank, n = world.rank, world.world_size
+    ctx = K.create_all_reduce_context(4096, torch.bfloat16)
+    x = torch.ones(4096, dtype=torch.bfloat16, device=world.device)
+    healthy = bool((K.all_reduce(x, ctx, method="ll").float() == n).all())     # 1) a healthy bounded ll call
+    torch.cuda.synchronize()
+    torch.distributed.barrier()
+    t0 = time.monotonic()
+    err = report = None
+    if rank != 1:                           # 2) rank 1 skips this one
+        K.all_reduce(x, ctx, method="ll")
+        try:
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 -- the trap
+            err = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        report = gpu.wait_for_hang_report(max(0.1, timeout + 5 - (time.monotonic() - t0)))
+    elapsed = time.monotonic() - t0
+    if rank == 1:
+        ok = healthy
+    else:
+        want = [f"rank {rank}", "program (", "polling loop (dl.poll_timeout)", "'all_reduce.ll'", "expected value =="]
+        missing = [w for w in want if report is None or w not in report]
+        ok = healthy and report is not None and not missing and elapsed <= timeout + 5 and err is not None
+        print(f"planted_hang[{args.backend}/ll] rank {rank}: report after {elapsed:.2f} s, CUDA error: {err}; "
+              f"missing in report: {missing}\n{report}", flush=True)
+    print(f"planted_hang[{args.backend}/ll] rank {rank}: {'1 passed, 0 failed' if ok else '0 passed, 1 failed'}",
+          flush=True)
+    sys.stdout.flush()
     os._exit(0 if ok else 1)
 
 

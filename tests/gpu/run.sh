@@ -34,6 +34,7 @@ for b in $BACKENDS; do
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind wait
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind signal
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind barrier
+  DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind ll
 done
 DITRON_DEBUG=1 DITRON_WAIT_TIMEOUT_S=5 step $TR tests/gpu/consistency.py
 echo "== tests/gpu/run.sh: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
