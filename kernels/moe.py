@@ -37,7 +37,7 @@ import ditron.language as dl
 
 from ._common import sm_count
 from .all_to_all import _add, _pick     # core builtins only (tl.reduce with our own combine)
-from .gemm import _GEMM_DTYPES, GemmConfig, default_config, gemm_tile, is_sim_device, store_tile
+from .gemm import _GEMM_DTYPES, GemmConfig, default_config, gemm_tile, is_sim_device, prepare_tma, store_tile
 
 
 @triton.jit
@@ -82,21 +82,86 @@ def expert_tile_acc(a_ptr, idx_ptr, w_ptr, e, rows_c, pid_n, N, K, stride_am, st
     return cols, col_ok, acc
 
 
+@triton.jit
+def expert_tile_acc_tma(a_desc, w_desc, e, first, pid_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
+    """The fp32 tile ``a[first:first + BLOCK_M] @ w[e][:, pid_n * BLOCK_N:]``
+    through TMA descriptors of ``a [M, K]`` and ``w [E, K, N]``.  Rows past the
+    expert's belong to the next expert (or are zero-filled past ``M``): the
+    caller's masked store drops them; K and N tails are zero-filled."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([first, ki * BLOCK_K])
+        b = w_desc.load([e, ki * BLOCK_K, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def weight_descriptor(w_ptr, E, K, N, stride_we, stride_wk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """TMA descriptor of the experts' weights ``w [E, K, N]`` (unit N stride)."""
+    return tl.make_tensor_descriptor(w_ptr, shape=[E, K, N], strides=[stride_we, stride_wk, 1],
+                                     block_shape=[1, BLOCK_K, BLOCK_N])
+
+
+@triton.jit
+def rows_tile_acc_tma_b(a_rows, w_desc, e, pid_n, K, stride_ak, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """The fp32 tile ``a[rows] @ w[e][:, pid_n * BLOCK_N:]`` with A rows
+    through pointers (``a_rows``: ``[BLOCK_M]`` row pointers, all valid -- a
+    gather by expert) and the weights through TMA (N and K tails zero-filled)."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_rows[:, None] + ks[None, :] * stride_ak
+    for ki in range(tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=(ki * BLOCK_K + ks)[None, :] < K, other=0.0)
+        b = w_desc.load([e, ki * BLOCK_K, pid_n * BLOCK_N]).reshape(BLOCK_K, BLOCK_N)
+        acc = tl.dot(a, b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+    return acc
+
+
 @ditron.jit(do_not_specialize=["M", "num_vm"])
 def grouped_gemm_kernel(a_ptr, w_ptr, c_ptr, counts_ptr, idx_ptr, M, N, K, E, num_vm, stride_am, stride_ak,
                         stride_we, stride_wk, stride_wn, stride_cm,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        EVEN_K: tl.constexpr, EP: tl.constexpr, GATHER: tl.constexpr):
-    """Persistent grouped GEMM over ``num_vm`` virtual M tiles (see the module docstring)."""
+                        EVEN_K: tl.constexpr, EP: tl.constexpr, GATHER: tl.constexpr, TMA: tl.constexpr):
+    """Persistent grouped GEMM over ``num_vm`` virtual M tiles (see the module
+    docstring).  ``TMA``: the weights through a device-side tensor descriptor,
+    and A too without ``GATHER`` (with it, A rows are gathered by pointers)."""
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
+    if TMA:
+        w_desc = weight_descriptor(w_ptr, E, K, N, stride_we, stride_wk, BLOCK_N, BLOCK_K)
+        if not GATHER:
+            a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
+                                               block_shape=[BLOCK_M, BLOCK_K])
     for t in range(tl.program_id(0), num_vm * num_pid_n, tl.num_programs(0)):
         vm, pid_n = dl.swizzle_2d(t, num_vm, num_pid_n, GROUP_M)
         e, rows, row_ok, rows_c = expert_tile(vm, counts_ptr, E, 0, M, BLOCK_M, EP)
         if e < E:
-            cols, col_ok, acc = expert_tile_acc(a_ptr, idx_ptr, w_ptr, e, rows_c, pid_n, N, K, stride_am, stride_ak,
-                                                stride_we, stride_wk, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                                                GATHER)
+            if TMA:
+                if GATHER:
+                    src = tl.load(idx_ptr + rows_c).to(tl.int64)
+                    acc = rows_tile_acc_tma_b(a_ptr + src * stride_am, w_desc, e, pid_n, K, stride_ak, BLOCK_M,
+                                              BLOCK_N, BLOCK_K, EVEN_K)
+                else:
+                    first = tl.reduce(rows, 0, _min).to(tl.int32)
+                    acc = expert_tile_acc_tma(a_desc, w_desc, e, first, pid_n, K, BLOCK_M, BLOCK_N, BLOCK_K)
+                cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+                col_ok = cols < N
+            else:
+                cols, col_ok, acc = expert_tile_acc(a_ptr, idx_ptr, w_ptr, e, rows_c, pid_n, N, K, stride_am,
+                                                    stride_ak, stride_we, stride_wk, stride_wn, BLOCK_M, BLOCK_N,
+                                                    BLOCK_K, EVEN_K, GATHER)
             store_tile(c_ptr, stride_cm, 1, rows, row_ok, cols, col_ok, acc)
+
+
+@triton.jit
+def _min(a, b):
+    return tl.minimum(a, b)
 
 
 # ---------------------------------------------------------------------------
@@ -145,6 +210,15 @@ def moe_config(M, N, K, dtype, device, config=None) -> GemmConfig:
     return cfg
 
 
+def grouped_tma(cfg, a, w) -> bool:
+    """TMA operands for the grouped GEMM: the config asks for it, on a GPU,
+    ``a [M, K]`` and ``w [E, K, N]`` with unit last strides and 16-byte
+    aligned bases and strides (else pointer tiles, which take any layout)."""
+    if w.stride(2) != 1 or (w.stride(1) * w.element_size()) % 16 or (w.stride(0) * w.element_size()) % 16:
+        return False
+    return prepare_tma("grouped_gemm", cfg, is_sim_device(a.device), a, w)
+
+
 def grouped_gemm(a, w, counts, out=None, gather_idx=None, config: GemmConfig | None = None, num_programs=None):
     """``out[M, N]``: the rows of expert ``e`` (``counts[e]`` of them, in
     expert order) times ``w[e]`` (see the module docstring).  ``a``: ``[rows,
@@ -176,10 +250,11 @@ def grouped_gemm(a, w, counts, out=None, gather_idx=None, config: GemmConfig | N
     tiles = num_vm * triton.cdiv(N, cfg.block_n)
     P = int(num_programs or (4 if is_sim_device(a.device) else sm_count(a.device)))
     P = max(1, min(P, tiles))
+    tma = grouped_tma(cfg, a, w)       # with gather_idx: the weights only (A rows are gathered by pointers)
     grouped_gemm_kernel[(P,)](a, w, out, counts, gather_idx if gather_idx is not None else counts, M, N, K, E,
                               num_vm, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
                               EVEN_K=(K % cfg.block_k == 0), EP=expert_pow2(E), GATHER=gather_idx is not None,
-                              **cfg.launch_options())
+                              TMA=tma, **cfg.launch_options())
     return out
 
 

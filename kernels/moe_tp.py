@@ -88,7 +88,8 @@ from ._common import CollectiveContext, epoch_begin, epoch_end, sm_count, topolo
 from .ag_gemm import ag_gemm_producer_kernel
 from .all_gather import _put_chunk, all_gather, create_all_gather_context
 from .gemm import GemmConfig, gemm_tile, is_sim_device, store_tile
-from .moe import _add, check_experts_weight, expert_pow2, expert_tile, expert_tile_acc, grouped_gemm, moe_config
+from .moe import (_add, check_experts_weight, expert_pow2, expert_tile, expert_tile_acc, grouped_gemm, grouped_tma,
+                  moe_config, rows_tile_acc_tma_b, weight_descriptor)
 
 _SLOT_ALIGN = 128
 
@@ -115,9 +116,11 @@ def _virtual_tile(pid_m, T_s, counts_ptr, E, rows_per_seg, BLOCK_M: tl.constexpr
 def ag_moe_kernel(x_ptr, w_ptr, h_ptr, buf_ptr, sig_ptr, counts_ptr, perm_ptr, calls_ptr, m, N, K, E, KT, T_s,
                   slot_rows, stride_we, stride_wk, stride_wn, P_prod,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                  EVEN_K: tl.constexpr, EP: tl.constexpr):
+                  EVEN_K: tl.constexpr, EP: tl.constexpr, TMA: tl.constexpr):
     """``h[rows of (segment s, expert e)] = x_all[tokens of those pairs] @ w[e]``
-    (``x`` and the gather slots are row-major ``[m, K]``)."""
+    (``x`` and the gather slots are row-major ``[m, K]``).  ``TMA``: the
+    weights through a tensor descriptor (the token rows are gathered by
+    pointers either way)."""
     e = epoch_begin(calls_ptr)
     par = e % 2
     val = e + 1
@@ -129,6 +132,8 @@ def ag_moe_kernel(x_ptr, w_ptr, h_ptr, buf_ptr, sig_ptr, counts_ptr, perm_ptr, c
     bufp = buf_ptr + par * (W * sr) * K
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     VM = W * T_s
+    if TMA:
+        w_desc = weight_descriptor(w_ptr, E, K, N, stride_we, stride_wk, BLOCK_N, BLOCK_K)
     for tile in range(tl.program_id(0), VM * num_pid_n, tl.num_programs(0)):
         pid_m, pid_n = dl.swizzle_gather(tile, VM * BLOCK_M, N, BLOCK_M, BLOCK_N, me, W, NN, GROUP_M)
         seg, ex, rows, row_ok, rows_c = _virtual_tile(pid_m, T_s, counts_ptr, E, rows_per_seg, BLOCK_M, EP)
@@ -140,8 +145,11 @@ def ag_moe_kernel(x_ptr, w_ptr, h_ptr, buf_ptr, sig_ptr, counts_ptr, perm_ptr, c
             a_rows = tl.where(seg == me, x_ptr + t * K, src + (seg.to(tl.int64) * sr + t) * K)
             cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
             col_ok = cols < N
-            b_cols = w_ptr + ex.to(tl.int64) * stride_we + cols.to(tl.int64) * stride_wn
-            acc = gemm_tile(a_rows, b_cols, col_ok, 1, stride_wk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+            if TMA:
+                acc = rows_tile_acc_tma_b(a_rows, w_desc, ex, pid_n, K, 1, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+            else:
+                b_cols = w_ptr + ex.to(tl.int64) * stride_we + cols.to(tl.int64) * stride_wn
+                acc = gemm_tile(a_rows, b_cols, col_ok, 1, stride_wk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
             store_tile(h_ptr, N, 1, rows, row_ok, cols, col_ok, acc)
     epoch_end(calls_ptr)
 
@@ -453,7 +461,8 @@ def ag_moe(x, topk_idx, w1, ctx, out=None, validate=True):
     P = _programs(ctx.sim, x.device, ctx.num_programs, tiles, ctx.producer_programs if ctx.overlap else 0)
     ag_moe_kernel[(P,)](x, w1, out, ctx.buf, ctx.sig, plan.counts, plan.perm, ctx.calls, m, N, K, E, k, T_s,
                         ctx.slot_rows, w1.stride(0), w1.stride(1), w1.stride(2), ctx.producer_programs,
-                        EVEN_K=(K % cfg.block_k == 0), EP=expert_pow2(E), **cfg.launch_options())
+                        EVEN_K=(K % cfg.block_k == 0), EP=expert_pow2(E), TMA=grouped_tma(cfg, x, w1),
+                        **cfg.launch_options())
     if W > 1 and ctx.overlap:
         torch.cuda.current_stream(x.device).wait_stream(ctx.side_stream())
     return out, plan

@@ -33,17 +33,20 @@ def test_grouped_gemm_errors(dist_world):
     assert "row-major (5, 8)" in msgs["out"]
 
 
-def test_grouped_gemm_compiles_for_sm90a():
+@pytest.mark.parametrize("gather,tma", [(True, False), (False, True), (True, True)])
+def test_grouped_gemm_compiles_for_sm90a(gather, tma):
     import ditron
+    from conftest import tma_loads
     from ditron.kernels.moe import grouped_gemm_kernel
     names = ["a_ptr", "w_ptr", "c_ptr", "counts_ptr", "idx_ptr", "M", "N", "K", "E", "num_vm", "stride_am",
              "stride_ak", "stride_we", "stride_wk", "stride_wn", "stride_cm"]
     sig = {n: ("*i32" if n in ("counts_ptr", "idx_ptr") else "*bf16") if n.endswith("_ptr") else "i32"
            for n in names}
     ck = ditron.compile(grouped_gemm_kernel, target="sm_90a", signature=sig,
-                        constexprs=dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, EVEN_K=True, EP=64,
-                                        GATHER=True), num_warps=8, num_stages=3)
+                        constexprs=dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, EP=64,
+                                        GATHER=gather, TMA=tma), num_warps=8, num_stages=3)
     assert "wgmma.mma_async" in ck.asm["ptx"]
+    assert tma_loads(ck.asm["ptx"]) == tma
 
 
 # ---------------------------------------------------------------------------
@@ -86,17 +89,21 @@ def test_tp_moe_errors_before_launch(dist):
     assert "float16 or bfloat16" in msgs["ctx_dtype"]
 
 
-@pytest.mark.parametrize("kernel", ["ag_moe_kernel", "moe_rs_gemm_kernel"])
-def test_tp_moe_kernels_compile_for_sm90a(kernel):
+@pytest.mark.parametrize("kernel,tma", [("ag_moe_kernel", False), ("ag_moe_kernel", True),
+                                        ("moe_rs_gemm_kernel", None)])
+def test_tp_moe_kernels_compile_for_sm90a(kernel, tma):
     import inspect
 
     import ditron
+    from conftest import tma_loads
     from ditron.kernels import moe_tp
     k = getattr(moe_tp, kernel)
     params = [p for p in inspect.signature(k.fn).parameters]
     const = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, EVEN_K=True, EP=64)
     if kernel == "moe_rs_gemm_kernel":
         const.update(MULTI_NODE=False, ELEM_BYTES=2)
+    else:
+        const.update(TMA=tma)
     sig = {}
     for p in params:
         if p in const:
@@ -108,3 +115,5 @@ def test_tp_moe_kernels_compile_for_sm90a(kernel):
             sig[p] = "i32"
     ck = ditron.compile(k, target="sm_90a", signature=sig, constexprs=const, num_warps=8, num_stages=3)
     assert "wgmma.mma_async" in ck.asm["ptx"]
+    if tma is not None:
+        assert tma_loads(ck.asm["ptx"]) == tma

@@ -166,6 +166,14 @@ def tp_impls(op, shape, world, dtype, gmm, seed=0):
             counts = plan.counts[:, :E].reshape(-1)
             wr = w1r
             impls.append(Impl("ditron", lambda: grouped_gemm(rows, wr, counts), _check(ref)))
+            # the same kernel with pointer tiles (the config's TMA off), and with the permutation fused into the
+            # A loads (gather_idx; pointer A tiles), as AG-MoE runs it
+            import dataclasses
+
+            from ..kernels.moe import moe_config
+            ptr_cfg = dataclasses.replace(moe_config(rows.shape[0], wr.shape[2], H, dtype, dev), tma=False)
+            impls.append(Impl("ditron_pointer", lambda: grouped_gemm(rows, wr, counts, config=ptr_cfg), _check(ref)))
+            impls.append(Impl("ditron_gather", lambda: grouped_gemm(x_all, wr, counts, gather_idx=tok), _check(ref)))
             if gmm is not None:
                 impls.append(Impl("torch_grouped_mm", lambda: gmm(rows, wr, counts), _check(ref)))
             ch = counts.tolist()
