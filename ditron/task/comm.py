@@ -1,0 +1,1 @@
+"""Communication tasks (filled in below)."""
