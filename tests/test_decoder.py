@@ -1,0 +1,80 @@
+"""The Qwen3-like TP decoder of kernels/decoder (issue 13 part B): its tile
+functions against torch at small odd shapes, the torch reference's TP split,
+and the whole step as one persistent megakernel on simulated ranks (on GPUs
+under torchrun) against the reference."""
+import pytest
+import torch
+
+import bodies_decoder as B
+from ditron.errors import DitronError, DitronHangError, DitronRankError
+
+
+def test_rmsnorm_tile(dist_world):
+    assert dist_world(1).run(B.rmsnorm_tile) == [2]
+
+
+def test_linear_and_gate_up_tiles(dist_world):
+    assert dist_world(1).run(B.linear_tiles) == [6]
+
+
+def test_qk_norm_rope_append_tile(dist_world):
+    assert dist_world(1).run(B.rope_tile) == [3]
+
+
+def test_attention_split_and_combine_tiles(dist_world):
+    assert dist_world(1).run(B.attention_tiles) == [1]
+
+
+def test_config_split_and_errors():
+    from ditron.kernels.decoder import qwen3_8b, tiny
+    sh = qwen3_8b().shard(2)
+    assert (sh.q_heads, sh.kv_heads, sh.inter, sh.qkv_cols) == (16, 4, 6144, 3072)
+    with pytest.raises(DitronError, match=r"divisible by 3; not: n_q_heads=32, n_kv_heads=8"):
+        qwen3_8b().shard(3)
+    with pytest.raises(DitronError, match="n_kv_heads=2 .* divisible by 4|divisible by 4; not: n_kv_heads=2"):
+        tiny().shard(4)
+    with pytest.raises(DitronError, match="multiple of n_kv_heads"):
+        tiny(n_q_heads=5)
+    with pytest.raises(DitronError, match="power of two"):
+        tiny().with_tiles(gemv_block_n=24)
+
+
+def _ref_states(cfg, W, B, max_ctx, ctx):
+    from ditron.kernels.decoder.weights import make_cache, make_weights
+    out = []
+    for r in range(W):
+        k, v = make_cache(cfg, r, W, B, max_ctx, ctx)
+        out.append((cfg, cfg.shard(W), make_weights(cfg, r, W), k, v, torch.tensor([ctx], dtype=torch.int32)))
+    return out
+
+
+def test_reference_tp2_equals_tp1():
+    # the same seeded global model split over 2 ranks: the partial sums are added in another order (bf16
+    # all-reduce), so TP=2 equals TP=1 up to one bf16 rounding of the residual updates
+    from ditron.kernels.decoder import tiny
+    from ditron.kernels.decoder.reference import lockstep_step
+    from ditron.kernels.decoder.weights import make_input
+    cfg = tiny()
+    s1, s2 = _ref_states(cfg, 1, 2, 24, 13), _ref_states(cfg, 2, 2, 24, 13)
+    for step in range(2):
+        x = make_input(cfg, 2, step)
+        y1, y2 = lockstep_step(s1, x)[0], lockstep_step(s2, x)
+        assert torch.equal(y2[0], y2[1])                          # every rank has the full output
+        torch.testing.assert_close(y2[0].float(), y1.float(), atol=3e-2, rtol=2e-2)
+    assert int(s1[0][5]) == int(s2[1][5]) == 15                   # two positions appended
+    # the TP=2 caches are the kv-head halves of the TP=1 cache, with the same two new positions
+    torch.testing.assert_close(torch.cat([s2[0][3], s2[1][3]], 2).float(), s1[0][3].float(), atol=0.07, rtol=0)
+
+
+def test_tolerance_detects_a_wrong_position():
+    # what the decoder checks tolerate (3e-2 * scale + 2e-2) is far below the effect of attending one position
+    # too many / rotating at the wrong position
+    from ditron.kernels.decoder import tiny
+    from ditron.kernels.decoder.reference import lockstep_step
+    from ditron.kernels.decoder.weights import make_input
+    cfg = tiny()
+    good, bad = _ref_states(cfg, 1, 1, 40, 30), _ref_states(cfg, 1, 1, 40, 30)
+    bad[0][5].add_(1)
+    x = make_input(cfg, 1, 0)
+    y, z = lockstep_step(good, x)[0].float(), lockstep_step(bad, x)[0].float()
+    assert (y - z).abs().max().item() > 10 * (3e-2 * y.abs().max().item() + 2e-2)
