@@ -104,3 +104,49 @@ def planted_missing_release(world, task="b", tile=2):
     g, _, _ = chain_graph(world)
     mk = g.compile(scheduler="round_robin", num_programs=2, _plant_missing_release=(task, tile))
     mk.step()
+
+
+# ---------------------------------------------------------------------------
+# communication tasks
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def square_tile(tile, x, out, n, BLOCK: tl.constexpr):
+    offs = tile * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(x + offs, mask=m)
+    tl.store(out + offs, v * v, mask=m)
+
+
+def comm_graph_run(world, scheduler="round_robin", n=21, block=8, steps=3, num_programs=3):
+    """per step s: y = x_s^2 (local) -> all_reduce(y) -> z = z^2 -> all_gather(z) -> barrier -> all_reduce(z)
+    (a second all_reduce instance of the same pool)."""
+    ws = world.world_size
+    x = torch.zeros(n, device=world.device)
+    y, z, w = torch.zeros_like(x), torch.zeros_like(x), torch.zeros_like(x)
+    gat = torch.zeros(ws * n, device=world.device)
+    g = dtask.TaskGraph("comm")
+    nt = triton.cdiv(n, block)
+    sq = g.register_task(square_tile, name="sq", num_tiles=nt, args={"x": x, "out": y, "n": n, "BLOCK": block},
+                         reads=("x",), writes=("out",))
+    ar = dtask.comm.all_reduce(g, "ar.0", y, z, deps=[dtask.Dep(sq)], block=block)
+    sq2 = g.register_task(square_tile, name="sq2", num_tiles=nt, args={"x": z, "out": z, "n": n, "BLOCK": block},
+                          reads=("x",), writes=("out",), deps=[dtask.Dep(ar, "same")])
+    ag = dtask.comm.all_gather(g, "ag", z, gat, deps=[dtask.Dep(sq2)], block=block)
+    bar = dtask.comm.barrier(g, "bar", deps=[dtask.Dep(ag)])
+    dtask.comm.all_reduce(g, "ar.1", z, w, deps=[dtask.Dep(bar)], block=block)
+    mk = g.compile(scheduler=scheduler, num_programs=num_programs)
+    for s in range(steps):
+        xs = [_rand_rank(r, n, seed=10 + s) for r in range(ws)]
+        x.copy_(xs[world.rank].to(world.device))
+        mk.step()
+        ref_z = sum(v * v for v in xs) ** 2
+        torch.testing.assert_close(z.cpu(), ref_z, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gat.cpu(), ref_z.repeat(ws), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(w.cpu(), ref_z * ws, rtol=1e-5, atol=1e-5)
+    return len(mk.code.branches)
+
+
+def _rand_rank(rank, n, seed):
+    g = torch.Generator().manual_seed(100 * seed + rank)
+    return torch.randn(n, generator=g)

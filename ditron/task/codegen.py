@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .. import _compat
-from .graph import MAX_SCALARS, _is_tensor
+from .graph import EPOCH, MAX_SCALARS, _is_tensor
 
 #: int32 words per work item in the item table
 ENTRY = 10
@@ -71,6 +71,8 @@ def _branch_key(task):
         v = task.args[k]
         if _is_tensor(v):
             parts.append((k, "tensor", v.data_ptr(), str(v.dtype), str(v.device)))
+        elif v is EPOCH:
+            parts.append((k, "epoch"))
         else:
             parts.append((k, type(v).__name__, v))
     parts.append(tuple(task.scalars))
@@ -114,7 +116,9 @@ def generate(graph, dynamic: bool) -> Generated:
                 b.call_args.append(f"s{scalar_slot[p]}")
                 continue
             v = task.args[p]
-            if _is_tensor(v):
+            if v is EPOCH:
+                b.call_args.append("epoch")
+            elif _is_tensor(v):
                 tk = (v.data_ptr(), str(v.dtype), str(v.device))
                 if tk not in tensors:
                     tensors[tk] = f"t{len(tensors)}_{p}"

@@ -15,6 +15,18 @@ from ..errors import DitronError
 MAX_SCALARS = 4
 
 
+class _Epoch:
+    """Pass ``dtask.EPOCH`` as an argument value: the tile function receives
+    the megakernel's step number (int32, 1 in the first step), e.g. as the
+    signal value of a communication tile."""
+
+    def __repr__(self):
+        return "dtask.EPOCH"
+
+
+EPOCH = _Epoch()
+
+
 class Dep:
     """A dependency of a consumer task on tiles of an earlier ``task``.
 
@@ -168,6 +180,9 @@ class TaskGraph:
             if _is_tensor(v):
                 if k in const:
                     raise DitronError(f"{where}: tensor '{k}' is passed to a tl.constexpr parameter")
+            elif v is EPOCH:
+                if k in const:
+                    raise DitronError(f"{where}: dtask.EPOCH is a runtime value; '{k}' is a tl.constexpr parameter")
             elif not isinstance(v, (bool, int, float)) and not (k in const and isinstance(v, str)):
                 raise DitronError(f"{where}: argument '{k}' is a {type(v).__name__}; pass tensors, ints or floats "
                                   "(strings only to tl.constexpr parameters)")
