@@ -174,7 +174,7 @@ def _setup(world, cfg, B, max_ctx, ctx, seed=0):
     return (w.__class__(*[getattr(w, f).to(dev) for f in w.__dataclass_fields__]), k.to(dev), v.to(dev)), refs
 
 
-def decoder_steps(world, steps=2, B=1, max_ctx=40, ctx=30, scheduler="round_robin", num_programs=4, cfg=None,
+def decoder_steps(world, steps=2, B=1, max_ctx=40, ctx=33, scheduler="round_robin", num_programs=4, cfg=None,
                   check_cache=True):
     """The tiny decoder megakernel for ``steps`` steps (pos advances, KV cache appended) against the torch
     reference of all ranks computed in this process; returns per-step max errors."""

@@ -78,3 +78,34 @@ def test_tolerance_detects_a_wrong_position():
     x = make_input(cfg, 1, 0)
     y, z = lockstep_step(good, x)[0].float(), lockstep_step(bad, x)[0].float()
     assert (y - z).abs().max().item() > 10 * (3e-2 * y.abs().max().item() + 2e-2)
+
+
+# ---------------------------------------------------------------------------
+# the whole step as one megakernel
+# ---------------------------------------------------------------------------
+
+def test_decoder_megakernel_two_ranks(dist_world):
+    # 2 layers, TP=2, two consecutive steps: seq 33 -> 35 (split 0 of the KV cache full, split 1 partial)
+    errs = dist_world(2).run(B.decoder_steps, steps=2, B=1)
+    assert len(errs) == 2 and all(len(e) == 2 for e in errs)
+
+
+@pytest.mark.parametrize("scheduler", ["zigzag", "dynamic"])
+def test_decoder_megakernel_one_rank_batch2(dist_world, scheduler):
+    # world size 1 (the all-reduces are copies), batch 2, the other schedulers
+    assert len(dist_world(1).run(B.decoder_steps, steps=2, B=2, scheduler=scheduler)[0]) == 2
+
+
+def test_decoder_missing_dependency_is_rejected(dist_world):
+    msg = dist_world(1).run(B.missing_dep_is_rejected)[0]
+    assert "missing dependency" in msg and "'rope.1'" in msg and "'qkv.1'" in msg, msg
+
+
+def test_decoder_planted_missing_release_is_reported(dist_world):
+    # qkv.0 tile 1 never releases its slot: the rope tiles of the heads it computes wait forever; the report
+    # names the task, the tile and the scoreboard slot
+    with pytest.raises((DitronHangError, DitronRankError)) as e:
+        dist_world(2).run(B.planted_missing_release, "qkv.0", 1)
+    text = str(e.value)
+    assert "task 'qkv.0' tile 1" in text and "scoreboard slot" in text, text
+    assert "waited on by task 'rope.0'" in text, text

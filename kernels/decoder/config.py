@@ -35,7 +35,8 @@ class TileConfig:
       instead of a broadcast multiply + sum;
     * ``norm_block``: elements per loop iteration of RMSNorm;
     * ``attn_split``: KV positions per flash-decoding tile (a multiple of
-      ``attn_block``), ``attn_block``: positions per inner iteration.
+      ``attn_block``), ``attn_block``: positions per inner iteration;
+    * ``comm_block``: float32 elements per all-reduce tile (``ditron.task.comm``).
     """
     gemv_block_n: int = 32
     gemv_block_k: int = 512
@@ -43,10 +44,11 @@ class TileConfig:
     norm_block: int = 1024
     attn_split: int = 256
     attn_block: int = 64
+    comm_block: int = 1024
     num_warps: int = 4
 
     def __post_init__(self):
-        for name in ("gemv_block_n", "gemv_block_k", "norm_block", "attn_block"):
+        for name in ("gemv_block_n", "gemv_block_k", "norm_block", "attn_block", "comm_block"):
             v = getattr(self, name)
             if v <= 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be a power of two")
@@ -144,7 +146,7 @@ def tiny(**kw) -> DecoderConfig:
     """2 layers, small and odd-ish dims (the intermediate per rank is not a multiple of the GEMV's K chunk) for
     the simulator."""
     base = dict(hidden=64, n_q_heads=4, n_kv_heads=2, head_dim=16, intermediate=96, n_layers=2, rms_eps=1e-6,
-                rope_theta=1e6, tiles=TileConfig(gemv_block_n=16, gemv_block_k=32, norm_block=32, attn_split=16,
-                                                 attn_block=8, num_warps=4))
+                rope_theta=1e6, tiles=TileConfig(gemv_block_n=16, gemv_block_k=32, norm_block=32, attn_split=32,
+                                                 attn_block=16, comm_block=32, num_warps=4))
     base.update(kw)
     return DecoderConfig(**base)

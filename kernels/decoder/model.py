@@ -111,7 +111,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
                               reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=deps, scalars={"layer": l}))
 
     def all_reduce(name, deps):
-        specs.append(TaskSpec(name, None, 0, {"x": buf.partial, "out": buf.delta}, deps=deps, comm="all_reduce"))
+        specs.append(TaskSpec(name, None, 0, {"x": buf.partial, "out": buf.delta}, deps=deps, comm="all_reduce",
+                              scalars={"block": tc.comm_block}))
 
     def rope_qkv_tiles(t):          # rope tile t -> the qkv tiles holding its head's columns
         j, kvh = t % (G + 2), (t // (G + 2)) % KH
@@ -185,8 +186,9 @@ class DecoderMegakernel:
 
 
 def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
-    """Register ``specs`` in ``graph``; returns ``{name: task}``.  ``all_reduce(graph, name, x, out, deps)``
-    registers a comm spec (default ``ditron.task.comm.all_reduce``)."""
+    """Register ``specs`` in ``graph``; returns ``{name: task}``.  ``all_reduce(graph, name, x, out, deps, block)``
+    registers a comm spec (default ``ditron.task.comm.all_reduce``; ``scalars`` of a comm spec are its keyword
+    arguments)."""
     import ditron.task as dtask
     if all_reduce is None:
         all_reduce = dtask.comm.all_reduce
@@ -194,7 +196,7 @@ def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
     for s in specs:
         deps = [dtask.Dep(tasks[n], tiles) for n, tiles in s.deps]
         if s.comm == "all_reduce":
-            tasks[s.name] = all_reduce(graph, s.name, s.args["x"], s.args["out"], deps=deps)
+            tasks[s.name] = all_reduce(graph, s.name, s.args["x"], s.args["out"], deps=deps, **s.scalars)
         else:
             tasks[s.name] = graph.register_task(s.fn, name=s.name, num_tiles=s.num_tiles, args=s.args,
                                                 reads=s.reads, writes=s.writes, deps=deps, scalars=s.scalars)
