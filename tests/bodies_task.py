@@ -150,3 +150,23 @@ def comm_graph_run(world, scheduler="round_robin", n=21, block=8, steps=3, num_p
 def _rand_rank(rank, n, seed):
     g = torch.Generator().manual_seed(100 * seed + rank)
     return torch.randn(n, generator=g)
+
+
+def narrow_range_dep(world, complete=False):
+    """b's tiles read 16 elements = two of a's 8-element tiles but (unless
+    ``complete``) depend on the first only: a race the static check cannot see
+    (it works per task) and the race finder must."""
+    n = 32
+    x = ditron.symm_zeros((n,), torch.float32, name="x")
+    t = ditron.symm_zeros((n,), torch.float32, name="t")
+    u = ditron.symm_zeros((n,), torch.float32, name="u")
+    x.copy_(_rand(world, n, 4))
+    g = dtask.TaskGraph("narrow")
+    a = g.register_task(square_tile, name="a", num_tiles=4, args={"x": x, "out": t, "n": n, "BLOCK": 8},
+                        reads=("x",), writes=("out",))
+    hi = 2 if complete else 1
+    g.register_task(square_tile, name="b", num_tiles=2, args={"x": t, "out": u, "n": n, "BLOCK": 16},
+                    reads=("x",), writes=("out",), deps=[dtask.Dep(a, lambda i: (2 * i, 2 * i + hi))])
+    mk = g.compile(scheduler="round_robin", num_programs=4)
+    mk.step()
+    torch.testing.assert_close(u, x ** 4)

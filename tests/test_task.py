@@ -191,3 +191,28 @@ def test_generated_kernel_compiles(target, scheduler):
         assert "buffer_inv" in asm and "buffer_wbl2" in asm      # agent-scope acquire / release
         if scheduler == "dynamic":
             assert "global_atomic_add" in asm
+
+
+def test_bounded_wait_deps_and_lint():
+    """Under DITRON_WAIT_TIMEOUT_S the wait polls %globaltimer and reports
+    kind 4 (dl.wait_deps, cmp >=); the lint knows the new ops and finds
+    nothing to say about the generated kernel."""
+    from ditron import lint
+    from ditron.lowering import cuda, cuda_p2p
+    from ditron.runtime.gpu_base import format_hang
+    g, _, _ = B.chain_graph(_W())
+    mk = g.compile(scheduler="dynamic", num_programs=2)
+    with cuda.compile_variant("p2p", bounded=True):
+        ck = ditron.compile(mk.kernel, target="sm_90a", signature=mk.signature())
+    ptx = ck.asm["ptx"]
+    assert "%globaltimer" in ptx and "ld.acquire.gpu.global.b32" in ptx
+    assert cuda_p2p.HANG_KINDS[4] == "dl.wait_deps"
+    rec = {k: 0 for k in cuda_p2p.HANG_WORDS}
+    rec.update(kind=4, cmp=5, expected=3, observed=2, addr=mk.slots.data_ptr() + 4 * 7, timeout_ns=10**9)
+
+    class T:
+        describe_address = staticmethod(lambda addr: mk.describe_address(addr) or "?")
+    text = format_hang(rec, T)
+    assert "dl.wait_deps on megakernel 'chain' scoreboard slot 7 = task 'b' tile 2" in text
+    assert "expected value >= 3, observed 2" in text
+    assert lint.lint(mk.kernel) == []
