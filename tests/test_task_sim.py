@@ -53,3 +53,9 @@ def test_race_finder_sees_scoreboard_edges():
             cluster.run(B.narrow_range_dep, False)
         text = info.value.traceback_text
         assert "data race on symmetric tensor 't'" in text and "narrow_megakernel" in text
+
+
+@pytest.mark.parametrize("scheduler", ["round_robin", "dynamic"])
+def test_cuda_graph_replay(_gpu_dist, scheduler):
+    """GPUs only (torchrun, DITRON_TEST_BACKEND=p2p|nvshmem): one captured step replayed with new inputs."""
+    _gpu_dist.run(B.cuda_graph_replay, scheduler)
