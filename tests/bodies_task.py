@@ -100,10 +100,11 @@ def run_chain(world, scheduler="round_robin", num_programs=3, steps=3):
     return len(mk.code.branches)
 
 
-def planted_missing_release(world, task="b", tile=2):
+def planted_missing_release(world, task="b", tile=2, num_programs=2):
     g, _, _ = chain_graph(world)
-    mk = g.compile(scheduler="round_robin", num_programs=2, _plant_missing_release=(task, tile))
+    mk = g.compile(scheduler="round_robin", num_programs=num_programs, _plant_missing_release=(task, tile))
     mk.step()
+    return mk          # on GPUs the launch is asynchronous: the caller keeps the buffers alive
 
 
 # ---------------------------------------------------------------------------
@@ -118,8 +119,8 @@ def square_tile(tile, x, out, n, BLOCK: tl.constexpr):
     tl.store(out + offs, v * v, mask=m)
 
 
-def comm_graph_run(world, scheduler="round_robin", n=21, block=8, steps=3, num_programs=3):
-    """per step s: y = x_s^2 (local) -> all_reduce(y) -> z = z^2 -> all_gather(z) -> barrier -> all_reduce(z)
+def comm_graph(world, n=21, block=8):
+    """y = x^2 (local) -> all_reduce(y) -> z = z^2 -> all_gather(z) -> barrier -> all_reduce(z)
     (a second all_reduce instance of the same pool)."""
     ws = world.world_size
     x = torch.zeros(n, device=world.device)
@@ -135,18 +136,73 @@ def comm_graph_run(world, scheduler="round_robin", n=21, block=8, steps=3, num_p
     ag = dtask.comm.all_gather(g, "ag", z, gat, deps=[dtask.Dep(sq2)], block=block)
     bar = dtask.comm.barrier(g, "bar", deps=[dtask.Dep(ag)])
     dtask.comm.all_reduce(g, "ar.1", z, w, deps=[dtask.Dep(bar)], block=block)
+    return g, x, (z, gat, w)
+
+
+def _comm_inputs(world, n, s):
+    xs = [_rand_rank(r, n, seed=10 + s) for r in range(world.world_size)]
+    ref_z = sum(v * v for v in xs) ** 2
+    return xs[world.rank].to(world.device), (ref_z, ref_z.repeat(world.world_size), ref_z * world.world_size)
+
+
+def _check_comm(outs, refs):
+    for o, r in zip(outs, refs):
+        torch.testing.assert_close(o.cpu(), r, rtol=1e-5, atol=1e-5)
+
+
+def comm_graph_run(world, scheduler="round_robin", n=21, block=8, steps=3, num_programs=3):
+    """Back-to-back steps with new inputs (no host synchronisation between ranks)."""
+    g, x, outs = comm_graph(world, n, block)
     mk = g.compile(scheduler=scheduler, num_programs=num_programs)
     for s in range(steps):
-        xs = [_rand_rank(r, n, seed=10 + s) for r in range(ws)]
-        x.copy_(xs[world.rank].to(world.device))
+        xs, refs = _comm_inputs(world, n, s)
+        x.copy_(xs)
         mk.step()
-        ref_z = sum(v * v for v in xs) ** 2
-        torch.testing.assert_close(z.cpu(), ref_z, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(gat.cpu(), ref_z.repeat(ws), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(w.cpu(), ref_z * ws, rtol=1e-5, atol=1e-5)
+        _check_comm(outs, refs)
     return len(mk.code.branches)
+
+
+def cuda_graph_replay(world, scheduler="round_robin", n=300, block=64, steps=3):
+    """GPU only: capture one step in a CUDA graph and replay it with new inputs."""
+    g, x, outs = comm_graph(world, n, block)
+    mk = g.compile(scheduler=scheduler)
+    xs, refs = _comm_inputs(world, n, 0)
+    x.copy_(xs)
+    mk.step()                                     # compile + warm up outside the capture
+    torch.cuda.synchronize()
+    _check_comm(outs, refs)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mk.step()
+    for s in range(1, steps + 1):
+        xs, refs = _comm_inputs(world, n, s)
+        x.copy_(xs)
+        graph.replay()
+        torch.cuda.synchronize()
+        _check_comm(outs, refs)
+    assert int(mk.epoch[0]) == steps + 1          # warm-up + replays (capture does not run the kernel)
 
 
 def _rand_rank(rank, n, seed):
     g = torch.Generator().manual_seed(100 * seed + rank)
     return torch.randn(n, generator=g)
+
+
+def narrow_range_dep(world, complete=False):
+    """b's tiles read 16 elements = two of a's 8-element tiles but (unless
+    ``complete``) depend on the first only: a race the static check cannot see
+    (it works per task) and the race finder must."""
+    n = 32
+    x = ditron.symm_zeros((n,), torch.float32, name="x")
+    t = ditron.symm_zeros((n,), torch.float32, name="t")
+    u = ditron.symm_zeros((n,), torch.float32, name="u")
+    x.copy_(_rand(world, n, 4))
+    g = dtask.TaskGraph("narrow")
+    a = g.register_task(square_tile, name="a", num_tiles=4, args={"x": x, "out": t, "n": n, "BLOCK": 8},
+                        reads=("x",), writes=("out",))
+    hi = 2 if complete else 1
+    g.register_task(square_tile, name="b", num_tiles=2, args={"x": t, "out": u, "n": n, "BLOCK": 16},
+                    reads=("x",), writes=("out",), deps=[dtask.Dep(a, lambda i: (2 * i, 2 * i + hi))])
+    mk = g.compile(scheduler="round_robin", num_programs=4)
+    mk.step()
+    torch.testing.assert_close(u, x ** 4)

@@ -159,6 +159,8 @@ class TaskGraph:
             raise DitronError(f"{where}: num_tiles must be a positive int, got {num_tiles!r}")
         if not params:
             raise DitronError(f"{where}: the tile function needs a first parameter (the tile index)")
+        if len(scalars) > MAX_SCALARS:
+            raise DitronError(f"{where}: at most {MAX_SCALARS} scalars per task, got {len(scalars)}")
         names = [p for p, _ in params[1:]]
         const = {p for p, c in params if c}
         for k in list(args) + list(scalars):
@@ -170,8 +172,6 @@ class TaskGraph:
         missing = [p for p in names if p not in args and p not in scalars]
         if missing:
             raise DitronError(f"{where}: no value for parameter(s) {missing} of {fn.fn.__name__}")
-        if len(scalars) > MAX_SCALARS:
-            raise DitronError(f"{where}: at most {MAX_SCALARS} scalars per task, got {len(scalars)}")
         for k, v in scalars.items():
             if k in const or isinstance(v, bool) or not isinstance(v, int) or not -2**31 <= v < 2**31:
                 raise DitronError(f"{where}: scalar '{k}' must be an int32 value for a runtime (non-constexpr) "

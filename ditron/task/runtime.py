@@ -10,6 +10,9 @@ from ..errors import DitronError, DitronHangError
 from . import codegen, schedule
 
 _SIM_PROGRAMS = 4
+_TYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float64": "fp64",
+               "torch.int32": "i32", "torch.int64": "i64", "torch.int16": "i16", "torch.int8": "i8",
+               "torch.uint8": "u8", "torch.bool": "i1"}
 
 
 def _device_of(graph):
@@ -103,6 +106,17 @@ class Megakernel:
             if it.task.name == name and it.tile == tile:
                 return it.index
         raise DitronError(f"_plant_missing_release: no item {name}[{tile}]")
+
+    def signature(self) -> dict:
+        """Parameter types of the generated kernel, for ``ditron.compile``
+        (ahead-of-time compilation without a GPU, e.g. for sm_90a / gfx942)."""
+        sig = {n: "*i32" for n in ("items_ptr", "queue_ptr", "deps_ptr", "slots_ptr", "epoch_ptr", "counter_ptr")}
+        sig["n_items"] = "i32"
+        for name, t in self.code.tensor_params:
+            sig[name] = "*" + _TYPE_NAMES[str(t.dtype)]
+        for name, v in self.code.scalar_params:
+            sig[name] = "fp32" if isinstance(v, float) else "i32"
+        return sig
 
     # -- running ------------------------------------------------------------------------
     def step(self):
