@@ -14,6 +14,7 @@ in float32, torch rounds them to bf16), so the final hidden states (magnitude
 what a wrong mask, position or head mapping gives (>= 0.3, checked by the
 planted-error test)."""
 import math
+import re
 
 import torch
 import torch.nn.functional as F
@@ -221,3 +222,26 @@ def planted_missing_release(world, task="qkv.0", tile=1):
     dm = build_megakernel(cfg, w, (k, v), world_size=world.world_size, batch=1, ctx=5, num_programs=3,
                           _plant_missing_release=(task, tile))
     dm.step(make_input(cfg, 1, 0).to(world.device))
+
+
+def compile_generated(world, target, gemv_dot=False):
+    """The decoder megakernel generated with Qwen3-8B's tile sizes (head_dim 128, GEMV tiles 32 x 512, attention
+    splits of 256 positions; smaller hidden / intermediate / layers keep the weights small: the code does not
+    depend on them) compiled for ``target``; returns what the tests check in the assembly."""
+    import ditron
+    from conftest import device_asm
+    from ditron.kernels.decoder import qwen3_8b
+    cfg = qwen3_8b(hidden=256, intermediate=512, n_layers=2).with_tiles(gemv_dot=gemv_dot)
+    w = make_weights(cfg, world.rank, world.world_size)
+    k, v = make_cache(cfg, world.rank, world.world_size, 1, 300, 40)
+    dm = build_megakernel(cfg, w, (k, v), world_size=world.world_size, batch=1, ctx=40, num_programs=132,
+                          name=f"decoder_{target}")
+    ck = ditron.compile(dm.mk.kernel, target=target, signature=dm.mk.signature(), num_warps=cfg.tiles.num_warps)
+    asm = device_asm(ck)
+    ir = ck.asm["dist_ir"]
+    return {"branches": len(dm.mk.code.branches), "wait_deps": "dist.wait_deps" in ir,
+            "symm_at": "dist.symm_at" in ir, "notify": "dist.notify" in ir,
+            "v4_loads": len(re.findall(r"ld\.global[\w.:]*\.v4\.b32", asm)) if target.startswith("sm")
+            else asm.count("global_load_dwordx4"),
+            "evict_first": "evict_first" in asm if target.startswith("sm") else None,
+            "mma": ("mma" in asm) if target.startswith("sm") else ("v_mfma" in asm)}

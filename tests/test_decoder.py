@@ -141,3 +141,21 @@ def test_bench_megakernel_on_the_simulator(tmp_path):
     assert row["check"] == "ok" and row["batch"] == 2 and row["megakernel_us"] > 0 and row["hbm_limit_us"] > 0, row
     assert data["meta"]["command"].startswith("ditron bench megakernel")
     assert "| 33 | 2 | ok" in (tmp_path / "smoke-megakernel.md").read_text()
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
+def test_decoder_megakernel_compiles(target):
+    # generated in this process (a private one-rank simulator world: the comm tasks need a world; their code
+    # does not depend on its size) and compiled ahead of time without a GPU
+    import ditron
+    world = ditron.init("sim")
+    try:
+        got = B.compile_generated(world, target)
+    finally:
+        ditron.finalize()
+    assert got["branches"] == 10, got       # advance, norm, 3 linear, gate_up, rope, attention, combine, all-reduce
+    assert got["wait_deps"] and got["symm_at"] and got["notify"], got
+    # the GEMV tiles stream the weights with 16-byte vector loads (5 GEMV loops: qkv, o, gate, up, down)
+    assert got["v4_loads"] >= 5, got
+    assert got["evict_first"] in (True, None), got
+    assert got["mma"], got                  # attention scores and P @ V on the tensor cores

@@ -14,7 +14,9 @@ Conventions (all buffers contiguous, row-major):
 * the KV cache is ``[L, B, kv_heads, max_ctx, head_dim]``; ``seq_ptr`` is a
   device int32 holding the number of valid positions (the new token's
   position is ``seq - 1``), so CUDA-graph replays advance it;
-* every size may be a non-multiple of its block: loads and stores are masked.
+* every size may be a non-multiple of its block: loads and stores are masked;
+* the GEMV / RMSNorm row sizes ``N`` and ``K`` are ``tl.constexpr`` (each projection is its own branch of the
+  megakernel anyway): the compiler then knows the alignment of every row and emits 16-byte vector loads.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def advance_tile(tile, seq_ptr):
 
 
 @triton.jit
-def add_rmsnorm_tile(tile, x_ptr, delta_ptr, resid_ptr, w_ptr, out_ptr, layer, first, N, eps,
+def add_rmsnorm_tile(tile, x_ptr, delta_ptr, resid_ptr, w_ptr, out_ptr, layer, first, eps, N: tl.constexpr,
                      BLOCK: tl.constexpr):
     """Batch row ``tile``: ``r = x`` (``first != 0``) or ``r = resid + delta``;
     ``resid = r`` (float32); ``out = bf16(r * rsqrt(mean(r^2) + eps) * w[layer])``.
@@ -59,8 +61,8 @@ def add_rmsnorm_tile(tile, x_ptr, delta_ptr, resid_ptr, w_ptr, out_ptr, layer, f
 
 
 @triton.jit
-def _gemv_acc(x_ptr, w_ptr, n0, B, N, K, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              DOT: tl.constexpr):
+def _gemv_acc(x_ptr, w_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, DOT: tl.constexpr):
     """``acc[b, n] = sum_k x[b, k] * w[n0 + n, k]`` in float32 (``x``: ``[B, K]``, ``w``: ``[N, K]``), streaming
     ``w`` in ``[BLOCK_N, BLOCK_K]`` chunks.  ``DOT``: ``tl.dot`` (``BLOCK_B >= 16``; rows past ``B`` are zero)."""
     offs_b = tl.arange(0, BLOCK_B)
@@ -72,7 +74,8 @@ def _gemv_acc(x_ptr, w_ptr, n0, B, N, K, BLOCK_B: tl.constexpr, BLOCK_N: tl.cons
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mk = offs_k < K
         x = tl.load(x_ptr + offs_b[:, None] * K + offs_k[None, :], mask=mb[:, None] & mk[None, :], other=0.0)
-        w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0)
+        w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0,
+                    eviction_policy="evict_first")         # weights are read once per step: stream them
         if DOT:
             acc = tl.dot(x, tl.trans(w), acc)
         else:
@@ -81,7 +84,7 @@ def _gemv_acc(x_ptr, w_ptr, n0, B, N, K, BLOCK_B: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
-def _store_rows(out_ptr, val, n0, B, N, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+def _store_rows(out_ptr, val, n0, B, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
     offs_b = tl.arange(0, BLOCK_B)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     tl.store(out_ptr + offs_b[:, None] * N + offs_n[None, :], val.to(out_ptr.dtype.element_ty),
@@ -89,8 +92,8 @@ def _store_rows(out_ptr, val, n0, B, N, BLOCK_B: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
-def linear_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N, K, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+def linear_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
     """Columns ``[tile * BLOCK_N, +BLOCK_N)`` of ``out[B, N] = x[B, K] @ w[layer]^T`` (``w``: ``[L, N, K]``);
     ``out`` is bf16 or float32 (partial sums of a row-parallel projection)."""
     wl = w_ptr + layer.to(tl.int64) * N * K
@@ -100,8 +103,8 @@ def linear_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N, K, BLOCK_B: tl.constex
 
 
 @triton.jit
-def gate_up_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N, K, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+def gate_up_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
     """Fused gate/up projection and SiLU-mul: ``w[layer]`` is ``[2N, K]`` (gate rows, then up rows);
     ``out[B, N] = bf16(silu(x @ gate^T) * (x @ up^T))``, columns ``[tile * BLOCK_N, +BLOCK_N)``."""
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
