@@ -35,6 +35,7 @@ for b in $BACKENDS; do
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind wait
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind signal
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind barrier
+  step $TR tests/gpu/decoder_8b.py --backend "$b"
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind deps
 done
 DITRON_DEBUG=1 DITRON_WAIT_TIMEOUT_S=5 step $TR tests/gpu/consistency.py
