@@ -38,6 +38,14 @@ class Lockstep:
     def seq(self):
         return self.states[self.rank][5]
 
+    @property
+    def k_cache(self):
+        return self.states[self.rank][3]
+
+    @property
+    def v_cache(self):
+        return self.states[self.rank][4]
+
     def step(self, x):
         return lockstep_step(self.states, x.cpu())[self.rank]
 
