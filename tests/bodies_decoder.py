@@ -226,7 +226,7 @@ def planted_missing_release(world, task="qkv.0", tile=1):
 
 def compile_generated(world, target, gemv_dot=False):
     """The decoder megakernel generated with Qwen3-8B's tile sizes (head_dim 128, GEMV tiles 32 x 512, attention
-    splits of 256 positions; smaller hidden / intermediate / layers keep the weights small: the code does not
+    splits of 128 positions; smaller hidden / intermediate / layers keep the weights small: the code does not
     depend on them) compiled for ``target``; returns what the tests check in the assembly."""
     import ditron
     from conftest import device_asm

@@ -144,13 +144,14 @@ def test_bench_megakernel_on_the_simulator(tmp_path):
 
 
 @pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
-def test_decoder_megakernel_compiles(target):
+@pytest.mark.parametrize("gemv_dot", [False, True])
+def test_decoder_megakernel_compiles(target, gemv_dot):
     # generated in this process (a private one-rank simulator world: the comm tasks need a world; their code
     # does not depend on its size) and compiled ahead of time without a GPU
     import ditron
     world = ditron.init("sim")
     try:
-        got = B.compile_generated(world, target)
+        got = B.compile_generated(world, target, gemv_dot)
     finally:
         ditron.finalize()
     assert got["branches"] == 10, got       # advance, norm, 3 linear, gate_up, rope, attention, combine, all-reduce

@@ -91,8 +91,8 @@ def _config(args):
     over = {k: v for k, v in (("gemv_block_n", args.gemv_block_n), ("gemv_block_k", args.gemv_block_k),
                               ("attn_split", args.attn_split), ("attn_block", args.attn_block),
                               ("comm_block", args.comm_block), ("num_warps", args.num_warps)) if v}
-    if args.gemv_dot:
-        over["gemv_dot"] = True
+    if args.gemv_dot != "auto":
+        over["gemv_dot"] = args.gemv_dot == "on"
     return cfg.with_tiles(**over) if over else cfg
 
 
@@ -162,7 +162,8 @@ def main(argv=None):
     p.add_argument("--programs", type=int, default=None, help="persistent programs (default: the SM count)")
     p.add_argument("--gemv-block-n", type=int, default=0)
     p.add_argument("--gemv-block-k", type=int, default=0)
-    p.add_argument("--gemv-dot", action="store_true", help="GEMV tiles accumulate with tl.dot")
+    p.add_argument("--gemv-dot", choices=["auto", "on", "off"], default="auto",
+                   help="GEMV tiles accumulate with tl.dot (auto: for batches above 2)")
     p.add_argument("--attn-split", type=int, default=0)
     p.add_argument("--attn-block", type=int, default=0)
     p.add_argument("--comm-block", type=int, default=0)

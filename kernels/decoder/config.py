@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Optional
 
 from ditron.errors import DitronError
 
@@ -32,7 +33,9 @@ class TileConfig:
     * ``gemv_block_n`` / ``gemv_block_k``: output columns per GEMV tile and
       the K chunk streamed per loop iteration (bf16 elements);
       ``gemv_dot``: accumulate with ``tl.dot`` (batch rows padded to 16)
-      instead of a broadcast multiply + sum;
+      instead of a broadcast multiply + sum; ``None``: ``tl.dot`` for
+      batches above 2 (the broadcast product holds ``B x BLOCK_N x BLOCK_K``
+      values in registers);
     * ``norm_block``: elements per loop iteration of RMSNorm;
     * ``attn_split``: KV positions per flash-decoding tile (a multiple of
       ``attn_block``), ``attn_block``: positions per inner iteration;
@@ -40,12 +43,16 @@ class TileConfig:
     """
     gemv_block_n: int = 32
     gemv_block_k: int = 512
-    gemv_dot: bool = False
+    gemv_dot: Optional[bool] = None
     norm_block: int = 1024
-    attn_split: int = 256
+    attn_split: int = 128
     attn_block: int = 64
     comm_block: int = 1024
     num_warps: int = 4
+
+    def dot_for(self, batch: int) -> bool:
+        """Whether the GEMV tiles use ``tl.dot`` at this batch size."""
+        return batch > 2 if self.gemv_dot is None else bool(self.gemv_dot)
 
     def __post_init__(self):
         for name in ("gemv_block_n", "gemv_block_k", "norm_block", "attn_block", "comm_block"):

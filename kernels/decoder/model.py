@@ -90,8 +90,9 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
     max_ctx = k_cache.shape[3]
     S = sh.splits(max_ctx)
     BN = tc.gemv_block_n
-    gemv_c = dict(BLOCK_B=max(16, next_pow2(B)) if tc.gemv_dot else next_pow2(B), BLOCK_N=BN,
-                  BLOCK_K=tc.gemv_block_k, DOT=tc.gemv_dot)
+    dot = tc.dot_for(B)
+    gemv_c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN, BLOCK_K=tc.gemv_block_k,
+                  DOT=dot)
     if B < 1 or tuple(k_cache.shape) != (L, B, KH, max_ctx, D) or v_cache.shape != k_cache.shape:
         raise DitronError(f"decoder_tasks: KV cache shape {tuple(k_cache.shape)} / {tuple(v_cache.shape)}; expected "
                           f"{(L, B, KH, max_ctx, D)} (layers, batch, kv heads per rank, max_ctx, head_dim)")
