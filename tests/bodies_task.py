@@ -1,5 +1,7 @@
 """Test bodies (run on every rank) for ditron.task megakernels: small graphs
 of elementwise / row-sum tile functions checked against torch."""
+import time
+
 import torch
 import triton
 import triton.language as tl
@@ -150,15 +152,20 @@ def _check_comm(outs, refs):
         torch.testing.assert_close(o.cpu(), r, rtol=1e-5, atol=1e-5)
 
 
-def comm_graph_run(world, scheduler="round_robin", n=21, block=8, steps=3, num_programs=3):
-    """Back-to-back steps with new inputs (no host synchronisation between ranks)."""
+def comm_graph_run(world, scheduler="round_robin", n=21, block=8, steps=3, num_programs=3, stagger=0.0):
+    """Back-to-back steps with new inputs (no host synchronisation between ranks).  ``stagger``: the
+    last rank builds its graph (allocates and zeroes its staging) that many seconds late."""
+    if stagger and world.rank == world.world_size - 1:
+        time.sleep(stagger)
     g, x, outs = comm_graph(world, n, block)
     mk = g.compile(scheduler=scheduler, num_programs=num_programs)
+    other = g.compile(scheduler="zigzag", num_programs=2)          # a second kernel of the same graph
     for s in range(steps):
         xs, refs = _comm_inputs(world, n, s)
         x.copy_(xs)
-        mk.step()
+        (mk if s % 2 == 0 else other).step()                     # alternate: the comm pools are shared
         _check_comm(outs, refs)
+    assert int(mk.epoch[0]) == steps
     return len(mk.code.branches)
 
 

@@ -20,6 +20,11 @@ def test_comm_tasks_match_torch(dist_world, n, scheduler):
     assert dist_world(n).run(B.comm_graph_run, scheduler) == [6] * n
 
 
+def test_comm_tasks_with_a_late_rank(dist_world):
+    """One rank allocates its staging late: compile() must not let the others signal into it first."""
+    assert dist_world(2).run(B.comm_graph_run, "round_robin", steps=1, stagger=1.0) == [6, 6]
+
+
 @pytest.mark.skipif(os.environ.get("DITRON_TEST_BACKEND", "sim") != "sim", reason="simulator deadlock report")
 def test_planted_missing_release_is_reported():
     from ditron.sim.pool import SimCluster

@@ -86,12 +86,21 @@ class Megakernel:
             queue = offs + [self.num_programs + 1 + len(flat)] + flat
         self.queue_table = torch.tensor(queue, **i32)
         self.slots = torch.zeros(graph.num_slots + 1, **i32)
-        self.epoch = torch.zeros(1, **i32)
+        # one epoch per graph, shared by every kernel compiled from it: the communication tasks' signal
+        # values (the epoch) then never repeat, whichever of them runs a step
+        if getattr(graph, "_epoch", None) is None or graph._epoch.device != self.device:
+            graph._epoch = torch.zeros(1, **i32)
+        self.epoch = graph._epoch
         self.counter = torch.zeros(1, **i32)
         self.steps = 0
         self._args = [self.item_table, self.queue_table, self.dep_table, self.slots, self.epoch, self.counter,
                       len(self.items)] + [t for _, t in self.code.tensor_params] + \
             [v for _, v in self.code.scalar_params]
+        if getattr(graph, "_comm_pools", None):
+            # every rank's staging and signal words are zeroed (on its stream) before any rank's first
+            # step can signal into them
+            from ..runtime.world import barrier_all
+            barrier_all()
         from ..runtime.heap import add_address_namer
         ref = weakref.ref(self)
         add_address_namer(lambda addr: (lambda mk: mk.describe_address(addr) if mk is not None else None)(ref()))
