@@ -117,6 +117,12 @@ def mul(sem, a, b):
     return to_tensor(sem, a).__mul__(b, _semantic=sem)
 
 
+def atomic_add_scalar(sem, ptr, value, order, scope):
+    """Triton's ``tl.atomic_add`` on one pointer (``order``: acq_rel, ...;
+    ``scope``: gpu, cta, sys); every thread receives the old value."""
+    return _core.atomic_add(ptr, value, sem=order, scope=scope, _semantic=sem)
+
+
 def debug_barrier(sem):
     return _core.debug_barrier(_semantic=sem)
 
@@ -182,6 +188,21 @@ def divisibility_attr(n=16):
 def jit_function_params(jit_fn):
     """Names of a JITFunction's parameters, in order."""
     return [p.name for p in jit_fn.params]
+
+
+def tile_function_params(fn):
+    """``[(name, is_constexpr), ...]`` of a ``@triton.jit`` / ``@ditron.jit``
+    function (compiled or interpreted), or None when ``fn`` is not one."""
+    py = getattr(fn, "fn", None)
+    if py is None or not callable(py) or not hasattr(fn, "arg_names"):
+        return None
+    out = []
+    for p in inspect.signature(py).parameters.values():
+        ann = p.annotation
+        const = ann is tl.constexpr or (isinstance(ann, str) and "constexpr" in ann) or \
+            getattr(ann, "__name__", "") == "constexpr"
+        out.append((p.name, bool(const)))
+    return out
 
 
 def jit_kwargs_signature():

@@ -50,6 +50,9 @@ def main(argv=None):
     if argv and argv[0] == "moe":                  # ditron demo moe: EP dispatch -> expert MLP -> combine
         from .demo_moe import main as moe_main
         return moe_main(argv[1:])
+    if argv and argv[0] == "megakernel":           # ditron demo megakernel: a TP decoder step as one kernel
+        from .demo_megakernel import main as mk_main
+        return mk_main(argv[1:])
     p = argparse.ArgumentParser(prog="ditron demo", description=__doc__.split("\n\n")[0])
     p.add_argument("-n", "--ranks", type=int, default=4, help="simulated ranks (default 4)")
     p.add_argument("--size", type=int, default=3000, help="elements per rank (default 3000, not a tile multiple)")

@@ -88,7 +88,8 @@ def _builtin_table():
     from .language import core, shmem
     table = {id(core.symm_at): ("symm_at", core.symm_at), id(core.consume_token): ("consume_token", core.consume_token),
              id(shmem.remote_ptr): ("remote_ptr", shmem.remote_ptr)}
-    for name in ("wait", "notify", "ld", "st", "atomic_add", "atomic_cas", "fence", "multimem_st"):
+    for name in ("wait", "notify", "ld", "st", "atomic_add", "atomic_cas", "fence", "multimem_st", "wait_deps",
+                 "release_tile", "fetch_task"):
         fn = getattr(core, name)
         table[id(fn)] = (f"dl.{name}", fn)
     for name, fn in vars(shmem).items():
@@ -292,6 +293,10 @@ class _Walker:
                 self.event("peer_write", bound.get("ptr"), ctx, call, what)
         elif what == "dl.wait":
             self.event("wait", bound.get("barrier_ptrs"), ctx, call, what, gpu="gpu" in at.get("scope", set()))
+        elif what == "dl.wait_deps":             # scoreboard slots: written on this GPU only (release_tile)
+            self.event("wait", bound.get("slot_ptr"), ctx, call, what, gpu=True)
+        elif what in ("dl.release_tile", "dl.fetch_task"):
+            self.event("release", None, ctx, call, what)
         elif what == "dl.ld":
             self.event("poll", bound.get("ptr"), ctx, call, what,
                        gpu=bool(at.get("scope", set()) & {"gpu", "cta"}))

@@ -101,7 +101,7 @@ def test_poll_timeout_is_free_unbounded_and_traps_bounded():
 
 def test_poll_hang_report_names_the_polling_loop():
     rec = {"rank": 1, "ctaid_x": 3, "ctaid_y": 0, "ctaid_z": 0, "tid": 5, "addr": 0x1000, "expected": 7,
-           "observed": 6, "elapsed_ns": 2_000_000_000, "kind": 4, "cmp": 0, "timeout_ns": 1_000_000_000}
+           "observed": 6, "elapsed_ns": 2_000_000_000, "kind": 5, "cmp": 0, "timeout_ns": 1_000_000_000}
     text = gpu_base.format_hang(rec, None)
     assert "polling loop (dl.poll_timeout)" in text and "expected value == 7, observed 6" in text
     assert "rank 1" in text and "program (3, 0, 0)" in text

@@ -124,7 +124,7 @@ def test_layer_imports_with_the_layers_above_blocked(index):
     names = [m for m, _, _ in modules() if layer_of(m) == index]
     above = [n for n in LAYERS[index + 1:]] + ["ditron.jit", "ditron.compiler", "ditron.sim.executor",
                                                  "ditron.sim.launcher", "ditron.sim.pool", "ditron.bench",
-                                                 "ditron.nn", "ditron.torch_ops", "ditron.kernels"]
+                                                 "ditron.nn", "ditron.torch_ops", "ditron.kernels", "ditron.task"]
     p = subprocess.run([sys.executable, "-c", _PROBE, ROOT, LAYERS[index], json.dumps(above), json.dumps(names)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and p.stdout.startswith("ok"), p.stderr[-3000:]

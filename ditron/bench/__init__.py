@@ -6,7 +6,8 @@
 * one module per op family: :mod:`ditron.bench.collectives`
   (all_reduce, all_gather, reduce_scatter) and :mod:`ditron.bench.gemm`
   (ag_gemm, gemm_rs, gemm_ar, the GEMM core) and :mod:`ditron.bench.moe`
-  (grouped_gemm, ag_moe, moe_rs, moe_ar, ep).
+  (grouped_gemm, ag_moe, moe_rs, moe_ar, ep) and :mod:`ditron.bench.megakernel`
+  (the Qwen3-like TP decoder step as one persistent kernel).
 
     torchrun --nproc-per-node 4 -m ditron.bench all_reduce --sizes 8K..256M
     ditron sim -n 2 -m ditron.bench ag_gemm --shapes 64,32,32
@@ -25,6 +26,8 @@ def main(argv=None):
         from .gemm import main as family_main
     elif argv and argv[0] in MOE_OPS:
         from .moe import main as family_main
+    elif argv and argv[0] == "megakernel":
+        from .megakernel import main as family_main
     else:
         from .collectives import main as family_main
     return family_main(argv)

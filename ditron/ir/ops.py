@@ -72,6 +72,15 @@ _add(_spec("wait", "tile", [("barrier_ptrs", SCALAR_PTR), ("num_barriers", INT_S
 _add(_spec("consume_token", "tile", [("value", VALUE), ("token", TOKEN)], result="value"))
 _add(_spec("notify", "tile", [("ptr", SCALAR_PTR), ("rank", INT_SCALAR), ("signal", INT_SCALAR)],
            {"sig_op": SIG_OPS, "comm_scope": COMM_SCOPES}, effects=("write", "remote", "sync", "barrier")))
+# task level: the scoreboard and work queue of a megakernel (ditron.task)
+_add(_spec("wait_deps", "tile", [("slot_ptr", SCALAR_PTR), ("num_slots", INT_SCALAR), ("epoch", INT_SCALAR)],
+           result="token", effects=("read", "sync", "barrier"),
+           doc="poll int32 slots [0, num_slots) with acquire (gpu) until each is >= epoch, then a CTA barrier"))
+_add(_spec("release_tile", "tile", [("slot_ptr", SCALAR_PTR), ("epoch", INT_SCALAR)],
+           effects=("write", "sync", "barrier"),
+           doc="CTA barrier, then one thread stores epoch with release (gpu)"))
+_add(_spec("fetch_task", "tile", [("counter_ptr", SCALAR_PTR)], result="i32", effects=("read", "write", "sync"),
+           doc="one atomic add (acq_rel, gpu) per program; the ticket is broadcast to all threads"))
 _add(_spec("multimem_ld_reduce", "tile", [("ptrs", PTR)], {"op": ("sum", "min", "max"), "acc_dtype": object},
            result="tensor", effects=("read", "remote"), backends=("cuda", "sim"), min_sm=90))
 _add(_spec("multimem_st", "tile", [("ptrs", PTR), ("value", VALUE)], effects=("write", "remote"),

@@ -2,7 +2,8 @@
 
 Tile level: :func:`rank`, :func:`num_ranks`, :func:`symm_at`, :func:`wait`,
 :func:`consume_token`, :func:`notify`, :func:`multimem_ld_reduce`,
-:func:`multimem_st`.  Thread level: :func:`tid`, :func:`laneid`,
+:func:`multimem_st`.  Task level (megakernel scoreboard): :func:`wait_deps`,
+:func:`release_tile`, :func:`fetch_task`.  Thread level: :func:`tid`, :func:`laneid`,
 :func:`num_threads`, :func:`num_warps`, :func:`ld`, :func:`st`,
 :func:`atomic_add`, :func:`atomic_cas`, :func:`syncthreads`, :func:`fence`,
 :func:`ballot_sync`, :func:`shfl_sync` (+ ``_up``/``_down``/``_xor``),
@@ -21,6 +22,7 @@ _sys.modules[__name__ + ".libshmem_device"] = shmem
 from .core import (atomic_add, atomic_cas, ballot_sync, clock_ns, consume_token, fence, ffs, laneid, ld, multimem_ld_reduce,
                    multimem_st, notify, num_ranks, num_threads, num_warps, rank, shfl_down_sync, shfl_sync,
                    shfl_up_sync, shfl_xor_sync, poll_timeout, st, symm_at, syncthreads, tid, wait)
+from .core import fetch_task, release_tile, wait_deps
 from . import swizzle
 from .swizzle import (segment_position, segment_position_py, swizzle_2d, swizzle_2d_py, swizzle_gather,
                       swizzle_gather_py, swizzle_scatter, swizzle_scatter_py, tile_order_py, tile_segments,
@@ -30,6 +32,7 @@ __all__ = ["rank", "num_ranks", "symm_at", "wait", "consume_token", "notify", "m
            "tid", "laneid", "num_threads", "num_warps", "ld", "st", "atomic_add", "atomic_cas", "syncthreads",
            "fence", "ballot_sync", "shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "ffs",
            "clock_ns", "poll_timeout",
+           "wait_deps", "release_tile", "fetch_task",
            "shmem", "libshmem_device",
            "swizzle", "swizzle_2d", "swizzle_gather", "swizzle_scatter", "tile_segments", "segment_position",
            "swizzle_2d_py", "swizzle_gather_py", "swizzle_scatter_py", "tile_segments_py", "segment_position_py",

@@ -320,3 +320,61 @@ def poll_timeout(start, ptr, expected, observed, pending=True, _semantic=None, _
     return emit("poll_timeout", {"start": start, "ptr": ptr, "expected": expected, "observed": observed,
                                  "pending": pending}, {},
                 _semantic, _generator, params=("start", "ptr", "expected", "observed", "pending"))
+
+
+# ---------------------------------------------------------------------------
+# task level: the scoreboard of a megakernel (see docs/megakernel.md)
+# ---------------------------------------------------------------------------
+
+@builtin
+def wait_deps(slot_ptr, num_slots, epoch, _semantic=None, _generator=None):
+    """Wait until each of ``num_slots`` consecutive int32 scoreboard slots
+    starting at ``slot_ptr`` holds a value ``>= epoch``; return a token.
+
+    A slot holds the epoch (step number) of the last step in which its tile
+    was released by :func:`release_tile`, so the scoreboard never needs
+    resetting.  Acquire at GPU scope: everything the releasing program wrote
+    before its :func:`release_tile` is visible to loads after the wait (pass
+    the token to :func:`consume_token`).  All threads of the program leave
+    together.  ``num_slots`` may be a runtime value (0: no wait).
+
+    NVIDIA: threads poll slots ``tid, tid+ntid, ...`` with
+    ``ld.acquire.gpu.global.b32`` until ``slot >= epoch`` (signed), then
+    ``bar.sync 0``; under ``DITRON_WAIT_TIMEOUT_S`` the bounded loop reports
+    (address, expected, observed) and traps.  AMD: the same loop with LLVM
+    ``load atomic ... syncscope("agent") acquire`` and ``s_barrier``.
+    Simulator: polls the slots (the program lends its turn while it waits);
+    a deadlock report names the task and tile of the slot.
+    """
+    return emit("wait_deps", {"slot_ptr": slot_ptr, "num_slots": num_slots, "epoch": epoch}, {}, _semantic,
+                _generator, params=("slot_ptr", "num_slots", "epoch"))
+
+
+@builtin
+def release_tile(slot_ptr, epoch, _semantic=None, _generator=None):
+    """Mark a tile done: all threads of the program synchronise, then one
+    thread stores ``epoch`` to the int32 slot at ``slot_ptr`` with release
+    semantics at GPU scope (everything the program wrote before becomes
+    visible to a program whose :func:`wait_deps` sees the slot).
+
+    NVIDIA: ``bar.sync 0`` then ``st.release.gpu.global.b32`` by thread 0.
+    AMD: ``s_barrier`` then an LLVM ``store atomic ... syncscope("agent")
+    release``.  Simulator: an atomic store (a release edge for the race
+    finder).
+    """
+    return emit("release_tile", {"slot_ptr": slot_ptr, "epoch": epoch}, {}, _semantic, _generator,
+                params=("slot_ptr", "epoch"))
+
+
+@builtin
+def fetch_task(counter_ptr, _semantic=None, _generator=None):
+    """Take a ticket from a device work queue: one atomic add of 1 (acq_rel,
+    GPU scope) per program on the int32 word at ``counter_ptr``; the old value
+    is returned to every thread of the program (an ``int32`` scalar).
+
+    NVIDIA / AMD: Triton's scalar ``atomic_add`` (one thread performs
+    ``atom.acq_rel.gpu.add`` / ``atomicrmw add ... syncscope("agent")
+    acq_rel``; the result is broadcast through shared memory).  Simulator: an
+    atomic add on the word.
+    """
+    return emit("fetch_task", {"counter_ptr": counter_ptr}, {}, _semantic, _generator, params=("counter_ptr",))

@@ -86,3 +86,20 @@ def ptr_to_int(ctx, ptr):
 
 def int_to_ptr_like(ctx, value, like):
     return _compat.cast(ctx.sem, value, like.type)
+
+
+def slot_word(ctx, ptr, arg):
+    """Scoreboard slots and work-queue counters are int32 words."""
+    t = ptr.type.element_ty if ptr.type.is_block() else ptr.type
+    elem = t.element_ty
+    if not elem.is_int() or elem.primitive_bitwidth != 32:
+        raise ctx.error(f"scoreboard slots and work counters are int32 words, not {elem}", arg=arg)
+
+
+def fetch_task(ctx, counter_ptr):
+    """One ticket per program: Triton's scalar atomic add (one thread performs
+    the acq_rel / gpu-scope add, the old value is broadcast through shared
+    memory to every thread of the program)."""
+    ptr = ctx.tensor(counter_ptr)
+    slot_word(ctx, ptr, "counter_ptr")
+    return _compat.atomic_add_scalar(ctx.sem, ptr, 1, "acq_rel", "gpu")

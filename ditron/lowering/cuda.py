@@ -259,6 +259,64 @@ def _notify(ctx, ptr, rank, signal, sig_op, comm_scope):
     return None
 
 
+# task level: scoreboard and work queue ----------------------------------------
+
+@register("wait_deps", BACKEND)
+def _wait_deps(ctx, slot_ptr, num_slots, epoch):
+    """Like ``wait`` with ``ld.acquire.gpu`` and ``slot >= epoch`` (signed):
+    threads poll slots tid, tid+ntid, ...; then ``bar.sync 0``."""
+    common.slot_word(ctx, ctx.tensor(slot_ptr), "slot_ptr")
+    n = _compat.cast(ctx.sem, ctx.tensor(num_slots), tl.int32)
+    val = _compat.cast(ctx.sem, ctx.tensor(epoch), tl.int32)
+    if variant_of(ctx)[1]:
+        return ctx.call(LIB, "ditron_wait_deps_bounded_i32", [common.ptr_to_int(ctx, slot_ptr), n, val],
+                        [tl.int64, tl.int32, tl.int32], tl.int32)
+    asm = """{
+    .reg .pred %p<2>; .reg .b32 %v; .reg .u32 %i, %nt; .reg .u64 %off, %a;
+    mov.u32 %i, %tid.x;
+    mov.u32 %nt, %ntid.x;
+    L_next_${:uid}:
+    setp.ge.u32 %p0, %i, $2;
+    @%p0 bra L_done_${:uid};
+    mul.wide.u32 %off, %i, 4;
+    add.u64 %a, $1, %off;
+    L_spin_${:uid}:
+    ld.acquire.gpu.global.b32 %v, [%a];
+    setp.lt.s32 %p1, %v, $3;
+    @%p1 bra L_spin_${:uid};
+    add.u32 %i, %i, %nt;
+    bra L_next_${:uid};
+    L_done_${:uid}:
+    bar.sync 0;
+    mov.u32 $0, 0;
+    }"""
+    return ctx.asm(asm, "=r,l,r,r", [slot_ptr, n, val], tl.int32)
+
+
+@register("release_tile", BACKEND)
+def _release_tile(ctx, slot_ptr, epoch):
+    """``bar.sync 0`` (every thread's writes of the tile are done), then thread
+    0 stores ``epoch`` with ``st.release.gpu`` (cumulative: the CTA's writes
+    are visible before the slot)."""
+    common.slot_word(ctx, ctx.tensor(slot_ptr), "slot_ptr")
+    asm = """{
+    .reg .pred %p; .reg .u32 %t;
+    bar.sync 0;
+    mov.u32 %t, %tid.x;
+    setp.eq.u32 %p, %t, 0;
+    @%p st.release.gpu.global.b32 [$1], $2;
+    mov.u32 $0, 0;
+    }"""
+    val = _compat.cast(ctx.sem, ctx.tensor(epoch), tl.int32)
+    ctx.asm(asm, "=r,l,r", [slot_ptr, val], tl.int32)
+    return None
+
+
+@register("fetch_task", BACKEND)
+def _fetch_task(ctx, counter_ptr):
+    return common.fetch_task(ctx, counter_ptr)
+
+
 _MM_OPS = {"sum": "add", "min": "min", "max": "max"}
 
 

@@ -38,7 +38,8 @@ HANG_WORDS = {"valid": 0, "rank": 1, "ctaid_x": 2, "ctaid_y": 3, "ctaid_z": 4, "
               "observed": 8, "elapsed_ns": 9, "kind": 10, "cmp": 11, "timeout_ns": 12}
 HANG_RECORD_WORDS = 16
 HANG_VALID = 0x48414E47      # "HANG"
-HANG_KINDS = {1: "dl.wait", 2: "shmem.signal_wait_until", 3: "shmem.barrier_all", 4: "polling loop (dl.poll_timeout)"}
+HANG_KINDS = {1: "dl.wait", 2: "shmem.signal_wait_until", 3: "shmem.barrier_all", 4: "dl.wait_deps",
+              5: "polling loop (dl.poll_timeout)"}
 
 #: sig_op values of the ditron_p2p_* functions
 P2P_SIGNAL = {"set": 0, "add": 1}
@@ -262,12 +263,15 @@ die:
 }}"""
 
 
-def _wait_bounded_fn(semantic, scope, bits):
-    """Bounded ``dl.wait``: the inline-PTX wait of cuda.py plus a %globaltimer check."""
+def _wait_bounded_fn(semantic, scope, bits, deps=False):
+    """Bounded ``dl.wait``: the inline-PTX wait of cuda.py plus a %globaltimer
+    check.  ``deps=True``: bounded ``dl.wait_deps`` (``slot >= value``, signed;
+    reported as kind 4 with cmp ``>=``)."""
     ty = f"i{bits}"
     reg = "l" if bits == 64 else "r"
     nbytes = bits // 8
-    name = f"ditron_wait_bounded_{semantic}_{scope}_{ty}"
+    name = "ditron_wait_deps_bounded_i32" if deps else f"ditron_wait_bounded_{semantic}_{scope}_{ty}"
+    cond, kind, cmp = ("sge", 4, 5) if deps else ("eq", 1, 0)
     if bits == 64:
         widen = "  %ve = add i64 %val, 0\n  %vo = add i64 %v, 0"
     else:
@@ -291,14 +295,14 @@ poll:
   br label %spin
 spin:
   %v = {_asm(f"ld.{semantic}.{scope}.global.b{bits} $0, [$1];", f"={reg},l,~{{memory}}", ret=ty, args="i64 %a")}
-  %ok = icmp eq {ty} %v, %val
+  %ok = icmp {cond} {ty} %v, %val
   br i1 %ok, label %adv, label %check
 check:
 {_expired('c', '%t0', '%tmo', '1')}
   br i1 %c.exp, label %fail, label %spin
 fail:
 {widen}
-  call void @ditron_hang(i64 %a, i64 %ve, i64 %vo, i64 %c.dt, i32 1, i32 0)
+  call void @ditron_hang(i64 %a, i64 %ve, i64 %vo, i64 %c.dt, i32 {kind}, i32 {cmp})
   unreachable
 adv:
   %i2 = add i32 %i, %nt
@@ -323,7 +327,7 @@ check:
 {_expired('c', '%t0', '%tmo', '1')}
   br i1 %c.exp, label %fail, label %ok
 fail:
-  call void @ditron_hang(i64 %addr, i64 %exp, i64 %obs, i64 %c.dt, i32 4, i32 0)
+  call void @ditron_hang(i64 %addr, i64 %exp, i64 %obs, i64 %c.dt, i32 5, i32 0)
   unreachable
 ok:
   ret i32 0
@@ -600,3 +604,5 @@ def add_p2p_and_bounded(lib):
             for bits in (32, 64):
                 name, text = _wait_bounded_fn(semantic, scope, bits)
                 lib.define(name, text)
+    name, text = _wait_bounded_fn("acquire", "gpu", 32, deps=True)
+    lib.define(name, text)

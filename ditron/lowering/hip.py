@@ -96,6 +96,29 @@ done:
 {_BARRIER}
   ret i32 0
 }}""")
+    LIB.define("ditron_wait_deps_i32", f"""
+define i32 @ditron_wait_deps_i32(i64 %p, i32 %n, i32 %v, i32 %nt) #1 {{
+entry:
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %base = inttoptr i64 %p to ptr addrspace(1)
+  br label %next
+next:
+  %i = phi i32 [ %tid, %entry ], [ %inext, %got ]
+  %more = icmp slt i32 %i, %n
+  br i1 %more, label %spin, label %done
+spin:
+  %off = sext i32 %i to i64
+  %a = getelementptr i32, ptr addrspace(1) %base, i64 %off
+  %w = load atomic i32, ptr addrspace(1) %a {_SYNCSCOPE["gpu"]}acquire, align 4
+  %ok = icmp sge i32 %w, %v
+  br i1 %ok, label %got, label %spin
+got:
+  %inext = add i32 %i, %nt
+  br label %next
+done:
+{_BARRIER}
+  ret i32 0
+}}""")
     for scope in ("gpu", "sys"):
         ss = _SYNCSCOPE[scope]
         for bits in (32, 64):
@@ -301,6 +324,29 @@ def _notify(ctx, ptr, rank, signal, sig_op, comm_scope):
     _call(ctx, f"ditron_notify_{sig_op}_{scope}_{_INT[bits]}", [common.ptr_to_int(ctx, remote), signal],
           [tl.int64, _TL_INT[bits]], tl.int32)
     return None
+
+
+# task level: scoreboard and work queue ----------------------------------------
+
+@register("wait_deps", BACKEND)
+def _wait_deps(ctx, slot_ptr, num_slots, epoch):
+    common.slot_word(ctx, ctx.tensor(slot_ptr), "slot_ptr")
+    return _call(ctx, "ditron_wait_deps_i32", [common.ptr_to_int(ctx, slot_ptr), num_slots, epoch, ctx.num_threads],
+                 [tl.int64, tl.int32, tl.int32, tl.int32], tl.int32)
+
+
+@register("release_tile", BACKEND)
+def _release_tile(ctx, slot_ptr, epoch):
+    """``s_barrier``, then thread 0 stores ``epoch`` with an agent-scope
+    release store (the same library function as ``notify`` at GPU scope)."""
+    common.slot_word(ctx, ctx.tensor(slot_ptr), "slot_ptr")
+    _call(ctx, "ditron_notify_set_gpu_i32", [common.ptr_to_int(ctx, slot_ptr), epoch], [tl.int64, tl.int32], tl.int32)
+    return None
+
+
+@register("fetch_task", BACKEND)
+def _fetch_task(ctx, counter_ptr):
+    return common.fetch_task(ctx, counter_ptr)
 
 
 # ---------------------------------------------------------------------------

@@ -354,6 +354,52 @@ def _num_warps(ctx):
     return _scalar(1, tl.int32)
 
 
+# task level: scoreboard and work queue -------------------------------------------
+
+def _slot_word(ctx, ptr, arg):
+    tt = _elem_ty(ptr)
+    if not (tt.is_int() and tt.primitive_bitwidth == 32):
+        raise ctx.error(f"scoreboard slots and work counters are int32 words, not {tt}", arg=arg)
+    return tt
+
+
+@register("wait_deps", BACKEND)
+def _wait_deps(ctx, slot_ptr, num_slots, epoch):
+    world, tr = _world(ctx)
+    _slot_word(ctx, slot_ptr, "slot_ptr")
+    n = _int(num_slots)
+    want = _int(epoch)
+    if n > 0:
+        addrs = np.uint64(_int(slot_ptr)) + np.arange(n, dtype=np.uint64) * np.uint64(4)
+        _spin_values(ctx, tr, addrs, np.int32, lambda v: np.all(v >= want), f">= {want}", "dl.wait_deps")
+        race().signal_acquire(addrs, False)
+    return _scalar(0, tl.int32)
+
+
+@register("release_tile", BACKEND)
+def _release_tile(ctx, slot_ptr, epoch):
+    world, tr = _world(ctx)
+    _slot_word(ctx, slot_ptr, "slot_ptr")
+    addr = np.asarray([_int(slot_ptr)], dtype=np.uint64)
+    race().signal_release(addr, False)
+    _signal_update(tr, addr, _int(epoch), "set", np.int32)
+    return None
+
+
+@register("fetch_task", BACKEND)
+def _fetch_task(ctx, counter_ptr):
+    from ..sim import memory as M
+    world, tr = _world(ctx)
+    _slot_word(ctx, counter_ptr, "counter_ptr")
+    addr = np.asarray([_int(counter_ptr)], dtype=np.uint64)
+    access().end_poll()
+    race().rmw("pre", addr, "acq_rel", False)
+    old = M.atomic_add(addr, 1, np.int32)
+    race().rmw("post", addr, "acq_rel", False)
+    tr.control.progress()
+    return _scalar(int(np.asarray(old).reshape(-1)[0]), tl.int32)
+
+
 def _heap_ptrs(ctx, ptr):
     return _data(ptr).astype(np.uint64)
 

@@ -374,6 +374,12 @@ class GpuTransport(Transport):
                               f"{self.device.index})")
 
     def describe_address(self, addr: int) -> str:
+        from .heap import name_address
+        named = name_address(addr)
+        plain = self._describe_heap_address(addr)
+        return f"{named}; {plain}" if named else plain
+
+    def _describe_heap_address(self, addr: int) -> str:
         if self.heap is not None and self.heap.contains_ptr(addr):
             return self.heap.describe_offset(addr - self.heap.base) + " (this rank's copy)"
         first = self.node * self.local_world_size

@@ -67,6 +67,30 @@ def _call_site() -> str:
     return "?"
 
 
+_ADDRESS_NAMERS: list = []
+
+
+def add_address_namer(fn):
+    """Register ``fn(addr) -> str | None``: a description of a device address
+    that a higher layer owns (e.g. a megakernel's scoreboard slot -> task and
+    tile).  Hang reports (simulator and bounded GPU waits) put it first."""
+    _ADDRESS_NAMERS.append(fn)
+
+
+def remove_address_namer(fn):
+    if fn in _ADDRESS_NAMERS:
+        _ADDRESS_NAMERS.remove(fn)
+
+
+def name_address(addr: int):
+    """What a registered namer says about ``addr``, or None."""
+    for fn in list(_ADDRESS_NAMERS):
+        text = fn(int(addr))
+        if text:
+            return text
+    return None
+
+
 @dataclass
 class Allocation:
     index: int

@@ -109,6 +109,12 @@ class SimTransport(Transport):
         return None
 
     def describe_addr(self, addr: int) -> str:
+        from .heap import name_address
+        named = name_address(addr)
+        plain = self._describe_heap_addr(addr)
+        return f"{named}; {plain}" if named else plain
+
+    def _describe_heap_addr(self, addr: int) -> str:
         where = self.owner_of(int(addr))
         if where is None:
             return f"address {int(addr):#x} (not in the symmetric heap)"

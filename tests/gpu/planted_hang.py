@@ -14,6 +14,11 @@ the call site (the host barrier is bounded by DITRON_WAIT_TIMEOUT_S too).
 (no ``dl.wait`` anywhere) and must stop within timeout + 5 s with a "polling loop" report naming the LL
 buffer (``dl.poll_timeout`` in ``kernels/_common.py:ll_poll``).
 
+``--kind deps``: a megakernel (tests/bodies_task.py's chain graph, one
+program) whose task 'b' tile 2 never releases its scoreboard slot: every
+rank's ``dl.wait_deps`` must stop with a report naming the slot, the task and
+the tile (``scoreboard slot 7 = task 'b' tile 2``, expected ``>= 1``).
+
 Exits through os._exit (the hung rank's CUDA context is dead after the trap).
 """
 import argparse
@@ -47,7 +52,7 @@ def k_ring_signal(sig, nxt, skip):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="p2p")
-    ap.add_argument("--kind", choices=("wait", "signal", "barrier", "ll"), default="wait")
+    ap.add_argument("--kind", choices=("wait", "signal", "barrier", "ll", "deps"), default="wait")
     args = ap.parse_args()
     timeout = float(os.environ.get("DITRON_WAIT_TIMEOUT_S", "0"))
     if timeout <= 0:
@@ -60,6 +65,8 @@ def main():
         planted_barrier(args, world, timeout)
     if args.kind == "ll":
         planted_ll(args, world, timeout)
+    if args.kind == "deps":
+        planted_deps(args, world, timeout)
     if args.kind == "wait":
         word = ditron.symm_zeros((2,), torch.int32, name="planted_flags")
         kernel, arg = k_ring_wait, word[1:]
@@ -136,6 +143,34 @@ def planted_ll(args, world, timeout):
     print(f"planted_hang[{args.backend}/ll] rank {rank}: {'1 passed, 0 failed' if ok else '0 passed, 1 failed'}",
           flush=True)
     sys.stdout.flush()
+    os._exit(0 if ok else 1)
+
+
+def planted_deps(args, world, timeout):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import bodies_task as B
+    rank = world.rank
+    B.run_chain(world, "round_robin", num_programs=2, steps=2)         # 1) healthy, bounded variant
+    torch.cuda.synchronize()
+    torch.distributed.barrier()
+    t0 = time.monotonic()
+    err = mk = None
+    try:                                                                # 2) b[2] never releases
+        mk = B.planted_missing_release(world, "b", 2, num_programs=1)
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 -- the trap
+        err = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    report = gpu.wait_for_hang_report(timeout + 5 - (time.monotonic() - t0))
+    elapsed = time.monotonic() - t0
+    want = [f"rank {rank}", "dl.wait_deps on megakernel 'chain' scoreboard slot 7 = task 'b' tile 2",
+            "expected value >= 1", "observed 0"]
+    missing = [w for w in want if report is None or w not in report]
+    ok = report is not None and not missing and elapsed <= timeout + 5 and err is not None
+    print(f"planted_hang[{args.backend}/deps] rank {rank}: report after {elapsed:.2f} s, CUDA error: {err}; "
+          f"missing in report: {missing}", flush=True)
+    print(f"planted_hang[{args.backend}/deps] rank {rank}: {'1 passed, 0 failed' if ok else '0 passed, 1 failed'}",
+          flush=True)
+    del mk
     os._exit(0 if ok else 1)
 
 

@@ -25,6 +25,7 @@ for b in $BACKENDS; do
   DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_dist_runtime.py
   DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_dist_primitives.py
   DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_torch.py
+  DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_task_sim.py
   step $TR tests/gpu/lifecycle.py --backend "$b"
   step $TR tests/gpu/mesh_world.py --backend "$b" --mesh "1,$NPROC"
   step $TR tests/gpu/mesh_world.py --backend "$b" --mesh "$NPROC,1"
@@ -34,6 +35,8 @@ for b in $BACKENDS; do
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind wait
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind signal
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind barrier
+  step $TR tests/gpu/decoder_8b.py --backend "$b"
+  DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind deps
   DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind ll
 done
 DITRON_DEBUG=1 DITRON_WAIT_TIMEOUT_S=5 step $TR tests/gpu/consistency.py

@@ -1,0 +1,212 @@
+"""Decoder-step benchmark (``ditron bench megakernel``): the Qwen3-like TP
+decoder of ``kernels/decoder`` as one persistent megakernel against the same
+model in torch, eager and CUDA-graph captured, and against the HBM limit.
+
+    torchrun --standalone --nproc-per-node 1 -m ditron.bench megakernel --ctx 512,4096 --machine nvidia-h200
+    torchrun --standalone --nproc-per-node 2 -m ditron.bench megakernel --ctx 512,4096 --machine nvidia-h200-x2
+    ditron sim -n 2 -m ditron.bench megakernel --config tiny --ctx 33 --warmup 1 --iters 2   # CPU smoke run
+
+Per context (``--ctx``) and batch (``--batch``, default 1; 2-8 work too):
+this rank's shard of the seeded random model is built, the megakernel is
+checked against the torch reference on a fresh input (one step of each; the
+ranks agree on the outcome), then timed side by side (the harness's
+``measure``: warm-up, median over iterations, the slowest rank, rounds in
+alternating order):
+
+* ``torch_eager``: :class:`TorchDecoder.step` (bf16 ``F.linear``, SDPA over the
+  static cache, NCCL all-reduce);
+* ``torch_graph``: the same step captured in a CUDA graph and replayed;
+* ``megakernel``: a CUDA graph of ``mk.step()`` (epoch bump + one launch);
+* ``hbm_limit``: (weight bytes + KV bytes read per step on a rank) / the
+  device's copy bandwidth, measured in the same run (a 1 GiB ``copy_``:
+  read + write bytes / time).
+
+Every step appends one position, so the context grows by up to
+``2 * repeat * (warmup + iters)`` positions during the timing (the KV bytes
+of those positions are a fraction of a percent of the weight bytes at 8B).
+Tuning: ``--gemv-block-n/-k``, ``--gemv-dot``, ``--attn-split``,
+``--attn-block``, ``--comm-block``, ``--num-warps``, ``--scheduler``,
+``--programs``.  Results: ``--out`` (Markdown + JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .gemm import _release, agree_fn
+from .harness import Impl, measure, result_meta
+
+
+def copy_bandwidth(device, nbytes=1 << 30, iters=10):
+    """Bytes per second a device-to-device ``copy_`` moves (read + write)."""
+    import time
+
+    import torch
+    if not str(device).startswith("cuda"):
+        nbytes = min(nbytes, 64 << 20)
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(iters):
+            dst.copy_(src)
+        b.record()
+        b.synchronize()
+        secs = a.elapsed_time(b) * 1e-3 / iters
+    else:
+        t = time.perf_counter()
+        dst.copy_(src)
+        secs = time.perf_counter() - t
+    return 2 * nbytes / secs
+
+
+def _graph(fn):
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+
+    def replay():
+        g.replay()
+        return out
+    return replay
+
+
+def _config(args):
+    from ..kernels.decoder import qwen3_8b, tiny
+    cfg = {"8b": qwen3_8b, "tiny": tiny}[args.config]()
+    if args.layers:
+        cfg = cfg.with_(n_layers=args.layers)
+    over = {k: v for k, v in (("gemv_block_n", args.gemv_block_n), ("gemv_block_k", args.gemv_block_k),
+                              ("attn_split", args.attn_split), ("attn_block", args.attn_block),
+                              ("comm_block", args.comm_block), ("num_warps", args.num_warps)) if v}
+    if args.gemv_dot != "auto":
+        over["gemv_dot"] = args.gemv_dot == "on"
+    return cfg.with_tiles(**over) if over else cfg
+
+
+def bench_case(world, cfg, ctx, batch, args, bw):
+    """Check then time one (context, batch); returns the table row."""
+    import torch
+
+    import ditron
+    from ..kernels.decoder import run as R
+    margin = 2 * args.repeat * (args.warmup + args.iters) + 16
+    s = R.setup(cfg, world, batch, ctx, max_ctx=ctx + margin)
+    dm = R.megakernel(s, scheduler=args.scheduler, num_programs=args.programs)
+    ref = R.reference(s)
+    ok, err, scale = R.check_step(dm, ref, cfg, batch, 0, world.device)
+    ok = agree_fn(world)([ok])[0]
+    sh = cfg.shard(world.world_size)
+    nbytes = sh.weight_bytes() + sh.kv_bytes(ctx, batch)
+    row = {"ctx": ctx, "batch": batch, "check": "ok" if ok else "FAILED", "max_abs_err": err, "scale": scale,
+           "bytes_per_rank": nbytes, "hbm_limit_us": nbytes / bw * 1e6, "tasks": len(dm.graph.tasks),
+           "tiles": dm.graph.num_slots, "branches": len(dm.mk.code.branches), "programs": dm.mk.num_programs}
+    x = torch.randn(batch, cfg.hidden, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(world.device)
+    dm.buf.x.copy_(x)
+    cuda = str(world.device).startswith("cuda")
+    impls = [Impl("torch_eager", lambda: ref.step(x))]
+    if cuda:
+        impls.append(Impl("torch_graph", ref.graphed(x)))
+    if ok:
+        impls.append(Impl("megakernel", _graph(dm.step) if cuda else dm.step))
+    res = measure(impls, world.device, warmup=args.warmup, iters=args.iters, graph=False,
+                  barrier=ditron.barrier_all, repeat=args.repeat, agree=agree_fn(world))
+    for name, r in res.items():
+        row[f"{name}_us"] = r["us"] if r["ok"] else None
+        if not r["ok"]:
+            row.setdefault("errors", {})[name] = r["error"]
+    mk = row.get("megakernel_us")
+    if mk:
+        for base in ("torch_eager", "torch_graph"):
+            if row.get(f"{base}_us"):
+                row[f"mk_over_{base}"] = mk / row[f"{base}_us"]
+        row["mk_over_hbm_limit"] = mk / row["hbm_limit_us"]
+    return row
+
+
+def table(rows) -> str:
+    def f(v, fmt="{:.1f}"):
+        return "-" if v is None else fmt.format(v)
+    lines = ["| context | batch | check (max abs err) | torch eager (us) | torch + CUDA graph (us) | megakernel (us) "
+             "| HBM limit (us) | mk / graph | mk / limit |", "| --- |" + " --- |" * 8]
+    for r in rows:
+        lines.append(f"| {r['ctx']} | {r['batch']} | {r['check']} ({r['max_abs_err']:.3g}) | "
+                     f"{f(r.get('torch_eager_us'))} | {f(r.get('torch_graph_us'))} | {f(r.get('megakernel_us'))} | "
+                     f"{f(r['hbm_limit_us'])} | {f(r.get('mk_over_torch_graph'), '{:.2f}x')} | "
+                     f"{f(r.get('mk_over_hbm_limit'), '{:.2f}x')} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "megakernel":
+        argv = argv[1:]
+    p = argparse.ArgumentParser(prog="ditron bench megakernel", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", choices=["8b", "tiny"], default="8b")
+    p.add_argument("--layers", type=int, default=0, help="override the number of layers")
+    p.add_argument("--ctx", default="512,4096", help="KV positions before the step (comma list)")
+    p.add_argument("--batch", default="1", help="batch sizes (comma list, 1-8)")
+    p.add_argument("--scheduler", default="round_robin", help="round_robin, zigzag or dynamic")
+    p.add_argument("--programs", type=int, default=None, help="persistent programs (default: the SM count)")
+    p.add_argument("--gemv-block-n", type=int, default=0)
+    p.add_argument("--gemv-block-k", type=int, default=0)
+    p.add_argument("--gemv-dot", choices=["auto", "on", "off"], default="auto",
+                   help="GEMV tiles accumulate with tl.dot (auto: for batches above 2)")
+    p.add_argument("--attn-split", type=int, default=0)
+    p.add_argument("--attn-block", type=int, default=0)
+    p.add_argument("--comm-block", type=int, default=0)
+    p.add_argument("--num-warps", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=25)
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--tag", default=None)
+    p.add_argument("--machine", default=os.environ.get("DITRON_MACHINE", "unknown machine"))
+    args = p.parse_args(argv)
+
+    import ditron
+    world = ditron.init()
+    cfg = _config(args)
+    bw = copy_bandwidth(world.device)
+    rows = []
+    for ctx in (int(c) for c in args.ctx.split(",") if c):
+        for batch in (int(b) for b in args.batch.split(",") if b):
+            with ditron.heap_scope():
+                rows.append(bench_case(world, cfg, ctx, batch, args, bw))
+            _release(world.device)
+    if world.rank == 0:
+        command = "ditron bench megakernel " + " ".join(argv)
+        meta = result_meta("megakernel", "bf16", world.world_size, world.device, args.machine, command)
+        meta.update(config=args.config, layers=cfg.n_layers, tiles=vars(cfg.tiles), copy_bandwidth_GBs=bw / 1e9,
+                    scheduler=args.scheduler)
+        md = [f"### Decoder step megakernel ({args.config}, {cfg.n_layers} layers), TP={world.world_size} "
+              f"({args.machine}, {meta['date']})", "", f"Command: `{command}`", "",
+              f"Copy bandwidth {bw / 1e9:.0f} GB/s; HBM limit = (weight + KV bytes per rank) / copy bandwidth. "
+              f"Tiles: {vars(cfg.tiles)}; scheduler {args.scheduler}.", "", table(rows), ""]
+        os.makedirs(args.out, exist_ok=True)
+        stem = os.path.join(args.out, f"{args.tag or args.machine.replace(' ', '_')}-megakernel")
+        with open(stem + ".md", "w") as f:
+            f.write("\n".join(md))
+        with open(stem + ".json", "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
+        print("\n".join(md))
+        print(f"wrote {stem}.md, {stem}.json")
+    bad = [r for r in rows if r["check"] != "ok" or r.get("errors")]
+    ditron.finalize()
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Code generation: one readable persistent ``@ditron.jit`` kernel for a task
+graph.
+
+Tasks that share a tile function, the same ``args`` (tensors by pointer and
+dtype, equal constants) and the same scalar names share one *branch*; the
+kernel has one ``if branch == k`` per branch, not per task.  The source is
+written to ``$DITRON_CACHE_DIR/megakernel/<graph>_<hash>.py`` (so Triton can
+read it) and imported with the tile functions as module globals.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+
+from .. import _compat
+from .graph import EPOCH, MAX_SCALARS, _is_tensor
+
+#: int32 words per work item in the item table
+ENTRY = 10
+FIELDS = ("branch", "tile", "slot", "dep_lo", "dep_hi", "s0", "s1", "s2", "s3", "task")
+F = {name: i for i, name in enumerate(FIELDS)}
+
+
+@dataclass
+class Branch:
+    index: int
+    fn: object
+    fn_name: str                     # global name in the generated module
+    tasks: list = field(default_factory=list)
+    call_args: list = field(default_factory=list)     # one source expression per parameter after the tile
+
+
+@dataclass
+class Generated:
+    source: str
+    kernel_name: str
+    branches: list
+    task_branch: dict               # task index -> branch index
+    tensor_params: list             # [(param name, tensor)]
+    scalar_params: list             # [(param name, value)]
+    globals: dict                   # tile-function globals of the module
+    path: str = ""
+
+    def load(self):
+        """Write the source under the ditron cache dir (once per content hash)
+        and import it; returns the ``@ditron.jit`` kernel."""
+        digest = hashlib.sha256(self.source.encode()).hexdigest()[:16]
+        d = os.path.join(_compat.ditron_cache_dir(), "megakernel")
+        os.makedirs(d, exist_ok=True)
+        self.path = os.path.join(d, f"{self.kernel_name}_{digest}.py")
+        if not os.path.exists(self.path):
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                f.write(self.source)
+            os.replace(tmp, self.path)
+        modname = f"ditron_megakernel_{self.kernel_name}_{digest}_{id(self):x}"
+        spec = importlib.util.spec_from_file_location(modname, self.path)
+        module = importlib.util.module_from_spec(spec)
+        module.__dict__.update(self.globals)
+        sys.modules[modname] = module
+        spec.loader.exec_module(module)
+        return getattr(module, self.kernel_name)
+
+
+def _branch_key(task):
+    parts = [id(task.fn)]
+    for k in sorted(task.args):
+        v = task.args[k]
+        if _is_tensor(v):
+            parts.append((k, "tensor", v.data_ptr(), str(v.dtype), str(v.device)))
+        elif v is EPOCH:
+            parts.append((k, "epoch"))
+        else:
+            parts.append((k, type(v).__name__, v))
+    parts.append(tuple(task.scalars))
+    return tuple(parts)
+
+
+def _literal(v):
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return f"float({str(v)!r})"
+    return repr(v)
+
+
+def generate(graph, dynamic: bool) -> Generated:
+    kname = f"{graph.name}_megakernel"
+    branches: list[Branch] = []
+    by_key: dict = {}
+    task_branch = {}
+    tensors: dict = {}              # (data_ptr, dtype, device) -> param name
+    tensor_params, scalar_params, fn_globals = [], [], {}
+    fn_names: dict = {}
+    for task in graph.tasks:
+        key = _branch_key(task)
+        if key in by_key:
+            b = by_key[key]
+            b.tasks.append(task)
+            task_branch[task.index] = b.index
+            continue
+        fid = id(task.fn)
+        if fid not in fn_names:
+            base = task.fn.fn.__name__
+            name = base
+            while name in fn_globals or name in ("triton", "tl", "ditron", "dl", kname):
+                name = f"{base}_{len(fn_globals)}"
+            fn_names[fid] = name
+            fn_globals[name] = task.fn
+        b = Branch(len(branches), task.fn, fn_names[fid], [task])
+        const = {p for p, c in task.params if c}
+        scalar_slot = {k: i for i, k in enumerate(task.scalars)}
+        for p, _ in task.params[1:]:
+            if p in scalar_slot:
+                b.call_args.append(f"s{scalar_slot[p]}")
+                continue
+            v = task.args[p]
+            if v is EPOCH:
+                b.call_args.append("epoch")
+            elif _is_tensor(v):
+                tk = (v.data_ptr(), str(v.dtype), str(v.device))
+                if tk not in tensors:
+                    tensors[tk] = f"t{len(tensors)}_{p}"
+                    tensor_params.append((tensors[tk], v))
+                expr = tensors[tk]
+                b.call_args.append(f"dl.consume_token({expr}, tok)" if p in task.reads else expr)
+            elif p in const:
+                b.call_args.append(_literal(v))
+            else:
+                pname = f"b{b.index}_{p}"
+                scalar_params.append((pname, v))
+                b.call_args.append(pname)
+        by_key[key] = b
+        task_branch[task.index] = b.index
+        branches.append(b)
+    n_scalars = max([len(t.scalars) for t in graph.tasks] + [0])
+    assert n_scalars <= MAX_SCALARS
+    src = _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic)
+    return Generated(src, kname, branches, task_branch, tensor_params, scalar_params, fn_globals)
+
+
+def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic):
+    params = ["items_ptr", "queue_ptr", "deps_ptr", "slots_ptr", "epoch_ptr", "counter_ptr", "n_items"]
+    params += [n for n, _ in tensor_params] + [n for n, _ in scalar_params]
+    L = [f"# Generated by ditron.task from TaskGraph '{graph.name}': {len(graph.tasks)} tasks, "
+         f"{graph.num_slots} tiles, {len(branches)} branches.",
+         f"# Scheduler: {'dynamic (device work queue, dl.fetch_task)' if dynamic else 'static per-program queues'}.",
+         "# Item table: int32 x %d per item: %s." % (ENTRY, ", ".join(FIELDS)),
+         "# Scoreboard: one int32 slot per (task, tile); a slot holds the epoch of the last step that released it.",
+         "#", "# tasks (scoreboard slots):"]
+    for t in graph.tasks:
+        L.append(f"#   {t.name}: slots [{t.slot_base}, {t.slot_base + t.num_tiles}), {t.fn.fn.__name__}"
+                 + (f", scalars {t.scalars}" if t.scalars else ""))
+    L += ["import triton", "import triton.language as tl", "", "import ditron", "import ditron.language as dl",
+          "", "", "@ditron.jit", *_wrap(f"def {kname}(", params, "):"),
+          "    pid = tl.program_id(0)",
+          "    epoch = tl.load(epoch_ptr)           # this step's number (incremented on the stream by step())"]
+    if dynamic:
+        L += ["    item = dl.fetch_task(counter_ptr)     # a ticket = the next item in topological order",
+              "    while item < n_items:"]
+    else:
+        L += ["    # this program's queue: queue_ptr[pid] .. queue_ptr[pid + 1] index the item list after the offsets",
+              "    for q in range(tl.load(queue_ptr + pid), tl.load(queue_ptr + pid + 1)):",
+              "        item = tl.load(queue_ptr + q)"]
+    ind = "        "
+    L += [f"{ind}entry = items_ptr + item * {ENTRY}"]
+    for name in ("branch", "tile", "slot", "dep_lo", "dep_hi") + tuple(f"s{i}" for i in range(n_scalars)):
+        L.append(f"{ind}{name} = tl.load(entry + {F[name]})")
+    L += [f"{ind}# wait for the producer tiles of each dependency range (acquire)",
+          f"{ind}tok = epoch * 0",
+          f"{ind}for d in range(dep_lo, dep_hi):",
+          f"{ind}    tok += dl.wait_deps(slots_ptr + tl.load(deps_ptr + 2 * d), tl.load(deps_ptr + 2 * d + 1), epoch)"]
+    for b in branches:
+        kw = "if" if b.index == 0 else "elif"
+        names = [t.name for t in b.tasks]
+        shown = ", ".join(names[:6]) + (f", ... ({len(names)} tasks)" if len(names) > 6 else "")
+        pnames = [p for p, _ in b.tasks[0].params]
+        L.append(f"{ind}{kw} branch == {b.index}:")
+        L.append(f"{ind}    # {shown}")
+        L.append(f"{ind}    # {b.fn_name}({', '.join(pnames)})")
+        L.append(f"{ind}    {b.fn_name}(tile, {', '.join(b.call_args)})")
+    L += [f"{ind}dl.release_tile(slots_ptr + slot, epoch)   # release: this tile's writes are visible"]
+    if dynamic:
+        L.append(f"{ind}item = dl.fetch_task(counter_ptr)")
+    return "\n".join(L) + "\n"
+
+
+def _wrap(head, names, tail, width=110):
+    lines, cur = [], head
+    for i, n in enumerate(names):
+        piece = n + (", " if i < len(names) - 1 else "")
+        if len(cur) + len(piece) > width and cur.strip():
+            lines.append(cur.rstrip())
+            cur = " " * len(head) + piece
+        else:
+            cur += piece
+    lines.append(cur + tail)
+    return lines

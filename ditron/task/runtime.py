@@ -1,0 +1,191 @@
+"""The compiled megakernel: device tables, scoreboard, epoch, ``step()``, and
+the slot -> (task, tile) map used by hang reports."""
+from __future__ import annotations
+
+import re
+import weakref
+from typing import Optional
+
+from ..errors import DitronError, DitronHangError
+from . import codegen, schedule
+
+_SIM_PROGRAMS = 4
+_TYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float64": "fp64",
+               "torch.int32": "i32", "torch.int64": "i64", "torch.int16": "i16", "torch.int8": "i8",
+               "torch.uint8": "u8", "torch.bool": "i1"}
+
+
+def _device_of(graph):
+    for t in graph.tasks:
+        for v in t.args.values():
+            if hasattr(v, "device") and hasattr(v, "data_ptr"):
+                return v.device
+    import torch
+    return torch.device("cpu")
+
+
+def _default_programs(device):
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return _SIM_PROGRAMS
+
+
+class Megakernel:
+    """One persistent kernel running every tile of a :class:`TaskGraph`.
+
+    ``source`` is the generated kernel's text; ``step()`` runs the graph once
+    (one launch; CUDA-graph capturable).  Buffers: ``slots`` (the scoreboard,
+    one int32 per tile plus one unused sink slot), ``epoch`` (int32, the step
+    number, incremented on the stream before each launch), ``counter``
+    (dynamic scheduler), and the int32 tables ``items``, ``queue``, ``deps``.
+    """
+
+    def __init__(self, graph, scheduler="round_robin", num_programs: Optional[int] = None, num_warps: int = 4,
+                 _plant_missing_release=None):
+        import torch
+        if not graph.tasks:
+            raise DitronError(f"TaskGraph '{graph.name}' has no tasks")
+        self.graph = graph
+        self.items = graph.items()
+        self.device = _device_of(graph)
+        self.scheduler, _ = schedule.resolve(scheduler)
+        self.dynamic = self.scheduler == schedule.DYNAMIC
+        P = num_programs if num_programs is not None else _default_programs(self.device)
+        if not isinstance(P, int) or P < 1:
+            raise DitronError(f"num_programs must be a positive int, got {P!r}")
+        self.num_programs = min(P, len(self.items))
+        self.num_warps = num_warps
+        self.queues = schedule.make_queues(scheduler, self.items, self.num_programs)
+        self.code = codegen.generate(graph, self.dynamic)
+        self.source = self.code.source
+        self.kernel = self.code.load()
+        self.sink_slot = graph.num_slots
+        planted = self._planted_item(_plant_missing_release)
+
+        rows, dep_rows = [], []
+        self._waits = []                       # per item: [(first slot, count)]
+        for it in self.items:
+            ranges = it.task.tile_ranges(it.tile)
+            self._waits.append(ranges)
+            sc = list(it.task.scalars.values()) + [0] * (4 - len(it.task.scalars))
+            slot = self.sink_slot if it.index == planted else it.slot
+            rows.append([self.code.task_branch[it.task.index], it.tile, slot, len(dep_rows),
+                         len(dep_rows) + len(ranges), *sc, it.task.index])
+            dep_rows.extend(ranges)
+        i32 = dict(dtype=torch.int32, device=self.device)
+        self.item_table = torch.tensor(rows, **i32).reshape(-1)
+        self.dep_table = torch.tensor(dep_rows or [[0, 0]], **i32).reshape(-1)
+        if self.queues is None:
+            queue = [0] * (self.num_programs + 1)
+        else:
+            offs, flat = [], []
+            for q in self.queues:
+                offs.append(self.num_programs + 1 + len(flat))
+                flat.extend(q)
+            queue = offs + [self.num_programs + 1 + len(flat)] + flat
+        self.queue_table = torch.tensor(queue, **i32)
+        self.slots = torch.zeros(graph.num_slots + 1, **i32)
+        # one epoch per graph, shared by every kernel compiled from it: the communication tasks' signal
+        # values (the epoch) then never repeat, whichever of them runs a step
+        if getattr(graph, "_epoch", None) is None or graph._epoch.device != self.device:
+            graph._epoch = torch.zeros(1, **i32)
+        self.epoch = graph._epoch
+        self.counter = torch.zeros(1, **i32)
+        self.steps = 0
+        self._args = [self.item_table, self.queue_table, self.dep_table, self.slots, self.epoch, self.counter,
+                      len(self.items)] + [t for _, t in self.code.tensor_params] + \
+            [v for _, v in self.code.scalar_params]
+        if getattr(graph, "_comm_pools", None):
+            # every rank's staging and signal words are zeroed (on its stream) before any rank's first
+            # step can signal into them
+            from ..runtime.world import barrier_all
+            barrier_all()
+        from ..runtime.heap import add_address_namer
+        ref = weakref.ref(self)
+        add_address_namer(lambda addr: (lambda mk: mk.describe_address(addr) if mk is not None else None)(ref()))
+
+    def _planted_item(self, plant):
+        """Test hook: ``(task name, tile)`` whose release goes to the sink slot
+        (its consumers then wait forever -- a planted missing dependency)."""
+        if plant is None:
+            return None
+        name, tile = plant
+        for it in self.items:
+            if it.task.name == name and it.tile == tile:
+                return it.index
+        raise DitronError(f"_plant_missing_release: no item {name}[{tile}]")
+
+    def signature(self) -> dict:
+        """Parameter types of the generated kernel, for ``ditron.compile``
+        (ahead-of-time compilation without a GPU, e.g. for sm_90a / gfx942)."""
+        sig = {n: "*i32" for n in ("items_ptr", "queue_ptr", "deps_ptr", "slots_ptr", "epoch_ptr", "counter_ptr")}
+        sig["n_items"] = "i32"
+        for name, t in self.code.tensor_params:
+            sig[name] = "*" + _TYPE_NAMES[str(t.dtype)]
+        for name, v in self.code.scalar_params:
+            sig[name] = "fp32" if isinstance(v, float) else "i32"
+        return sig
+
+    # -- running ------------------------------------------------------------------------
+    def step(self):
+        """Run the graph once: bump the epoch (and reset the dynamic counter)
+        on the current stream, then launch the persistent kernel."""
+        self.epoch.add_(1)
+        if self.dynamic:
+            self.counter.zero_()
+        self.steps += 1
+        try:
+            self.kernel[(self.num_programs,)](*self._args, num_warps=self.num_warps)
+        except DitronHangError as e:
+            raise DitronHangError(f"megakernel '{self.graph.name}' (step {self.steps}) stopped; blocked waits:",
+                                  [self._explain(dict(entry)) for entry in e.report]) from e
+
+    __call__ = step
+
+    # -- reports ---------------------------------------------------------------------------
+    def slot_info(self, slot: int):
+        """``(task name, tile, scalars)`` of scoreboard slot ``slot`` (None for the sink)."""
+        if 0 <= slot < len(self.items):
+            it = self.items[slot]
+            return it.task.name, it.tile, dict(it.task.scalars)
+        return None
+
+    def describe_address(self, addr: int):
+        base = self.slots.data_ptr()
+        off = addr - base
+        if not 0 <= off < 4 * self.slots.numel() or off % 4:
+            return None
+        slot = off // 4
+        info = self.slot_info(slot)
+        if info is None:
+            return f"megakernel '{self.graph.name}' scoreboard sink slot {slot}"
+        name, tile, sc = info
+        return (f"megakernel '{self.graph.name}' scoreboard slot {slot} = task '{name}' tile {tile}"
+                + (f" {sc}" if sc else ""))
+
+    def _explain(self, entry):
+        """Add task / tile / slot of the slot a ``dl.wait_deps`` is blocked on and
+        the waiting task / tile to a hang-report entry."""
+        if entry.get("primitive") != "dl.wait_deps":
+            return entry
+        m = re.search(rf"megakernel '{re.escape(self.graph.name)}' scoreboard slot (\d+)", str(entry.get("signal")))
+        if m is None:
+            return entry
+        slot = int(m.group(1))
+        entry["slot"] = slot
+        entry["task"], entry["tile"], _ = self.slot_info(slot)
+        epoch = int(self.epoch.reshape(-1)[0])
+        done = self.slots.cpu()
+        waiting = [it for it in self.items if int(done[it.slot]) < epoch and
+                   any(f <= slot < f + n for f, n in self._waits[it.index])]
+        pid = (entry.get("program") or (None,))[0]
+        if self.queues is not None and pid is not None and pid < len(self.queues):
+            mine = [it for it in waiting if it.index in set(self.queues[pid])]
+            waiting = mine or waiting
+        if waiting:
+            entry["waiting_task"], entry["waiting_tile"] = waiting[0].task.name, waiting[0].tile
+            entry["signal"] = (f"{entry['signal']} -- waited on by task '{waiting[0].task.name}' tile "
+                               f"{waiting[0].tile}; task '{entry['task']}' tile {entry['tile']} has not released "
+                               f"it in step {epoch}")
+        return entry

@@ -1,0 +1,159 @@
+"""Configuration of the Qwen3-like tensor-parallel decoder (issue 13 part B).
+
+:class:`DecoderConfig` holds the model shape (Qwen3-8B by :func:`qwen3_8b`,
+a 2-layer toy by :func:`tiny`) and the tile sizes of every task kind (all
+``tl.constexpr`` parameters of ``kernels/decoder/tiles.py``, chosen here so
+that they can be tuned on GPUs without touching the tiles).
+:meth:`DecoderConfig.shard` gives the per-rank split of tensor parallelism:
+q / kv heads and the MLP's intermediate dimension over the ranks
+(column-parallel QKV and gate/up), o_proj and down_proj row-parallel (their
+partial sums are all-reduced).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from ditron.errors import DitronError
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Tile sizes (compile-time constants of the tile functions).
+
+    * ``gemv_block_n`` / ``gemv_block_k``: output columns per GEMV tile and
+      the K chunk streamed per loop iteration (bf16 elements);
+      ``gemv_dot``: accumulate with ``tl.dot`` (batch rows padded to 16)
+      instead of a broadcast multiply + sum; ``None``: ``tl.dot`` for
+      batches above 2 (the broadcast product holds ``B x BLOCK_N x BLOCK_K``
+      values in registers);
+    * ``norm_block``: elements per loop iteration of RMSNorm;
+    * ``attn_split``: KV positions per flash-decoding tile (a multiple of
+      ``attn_block``), ``attn_block``: positions per inner iteration;
+    * ``comm_block``: float32 elements per all-reduce tile (``ditron.task.comm``).
+    """
+    gemv_block_n: int = 32
+    gemv_block_k: int = 512
+    gemv_dot: Optional[bool] = None
+    norm_block: int = 1024
+    attn_split: int = 128
+    attn_block: int = 64
+    comm_block: int = 1024
+    num_warps: int = 4
+
+    def dot_for(self, batch: int) -> bool:
+        """Whether the GEMV tiles use ``tl.dot`` at this batch size."""
+        return batch > 2 if self.gemv_dot is None else bool(self.gemv_dot)
+
+    def __post_init__(self):
+        for name in ("gemv_block_n", "gemv_block_k", "norm_block", "attn_block", "comm_block"):
+            v = getattr(self, name)
+            if v <= 0 or v & (v - 1):
+                raise DitronError(f"TileConfig.{name}={v}: must be a power of two")
+        if self.attn_split <= 0 or self.attn_split % self.attn_block:
+            raise DitronError(f"TileConfig.attn_split={self.attn_split}: must be a positive multiple of "
+                              f"attn_block={self.attn_block}")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    hidden: int
+    n_q_heads: int
+    n_kv_heads: int
+    head_dim: int
+    intermediate: int
+    n_layers: int
+    rms_eps: float = 1e-6
+    rope_theta: float = 1e6
+    tiles: TileConfig = TileConfig()
+
+    def __post_init__(self):
+        for name in ("hidden", "n_q_heads", "n_kv_heads", "head_dim", "intermediate", "n_layers"):
+            if getattr(self, name) <= 0:
+                raise DitronError(f"DecoderConfig.{name}={getattr(self, name)}: must be positive")
+        if self.n_q_heads % self.n_kv_heads:
+            raise DitronError(f"DecoderConfig: n_q_heads={self.n_q_heads} is not a multiple of "
+                              f"n_kv_heads={self.n_kv_heads} (grouped-query attention)")
+        if self.head_dim % 2:
+            raise DitronError(f"DecoderConfig: head_dim={self.head_dim} must be even (RoPE rotates halves)")
+
+    @property
+    def group(self) -> int:
+        """q heads per kv head."""
+        return self.n_q_heads // self.n_kv_heads
+
+    def with_tiles(self, **kw) -> "DecoderConfig":
+        return dataclasses.replace(self, tiles=dataclasses.replace(self.tiles, **kw))
+
+    def with_(self, **kw) -> "DecoderConfig":
+        return dataclasses.replace(self, **kw)
+
+    def shard(self, world_size: int) -> "Shard":
+        W = int(world_size)
+        bad = [f"{name}={getattr(self, name)}" for name in ("n_q_heads", "n_kv_heads", "intermediate")
+               if W <= 0 or getattr(self, name) % W]
+        if bad:
+            raise DitronError(f"DecoderConfig: tensor parallelism over {W} ranks needs n_q_heads, n_kv_heads and "
+                              f"intermediate divisible by {W}; not: {', '.join(bad)}")
+        return Shard(self, W, self.n_q_heads // W, self.n_kv_heads // W, self.intermediate // W)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This rank's part of the model under tensor parallelism over ``world_size`` ranks."""
+    cfg: DecoderConfig
+    world_size: int
+    q_heads: int            # q heads per rank
+    kv_heads: int           # kv heads per rank
+    inter: int              # intermediate columns per rank
+
+    @property
+    def qkv_cols(self) -> int:
+        """Output columns of this rank's QKV projection: its q heads, then k heads, then v heads."""
+        return (self.q_heads + 2 * self.kv_heads) * self.cfg.head_dim
+
+    @property
+    def attn_cols(self) -> int:
+        return self.q_heads * self.cfg.head_dim
+
+    def splits(self, max_ctx: int) -> int:
+        """Flash-decoding splits of a KV cache of ``max_ctx`` positions."""
+        return cdiv(max_ctx, self.cfg.tiles.attn_split)
+
+    def weight_bytes(self) -> int:
+        """bf16 weight bytes one decoder step reads on this rank (norm weights included)."""
+        c = self.cfg
+        per_layer = (self.qkv_cols * c.hidden + c.hidden * self.attn_cols + 3 * self.inter * c.hidden
+                     + 2 * c.head_dim + 2 * c.hidden)
+        return 2 * (c.n_layers * per_layer + c.hidden)
+
+    def kv_bytes(self, ctx: int, batch: int) -> int:
+        """bf16 KV-cache bytes one step reads on this rank at context ``ctx`` (all layers, K and V)."""
+        return 2 * 2 * self.cfg.n_layers * batch * self.kv_heads * ctx * self.cfg.head_dim
+
+
+def qwen3_8b(**kw) -> DecoderConfig:
+    """Qwen3-8B's decoder shapes (random weights; no embedding / LM head)."""
+    base = dict(hidden=4096, n_q_heads=32, n_kv_heads=8, head_dim=128, intermediate=12288, n_layers=36,
+                rms_eps=1e-6, rope_theta=1e6)
+    base.update(kw)
+    return DecoderConfig(**base)
+
+
+def tiny(**kw) -> DecoderConfig:
+    """2 layers, small and odd-ish dims (the intermediate per rank is not a multiple of the GEMV's K chunk) for
+    the simulator."""
+    base = dict(hidden=64, n_q_heads=4, n_kv_heads=2, head_dim=16, intermediate=96, n_layers=2, rms_eps=1e-6,
+                rope_theta=1e6, tiles=TileConfig(gemv_block_n=16, gemv_block_k=32, norm_block=32, attn_split=32,
+                                                 attn_block=16, comm_block=32, num_warps=4))
+    base.update(kw)
+    return DecoderConfig(**base)

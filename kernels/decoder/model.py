@@ -1,0 +1,219 @@
+"""The decoder step as a task graph, and the megakernel built from it.
+
+:func:`decoder_tasks` lists the step's tasks (:class:`TaskSpec`: tile
+function, tiles, arguments, reads / writes, tile-range dependencies) for one
+rank; :func:`build_megakernel` registers them in a :class:`ditron.task.TaskGraph`
+(the two all-reduces of each layer through ``ditron.task.comm.all_reduce``)
+and compiles one persistent kernel.  Per layer ``l`` (``j = 2l`` / ``2l + 1``
+index the stacked norm weights)::
+
+    norm_a.l   add_rmsnorm_tile   B tiles          resid += delta (l > 0; resid = x at l = 0); h = rms(resid)
+    qkv.l      linear_tile        cdiv(Nqkv, BN)   qkv = h @ Wqkv[l]^T              <- all of norm_a.l
+    rope.l     qk_norm_rope_tile  B*KH*(G+2)       q / k norm, RoPE, KV append      <- the qkv tiles of its head
+    attn.l     attn_split_tile    B*KH*S           flash-decoding split             <- rope tiles of its kv group
+    comb.l     attn_combine_tile  B*QH             combine the S splits             <- attn tiles of its head
+    o.l        linear_tile        cdiv(H, BN)      partial = attn @ Wo[l]^T (fp32)  <- all of comb.l
+    ar_attn.l  all-reduce                          delta = sum over ranks of partial
+    norm_m.l   add_rmsnorm_tile   B tiles          resid += delta; h = rms(resid)
+    gu.l       gate_up_tile       cdiv(I_r, BN)    act = silu(h @ Wg^T) * (h @ Wu^T)
+    down.l     linear_tile        cdiv(H, BN)      partial = act @ Wd[l]^T (fp32)
+    ar_mlp.l   all-reduce                          delta = sum over ranks of partial
+    final      add_rmsnorm_tile   B tiles          resid += delta; out = h = rms(resid)
+
+preceded by ``advance`` (one tile: ``seq += 1``).  Activation buffers are
+shared by all layers (stacked weights + a ``layer`` scalar), so each task kind
+is one branch of the generated kernel whatever the number of layers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from ditron.errors import DitronError
+
+from . import tiles as T
+from .config import DecoderConfig, cdiv, next_pow2
+from .weights import Weights
+
+
+@dataclass
+class TaskSpec:
+    name: str
+    fn: object
+    num_tiles: int
+    args: dict
+    reads: tuple = ()
+    writes: tuple = ()
+    deps: list = field(default_factory=list)     # [(task name, None | "same" | callable)]
+    scalars: dict = field(default_factory=dict)
+    comm: Optional[str] = None                   # "all_reduce": args {"x", "out"} (registered by the comm helper)
+
+
+@dataclass
+class Buffers:
+    """This rank's activation buffers (shared by every layer)."""
+    x: torch.Tensor          # [B, H] bf16: the step's input hidden states
+    resid: torch.Tensor      # [B, H] fp32: the residual stream
+    delta: torch.Tensor      # [B, H] fp32: the last all-reduce's result
+    partial: torch.Tensor    # [B, H] fp32: row-parallel partial sums (o_proj, down_proj)
+    h: torch.Tensor          # [B, H] bf16: normalised activations; after the step: the output
+    qkv: torch.Tensor        # [B, (QH + 2 KH) * D] bf16
+    q: torch.Tensor          # [B, QH, D] bf16 (after q_norm and RoPE)
+    o_part: torch.Tensor     # [B, QH, S, D] fp32: flash-decoding partials
+    lse: torch.Tensor        # [B, QH, S] fp32
+    attn: torch.Tensor       # [B, QH * D] bf16
+    act: torch.Tensor        # [B, I_r] bf16
+    seq: torch.Tensor        # [1] int32: valid KV positions
+
+
+def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, ctx: int, device) -> Buffers:
+    sh = cfg.shard(world_size)
+    B, H, D, S = batch, cfg.hidden, cfg.head_dim, sh.splits(max_ctx)
+    bf, f32 = dict(dtype=torch.bfloat16, device=device), dict(dtype=torch.float32, device=device)
+    return Buffers(x=torch.zeros(B, H, **bf), resid=torch.zeros(B, H, **f32), delta=torch.zeros(B, H, **f32),
+                   partial=torch.zeros(B, H, **f32), h=torch.zeros(B, H, **bf),
+                   qkv=torch.zeros(B, sh.qkv_cols, **bf), q=torch.zeros(B, sh.q_heads, D, **bf),
+                   o_part=torch.zeros(B, sh.q_heads, S, D, **f32), lse=torch.zeros(B, sh.q_heads, S, **f32),
+                   attn=torch.zeros(B, sh.attn_cols, **bf), act=torch.zeros(B, sh.inter, **bf),
+                   seq=torch.tensor([ctx], dtype=torch.int32, device=device))
+
+
+def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_cache, buf: Buffers) -> list:
+    """The step's tasks on one rank, in topological order."""
+    sh = cfg.shard(world_size)
+    tc = cfg.tiles
+    B, H, D, L = buf.x.shape[0], cfg.hidden, cfg.head_dim, cfg.n_layers
+    QH, KH, G, IL = sh.q_heads, sh.kv_heads, cfg.group, sh.inter
+    max_ctx = k_cache.shape[3]
+    S = sh.splits(max_ctx)
+    BN = tc.gemv_block_n
+    dot = tc.dot_for(B)
+    gemv_c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN, BLOCK_K=tc.gemv_block_k,
+                  DOT=dot)
+    if B < 1 or tuple(k_cache.shape) != (L, B, KH, max_ctx, D) or v_cache.shape != k_cache.shape:
+        raise DitronError(f"decoder_tasks: KV cache shape {tuple(k_cache.shape)} / {tuple(v_cache.shape)}; expected "
+                          f"{(L, B, KH, max_ctx, D)} (layers, batch, kv heads per rank, max_ctx, head_dim)")
+    specs = [TaskSpec("advance", T.advance_tile, 1, {"seq_ptr": buf.seq}, reads=("seq_ptr",), writes=("seq_ptr",))]
+
+    def norm(name, j, deps):
+        specs.append(TaskSpec(
+            name, T.add_rmsnorm_tile, B,
+            {"x_ptr": buf.x, "delta_ptr": buf.delta, "resid_ptr": buf.resid, "w_ptr": w.norm, "out_ptr": buf.h,
+             "N": H, "eps": cfg.rms_eps, "BLOCK": min(tc.norm_block, next_pow2(H))},
+            reads=("x_ptr", "delta_ptr", "resid_ptr", "w_ptr"), writes=("resid_ptr", "out_ptr"), deps=deps,
+            scalars={"layer": j, "first": int(j == 0)}))
+
+    def linear(name, x, wt, out, N, K, l, deps, fn=T.linear_tile):
+        specs.append(TaskSpec(name, fn, cdiv(N, BN),
+                              {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gemv_c},
+                              reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=deps, scalars={"layer": l}))
+
+    def all_reduce(name, deps):
+        specs.append(TaskSpec(name, None, 0, {"x": buf.partial, "out": buf.delta}, deps=deps, comm="all_reduce",
+                              scalars={"block": tc.comm_block}))
+
+    def rope_qkv_tiles(t):          # rope tile t -> the qkv tiles holding its head's columns
+        j, kvh = t % (G + 2), (t // (G + 2)) % KH
+        head = kvh * G + j if j < G else QH + kvh if j == G else QH + KH + kvh
+        return head * D // BN, cdiv((head + 1) * D, BN)
+
+    def attn_rope_tiles(t):         # attention tile (b, kvh, s) -> rope tiles of (b, kvh, *)
+        bh = t // S
+        return bh * (G + 2), (bh + 1) * (G + 2)
+
+    def comb_attn_tiles(t):         # combine tile (b, h) -> attention tiles of (b, h // G, *)
+        b, hq = divmod(t, QH)
+        bh = b * KH + hq // G
+        return bh * S, (bh + 1) * S
+
+    for l in range(L):
+        norm(f"norm_a.{l}", 2 * l, [(f"ar_mlp.{l - 1}", None)] if l else [("advance", None)])
+        linear(f"qkv.{l}", buf.h, w.qkv, buf.qkv, sh.qkv_cols, H, l, [(f"norm_a.{l}", None)])
+        specs.append(TaskSpec(
+            f"rope.{l}", T.qk_norm_rope_tile, B * KH * (G + 2),
+            {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "q_ptr": buf.q, "kc_ptr": k_cache,
+             "vc_ptr": v_cache, "seq_ptr": buf.seq, "B": B, "QH": QH, "KH": KH, "max_ctx": max_ctx,
+             "eps": cfg.rms_eps, "log2_theta": math.log2(cfg.rope_theta), "HEAD_D": D,
+             "BLOCK_H": next_pow2(D // 2)},
+            reads=("qkv_ptr", "qn_ptr", "kn_ptr", "seq_ptr"), writes=("q_ptr", "kc_ptr", "vc_ptr"),
+            deps=[(f"qkv.{l}", rope_qkv_tiles)], scalars={"layer": l}))
+        specs.append(TaskSpec(
+            f"attn.{l}", T.attn_split_tile, B * KH * S,
+            {"q_ptr": buf.q, "kc_ptr": k_cache, "vc_ptr": v_cache, "seq_ptr": buf.seq, "o_ptr": buf.o_part,
+             "lse_ptr": buf.lse, "B": B, "QH": QH, "KH": KH, "max_ctx": max_ctx, "nsplit": S,
+             "sm_scale": 1.0 / math.sqrt(D), "HEAD_D": D, "BLOCK_D": max(16, next_pow2(D)),
+             "BLOCK_G": max(16, next_pow2(G)), "SPLIT": tc.attn_split, "BLOCK_P": tc.attn_block},
+            reads=("q_ptr", "kc_ptr", "vc_ptr", "seq_ptr"), writes=("o_ptr", "lse_ptr"),
+            deps=[(f"rope.{l}", attn_rope_tiles)], scalars={"layer": l}))
+        specs.append(TaskSpec(
+            f"comb.{l}", T.attn_combine_tile, B * QH,
+            {"o_ptr": buf.o_part, "lse_ptr": buf.lse, "out_ptr": buf.attn, "nsplit": S, "HEAD_D": D,
+             "BLOCK_D": next_pow2(D), "BLOCK_S": next_pow2(S)},
+            reads=("o_ptr", "lse_ptr"), writes=("out_ptr",), deps=[(f"attn.{l}", comb_attn_tiles)]))
+        linear(f"o.{l}", buf.attn, w.o, buf.partial, H, sh.attn_cols, l, [(f"comb.{l}", None)])
+        all_reduce(f"ar_attn.{l}", [(f"o.{l}", None)])
+        norm(f"norm_m.{l}", 2 * l + 1, [(f"ar_attn.{l}", None)])
+        linear(f"gu.{l}", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)], fn=T.gate_up_tile)
+        linear(f"down.{l}", buf.act, w.down, buf.partial, H, IL, l, [(f"gu.{l}", None)])
+        all_reduce(f"ar_mlp.{l}", [(f"down.{l}", None)])
+    norm("final", 2 * L, [(f"ar_mlp.{L - 1}", None)])
+    return specs
+
+
+class DecoderMegakernel:
+    """The compiled decoder step of this rank: ``step(x=None) -> out`` (``[B, H]`` bf16, the final norm's
+    output; ``x``, if given, is copied into the input buffer first).  ``mk`` is the
+    :class:`ditron.task.Megakernel` (``mk.source``: the generated kernel)."""
+
+    def __init__(self, mk, graph, buffers: Buffers, specs):
+        self.mk, self.graph, self.buf, self.specs = mk, graph, buffers, specs
+
+    @property
+    def source(self) -> str:
+        return self.mk.source
+
+    @property
+    def seq(self):
+        return self.buf.seq
+
+    def step(self, x=None):
+        if x is not None:
+            self.buf.x.copy_(x)
+        self.mk.step()
+        return self.buf.h
+
+
+def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
+    """Register ``specs`` in ``graph``; returns ``{name: task}``.  ``all_reduce(graph, name, x, out, deps, block)``
+    registers a comm spec (default ``ditron.task.comm.all_reduce``; ``scalars`` of a comm spec are its keyword
+    arguments)."""
+    import ditron.task as dtask
+    if all_reduce is None:
+        all_reduce = dtask.comm.all_reduce
+    tasks = {}
+    for s in specs:
+        deps = [dtask.Dep(tasks[n], tiles) for n, tiles in s.deps]
+        if s.comm == "all_reduce":
+            tasks[s.name] = all_reduce(graph, s.name, s.args["x"], s.args["out"], deps=deps, **s.scalars)
+        else:
+            tasks[s.name] = graph.register_task(s.fn, name=s.name, num_tiles=s.num_tiles, args=s.args,
+                                                reads=s.reads, writes=s.writes, deps=deps, scalars=s.scalars)
+    return tasks
+
+
+def build_megakernel(cfg: DecoderConfig, weights: Weights, cache, *, world_size: int, batch: int, ctx: int,
+                     scheduler="round_robin", num_programs=None, buffers: Optional[Buffers] = None,
+                     all_reduce=None, name="decoder", **compile_kw) -> DecoderMegakernel:
+    """Register this rank's decoder step (``cache = (k_cache, v_cache)`` with ``ctx`` valid positions) and compile
+    it into one persistent kernel."""
+    import ditron.task as dtask
+    k_cache, v_cache = cache
+    buf = buffers or make_buffers(cfg, world_size, batch, k_cache.shape[3], ctx, k_cache.device)
+    specs = decoder_tasks(cfg, world_size, weights, k_cache, v_cache, buf)
+    g = dtask.TaskGraph(name)
+    register(g, specs, all_reduce)
+    mk = g.compile(scheduler=scheduler, num_programs=num_programs, num_warps=cfg.tiles.num_warps, **compile_kw)
+    return DecoderMegakernel(mk, g, buf, specs)

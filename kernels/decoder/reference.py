@@ -1,0 +1,149 @@
+"""The Qwen3-like decoder step in plain torch, tensor-parallel: the reference
+the megakernel is checked against and the baseline it is timed against.
+
+One rank's step is a generator (:func:`step_gen`): it yields each
+row-parallel partial sum (o_proj, down_proj; bf16 ``[B, H]``) and expects it
+all-reduced in place before it is resumed.  :class:`TorchDecoder` drives it
+with ``torch.distributed.all_reduce`` (NCCL on GPUs, gloo on CPU, nothing at
+world size 1), eagerly or replaying a captured CUDA graph;
+:func:`lockstep_step` drives the generators of all ranks in one process
+(summing the partials), which the CPU tests use.
+
+Numerics (what the kernel does too): bf16 tensors between ops, float32 inside
+every op and for the residual stream; RMSNorm ``bf16(r * rstd * w)``; q/k
+norm rounded to bf16 before RoPE (rotate-half, float32 angles), KV appended
+at ``seq - 1`` after ``seq += 1``.  The baseline uses torch's fast paths
+(bf16 ``F.linear``, SDPA over the static cache with a mask, bf16
+all-reduce); the kernel accumulates partial sums in float32 and all-reduces
+them in float32, so the two differ by bf16 rounding only.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .config import DecoderConfig, Shard
+from .weights import Weights
+
+
+def _rms(x, w, eps):
+    x = x.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(torch.bfloat16)
+
+
+def _rope(x, pos, theta):
+    """``x [..., D]`` float32 at position ``pos`` (a 0-d / 1-element tensor)."""
+    D = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D))
+    ang = pos.float().reshape(()) * inv
+    c, s = torch.cos(ang), torch.sin(ang)
+    x1, x2 = x[..., :D // 2], x[..., D // 2:]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+
+def step_gen(cfg: DecoderConfig, sh: Shard, w: Weights, k_cache, v_cache, seq, x):
+    """One decode step of one rank (a generator; see the module doc).  Advances ``seq`` and appends to the
+    caches in place; returns the final hidden states ``[B, H]`` bf16."""
+    B, D, L = x.shape[0], cfg.head_dim, cfg.n_layers
+    QH, KH, max_ctx = sh.q_heads, sh.kv_heads, k_cache.shape[3]
+    seq.add_(1)
+    pos = (seq - 1).long()
+    valid = (torch.arange(max_ctx, device=x.device) < seq)[None, None, None, :]   # [1, 1, 1, T]
+    resid = x.float()
+    for l in range(L):
+        h = _rms(resid, w.norm[2 * l], cfg.rms_eps)
+        qkv = F.linear(h, w.qkv[l]).view(B, QH + 2 * KH, D)
+        q = _rms(qkv[:, :QH], w.q_norm[l], cfg.rms_eps).float()
+        k = _rms(qkv[:, QH:QH + KH], w.k_norm[l], cfg.rms_eps).float()
+        q = _rope(q, pos, cfg.rope_theta).to(torch.bfloat16)
+        k = _rope(k, pos, cfg.rope_theta).to(torch.bfloat16)
+        k_cache[l].index_copy_(2, pos, k[:, :, None])
+        v_cache[l].index_copy_(2, pos, qkv[:, QH + KH:, None])
+        a = F.scaled_dot_product_attention(q[:, :, None], k_cache[l], v_cache[l], attn_mask=valid,
+                                           scale=1.0 / math.sqrt(D), enable_gqa=True)   # [B, QH, 1, D]
+        part = F.linear(a.reshape(B, QH * D), w.o[l])
+        yield part
+        resid = resid + part.float()
+        h = _rms(resid, w.norm[2 * l + 1], cfg.rms_eps)
+        gu = F.linear(h, w.gate_up[l]).float()
+        act = (F.silu(gu[:, :sh.inter]) * gu[:, sh.inter:]).to(torch.bfloat16)
+        part = F.linear(act, w.down[l])
+        yield part
+        resid = resid + part.float()
+    return _rms(resid, w.norm[2 * L], cfg.rms_eps)
+
+
+def _drive(gen, all_reduce):
+    try:
+        part = next(gen)
+        while True:
+            all_reduce(part)
+            part = gen.send(None)
+    except StopIteration as stop:
+        return stop.value
+
+
+def lockstep_step(states, x):
+    """All ranks of a TP group in one process: ``states`` is a list of ``(cfg, shard, weights, k_cache, v_cache,
+    seq)`` per rank; the partial sums are added across ranks.  Returns every rank's output."""
+    gens = [step_gen(*s, x) for s in states]
+    outs = [None] * len(gens)
+    parts = []
+    for i, g in enumerate(gens):
+        parts.append(next(g))
+    while True:
+        total = torch.stack([p.float() for p in parts]).sum(0).to(parts[0].dtype)
+        for p in parts:
+            p.copy_(total)
+        nxt = []
+        for i, g in enumerate(gens):
+            try:
+                nxt.append(g.send(None))
+            except StopIteration as stop:
+                outs[i] = stop.value
+        if not nxt:
+            return outs
+        parts = nxt
+
+
+class TorchDecoder:
+    """This rank's torch decoder step, TP over ``group`` (``torch.distributed``; none at world size 1).
+    Owns its own copy of the KV cache and ``seq`` so that it advances independently of the megakernel."""
+
+    def __init__(self, cfg, shard, weights, k_cache, v_cache, seq, group=None):
+        self.cfg, self.shard, self.w = cfg, shard, weights
+        self.k_cache, self.v_cache = k_cache.clone(), v_cache.clone()
+        self.seq = seq.clone()
+        self.group = group
+        self._graph = None
+
+    def _all_reduce(self, t):
+        import torch.distributed as dist
+        if self.shard.world_size > 1:
+            dist.all_reduce(t, group=self.group)
+
+    def step(self, x):
+        return _drive(step_gen(self.cfg, self.shard, self.w, self.k_cache, self.v_cache, self.seq, x),
+                      self._all_reduce)
+
+    def graphed(self, x_static):
+        """A CUDA-graph replay of :meth:`step` on ``x_static`` (GPU only): returns ``replay() -> out``."""
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        k, v, seq = self.k_cache.clone(), self.v_cache.clone(), self.seq.clone()
+        with torch.cuda.stream(s):
+            self.step(x_static)                     # warm-up (workspace allocation, NCCL communicator)
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        self.k_cache.copy_(k), self.v_cache.copy_(v), self.seq.copy_(seq)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = self.step(x_static)
+        self._graph = g
+
+        def replay():
+            g.replay()
+            return out
+        return replay

@@ -1,0 +1,236 @@
+"""Tile functions of the Qwen3-like decoder step (``@triton.jit``; the first
+parameter is the tile index, see docs/megakernel.md).  Each one is a task
+kind of the megakernel (``kernels/decoder/model.py``) and can also be
+launched on its own, one program per tile (``kernels/decoder/launch.py``).
+
+Conventions (all buffers contiguous, row-major):
+
+* activations are ``[B, ...]`` (batch rows of the decode step); bf16 between
+  ops, float32 for the residual stream, the row-parallel partial sums and the
+  flash-decoding partials; every tile computes in float32;
+* per-layer weights are stacked on a leading layer dimension and indexed by
+  the ``layer`` scalar (an int carried in the work queue); layer offsets are
+  computed in int64 (a stacked weight can exceed 2**31 elements);
+* the KV cache is ``[L, B, kv_heads, max_ctx, head_dim]``; ``seq_ptr`` is a
+  device int32 holding the number of valid positions (the new token's
+  position is ``seq - 1``), so CUDA-graph replays advance it;
+* every size may be a non-multiple of its block: loads and stores are masked;
+* the GEMV / RMSNorm row sizes ``N`` and ``K`` are ``tl.constexpr`` (each projection is its own branch of the
+  megakernel anyway): the compiler then knows the alignment of every row and emits 16-byte vector loads.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def advance_tile(tile, seq_ptr):
+    """The step's first task: one more position in the KV cache (``seq += 1``)."""
+    tl.store(seq_ptr, tl.load(seq_ptr) + 1)
+
+
+@triton.jit
+def add_rmsnorm_tile(tile, x_ptr, delta_ptr, resid_ptr, w_ptr, out_ptr, layer, first, eps, N: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """Batch row ``tile``: ``r = x`` (``first != 0``) or ``r = resid + delta``;
+    ``resid = r`` (float32); ``out = bf16(r * rsqrt(mean(r^2) + eps) * w[layer])``.
+    ``w`` is ``[num_norms, N]`` (``layer`` picks the norm)."""
+    row = tile.to(tl.int64) * N
+    offs0 = tl.arange(0, BLOCK)
+    ss = tl.zeros([BLOCK], tl.float32)
+    for k0 in range(0, N, BLOCK):
+        offs = k0 + offs0
+        m = offs < N
+        if first != 0:
+            r = tl.load(x_ptr + row + offs, mask=m, other=0.0).to(tl.float32)
+        else:
+            r = (tl.load(resid_ptr + row + offs, mask=m, other=0.0).to(tl.float32)
+                 + tl.load(delta_ptr + row + offs, mask=m, other=0.0).to(tl.float32))
+        tl.store(resid_ptr + row + offs, r, mask=m)
+        ss += r * r
+    rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / N + eps)
+    wl = w_ptr + layer.to(tl.int64) * N
+    for k0 in range(0, N, BLOCK):
+        offs = k0 + offs0
+        m = offs < N
+        # the same offsets and layout as the store above: each element is re-read by the thread that wrote it
+        r = tl.load(resid_ptr + row + offs, mask=m, other=0.0)
+        w = tl.load(wl + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row + offs, (r * rstd * w).to(out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _gemv_acc(x_ptr, w_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+    """``acc[b, n] = sum_k x[b, k] * w[n0 + n, k]`` in float32 (``x``: ``[B, K]``, ``w``: ``[N, K]``), streaming
+    ``w`` in ``[BLOCK_N, BLOCK_K]`` chunks.  ``DOT``: ``tl.dot`` (``BLOCK_B >= 16``; rows past ``B`` are zero)."""
+    offs_b = tl.arange(0, BLOCK_B)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mb = offs_b < B
+    mn = offs_n < N
+    acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mk = offs_k < K
+        x = tl.load(x_ptr + offs_b[:, None] * K + offs_k[None, :], mask=mb[:, None] & mk[None, :], other=0.0)
+        w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0,
+                    eviction_policy="evict_first")         # weights are read once per step: stream them
+        if DOT:
+            acc = tl.dot(x, tl.trans(w), acc)
+        else:
+            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    return acc
+
+
+@triton.jit
+def _store_rows(out_ptr, val, n0, B, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    offs_b = tl.arange(0, BLOCK_B)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + offs_b[:, None] * N + offs_n[None, :], val.to(out_ptr.dtype.element_ty),
+             mask=(offs_b < B)[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
+def linear_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+    """Columns ``[tile * BLOCK_N, +BLOCK_N)`` of ``out[B, N] = x[B, K] @ w[layer]^T`` (``w``: ``[L, N, K]``);
+    ``out`` is bf16 or float32 (partial sums of a row-parallel projection)."""
+    wl = w_ptr + layer.to(tl.int64) * N * K
+    n0 = tile * BLOCK_N
+    acc = _gemv_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT)
+    _store_rows(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def gate_up_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+    """Fused gate/up projection and SiLU-mul: ``w[layer]`` is ``[2N, K]`` (gate rows, then up rows);
+    ``out[B, N] = bf16(silu(x @ gate^T) * (x @ up^T))``, columns ``[tile * BLOCK_N, +BLOCK_N)``."""
+    wl = w_ptr + layer.to(tl.int64) * 2 * N * K
+    n0 = tile * BLOCK_N
+    g = _gemv_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT)
+    u = _gemv_acc(x_ptr, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT)
+    _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def qk_norm_rope_tile(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, seq_ptr, layer, B, QH, KH, max_ctx,
+                      eps, log2_theta, HEAD_D: tl.constexpr, BLOCK_H: tl.constexpr):
+    """One head of one batch row of the QKV output ``[B, (QH + 2 KH) * D]`` (q heads, k heads, v heads).
+    Tiles are ordered ``(b, kv head, j)`` with ``j < G``: q head ``kvh * G + j``, ``j == G``: k head ``kvh``,
+    ``j == G + 1``: v head ``kvh`` (``G = QH / KH``), so the tiles one attention tile needs are contiguous.
+    q / k: per-head RMSNorm with ``qn[layer]`` / ``kn[layer]`` (rounded to bf16 like Qwen3's q_norm / k_norm),
+    then rotary embedding (rotate-half form, angle ``pos * theta^(-2i/D)`` in float32) at ``pos = seq - 1``;
+    q goes to ``q[B, QH, D]``, k and v to the cache at ``[layer, b, kvh, pos]``."""
+    HALF: tl.constexpr = HEAD_D // 2
+    G = QH // KH
+    j = tile % (G + 2)
+    bh = tile // (G + 2)
+    b = bh // KH
+    kvh = bh % KH
+    i = tl.arange(0, BLOCK_H)
+    m = i < HALF
+    if j < G:
+        head = kvh * G + j
+    elif j == G:
+        head = QH + kvh
+    else:
+        head = QH + KH + kvh
+    src = qkv_ptr + (b * (QH + 2 * KH) + head) * HEAD_D
+    x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + i, mask=m, other=0.0).to(tl.float32)
+    pos = tl.load(seq_ptr) - 1
+    cache = ((layer.to(tl.int64) * B + b) * KH + kvh) * max_ctx * HEAD_D + pos.to(tl.int64) * HEAD_D
+    if j == G + 1:
+        tl.store(vc_ptr + cache + i, x1.to(vc_ptr.dtype.element_ty), mask=m)
+        tl.store(vc_ptr + cache + HALF + i, x2.to(vc_ptr.dtype.element_ty), mask=m)
+    else:
+        if j < G:
+            w1 = tl.load(qn_ptr + layer * HEAD_D + i, mask=m, other=0.0).to(tl.float32)
+            w2 = tl.load(qn_ptr + layer * HEAD_D + HALF + i, mask=m, other=0.0).to(tl.float32)
+        else:
+            w1 = tl.load(kn_ptr + layer * HEAD_D + i, mask=m, other=0.0).to(tl.float32)
+            w2 = tl.load(kn_ptr + layer * HEAD_D + HALF + i, mask=m, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HEAD_D + eps)
+        y1 = (x1 * rstd * w1).to(tl.bfloat16).to(tl.float32)
+        y2 = (x2 * rstd * w2).to(tl.bfloat16).to(tl.float32)
+        inv_freq = tl.exp2(-(2.0 * i.to(tl.float32) / HEAD_D) * log2_theta)
+        ang = pos.to(tl.float32) * inv_freq
+        c = tl.cos(ang)
+        s = tl.sin(ang)
+        o1 = y1 * c - y2 * s
+        o2 = y2 * c + y1 * s
+        if j < G:
+            dst = q_ptr + (b * QH + head) * HEAD_D
+            tl.store(dst + i, o1.to(q_ptr.dtype.element_ty), mask=m)
+            tl.store(dst + HALF + i, o2.to(q_ptr.dtype.element_ty), mask=m)
+        else:
+            tl.store(kc_ptr + cache + i, o1.to(kc_ptr.dtype.element_ty), mask=m)
+            tl.store(kc_ptr + cache + HALF + i, o2.to(kc_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def attn_split_tile(tile, q_ptr, kc_ptr, vc_ptr, seq_ptr, o_ptr, lse_ptr, layer, B, QH, KH, max_ctx, nsplit,
+                    sm_scale, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
+                    SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Flash-decoding partial: tile ``(b, kvh, s)`` (``s`` fastest) attends the ``G`` q heads of kv head ``kvh``
+    over cache positions ``[s * SPLIT, min((s + 1) * SPLIT, seq))``.  Writes the normalised partial output
+    ``o[b, h, s, :]`` (float32) and its log-sum-exp ``lse[b, h, s]`` (``-inf`` for an empty split)."""
+    s = tile % nsplit
+    bh = tile // nsplit
+    b = bh // KH
+    kvh = bh % KH
+    G = QH // KH
+    seq = tl.load(seq_ptr)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    mg = offs_g < G
+    md = offs_d < HEAD_D
+    heads = b * QH + kvh * G + offs_g
+    q = tl.load(q_ptr + heads[:, None] * HEAD_D + offs_d[None, :], mask=mg[:, None] & md[None, :], other=0.0)
+    base = ((layer.to(tl.int64) * B + b) * KH + kvh) * max_ctx * HEAD_D
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    start = s * SPLIT
+    stop = tl.minimum(start + SPLIT, seq)
+    for p0 in range(start, stop, BLOCK_P):
+        offs_p = p0 + tl.arange(0, BLOCK_P)
+        mp = offs_p < stop
+        kv_off = base + offs_p[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
+        kv_mask = mp[:, None] & md[None, :]
+        k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
+        sc = tl.dot(q, tl.trans(k)) * sm_scale
+        sc = tl.where(mp[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(vc_ptr + kv_off, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    nonempty = l_i > 0
+    lse = tl.where(nonempty, m_i + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf"))
+    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    part = heads * nsplit + s
+    tl.store(o_ptr + part[:, None] * HEAD_D + offs_d[None, :], out, mask=mg[:, None] & md[None, :])
+    tl.store(lse_ptr + part, lse, mask=mg)
+
+
+@triton.jit
+def attn_combine_tile(tile, o_ptr, lse_ptr, out_ptr, nsplit, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
+                      BLOCK_S: tl.constexpr):
+    """Head ``tile`` (``b * QH + h``): combines the ``nsplit`` flash-decoding partials by their log-sum-exp
+    weights into ``out[b, h * D:(h + 1) * D]`` (bf16; ``out`` is ``[B, QH * D]``, the o_proj input)."""
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    ms = offs_s < nsplit
+    md = offs_d < HEAD_D
+    lse = tl.load(lse_ptr + tile * nsplit + offs_s, mask=ms, other=float("-inf"))
+    mx = tl.max(lse, axis=0)                       # split 0 is never empty (seq >= 1)
+    w = tl.exp(lse - mx)
+    o = tl.load(o_ptr + (tile * nsplit + offs_s)[:, None] * HEAD_D + offs_d[None, :], mask=ms[:, None] & md[None, :],
+                other=0.0)
+    out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w, axis=0)
+    tl.store(out_ptr + tile * HEAD_D + offs_d, out.to(out_ptr.dtype.element_ty), mask=md)

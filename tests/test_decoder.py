@@ -1,0 +1,162 @@
+"""The Qwen3-like TP decoder of kernels/decoder (issue 13 part B): its tile
+functions against torch at small odd shapes, the torch reference's TP split,
+and the whole step as one persistent megakernel on simulated ranks (on GPUs
+under torchrun) against the reference."""
+import pytest
+import torch
+
+import bodies_decoder as B
+from ditron.errors import DitronError, DitronHangError, DitronRankError
+
+
+def test_rmsnorm_tile(dist_world):
+    assert dist_world(1).run(B.rmsnorm_tile) == [2]
+
+
+def test_linear_and_gate_up_tiles(dist_world):
+    assert dist_world(1).run(B.linear_tiles) == [6]
+
+
+def test_qk_norm_rope_append_tile(dist_world):
+    assert dist_world(1).run(B.rope_tile) == [3]
+
+
+def test_attention_split_and_combine_tiles(dist_world):
+    assert dist_world(1).run(B.attention_tiles) == [1]
+
+
+def test_config_split_and_errors():
+    from ditron.kernels.decoder import qwen3_8b, tiny
+    sh = qwen3_8b().shard(2)
+    assert (sh.q_heads, sh.kv_heads, sh.inter, sh.qkv_cols) == (16, 4, 6144, 3072)
+    with pytest.raises(DitronError, match=r"divisible by 3; not: n_q_heads=32, n_kv_heads=8"):
+        qwen3_8b().shard(3)
+    with pytest.raises(DitronError, match="n_kv_heads=2 .* divisible by 4|divisible by 4; not: n_kv_heads=2"):
+        tiny().shard(4)
+    with pytest.raises(DitronError, match="multiple of n_kv_heads"):
+        tiny(n_q_heads=5)
+    with pytest.raises(DitronError, match="power of two"):
+        tiny().with_tiles(gemv_block_n=24)
+
+
+def _ref_states(cfg, W, B, max_ctx, ctx):
+    from ditron.kernels.decoder.weights import make_cache, make_weights
+    out = []
+    for r in range(W):
+        k, v = make_cache(cfg, r, W, B, max_ctx, ctx)
+        out.append((cfg, cfg.shard(W), make_weights(cfg, r, W), k, v, torch.tensor([ctx], dtype=torch.int32)))
+    return out
+
+
+def test_reference_tp2_equals_tp1():
+    # the same seeded global model split over 2 ranks: the partial sums are added in another order (bf16
+    # all-reduce), so TP=2 equals TP=1 up to one bf16 rounding of the residual updates
+    from ditron.kernels.decoder import tiny
+    from ditron.kernels.decoder.reference import lockstep_step
+    from ditron.kernels.decoder.weights import make_input
+    cfg = tiny()
+    s1, s2 = _ref_states(cfg, 1, 2, 24, 13), _ref_states(cfg, 2, 2, 24, 13)
+    for step in range(2):
+        x = make_input(cfg, 2, step)
+        y1, y2 = lockstep_step(s1, x)[0], lockstep_step(s2, x)
+        assert torch.equal(y2[0], y2[1])                          # every rank has the full output
+        torch.testing.assert_close(y2[0].float(), y1.float(), atol=3e-2, rtol=2e-2)
+    assert int(s1[0][5]) == int(s2[1][5]) == 15                   # two positions appended
+    # the TP=2 caches are the kv-head halves of the TP=1 cache, with the same two new positions
+    torch.testing.assert_close(torch.cat([s2[0][3], s2[1][3]], 2).float(), s1[0][3].float(), atol=0.07, rtol=0)
+
+
+def test_tolerance_detects_a_wrong_position():
+    # what the decoder checks tolerate (3e-2 * scale + 2e-2) is far below the effect of attending one position
+    # too many / rotating at the wrong position
+    from ditron.kernels.decoder import tiny
+    from ditron.kernels.decoder.reference import lockstep_step
+    from ditron.kernels.decoder.weights import make_input
+    cfg = tiny()
+    good, bad = _ref_states(cfg, 1, 1, 40, 30), _ref_states(cfg, 1, 1, 40, 30)
+    bad[0][5].add_(1)
+    x = make_input(cfg, 1, 0)
+    y, z = lockstep_step(good, x)[0].float(), lockstep_step(bad, x)[0].float()
+    assert (y - z).abs().max().item() > 10 * (3e-2 * y.abs().max().item() + 2e-2)
+
+
+# ---------------------------------------------------------------------------
+# the whole step as one megakernel
+# ---------------------------------------------------------------------------
+
+def test_decoder_megakernel_two_ranks(dist_world):
+    # 2 layers, TP=2, two consecutive steps: seq 33 -> 35 (split 0 of the KV cache full, split 1 partial)
+    errs = dist_world(2).run(B.decoder_steps, steps=2, B=1)
+    assert len(errs) == 2 and all(len(e) == 2 for e in errs)
+
+
+@pytest.mark.parametrize("scheduler", ["zigzag", "dynamic"])
+def test_decoder_megakernel_one_rank_batch2(dist_world, scheduler):
+    # world size 1 (the all-reduces are copies), batch 2, the other schedulers
+    assert len(dist_world(1).run(B.decoder_steps, steps=2, B=2, scheduler=scheduler)[0]) == 2
+
+
+def test_decoder_missing_dependency_is_rejected(dist_world):
+    msg = dist_world(1).run(B.missing_dep_is_rejected)[0]
+    assert "missing dependency" in msg and "'rope.1'" in msg and "'qkv.1'" in msg, msg
+
+
+def test_decoder_planted_missing_release_is_reported(dist_world):
+    # qkv.0 tile 1 never releases its slot: the rope tiles of the heads it computes wait forever; the report
+    # names the task, the tile and the scoreboard slot
+    with pytest.raises((DitronHangError, DitronRankError)) as e:
+        dist_world(2).run(B.planted_missing_release, "qkv.0", 1)
+    text = str(e.value)
+    assert "task 'qkv.0' tile 1" in text and "scoreboard slot" in text, text
+    assert "waited on by task 'rope.0'" in text, text
+
+
+# ---------------------------------------------------------------------------
+# demo and benchmark on the CPU (the numbers are meaningless on the simulator; the code paths and checks run)
+# ---------------------------------------------------------------------------
+
+def _run(*args, timeout=300):
+    import pathlib
+    import subprocess
+    import sys
+    root = pathlib.Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-m", "ditron", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=root)
+
+
+def test_demo_megakernel_on_the_simulator():
+    p = _run("demo", "megakernel")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("matches torch") == 4, p.stdout            # 2 ranks x 2 steps
+    assert "verified on all 2 ranks against torch" in p.stdout
+
+
+def test_bench_megakernel_on_the_simulator(tmp_path):
+    import json
+    p = _run("sim", "-n", "2", "-m", "ditron.bench", "megakernel", "--config", "tiny", "--ctx", "33", "--batch", "2",
+             "--warmup", "1", "--iters", "1", "--repeat", "1", "--out", str(tmp_path), "--tag", "smoke")
+    assert p.returncode == 0, p.stdout + p.stderr
+    data = json.loads((tmp_path / "smoke-megakernel.json").read_text())
+    (row,) = data["rows"]
+    assert row["check"] == "ok" and row["batch"] == 2 and row["megakernel_us"] > 0 and row["hbm_limit_us"] > 0, row
+    assert data["meta"]["command"].startswith("ditron bench megakernel")
+    assert "| 33 | 2 | ok" in (tmp_path / "smoke-megakernel.md").read_text()
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
+@pytest.mark.parametrize("gemv_dot", [False, True])
+def test_decoder_megakernel_compiles(target, gemv_dot):
+    # generated in this process (a private one-rank simulator world: the comm tasks need a world; their code
+    # does not depend on its size) and compiled ahead of time without a GPU
+    import ditron
+    world = ditron.init("sim")
+    try:
+        got = B.compile_generated(world, target, gemv_dot)
+    finally:
+        ditron.finalize()
+    assert got["branches"] == 10, got       # advance, norm, 3 linear, gate_up, rope, attention, combine, all-reduce
+    assert got["wait_deps"] and got["symm_at"] and got["notify"], got
+    # the GEMV tiles stream the weights with 16-byte vector loads (5 GEMV loops: qkv, o, gate, up, down)
+    assert got["v4_loads"] >= 5, got
+    assert got["evict_first"] in (True, None), got
+    assert got["mma"], got                  # attention scores and P @ V on the tensor cores

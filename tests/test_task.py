@@ -1,0 +1,218 @@
+"""ditron.task without a world: graph registration, dependency ranges, the
+missing-dependency check, schedulers, generated source, and compiling the
+generated kernel for sm_90a / gfx942."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import bodies_task as B
+import ditron
+import ditron.task as dtask
+from conftest import TARGETS, device_asm
+from ditron.errors import DitronError
+
+
+class _W:                      # what bodies_task's graph builders read from a world
+    rank = 0
+    world_size = 1
+    device = torch.device("cpu")
+
+
+def _t(n=16):
+    return torch.zeros(n)
+
+
+def _simple(g, name, x, out, deps=(), tiles=2, **kw):
+    return g.register_task(B.scale_add_tile, name=name, num_tiles=tiles,
+                           args={"x": x, "y": x, "out": out, "n": x.numel(), "alpha": 1.0, "BLOCK": 8},
+                           reads=("x", "y"), writes=("out",), deps=deps, **kw)
+
+
+# -- graph and deps -------------------------------------------------------------------
+
+def test_dep_ranges_all_same_and_callable():
+    g = dtask.TaskGraph("g")
+    x, y, z = _t(), _t(), _t()
+    a = _simple(g, "a", x, y, tiles=3)
+    b = _simple(g, "b", y, z, deps=[dtask.Dep(a, "same")], tiles=3)
+    c = g.register_task(B.row_sum_tile, name="c", num_tiles=2,
+                        args={"x": z, "out": x, "rows": 2, "cols": 8, "ROWS": 1, "COLS": 8},
+                        reads=("x",), writes=("out",),
+                        deps=[dtask.Dep(b, lambda i: (i, i + 2)), dtask.Dep(a)])
+    assert [it.slot for it in g.items()] == list(range(8))
+    assert b.tile_ranges(2) == [(2, 1)]                       # a's slots are 0..2
+    assert c.tile_ranges(1) == [(3 + 1, 2), (0, 3)]           # b tiles [1, 3) at slots 4, 5; all of a
+    assert g.num_slots == 8
+
+
+def test_bad_deps_are_rejected_with_names():
+    g = dtask.TaskGraph("g")
+    x, y, z = _t(), _t(), _t()
+    a = _simple(g, "a", x, y, tiles=2)
+    with pytest.raises(DitronError, match=r"'b' tile 2: Dep\('a', 'same'\) but 'a' has only 2 tiles"):
+        _simple(g, "b", y, z, deps=[dtask.Dep(a, "same")], tiles=3)
+    with pytest.raises(DitronError, match=r"'b' tile 1: the Dep on 'a' asks for producer tiles \[1, 3\)"):
+        _simple(g, "b", y, z, deps=[dtask.Dep(a, lambda i: (i, i + 2))], tiles=2)
+    other = dtask.TaskGraph("other")
+    o = _simple(other, "o", x, y)
+    with pytest.raises(DitronError, match="not an earlier task of this graph"):
+        _simple(g, "b", y, z, deps=[dtask.Dep(o)])
+    with pytest.raises(DitronError, match="already registered"):
+        _simple(g, "a", x, z, deps=[dtask.Dep(a)])
+    assert [t.name for t in g.tasks] == ["a"]                 # failed registrations leave no trace
+
+
+def test_argument_checks():
+    g = dtask.TaskGraph("g")
+    x, y = _t(), _t()
+    with pytest.raises(DitronError, match="no value for parameter"):
+        g.register_task(B.scale_add_tile, name="a", num_tiles=1, args={"x": x, "y": x, "out": y})
+    with pytest.raises(DitronError, match="'nope' is not a parameter"):
+        g.register_task(B.square_tile, name="a", num_tiles=1, args={"x": x, "out": y, "n": 16, "BLOCK": 8,
+                                                                     "nope": 1})
+    with pytest.raises(DitronError, match="reads names 'n', which is not a tensor"):
+        g.register_task(B.square_tile, name="a", num_tiles=1, args={"x": x, "out": y, "n": 16, "BLOCK": 8},
+                        reads=("n",))
+    with pytest.raises(DitronError, match="at most 4 scalars"):
+        g.register_task(B.square_tile, name="a", num_tiles=1, args={"x": x, "out": y, "n": 16, "BLOCK": 8},
+                        scalars=dict(a=1, b=2, c=3, d=4, e=5))
+    with pytest.raises(DitronError, match="tile function"):
+        g.register_task(lambda tile: None, name="a", num_tiles=1)
+
+
+@pytest.mark.parametrize("case", ["raw", "war", "waw", "view"])
+def test_missing_dependency_is_reported(case):
+    g = dtask.TaskGraph("g")
+    x, y, z = _t(32), _t(32), _t(32)
+    _simple(g, "w", x, y)                                     # reads x, writes y
+    with pytest.raises(DitronError, match="missing dependency") as info:
+        if case == "raw":
+            _simple(g, "r", y, z)                             # reads y: no Dep on w
+        elif case == "war":
+            _simple(g, "r", z, x)                             # writes x, which w reads
+        elif case == "waw":
+            _simple(g, "r", z, y)                             # writes y too
+        else:
+            _simple(g, "r", y[8:16], z[:8])                   # a view overlapping y
+    msg = str(info.value)
+    assert "'r'" in msg and "'w'" in msg
+
+
+def test_dependency_through_a_chain_and_disjoint_views_pass():
+    g = dtask.TaskGraph("g")
+    x, y, z, u = _t(32), _t(32), _t(32), _t(32)
+    a = _simple(g, "a", x, y)
+    b = _simple(g, "b", y, z, deps=[dtask.Dep(a)])
+    _simple(g, "c", y, u, deps=[dtask.Dep(b)])                # reads y (a's) through b
+    w = torch.zeros(64)
+    _simple(g, "d", x[:8], w[:16])                            # read-after-read of x needs nothing
+    _simple(g, "e", x[8:16], w[32:48])                        # writes bytes of w that d does not touch
+    with pytest.raises(DitronError, match="missing dependency: task 'f' writes tensor 'out'"):
+        _simple(g, "f", x, w[8:24])                           # ... but these overlap d's output
+
+
+# -- schedulers -----------------------------------------------------------------------
+
+def test_round_robin_and_zigzag_queues():
+    items = list(range(7))
+    assert dtask.round_robin(items, 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert dtask.zigzag(items, 3) == [[0, 5, 6], [1, 4], [2, 3]]
+
+
+def _graph_for_schedulers():
+    g = dtask.TaskGraph("s")
+    x, y = _t(), _t()
+    _simple(g, "a", x, y, tiles=5)
+    return g
+
+
+def test_user_scheduler_is_used_and_invalid_ones_are_rejected():
+    g = _graph_for_schedulers()
+
+    def backwards_blocks(items, p):               # valid: contiguous blocks
+        per = -(-len(items) // p)
+        return [list(range(i * per, min(len(items), (i + 1) * per))) for i in range(p)]
+
+    mk = g.compile(scheduler=backwards_blocks, num_programs=2)
+    assert mk.queues == [[0, 1, 2], [3, 4]]
+    assert mk.queue_table.tolist() == [3, 6, 8, 0, 1, 2, 3, 4]
+    with pytest.raises(DitronError, match="not in increasing topological order"):
+        g.compile(scheduler=lambda items, p: [[1, 0], [2, 3, 4]], num_programs=2)
+    with pytest.raises(DitronError, match="in no queue"):
+        g.compile(scheduler=lambda items, p: [[0], [2, 3, 4]], num_programs=2)
+    with pytest.raises(DitronError, match="queues of programs 0 and 1"):
+        g.compile(scheduler=lambda items, p: [[0, 1], [1, 2, 3, 4]], num_programs=2)
+    with pytest.raises(DitronError, match="returned 1 queues for 2 programs"):
+        g.compile(scheduler=lambda items, p: [[0, 1, 2, 3, 4]], num_programs=2)
+    with pytest.raises(DitronError, match="unknown scheduler"):
+        g.compile(scheduler="fifo")
+
+
+def test_num_programs_is_capped_by_the_items():
+    mk = _graph_for_schedulers().compile(num_programs=64)
+    assert mk.num_programs == 5
+
+
+# -- codegen ----------------------------------------------------------------------------
+
+def test_generated_source_shares_branches_and_is_readable():
+    g, _, _ = B.chain_graph(_W())
+    mk = g.compile(scheduler="round_robin", num_programs=3)
+    src = mk.source
+    assert len(mk.code.branches) == 5                          # a, b, c, layer.0, layer.1+layer.2
+    assert src.count("dl.release_tile(") == 1 and src.count("dl.wait_deps(") == 1
+    assert "elif branch == 4:" in src and "branch == 5" not in src
+    assert "# layer.1, layer.2" in src                           # the tasks of the shared branch
+    assert "layer_tile(tile, dl.consume_token(t5_w, tok), dl.consume_token(t6_out, tok), t6_out, b4_n, s0, 8)" in src
+    assert "fetch_task" not in src and "for q in range(" in src
+    dyn = g.compile(scheduler="dynamic", num_programs=3).source
+    assert "item = dl.fetch_task(counter_ptr)" in dyn and "while item < n_items:" in dyn
+    assert mk.code.path.endswith(".py") and open(mk.code.path).read() == src
+    assert mk.slot_info(19) == ("layer.1", 1, {"layer": 1})
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("scheduler", ["round_robin", "dynamic"])
+def test_generated_kernel_compiles(target, scheduler):
+    g, _, _ = B.chain_graph(_W())
+    mk = g.compile(scheduler=scheduler, num_programs=3)
+    ck = ditron.compile(mk.kernel, target=target, signature=mk.signature(), num_warps=4)
+    asm = device_asm(ck)
+    kinds = ck.asm["dist_ir"]
+    assert "dist.wait_deps" in kinds and "dist.release_tile" in kinds
+    if target == "sm_90a":
+        assert "ld.acquire.gpu.global.b32" in asm                # wait_deps polls with acquire
+        assert "st.release.gpu.global.b32" in asm                # release_tile
+        assert "bar.sync 0" in asm
+        if scheduler == "dynamic":
+            assert "atom.global.gpu.acq_rel.add" in asm          # fetch_task
+    else:
+        assert "buffer_inv" in asm and "buffer_wbl2" in asm      # agent-scope acquire / release
+        if scheduler == "dynamic":
+            assert "global_atomic_add" in asm
+
+
+def test_bounded_wait_deps_and_lint():
+    """Under DITRON_WAIT_TIMEOUT_S the wait polls %globaltimer and reports
+    kind 4 (dl.wait_deps, cmp >=); the lint knows the new ops and finds
+    nothing to say about the generated kernel."""
+    from ditron import lint
+    from ditron.lowering import cuda, cuda_p2p
+    from ditron.runtime.gpu_base import format_hang
+    g, _, _ = B.chain_graph(_W())
+    mk = g.compile(scheduler="dynamic", num_programs=2)
+    with cuda.compile_variant("p2p", bounded=True):
+        ck = ditron.compile(mk.kernel, target="sm_90a", signature=mk.signature())
+    ptx = ck.asm["ptx"]
+    assert "%globaltimer" in ptx and "ld.acquire.gpu.global.b32" in ptx
+    assert cuda_p2p.HANG_KINDS[4] == "dl.wait_deps"
+    rec = {k: 0 for k in cuda_p2p.HANG_WORDS}
+    rec.update(kind=4, cmp=5, expected=3, observed=2, addr=mk.slots.data_ptr() + 4 * 7, timeout_ns=10**9)
+
+    class T:
+        describe_address = staticmethod(lambda addr: mk.describe_address(addr) or "?")
+    text = format_hang(rec, T)
+    assert "dl.wait_deps on megakernel 'chain' scoreboard slot 7 = task 'b' tile 2" in text
+    assert "expected value >= 3, observed 2" in text
+    assert lint.lint(mk.kernel) == []
