@@ -90,7 +90,38 @@ def linear_tiles(world, B=3, N=21, K=45, BN=8, BK=16):
         gu = x.float() @ wgu[1].float().t()
         _close(act, F.silu(gu[:, :N]) * gu[:, N:], f"gate_up dot={dot}")
         checked += 1
+        # the fused-norm variants: the GEMV input is rms(x) (first) or rms(resid + delta), norm weight nw[2]
+        resid = _randn(world, (B, K), 14, torch.float32)
+        delta = _randn(world, (B, K), 15, torch.float32)
+        nw = _randn(world, (3, K), 16, scale=0.1) + 1
+        for first in (1, 0):
+            h = _rms(x.float() if first else resid + delta, nw[2], 1e-6).float()
+            norm_args = {"x_ptr": x, "resid_ptr": resid, "delta_ptr": delta, "nw_ptr": nw, "eps": 1e-6}
+            rd = ("x_ptr", "resid_ptr", "delta_ptr", "nw_ptr", "w_ptr")
+            sc = {"layer": 1, "norm": 2, "first": first}
+            out = torch.zeros(B, N, dtype=torch.bfloat16, device=world.device)
+            _one(T.rms_linear_tile, "rms_lin", triton.cdiv(N, BN), {**norm_args, "w_ptr": w, "out_ptr": out, **c},
+                 rd, ("out_ptr",), scalars=sc).step()
+            _close(out, h @ w[1].float().t(), f"rms_linear dot={dot} first={first}")
+            _one(T.rms_gate_up_tile, "rms_gu", triton.cdiv(N, BN), {**norm_args, "w_ptr": wgu, "out_ptr": act, **c},
+                 rd, ("out_ptr",), scalars=sc).step()
+            gu = h @ wgu[1].float().t()
+            _close(act, F.silu(gu[:, :N]) * gu[:, N:], f"rms_gate_up dot={dot} first={first}")
+            checked += 2
     return checked
+
+
+def add_resid_tile(world, B=3, N=37, block=16):
+    x = _randn(world, (B, N), 1)
+    delta = _randn(world, (B, N), 3, torch.float32)
+    for first in (1, 0):
+        resid = _randn(world, (B, N), 2, torch.float32)
+        ref = x.float() if first else resid + delta
+        _one(T.add_resid_tile, "res", triton.cdiv(B * N, block),
+             {"x_ptr": x, "resid_ptr": resid, "delta_ptr": delta, "N": B * N, "BLOCK": block},
+             ("x_ptr", "resid_ptr", "delta_ptr"), ("resid_ptr",), scalars={"first": first}).step()
+        _close(resid, ref, f"add_resid first={first}", atol=0, rtol=0)
+    return 2
 
 
 def rope_tile(world, B=2, QH=4, KH=2, D=12, max_ctx=9, seq=6, L=2, layer=1, theta=1e4):

@@ -2,6 +2,8 @@
 functions against torch at small odd shapes, the torch reference's TP split,
 and the whole step as one persistent megakernel on simulated ranks (on GPUs
 under torchrun) against the reference."""
+import re
+
 import pytest
 import torch
 
@@ -14,7 +16,12 @@ def test_rmsnorm_tile(dist_world):
 
 
 def test_linear_and_gate_up_tiles(dist_world):
-    assert dist_world(1).run(B.linear_tiles) == [6]
+    # plain and fused-norm GEMV tiles, both accumulation paths, bf16 and float32 outputs
+    assert dist_world(1).run(B.linear_tiles) == [14]
+
+
+def test_add_resid_tile(dist_world):
+    assert dist_world(1).run(B.add_resid_tile) == [2]
 
 
 def test_qk_norm_rope_append_tile(dist_world):
@@ -90,10 +97,18 @@ def test_decoder_megakernel_two_ranks(dist_world):
     assert len(errs) == 2 and all(len(e) == 2 for e in errs)
 
 
-@pytest.mark.parametrize("scheduler", ["zigzag", "dynamic"])
-def test_decoder_megakernel_one_rank_batch2(dist_world, scheduler):
-    # world size 1 (the all-reduces are copies), batch 2, the other schedulers
-    assert len(dist_world(1).run(B.decoder_steps, steps=2, B=2, scheduler=scheduler)[0]) == 2
+def test_decoder_megakernel_two_ranks_separate_norms(dist_world):
+    from ditron.kernels.decoder import tiny
+    errs = dist_world(2).run(B.decoder_steps, steps=2, B=1, cfg=tiny().with_tiles(fuse_norm=False))
+    assert len(errs) == 2 and all(len(e) == 2 for e in errs)
+
+
+@pytest.mark.parametrize("scheduler,fuse", [("zigzag", True), ("dynamic", False)])
+def test_decoder_megakernel_one_rank_batch3(dist_world, scheduler, fuse):
+    # world size 1 (the all-reduces are copies), batch 3 (GEMV tiles on tl.dot), the other schedulers
+    from ditron.kernels.decoder import tiny
+    cfg = tiny().with_tiles(fuse_norm=fuse)
+    assert len(dist_world(1).run(B.decoder_steps, steps=2, B=3, scheduler=scheduler, cfg=cfg)[0]) == 2
 
 
 def test_decoder_missing_dependency_is_rejected(dist_world):
@@ -102,13 +117,13 @@ def test_decoder_missing_dependency_is_rejected(dist_world):
 
 
 def test_decoder_planted_missing_release_is_reported(dist_world):
-    # qkv.0 tile 1 never releases its slot: the rope tiles of the heads it computes wait forever; the report
-    # names the task, the tile and the scoreboard slot
+    # qkv.0 tile 1 never releases its slot: the rope tiles of the heads it computes and the residual commit
+    # (res_a.0, which waits for every qkv tile) wait forever; the report names the task, the tile and the slot
     with pytest.raises((DitronHangError, DitronRankError)) as e:
         dist_world(2).run(B.planted_missing_release, "qkv.0", 1)
     text = str(e.value)
     assert "task 'qkv.0' tile 1" in text and "scoreboard slot" in text, text
-    assert "waited on by task 'rope.0'" in text, text
+    assert re.search(r"waited on by task '(rope|res_a)\.0'", text), text
 
 
 # ---------------------------------------------------------------------------
@@ -154,7 +169,9 @@ def test_decoder_megakernel_compiles(target, gemv_dot):
         got = B.compile_generated(world, target, gemv_dot)
     finally:
         ditron.finalize()
-    assert got["branches"] == 10, got       # advance, norm, 3 linear, gate_up, rope, attention, combine, all-reduce
+    # advance, qkv (fused norm), residual commit, rope, attention, combine, o_proj, gate/up (fused norm), down,
+    # all-reduce, final norm: one branch per kind, whatever the number of layers
+    assert got["branches"] == 11, got
     assert got["wait_deps"] and got["symm_at"] and got["notify"], got
     # the GEMV tiles stream the weights with 16-byte vector loads (5 GEMV loops: qkv, o, gate, up, down)
     assert got["v4_loads"] >= 5, got

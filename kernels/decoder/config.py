@@ -39,7 +39,11 @@ class TileConfig:
     * ``norm_block``: elements per loop iteration of RMSNorm;
     * ``attn_split``: KV positions per flash-decoding tile (a multiple of
       ``attn_block``), ``attn_block``: positions per inner iteration;
-    * ``comm_block``: float32 elements per all-reduce tile (``ditron.task.comm``).
+    * ``comm_block``: float32 elements per all-reduce tile (``ditron.task.comm``);
+    * ``fuse_norm``: the QKV and gate/up tiles compute the RMSNorm of the
+      residual stream themselves (:func:`rms_linear_tile`); the residual add is
+      committed off the critical path (:func:`add_resid_tile`).  Saves two
+      single-tile stages per layer.  ``False``: separate RMSNorm tasks.
     """
     gemv_block_n: int = 32
     gemv_block_k: int = 512
@@ -48,6 +52,7 @@ class TileConfig:
     attn_split: int = 128
     attn_block: int = 64
     comm_block: int = 1024
+    fuse_norm: bool = True
     num_warps: int = 4
 
     def dot_for(self, batch: int) -> bool:

@@ -7,20 +7,22 @@ rank; :func:`build_megakernel` registers them in a :class:`ditron.task.TaskGraph
 and compiles one persistent kernel.  Per layer ``l`` (``j = 2l`` / ``2l + 1``
 index the stacked norm weights)::
 
-    norm_a.l   add_rmsnorm_tile   B tiles          resid += delta (l > 0; resid = x at l = 0); h = rms(resid)
-    qkv.l      linear_tile        cdiv(Nqkv, BN)   qkv = h @ Wqkv[l]^T              <- all of norm_a.l
+    qkv.l      rms_linear_tile    cdiv(Nqkv, BN)   qkv = rms(resid + delta) @ Wqkv[l]^T  (resid + delta: x at l = 0)
+    res_a.l    add_resid_tile     cdiv(B*H, BLK)   resid += delta (after every qkv.l tile read resid)
     rope.l     qk_norm_rope_tile  B*KH*(G+2)       q / k norm, RoPE, KV append      <- the qkv tiles of its head
     attn.l     attn_split_tile    B*KH*S           flash-decoding split             <- rope tiles of its kv group
     comb.l     attn_combine_tile  B*QH             combine the S splits             <- attn tiles of its head
     o.l        linear_tile        cdiv(H, BN)      partial = attn @ Wo[l]^T (fp32)  <- all of comb.l
-    ar_attn.l  all-reduce                          delta = sum over ranks of partial
-    norm_m.l   add_rmsnorm_tile   B tiles          resid += delta; h = rms(resid)
-    gu.l       gate_up_tile       cdiv(I_r, BN)    act = silu(h @ Wg^T) * (h @ Wu^T)
+    ar_attn.l  all-reduce                          delta = sum over ranks of partial (after res_a.l)
+    gu.l       rms_gate_up_tile   cdiv(I_r, BN)    act = silu(h @ Wg^T) * (h @ Wu^T), h = rms(resid + delta)
+    res_m.l    add_resid_tile     cdiv(B*H, BLK)   resid += delta (after every gu.l tile)
     down.l     linear_tile        cdiv(H, BN)      partial = act @ Wd[l]^T (fp32)
-    ar_mlp.l   all-reduce                          delta = sum over ranks of partial
+    ar_mlp.l   all-reduce                          delta = sum over ranks of partial (after res_m.l)
     final      add_rmsnorm_tile   B tiles          resid += delta; out = h = rms(resid)
 
-preceded by ``advance`` (one tile: ``seq += 1``).  Activation buffers are
+preceded by ``advance`` (one tile: ``seq += 1``).  With ``TileConfig(fuse_norm=False)``
+the norms are tasks of their own (``norm_a.l`` / ``norm_m.l``: ``add_rmsnorm_tile``,
+``B`` tiles, ``h = rms(resid += delta)``) and qkv / gate-up read ``h``.  Activation buffers are
 shared by all layers (stacked weights + a ``layer`` scalar), so each task kind
 is one branch of the generated kernel whatever the number of layers.
 """
@@ -129,9 +131,30 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
         bh = b * KH + hq // G
         return bh * S, (bh + 1) * S
 
+    def rms_linear(name, fn, wt, out, N, l, j, deps):      # the fused-norm GEMV over the residual stream
+        specs.append(TaskSpec(name, fn, cdiv(N, BN),
+                              {"x_ptr": buf.x, "resid_ptr": buf.resid, "delta_ptr": buf.delta, "nw_ptr": w.norm,
+                               "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps, "N": N, "K": H, **gemv_c},
+                              reads=("x_ptr", "resid_ptr", "delta_ptr", "nw_ptr", "w_ptr"), writes=("out_ptr",),
+                              deps=deps, scalars={"layer": l, "norm": j, "first": int(j == 0)}))
+
+    def commit(name, j, deps):                               # resid = x / resid + delta, once
+        specs.append(TaskSpec(name, T.add_resid_tile, cdiv(B * H, tc.norm_block),
+                              {"x_ptr": buf.x, "resid_ptr": buf.resid, "delta_ptr": buf.delta, "N": B * H,
+                               "BLOCK": tc.norm_block},
+                              reads=("x_ptr", "resid_ptr", "delta_ptr"), writes=("resid_ptr",), deps=deps,
+                              scalars={"first": int(j == 0)}))
+
+    fuse = tc.fuse_norm
     for l in range(L):
-        norm(f"norm_a.{l}", 2 * l, [(f"ar_mlp.{l - 1}", None)] if l else [("advance", None)])
-        linear(f"qkv.{l}", buf.h, w.qkv, buf.qkv, sh.qkv_cols, H, l, [(f"norm_a.{l}", None)])
+        # attention block: (norm) -> qkv -> rope -> attention -> combine -> o_proj -> all-reduce
+        if fuse:
+            rms_linear(f"qkv.{l}", T.rms_linear_tile, w.qkv, buf.qkv, sh.qkv_cols, l, 2 * l,
+                       [(f"ar_mlp.{l - 1}", None), (f"res_m.{l - 1}", None)] if l else [("advance", None)])
+            commit(f"res_a.{l}", 2 * l, [(f"qkv.{l}", None)])        # after every qkv tile read the old resid
+        else:
+            norm(f"norm_a.{l}", 2 * l, [(f"ar_mlp.{l - 1}", None)] if l else [("advance", None)])
+            linear(f"qkv.{l}", buf.h, w.qkv, buf.qkv, sh.qkv_cols, H, l, [(f"norm_a.{l}", None)])
         specs.append(TaskSpec(
             f"rope.{l}", T.qk_norm_rope_tile, B * KH * (G + 2),
             {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "q_ptr": buf.q, "kc_ptr": k_cache,
@@ -154,11 +177,17 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
              "BLOCK_D": next_pow2(D), "BLOCK_S": next_pow2(S)},
             reads=("o_ptr", "lse_ptr"), writes=("out_ptr",), deps=[(f"attn.{l}", comb_attn_tiles)]))
         linear(f"o.{l}", buf.attn, w.o, buf.partial, H, sh.attn_cols, l, [(f"comb.{l}", None)])
-        all_reduce(f"ar_attn.{l}", [(f"o.{l}", None)])
-        norm(f"norm_m.{l}", 2 * l + 1, [(f"ar_attn.{l}", None)])
-        linear(f"gu.{l}", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)], fn=T.gate_up_tile)
+        all_reduce(f"ar_attn.{l}", [(f"o.{l}", None)] + ([(f"res_a.{l}", None)] if fuse else []))
+        # MLP block: (norm) -> gate/up -> down -> all-reduce
+        if fuse:
+            rms_linear(f"gu.{l}", T.rms_gate_up_tile, w.gate_up, buf.act, IL, l, 2 * l + 1,
+                       [(f"ar_attn.{l}", None), (f"res_a.{l}", None)])
+            commit(f"res_m.{l}", 2 * l + 1, [(f"gu.{l}", None)])
+        else:
+            norm(f"norm_m.{l}", 2 * l + 1, [(f"ar_attn.{l}", None)])
+            linear(f"gu.{l}", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)], fn=T.gate_up_tile)
         linear(f"down.{l}", buf.act, w.down, buf.partial, H, IL, l, [(f"gu.{l}", None)])
-        all_reduce(f"ar_mlp.{l}", [(f"down.{l}", None)])
+        all_reduce(f"ar_mlp.{l}", [(f"down.{l}", None)] + ([(f"res_m.{l}", None)] if fuse else []))
     norm("final", 2 * L, [(f"ar_mlp.{L - 1}", None)])
     return specs
 
