@@ -177,3 +177,17 @@ def test_decoder_megakernel_compiles(target, gemv_dot):
     assert got["v4_loads"] >= 5, got
     assert got["evict_first"] in (True, None), got
     assert got["mma"], got                  # attention scores and P @ V on the tensor cores
+
+
+@pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",
+                    reason="simulator race finder")
+@pytest.mark.parametrize("fuse", [True, False])
+def test_decoder_megakernel_is_race_free(fuse):
+    # every buffer on the symmetric heap: the race finder checks that the tile-range dependencies (rope <- qkv
+    # heads, attention <- rope group, combine <- attention splits, all-reduce chunk <- GEMV columns, residual
+    # commits) order every write before every read of each tile, under random program interleavings
+    from ditron.kernels.decoder import tiny
+    from ditron.sim.pool import SimCluster
+    with SimCluster(2, race=True, hang_timeout=30) as cluster:
+        errs = cluster.run(B.decoder_steps_symmetric, steps=2, cfg=tiny().with_tiles(fuse_norm=fuse))
+    assert len(errs) == 2 and all(len(e) == 2 for e in errs)

@@ -71,16 +71,26 @@ class Buffers:
     seq: torch.Tensor        # [1] int32: valid KV positions
 
 
-def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, ctx: int, device) -> Buffers:
+def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, ctx: int, device,
+                 symmetric: bool = False) -> Buffers:
+    """This rank's activation buffers; ``symmetric``: on the symmetric heap (``ditron.symm_zeros``), where the
+    simulator's race finder checks every access (tests)."""
     sh = cfg.shard(world_size)
     B, H, D, S = batch, cfg.hidden, cfg.head_dim, sh.splits(max_ctx)
-    bf, f32 = dict(dtype=torch.bfloat16, device=device), dict(dtype=torch.float32, device=device)
-    return Buffers(x=torch.zeros(B, H, **bf), resid=torch.zeros(B, H, **f32), delta=torch.zeros(B, H, **f32),
-                   partial=torch.zeros(B, H, **f32), h=torch.zeros(B, H, **bf),
-                   qkv=torch.zeros(B, sh.qkv_cols, **bf), q=torch.zeros(B, sh.q_heads, D, **bf),
-                   o_part=torch.zeros(B, sh.q_heads, S, D, **f32), lse=torch.zeros(B, sh.q_heads, S, **f32),
-                   attn=torch.zeros(B, sh.attn_cols, **bf), act=torch.zeros(B, sh.inter, **bf),
-                   seq=torch.tensor([ctx], dtype=torch.int32, device=device))
+    bf, f32 = torch.bfloat16, torch.float32
+
+    def z(name, shape, dtype):
+        if symmetric:
+            import ditron
+            return ditron.symm_zeros(shape, dtype, name=name)
+        return torch.zeros(shape, dtype=dtype, device=device)
+    buf = Buffers(x=z("x", (B, H), bf), resid=z("resid", (B, H), f32), delta=z("delta", (B, H), f32),
+                  partial=z("partial", (B, H), f32), h=z("h", (B, H), bf), qkv=z("qkv", (B, sh.qkv_cols), bf),
+                  q=z("q", (B, sh.q_heads, D), bf), o_part=z("o_part", (B, sh.q_heads, S, D), f32),
+                  lse=z("lse", (B, sh.q_heads, S), f32), attn=z("attn", (B, sh.attn_cols), bf),
+                  act=z("act", (B, sh.inter), bf), seq=z("seq", (1,), torch.int32))
+    buf.seq.fill_(ctx)
+    return buf
 
 
 def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_cache, buf: Buffers) -> list:
@@ -113,9 +123,20 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
                               {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gemv_c},
                               reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=deps, scalars={"layer": l}))
 
-    def all_reduce(name, deps):
-        specs.append(TaskSpec(name, None, 0, {"x": buf.partial, "out": buf.delta}, deps=deps, comm="all_reduce",
-                              scalars={"block": tc.comm_block}))
+    # all-reduce tile i sums elements [i * blk, (i + 1) * blk) of the flattened [B, H] partial sums (the comm
+    # helper's tiling, checked after registration): when blk divides H it needs only the producer tiles of
+    # those columns, so the first chunks travel while the other GEMV tiles still run
+    blk = min(tc.comm_block, next_pow2(B * H))
+    ar_tiles = cdiv(B * H, blk)
+
+    def ar_cols(i):
+        c0 = (i * blk) % H
+        return c0 // BN, cdiv(c0 + blk, BN)
+
+    def all_reduce(name, producer, extra):
+        tiles = ar_cols if H % blk == 0 else None
+        specs.append(TaskSpec(name, None, ar_tiles, {"x": buf.partial, "out": buf.delta},
+                              deps=[(producer, tiles)] + extra, comm="all_reduce", scalars={"block": blk}))
 
     def rope_qkv_tiles(t):          # rope tile t -> the qkv tiles holding its head's columns
         j, kvh = t % (G + 2), (t // (G + 2)) % KH
@@ -177,7 +198,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
              "BLOCK_D": next_pow2(D), "BLOCK_S": next_pow2(S)},
             reads=("o_ptr", "lse_ptr"), writes=("out_ptr",), deps=[(f"attn.{l}", comb_attn_tiles)]))
         linear(f"o.{l}", buf.attn, w.o, buf.partial, H, sh.attn_cols, l, [(f"comb.{l}", None)])
-        all_reduce(f"ar_attn.{l}", [(f"o.{l}", None)] + ([(f"res_a.{l}", None)] if fuse else []))
+        all_reduce(f"ar_attn.{l}", f"o.{l}", [(f"res_a.{l}", None)] if fuse else [])
         # MLP block: (norm) -> gate/up -> down -> all-reduce
         if fuse:
             rms_linear(f"gu.{l}", T.rms_gate_up_tile, w.gate_up, buf.act, IL, l, 2 * l + 1,
@@ -187,7 +208,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
             norm(f"norm_m.{l}", 2 * l + 1, [(f"ar_attn.{l}", None)])
             linear(f"gu.{l}", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)], fn=T.gate_up_tile)
         linear(f"down.{l}", buf.act, w.down, buf.partial, H, IL, l, [(f"gu.{l}", None)])
-        all_reduce(f"ar_mlp.{l}", [(f"down.{l}", None)] + ([(f"res_m.{l}", None)] if fuse else []))
+        all_reduce(f"ar_mlp.{l}", f"down.{l}", [(f"res_m.{l}", None)] if fuse else [])
     norm("final", 2 * L, [(f"ar_mlp.{L - 1}", None)])
     return specs
 
@@ -226,7 +247,12 @@ def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
     for s in specs:
         deps = [dtask.Dep(tasks[n], tiles) for n, tiles in s.deps]
         if s.comm == "all_reduce":
-            tasks[s.name] = all_reduce(graph, s.name, s.args["x"], s.args["out"], deps=deps, **s.scalars)
+            t = all_reduce(graph, s.name, s.args["x"], s.args["out"], deps=deps, **s.scalars)
+            if t.num_tiles != s.num_tiles or t.args.get("BLOCK", s.scalars["block"]) != s.scalars["block"]:
+                raise DitronError(f"decoder: all-reduce task '{s.name}' has {t.num_tiles} tiles of "
+                                  f"{t.args.get('BLOCK')} elements; its consumers' dependency ranges assume "
+                                  f"{s.num_tiles} tiles of {s.scalars['block']}")
+            tasks[s.name] = t
         else:
             tasks[s.name] = graph.register_task(s.fn, name=s.name, num_tiles=s.num_tiles, args=s.args,
                                                 reads=s.reads, writes=s.writes, deps=deps, scalars=s.scalars)
