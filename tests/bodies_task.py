@@ -160,6 +160,8 @@ def comm_graph_run(world, scheduler="round_robin", n=21, block=8, steps=3, num_p
     g, x, outs = comm_graph(world, n, block)
     mk = g.compile(scheduler=scheduler, num_programs=num_programs)
     other = g.compile(scheduler="zigzag", num_programs=2)          # a second kernel of the same graph
+    from ditron import lint
+    assert lint.lint(mk.kernel) == []
     for s in range(steps):
         xs, refs = _comm_inputs(world, n, s)
         x.copy_(xs)

@@ -216,3 +216,29 @@ def test_bounded_wait_deps_and_lint():
     assert "dl.wait_deps on megakernel 'chain' scoreboard slot 7 = task 'b' tile 2" in text
     assert "expected value >= 3, observed 2" in text
     assert lint.lint(mk.kernel) == []
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_generated_kernel_with_comm_tiles_compiles(target):
+    """The communication tile functions inside a generated kernel (registered
+    by hand here: dtask.comm's helpers need a world to allocate staging)."""
+    from ditron.task import comm
+    g = dtask.TaskGraph("c")
+    x, out = torch.zeros(100, dtype=torch.bfloat16), torch.zeros(100, dtype=torch.bfloat16)
+    stage, sig = torch.zeros(2 * 4 * 2 * 100, dtype=torch.bfloat16), torch.zeros(2 * 4 * 2 * 2, dtype=torch.int32)
+    bsig = torch.zeros(2 * 4 * 2, dtype=torch.int32)
+    ar = g.register_task(comm.exchange_tile, name="ar", num_tiles=2,
+                         args={"x": x, "out": out, "stage": stage, "sig": sig, "n": 100, "epoch": dtask.EPOCH,
+                               "CAP": 4, "NTILES": 2, "REDUCE": True, "BLOCK": 64},
+                         reads=("x",), writes=("out",), scalars={"inst": 0})
+    g.register_task(comm.barrier_tile, name="bar", num_tiles=1, args={"sig": bsig, "epoch": dtask.EPOCH, "CAP": 4},
+                    deps=[dtask.Dep(ar)], scalars={"inst": 0})
+    mk = g.compile(num_programs=2)
+    assert "exchange_tile(tile, dl.consume_token(t0_x, tok), t1_out, t2_stage, t3_sig, b0_n, s0, epoch, 4, 2, True, 64)" \
+        in mk.source
+    asm = device_asm(ditron.compile(mk.kernel, target=target, signature=mk.signature()))
+    if target == "sm_90a":
+        assert "st.release.sys.global.b32" in asm and "ld.acquire.sys.global.b32" in asm    # notify / wait
+        assert "ld.acquire.gpu.global.b32" in asm and "st.release.gpu.global.b32" in asm    # scoreboard
+    else:
+        assert "buffer_inv sc0 sc1" in asm                                                   # system acquire

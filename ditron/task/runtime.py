@@ -103,7 +103,14 @@ class Megakernel:
             barrier_all()
         from ..runtime.heap import add_address_namer
         ref = weakref.ref(self)
-        add_address_namer(lambda addr: (lambda mk: mk.describe_address(addr) if mk is not None else None)(ref()))
+        self._namer = lambda addr: (lambda mk: mk.describe_address(addr) if mk is not None else None)(ref())
+        add_address_namer(self._namer)
+
+    def __del__(self):
+        from ..runtime.heap import remove_address_namer
+        namer = self.__dict__.get("_namer")
+        if namer is not None:
+            remove_address_namer(namer)
 
     def _planted_item(self, plant):
         """Test hook: ``(task name, tile)`` whose release goes to the sink slot
