@@ -44,6 +44,10 @@ def test_config_split_and_errors():
         tiny(n_q_heads=5)
     with pytest.raises(DitronError, match="power of two"):
         tiny().with_tiles(gemv_block_n=24)
+    with pytest.raises(DitronError, match="o_block_n=12: must be 0"):
+        tiny().with_tiles(o_block_n=12)
+    assert tiny().with_tiles(gate_up_block_n=64).tiles.block_n("gate_up") == 64
+    assert tiny().tiles.block_n("gate_up") == tiny().tiles.gemv_block_n
 
 
 def _ref_states(cfg, W, B, max_ctx, ctx):
@@ -189,5 +193,8 @@ def test_decoder_megakernel_is_race_free(fuse):
     from ditron.kernels.decoder import tiny
     from ditron.sim.pool import SimCluster
     with SimCluster(2, race=True, hang_timeout=30) as cluster:
-        errs = cluster.run(B.decoder_steps_symmetric, steps=2, cfg=tiny().with_tiles(fuse_norm=fuse))
+        # fused: per-projection tile widths (qkv 8 columns: a head spans 2 tiles; o_proj 32: an all-reduce chunk
+        # of 32 elements needs one o tile, down 16: two)
+        cfg = tiny().with_tiles(fuse_norm=fuse, **(dict(qkv_block_n=8, o_block_n=32) if fuse else {}))
+        errs = cluster.run(B.decoder_steps_symmetric, steps=2, cfg=cfg)
     assert len(errs) == 2 and all(len(e) == 2 for e in errs)

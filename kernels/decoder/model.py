@@ -101,10 +101,12 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
     QH, KH, G, IL = sh.q_heads, sh.kv_heads, cfg.group, sh.inter
     max_ctx = k_cache.shape[3]
     S = sh.splits(max_ctx)
-    BN = tc.gemv_block_n
+    BN = {p: tc.block_n(p) for p in ("qkv", "o", "gate_up", "down")}
     dot = tc.dot_for(B)
-    gemv_c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN, BLOCK_K=tc.gemv_block_k,
-                  DOT=dot)
+
+    def gemv_c(proj):
+        return dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN[proj],
+                    BLOCK_K=tc.gemv_block_k, DOT=dot)
     if B < 1 or tuple(k_cache.shape) != (L, B, KH, max_ctx, D) or v_cache.shape != k_cache.shape:
         raise DitronError(f"decoder_tasks: KV cache shape {tuple(k_cache.shape)} / {tuple(v_cache.shape)}; expected "
                           f"{(L, B, KH, max_ctx, D)} (layers, batch, kv heads per rank, max_ctx, head_dim)")
@@ -118,9 +120,9 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
             reads=("x_ptr", "delta_ptr", "resid_ptr", "w_ptr"), writes=("resid_ptr", "out_ptr"), deps=deps,
             scalars={"layer": j, "first": int(j == 0)}))
 
-    def linear(name, x, wt, out, N, K, l, deps, fn=T.linear_tile):
-        specs.append(TaskSpec(name, fn, cdiv(N, BN),
-                              {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gemv_c},
+    def linear(name, proj, x, wt, out, N, K, l, deps, fn=T.linear_tile):
+        specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
+                              {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gemv_c(proj)},
                               reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=deps, scalars={"layer": l}))
 
     # all-reduce tile i sums elements [i * blk, (i + 1) * blk) of the flattened [B, H] partial sums (the comm
@@ -129,19 +131,21 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
     blk = min(tc.comm_block, next_pow2(B * H))
     ar_tiles = cdiv(B * H, blk)
 
-    def ar_cols(i):
-        c0 = (i * blk) % H
-        return c0 // BN, cdiv(c0 + blk, BN)
+    def ar_cols(bn):
+        def cols(i):
+            c0 = (i * blk) % H
+            return c0 // bn, cdiv(c0 + blk, bn)
+        return cols
 
-    def all_reduce(name, producer, extra):
-        tiles = ar_cols if H % blk == 0 else None
+    def all_reduce(name, producer, proj, extra):
+        tiles = ar_cols(BN[proj]) if H % blk == 0 else None
         specs.append(TaskSpec(name, None, ar_tiles, {"x": buf.partial, "out": buf.delta},
                               deps=[(producer, tiles)] + extra, comm="all_reduce", scalars={"block": blk}))
 
     def rope_qkv_tiles(t):          # rope tile t -> the qkv tiles holding its head's columns
         j, kvh = t % (G + 2), (t // (G + 2)) % KH
         head = kvh * G + j if j < G else QH + kvh if j == G else QH + KH + kvh
-        return head * D // BN, cdiv((head + 1) * D, BN)
+        return head * D // BN["qkv"], cdiv((head + 1) * D, BN["qkv"])
 
     def attn_rope_tiles(t):         # attention tile (b, kvh, s) -> rope tiles of (b, kvh, *)
         bh = t // S
@@ -152,10 +156,11 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
         bh = b * KH + hq // G
         return bh * S, (bh + 1) * S
 
-    def rms_linear(name, fn, wt, out, N, l, j, deps):      # the fused-norm GEMV over the residual stream
-        specs.append(TaskSpec(name, fn, cdiv(N, BN),
+    def rms_linear(name, proj, fn, wt, out, N, l, j, deps):      # the fused-norm GEMV over the residual stream
+        specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
                               {"x_ptr": buf.x, "resid_ptr": buf.resid, "delta_ptr": buf.delta, "nw_ptr": w.norm,
-                               "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps, "N": N, "K": H, **gemv_c},
+                               "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps, "N": N, "K": H,
+                               **gemv_c(proj)},
                               reads=("x_ptr", "resid_ptr", "delta_ptr", "nw_ptr", "w_ptr"), writes=("out_ptr",),
                               deps=deps, scalars={"layer": l, "norm": j, "first": int(j == 0)}))
 
@@ -170,12 +175,12 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
     for l in range(L):
         # attention block: (norm) -> qkv -> rope -> attention -> combine -> o_proj -> all-reduce
         if fuse:
-            rms_linear(f"qkv.{l}", T.rms_linear_tile, w.qkv, buf.qkv, sh.qkv_cols, l, 2 * l,
+            rms_linear(f"qkv.{l}", "qkv", T.rms_linear_tile, w.qkv, buf.qkv, sh.qkv_cols, l, 2 * l,
                        [(f"ar_mlp.{l - 1}", None), (f"res_m.{l - 1}", None)] if l else [("advance", None)])
             commit(f"res_a.{l}", 2 * l, [(f"qkv.{l}", None)])        # after every qkv tile read the old resid
         else:
             norm(f"norm_a.{l}", 2 * l, [(f"ar_mlp.{l - 1}", None)] if l else [("advance", None)])
-            linear(f"qkv.{l}", buf.h, w.qkv, buf.qkv, sh.qkv_cols, H, l, [(f"norm_a.{l}", None)])
+            linear(f"qkv.{l}", "qkv", buf.h, w.qkv, buf.qkv, sh.qkv_cols, H, l, [(f"norm_a.{l}", None)])
         specs.append(TaskSpec(
             f"rope.{l}", T.qk_norm_rope_tile, B * KH * (G + 2),
             {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "q_ptr": buf.q, "kc_ptr": k_cache,
@@ -197,18 +202,18 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
             {"o_ptr": buf.o_part, "lse_ptr": buf.lse, "out_ptr": buf.attn, "nsplit": S, "HEAD_D": D,
              "BLOCK_D": next_pow2(D), "BLOCK_S": next_pow2(S)},
             reads=("o_ptr", "lse_ptr"), writes=("out_ptr",), deps=[(f"attn.{l}", comb_attn_tiles)]))
-        linear(f"o.{l}", buf.attn, w.o, buf.partial, H, sh.attn_cols, l, [(f"comb.{l}", None)])
-        all_reduce(f"ar_attn.{l}", f"o.{l}", [(f"res_a.{l}", None)] if fuse else [])
+        linear(f"o.{l}", "o", buf.attn, w.o, buf.partial, H, sh.attn_cols, l, [(f"comb.{l}", None)])
+        all_reduce(f"ar_attn.{l}", f"o.{l}", "o", [(f"res_a.{l}", None)] if fuse else [])
         # MLP block: (norm) -> gate/up -> down -> all-reduce
         if fuse:
-            rms_linear(f"gu.{l}", T.rms_gate_up_tile, w.gate_up, buf.act, IL, l, 2 * l + 1,
+            rms_linear(f"gu.{l}", "gate_up", T.rms_gate_up_tile, w.gate_up, buf.act, IL, l, 2 * l + 1,
                        [(f"ar_attn.{l}", None), (f"res_a.{l}", None)])
             commit(f"res_m.{l}", 2 * l + 1, [(f"gu.{l}", None)])
         else:
             norm(f"norm_m.{l}", 2 * l + 1, [(f"ar_attn.{l}", None)])
-            linear(f"gu.{l}", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)], fn=T.gate_up_tile)
-        linear(f"down.{l}", buf.act, w.down, buf.partial, H, IL, l, [(f"gu.{l}", None)])
-        all_reduce(f"ar_mlp.{l}", f"down.{l}", [(f"res_m.{l}", None)] if fuse else [])
+            linear(f"gu.{l}", "gate_up", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)], fn=T.gate_up_tile)
+        linear(f"down.{l}", "down", buf.act, w.down, buf.partial, H, IL, l, [(f"gu.{l}", None)])
+        all_reduce(f"ar_mlp.{l}", f"down.{l}", "down", [(f"res_m.{l}", None)] if fuse else [])
     norm("final", 2 * L, [(f"ar_mlp.{L - 1}", None)])
     return specs
 
