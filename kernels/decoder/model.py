@@ -211,7 +211,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
             commit(f"res_m.{l}", 2 * l + 1, [(f"gu.{l}", None)])
         else:
             norm(f"norm_m.{l}", 2 * l + 1, [(f"ar_attn.{l}", None)])
-            linear(f"gu.{l}", "gate_up", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)], fn=T.gate_up_tile)
+            linear(f"gu.{l}", "gate_up", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)],
+                   fn=T.gate_up_tile)
         linear(f"down.{l}", "down", buf.act, w.down, buf.partial, H, IL, l, [(f"gu.{l}", None)])
         all_reduce(f"ar_mlp.{l}", f"down.{l}", "down", [(f"res_m.{l}", None)] if fuse else [])
     norm("final", 2 * L, [(f"ar_mlp.{L - 1}", None)])
