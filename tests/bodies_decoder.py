@@ -302,3 +302,19 @@ def decoder_steps_symmetric(world, steps=2, B=1, max_ctx=40, ctx=33, scheduler="
         assert err <= 3e-2 * ref.abs().max().item() + 2e-2, f"step {s} rank {world.rank}: max abs error {err:.3g}"
         errs.append(err)
     return errs
+
+
+def gloo_reference_worker(rank, world_size, init_file, queue, steps=2, B=2, max_ctx=24, ctx=13):
+    """One process of a torch.distributed (gloo) job: this rank's TorchDecoder steps (CPU reference path)."""
+    import torch.distributed as dist
+
+    from ditron.kernels.decoder.reference import TorchDecoder
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        cfg = tiny()
+        k, v = make_cache(cfg, rank, world_size, B, max_ctx, ctx)
+        ref = TorchDecoder(cfg, cfg.shard(world_size), make_weights(cfg, rank, world_size), k, v,
+                           torch.tensor([ctx], dtype=torch.int32))
+        queue.put((rank, [ref.step(make_input(cfg, B, s)).float() for s in range(steps)]))
+    finally:
+        dist.destroy_process_group()

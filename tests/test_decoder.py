@@ -77,6 +77,29 @@ def test_reference_tp2_equals_tp1():
     torch.testing.assert_close(torch.cat([s2[0][3], s2[1][3]], 2).float(), s1[0][3].float(), atol=0.07, rtol=0)
 
 
+def test_reference_over_gloo_equals_lockstep(tmp_path):
+    # TorchDecoder's torch.distributed path (gloo on CPU, NCCL on GPUs) in a 2-process job against the
+    # in-process lockstep of the same two shards: the bf16 partial sums of two ranks add exactly in both
+    import torch.multiprocessing as mp
+    from ditron.kernels.decoder import tiny
+    from ditron.kernels.decoder.reference import lockstep_step
+    from ditron.kernels.decoder.weights import make_input
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=B.gloo_reference_worker, args=(r, 2, str(tmp_path / "init"), q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    states = _ref_states(tiny(), 2, 2, 24, 13)
+    for step in range(2):
+        want = lockstep_step(states, make_input(tiny(), 2, step))
+        for r in range(2):
+            torch.testing.assert_close(got[r][step], want[r].float(), atol=0, rtol=0)
+
+
 def test_tolerance_detects_a_wrong_position():
     # what the decoder checks tolerate (3e-2 * scale + 2e-2) is far below the effect of attending one position
     # too many / rotating at the wrong position
