@@ -124,6 +124,13 @@ def test_decoder_megakernel_two_ranks(dist_world):
     assert len(errs) == 2 and all(len(e) == 2 for e in errs)
 
 
+def test_decoder_megakernel_three_ranks(dist_world):
+    # an odd world size: 6 q heads, 3 kv heads, intermediate 96 split over 3 ranks (2 / 1 / 32 per rank)
+    from ditron.kernels.decoder import tiny
+    errs = dist_world(3).run(B.decoder_steps, steps=2, B=2, cfg=tiny(n_q_heads=6, n_kv_heads=3))
+    assert len(errs) == 3 and all(len(e) == 2 for e in errs)
+
+
 def test_decoder_megakernel_two_ranks_separate_norms(dist_world):
     from ditron.kernels.decoder import tiny
     errs = dist_world(2).run(B.decoder_steps, steps=2, B=1, cfg=tiny().with_tiles(fuse_norm=False))
