@@ -70,7 +70,7 @@ class Dep:
         return f"Dep({self.task.name!r}, {what})"
 
 
-@dataclass
+@dataclass(eq=False)           # identity: tasks hold tensors, which do not compare to a bool
 class Task:
     """One registered task: ``num_tiles`` calls ``fn(tile, **args, **scalars)``."""
     graph: Any
