@@ -24,9 +24,9 @@ alternating order):
 Every step appends one position, so the context grows by up to
 ``2 * repeat * (warmup + iters)`` positions during the timing (the KV bytes
 of those positions are a fraction of a percent of the weight bytes at 8B).
-Tuning: ``--gemv-block-n/-k``, ``--gemv-dot``, ``--attn-split``,
-``--attn-block``, ``--comm-block``, ``--num-warps``, ``--scheduler``,
-``--programs``.  Results: ``--out`` (Markdown + JSON).
+Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``--gemv-dot``, ``--attn-split``,
+``--attn-block``, ``--comm-block``, ``--num-warps``, ``--no-fuse-norm``,
+``--scheduler``, ``--programs``.  Results: ``--out`` (Markdown + JSON).
 """
 from __future__ import annotations
 
@@ -91,6 +91,12 @@ def _config(args):
     over = {k: v for k, v in (("gemv_block_n", args.gemv_block_n), ("gemv_block_k", args.gemv_block_k),
                               ("attn_split", args.attn_split), ("attn_block", args.attn_block),
                               ("comm_block", args.comm_block), ("num_warps", args.num_warps)) if v}
+    for item in (args.block_n or "").split(","):
+        if item:
+            proj, _, v = item.partition("=")
+            over[f"{proj.strip()}_block_n"] = int(v)
+    if args.no_fuse_norm:
+        over["fuse_norm"] = False
     if args.gemv_dot != "auto":
         over["gemv_dot"] = args.gemv_dot == "on"
     return cfg.with_tiles(**over) if over else cfg
@@ -162,8 +168,10 @@ def main(argv=None):
     p.add_argument("--programs", type=int, default=None, help="persistent programs (default: the SM count)")
     p.add_argument("--gemv-block-n", type=int, default=0)
     p.add_argument("--gemv-block-k", type=int, default=0)
+    p.add_argument("--block-n", default="", help="per-projection columns per tile, e.g. 'qkv=32,gate_up=16'")
     p.add_argument("--gemv-dot", choices=["auto", "on", "off"], default="auto",
                    help="GEMV tiles accumulate with tl.dot (auto: for batches above 2)")
+    p.add_argument("--no-fuse-norm", action="store_true", help="separate RMSNorm tasks (TileConfig.fuse_norm=False)")
     p.add_argument("--attn-split", type=int, default=0)
     p.add_argument("--attn-block", type=int, default=0)
     p.add_argument("--comm-block", type=int, default=0)

@@ -32,6 +32,9 @@ class TileConfig:
 
     * ``gemv_block_n`` / ``gemv_block_k``: output columns per GEMV tile and
       the K chunk streamed per loop iteration (bf16 elements);
+      ``qkv_block_n``, ``o_block_n``, ``gate_up_block_n``, ``down_block_n``:
+      per-projection overrides of ``gemv_block_n`` (0: use it), to fit the
+      tile counts to the number of SMs;
       ``gemv_dot``: accumulate with ``tl.dot`` (batch rows padded to 16)
       instead of a broadcast multiply + sum; ``None``: ``tl.dot`` for
       batches above 2 (the broadcast product holds ``B x BLOCK_N x BLOCK_K``
@@ -39,16 +42,29 @@ class TileConfig:
     * ``norm_block``: elements per loop iteration of RMSNorm;
     * ``attn_split``: KV positions per flash-decoding tile (a multiple of
       ``attn_block``), ``attn_block``: positions per inner iteration;
-    * ``comm_block``: float32 elements per all-reduce tile (``ditron.task.comm``).
+    * ``comm_block``: float32 elements per all-reduce tile (``ditron.task.comm``);
+    * ``fuse_norm``: the QKV and gate/up tiles compute the RMSNorm of the
+      residual stream themselves (:func:`rms_linear_tile`); the residual add is
+      committed off the critical path (:func:`add_resid_tile`).  Saves two
+      single-tile stages per layer.  ``False``: separate RMSNorm tasks.
     """
     gemv_block_n: int = 32
     gemv_block_k: int = 512
     gemv_dot: Optional[bool] = None
+    qkv_block_n: int = 0
+    o_block_n: int = 0
+    gate_up_block_n: int = 0
+    down_block_n: int = 0
     norm_block: int = 1024
     attn_split: int = 128
     attn_block: int = 64
     comm_block: int = 1024
+    fuse_norm: bool = True
     num_warps: int = 4
+
+    def block_n(self, proj: str) -> int:
+        """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``)."""
+        return getattr(self, f"{proj}_block_n") or self.gemv_block_n
 
     def dot_for(self, batch: int) -> bool:
         """Whether the GEMV tiles use ``tl.dot`` at this batch size."""
@@ -59,6 +75,10 @@ class TileConfig:
             v = getattr(self, name)
             if v <= 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be a power of two")
+        for name in ("qkv_block_n", "o_block_n", "gate_up_block_n", "down_block_n"):
+            v = getattr(self, name)
+            if v < 0 or v & (v - 1):
+                raise DitronError(f"TileConfig.{name}={v}: must be 0 (gemv_block_n) or a power of two")
         if self.attn_split <= 0 or self.attn_split % self.attn_block:
             raise DitronError(f"TileConfig.attn_split={self.attn_split}: must be a positive multiple of "
                               f"attn_block={self.attn_block}")

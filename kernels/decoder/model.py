@@ -7,20 +7,22 @@ rank; :func:`build_megakernel` registers them in a :class:`ditron.task.TaskGraph
 and compiles one persistent kernel.  Per layer ``l`` (``j = 2l`` / ``2l + 1``
 index the stacked norm weights)::
 
-    norm_a.l   add_rmsnorm_tile   B tiles          resid += delta (l > 0; resid = x at l = 0); h = rms(resid)
-    qkv.l      linear_tile        cdiv(Nqkv, BN)   qkv = h @ Wqkv[l]^T              <- all of norm_a.l
+    qkv.l      rms_linear_tile    cdiv(Nqkv, BN)   qkv = rms(resid + delta) @ Wqkv[l]^T  (resid + delta: x at l = 0)
+    res_a.l    add_resid_tile     cdiv(B*H, BLK)   resid += delta (after every qkv.l tile read resid)
     rope.l     qk_norm_rope_tile  B*KH*(G+2)       q / k norm, RoPE, KV append      <- the qkv tiles of its head
     attn.l     attn_split_tile    B*KH*S           flash-decoding split             <- rope tiles of its kv group
     comb.l     attn_combine_tile  B*QH             combine the S splits             <- attn tiles of its head
     o.l        linear_tile        cdiv(H, BN)      partial = attn @ Wo[l]^T (fp32)  <- all of comb.l
-    ar_attn.l  all-reduce                          delta = sum over ranks of partial
-    norm_m.l   add_rmsnorm_tile   B tiles          resid += delta; h = rms(resid)
-    gu.l       gate_up_tile       cdiv(I_r, BN)    act = silu(h @ Wg^T) * (h @ Wu^T)
+    ar_attn.l  all-reduce                          delta = sum over ranks of partial (after res_a.l)
+    gu.l       rms_gate_up_tile   cdiv(I_r, BN)    act = silu(h @ Wg^T) * (h @ Wu^T), h = rms(resid + delta)
+    res_m.l    add_resid_tile     cdiv(B*H, BLK)   resid += delta (after every gu.l tile)
     down.l     linear_tile        cdiv(H, BN)      partial = act @ Wd[l]^T (fp32)
-    ar_mlp.l   all-reduce                          delta = sum over ranks of partial
+    ar_mlp.l   all-reduce                          delta = sum over ranks of partial (after res_m.l)
     final      add_rmsnorm_tile   B tiles          resid += delta; out = h = rms(resid)
 
-preceded by ``advance`` (one tile: ``seq += 1``).  Activation buffers are
+preceded by ``advance`` (one tile: ``seq += 1``).  With ``TileConfig(fuse_norm=False)``
+the norms are tasks of their own (``norm_a.l`` / ``norm_m.l``: ``add_rmsnorm_tile``,
+``B`` tiles, ``h = rms(resid += delta)``) and qkv / gate-up read ``h``.  Activation buffers are
 shared by all layers (stacked weights + a ``layer`` scalar), so each task kind
 is one branch of the generated kernel whatever the number of layers.
 """
@@ -69,16 +71,26 @@ class Buffers:
     seq: torch.Tensor        # [1] int32: valid KV positions
 
 
-def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, ctx: int, device) -> Buffers:
+def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, ctx: int, device,
+                 symmetric: bool = False) -> Buffers:
+    """This rank's activation buffers; ``symmetric``: on the symmetric heap (``ditron.symm_zeros``), where the
+    simulator's race finder checks every access (tests)."""
     sh = cfg.shard(world_size)
     B, H, D, S = batch, cfg.hidden, cfg.head_dim, sh.splits(max_ctx)
-    bf, f32 = dict(dtype=torch.bfloat16, device=device), dict(dtype=torch.float32, device=device)
-    return Buffers(x=torch.zeros(B, H, **bf), resid=torch.zeros(B, H, **f32), delta=torch.zeros(B, H, **f32),
-                   partial=torch.zeros(B, H, **f32), h=torch.zeros(B, H, **bf),
-                   qkv=torch.zeros(B, sh.qkv_cols, **bf), q=torch.zeros(B, sh.q_heads, D, **bf),
-                   o_part=torch.zeros(B, sh.q_heads, S, D, **f32), lse=torch.zeros(B, sh.q_heads, S, **f32),
-                   attn=torch.zeros(B, sh.attn_cols, **bf), act=torch.zeros(B, sh.inter, **bf),
-                   seq=torch.tensor([ctx], dtype=torch.int32, device=device))
+    bf, f32 = torch.bfloat16, torch.float32
+
+    def z(name, shape, dtype):
+        if symmetric:
+            import ditron
+            return ditron.symm_zeros(shape, dtype, name=name)
+        return torch.zeros(shape, dtype=dtype, device=device)
+    buf = Buffers(x=z("x", (B, H), bf), resid=z("resid", (B, H), f32), delta=z("delta", (B, H), f32),
+                  partial=z("partial", (B, H), f32), h=z("h", (B, H), bf), qkv=z("qkv", (B, sh.qkv_cols), bf),
+                  q=z("q", (B, sh.q_heads, D), bf), o_part=z("o_part", (B, sh.q_heads, S, D), f32),
+                  lse=z("lse", (B, sh.q_heads, S), f32), attn=z("attn", (B, sh.attn_cols), bf),
+                  act=z("act", (B, sh.inter), bf), seq=z("seq", (1,), torch.int32))
+    buf.seq.fill_(ctx)
+    return buf
 
 
 def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_cache, buf: Buffers) -> list:
@@ -89,10 +101,12 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
     QH, KH, G, IL = sh.q_heads, sh.kv_heads, cfg.group, sh.inter
     max_ctx = k_cache.shape[3]
     S = sh.splits(max_ctx)
-    BN = tc.gemv_block_n
+    BN = {p: tc.block_n(p) for p in ("qkv", "o", "gate_up", "down")}
     dot = tc.dot_for(B)
-    gemv_c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN, BLOCK_K=tc.gemv_block_k,
-                  DOT=dot)
+
+    def gemv_c(proj):
+        return dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN[proj],
+                    BLOCK_K=tc.gemv_block_k, DOT=dot)
     if B < 1 or tuple(k_cache.shape) != (L, B, KH, max_ctx, D) or v_cache.shape != k_cache.shape:
         raise DitronError(f"decoder_tasks: KV cache shape {tuple(k_cache.shape)} / {tuple(v_cache.shape)}; expected "
                           f"{(L, B, KH, max_ctx, D)} (layers, batch, kv heads per rank, max_ctx, head_dim)")
@@ -106,19 +120,32 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
             reads=("x_ptr", "delta_ptr", "resid_ptr", "w_ptr"), writes=("resid_ptr", "out_ptr"), deps=deps,
             scalars={"layer": j, "first": int(j == 0)}))
 
-    def linear(name, x, wt, out, N, K, l, deps, fn=T.linear_tile):
-        specs.append(TaskSpec(name, fn, cdiv(N, BN),
-                              {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gemv_c},
+    def linear(name, proj, x, wt, out, N, K, l, deps, fn=T.linear_tile):
+        specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
+                              {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gemv_c(proj)},
                               reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=deps, scalars={"layer": l}))
 
-    def all_reduce(name, deps):
-        specs.append(TaskSpec(name, None, 0, {"x": buf.partial, "out": buf.delta}, deps=deps, comm="all_reduce",
-                              scalars={"block": tc.comm_block}))
+    # all-reduce tile i sums elements [i * blk, (i + 1) * blk) of the flattened [B, H] partial sums (the comm
+    # helper's tiling, checked after registration): when blk divides H it needs only the producer tiles of
+    # those columns, so the first chunks travel while the other GEMV tiles still run
+    blk = min(tc.comm_block, next_pow2(B * H))
+    ar_tiles = cdiv(B * H, blk)
+
+    def ar_cols(bn):
+        def cols(i):
+            c0 = (i * blk) % H
+            return c0 // bn, cdiv(c0 + blk, bn)
+        return cols
+
+    def all_reduce(name, producer, proj, extra):
+        tiles = ar_cols(BN[proj]) if H % blk == 0 else None
+        specs.append(TaskSpec(name, None, ar_tiles, {"x": buf.partial, "out": buf.delta},
+                              deps=[(producer, tiles)] + extra, comm="all_reduce", scalars={"block": blk}))
 
     def rope_qkv_tiles(t):          # rope tile t -> the qkv tiles holding its head's columns
         j, kvh = t % (G + 2), (t // (G + 2)) % KH
         head = kvh * G + j if j < G else QH + kvh if j == G else QH + KH + kvh
-        return head * D // BN, cdiv((head + 1) * D, BN)
+        return head * D // BN["qkv"], cdiv((head + 1) * D, BN["qkv"])
 
     def attn_rope_tiles(t):         # attention tile (b, kvh, s) -> rope tiles of (b, kvh, *)
         bh = t // S
@@ -129,9 +156,31 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
         bh = b * KH + hq // G
         return bh * S, (bh + 1) * S
 
+    def rms_linear(name, proj, fn, wt, out, N, l, j, deps):      # the fused-norm GEMV over the residual stream
+        specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
+                              {"x_ptr": buf.x, "resid_ptr": buf.resid, "delta_ptr": buf.delta, "nw_ptr": w.norm,
+                               "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps, "N": N, "K": H,
+                               **gemv_c(proj)},
+                              reads=("x_ptr", "resid_ptr", "delta_ptr", "nw_ptr", "w_ptr"), writes=("out_ptr",),
+                              deps=deps, scalars={"layer": l, "norm": j, "first": int(j == 0)}))
+
+    def commit(name, j, deps):                               # resid = x / resid + delta, once
+        specs.append(TaskSpec(name, T.add_resid_tile, cdiv(B * H, tc.norm_block),
+                              {"x_ptr": buf.x, "resid_ptr": buf.resid, "delta_ptr": buf.delta, "N": B * H,
+                               "BLOCK": tc.norm_block},
+                              reads=("x_ptr", "resid_ptr", "delta_ptr"), writes=("resid_ptr",), deps=deps,
+                              scalars={"first": int(j == 0)}))
+
+    fuse = tc.fuse_norm
     for l in range(L):
-        norm(f"norm_a.{l}", 2 * l, [(f"ar_mlp.{l - 1}", None)] if l else [("advance", None)])
-        linear(f"qkv.{l}", buf.h, w.qkv, buf.qkv, sh.qkv_cols, H, l, [(f"norm_a.{l}", None)])
+        # attention block: (norm) -> qkv -> rope -> attention -> combine -> o_proj -> all-reduce
+        if fuse:
+            rms_linear(f"qkv.{l}", "qkv", T.rms_linear_tile, w.qkv, buf.qkv, sh.qkv_cols, l, 2 * l,
+                       [(f"ar_mlp.{l - 1}", None), (f"res_m.{l - 1}", None)] if l else [("advance", None)])
+            commit(f"res_a.{l}", 2 * l, [(f"qkv.{l}", None)])        # after every qkv tile read the old resid
+        else:
+            norm(f"norm_a.{l}", 2 * l, [(f"ar_mlp.{l - 1}", None)] if l else [("advance", None)])
+            linear(f"qkv.{l}", "qkv", buf.h, w.qkv, buf.qkv, sh.qkv_cols, H, l, [(f"norm_a.{l}", None)])
         specs.append(TaskSpec(
             f"rope.{l}", T.qk_norm_rope_tile, B * KH * (G + 2),
             {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "q_ptr": buf.q, "kc_ptr": k_cache,
@@ -153,12 +202,19 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
             {"o_ptr": buf.o_part, "lse_ptr": buf.lse, "out_ptr": buf.attn, "nsplit": S, "HEAD_D": D,
              "BLOCK_D": next_pow2(D), "BLOCK_S": next_pow2(S)},
             reads=("o_ptr", "lse_ptr"), writes=("out_ptr",), deps=[(f"attn.{l}", comb_attn_tiles)]))
-        linear(f"o.{l}", buf.attn, w.o, buf.partial, H, sh.attn_cols, l, [(f"comb.{l}", None)])
-        all_reduce(f"ar_attn.{l}", [(f"o.{l}", None)])
-        norm(f"norm_m.{l}", 2 * l + 1, [(f"ar_attn.{l}", None)])
-        linear(f"gu.{l}", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)], fn=T.gate_up_tile)
-        linear(f"down.{l}", buf.act, w.down, buf.partial, H, IL, l, [(f"gu.{l}", None)])
-        all_reduce(f"ar_mlp.{l}", [(f"down.{l}", None)])
+        linear(f"o.{l}", "o", buf.attn, w.o, buf.partial, H, sh.attn_cols, l, [(f"comb.{l}", None)])
+        all_reduce(f"ar_attn.{l}", f"o.{l}", "o", [(f"res_a.{l}", None)] if fuse else [])
+        # MLP block: (norm) -> gate/up -> down -> all-reduce
+        if fuse:
+            rms_linear(f"gu.{l}", "gate_up", T.rms_gate_up_tile, w.gate_up, buf.act, IL, l, 2 * l + 1,
+                       [(f"ar_attn.{l}", None), (f"res_a.{l}", None)])
+            commit(f"res_m.{l}", 2 * l + 1, [(f"gu.{l}", None)])
+        else:
+            norm(f"norm_m.{l}", 2 * l + 1, [(f"ar_attn.{l}", None)])
+            linear(f"gu.{l}", "gate_up", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)],
+                   fn=T.gate_up_tile)
+        linear(f"down.{l}", "down", buf.act, w.down, buf.partial, H, IL, l, [(f"gu.{l}", None)])
+        all_reduce(f"ar_mlp.{l}", f"down.{l}", "down", [(f"res_m.{l}", None)] if fuse else [])
     norm("final", 2 * L, [(f"ar_mlp.{L - 1}", None)])
     return specs
 
@@ -197,7 +253,12 @@ def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
     for s in specs:
         deps = [dtask.Dep(tasks[n], tiles) for n, tiles in s.deps]
         if s.comm == "all_reduce":
-            tasks[s.name] = all_reduce(graph, s.name, s.args["x"], s.args["out"], deps=deps, **s.scalars)
+            t = all_reduce(graph, s.name, s.args["x"], s.args["out"], deps=deps, **s.scalars)
+            if t.num_tiles != s.num_tiles or t.args.get("BLOCK", s.scalars["block"]) != s.scalars["block"]:
+                raise DitronError(f"decoder: all-reduce task '{s.name}' has {t.num_tiles} tiles of "
+                                  f"{t.args.get('BLOCK')} elements; its consumers' dependency ranges assume "
+                                  f"{s.num_tiles} tiles of {s.scalars['block']}")
+            tasks[s.name] = t
         else:
             tasks[s.name] = graph.register_task(s.fn, name=s.name, num_tiles=s.num_tiles, args=s.args,
                                                 reads=s.reads, writes=s.writes, deps=deps, scalars=s.scalars)

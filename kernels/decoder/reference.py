@@ -61,8 +61,10 @@ def step_gen(cfg: DecoderConfig, sh: Shard, w: Weights, k_cache, v_cache, seq, x
         k = _rope(k, pos, cfg.rope_theta).to(torch.bfloat16)
         k_cache[l].index_copy_(2, pos, k[:, :, None])
         v_cache[l].index_copy_(2, pos, qkv[:, QH + KH:, None])
-        a = F.scaled_dot_product_attention(q[:, :, None], k_cache[l], v_cache[l], attn_mask=valid,
-                                           scale=1.0 / math.sqrt(D), enable_gqa=True)   # [B, QH, 1, D]
+        # GQA without expanding the cache: the G q heads of a kv head are G queries of one head (decode has one
+        # position per head and no causal mask among them): [B, KH, G, D] x [B, KH, T, D]
+        a = F.scaled_dot_product_attention(q.view(B, KH, QH // KH, D), k_cache[l], v_cache[l], attn_mask=valid,
+                                           scale=1.0 / math.sqrt(D))
         part = F.linear(a.reshape(B, QH * D), w.o[l])
         yield part
         resid = resid + part.float()

@@ -61,10 +61,54 @@ def add_rmsnorm_tile(tile, x_ptr, delta_ptr, resid_ptr, w_ptr, out_ptr, layer, f
 
 
 @triton.jit
+def add_resid_tile(tile, x_ptr, resid_ptr, delta_ptr, first, N: tl.constexpr, BLOCK: tl.constexpr):
+    """Elements ``[tile * BLOCK, +BLOCK)`` of the flattened ``[B, H]`` residual stream (``N = B * H``):
+    ``resid = x`` (``first != 0``) or ``resid + delta`` -- the residual add that the fused-norm GEMV tiles
+    (:func:`rms_linear_tile`, :func:`rms_gate_up_tile`) apply on the fly, committed once."""
+    offs = tile * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    if first != 0:
+        r = tl.load(x_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    else:
+        r = tl.load(resid_ptr + offs, mask=m, other=0.0) + tl.load(delta_ptr + offs, mask=m, other=0.0)
+    tl.store(resid_ptr + offs, r, mask=m)
+
+
+@triton.jit
+def _resid_chunk(x_ptr, resid_ptr, delta_ptr, first, offs_b, mb, offs_k, mk, K: tl.constexpr):
+    """float32 ``[BLOCK_B, BLOCK_K]`` chunk of the residual stream with the pending add applied."""
+    off = offs_b[:, None] * K + offs_k[None, :]
+    m = mb[:, None] & mk[None, :]
+    if first != 0:
+        r = tl.load(x_ptr + off, mask=m, other=0.0).to(tl.float32)
+    else:
+        r = (tl.load(resid_ptr + off, mask=m, other=0.0).to(tl.float32)
+             + tl.load(delta_ptr + off, mask=m, other=0.0).to(tl.float32))
+    return r
+
+
+@triton.jit
+def _row_rstd(x_ptr, resid_ptr, delta_ptr, first, B, eps, K: tl.constexpr, BLOCK_B: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """``rsqrt(mean(r^2) + eps)`` per batch row of the residual stream (``[BLOCK_B]``)."""
+    offs_b = tl.arange(0, BLOCK_B)
+    mb = offs_b < B
+    ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        r = _resid_chunk(x_ptr, resid_ptr, delta_ptr, first, offs_b, mb, offs_k, offs_k < K, K)
+        ss += r * r
+    return 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+
+
+@triton.jit
 def _gemv_acc(x_ptr, w_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+              BLOCK_K: tl.constexpr, DOT: tl.constexpr, NORM: tl.constexpr, resid_ptr, delta_ptr, nw_ptr, first,
+              rstd):
     """``acc[b, n] = sum_k x[b, k] * w[n0 + n, k]`` in float32 (``x``: ``[B, K]``, ``w``: ``[N, K]``), streaming
-    ``w`` in ``[BLOCK_N, BLOCK_K]`` chunks.  ``DOT``: ``tl.dot`` (``BLOCK_B >= 16``; rows past ``B`` are zero)."""
+    ``w`` in ``[BLOCK_N, BLOCK_K]`` chunks.  ``DOT``: ``tl.dot`` (``BLOCK_B >= 16``; rows past ``B`` are zero).
+    ``NORM``: ``x`` is the RMSNorm of the residual stream, ``bf16(r * rstd * nw)`` (``r``: :func:`_resid_chunk`),
+    computed chunk by chunk."""
     offs_b = tl.arange(0, BLOCK_B)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mb = offs_b < B
@@ -73,9 +117,14 @@ def _gemv_acc(x_ptr, w_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mk = offs_k < K
-        x = tl.load(x_ptr + offs_b[:, None] * K + offs_k[None, :], mask=mb[:, None] & mk[None, :], other=0.0)
         w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0,
                     eviction_policy="evict_first")         # weights are read once per step: stream them
+        if NORM:
+            r = _resid_chunk(x_ptr, resid_ptr, delta_ptr, first, offs_b, mb, offs_k, mk, K)
+            nw = tl.load(nw_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)
+            x = (r * rstd[:, None] * nw[None, :]).to(w.dtype)
+        else:
+            x = tl.load(x_ptr + offs_b[:, None] * K + offs_k[None, :], mask=mb[:, None] & mk[None, :], other=0.0)
         if DOT:
             acc = tl.dot(x, tl.trans(w), acc)
         else:
@@ -98,7 +147,22 @@ def linear_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.co
     ``out`` is bf16 or float32 (partial sums of a row-parallel projection)."""
     wl = w_ptr + layer.to(tl.int64) * N * K
     n0 = tile * BLOCK_N
-    acc = _gemv_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT)
+    acc = _gemv_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, x_ptr, x_ptr, x_ptr, 0, 0.0)
+    _store_rows(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def rms_linear_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, layer, norm, first, B, eps,
+                    N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+    """:func:`linear_tile` of the RMSNorm'd residual stream, the norm fused in: every tile computes the rows'
+    ``rstd`` of ``r = x`` (``first``) or ``resid + delta`` itself and feeds ``bf16(r * rstd * nw[norm])`` to the
+    GEMV (:func:`add_resid_tile` commits the add).  No norm stage between the all-reduce and the projection."""
+    wl = w_ptr + layer.to(tl.int64) * N * K
+    n0 = tile * BLOCK_N
+    rstd = _row_rstd(x_ptr, resid_ptr, delta_ptr, first, B, eps, K, BLOCK_B, BLOCK_K)
+    acc = _gemv_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, resid_ptr, delta_ptr,
+                    nw_ptr + norm * K, first, rstd)
     _store_rows(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
 
 
@@ -109,8 +173,24 @@ def gate_up_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.c
     ``out[B, N] = bf16(silu(x @ gate^T) * (x @ up^T))``, columns ``[tile * BLOCK_N, +BLOCK_N)``."""
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
     n0 = tile * BLOCK_N
-    g = _gemv_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT)
-    u = _gemv_acc(x_ptr, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT)
+    g = _gemv_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, x_ptr, x_ptr, x_ptr, 0, 0.0)
+    u = _gemv_acc(x_ptr, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, x_ptr, x_ptr, x_ptr, 0, 0.0)
+    _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def rms_gate_up_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, layer, norm, first, B, eps,
+                     N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+    """:func:`gate_up_tile` of the RMSNorm'd residual stream (the norm fused in, as in :func:`rms_linear_tile`)."""
+    wl = w_ptr + layer.to(tl.int64) * 2 * N * K
+    n0 = tile * BLOCK_N
+    nwl = nw_ptr + norm * K
+    rstd = _row_rstd(x_ptr, resid_ptr, delta_ptr, first, B, eps, K, BLOCK_B, BLOCK_K)
+    g = _gemv_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, resid_ptr, delta_ptr, nwl, first,
+                  rstd)
+    u = _gemv_acc(x_ptr, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, resid_ptr, delta_ptr, nwl,
+                  first, rstd)
     _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
 
 
