@@ -65,24 +65,6 @@ def copy_bandwidth(device, nbytes=1 << 30, iters=10):
     return 2 * nbytes / secs
 
 
-def _graph(fn):
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-
-    def replay():
-        g.replay()
-        return out
-    return replay
-
-
 def _config(args):
     from ..kernels.decoder import qwen3_8b, tiny
     cfg = {"8b": qwen3_8b, "tiny": tiny}[args.config]()
@@ -108,6 +90,7 @@ def bench_case(world, cfg, ctx, batch, args, bw):
 
     import ditron
     from ..kernels.decoder import run as R
+    from ..kernels.decoder.reference import graph_replay
     margin = 2 * args.repeat * (args.warmup + args.iters) + 16
     s = R.setup(cfg, world, batch, ctx, max_ctx=ctx + margin)
     dm = R.megakernel(s, scheduler=args.scheduler, num_programs=args.programs)
@@ -126,7 +109,7 @@ def bench_case(world, cfg, ctx, batch, args, bw):
     if cuda:
         impls.append(Impl("torch_graph", ref.graphed(x)))
     if ok:
-        impls.append(Impl("megakernel", _graph(dm.step) if cuda else dm.step))
+        impls.append(Impl("megakernel", graph_replay(dm.step) if cuda else dm.step))
     res = measure(impls, world.device, warmup=args.warmup, iters=args.iters, graph=False,
                   barrier=ditron.barrier_all, repeat=args.repeat, agree=agree_fn(world))
     for name, r in res.items():

@@ -119,7 +119,6 @@ class TorchDecoder:
         self.k_cache, self.v_cache = k_cache.clone(), v_cache.clone()
         self.seq = seq.clone()
         self.group = group
-        self._graph = None
 
     def _all_reduce(self, t):
         import torch.distributed as dist
@@ -131,21 +130,32 @@ class TorchDecoder:
                       self._all_reduce)
 
     def graphed(self, x_static):
-        """A CUDA-graph replay of :meth:`step` on ``x_static`` (GPU only): returns ``replay() -> out``."""
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
+        """A CUDA-graph replay of :meth:`step` on ``x_static`` (GPU only): returns ``replay() -> out``.
+        The warm-up step's effect on the cache and ``seq`` is undone before the capture."""
         k, v, seq = self.k_cache.clone(), self.v_cache.clone(), self.seq.clone()
-        with torch.cuda.stream(s):
-            self.step(x_static)                     # warm-up (workspace allocation, NCCL communicator)
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        self.k_cache.copy_(k), self.v_cache.copy_(v), self.seq.copy_(seq)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            out = self.step(x_static)
-        self._graph = g
 
-        def replay():
-            g.replay()
-            return out
-        return replay
+        def restore():
+            self.k_cache.copy_(k), self.v_cache.copy_(v), self.seq.copy_(seq)
+        return graph_replay(lambda: self.step(x_static), after_warmup=restore)
+
+
+def graph_replay(fn, after_warmup=None):
+    """Capture ``fn()`` in a CUDA graph after one warm-up call on a side stream (workspace allocation, NCCL
+    communicators); returns ``replay() -> out`` (``out``: the captured call's result, refreshed by each replay).
+    ``after_warmup`` runs between the warm-up and the capture."""
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        fn()
+    torch.cuda.current_stream().wait_stream(st)
+    torch.cuda.synchronize()
+    if after_warmup is not None:
+        after_warmup()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+
+    def replay():
+        g.replay()
+        return out
+    return replay

@@ -16,6 +16,7 @@ import torch
 import ditron
 from ditron.kernels.decoder import qwen3_8b, tiny
 from ditron.kernels.decoder import run as R
+from ditron.kernels.decoder.reference import graph_replay
 from ditron.kernels.decoder.weights import make_input
 
 
@@ -48,7 +49,7 @@ def main():
     cuda = str(world.device).startswith("cuda")
     if cuda:
         x_ref = torch.zeros_like(dm.buf.x)
-        mk_replay = _graph(dm.step)
+        mk_replay = graph_replay(dm.step)
         ref_replay = ref.graphed(x_ref)
         dm.buf.seq.copy_(ref.seq)       # the megakernel's capture warm-up ran one step; the reference restored its own
     else:
@@ -73,23 +74,6 @@ def main():
     ditron.finalize()
     print(f"{tag} decoder_8b: {'PASS' if not fails else 'FAIL: ' + ', '.join(fails)}", flush=True)
     return 1 if fails else 0
-
-
-def _graph(fn):
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        fn()
-    torch.cuda.current_stream().wait_stream(st)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = fn()
-
-    def replay():
-        g.replay()
-        return out
-    return replay
 
 
 if __name__ == "__main__":
