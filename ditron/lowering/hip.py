@@ -49,6 +49,35 @@ def _decls():
         LIB.declare(name, text)
 
 
+def _wait_loop(name, bits, order, cmp):
+    """``i32 name(i64 p, i32 n, iN v, i32 nt)``: every thread polls words ``tid, tid + nt, ...`` below ``n``
+    with an atomic load (``order``: syncscope + ordering) until ``icmp cmp word, v``; then the CTA barrier."""
+    ty = _INT[bits]
+    return f"""
+define i32 @{name}(i64 %p, i32 %n, {ty} %v, i32 %nt) #1 {{
+entry:
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %base = inttoptr i64 %p to ptr addrspace(1)
+  br label %next
+next:
+  %i = phi i32 [ %tid, %entry ], [ %inext, %got ]
+  %more = icmp slt i32 %i, %n
+  br i1 %more, label %spin, label %done
+spin:
+  %off = sext i32 %i to i64
+  %a = getelementptr {ty}, ptr addrspace(1) %base, i64 %off
+  %w = load atomic {ty}, ptr addrspace(1) %a {order}, align {bits // 8}
+  %ok = icmp {cmp} {ty} %w, %v
+  br i1 %ok, label %got, label %spin
+got:
+  %inext = add i32 %i, %nt
+  br label %next
+done:
+{_BARRIER}
+  ret i32 0
+}}"""
+
+
 def _build_library():
     _decls()
     for axis in "xyz":
@@ -69,56 +98,12 @@ define i32 @ditron_syncthreads() #1 {{
   ret i32 0
 }}""")
     for scope in ("gpu", "sys"):
-        ss = _SYNCSCOPE[scope]
         for semantic in ("acquire", "relaxed"):
             for bits in (32, 64):
-                ty = _INT[bits]
-                LIB.define(f"ditron_wait_{semantic}_{scope}_{ty}", f"""
-define i32 @ditron_wait_{semantic}_{scope}_{ty}(i64 %p, i32 %n, {ty} %v, i32 %nt) #1 {{
-entry:
-  %tid = call i32 @llvm.amdgcn.workitem.id.x()
-  %base = inttoptr i64 %p to ptr addrspace(1)
-  br label %next
-next:
-  %i = phi i32 [ %tid, %entry ], [ %inext, %got ]
-  %more = icmp slt i32 %i, %n
-  br i1 %more, label %spin, label %done
-spin:
-  %off = sext i32 %i to i64
-  %a = getelementptr {ty}, ptr addrspace(1) %base, i64 %off
-  %w = load atomic {ty}, ptr addrspace(1) %a {ss}{_ORDER[semantic]}, align {bits // 8}
-  %ok = icmp eq {ty} %w, %v
-  br i1 %ok, label %got, label %spin
-got:
-  %inext = add i32 %i, %nt
-  br label %next
-done:
-{_BARRIER}
-  ret i32 0
-}}""")
-    LIB.define("ditron_wait_deps_i32", f"""
-define i32 @ditron_wait_deps_i32(i64 %p, i32 %n, i32 %v, i32 %nt) #1 {{
-entry:
-  %tid = call i32 @llvm.amdgcn.workitem.id.x()
-  %base = inttoptr i64 %p to ptr addrspace(1)
-  br label %next
-next:
-  %i = phi i32 [ %tid, %entry ], [ %inext, %got ]
-  %more = icmp slt i32 %i, %n
-  br i1 %more, label %spin, label %done
-spin:
-  %off = sext i32 %i to i64
-  %a = getelementptr i32, ptr addrspace(1) %base, i64 %off
-  %w = load atomic i32, ptr addrspace(1) %a {_SYNCSCOPE["gpu"]}acquire, align 4
-  %ok = icmp sge i32 %w, %v
-  br i1 %ok, label %got, label %spin
-got:
-  %inext = add i32 %i, %nt
-  br label %next
-done:
-{_BARRIER}
-  ret i32 0
-}}""")
+                name = f"ditron_wait_{semantic}_{scope}_{_INT[bits]}"
+                LIB.define(name, _wait_loop(name, bits, f"{_SYNCSCOPE[scope]}{_ORDER[semantic]}", "eq"))
+    # dl.wait_deps: scoreboard slots, satisfied at >= epoch (signed), acquire at agent scope
+    LIB.define("ditron_wait_deps_i32", _wait_loop("ditron_wait_deps_i32", 32, f"{_SYNCSCOPE['gpu']}acquire", "sge"))
     for scope in ("gpu", "sys"):
         ss = _SYNCSCOPE[scope]
         for bits in (32, 64):
