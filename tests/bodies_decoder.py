@@ -255,14 +255,14 @@ def planted_missing_release(world, task="qkv.0", tile=1):
     dm.step(make_input(cfg, 1, 0).to(world.device))
 
 
-def compile_generated(world, target, gemv_dot=False):
+def compile_generated(world, target, gemv_dot=False, prefetch_k=0):
     """The decoder megakernel generated with Qwen3-8B's tile sizes (head_dim 128, GEMV tiles 32 x 512, attention
     splits of 128 positions; smaller hidden / intermediate / layers keep the weights small: the code does not
     depend on them) compiled for ``target``; returns what the tests check in the assembly."""
     import ditron
     from conftest import device_asm
     from ditron.kernels.decoder import qwen3_8b
-    cfg = qwen3_8b(hidden=256, intermediate=512, n_layers=2).with_tiles(gemv_dot=gemv_dot)
+    cfg = qwen3_8b(hidden=256, intermediate=512, n_layers=2).with_tiles(gemv_dot=gemv_dot, prefetch_k=prefetch_k)
     w = make_weights(cfg, world.rank, world.world_size)
     k, v = make_cache(cfg, world.rank, world.world_size, 1, 300, 40)
     dm = build_megakernel(cfg, w, (k, v), world_size=world.world_size, batch=1, ctx=40, num_programs=132,
@@ -275,7 +275,9 @@ def compile_generated(world, target, gemv_dot=False):
             "v4_loads": len(re.findall(r"ld\.global[\w.:]*\.v4\.b32", asm)) if target.startswith("sm")
             else asm.count("global_load_dwordx4"),
             "evict_first": "evict_first" in asm if target.startswith("sm") else None,
-            "mma": ("mma" in asm) if target.startswith("sm") else ("v_mfma" in asm)}
+            "mma": ("mma" in asm) if target.startswith("sm") else ("v_mfma" in asm),
+            "prefetch_l2": "dist.prefetch_l2" in ir,
+            "prefetch_insns": asm.count("prefetch.global.L2") if target.startswith("sm") else None}
 
 
 def decoder_steps_symmetric(world, steps=2, B=1, max_ctx=40, ctx=33, scheduler="round_robin", num_programs=4,

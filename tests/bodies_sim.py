@@ -408,3 +408,20 @@ def bf16_dot(world):
     c = torch.empty(16, 16, dtype=torch.float32)
     dot_kernel[(1,)](a, b, c, 16, 16, 32)
     torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-4, atol=1e-4)
+
+
+@ditron.jit
+def prefetch_kernel(w, out, n, limit, stride, LINES: tl.constexpr):
+    """Prefetch LINES addresses `stride` elements apart (masked from `limit` on), then sum the first n of them."""
+    offs = tl.arange(0, LINES) * stride
+    dl.prefetch_l2(w + offs, mask=offs < limit)
+    tl.store(out, tl.sum(tl.load(w + offs, mask=offs < n, other=0.0), 0))
+
+
+def prefetch_bounds(world, limit):
+    """dl.prefetch_l2 is a hint: the result is the same with it; past the tensor only if the mask allows it."""
+    n = 1000
+    w, out = _rand(world, (n,), seed=5), torch.zeros(1, device=_dev(world))
+    prefetch_kernel[(1,)](w, out, n, limit, 300, LINES=8)
+    ref = w[torch.arange(0, n, 300, device=w.device)].sum()
+    assert torch.allclose(out[0], ref), (out, ref)

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 import ditron
+import ditron.language as dl
 import ditron.task as dtask
 
 
@@ -38,12 +39,19 @@ def layer_tile(tile, w, x, out, n, layer, BLOCK: tl.constexpr):
     tl.store(out + offs, v, mask=m)
 
 
+@triton.jit
+def layer_prefetch(tile, w, n, layer, BLOCK: tl.constexpr):
+    """Prefetch hook of layer_tile: its slice of w[layer] into L2 (before the dependency wait)."""
+    offs = tile * BLOCK + tl.arange(0, BLOCK)
+    dl.prefetch_l2(w + layer * n + offs, mask=offs < n)
+
+
 def _rand(world, shape, seed):
     g = torch.Generator().manual_seed(100 * seed + world.rank)
     return torch.randn(shape, generator=g).to(world.device)
 
 
-def chain_graph(world, n=37, block=8, rows=5, layers=3):
+def chain_graph(world, n=37, block=8, rows=5, layers=3, prefetch=False):
     """a: t = 2x + y (5 tiles); b: u = t + 3*t  (Dep same); c: row sums of u viewed
     as [rows, n//rows...] with range deps; then `layers` stacked layer tasks sharing
     one branch."""
@@ -75,7 +83,7 @@ def chain_graph(world, n=37, block=8, rows=5, layers=3):
         prev = g.register_task(layer_tile, name=f"layer.{l}", num_tiles=nt,
                                args={"w": w, "x": src, "out": h, "n": n, "BLOCK": block},
                                reads=("x", "w"), writes=("out",), deps=[dtask.Dep(prev, "same")],
-                               scalars={"layer": l})
+                               scalars={"layer": l}, prefetch=layer_prefetch if prefetch else None)
         src = h
     ref_t = 2 * x + y
     ref_u = 4 * ref_t
@@ -100,6 +108,37 @@ def run_chain(world, scheduler="round_robin", num_programs=3, steps=3):
     assert int(mk.epoch[0]) == steps
     assert int(mk.slots[:-1].min()) == steps          # every tile released in every step
     return len(mk.code.branches)
+
+
+def run_chain_traced(world, scheduler="round_robin", num_programs=3, steps=2):
+    """The chain graph with prefetch hooks on the layer tasks, compiled with trace=True: outputs match torch, and
+    the trace is consistent with the graph (every item's dependency wait ended after its producers' tiles
+    started running; static queues: the recorded program is the one whose queue holds the item)."""
+    g, outs, refs = chain_graph(world, prefetch=True)
+    mk = g.compile(scheduler=scheduler, num_programs=num_programs, trace=True)
+    assert "layer_prefetch(tile, " in mk.source
+    for _ in range(steps):
+        for o in outs:
+            o.zero_()
+        mk.step()
+        for o, r in zip(outs, refs):
+            torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+    tr = mk.trace().tolist()
+    assert len(tr) == len(mk.items)
+    for it, (start, ready, end, pid) in zip(mk.items, tr):
+        assert 0 < start <= ready <= end, (it, start, ready, end)
+        for first, count in it.task.tile_ranges(it.tile):
+            for slot in range(first, first + count):
+                assert ready >= tr[slot][1], (it, slot)        # slot index == item index (topological order)
+        if mk.queues is not None:
+            assert it.index in mk.queues[pid], (it, pid)
+    prof = mk.profile()
+    kinds = {r.kind: r for r in prof.rows}
+    assert set(kinds) == {"a", "b", "c", "layer"}, kinds
+    assert kinds["layer"].instances == 3 and sum(r.tiles for r in prof.rows) == len(mk.items)
+    assert prof.step_us > 0 and 0 < prof.busy <= 1
+    assert "| layer | 3 |" in prof.table()
+    return prof.step_us
 
 
 def planted_missing_release(world, task="b", tile=2, num_programs=2):

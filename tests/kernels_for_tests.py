@@ -179,3 +179,11 @@ def k_poll_bounded(flags, out, flag, BLOCK: tl.constexpr):
         dl.poll_timeout(t0, flags + offs, flag, v, v != flag)
         v = tl.load(flags + offs, volatile=True)
     tl.store(out, dl.clock_ns() - t0)
+
+
+@triton.jit
+def k_prefetch_l2(w, out, n, LINES: tl.constexpr):
+    """dl.prefetch_l2 of the first LINES lines of w (masked past n), then a load that uses them."""
+    offs = tl.arange(0, LINES) * 64
+    dl.prefetch_l2(w + offs, mask=offs < n)
+    tl.store(out, tl.sum(tl.load(w + offs, mask=offs < n, other=0.0).to(tl.float32), 0))

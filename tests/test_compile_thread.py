@@ -93,3 +93,13 @@ def test_clock_ns_on_both_targets():
     assert "%globaltimer" in nv
     amd = compile_for(K.k_poll_bounded, "gfx942", sig, {"BLOCK": 64}).asm["amdgcn"]
     assert "s_memrealtime" in amd
+
+
+def test_prefetch_l2_on_both_targets():
+    sig = {"w": "*bf16", "out": "*fp32", "n": "i32"}
+    nv = compile_for(K.k_prefetch_l2, "sm_90a", sig, {"LINES": 8})
+    ptx = nv.asm["ptx"]
+    assert "dist.prefetch_l2" in nv.asm["dist_ir"]
+    assert re.search(r"@%p\w* prefetch\.global\.L2::evict_last \[", ptx), ptx     # predicated on the mask
+    amd = compile_for(K.k_prefetch_l2, "gfx942", sig, {"LINES": 8})
+    assert "dist.prefetch_l2" in amd.asm["dist_ir"]                        # a dropped hint on CDNA3

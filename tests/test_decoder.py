@@ -137,6 +137,14 @@ def test_decoder_megakernel_two_ranks_separate_norms(dist_world):
     assert len(errs) == 2 and all(len(e) == 2 for e in errs)
 
 
+def test_decoder_megakernel_with_weight_prefetch(dist_world):
+    # the GEMV tasks' prefetch hooks run before their dependency waits; on the simulator every prefetched
+    # address must lie in a tensor argument (the masks cover the ragged last tile: intermediate 96 / 16 ...)
+    from ditron.kernels.decoder import tiny
+    errs = dist_world(2).run(B.decoder_steps, steps=2, B=1, cfg=tiny().with_tiles(prefetch_k=64))
+    assert len(errs) == 2 and all(len(e) == 2 for e in errs)
+
+
 @pytest.mark.parametrize("scheduler,fuse", [("zigzag", True), ("dynamic", False)])
 def test_decoder_megakernel_one_rank_batch3(dist_world, scheduler, fuse):
     # world size 1 (the all-reduces are copies), batch 3 (GEMV tiles on tl.dot), the other schedulers
@@ -200,7 +208,8 @@ def test_decoder_megakernel_compiles(target, gemv_dot):
     import ditron
     world = ditron.init("sim")
     try:
-        got = B.compile_generated(world, target, gemv_dot)
+        # the tl.dot variant also has the GEMV weight prefetch hooks (before the dependency wait)
+        got = B.compile_generated(world, target, gemv_dot, prefetch_k=512 if gemv_dot else 0)
     finally:
         ditron.finalize()
     # advance, qkv (fused norm), residual commit, rope, attention, combine, o_proj, gate/up (fused norm), down,
@@ -211,6 +220,9 @@ def test_decoder_megakernel_compiles(target, gemv_dot):
     assert got["v4_loads"] >= 5, got
     assert got["evict_first"] in (True, None), got
     assert got["mma"], got                  # attention scores and P @ V on the tensor cores
+    assert got["prefetch_l2"] == gemv_dot, got
+    if target == "sm_90a":                  # linear + gate_up hooks (gate and up rows): 3 predicated prefetches
+        assert (got["prefetch_insns"] >= 3) if gemv_dot else got["prefetch_insns"] == 0, got
 
 
 @pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",

@@ -61,6 +61,15 @@ def test_non_symmetric_tensor_is_rejected_before_launch(dist):
     assert "argument 'x_ptr' reaches dl.symm_at" in msg and "not in the symmetric heap" in msg
 
 
+def test_prefetch_l2_is_a_hint(dist):
+    dist.run(B.prefetch_bounds, 1000)                         # masked at the tensor's end
+
+
+def test_prefetch_l2_past_a_tensor_is_caught_on_the_simulator(dist_world):
+    with pytest.raises(DitronRankError, match=r"dl\.prefetch_l2: address 0x[0-9a-f]+ is outside every tensor"):
+        dist_world(1).run(B.prefetch_bounds, 10**6)          # unmasked: lines 1200 and 1500 are past w[1000]
+
+
 def test_barrier_all_reused(dist):
     assert dist.run(B.barrier_loop, 200) == [200] * dist.world_size
 

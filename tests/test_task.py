@@ -136,7 +136,11 @@ def test_user_scheduler_is_used_and_invalid_ones_are_rejected():
 
     mk = g.compile(scheduler=backwards_blocks, num_programs=2)
     assert mk.queues == [[0, 1, 2], [3, 4]]
-    assert mk.queue_table.tolist() == [3, 6, 8, 0, 1, 2, 3, 4]
+    assert mk.queue_table.tolist() == [0, 3, 5]                   # row offsets per program
+    from ditron.task.codegen import ENTRY, F
+    assert mk.item_table.reshape(-1, ENTRY)[:, F["item"]].tolist() == [0, 1, 2, 3, 4]
+    rr = g.compile(scheduler="round_robin", num_programs=2)       # rows in queue order: program 0's, then 1's
+    assert rr.item_table.reshape(-1, ENTRY)[:, F["item"]].tolist() == [0, 2, 4, 1, 3]
     with pytest.raises(DitronError, match="not in increasing topological order"):
         g.compile(scheduler=lambda items, p: [[1, 0], [2, 3, 4]], num_programs=2)
     with pytest.raises(DitronError, match="in no queue"):
@@ -161,13 +165,13 @@ def test_generated_source_shares_branches_and_is_readable():
     mk = g.compile(scheduler="round_robin", num_programs=3)
     src = mk.source
     assert len(mk.code.branches) == 5                          # a, b, c, layer.0, layer.1+layer.2
-    assert src.count("dl.release_tile(") == 1 and src.count("dl.wait_deps(") == 1
+    assert src.count("dl.release_tile(") == 1 and src.count("dl.wait_deps(") == 2     # inline range + the rest
     assert "elif branch == 4:" in src and "branch == 5" not in src
     assert "# layer.1, layer.2" in src                           # the tasks of the shared branch
     assert "layer_tile(tile, dl.consume_token(t5_w, tok), dl.consume_token(t6_out, tok), t6_out, b4_n, s0, 8)" in src
     assert "fetch_task" not in src and "for q in range(" in src
     dyn = g.compile(scheduler="dynamic", num_programs=3).source
-    assert "item = dl.fetch_task(counter_ptr)" in dyn and "while item < n_items:" in dyn
+    assert "ticket = dl.fetch_task(counter_ptr)" in dyn and "while ticket < n_items:" in dyn
     assert mk.code.path.endswith(".py") and open(mk.code.path).read() == src
     assert mk.slot_info(19) == ("layer.1", 1, {"layer": 1})
 
@@ -242,3 +246,49 @@ def test_generated_kernel_with_comm_tiles_compiles(target):
         assert "ld.acquire.gpu.global.b32" in asm and "st.release.gpu.global.b32" in asm    # scoreboard
     else:
         assert "buffer_inv sc0 sc1" in asm                                                   # system acquire
+
+
+# -- prefetch hooks and residency --------------------------------------------------------
+
+def test_prefetch_hook_registration_checks():
+    g = dtask.TaskGraph("pf")
+    x, out = _t(), _t()
+
+    def not_jit(tile, x):
+        pass
+    with pytest.raises(DitronError, match="prefetch must be a @triton.jit"):
+        _simple(g, "a", x, out, prefetch=not_jit)
+
+    @triton.jit
+    def pf_const_mismatch(tile, x, BLOCK):               # BLOCK is a tl.constexpr of the tile function
+        pass
+    with pytest.raises(DitronError, match=r"\['BLOCK'\] are tl.constexpr in only one of"):
+        _simple(g, "b", x, out, prefetch=pf_const_mismatch)
+
+    @triton.jit
+    def pf_extra(tile, x, LINES: tl.constexpr):          # a parameter only the hook has: filled from args
+        pass
+    with pytest.raises(DitronError, match=r"no value for parameter\(s\) \['LINES'\]"):
+        _simple(g, "c", x, out, prefetch=pf_extra)
+    t = g.register_task(B.scale_add_tile, name="d", num_tiles=2, prefetch=pf_extra,
+                        args={"x": x, "y": x, "out": out, "n": 16, "alpha": 1.0, "BLOCK": 8, "LINES": 4},
+                        reads=("x", "y"), writes=("out",))
+    src = g.compile(num_programs=2).source
+    assert "pf_extra(tile, t0_x, 4)" in src and t.prefetch is pf_extra
+    # the hook runs before the dependency wait
+    assert src.index("pf_extra(tile,") < src.index("tok = dl.wait_deps(")
+
+
+def test_resident_programs_per_sm():
+    from types import SimpleNamespace
+
+    from ditron.task.runtime import resident_per_sm
+    h100 = SimpleNamespace(warp_size=32, max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
+                           shared_memory_per_multiprocessor=233472)
+    assert resident_per_sm(h100, 255, 0, 4) == 2         # 255 regs -> 8192 per warp: 8 warps of 64
+    assert resident_per_sm(h100, 128, 0, 4) == 4
+    assert resident_per_sm(h100, 168, 0, 4) == 3         # 5376 per warp (a multiple of 256): 12 warps
+    assert resident_per_sm(h100, 255, 0, 8) == 1
+    assert resident_per_sm(h100, 32, 0, 4) == 16         # the thread limit
+    assert resident_per_sm(h100, 64, 100 * 1024, 4) == 2  # the shared-memory limit (1 KiB reserved each)
+    assert resident_per_sm(h100, 64, 300 * 1024, 4) == 0

@@ -15,6 +15,11 @@ def test_chain_graph_matches_torch(dist_world, n, scheduler):
     assert dist_world(n).run(B.run_chain, scheduler, 3, 3) == [5] * n
 
 
+@pytest.mark.parametrize("n,scheduler", [(1, "round_robin"), (2, "dynamic")])
+def test_traced_megakernel_with_prefetch_hooks(dist_world, n, scheduler):
+    assert all(us > 0 for us in dist_world(n).run(B.run_chain_traced, scheduler))
+
+
 @pytest.mark.parametrize("n,scheduler", [(2, "round_robin"), (3, "dynamic"), (1, "zigzag")])
 def test_comm_tasks_match_torch(dist_world, n, scheduler):
     assert dist_world(n).run(B.comm_graph_run, scheduler) == [6] * n

@@ -26,7 +26,8 @@ Every step appends one position, so the context grows by up to
 of those positions are a fraction of a percent of the weight bytes at 8B).
 Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``--gemv-dot``, ``--attn-split``,
 ``--attn-block``, ``--comm-block``, ``--num-warps``, ``--no-fuse-norm``,
-``--scheduler``, ``--programs``.  Results: ``--out`` (Markdown + JSON).
+``--prefetch-k`` (weight prefetch before each GEMV tile's wait), ``--scheduler``, ``--programs``.  ``--trace``
+adds a traced build's time per kind of task (``mk.profile()``).  Results: ``--out`` (Markdown + JSON).
 """
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def _config(args):
         cfg = cfg.with_(n_layers=args.layers)
     over = {k: v for k, v in (("gemv_block_n", args.gemv_block_n), ("gemv_block_k", args.gemv_block_k),
                               ("attn_split", args.attn_split), ("attn_block", args.attn_block),
-                              ("comm_block", args.comm_block), ("num_warps", args.num_warps)) if v}
+                              ("comm_block", args.comm_block), ("num_warps", args.num_warps),
+                              ("prefetch_k", args.prefetch_k)) if v}
     for item in (args.block_n or "").split(","):
         if item:
             proj, _, v = item.partition("=")
@@ -122,6 +124,16 @@ def bench_case(world, cfg, ctx, batch, args, bw):
             if row.get(f"{base}_us"):
                 row[f"mk_over_{base}"] = mk / row[f"{base}_us"]
         row["mk_over_hbm_limit"] = mk / row["hbm_limit_us"]
+    if dm.mk.resources:
+        row["resources"] = dm.mk.resources
+    if args.trace and ok:
+        # a second build of the same step with per-item timestamps (the timed kernel has none)
+        tm = R.megakernel(s, scheduler=args.scheduler, num_programs=dm.mk.num_programs, trace=True)
+        for _ in range(3):
+            tm.step()
+        prof = tm.mk.profile()
+        row["profile"] = {"step_us": prof.step_us, "busy": prof.busy, "rows": [vars(r) for r in prof.rows]}
+        row["profile_table"] = prof.table()
     return row
 
 
@@ -148,7 +160,9 @@ def main(argv=None):
     p.add_argument("--ctx", default="512,4096", help="KV positions before the step (comma list)")
     p.add_argument("--batch", default="1", help="batch sizes (comma list, 1-8)")
     p.add_argument("--scheduler", default="round_robin", help="round_robin, zigzag or dynamic")
-    p.add_argument("--programs", type=int, default=None, help="persistent programs (default: the SM count)")
+    p.add_argument("--programs", type=int, default=None,
+                   help="persistent programs (default: 2 per SM, fewer if the compiled kernel's registers or shared "
+                        "memory do not let that many be resident)")
     p.add_argument("--gemv-block-n", type=int, default=0)
     p.add_argument("--gemv-block-k", type=int, default=0)
     p.add_argument("--block-n", default="", help="per-projection columns per tile, e.g. 'qkv=32,gate_up=16'")
@@ -159,6 +173,10 @@ def main(argv=None):
     p.add_argument("--attn-block", type=int, default=0)
     p.add_argument("--comm-block", type=int, default=0)
     p.add_argument("--num-warps", type=int, default=0)
+    p.add_argument("--prefetch-k", type=int, default=0,
+                   help="GEMV weight columns per row prefetched into L2 before each tile's dependency wait (0: off)")
+    p.add_argument("--trace", action="store_true",
+                   help="also run a traced build of the step and print where its time goes (per kind of task)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=25)
     p.add_argument("--repeat", type=int, default=2)
@@ -185,7 +203,14 @@ def main(argv=None):
         md = [f"### Decoder step megakernel ({args.config}, {cfg.n_layers} layers), TP={world.world_size} "
               f"({args.machine}, {meta['date']})", "", f"Command: `{command}`", "",
               f"Copy bandwidth {bw / 1e9:.0f} GB/s; HBM limit = (weight + KV bytes per rank) / copy bandwidth. "
-              f"Tiles: {vars(cfg.tiles)}; scheduler {args.scheduler}.", "", table(rows), ""]
+              f"Tiles: {vars(cfg.tiles)}; scheduler {args.scheduler}; programs "
+              f"{', '.join(str(r['programs']) for r in rows)}"
+              + "".join(f"; {r['resources']['n_regs']} registers, {r['resources']['resident_per_sm']} resident per SM"
+                        for r in rows[:1] if r.get("resources")) + ".", "", table(rows), ""]
+        for r in rows:
+            if r.get("profile_table"):
+                md += [f"Traced step, context {r['ctx']}, batch {r['batch']} (a separate build with timestamps):",
+                       "", r["profile_table"], ""]
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, f"{args.tag or args.machine.replace(' ', '_')}-megakernel")
         with open(stem + ".md", "w") as f:

@@ -110,6 +110,9 @@ _add(_spec("clock_ns", "thread", result="i64"))
 _add(_spec("poll_timeout", "tile", [("start", INT_SCALAR), ("ptr", PTR), ("expected", INT), ("observed", INT),
                                     ("pending", VALUE)], effects=("sync",)))
 
+_add(_spec("prefetch_l2", "tile", [("ptr", PTR), ("mask", VALUE)],
+           doc="a hint: bring the lines of the unmasked addresses into L2; no result, no ordering"))
+
 # chunk level (OpenSHMEM) ----------------------------------------------------
 _add(_spec("shmem.my_pe", "chunk", result="i32", library="shmem"))
 _add(_spec("shmem.n_pes", "chunk", result="i32", library="shmem"))

@@ -7,7 +7,8 @@ Tile level: :func:`rank`, :func:`num_ranks`, :func:`symm_at`, :func:`wait`,
 :func:`num_threads`, :func:`num_warps`, :func:`ld`, :func:`st`,
 :func:`atomic_add`, :func:`atomic_cas`, :func:`syncthreads`, :func:`fence`,
 :func:`ballot_sync`, :func:`shfl_sync` (+ ``_up``/``_down``/``_xor``),
-:func:`ffs`.  Bounding polling loops: :func:`clock_ns`, :func:`poll_timeout`.  Chunk level: :mod:`ditron.language.shmem`.  Tile order:
+:func:`ffs`.  Bounding polling loops: :func:`clock_ns`, :func:`poll_timeout`.  Memory hints:
+:func:`prefetch_l2`.  Chunk level: :mod:`ditron.language.shmem`.  Tile order:
 :func:`swizzle_2d`, :func:`swizzle_gather`, :func:`swizzle_scatter`,
 :func:`tile_segments` (:mod:`ditron.language.swizzle`, with host twins
 ``*_py``).
@@ -22,7 +23,7 @@ _sys.modules[__name__ + ".libshmem_device"] = shmem
 from .core import (atomic_add, atomic_cas, ballot_sync, clock_ns, consume_token, fence, ffs, laneid, ld, multimem_ld_reduce,
                    multimem_st, notify, num_ranks, num_threads, num_warps, rank, shfl_down_sync, shfl_sync,
                    shfl_up_sync, shfl_xor_sync, poll_timeout, st, symm_at, syncthreads, tid, wait)
-from .core import fetch_task, release_tile, wait_deps
+from .core import fetch_task, prefetch_l2, release_tile, wait_deps
 from . import swizzle
 from .swizzle import (segment_position, segment_position_py, swizzle_2d, swizzle_2d_py, swizzle_gather,
                       swizzle_gather_py, swizzle_scatter, swizzle_scatter_py, tile_order_py, tile_segments,
@@ -31,7 +32,7 @@ from .swizzle import (segment_position, segment_position_py, swizzle_2d, swizzle
 __all__ = ["rank", "num_ranks", "symm_at", "wait", "consume_token", "notify", "multimem_ld_reduce", "multimem_st",
            "tid", "laneid", "num_threads", "num_warps", "ld", "st", "atomic_add", "atomic_cas", "syncthreads",
            "fence", "ballot_sync", "shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "ffs",
-           "clock_ns", "poll_timeout",
+           "clock_ns", "poll_timeout", "prefetch_l2",
            "wait_deps", "release_tile", "fetch_task",
            "shmem", "libshmem_device",
            "swizzle", "swizzle_2d", "swizzle_gather", "swizzle_scatter", "tile_segments", "segment_position",

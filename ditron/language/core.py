@@ -323,6 +323,33 @@ def poll_timeout(start, ptr, expected, observed, pending=True, _semantic=None, _
 
 
 # ---------------------------------------------------------------------------
+# memory hints
+# ---------------------------------------------------------------------------
+
+@builtin
+def prefetch_l2(ptr, mask=True, _semantic=None, _generator=None):
+    """Ask the memory system to bring the cache line of each address of
+    ``ptr`` (a pointer or a tile of pointers, global memory) into L2, without
+    waiting for it and without a result.  ``mask`` (a bool tile like ``ptr``,
+    default all) skips elements.  A hint: it never faults, never orders
+    anything and may be dropped.  One element per line is enough (128 bytes:
+    64 bf16 values), e.g. ``dl.prefetch_l2(w + rows[:, None] * K + (k0 +
+    tl.arange(0, BLOCK_K // 64) * 64)[None, :], mask=...)``.
+
+    Use it to start reading data that does not depend on a producer (weights)
+    before waiting for one: the megakernel's ``register_task(prefetch=...)``
+    hook runs before the tile's dependency wait (docs/megakernel.md).
+
+    NVIDIA: ``prefetch.global.L2::evict_last`` per element, predicated on the
+    mask.  AMD gfx942: nothing (CDNA3 has no L2 prefetch instruction).
+    Simulator: checks that every unmasked address is inside a tensor of the
+    launch (an out-of-bounds prefetch is a bug even if the GPU ignores it) and
+    does nothing else.
+    """
+    return emit("prefetch_l2", {"ptr": ptr, "mask": mask}, {}, _semantic, _generator, params=("ptr", "mask"))
+
+
+# ---------------------------------------------------------------------------
 # task level: the scoreboard of a megakernel (see docs/megakernel.md)
 # ---------------------------------------------------------------------------
 

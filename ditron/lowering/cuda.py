@@ -511,6 +511,16 @@ def _poll_timeout(ctx, start, ptr, expected, observed, pending):
     return None
 
 
+@register("prefetch_l2", BACKEND)
+def _prefetch_l2(ctx, ptr, mask):
+    """``prefetch.global.L2::evict_last`` per element, predicated on ``mask``."""
+    asm = ("{ .reg .pred %p; setp.ne.b32 %p, $2, 0; @%p prefetch.global.L2::evict_last [$1]; "
+           "mov.u32 $0, 0; }")
+    m = _compat.cast(ctx.sem, ctx.tensor(mask), tl.int32)
+    ctx.asm(asm, "=r,l,r", [common.ptr_to_int(ctx, ptr), m], tl.int32)
+    return None
+
+
 @register("ffs", BACKEND)
 def _ffs(ctx, x):
     x = ctx.tensor(x)

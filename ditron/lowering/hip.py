@@ -453,6 +453,12 @@ def _poll_timeout(ctx, start, ptr, expected, observed, pending):
     return None
 
 
+@register("prefetch_l2", BACKEND)
+def _prefetch_l2(ctx, ptr, mask):
+    """Nothing: CDNA3 (gfx942) has no L2 prefetch instruction; the hint is dropped."""
+    return None
+
+
 @register("ffs", BACKEND)
 def _ffs(ctx, x):
     x = ctx.tensor(x)

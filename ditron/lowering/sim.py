@@ -555,6 +555,22 @@ def _poll_timeout(ctx, start, ptr, expected, observed, pending):
     return None
 
 
+@register("prefetch_l2", BACKEND)
+def _prefetch_l2(ctx, ptr, mask):
+    """No effect; every unmasked address must lie in a tensor argument of the launch."""
+    launch = _launch()
+    if launch is None:
+        return None
+    addrs = _data(ptr).astype(np.uint64).reshape(-1)
+    m = np.broadcast_to(_data(mask).astype(bool), _data(ptr).shape).reshape(-1) if hasattr(mask, "type") else \
+        np.full(addrs.shape, bool(mask))
+    for a in np.unique(addrs[m]):
+        if launch.describe_arg(int(a)) is None:
+            raise ctx.error(f"dl.prefetch_l2: address {int(a):#x} is outside every tensor argument of the launch "
+                            "(mask the elements past the tensor's end)", arg="ptr")
+    return None
+
+
 @register("ffs", BACKEND)
 def _ffs(ctx, x):
     v = ctx.tensor(x)

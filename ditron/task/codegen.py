@@ -18,9 +18,12 @@ from dataclasses import dataclass, field
 from .. import _compat
 from .graph import EPOCH, MAX_SCALARS, _is_tensor
 
-#: int32 words per work item in the item table
-ENTRY = 10
-FIELDS = ("branch", "tile", "slot", "dep_lo", "dep_hi", "s0", "s1", "s2", "s3", "task")
+#: int32 words per work item in the item table: its branch and tile, its scoreboard slot, its first dependency
+#: range inline (first slot, count), the rest in the dependency table (rows dep_lo .. dep_hi), up to 4 scalars,
+#: and its index in topological order.  Static schedulers lay the rows out in queue order (program 0's items,
+#: then program 1's, ...), so a program reads its next row without first reading an item index.
+FIELDS = ("branch", "tile", "slot", "d0_first", "d0_count", "dep_lo", "dep_hi", "s0", "s1", "s2", "s3", "item")
+ENTRY = len(FIELDS)
 F = {name: i for i, name in enumerate(FIELDS)}
 
 
@@ -31,6 +34,8 @@ class Branch:
     fn_name: str                     # global name in the generated module
     tasks: list = field(default_factory=list)
     call_args: list = field(default_factory=list)     # one source expression per parameter after the tile
+    prefetch_name: str = ""                            # global name of the prefetch function ('' if none)
+    prefetch_args: list = field(default_factory=list)
 
 
 @dataclass
@@ -66,7 +71,7 @@ class Generated:
 
 
 def _branch_key(task):
-    parts = [id(task.fn)]
+    parts = [id(task.fn), id(task.prefetch)]
     for k in sorted(task.args):
         v = task.args[k]
         if _is_tensor(v):
@@ -85,7 +90,19 @@ def _literal(v):
     return repr(v)
 
 
-def generate(graph, dynamic: bool) -> Generated:
+def _global_name(fn, fn_names, fn_globals, reserved):
+    fid = id(fn)
+    if fid not in fn_names:
+        base = fn.fn.__name__
+        name = base
+        while name in fn_globals or name in reserved:
+            name = f"{base}_{len(fn_globals)}"
+        fn_names[fid] = name
+        fn_globals[name] = fn
+    return fn_names[fid]
+
+
+def generate(graph, dynamic: bool, trace: bool = False) -> Generated:
     kname = f"{graph.name}_megakernel"
     branches: list[Branch] = []
     by_key: dict = {}
@@ -100,52 +117,56 @@ def generate(graph, dynamic: bool) -> Generated:
             b.tasks.append(task)
             task_branch[task.index] = b.index
             continue
-        fid = id(task.fn)
-        if fid not in fn_names:
-            base = task.fn.fn.__name__
-            name = base
-            while name in fn_globals or name in ("triton", "tl", "ditron", "dl", kname):
-                name = f"{base}_{len(fn_globals)}"
-            fn_names[fid] = name
-            fn_globals[name] = task.fn
-        b = Branch(len(branches), task.fn, fn_names[fid], [task])
-        const = {p for p, c in task.params if c}
+        reserved = ("triton", "tl", "ditron", "dl", kname)
+        b = Branch(len(branches), task.fn, _global_name(task.fn, fn_names, fn_globals, reserved), [task])
+        const = {p for p, c in task.params + task.prefetch_params if c}
         scalar_slot = {k: i for i, k in enumerate(task.scalars)}
-        for p, _ in task.params[1:]:
+        exprs = {}                  # parameter -> source expression (no consume_token)
+        for p, _ in task.params[1:] + task.prefetch_params[1:]:
+            if p in exprs:
+                continue
             if p in scalar_slot:
-                b.call_args.append(f"s{scalar_slot[p]}")
+                exprs[p] = f"s{scalar_slot[p]}"
                 continue
             v = task.args[p]
             if v is EPOCH:
-                b.call_args.append("epoch")
+                exprs[p] = "epoch"
             elif _is_tensor(v):
                 tk = (v.data_ptr(), str(v.dtype), str(v.device))
                 if tk not in tensors:
                     tensors[tk] = f"t{len(tensors)}_{p}"
                     tensor_params.append((tensors[tk], v))
-                expr = tensors[tk]
-                b.call_args.append(f"dl.consume_token({expr}, tok)" if p in task.reads else expr)
+                exprs[p] = tensors[tk]
             elif p in const:
-                b.call_args.append(_literal(v))
+                exprs[p] = _literal(v)
             else:
                 pname = f"b{b.index}_{p}"
                 scalar_params.append((pname, v))
-                b.call_args.append(pname)
+                exprs[p] = pname
+        b.call_args = [f"dl.consume_token({exprs[p]}, tok)" if p in task.reads and _is_tensor(task.args.get(p))
+                       else exprs[p] for p, _ in task.params[1:]]
+        if task.prefetch is not None:
+            b.prefetch_name = _global_name(task.prefetch, fn_names, fn_globals, reserved)
+            b.prefetch_args = [exprs[p] for p, _ in task.prefetch_params[1:]]
         by_key[key] = b
         task_branch[task.index] = b.index
         branches.append(b)
     n_scalars = max([len(t.scalars) for t in graph.tasks] + [0])
     assert n_scalars <= MAX_SCALARS
-    src = _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic)
+    src = _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic, trace)
     return Generated(src, kname, branches, task_branch, tensor_params, scalar_params, fn_globals)
 
 
-def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic):
+def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic, trace):
     params = ["items_ptr", "queue_ptr", "deps_ptr", "slots_ptr", "epoch_ptr", "counter_ptr", "n_items"]
+    if trace:
+        params.append("trace_ptr")
     params += [n for n, _ in tensor_params] + [n for n, _ in scalar_params]
     L = [f"# Generated by ditron.task from TaskGraph '{graph.name}': {len(graph.tasks)} tasks, "
          f"{graph.num_slots} tiles, {len(branches)} branches.",
          f"# Scheduler: {'dynamic (device work queue, dl.fetch_task)' if dynamic else 'static per-program queues'}.",
+         *(["# Trace: int64 x 4 per item: clock_ns at start, after the dependency wait, after the release; program."]
+           if trace else []),
          "# Item table: int32 x %d per item: %s." % (ENTRY, ", ".join(FIELDS)),
          "# Scoreboard: one int32 slot per (task, tile); a slot holds the epoch of the last step that released it.",
          "#", "# tasks (scoreboard slots):"]
@@ -156,21 +177,39 @@ def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dyn
           "", "", "@ditron.jit", *_wrap(f"def {kname}(", params, "):"),
           "    pid = tl.program_id(0)",
           "    epoch = tl.load(epoch_ptr)           # this step's number (incremented on the stream by step())"]
-    if dynamic:
-        L += ["    item = dl.fetch_task(counter_ptr)     # a ticket = the next item in topological order",
-              "    while item < n_items:"]
-    else:
-        L += ["    # this program's queue: queue_ptr[pid] .. queue_ptr[pid + 1] index the item list after the offsets",
-              "    for q in range(tl.load(queue_ptr + pid), tl.load(queue_ptr + pid + 1)):",
-              "        item = tl.load(queue_ptr + q)"]
     ind = "        "
-    L += [f"{ind}entry = items_ptr + item * {ENTRY}"]
-    for name in ("branch", "tile", "slot", "dep_lo", "dep_hi") + tuple(f"s{i}" for i in range(n_scalars)):
-        L.append(f"{ind}{name} = tl.load(entry + {F[name]})")
+    fields = ["branch", "tile", "slot", "d0_first", "d0_count", "dep_lo", "dep_hi"] + \
+        [f"s{i}" for i in range(n_scalars)] + (["item"] if trace else [])
+    if dynamic:
+        L += ["    ticket = dl.fetch_task(counter_ptr)     # a ticket = the next item in topological order",
+              "    while ticket < n_items:",
+              f"{ind}entry = items_ptr + ticket * {ENTRY}"]
+        L += [f"{ind}{name} = tl.load(entry + {F[name]})" for name in fields]
+    else:
+        L += ["    # this program's rows of the item table: [queue_ptr[pid], queue_ptr[pid + 1]); the fields of the next",
+              "    # row are loaded while the current tile runs (loop-carried nx_* values)",
+              "    q_lo = tl.load(queue_ptr + pid)",
+              "    q_hi = tl.load(queue_ptr + pid + 1)"]
+        L += [f"    nx_{name} = tl.load(items_ptr + q_lo * {ENTRY} + {F[name]}, mask=q_lo < q_hi, other=0)"
+              for name in fields]
+        L += ["    for q in range(q_lo, q_hi):"]
+        L += [f"{ind}{name} = nx_{name}" for name in fields]
+        L += [f"{ind}nxt = items_ptr + (q + 1) * {ENTRY}"]
+        L += [f"{ind}nx_{name} = tl.load(nxt + {F[name]}, mask=q + 1 < q_hi, other=0)" for name in fields]
+    if trace:
+        L.append(f"{ind}t_start = dl.clock_ns()")
+    pf = [b for b in branches if b.prefetch_name]
+    if pf:
+        L.append(f"{ind}# prefetch (before the wait): data no producer writes")
+        for i, b in enumerate(pf):
+            L.append(f"{ind}{'if' if i == 0 else 'elif'} branch == {b.index}:")
+            L.append(f"{ind}    {b.prefetch_name}(tile, {', '.join(b.prefetch_args)})")
     L += [f"{ind}# wait for the producer tiles of each dependency range (acquire)",
-          f"{ind}tok = epoch * 0",
+          f"{ind}tok = dl.wait_deps(slots_ptr + d0_first, d0_count, epoch)",
           f"{ind}for d in range(dep_lo, dep_hi):",
           f"{ind}    tok += dl.wait_deps(slots_ptr + tl.load(deps_ptr + 2 * d), tl.load(deps_ptr + 2 * d + 1), epoch)"]
+    if trace:
+        L.append(f"{ind}t_ready = dl.clock_ns()")
     for b in branches:
         kw = "if" if b.index == 0 else "elif"
         names = [t.name for t in b.tasks]
@@ -181,8 +220,14 @@ def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dyn
         L.append(f"{ind}    # {b.fn_name}({', '.join(pnames)})")
         L.append(f"{ind}    {b.fn_name}(tile, {', '.join(b.call_args)})")
     L += [f"{ind}dl.release_tile(slots_ptr + slot, epoch)   # release: this tile's writes are visible"]
+    if trace:
+        L += [f"{ind}t_rec = trace_ptr + item.to(tl.int64) * 4      # trace records are in item order",
+              f"{ind}tl.store(t_rec, t_start)",
+              f"{ind}tl.store(t_rec + 1, t_ready)",
+              f"{ind}tl.store(t_rec + 2, dl.clock_ns())",
+              f"{ind}tl.store(t_rec + 3, pid.to(tl.int64))"]
     if dynamic:
-        L.append(f"{ind}item = dl.fetch_task(counter_ptr)")
+        L.append(f"{ind}ticket = dl.fetch_task(counter_ptr)")
     return "\n".join(L) + "\n"
 
 

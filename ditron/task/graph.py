@@ -84,6 +84,8 @@ class Task:
     deps: list
     scalars: dict
     params: list                        # [(name, is_constexpr)] of fn
+    prefetch: Any = None                # tile function run before the dependency wait (or None)
+    prefetch_params: list = field(default_factory=list)
     slot_base: int = 0                  # first scoreboard slot of this task
     upstream: set = field(default_factory=set)   # indices of tasks ordered before this one (transitively)
 
@@ -143,10 +145,15 @@ class TaskGraph:
 
     # -- registration --------------------------------------------------------------
     def register_task(self, fn, name: str, num_tiles: int, args: Optional[dict] = None, reads=(), writes=(),
-                      deps=(), scalars: Optional[dict] = None) -> Task:
+                      deps=(), scalars: Optional[dict] = None, prefetch=None) -> Task:
         """Register ``num_tiles`` tiles of the tile function ``fn`` (first
         parameter: the tile index; the others are filled by name from ``args``
-        and ``scalars``).  See the module docs for the rules."""
+        and ``scalars``).  ``prefetch``: an optional tile function called with
+        the same tile index *before* the tile's dependency wait, to start
+        reading data that no producer writes (weights: ``dl.prefetch_l2``); its
+        parameters are filled by name from the same ``args`` / ``scalars``
+        (parameters only it has are allowed).  See the module docs for the
+        rules."""
         args = dict(args or {})
         scalars = dict(scalars or {})
         where = f"register_task('{name}')"
@@ -163,15 +170,31 @@ class TaskGraph:
             raise DitronError(f"{where}: at most {MAX_SCALARS} scalars per task, got {len(scalars)}")
         names = [p for p, _ in params[1:]]
         const = {p for p, c in params if c}
+        pf_params = []
+        if prefetch is not None:
+            pf_params = _compat.tile_function_params(prefetch)
+            if pf_params is None or not pf_params:
+                raise DitronError(f"{where}: prefetch must be a @triton.jit / @ditron.jit tile function (first "
+                                  f"parameter: the tile index), not {prefetch!r}")
+            pconst = {p for p, c in pf_params if c}
+            flip = [p for p, _ in pf_params[1:] if p in names and (p in pconst) != (p in const)]
+            if flip:
+                raise DitronError(f"{where}: parameter(s) {flip} are tl.constexpr in only one of "
+                                  f"{fn.fn.__name__} and the prefetch function {prefetch.fn.__name__}")
+        # the prefetch function's own parameters are filled from args / scalars like fn's
+        names = names + [p for p, _ in pf_params[1:] if p not in names]
+        const |= {p for p, c in pf_params if c}
         for k in list(args) + list(scalars):
             if k not in names:
-                raise DitronError(f"{where}: '{k}' is not a parameter of {fn.fn.__name__}{tuple(names)}")
+                raise DitronError(f"{where}: '{k}' is not a parameter of {fn.fn.__name__}{tuple(names)}"
+                                  + (f" or of the prefetch function {prefetch.fn.__name__}" if prefetch else ""))
         both = set(args) & set(scalars)
         if both:
             raise DitronError(f"{where}: {sorted(both)} given in both args and scalars")
         missing = [p for p in names if p not in args and p not in scalars]
         if missing:
-            raise DitronError(f"{where}: no value for parameter(s) {missing} of {fn.fn.__name__}")
+            raise DitronError(f"{where}: no value for parameter(s) {missing} of {fn.fn.__name__}"
+                              + (f" / {prefetch.fn.__name__}" if prefetch else ""))
         for k, v in scalars.items():
             if k in const or isinstance(v, bool) or not isinstance(v, int) or not -2**31 <= v < 2**31:
                 raise DitronError(f"{where}: scalar '{k}' must be an int32 value for a runtime (non-constexpr) "
@@ -199,7 +222,7 @@ class TaskGraph:
             if d.task.graph is not self or self.tasks[d.task.index] is not d.task:
                 raise DitronError(f"{where}: Dep on task '{d.task.name}', which is not an earlier task of this graph")
         task = Task(self, len(self.tasks), name, fn, num_tiles, args, tuple(reads), tuple(writes), deps, scalars,
-                    params, slot_base=self.num_slots)
+                    params, prefetch=prefetch, prefetch_params=pf_params, slot_base=self.num_slots)
         for i in range(num_tiles):            # validates every range now, not at launch
             task.tile_ranges(i)
         for d in deps:
@@ -234,11 +257,15 @@ class TaskGraph:
         """The work items ``(task, tile)`` in topological order."""
         return [WorkItem(len_before + i, t, i) for len_before, t in _bases(self.tasks) for i in range(t.num_tiles)]
 
-    def compile(self, scheduler="round_robin", num_programs: Optional[int] = None, num_warps: int = 4, **debug):
+    def compile(self, scheduler="round_robin", num_programs: Optional[int] = None, num_warps: int = 4,
+                trace: bool = False, **debug):
         """One persistent kernel for the whole graph; see
-        :class:`ditron.task.Megakernel`."""
+        :class:`ditron.task.Megakernel`.  ``trace``: record per-item
+        timestamps (``mk.trace()``, ``mk.profile()``; costs three clock reads
+        and four stores per item)."""
         from .runtime import Megakernel
-        return Megakernel(self, scheduler=scheduler, num_programs=num_programs, num_warps=num_warps, **debug)
+        return Megakernel(self, scheduler=scheduler, num_programs=num_programs, num_warps=num_warps, trace=trace,
+                          **debug)
 
 
 @dataclass(frozen=True)

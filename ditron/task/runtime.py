@@ -15,6 +15,11 @@ _TYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16
                "torch.uint8": "u8", "torch.bool": "i1"}
 
 
+def _sm_count(device) -> int:
+    import torch
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _device_of(graph):
     for t in graph.tasks:
         for v in t.args.values():
@@ -24,11 +29,27 @@ def _device_of(graph):
     return torch.device("cpu")
 
 
-def _default_programs(device):
-    if getattr(device, "type", "cpu") == "cuda":
-        import torch
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return _SIM_PROGRAMS
+#: programs per SM of the default grid (when the compiled kernel's resources let that many be resident)
+DEFAULT_PROGRAMS_PER_SM = 2
+
+
+def _on_gpu(device) -> bool:
+    return getattr(device, "type", "cpu") == "cuda"
+
+
+def resident_per_sm(props, n_regs: int, shared: int, num_warps: int) -> int:
+    """How many programs of a kernel using ``n_regs`` registers per thread and ``shared`` bytes of shared memory
+    fit on one SM at once (``props``: ``torch.cuda.get_device_properties``).  NVIDIA's allocation rules:
+    registers per warp rounded up to 256, 1 KiB of shared memory reserved per program; at most 32 programs."""
+    warp = int(getattr(props, "warp_size", 32) or 32)
+    threads = num_warps * warp
+    by_threads = int(getattr(props, "max_threads_per_multi_processor", 2048)) // threads
+    regs_sm = int(getattr(props, "regs_per_multiprocessor", 65536))
+    per_warp = -(-max(int(n_regs), 1) * warp // 256) * 256
+    by_regs = (regs_sm // per_warp) // num_warps
+    smem_sm = int(getattr(props, "shared_memory_per_multiprocessor", 0) or 0)
+    by_smem = smem_sm // (int(shared) + 1024) if shared and smem_sm else 32
+    return max(0, min(by_threads, by_regs, by_smem, 32))
 
 
 class Megakernel:
@@ -42,7 +63,7 @@ class Megakernel:
     """
 
     def __init__(self, graph, scheduler="round_robin", num_programs: Optional[int] = None, num_warps: int = 4,
-                 _plant_missing_release=None):
+                 trace: bool = False, _plant_missing_release=None):
         import torch
         if not graph.tasks:
             raise DitronError(f"TaskGraph '{graph.name}' has no tasks")
@@ -51,17 +72,43 @@ class Megakernel:
         self.device = _device_of(graph)
         self.scheduler, _ = schedule.resolve(scheduler)
         self.dynamic = self.scheduler == schedule.DYNAMIC
-        P = num_programs if num_programs is not None else _default_programs(self.device)
-        if not isinstance(P, int) or P < 1:
-            raise DitronError(f"num_programs must be a positive int, got {P!r}")
-        self.num_programs = min(P, len(self.items))
+        if num_programs is not None and (not isinstance(num_programs, int) or isinstance(num_programs, bool)
+                                         or num_programs < 1):
+            raise DitronError(f"num_programs must be a positive int, got {num_programs!r}")
         self.num_warps = num_warps
-        self.queues = schedule.make_queues(scheduler, self.items, self.num_programs)
-        self.code = codegen.generate(graph, self.dynamic)
+        self.trace_enabled = bool(trace)
+        self.code = codegen.generate(graph, self.dynamic, trace=self.trace_enabled)
         self.source = self.code.source
         self.kernel = self.code.load()
         self.sink_slot = graph.num_slots
-        planted = self._planted_item(_plant_missing_release)
+        self._scheduler_arg = scheduler
+        self._planted = self._planted_item(_plant_missing_release)
+        i32 = dict(dtype=torch.int32, device=self.device)
+        self.slots = torch.zeros(graph.num_slots + 1, **i32)
+        # one epoch per graph, shared by every kernel compiled from it: the communication tasks' signal
+        # values (the epoch) then never repeat, whichever of them runs a step
+        if getattr(graph, "_epoch", None) is None or graph._epoch.device != self.device:
+            graph._epoch = torch.zeros(1, **i32)
+        self.epoch = graph._epoch
+        self.counter = torch.zeros(1, **i32)
+        self.trace_buf = torch.zeros(4 * len(self.items) if trace else 1, dtype=torch.int64, device=self.device)
+        self.steps = 0
+        self.resources = None
+        if num_programs is None:
+            P = DEFAULT_PROGRAMS_PER_SM * _sm_count(self.device) if _on_gpu(self.device) else _SIM_PROGRAMS
+        else:
+            P = num_programs
+        self._set_programs(P)
+        if _on_gpu(self.device):
+            self._check_residency(explicit=num_programs is not None)
+        self._finish_init()
+
+    def _set_programs(self, P):
+        """(Re)build the per-program queues and the device tables for a grid of ``P`` programs."""
+        import torch
+        self.num_programs = min(P, len(self.items))
+        self.queues = schedule.make_queues(self._scheduler_arg, self.items, self.num_programs)
+        planted = self._planted
 
         rows, dep_rows = [], []
         self._waits = []                       # per item: [(first slot, count)]
@@ -70,32 +117,58 @@ class Megakernel:
             self._waits.append(ranges)
             sc = list(it.task.scalars.values()) + [0] * (4 - len(it.task.scalars))
             slot = self.sink_slot if it.index == planted else it.slot
-            rows.append([self.code.task_branch[it.task.index], it.tile, slot, len(dep_rows),
-                         len(dep_rows) + len(ranges), *sc, it.task.index])
-            dep_rows.extend(ranges)
+            first, rest = (ranges[0], ranges[1:]) if ranges else ((0, 0), [])
+            rows.append([self.code.task_branch[it.task.index], it.tile, slot, first[0], first[1], len(dep_rows),
+                         len(dep_rows) + len(rest), *sc, it.index])
+            dep_rows.extend(rest)
+        assert all(len(r) == codegen.ENTRY for r in rows)
         i32 = dict(dtype=torch.int32, device=self.device)
-        self.item_table = torch.tensor(rows, **i32).reshape(-1)
         self.dep_table = torch.tensor(dep_rows or [[0, 0]], **i32).reshape(-1)
-        if self.queues is None:
+        if self.queues is None:                # dynamic: rows in topological order, taken by ticket
+            self.item_table = torch.tensor(rows, **i32).reshape(-1)
             queue = [0] * (self.num_programs + 1)
-        else:
-            offs, flat = [], []
+        else:                                  # static: rows in queue order; queue = row offsets per program
+            order = [j for q in self.queues for j in q]
+            self.item_table = torch.tensor([rows[j] for j in order], **i32).reshape(-1)
+            queue = [0]
             for q in self.queues:
-                offs.append(self.num_programs + 1 + len(flat))
-                flat.extend(q)
-            queue = offs + [self.num_programs + 1 + len(flat)] + flat
+                queue.append(queue[-1] + len(q))
         self.queue_table = torch.tensor(queue, **i32)
-        self.slots = torch.zeros(graph.num_slots + 1, **i32)
-        # one epoch per graph, shared by every kernel compiled from it: the communication tasks' signal
-        # values (the epoch) then never repeat, whichever of them runs a step
-        if getattr(graph, "_epoch", None) is None or graph._epoch.device != self.device:
-            graph._epoch = torch.zeros(1, **i32)
-        self.epoch = graph._epoch
-        self.counter = torch.zeros(1, **i32)
-        self.steps = 0
         self._args = [self.item_table, self.queue_table, self.dep_table, self.slots, self.epoch, self.counter,
-                      len(self.items)] + [t for _, t in self.code.tensor_params] + \
-            [v for _, v in self.code.scalar_params]
+                      len(self.items)] + ([self.trace_buf] if self.trace_enabled else []) + \
+            [t for _, t in self.code.tensor_params] + [v for _, v in self.code.scalar_params]
+
+    def _check_residency(self, explicit: bool):
+        """Compile now and make sure every program of the grid can be resident at once (a persistent kernel whose
+        programs wait on each other deadlocks otherwise): a default grid shrinks to what fits, an explicit
+        ``num_programs`` that does not fit is an error before any launch."""
+        import torch
+        ck = self.kernel.warmup(*self._args, grid=(self.num_programs,), num_warps=self.num_warps)
+        init = getattr(ck, "_init_handles", None)
+        if init is not None:
+            init()
+        n_regs = getattr(ck, "n_regs", None)
+        shared = getattr(getattr(ck, "metadata", None), "shared", 0) or 0
+        if not n_regs:
+            return
+        props = torch.cuda.get_device_properties(self.device)
+        per_sm = resident_per_sm(props, n_regs, shared, self.num_warps)
+        sms = props.multi_processor_count
+        self.resources = {"n_regs": int(n_regs), "n_spills": int(getattr(ck, "n_spills", 0) or 0),
+                          "shared": int(shared), "resident_per_sm": per_sm, "sms": sms}
+        fit = per_sm * sms
+        if self.num_programs <= fit:
+            return
+        if explicit or fit < 1:
+            raise DitronError(
+                f"megakernel '{self.graph.name}': num_programs={self.num_programs} programs cannot all be resident "
+                f"on this GPU ({sms} SMs x {per_sm} programs per SM: {n_regs} registers per thread, {shared} bytes "
+                f"of shared memory, {self.num_warps} warps); programs that wait on each other would deadlock. Use "
+                f"num_programs <= {fit}, fewer warps, or smaller tiles")
+        self._set_programs(fit)
+
+    def _finish_init(self):
+        graph = self.graph
         if getattr(graph, "_comm_pools", None):
             # every rank's staging and signal words are zeroed (on its stream) before any rank's first
             # step can signal into them
@@ -107,10 +180,14 @@ class Megakernel:
         add_address_namer(self._namer)
 
     def __del__(self):
-        from ..runtime.heap import remove_address_namer
         namer = self.__dict__.get("_namer")
-        if namer is not None:
-            remove_address_namer(namer)
+        if namer is None:
+            return
+        try:
+            from ..runtime.heap import remove_address_namer
+        except ImportError:                    # interpreter shutdown
+            return
+        remove_address_namer(namer)
 
     def _planted_item(self, plant):
         """Test hook: ``(task name, tile)`` whose release goes to the sink slot
@@ -128,6 +205,8 @@ class Megakernel:
         (ahead-of-time compilation without a GPU, e.g. for sm_90a / gfx942)."""
         sig = {n: "*i32" for n in ("items_ptr", "queue_ptr", "deps_ptr", "slots_ptr", "epoch_ptr", "counter_ptr")}
         sig["n_items"] = "i32"
+        if self.trace_enabled:
+            sig["trace_ptr"] = "*i64"
         for name, t in self.code.tensor_params:
             sig[name] = "*" + _TYPE_NAMES[str(t.dtype)]
         for name, v in self.code.scalar_params:
@@ -149,6 +228,23 @@ class Megakernel:
                                   [self._explain(dict(entry)) for entry in e.report]) from e
 
     __call__ = step
+
+    # -- tracing ---------------------------------------------------------------------------
+    def trace(self):
+        """Per-item records of the last step (``[n_items, 4]`` int64 on the host: ``clock_ns`` at the item's
+        start, when its dependencies were satisfied, after its release; the program that ran it).  Needs
+        ``compile(trace=True)``; synchronises with the device."""
+        if not self.trace_enabled:
+            raise DitronError(f"megakernel '{self.graph.name}' was compiled without tracing; use "
+                              "g.compile(..., trace=True)")
+        if self.steps == 0:
+            raise DitronError(f"megakernel '{self.graph.name}': no step has run yet, nothing to trace")
+        return self.trace_buf.reshape(-1, 4).cpu()
+
+    def profile(self):
+        """:class:`ditron.task.profile.Profile` of the last step: time per kind of task (``print(p.table())``)."""
+        from .profile import summarize
+        return summarize(self.items, self.trace().tolist(), self.num_programs)
 
     # -- reports ---------------------------------------------------------------------------
     def slot_info(self, slot: int):

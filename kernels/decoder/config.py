@@ -43,6 +43,11 @@ class TileConfig:
     * ``attn_split``: KV positions per flash-decoding tile (a multiple of
       ``attn_block``), ``attn_block``: positions per inner iteration;
     * ``comm_block``: float32 elements per all-reduce tile (``ditron.task.comm``);
+    * ``prefetch_k``: 0, or the number of leading K columns of each GEMV
+      tile's weight rows that the megakernel prefetches into L2 *before* the
+      tile's dependency wait (``register_task(prefetch=...)``,
+      ``dl.prefetch_l2``), so weight reads overlap the wait for the
+      activations (a power of two >= 64);
     * ``fuse_norm``: the QKV and gate/up tiles compute the RMSNorm of the
       residual stream themselves (:func:`rms_linear_tile`); the residual add is
       committed off the critical path (:func:`add_resid_tile`).  Saves two
@@ -61,6 +66,7 @@ class TileConfig:
     comm_block: int = 1024
     fuse_norm: bool = True
     num_warps: int = 4
+    prefetch_k: int = 0
 
     def block_n(self, proj: str) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``)."""
@@ -79,6 +85,9 @@ class TileConfig:
             v = getattr(self, name)
             if v < 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be 0 (gemv_block_n) or a power of two")
+        if self.prefetch_k and (self.prefetch_k < 64 or self.prefetch_k & (self.prefetch_k - 1)):
+            raise DitronError(f"TileConfig.prefetch_k={self.prefetch_k}: must be 0 (off) or a power of two >= 64 "
+                              "(one prefetch per 128-byte line of bf16)")
         if self.attn_split <= 0 or self.attn_split % self.attn_block:
             raise DitronError(f"TileConfig.attn_split={self.attn_split}: must be a positive multiple of "
                               f"attn_block={self.attn_block}")

@@ -52,6 +52,7 @@ class TaskSpec:
     deps: list = field(default_factory=list)     # [(task name, None | "same" | callable)]
     scalars: dict = field(default_factory=dict)
     comm: Optional[str] = None                   # "all_reduce": args {"x", "out"} (registered by the comm helper)
+    prefetch: object = None                      # prefetch hook (runs before the dependency wait)
 
 
 @dataclass
@@ -105,8 +106,16 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
     dot = tc.dot_for(B)
 
     def gemv_c(proj):
-        return dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN[proj],
-                    BLOCK_K=tc.gemv_block_k, DOT=dot)
+        c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN[proj], BLOCK_K=tc.gemv_block_k,
+                 DOT=dot)
+        if tc.prefetch_k:
+            c["PREFETCH_K"] = tc.prefetch_k
+        return c
+
+    def prefetch_of(fn):
+        if not tc.prefetch_k:
+            return None
+        return T.gate_up_prefetch if fn in (T.gate_up_tile, T.rms_gate_up_tile) else T.linear_prefetch
     if B < 1 or tuple(k_cache.shape) != (L, B, KH, max_ctx, D) or v_cache.shape != k_cache.shape:
         raise DitronError(f"decoder_tasks: KV cache shape {tuple(k_cache.shape)} / {tuple(v_cache.shape)}; expected "
                           f"{(L, B, KH, max_ctx, D)} (layers, batch, kv heads per rank, max_ctx, head_dim)")
@@ -123,7 +132,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
     def linear(name, proj, x, wt, out, N, K, l, deps, fn=T.linear_tile):
         specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
                               {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gemv_c(proj)},
-                              reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=deps, scalars={"layer": l}))
+                              reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=deps, scalars={"layer": l},
+                              prefetch=prefetch_of(fn)))
 
     # all-reduce tile i sums elements [i * blk, (i + 1) * blk) of the flattened [B, H] partial sums (the comm
     # helper's tiling, checked after registration): when blk divides H it needs only the producer tiles of
@@ -162,7 +172,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
                                "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps, "N": N, "K": H,
                                **gemv_c(proj)},
                               reads=("x_ptr", "resid_ptr", "delta_ptr", "nw_ptr", "w_ptr"), writes=("out_ptr",),
-                              deps=deps, scalars={"layer": l, "norm": j, "first": int(j == 0)}))
+                              deps=deps, scalars={"layer": l, "norm": j, "first": int(j == 0)},
+                              prefetch=prefetch_of(fn)))
 
     def commit(name, j, deps):                               # resid = x / resid + delta, once
         specs.append(TaskSpec(name, T.add_resid_tile, cdiv(B * H, tc.norm_block),
@@ -261,7 +272,8 @@ def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
             tasks[s.name] = t
         else:
             tasks[s.name] = graph.register_task(s.fn, name=s.name, num_tiles=s.num_tiles, args=s.args,
-                                                reads=s.reads, writes=s.writes, deps=deps, scalars=s.scalars)
+                                                reads=s.reads, writes=s.writes, deps=deps, scalars=s.scalars,
+                                                prefetch=s.prefetch)
     return tasks
 
 

@@ -1,7 +1,7 @@
 """Tile functions of the Qwen3-like decoder step (``@triton.jit``; the first
 parameter is the tile index, see docs/megakernel.md).  Each one is a task
-kind of the megakernel (``kernels/decoder/model.py``) and can also be
-launched on its own, one program per tile (``kernels/decoder/launch.py``).
+kind of the megakernel (``kernels/decoder/model.py``); the ``*_prefetch``
+functions are the GEMV tasks' prefetch hooks (run before the dependency wait).
 
 Conventions (all buffers contiguous, row-major):
 
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+import ditron.language as dl
 
 
 @triton.jit
@@ -192,6 +194,32 @@ def rms_gate_up_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, 
     u = _gemv_acc(x_ptr, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, resid_ptr, delta_ptr, nwl,
                   first, rstd)
     _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def _prefetch_rows(w, n0, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH_K: tl.constexpr):
+    """L2 prefetch of columns ``[0, PREFETCH_K)`` of rows ``[n0, n0 + BLOCK_N)`` of ``w[N, K]`` (bf16: one address
+    per 128-byte line)."""
+    rows = n0 + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, PREFETCH_K // 64) * 64
+    dl.prefetch_l2(w + rows[:, None].to(tl.int64) * K + cols[None, :], mask=(rows < N)[:, None] & (cols < K)[None, :])
+
+
+@triton.jit
+def linear_prefetch(tile, w_ptr, layer, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                    PREFETCH_K: tl.constexpr):
+    """Prefetch hook of :func:`linear_tile` / :func:`rms_linear_tile` (runs before the tile's dependency wait):
+    the first ``PREFETCH_K`` columns of the tile's weight rows into L2."""
+    _prefetch_rows(w_ptr + layer.to(tl.int64) * N * K, tile * BLOCK_N, N, K, BLOCK_N, PREFETCH_K)
+
+
+@triton.jit
+def gate_up_prefetch(tile, w_ptr, layer, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                     PREFETCH_K: tl.constexpr):
+    """Prefetch hook of :func:`gate_up_tile` / :func:`rms_gate_up_tile`: gate and up rows of the tile."""
+    wl = w_ptr + layer.to(tl.int64) * 2 * N * K
+    _prefetch_rows(wl, tile * BLOCK_N, N, K, BLOCK_N, PREFETCH_K)
+    _prefetch_rows(wl + N * K, tile * BLOCK_N, N, K, BLOCK_N, PREFETCH_K)
 
 
 @triton.jit
