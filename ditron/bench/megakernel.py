@@ -24,7 +24,7 @@ alternating order):
 Every step appends one position, so the context grows by up to
 ``2 * repeat * (warmup + iters)`` positions during the timing (the KV bytes
 of those positions are a fraction of a percent of the weight bytes at 8B).
-Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``--gemv-dot``, ``--attn-split``,
+Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``--block-k`` (the same for K), ``--gemv-dot``, ``--attn-split``,
 ``--attn-block``, ``--comm-block``, ``--num-warps``, ``--no-fuse-norm``,
 ``--prefetch-k`` (weight prefetch before each GEMV tile's wait), ``--scheduler``, ``--programs``.  ``--trace``
 adds a traced build's time per kind of task (``mk.profile()``).  Results: ``--out`` (Markdown + JSON).
@@ -75,10 +75,11 @@ def _config(args):
                               ("attn_split", args.attn_split), ("attn_block", args.attn_block),
                               ("comm_block", args.comm_block), ("num_warps", args.num_warps),
                               ("prefetch_k", args.prefetch_k)) if v}
-    for item in (args.block_n or "").split(","):
-        if item:
-            proj, _, v = item.partition("=")
-            over[f"{proj.strip()}_block_n"] = int(v)
+    for flag, what in ((args.block_n, "n"), (args.block_k, "k")):
+        for item in (flag or "").split(","):
+            if item:
+                proj, _, v = item.partition("=")
+                over[f"{proj.strip()}_block_{what}"] = int(v)
     if args.no_fuse_norm:
         over["fuse_norm"] = False
     if args.gemv_dot != "auto":
@@ -166,6 +167,7 @@ def main(argv=None):
     p.add_argument("--gemv-block-n", type=int, default=0)
     p.add_argument("--gemv-block-k", type=int, default=0)
     p.add_argument("--block-n", default="", help="per-projection columns per tile, e.g. 'qkv=32,gate_up=16'")
+    p.add_argument("--block-k", default="", help="per-projection K chunk, e.g. 'gate_up=512,down=2048'")
     p.add_argument("--gemv-dot", choices=["auto", "on", "off"], default="auto",
                    help="GEMV tiles accumulate with tl.dot (auto: for batches above 2)")
     p.add_argument("--no-fuse-norm", action="store_true", help="separate RMSNorm tasks (TileConfig.fuse_norm=False)")
@@ -205,7 +207,8 @@ def main(argv=None):
               f"Copy bandwidth {bw / 1e9:.0f} GB/s; HBM limit = (weight + KV bytes per rank) / copy bandwidth. "
               f"Tiles: {vars(cfg.tiles)}; scheduler {args.scheduler}; programs "
               f"{', '.join(str(r['programs']) for r in rows)}"
-              + "".join(f"; {r['resources']['n_regs']} registers, {r['resources']['resident_per_sm']} resident per SM"
+              + "".join(f"; {r['resources']['n_regs']} registers ({r['resources']['n_spills']} spilled), "
+                        f"{r['resources']['resident_per_sm']} resident per SM"
                         for r in rows[:1] if r.get("resources")) + ".", "", table(rows), ""]
         for r in rows:
             if r.get("profile_table"):

@@ -35,6 +35,10 @@ class TileConfig:
       ``qkv_block_n``, ``o_block_n``, ``gate_up_block_n``, ``down_block_n``:
       per-projection overrides of ``gemv_block_n`` (0: use it), to fit the
       tile counts to the number of SMs;
+      ``qkv_block_k``, ``o_block_k``, ``gate_up_block_k``, ``down_block_k``:
+      per-projection overrides of ``gemv_block_k`` (0: use it; gate/up
+      streams two chunks, gate and up, per step, so half the chunk fits the
+      same registers);
       ``gemv_dot``: accumulate with ``tl.dot`` (batch rows padded to 16)
       instead of a broadcast multiply + sum; ``None``: ``tl.dot`` for
       batches above 2 (the broadcast product holds ``B x BLOCK_N x BLOCK_K``
@@ -60,6 +64,10 @@ class TileConfig:
     o_block_n: int = 0
     gate_up_block_n: int = 0
     down_block_n: int = 0
+    qkv_block_k: int = 0
+    o_block_k: int = 0
+    gate_up_block_k: int = 0
+    down_block_k: int = 0
     norm_block: int = 1024
     attn_split: int = 128
     attn_block: int = 64
@@ -72,6 +80,10 @@ class TileConfig:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``)."""
         return getattr(self, f"{proj}_block_n") or self.gemv_block_n
 
+    def block_k(self, proj: str) -> int:
+        """K elements per chunk of projection ``proj``."""
+        return getattr(self, f"{proj}_block_k") or self.gemv_block_k
+
     def dot_for(self, batch: int) -> bool:
         """Whether the GEMV tiles use ``tl.dot`` at this batch size."""
         return batch > 2 if self.gemv_dot is None else bool(self.gemv_dot)
@@ -81,10 +93,11 @@ class TileConfig:
             v = getattr(self, name)
             if v <= 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be a power of two")
-        for name in ("qkv_block_n", "o_block_n", "gate_up_block_n", "down_block_n"):
+        for name in ("qkv_block_n", "o_block_n", "gate_up_block_n", "down_block_n", "qkv_block_k", "o_block_k",
+                     "gate_up_block_k", "down_block_k"):
             v = getattr(self, name)
             if v < 0 or v & (v - 1):
-                raise DitronError(f"TileConfig.{name}={v}: must be 0 (gemv_block_n) or a power of two")
+                raise DitronError(f"TileConfig.{name}={v}: must be 0 (gemv_block_{name[-1]}) or a power of two")
         if self.prefetch_k and (self.prefetch_k < 64 or self.prefetch_k & (self.prefetch_k - 1)):
             raise DitronError(f"TileConfig.prefetch_k={self.prefetch_k}: must be 0 (off) or a power of two >= 64 "
                               "(one prefetch per 128-byte line of bf16)")

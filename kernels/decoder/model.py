@@ -106,8 +106,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
     dot = tc.dot_for(B)
 
     def gemv_c(proj):
-        c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN[proj], BLOCK_K=tc.gemv_block_k,
-                 DOT=dot)
+        c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN[proj],
+                 BLOCK_K=tc.block_k(proj), DOT=dot)
         if tc.prefetch_k:
             c["PREFETCH_K"] = tc.prefetch_k
         return c

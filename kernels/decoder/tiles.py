@@ -90,48 +90,90 @@ def _resid_chunk(x_ptr, resid_ptr, delta_ptr, first, offs_b, mb, offs_k, mk, K: 
 
 
 @triton.jit
-def _row_rstd(x_ptr, resid_ptr, delta_ptr, first, B, eps, K: tl.constexpr, BLOCK_B: tl.constexpr,
-              BLOCK_K: tl.constexpr):
-    """``rsqrt(mean(r^2) + eps)`` per batch row of the residual stream (``[BLOCK_B]``)."""
-    offs_b = tl.arange(0, BLOCK_B)
-    mb = offs_b < B
-    ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        r = _resid_chunk(x_ptr, resid_ptr, delta_ptr, first, offs_b, mb, offs_k, offs_k < K, K)
-        ss += r * r
-    return 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+def _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, K: tl.constexpr,
+               NORM: tl.constexpr):
+    """The GEMV's activation chunk ``[BLOCK_B, BLOCK_K]`` and the norm weights ``[BLOCK_K]``: ``NORM``: the
+    residual stream ``r`` (float32, :func:`_resid_chunk`) and ``nw``; else ``x`` (its dtype) and zeros (unused)."""
+    if NORM:
+        a = _resid_chunk(x_ptr, resid_ptr, delta_ptr, first, offs_b, mb, offs_k, mk, K)
+        nw = tl.load(nw_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)
+    else:
+        a = tl.load(x_ptr + offs_b[:, None] * K + offs_k[None, :], mask=mb[:, None] & mk[None, :], other=0.0)
+        nw = offs_k.to(tl.float32) * 0.0
+    return a, nw
 
 
 @triton.jit
-def _gemv_acc(x_ptr, w_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, DOT: tl.constexpr, NORM: tl.constexpr, resid_ptr, delta_ptr, nw_ptr, first,
-              rstd):
-    """``acc[b, n] = sum_k x[b, k] * w[n0 + n, k]`` in float32 (``x``: ``[B, K]``, ``w``: ``[N, K]``), streaming
-    ``w`` in ``[BLOCK_N, BLOCK_K]`` chunks.  ``DOT``: ``tl.dot`` (``BLOCK_B >= 16``; rows past ``B`` are zero).
-    ``NORM``: ``x`` is the RMSNorm of the residual stream, ``bf16(r * rstd * nw)`` (``r``: :func:`_resid_chunk`),
-    computed chunk by chunk."""
+def _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K: tl.constexpr):
+    # weights are read once per step: stream them past L2
+    return tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def _mac(acc, x, w, DOT: tl.constexpr):
+    if DOT:
+        acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
+    else:
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    return acc
+
+
+@triton.jit
+def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr,
+              resid_ptr, delta_ptr, nw_ptr, first, eps):
+    """``(acc, acc2)``: ``acc[b, n] = sum_k x[b, k] * w[n0 + n, k]`` in float32 (``x``: ``[B, K]``, ``w``:
+    ``[N, K]``) and the same with ``w2`` when ``TWO`` (gate and up share ``x``; else ``acc2`` is ``acc``).
+    ``DOT``: ``tl.dot`` (``BLOCK_B >= 16``; rows past ``B`` are zero).  ``NORM``: ``x`` is the RMSNorm of the
+    residual stream ``r`` with weights ``nw``, computed as ``rsqrt(mean(r^2) + eps) * ((r * nw) @ w^T)``: the
+    sum of squares is accumulated in the same pass over ``K`` (no separate norm pass before the weights stream).
+
+    One pass over ``K`` in ``[BLOCK_N, BLOCK_K]`` chunks, double-buffered in registers: the loads of chunk
+    ``k + 1`` (weights and activations) are issued before chunk ``k`` is reduced, so a program always has a
+    chunk of weights in flight."""
     offs_b = tl.arange(0, BLOCK_B)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mb = offs_b < B
     mn = offs_n < N
     acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    acc2 = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
+    offs_k = tl.arange(0, BLOCK_K)
+    mk = offs_k < K
+    w_nx = _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K)
+    w2_nx = w_nx
+    if TWO:
+        w2_nx = _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, K)
+    a_nx, nw_nx = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, K, NORM)
     for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+        w = w_nx
+        w2 = w2_nx
+        a = a_nx
+        nw = nw_nx
+        offs_k = k0 + BLOCK_K + tl.arange(0, BLOCK_K)         # the next chunk (all masked after the last)
         mk = offs_k < K
-        w = tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0,
-                    eviction_policy="evict_first")         # weights are read once per step: stream them
+        w_nx = _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K)
+        if TWO:
+            w2_nx = _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, K)
+        else:
+            w2_nx = w_nx
+        a_nx, nw_nx = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, K, NORM)
         if NORM:
-            r = _resid_chunk(x_ptr, resid_ptr, delta_ptr, first, offs_b, mb, offs_k, mk, K)
-            nw = tl.load(nw_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)
-            x = (r * rstd[:, None] * nw[None, :]).to(w.dtype)
+            ss += a * a
+            x = a * nw[None, :]
         else:
-            x = tl.load(x_ptr + offs_b[:, None] * K + offs_k[None, :], mask=mb[:, None] & mk[None, :], other=0.0)
-        if DOT:
-            acc = tl.dot(x, tl.trans(w), acc)
-        else:
-            acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-    return acc
+            x = a
+        acc = _mac(acc, x, w, DOT)
+        if TWO:
+            acc2 = _mac(acc2, x, w2, DOT)
+    if NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+        acc = acc * rstd[:, None]
+        acc2 = acc2 * rstd[:, None]
+    if not TWO:
+        acc2 = acc
+    return acc, acc2
 
 
 @triton.jit
@@ -149,7 +191,8 @@ def linear_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.co
     ``out`` is bf16 or float32 (partial sums of a row-parallel projection)."""
     wl = w_ptr + layer.to(tl.int64) * N * K
     n0 = tile * BLOCK_N
-    acc = _gemv_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, x_ptr, x_ptr, x_ptr, 0, 0.0)
+    acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
+                       0, 0.0)
     _store_rows(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
 
 
@@ -157,14 +200,14 @@ def linear_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.co
 def rms_linear_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, layer, norm, first, B, eps,
                     N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, DOT: tl.constexpr):
-    """:func:`linear_tile` of the RMSNorm'd residual stream, the norm fused in: every tile computes the rows'
-    ``rstd`` of ``r = x`` (``first``) or ``resid + delta`` itself and feeds ``bf16(r * rstd * nw[norm])`` to the
-    GEMV (:func:`add_resid_tile` commits the add).  No norm stage between the all-reduce and the projection."""
+    """:func:`linear_tile` of the RMSNorm'd residual stream, the norm fused in: every tile computes
+    ``rstd * ((r * nw[norm]) @ w^T)`` with ``r = x`` (``first``) or ``resid + delta`` and the rows' ``rstd`` from
+    the same pass (:func:`_gemv_acc`; :func:`add_resid_tile` commits the add).  No norm stage between the
+    all-reduce and the projection; the normalised activations are not rounded to bf16 (float32 products)."""
     wl = w_ptr + layer.to(tl.int64) * N * K
     n0 = tile * BLOCK_N
-    rstd = _row_rstd(x_ptr, resid_ptr, delta_ptr, first, B, eps, K, BLOCK_B, BLOCK_K)
-    acc = _gemv_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, resid_ptr, delta_ptr,
-                    nw_ptr + norm * K, first, rstd)
+    acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, False, resid_ptr, delta_ptr,
+                       nw_ptr + norm * K, first, eps)
     _store_rows(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
 
 
@@ -175,8 +218,8 @@ def gate_up_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.c
     ``out[B, N] = bf16(silu(x @ gate^T) * (x @ up^T))``, columns ``[tile * BLOCK_N, +BLOCK_N)``."""
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
     n0 = tile * BLOCK_N
-    g = _gemv_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, x_ptr, x_ptr, x_ptr, 0, 0.0)
-    u = _gemv_acc(x_ptr, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, x_ptr, x_ptr, x_ptr, 0, 0.0)
+    g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, True, x_ptr, x_ptr,
+                     x_ptr, 0, 0.0)
     _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
 
 
@@ -187,12 +230,8 @@ def rms_gate_up_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, 
     """:func:`gate_up_tile` of the RMSNorm'd residual stream (the norm fused in, as in :func:`rms_linear_tile`)."""
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
     n0 = tile * BLOCK_N
-    nwl = nw_ptr + norm * K
-    rstd = _row_rstd(x_ptr, resid_ptr, delta_ptr, first, B, eps, K, BLOCK_B, BLOCK_K)
-    g = _gemv_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, resid_ptr, delta_ptr, nwl, first,
-                  rstd)
-    u = _gemv_acc(x_ptr, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, resid_ptr, delta_ptr, nwl,
-                  first, rstd)
+    g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, True, resid_ptr,
+                     delta_ptr, nw_ptr + norm * K, first, eps)
     _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
 
 
