@@ -111,11 +111,21 @@ def _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K: tl.constexpr):
 
 
 @triton.jit
-def _mac(acc, x, w, DOT: tl.constexpr):
+def _mac(acc, x, w, DOT: tl.constexpr, BLOCK_B: tl.constexpr):
+    """``DOT``: ``acc[b, n] += sum_k x[b, k] * w[n, k]`` with ``tl.dot``.  Otherwise (a few batch rows) ``acc`` is
+    transposed, ``[BLOCK_N, BLOCK_B]``, and per row ``b`` a 2-D product ``w * x[b]`` is reduced along K in the
+    weight chunk's own layout (so is the accumulator): a 3-D broadcast ``x[:, None, :] * w[None, :, :]`` would
+    make Triton move every weight chunk through shared memory to change its layout."""
     if DOT:
         acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
     else:
-        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        wf = w.to(tl.float32)
+        xf = x.to(tl.float32)
+        rows = tl.arange(0, BLOCK_B)
+        for b in tl.static_range(BLOCK_B):
+            xb = tl.sum(tl.where(rows[:, None] == b, xf, 0.0), axis=0)          # row b of x: [BLOCK_K]
+            part = tl.sum(wf * xb[None, :], axis=1)                            # [BLOCK_N]
+            acc += tl.where(rows[None, :] == b, part[:, None], 0.0)
     return acc
 
 
@@ -136,8 +146,12 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mb = offs_b < B
     mn = offs_n < N
-    acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    acc2 = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    if DOT:
+        acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+        acc2 = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
+    else:                                                        # transposed: see _mac
+        acc = tl.zeros([BLOCK_N, BLOCK_B], tl.float32)
+        acc2 = tl.zeros([BLOCK_N, BLOCK_B], tl.float32)
     ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
     offs_k = tl.arange(0, BLOCK_K)
     mk = offs_k < K
@@ -164,9 +178,12 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
             x = a * nw[None, :]
         else:
             x = a
-        acc = _mac(acc, x, w, DOT)
+        acc = _mac(acc, x, w, DOT, BLOCK_B)
         if TWO:
-            acc2 = _mac(acc2, x, w2, DOT)
+            acc2 = _mac(acc2, x, w2, DOT, BLOCK_B)
+    if not DOT:
+        acc = tl.trans(acc)
+        acc2 = tl.trans(acc2)
     if NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
         acc = acc * rstd[:, None]
