@@ -186,7 +186,9 @@ def test_generated_kernel_compiles(target, scheduler):
     kinds = ck.asm["dist_ir"]
     assert "dist.wait_deps" in kinds and "dist.release_tile" in kinds
     if target == "sm_90a":
-        assert "ld.acquire.gpu.global.b32" in asm                # wait_deps polls with acquire
+        # wait_deps polls relaxed (with a nanosleep backoff) and acquires with one fence per thread
+        assert "ld.relaxed.gpu.global.b32" in asm and "nanosleep.u32" in asm and "fence.acq_rel.gpu" in asm
+        assert "ld.acquire.gpu.global.b32" not in asm
         assert "st.release.gpu.global.b32" in asm                # release_tile
         assert "bar.sync 0" in asm
         if scheduler == "dynamic":
@@ -243,7 +245,7 @@ def test_generated_kernel_with_comm_tiles_compiles(target):
     asm = device_asm(ditron.compile(mk.kernel, target=target, signature=mk.signature()))
     if target == "sm_90a":
         assert "st.release.sys.global.b32" in asm and "ld.acquire.sys.global.b32" in asm    # notify / wait
-        assert "ld.acquire.gpu.global.b32" in asm and "st.release.gpu.global.b32" in asm    # scoreboard
+        assert "ld.relaxed.gpu.global.b32" in asm and "st.release.gpu.global.b32" in asm    # scoreboard
     else:
         assert "buffer_inv sc0 sc1" in asm                                                   # system acquire
 

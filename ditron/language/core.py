@@ -366,7 +366,8 @@ def wait_deps(slot_ptr, num_slots, epoch, _semantic=None, _generator=None):
     together.  ``num_slots`` may be a runtime value (0: no wait).
 
     NVIDIA: threads poll slots ``tid, tid+ntid, ...`` with
-    ``ld.acquire.gpu.global.b32`` until ``slot >= epoch`` (signed), then
+    ``ld.relaxed.gpu.global.b32`` (``nanosleep`` 64 ns between polls) until
+    ``slot >= epoch`` (signed), then ``fence.acq_rel.gpu`` (acquire) and
     ``bar.sync 0``; under ``DITRON_WAIT_TIMEOUT_S`` the bounded loop reports
     (address, expected, observed) and traps.  AMD: the same loop with LLVM
     ``load atomic ... syncscope("agent") acquire`` and ``s_barrier``.

@@ -263,8 +263,13 @@ def _notify(ctx, ptr, rank, signal, sig_op, comm_scope):
 
 @register("wait_deps", BACKEND)
 def _wait_deps(ctx, slot_ptr, num_slots, epoch):
-    """Like ``wait`` with ``ld.acquire.gpu`` and ``slot >= epoch`` (signed):
-    threads poll slots tid, tid+ntid, ...; then ``bar.sync 0``."""
+    """Threads poll slots tid, tid+ntid, ... with ``ld.relaxed.gpu`` until
+    ``slot >= epoch`` (signed), sleeping ``nanosleep`` 64 ns between polls of a
+    slot that is not ready; a thread that polled at least one slot then issues
+    ``fence.acq_rel.gpu`` (relaxed read + fence = acquire); then ``bar.sync 0``.
+    Polling with ``ld.acquire`` instead would invalidate the SM's L1 on every
+    poll -- under the feet of the other programs on the SM -- and a tight loop
+    floods L2 with requests while the producers stream their data."""
     common.slot_word(ctx, ctx.tensor(slot_ptr), "slot_ptr")
     n = _compat.cast(ctx.sem, ctx.tensor(num_slots), tl.int32)
     val = _compat.cast(ctx.sem, ctx.tensor(epoch), tl.int32)
@@ -272,21 +277,26 @@ def _wait_deps(ctx, slot_ptr, num_slots, epoch):
         return ctx.call(LIB, "ditron_wait_deps_bounded_i32", [common.ptr_to_int(ctx, slot_ptr), n, val],
                         [tl.int64, tl.int32, tl.int32], tl.int32)
     asm = """{
-    .reg .pred %p<2>; .reg .b32 %v; .reg .u32 %i, %nt; .reg .u64 %off, %a;
+    .reg .pred %p<3>; .reg .b32 %v; .reg .u32 %i, %nt; .reg .u64 %off, %a;
     mov.u32 %i, %tid.x;
     mov.u32 %nt, %ntid.x;
+    setp.lt.u32 %p2, %i, $2;
     L_next_${:uid}:
     setp.ge.u32 %p0, %i, $2;
     @%p0 bra L_done_${:uid};
     mul.wide.u32 %off, %i, 4;
     add.u64 %a, $1, %off;
     L_spin_${:uid}:
-    ld.acquire.gpu.global.b32 %v, [%a];
+    ld.relaxed.gpu.global.b32 %v, [%a];
     setp.lt.s32 %p1, %v, $3;
-    @%p1 bra L_spin_${:uid};
+    @!%p1 bra L_ready_${:uid};
+    nanosleep.u32 64;
+    bra L_spin_${:uid};
+    L_ready_${:uid}:
     add.u32 %i, %i, %nt;
     bra L_next_${:uid};
     L_done_${:uid}:
+    @%p2 fence.acq_rel.gpu;
     bar.sync 0;
     mov.u32 $0, 0;
     }"""
