@@ -33,6 +33,52 @@ def persistent(x_ptr, w_ptr, out_ptr, layers, N: tl.constexpr, K: tl.constexpr, 
         T.linear_tile(j % ntiles, x_ptr, w_ptr, out_ptr, j // ntiles, 1, N, K, 1, BN, BK, False)
 
 
+@triton.jit(do_not_specialize=["layers", "first"])
+def persistent_rms(x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, layers, first, N: tl.constexpr,
+                   K: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GATE_UP: tl.constexpr):
+    """The fused-norm GEMV tiles (rms_linear_tile / rms_gate_up_tile: N = output columns; gate/up reads 2N rows)."""
+    ntiles = tl.cdiv(N, BN)
+    for j in range(tl.program_id(0), layers * ntiles, tl.num_programs(0)):
+        if GATE_UP:
+            T.rms_gate_up_tile(j % ntiles, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, j // ntiles, 0,
+                               first, 1, 1e-6, N, K, 1, BN, BK, False)
+        else:
+            T.rms_linear_tile(j % ntiles, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, j // ntiles, 0,
+                              first, 1, 1e-6, N, K, 1, BN, BK, False)
+
+
+@triton.jit(do_not_specialize=["layers"])
+def persistent_gate_up(x_ptr, w_ptr, out_ptr, layers, N: tl.constexpr, K: tl.constexpr, BN: tl.constexpr,
+                       BK: tl.constexpr):
+    ntiles = tl.cdiv(N, BN)
+    for j in range(tl.program_id(0), layers * ntiles, tl.num_programs(0)):
+        T.gate_up_tile(j % ntiles, x_ptr, w_ptr, out_ptr, j // ntiles, 1, N, K, 1, BN, BK, False)
+
+
+def fused_norm_probe(dev, configs, P):
+    """rms_linear_tile (qkv), gate_up_tile and rms_gate_up_tile (gate/up) vs linear_tile, persistent, P programs."""
+    for name, (N, K), gu in (("qkv", SHAPES["qkv"], False), ("gate_up", (SHAPES["gate_up"][0] // 2, 4096), True)):
+        rows = 2 * N if gu else N
+        w = torch.randn(L, rows, K, device=dev).to(torch.bfloat16)
+        x = torch.randn(1, K, device=dev).to(torch.bfloat16)
+        resid, delta = torch.randn(1, K, device=dev), torch.randn(1, K, device=dev)
+        nw = torch.randn(1, K, device=dev).to(torch.bfloat16)
+        out = torch.empty(1, N, device=dev, dtype=torch.bfloat16)
+        nbytes = w.numel() * 2
+        for c in configs:
+            bn, bk, nw_ = (int(v) for v in c.split("x"))
+            line = f"  {name} {bn}x{bk} w{nw_} P={P}:"
+            for first in (1, 0):
+                t = timeit(lambda: persistent_rms[(P,)](x, resid, delta, nw, w, out, L, first, N, K, bn, bk, gu,
+                                                        num_warps=nw_))
+                line += f" fused-norm first={first} {nbytes / t / 1e9:.0f} GB/s;"
+            if gu:
+                t = timeit(lambda: persistent_gate_up[(P,)](x, w, out, L, N, K, bn, bk, num_warps=nw_))
+                line += f" gate_up_tile {nbytes / t / 1e9:.0f} GB/s"
+            print(line, flush=True)
+        del w
+
+
 def timeit(fn, iters=20):
     for _ in range(3):
         fn()
@@ -50,7 +96,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--configs", default="16x1024x4,8x1024x4,8x2048x4,16x512x4,32x512x8,64x256x8,4x2048x4")
     p.add_argument("--programs", default="264,528,1056")
+    p.add_argument("--fused-norm", default="", help="configs for the fused-norm probe only (e.g. 16x1024x4,16x512x4)")
     args = p.parse_args()
+    if args.fused_norm:
+        fused_norm_probe(torch.device("cuda"), args.fused_norm.split(","), int(args.programs.split(",")[0]))
+        return
     dev = torch.device("cuda")
     src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
