@@ -256,7 +256,7 @@ def planted_missing_release(world, task="qkv.0", tile=1):
 
 
 def compile_generated(world, target, gemv_dot=False, prefetch_k=0):
-    """The decoder megakernel generated with Qwen3-8B's tile sizes (head_dim 128, GEMV tiles 32 x 512, attention
+    """The decoder megakernel generated with Qwen3-8B's tile sizes (head_dim 128, GEMV tiles 16 x 1024 and 8 x 1024 for gate/up, attention
     splits of 128 positions; smaller hidden / intermediate / layers keep the weights small: the code does not
     depend on them) compiled for ``target``; returns what the tests check in the assembly."""
     import ditron

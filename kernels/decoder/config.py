@@ -183,10 +183,16 @@ class Shard:
         return 2 * 2 * self.cfg.n_layers * batch * self.kv_heads * ctx * self.cfg.head_dim
 
 
+#: tile sizes measured best for Qwen3-8B at batch 1 on one H200 (bench/results/h200x2.md section 7): 16 x 1024
+#: weight chunks, gate/up 8 rows x 1024 (it streams gate and up: the same registers), two programs per SM (the
+#: megakernel's default grid)
+TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=8, gate_up_block_k=1024)
+
+
 def qwen3_8b(**kw) -> DecoderConfig:
     """Qwen3-8B's decoder shapes (random weights; no embedding / LM head)."""
     base = dict(hidden=4096, n_q_heads=32, n_kv_heads=8, head_dim=128, intermediate=12288, n_layers=36,
-                rms_eps=1e-6, rope_theta=1e6)
+                rms_eps=1e-6, rope_theta=1e6, tiles=TILES_8B)
     base.update(kw)
     return DecoderConfig(**base)
 
