@@ -96,15 +96,20 @@ def chain_graph(world, n=37, block=8, rows=5, layers=3, prefetch=False):
     return g, outs, refs
 
 
-def run_chain(world, scheduler="round_robin", num_programs=3, steps=3):
-    g, outs, refs = chain_graph(world)
-    mk = g.compile(scheduler=scheduler, num_programs=num_programs)
+def _steps_match(mk, outs, refs, steps):
+    """``steps`` steps of ``mk``, every output zeroed before and compared with torch after each."""
     for _ in range(steps):
         for o in outs:
             o.zero_()
         mk.step()
         for o, r in zip(outs, refs):
             torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+
+
+def run_chain(world, scheduler="round_robin", num_programs=3, steps=3):
+    g, outs, refs = chain_graph(world)
+    mk = g.compile(scheduler=scheduler, num_programs=num_programs)
+    _steps_match(mk, outs, refs, steps)
     assert int(mk.epoch[0]) == steps
     assert int(mk.slots[:-1].min()) == steps          # every tile released in every step
     return len(mk.code.branches)
@@ -117,12 +122,7 @@ def run_chain_traced(world, scheduler="round_robin", num_programs=3, steps=2):
     g, outs, refs = chain_graph(world, prefetch=True)
     mk = g.compile(scheduler=scheduler, num_programs=num_programs, trace=True)
     assert "layer_prefetch(tile, " in mk.source
-    for _ in range(steps):
-        for o in outs:
-            o.zero_()
-        mk.step()
-        for o, r in zip(outs, refs):
-            torch.testing.assert_close(o, r, rtol=1e-5, atol=1e-5)
+    _steps_match(mk, outs, refs, steps)
     tr = mk.trace().tolist()
     assert len(tr) == len(mk.items)
     for it, (start, ready, end, pid) in zip(mk.items, tr):
