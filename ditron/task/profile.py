@@ -74,7 +74,8 @@ def summarize(items, records, programs: int) -> Profile:
     inst: dict = {}
     for it, r in zip(items, records):
         start, ready, end = (int(v) for v in r[:3])
-        row = rows.setdefault(kind_of(it.task.name), KindRow(kind_of(it.task.name)))
+        kind = kind_of(it.task.name)
+        row = rows.setdefault(kind, KindRow(kind))
         row.tiles += 1
         row.wait_us += (ready - start) / 1e3
         row.run_us += (end - ready) / 1e3

@@ -98,38 +98,43 @@ class Megakernel:
             P = DEFAULT_PROGRAMS_PER_SM * _sm_count(self.device) if _on_gpu(self.device) else _SIM_PROGRAMS
         else:
             P = num_programs
+        self._build_rows()
         self._set_programs(P)
         if _on_gpu(self.device):
             self._check_residency(explicit=num_programs is not None)
         self._finish_init()
 
-    def _set_programs(self, P):
-        """(Re)build the per-program queues and the device tables for a grid of ``P`` programs."""
+    def _build_rows(self):
+        """The item rows (topological order) and the dependency table: independent of the grid."""
         import torch
-        self.num_programs = min(P, len(self.items))
-        self.queues = schedule.make_queues(self._scheduler_arg, self.items, self.num_programs)
-        planted = self._planted
-
         rows, dep_rows = [], []
         self._waits = []                       # per item: [(first slot, count)]
         for it in self.items:
             ranges = it.task.tile_ranges(it.tile)
             self._waits.append(ranges)
             sc = list(it.task.scalars.values()) + [0] * (4 - len(it.task.scalars))
-            slot = self.sink_slot if it.index == planted else it.slot
+            slot = self.sink_slot if it.index == self._planted else it.slot
             first, rest = (ranges[0], ranges[1:]) if ranges else ((0, 0), [])
             rows.append([self.code.task_branch[it.task.index], it.tile, slot, first[0], first[1], len(dep_rows),
                          len(dep_rows) + len(rest), *sc, it.index])
             dep_rows.extend(rest)
         assert all(len(r) == codegen.ENTRY for r in rows)
+        self._rows = rows
+        self.dep_table = torch.tensor(dep_rows or [[0, 0]], dtype=torch.int32, device=self.device).reshape(-1)
+
+    def _set_programs(self, P):
+        """(Re)build the per-program queues, the item table in their order and the queue table for a grid of
+        ``P`` programs."""
+        import torch
+        self.num_programs = min(P, len(self.items))
+        self.queues = schedule.make_queues(self._scheduler_arg, self.items, self.num_programs)
         i32 = dict(dtype=torch.int32, device=self.device)
-        self.dep_table = torch.tensor(dep_rows or [[0, 0]], **i32).reshape(-1)
         if self.queues is None:                # dynamic: rows in topological order, taken by ticket
-            self.item_table = torch.tensor(rows, **i32).reshape(-1)
+            self.item_table = torch.tensor(self._rows, **i32).reshape(-1)
             queue = [0] * (self.num_programs + 1)
         else:                                  # static: rows in queue order; queue = row offsets per program
             order = [j for q in self.queues for j in q]
-            self.item_table = torch.tensor([rows[j] for j in order], **i32).reshape(-1)
+            self.item_table = torch.tensor([self._rows[j] for j in order], **i32).reshape(-1)
             queue = [0]
             for q in self.queues:
                 queue.append(queue[-1] + len(q))
