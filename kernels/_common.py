@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 import ditron
+from ditron.runtime import sharing
 import ditron.language as dl
 from ditron.runtime.consistency import CallBoard
 from ditron.runtime.world import check_live_tensor
@@ -124,7 +125,9 @@ _SM_COUNTS: dict = {}
 
 
 def sm_count(device) -> int:
-    """Streaming multiprocessors of ``device`` (cached: it is asked on every launch)."""
+    """Streaming multiprocessors of ``device`` this rank may fill (cached: it is asked on every launch): all of
+    them, or this rank's share when ranks of the world share the GPU (ditron.runtime.sharing), so that persistent
+    grids of the ranks on one GPU can all be resident at once."""
     key = str(device)
     n = _SM_COUNTS.get(key)
     if n is None:
@@ -133,7 +136,11 @@ def sm_count(device) -> int:
         except Exception:  # noqa: BLE001 -- no CUDA device properties (CPU simulator, AMD without torch.cuda)
             n = 132
         _SM_COUNTS[key] = n
-    return n
+    try:
+        index = torch.device(device).index
+    except (RuntimeError, TypeError):
+        index = None
+    return sharing.usable_sms(index, n)
 
 
 def _guarded_init(init):

@@ -33,7 +33,7 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import CollectiveContext, enter, epoch_begin, epoch_end, ll_poll, op_fields as _fields
+from ._common import CollectiveContext, enter, epoch_begin, epoch_end, ll_poll, op_fields as _fields, sm_count
 
 METHODS = ("auto", "one_shot", "two_shot", "multimem_one_shot", "multimem_two_shot", "ll")
 MULTIMEM_METHODS = ("multimem_one_shot", "multimem_two_shot")
@@ -369,7 +369,7 @@ class AllReduceContext(CollectiveContext):
         self.sim = w.backend == "sim"
         self.num_sms = SIM_MAX_PROGRAMS
         if not self.sim and torch.device(self.device).type == "cuda":
-            self.num_sms = torch.cuda.get_device_properties(torch.device(self.device)).multi_processor_count
+            self.num_sms = sm_count(self.device)         # this rank's share when ranks share the GPU
         if multicast is None:
             multicast = multicast_available(w)
         elif multicast and not self.sim and not multicast_available(w):

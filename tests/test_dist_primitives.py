@@ -66,6 +66,8 @@ def test_prefetch_l2_is_a_hint(dist):
 
 
 def test_prefetch_l2_past_a_tensor_is_caught_on_the_simulator(dist_world):
+    if dist_world(1).backend != "sim":     # a claim about the simulator's checks; on GPUs a prefetch is a hint
+        pytest.skip("simulator-only check (CI runs it); the GPU side is test_prefetch_l2_is_a_hint")
     with pytest.raises(DitronRankError, match=r"dl\.prefetch_l2: address 0x[0-9a-f]+ is outside every tensor"):
         dist_world(1).run(B.prefetch_bounds, 10**6)          # unmasked: lines 1200 and 1500 are past w[1000]
 

@@ -307,9 +307,10 @@ def test_duplicate_gpu_is_wrong_device(monkeypatch):
     fake_cuda = types.SimpleNamespace(get_device_properties=lambda d: types.SimpleNamespace(uuid="GPU-same"),
                                       can_device_access_peer=lambda a, b: True)
     fake = types.SimpleNamespace(cuda=fake_cuda)
-    me = lambda r: {"rank": r, "host": "h", "node": 0, "local_rank": r, "device": 0, "uuid": "GPU-same", "lws": 2}  # noqa: E731
+    me = lambda r: {"rank": r, "host": "h", "node": 0, "local_rank": r, "device": 0, "uuid": "GPU-same", "lws": 2,  # noqa: E731
+                    "per_gpu": 1}
     monkeypatch.setattr(gpu, "_all_gather", lambda obj: [me(0), me(1)])
-    with pytest.raises(DitronError, match="wrong device: ranks 0 and 1 both use GPU 0"):
+    with pytest.raises(DitronError, match="wrong device: ranks 0 and 1 both use GPU 0.*DITRON_RANKS_PER_GPU=2"):
         gpu._check_job(fake, (0, 2, 0, 2, 1, 0), torch.device("cuda", 0))
 
 

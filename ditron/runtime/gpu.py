@@ -43,6 +43,7 @@ from ..lowering.devlib import HEAP_ALIGN, MAX_LOCAL_RANKS
 from .gpu_base import _activate, _all_gather, _install_hooks, multicast_off, set_group, wait_timeout_ns
 from .gpu_base import hang_report, loaded_modules, wait_for_hang_report  # noqa: F401  (public API)
 from .heap import heap_size_from_env, parse_size, round_up
+from . import sharing
 from .world import World, topology_from_env
 
 DEFAULT_HEAP = 1 << 30
@@ -103,15 +104,18 @@ def _torch():
     return torch
 
 
-def _select_device(torch, device, local_rank, local_world_size):
+def _select_device(torch, device, local_rank, local_world_size, per_gpu=1):
     count = torch.cuda.device_count()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     vis = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
     if device is None:
+        if per_gpu > 1:
+            return torch.device("cuda", sharing.gpu_of_local_rank(local_rank, local_world_size, per_gpu, count))
         if local_rank >= count:
             raise DitronError(f"LOCAL_RANK={local_rank} needs GPU {local_rank}, but only {count} GPU(s) are "
                               f"visible{vis}: launch at most {count} processes per node "
-                              f"(torchrun --nproc-per-node {count}) or pass device= to ditron.init")
+                              f"(torchrun --nproc-per-node {count}), pass device= to ditron.init, or let ranks "
+                              f"share a GPU for correctness work ({sharing.ENV}=N, docs/runtime.md)")
         return torch.device("cuda", local_rank)
     try:
         dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
@@ -121,7 +125,7 @@ def _select_device(torch, device, local_rank, local_world_size):
         raise DitronError(f"ditron.init: device={device!r} is not a CUDA device; the GPU transports need one GPU "
                           "per rank (use backend='sim' on the CPU)")
     if dev.index is None:
-        dev = torch.device("cuda", local_rank)
+        dev = torch.device("cuda", local_rank // per_gpu)
     if not 0 <= dev.index < count:
         raise DitronError(f"ditron.init: device {dev} does not exist: {count} GPU(s) are visible{vis}")
     return dev
@@ -133,9 +137,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _ensure_process_group(torch, rank, world_size, dev):
-    """Join torch.distributed (NCCL, env://) unless the caller already did;
-    check that an existing group matches the job."""
+def _ensure_process_group(torch, rank, world_size, dev, per_gpu=1):
+    """Join torch.distributed (NCCL, env://; gloo when ranks share GPUs, which NCCL refuses) unless the caller
+    already did; check that an existing group matches the job."""
     global _PG_CREATED
     import torch.distributed as dist
     if not dist.is_available():
@@ -156,7 +160,8 @@ def _ensure_process_group(torch, rank, world_size, dev):
     try:
         # no device_id: NCCL communicators start lazily, after _check_job has
         # rejected ranks that share a GPU (an eager NCCL init would fail obscurely)
-        dist.init_process_group("nccl", init_method="env://", rank=rank, world_size=world_size, timeout=timeout)
+        dist.init_process_group("nccl" if per_gpu == 1 else "gloo", init_method="env://", rank=rank,
+                                world_size=world_size, timeout=timeout)
     except Exception as e:  # noqa: BLE001
         raise DitronError(
             f"rank {rank}: joining torch.distributed (NCCL, env:// at {os.environ.get('MASTER_ADDR')}:"
@@ -179,8 +184,9 @@ def _destroy_process_group():
         pass
 
 
-def _check_job(torch, topo, dev):
-    """One GPU per local rank, one host per node, peer access inside the node."""
+def _check_job(torch, topo, dev, per_gpu=1):
+    """One GPU per local rank (at most ``per_gpu`` when ranks share GPUs), one host per node, peer access inside
+    the node.  Returns every rank's facts and how many ranks use this rank's GPU."""
     rank, world_size, local_rank, lws, nnodes, node = topo
     props = torch.cuda.get_device_properties(dev)
     uuid = str(getattr(props, "uuid", "")) or f"{socket.gethostname()}:{dev.index}"
@@ -193,26 +199,48 @@ def _check_job(torch, topo, dev):
         if info["lws"] != lws:
             raise DitronError(f"LOCAL_WORLD_SIZE differs between ranks ({lws} on rank {rank}, {info['lws']} on "
                               f"rank {r})")
+        if info["per_gpu"] != per_gpu:
+            raise DitronError(f"ranks per GPU differ between ranks ({per_gpu} on rank {rank}, {info['per_gpu']} on "
+                              f"rank {r}): set {sharing.ENV} (or ditron.init(ranks_per_gpu=...)) alike on every rank")
     same_node = [i for i in everyone if i["node"] == node]
     hosts = {i["host"] for i in same_node}
     if len(hosts) > 1:
         raise DitronError(f"node {node} spans several hosts ({sorted(hosts)}): ranks node*LOCAL_WORLD_SIZE .. must "
                           "run on one host (launch with torchrun --nproc-per-node)")
-    seen = {}
+    users = {}
     for i in same_node:
-        if i["uuid"] in seen:
-            raise DitronError(f"wrong device: ranks {seen[i['uuid']]} and {i['rank']} both use GPU {i['device']} "
-                              f"on {i['host']}; give each local rank its own GPU (device=LOCAL_RANK, the default)")
-        seen[i["uuid"]] = i["rank"]
+        users.setdefault(i["uuid"], []).append(i["rank"])
+    for uuid_, ranks in users.items():
+        if len(ranks) > per_gpu:
+            dev_ = next(i["device"] for i in same_node if i["uuid"] == uuid_)
+            host = same_node[0]["host"]
+            if per_gpu == 1:
+                raise DitronError(f"wrong device: ranks {ranks[0]} and {ranks[1]} both use GPU {dev_} on {host}; give "
+                                  "each local rank its own GPU (device=LOCAL_RANK, the default), or, for correctness "
+                                  f"work only, let ranks share it with {sharing.ENV}={len(ranks)} (docs/runtime.md)")
+            raise DitronError(f"wrong device: ranks {ranks} use GPU {dev_} on {host}, more than "
+                              f"{sharing.ENV}={per_gpu} allows")
     for i in same_node:
         peer = i["device"]
         if peer != dev.index and not torch.cuda.can_device_access_peer(dev.index, peer):
             raise DitronError(f"GPU {dev.index} cannot access GPU {peer} directly (no peer access): ditron needs "
                               "NVLink/PCIe peer access between the GPUs of a node")
-    return everyone
+    per_device = {}
+    for i in everyone:               # every node's GPUs, so that every rank of the job reaches the same verdict
+        per_device[(i["node"], i["uuid"])] = per_device.get((i["node"], i["uuid"]), 0) + 1
+    return everyone, len(users[uuid]), max(per_device.values()) > 1
 
 
-def _choose_backend(backend, nnodes):
+def _choose_backend(backend, nnodes, shared=False):
+    if shared:
+        if backend == "nvshmem":
+            raise DitronError("backend='nvshmem' with ranks that share a GPU: ditron's NVSHMEM transport needs one GPU "
+                              "per rank (NVSHMEM's several-PEs-per-GPU mode is not supported by ditron); use "
+                              "backend='p2p' (or 'auto'), which maps the heaps of ranks sharing a GPU over CUDA IPC")
+        if nnodes > 1:
+            raise DitronError(f"ranks that share a GPU ({sharing.ENV}) work on one node; this job spans {nnodes}")
+        _all_gather(("p2p", "shared GPU"))       # every rank takes part in the same number of exchanges
+        return "p2p"
     if backend in ("nvshmem", "auto"):
         ok, why = nvshmem_status()
         if ok:
@@ -242,23 +270,25 @@ def _choose_backend(backend, nnodes):
     return "p2p"
 
 
-def make_gpu_transport(backend, topo, heap_size, device, group=None) -> World:
+def make_gpu_transport(backend, topo, heap_size, device, group=None, ranks_per_gpu=None) -> World:
     """Build this rank's world on its GPU (see the module docstring); ``group``: the torch process group the
-    world is built on (``topo`` is then the group's, see :mod:`ditron.runtime.groups`)."""
+    world is built on (``topo`` is then the group's, see :mod:`ditron.runtime.groups`); ``ranks_per_gpu``: the
+    opt-in of :mod:`ditron.runtime.sharing` (default ``DITRON_RANKS_PER_GPU``, else 1)."""
     multicast_off()
+    per_gpu = sharing.ranks_per_gpu(ranks_per_gpu)
     rank, world_size, local_rank, lws, nnodes, node = topo
     if lws > MAX_LOCAL_RANKS:
         raise DitronError(f"LOCAL_WORLD_SIZE={lws} exceeds the {MAX_LOCAL_RANKS} ranks per node the world "
                           "descriptor holds")
     torch = _torch()
     job = topology_from_env()       # the GPU is the process's own: LOCAL_RANK of the job, not of the group
-    dev = _select_device(torch, device, job[2], job[3])
+    dev = _select_device(torch, device, job[2], job[3], per_gpu)
     torch.cuda.set_device(dev)
     if group is None:
-        _ensure_process_group(torch, rank, world_size, dev)
+        _ensure_process_group(torch, rank, world_size, dev, per_gpu)
     set_group(group)
-    _check_job(torch, topo, dev)
-    choice = _choose_backend(backend, nnodes)
+    _, on_my_gpu, any_shared = _check_job(torch, topo, dev, per_gpu)   # any_shared: the same on every rank
+    choice = _choose_backend(backend, nnodes, shared=any_shared)
     size = heap_size_from_env(DEFAULT_HEAP) if heap_size is None else round_up(parse_size(heap_size), HEAP_ALIGN)
     if size <= 0:
         raise DitronError(f"heap_size must be positive (got {heap_size!r})")
@@ -267,10 +297,29 @@ def make_gpu_transport(backend, topo, heap_size, device, group=None) -> World:
     if choice == "p2p":
         from .gpu_p2p import P2PTransport
         transport = P2PTransport(topo, dev, size, timeout)
+        transport.shared_gpu = any_shared
     else:
         from .gpu_nvshmem import NvshmemTransport
         transport = NvshmemTransport(topo, dev, size, timeout)
+    if on_my_gpu > 1:
+        _announce_sharing(rank, local_rank, dev, on_my_gpu, per_gpu)
+    share = sharing.GpuShare(dev.index, on_my_gpu, sharing.mps_running(), sharing.mps_active_thread_percentage())
     transport.setup()
+    sharing.set_current(share)
     _activate(transport)
     return World(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=lws, nnodes=nnodes,
                  node=node, device=dev, backend=choice, heap_size=size, transport=transport)
+
+
+def _announce_sharing(rank, local_rank, dev, on_gpu, per_gpu):
+    """One line from the first rank of each shared GPU: what this mode is for, and MPS."""
+    if local_rank % per_gpu:
+        return
+    import sys
+    mps = sharing.mps_running()
+    line = (f"ditron: {on_gpu} ranks share {dev} ({sharing.ENV}={per_gpu}); each sizes its grids to its share of "
+            "the SMs. For correctness and debugging, not timing.")
+    if not mps:
+        line += (" MPS is not running: the GPU time-slices between the ranks' processes, so every cross-rank wait "
+                 "costs a time slice (slow, still correct). Start MPS (nvidia-cuda-mps-control -d) for speed.")
+    print(line, file=sys.stderr, flush=True)

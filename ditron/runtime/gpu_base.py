@@ -457,6 +457,8 @@ class GpuTransport(Transport):
         except Exception:  # noqa: BLE001 -- a dead context (trap) must not block the exit
             ok = False
         _deactivate(self)
+        from . import sharing
+        sharing.set_current(None)
         self._release(ok)
         self.heap = None
         self.sync = None

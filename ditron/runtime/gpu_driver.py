@@ -15,6 +15,11 @@ CUDA_ERROR_NOT_FOUND = 500
 _LIB = None
 
 
+class IpcMemHandle(ctypes.Structure):
+    """``CUipcMemHandle``: 64 opaque bytes, passed by value."""
+    _fields_ = [("reserved", ctypes.c_char * 64)]
+
+
 def _lib():
     global _LIB
     if _LIB is None:
@@ -37,6 +42,17 @@ def _lib():
         lib.cuMemcpyAsync.restype = ctypes.c_int
         lib.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
         lib.cuGetErrorName.restype = ctypes.c_int
+        # plain allocations shared with other processes of the same GPU (ranks that share a GPU)
+        lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+        lib.cuMemAlloc_v2.restype = ctypes.c_int
+        lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
+        lib.cuMemFree_v2.restype = ctypes.c_int
+        lib.cuIpcGetMemHandle.argtypes = [ctypes.POINTER(IpcMemHandle), ctypes.c_uint64]
+        lib.cuIpcGetMemHandle.restype = ctypes.c_int
+        lib.cuIpcOpenMemHandle_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), IpcMemHandle, ctypes.c_uint]
+        lib.cuIpcOpenMemHandle_v2.restype = ctypes.c_int
+        lib.cuIpcCloseMemHandle.argtypes = [ctypes.c_uint64]
+        lib.cuIpcCloseMemHandle.restype = ctypes.c_int
         _LIB = lib
     return _LIB
 
@@ -74,7 +90,9 @@ def write_words(dptr: int, words, size: int):
         raise DitronError(f"writing the world descriptor (cuMemcpyHtoD) failed: {error_name(rc)}")
 
 
+CU_STREAM_WAIT_VALUE_GEQ = 0x0
 CU_STREAM_WAIT_VALUE_EQ = 0x1
+CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1
 
 
 def _stream_memop(name, stream: int, dptr: int, value: int, flags: int):
@@ -95,6 +113,49 @@ def stream_write_value64(stream: int, dptr: int, value: int):
 def stream_wait_value64(stream: int, dptr: int, value: int):
     """``cuStreamWaitValue64(..., CU_STREAM_WAIT_VALUE_EQ)``."""
     _stream_memop("cuStreamWaitValue64", stream, dptr, value, CU_STREAM_WAIT_VALUE_EQ)
+
+
+def stream_wait_value64_geq(stream: int, dptr: int, value: int):
+    """``cuStreamWaitValue64(..., CU_STREAM_WAIT_VALUE_GEQ)``: the stream waits until the 64-bit word at ``dptr``
+    is >= ``value`` (as a signed difference)."""
+    _stream_memop("cuStreamWaitValue64", stream, dptr, value, CU_STREAM_WAIT_VALUE_GEQ)
+
+
+def _check(rc, what):
+    if rc != CUDA_SUCCESS:
+        raise DitronError(f"{what} failed: {error_name(rc)}")
+
+
+def mem_alloc(nbytes: int) -> int:
+    """``cuMemAlloc`` in the current context (the caller's GPU): a plain allocation another process can map."""
+    ptr = ctypes.c_uint64()
+    _check(_lib().cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(int(nbytes))), f"cuMemAlloc({nbytes} bytes)")
+    return ptr.value
+
+
+def mem_free(dptr: int):
+    _check(_lib().cuMemFree_v2(ctypes.c_uint64(int(dptr))), "cuMemFree")
+
+
+def ipc_get_handle(dptr: int) -> bytes:
+    """``cuIpcGetMemHandle`` of an allocation made by :func:`mem_alloc` (64 bytes, picklable)."""
+    h = IpcMemHandle()
+    _check(_lib().cuIpcGetMemHandle(ctypes.byref(h), ctypes.c_uint64(int(dptr))), "cuIpcGetMemHandle")
+    return bytes(h.reserved)
+
+
+def ipc_open_handle(handle: bytes) -> int:
+    """Map another process's allocation into this one (``cuIpcOpenMemHandle``); its base address here."""
+    h = IpcMemHandle()
+    ctypes.memmove(h.reserved, handle, 64)
+    ptr = ctypes.c_uint64()
+    _check(_lib().cuIpcOpenMemHandle_v2(ctypes.byref(ptr), h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+           "cuIpcOpenMemHandle")
+    return ptr.value
+
+
+def ipc_close_handle(dptr: int):
+    _check(_lib().cuIpcCloseMemHandle(ctypes.c_uint64(int(dptr))), "cuIpcCloseMemHandle")
 
 
 def memcpy_async(dst: int, src: int, nbytes: int, stream: int):

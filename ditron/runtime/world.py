@@ -128,7 +128,8 @@ def _sim_requested() -> bool:
     return bool(os.environ.get("DITRON_SIM_DIR")) or _compat.interpreter_enabled()
 
 
-def init(backend: str = "auto", *, heap_size=None, device=None, group=None, device_mesh=None, mesh_dim=None) -> World:
+def init(backend: str = "auto", *, heap_size=None, device=None, group=None, device_mesh=None, mesh_dim=None,
+         ranks_per_gpu=None) -> World:
     """Join the distributed job and return the :class:`World`.
 
     ``backend``: ``"auto"`` (the simulator inside ``ditron sim`` or under
@@ -142,11 +143,17 @@ def init(backend: str = "auto", *, heap_size=None, device=None, group=None, devi
     ``mesh_dim`` (a ``DeviceMesh`` and the name or index of one of its
     dimensions): build the world on that group, whose rank ``i`` is the
     world's rank ``i`` (see :mod:`ditron.runtime.groups`).
+
+    ``ranks_per_gpu``: let that many consecutive local ranks share one GPU (default ``DITRON_RANKS_PER_GPU``,
+    else 1: one GPU per rank).  For correctness work and debugging on fewer GPUs than ranks, not for timing;
+    P2P transport only (see :mod:`ditron.runtime.sharing` and docs/runtime.md).
     """
     global _WORLD
     if backend not in BACKENDS:
         raise DitronError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     from .groups import resolve_group, topology_from_group
+    from .sharing import ranks_per_gpu as _ranks_per_gpu
+    _ranks_per_gpu(ranks_per_gpu)           # a bad opt-in is an error on every backend, before anything starts
     group = resolve_group(group, device_mesh, mesh_dim)
     topo = topology_from_env()
     if group is not None:
@@ -170,7 +177,7 @@ def init(backend: str = "auto", *, heap_size=None, device=None, group=None, devi
         world = make_sim_transport(topo, heap_size)
     else:
         from .gpu import make_gpu_transport
-        world = make_gpu_transport(backend, topo, heap_size, device, group=group)
+        world = make_gpu_transport(backend, topo, heap_size, device, group=group, ranks_per_gpu=ranks_per_gpu)
     world.group = group
     world.settings = {"heap_size": heap_size, "device": device}
     _WORLD = world
@@ -332,14 +339,18 @@ def rank_copy(dst, src, *, dst_rank=None, src_rank=None, stream=None):
     if dst_rank not in (None, world.rank) and src_rank not in (None, world.rank):
         raise DitronError("ditron.rank_copy: copies between two peers are not supported; give at most one of "
                           "dst_rank / src_rank")
-    if dst_rank not in (None, world.rank):
+    # a named rank means "that rank's copy of the symmetric tensor", this rank included (the same check at
+    # every world size: at world size 1 the only peer is this rank)
+    if dst_rank is not None:
         _require_symmetric(world, dst, "dst", "ditron.rank_copy")
         _require_rank(world, dst_rank, "ditron.rank_copy", local=True)
-        dst = world.transport.peer_tensor(dst, dst_rank)
-    if src_rank not in (None, world.rank):
+        if dst_rank != world.rank:
+            dst = world.transport.peer_tensor(dst, dst_rank)
+    if src_rank is not None:
         _require_symmetric(world, src, "src", "ditron.rank_copy")
         _require_rank(world, src_rank, "ditron.rank_copy", local=True)
-        src = world.transport.peer_tensor(src, src_rank)
+        if src_rank != world.rank:
+            src = world.transport.peer_tensor(src, src_rank)
     world.transport.rank_copy(dst, src, stream)
 
 

@@ -16,8 +16,11 @@ _TYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16
 
 
 def _sm_count(device) -> int:
+    """SMs this rank may fill: all of the GPU's, or its share when ranks of the world share the GPU."""
     import torch
-    return torch.cuda.get_device_properties(device).multi_processor_count
+
+    from ..runtime import sharing
+    return sharing.usable_sms(torch.device(device).index, torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def _device_of(graph):
@@ -158,7 +161,7 @@ class Megakernel:
             return
         props = torch.cuda.get_device_properties(self.device)
         per_sm = resident_per_sm(props, n_regs, shared, self.num_warps)
-        sms = props.multi_processor_count
+        sms = _sm_count(self.device)            # this rank's share of the SMs when ranks share the GPU
         self.resources = {"n_regs": int(n_regs), "n_spills": int(getattr(ck, "n_spills", 0) or 0),
                           "shared": int(shared), "resident_per_sm": per_sm, "sms": sms}
         fit = per_sm * sms

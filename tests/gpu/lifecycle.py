@@ -51,6 +51,41 @@ def one_world(backend, i):
     ditron.finalize()
 
 
+def expect_error(name, fn, *needles):
+    try:
+        fn()
+        check(name, False, "no error")
+        ditron.finalize()
+    except ditron.DitronError as e:
+        missing = [n for n in needles if n not in str(e)]
+        check(name, not missing, f"missing {missing} in: {e}")
+    torch.cuda.set_device(own_device())
+
+
+def own_device():
+    import os
+    per = int(os.environ.get("DITRON_RANKS_PER_GPU", "1") or 1)
+    return int(os.environ.get("LOCAL_RANK", "0")) // per
+
+
+def wrong_device_rejected(backend):
+    """Bad devices are errors before anything starts, at every world size (after the worlds above, so that the
+    process group is the one this job's sharing mode chose)."""
+    import os
+    n = int(os.environ.get("WORLD_SIZE", "1"))
+    shared = n > 1 and int(os.environ.get("DITRON_RANKS_PER_GPU", "1") or 1) > 1
+    expect_error("device that does not exist rejected", lambda: ditron.init(backend, device=torch.cuda.device_count()),
+                 "does not exist")
+    expect_error("ranks_per_gpu=0 rejected", lambda: ditron.init(backend, ranks_per_gpu=0), "at least 1")
+    if n > 1:
+        # every rank on cuda:0 without the opt-in (explicitly 1 rank per GPU): the wrong-device error, which names
+        # the opt-in as the way to share a GPU on purpose
+        expect_error("wrong device rejected", lambda: ditron.init(backend, device=0, ranks_per_gpu=1),
+                     "wrong device", "DITRON_RANKS_PER_GPU")
+    if shared:
+        expect_error("nvshmem refused on a shared GPU", lambda: ditron.init("nvshmem"), "backend='p2p'")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", default="p2p")
@@ -58,18 +93,12 @@ def main():
     args = ap.parse_args()
     rank = int(__import__("os").environ.get("RANK", "0"))
     try:
-        try:
-            ditron.init(args.backend, device=0)
-            check("wrong device rejected", False, "init with every rank on cuda:0 succeeded")
-            ditron.finalize()
-        except ditron.DitronError as e:
-            check("wrong device rejected", "wrong device" in str(e) or rank == 0 and "wrong device" in str(e), str(e))
-        torch.cuda.set_device(int(__import__("os").environ.get("LOCAL_RANK", "0")))
         seq = [args.backend, args.backend] + ([args.also, args.backend] if args.also else [args.backend])
         for i, b in enumerate(seq):
             one_world(b, i)
         mods = gpu.loaded_modules()
         check("descriptor modules registered", len(mods) >= 1, mods)
+        wrong_device_rejected(args.backend)
     except Exception as e:  # noqa: BLE001
         check("no exception", False, f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
     print(f"lifecycle rank {rank}: {len(PASSED)} passed, {len(FAILED)} failed", flush=True)

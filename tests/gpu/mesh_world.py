@@ -32,9 +32,13 @@ def main():
     p.add_argument("--mesh", default="1,2", help="DP,TP")
     args = p.parse_args()
     dp, tp = (int(v) for v in args.mesh.split(","))
-    local = int(os.environ.get("LOCAL_RANK", 0))
+    per_gpu = int(os.environ.get("DITRON_RANKS_PER_GPU", "1") or 1)     # ranks sharing a GPU: NCCL refuses them
+    local = int(os.environ.get("LOCAL_RANK", 0)) // per_gpu
     torch.cuda.set_device(local)
-    tdist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    if per_gpu > 1:
+        tdist.init_process_group("gloo")
+    else:
+        tdist.init_process_group("nccl", device_id=torch.device("cuda", local))
     g_rank = tdist.get_rank()
     failures = []
     try:

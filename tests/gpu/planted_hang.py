@@ -85,10 +85,12 @@ def main():
     ditron.barrier_all()
     torch.cuda.synchronize()
     torch.distributed.barrier()
-    # 2) rank 1 skips its notify: rank 2 hangs
-    hung = 2 % n
+    # 2) rank `skip` skips its notify: the next rank hangs (rank 1 -> rank 2 at 3+ ranks; at 2 ranks rank 1 ->
+    # rank 0; at 1 rank, rank 0 notifies itself and skips it)
+    skip = 1 % n
+    hung = (skip + 1) % n
     t0 = time.monotonic()
-    kernel[(2,)](arg, nxt, 1)
+    kernel[(2,)](arg, nxt, skip)
     err = None
     try:
         torch.cuda.synchronize()
@@ -176,17 +178,28 @@ def planted_deps(args, world, timeout):
 
 def planted_barrier(args, world, timeout):
     from ditron.errors import DitronHangError
-    rank = world.rank
+    rank, n = world.rank, world.world_size
     ditron.barrier_all()                    # 1) a healthy bounded barrier
     torch.cuda.synchronize()
     torch.distributed.barrier()
     t0 = time.monotonic()
     err = None
+    gate = None
+    if n == 1:
+        # one rank cannot skip a barrier of its own: plant the other cause the report names, work queued before
+        # the barrier on its stream that never completes (a stream wait on a word nobody writes)
+        gate = ditron.symm_zeros((1,), torch.int64, name="planted_gate")
+        torch.cuda.synchronize()
+        ditron.stream_wait_value(gate, 1)
     if rank != 1:                           # 2) rank 1 skips this one
         try:
             ditron.barrier_all()
         except DitronHangError as e:
             err = str(e)
+    if gate is not None:                    # release the stream from another stream so the process can exit
+        side = torch.cuda.Stream()
+        ditron.stream_write_value(gate, 1, stream=side)
+        side.synchronize()
     elapsed = time.monotonic() - t0
     if rank == 1:
         ok = err is None
