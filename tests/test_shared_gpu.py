@@ -89,14 +89,18 @@ def test_select_device_with_sharing():
 # -- the job check -----------------------------------------------------------------------------------------------
 
 def _job(monkeypatch, uuids, per_gpu):
+    """Rank 0's _check_job in a job whose ranks use the GPUs ``uuids``: the other ranks' facts are rank 0's own
+    record (as _check_job builds it) with their rank, GPU and opt-in changed."""
     fake_cuda = types.SimpleNamespace(get_device_properties=lambda d: types.SimpleNamespace(uuid=uuids[0]),
                                       can_device_access_peer=lambda a, b: True)
     n = len(uuids)
-    me = [{"rank": r, "host": "h", "node": 0, "local_rank": r, "device": int(u[-1]), "uuid": u, "lws": n,
-           "per_gpu": per_gpu[r] if isinstance(per_gpu, list) else per_gpu} for r, u in enumerate(uuids)]
-    monkeypatch.setattr(gpu, "_all_gather", lambda obj: me)
-    p = per_gpu[0] if isinstance(per_gpu, list) else per_gpu
-    return gpu._check_job(types.SimpleNamespace(cuda=fake_cuda), (0, n, 0, n, 1, 0), torch.device("cuda", 0), p)
+    per = per_gpu if isinstance(per_gpu, list) else [per_gpu] * n
+
+    def gather(obj):
+        assert obj["rank"] == 0 and obj["per_gpu"] == per[0], obj
+        return [dict(obj, rank=r, local_rank=r, device=int(u[-1]), uuid=u, per_gpu=per[r]) for r, u in enumerate(uuids)]
+    monkeypatch.setattr(gpu, "_all_gather", gather)
+    return gpu._check_job(types.SimpleNamespace(cuda=fake_cuda), (0, n, 0, n, 1, 0), torch.device("cuda", 0), per[0])
 
 
 def test_job_with_shared_gpu(monkeypatch):
@@ -111,7 +115,7 @@ def test_job_verdict_is_the_same_on_every_rank(monkeypatch):
 
 
 def test_job_more_ranks_than_the_opt_in(monkeypatch):
-    with pytest.raises(DitronError, match=r"ranks \[0, 1, 2\] use GPU 0 on h, more than DITRON_RANKS_PER_GPU=2"):
+    with pytest.raises(DitronError, match=r"ranks \[0, 1, 2\] use GPU 0 on \S+, more than DITRON_RANKS_PER_GPU=2"):
         _job(monkeypatch, ["GPU-0", "GPU-0", "GPU-0"], 2)
 
 

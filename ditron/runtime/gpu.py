@@ -191,7 +191,7 @@ def _check_job(torch, topo, dev, per_gpu=1):
     props = torch.cuda.get_device_properties(dev)
     uuid = str(getattr(props, "uuid", "")) or f"{socket.gethostname()}:{dev.index}"
     me = {"rank": rank, "host": socket.gethostname(), "node": node, "local_rank": local_rank, "device": dev.index,
-          "uuid": uuid, "lws": lws}
+          "uuid": uuid, "lws": lws, "per_gpu": per_gpu}
     everyone = _all_gather(me)
     for r, info in enumerate(everyone):
         if info["rank"] != r:

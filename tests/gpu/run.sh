@@ -16,6 +16,7 @@ set -o pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python3 -c "import ditron.kernels" 2>/dev/null || { echo "tests/gpu/run.sh: ditron is not installed here (pip install -e . first)"; exit 2; }
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 [ "$GPUS" -ge 1 ] || { echo "tests/gpu/run.sh: no CUDA GPU visible"; exit 2; }
 NPROCS=${NPROCS:-${NPROC:-$GPUS}}
