@@ -181,3 +181,30 @@ def test_bench_refuses_to_time_ranks_that_share_a_gpu():
     from ditron.bench.harness import time_impl
     with pytest.raises(DitronError, match="share GPU 0"):
         time_impl(lambda: None, "cuda:0")
+
+
+def test_ipc_handles_travel_whole(monkeypatch):
+    """A CUDA IPC handle is 64 opaque bytes, NULs included: what cuIpcGetMemHandle writes is what
+    cuIpcOpenMemHandle receives on the other rank (a fake driver records both sides)."""
+    import ctypes
+
+    from ditron.runtime import gpu_driver
+    raw = bytes([0, 7, 0, 0, 255, 1] + list(range(58)))          # starts with a NUL, as real handles can
+    seen = {}
+
+    def get(ph, dptr):
+        ctypes.memmove(ctypes.addressof(ph._obj), raw, 64)
+        return 0
+
+    def open_(pptr, handle, flags):
+        seen["handle"], seen["flags"] = ctypes.string_at(ctypes.addressof(handle), 64), flags
+        pptr._obj.value = 0x7000_0000
+        return 0
+    fake = types.SimpleNamespace(cuIpcGetMemHandle=get, cuIpcOpenMemHandle_v2=open_)
+    monkeypatch.setattr(gpu_driver, "_lib", lambda: fake)
+    h = gpu_driver.ipc_get_handle(0x1000)
+    assert h == raw
+    assert gpu_driver.ipc_open_handle(h) == 0x7000_0000
+    assert seen == {"handle": raw, "flags": gpu_driver.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS}
+    with pytest.raises(DitronError, match="64 bytes, got 3"):
+        gpu_driver.ipc_open_handle(b"abc")

@@ -17,7 +17,7 @@ _LIB = None
 
 class IpcMemHandle(ctypes.Structure):
     """``CUipcMemHandle``: 64 opaque bytes, passed by value."""
-    _fields_ = [("reserved", ctypes.c_char * 64)]
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
 
 
 def _lib():
@@ -141,13 +141,15 @@ def ipc_get_handle(dptr: int) -> bytes:
     """``cuIpcGetMemHandle`` of an allocation made by :func:`mem_alloc` (64 bytes, picklable)."""
     h = IpcMemHandle()
     _check(_lib().cuIpcGetMemHandle(ctypes.byref(h), ctypes.c_uint64(int(dptr))), "cuIpcGetMemHandle")
-    return bytes(h.reserved)
+    return ctypes.string_at(ctypes.addressof(h), 64)     # all 64 bytes (a c_char view would stop at a NUL)
 
 
 def ipc_open_handle(handle: bytes) -> int:
     """Map another process's allocation into this one (``cuIpcOpenMemHandle``); its base address here."""
+    if len(handle) != 64:
+        raise DitronError(f"a CUDA IPC handle is 64 bytes, got {len(handle)}")
     h = IpcMemHandle()
-    ctypes.memmove(h.reserved, handle, 64)
+    ctypes.memmove(ctypes.addressof(h), bytes(handle), 64)
     ptr = ctypes.c_uint64()
     _check(_lib().cuIpcOpenMemHandle_v2(ctypes.byref(ptr), h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
            "cuIpcOpenMemHandle")
