@@ -170,6 +170,10 @@ def body_pingpong(world, iters=100, via="dl"):
     """Pairs (0,1), (2,3), ...: even ranks ping, odd ranks pong, iters rounds."""
     peer = world.rank ^ 1
     if peer >= world.world_size:
+        # the last rank of an odd world has no partner, but it takes part in the same barriers as the others
+        # (a rank that skips a collective barrier leaves the others one barrier ahead: a hang or a race later)
+        rt.barrier_all()
+        rt.barrier_all()
         return "alone"
     ping = world.rank % 2 == 0
     with rt.heap_scope():

@@ -25,6 +25,7 @@ def main():
     p.add_argument("--backend", default="auto")
     p.add_argument("--config", choices=["8b", "tiny"], default="8b")
     p.add_argument("--layers", type=int, default=0, help="override the number of layers (8b: 36)")
+    p.add_argument("--heads", default="", help="override the heads as Q,KV (e.g. 6,3 for 3 ranks with tiny)")
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
@@ -34,6 +35,9 @@ def main():
     cfg = {"8b": qwen3_8b, "tiny": tiny}[args.config]()
     if args.layers:
         cfg = cfg.with_(n_layers=args.layers)
+    if args.heads:
+        q, kv = (int(v) for v in args.heads.split(","))
+        cfg = cfg.with_(n_q_heads=q, n_kv_heads=kv)
     s = R.setup(cfg, world, args.batch, args.ctx, max_ctx=args.ctx + 4 * args.steps + 8)
     dm = R.megakernel(s, scheduler=args.scheduler)
     ref = R.reference(s)

@@ -85,7 +85,11 @@ for N in $NPROCS; do
     DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind wait
     DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind signal
     DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind barrier
-    step $TR tests/gpu/decoder_8b.py --backend "$b"
+    if [ $((8 % N)) -eq 0 ]; then
+      step $TR tests/gpu/decoder_8b.py --backend "$b"              # Qwen3-8B shapes, TP=N
+    else                                                          # 8 KV heads do not split N ways
+      step $TR tests/gpu/decoder_8b.py --backend "$b" --config tiny --heads "$((2 * N)),$N" --batch 2
+    fi
     DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind deps
     if [ "$N" -ge 2 ]; then
       DITRON_WAIT_TIMEOUT_S=2 step $TR tests/gpu/planted_hang.py --backend "$b" --kind ll
