@@ -12,7 +12,8 @@ Read on 2026-11-25 from the newest rocSHMEM, ROCm/rocm-systems ``projects/rocshm
   gives ``void rocshmem_uint64_wait_until(uint64_t *ivars, int cmp, uint64_t val)``.
 * ``include/rocshmem/rocshmem_common.hpp`` at commit 48cce340: ``enum ROCSHMEM_SIGNAL_OPS {
   ROCSHMEM_SIGNAL_SET, ROCSHMEM_SIGNAL_ADD }`` and ``enum rocshmem_cmps { ROCSHMEM_CMP_EQ, ROCSHMEM_CMP_NE,
-  ROCSHMEM_CMP_GT, ROCSHMEM_CMP_GE, ROCSHMEM_CMP_LT, ROCSHMEM_CMP_LE }`` (implicit values 0, 1, ...);
+  ROCSHMEM_CMP_GT, ROCSHMEM_CMP_GE, ROCSHMEM_CMP_LT, ROCSHMEM_CMP_LE }`` (implicit values 0, 1, ...; the
+  same order in ROCm/rocSHMEM ``develop``, 2.0.0, commit eb5a38e8, include/rocshmem/rocshmem_common.hpp);
   ``extern "C" __device__ rocshmem_ctx_t ROCSHMEM_CTX_DEFAULT`` (the per-module context that the host's
   ``rocshmem_hipmodule_init(hipModule_t, hipStream_t)`` copies into each loaded module).
 * ``cmake/DeviceBitcode.cmake`` at commit 10f6c531: one bitcode per architecture,

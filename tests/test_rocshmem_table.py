@@ -181,30 +181,35 @@ def test_remote_mc_ptr_is_refused_on_amd(fake_rocshmem):
     assert "shmem.remote_mc_ptr" in msg and "target gfx942" in msg and "symm_at" in msg
 
 
-def _zoo(kernel, ptr_types, const):
-    sig = {p: ptr_types.get(p, "*i64") if p.endswith("_ptr") else "i32"
-           for p in inspect.signature(kernel.fn).parameters if p not in const}
-    return ditron.compile(kernel, target="gfx942", signature=sig, constexprs=const, num_warps=4)
+#: the zoo's shmem.* call sites (multi-node paths): module, kernel, constexprs, rocSHMEM functions linked.
+#: ag_gemm and gemm_rs reach rocSHMEM through all_gather's _put_chunk (compiled here in all_gather_kernel).
+ZOO = [
+    ("all_gather", "all_gather_kernel", dict(METHOD=0, ELEM_BYTES=2, BLOCK=1024), ["rocshmem_putmem_signal_wg"]),
+    ("all_to_all", "all_to_all_kernel", dict(EQUAL=False, ELEM_BYTES=2, WP=2, BLOCK=1024),
+     ["rocshmem_putmem_wg", "rocshmem_fence", "rocshmem_putmem_signal_wg"]),
+    ("ep_kernels", "ep_dispatch_kernel", dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024),
+     ["rocshmem_putmem_wg", "rocshmem_fence"]),
+    ("ep_kernels", "ep_ll_dispatch_kernel", dict(EPW=2, WP=2, ELP=16, BR=4, BW=512), ["rocshmem_putmem_wg"]),
+    ("ep_kernels", "ep_ll_combine_kernel", dict(EPW=2, WP=2, BR=4, BW=512), ["rocshmem_putmem_wg"]),
+]
+#: 64-bit index / count / signal tensors of those kernels (the rest are bf16 data, w_ptr fp32)
+_ZOO_I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "sig_ptr", "calls_ptr", "pos_ptr",
+            "eid_ptr", "slot_ptr", "lrc_ptr", "lrecv_ptr", "lcnt_ptr", "lstage_ptr", "peid_ptr", "pslot_ptr",
+            "lcomb_ptr", "splits_ptr", "recv_counts_ptr"}
 
 
-def test_zoo_kernels_that_call_shmem_compile_for_gfx942(fake_rocshmem):
-    """The zoo's multi-node paths (all_gather, all_to_all, expert-parallel dispatch) link rocSHMEM's
-    block put and fence for gfx942; on one node they call no rocSHMEM."""
+@pytest.mark.parametrize("module,name,const,symbols", ZOO, ids=[z[1] for z in ZOO])
+def test_zoo_shmem_kernels_compile_for_gfx942(fake_rocshmem, module, name, const, symbols):
+    """Each zoo kernel that calls shmem.* compiles for gfx942 (multi-node path) and links rocSHMEM's
+    functions with their exact prototypes."""
     import importlib
-    all_gather, all_to_all, ep_kernels = (importlib.import_module(f"ditron.kernels.{m}")
-                                          for m in ("all_gather", "all_to_all", "ep_kernels"))
-    ag = _zoo(all_gather.all_gather_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16", "buf_ptr": "*bf16"},
-              dict(METHOD=0, MULTI_NODE=True, ELEM_BYTES=2, BLOCK=1024))
-    _check_linked(ag.asm["llir"], ["rocshmem_putmem_signal_wg"])
-    a2a = _zoo(all_to_all.all_to_all_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16", "buf_ptr": "*bf16"},
-               dict(EQUAL=False, MULTI_NODE=True, ELEM_BYTES=2, WP=2, BLOCK=1024))
-    _check_linked(a2a.asm["llir"], ["rocshmem_putmem_wg", "rocshmem_fence", "rocshmem_putmem_signal_wg"])
-    ep = _zoo(ep_kernels.ep_dispatch_kernel, {"x_ptr": "*bf16", "w_ptr": "*fp32", "recv_ptr": "*bf16"},
-              dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, MULTI_NODE=True))
-    _check_linked(ep.asm["llir"], ["rocshmem_putmem_wg", "rocshmem_fence"])
-    one_node = _zoo(all_gather.all_gather_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16", "buf_ptr": "*bf16"},
-                    dict(METHOD=0, MULTI_NODE=False, ELEM_BYTES=2, BLOCK=1024))
-    assert one_node.libraries == [] and "rocshmem" not in one_node.asm["llir"]
+    kernel = getattr(importlib.import_module(f"ditron.kernels.{module}"), name)
+    const = dict(const, MULTI_NODE=True)
+    sig = {p: ("*i64" if p in _ZOO_I64 else "*fp32" if p == "w_ptr" else "*bf16") if p.endswith("_ptr") else "i32"
+           for p in inspect.signature(kernel.fn).parameters if p not in const}
+    ck = ditron.compile(kernel, target="gfx942", signature=sig, constexprs=const, num_warps=4)
+    assert ck.libraries == ["rocshmem"]
+    _check_linked(ck.asm["llir"], symbols)
 
 
 # ---------------------------------------------------------------------------
