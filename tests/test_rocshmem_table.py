@@ -307,3 +307,24 @@ def test_rocm_runtime_errors_say_what_is_missing(monkeypatch, tmp_path):
     msg = str(e.value)
     assert "k_shmem_ids" in msg and "ROCSHMEM_CTX_DEFAULT" in msg and "rocshmem_hipmodule_init" in msg
     assert "dl.symm_at" in msg
+
+
+def test_docs_amd_column_matches_the_table():
+    """docs/language.md's shmem table names exactly the rocSHMEM functions ditron calls."""
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "language.md")).read()
+    rows = doc[doc.index("| ditron | NVIDIA symbol | AMD symbol | result |"):].split("\n\n")[0].splitlines()[2:]
+    named = set()
+    for row in rows:
+        amd = row.split(" | ")[2]
+        for alt in amd.split(", then ") if ", then " in amd else [amd]:
+            for group in re.split(r"\) / ", alt):
+                tokens = re.findall(r"`([^`]+)`", group)
+                tokens = [t for t in tokens if t.startswith(("rocshmem_", "_"))]
+                if not tokens:
+                    continue
+                first = tokens[0]
+                stem = re.sub(r"_(wave|wg)$", "", first)
+                names = [first] + [stem + t for t in tokens[1:]]
+                for n in names:
+                    named.update({n.replace("[_nbi]", ""), n.replace("[_nbi]", "_nbi")})
+    assert named == set(T.rocshmem_symbols()), named ^ set(T.rocshmem_symbols())
