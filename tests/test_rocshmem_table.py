@@ -278,7 +278,7 @@ def test_doctor_line_reports_version_and_exports(no_rocshmem_env, tmp_path):
     assert libs.rocshmem_missing_exports(bc, symbols, nm=str(nm)) == sorted(symbols)[:1]
     no_rocshmem_env.setattr(libs, "_llvm_nm", lambda _bc: str(nm))
     path, line = libs.rocshmem_report(symbols)
-    assert path == bc and "3.2.0 is OLDER" in line and f"MISSING 1 of the C functions" in line
+    assert path == bc and "3.2.0 is OLDER" in line and "MISSING 1 of the C functions" in line
     assert sorted(symbols)[0] in line
 
 
