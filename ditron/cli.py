@@ -145,7 +145,8 @@ def cmd_doctor(args):
     if rep["nvshmem_bitcode"]:
         print(f"              package version {rep['nvshmem_version'] or '?'}; "
               f"with Triton {triton.__version__}: {rep['nvshmem_status']}")
-    print(f"rocSHMEM      bitcode {rep['rocshmem_bitcode'] or 'not found (shmem.* on AMD unavailable)'}")
+    from ditron.lowering.shmem_table import rocshmem_symbols
+    print(f"rocSHMEM      bitcode {libs.rocshmem_report(rocshmem_symbols())[1]}")
     from ditron.runtime.gpu import auto_backend_report   # reads package metadata only; touches no GPU
     print(f"runtime       {auto_backend_report()}")
     return 0

@@ -33,7 +33,8 @@ def devlib_for(target):
     return {"hip": hip.LIB}[target.backend]
 
 
-_LIB_ENV = ("DITRON_CACHE_DIR", "DITRON_NVSHMEM_BC", "NVSHMEM_HOME", "DITRON_ROCSHMEM_BC", "ROCSHMEM_HOME")
+_LIB_ENV = ("DITRON_CACHE_DIR", "DITRON_NVSHMEM_BC", "NVSHMEM_HOME", "DITRON_ROCSHMEM_BC", "ROCSHMEM_HOME",
+            "ROCM_PATH")
 _LIB_CACHE: dict = {}
 
 

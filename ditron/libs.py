@@ -78,15 +78,131 @@ def nvshmem_version() -> str | None:
     return None
 
 
-def rocshmem_bitcode() -> str | None:
-    env = os.environ.get("DITRON_ROCSHMEM_BC")
-    if env:
-        return env
+#: the bitcode rocSHMEM builds for each GPU architecture (cmake/DeviceBitcode.cmake, installed in lib/)
+ROCSHMEM_BC = "librocshmem_device_{arch}.bc"
+_ROCSHMEM_ARCH_BC = re.compile(r"_(gfx[0-9a-f]+)\.bc$")
+#: the rocSHMEM whose C exports ditron's rocSHMEM table was checked against (see lowering/shmem_table.py)
+ROCSHMEM_SUPPORTED = "3.4.0"
+
+
+def _rocshmem_dirs():
+    dirs = []
     home = os.environ.get("ROCSHMEM_HOME")
     if home:
-        for cand in glob.glob(os.path.join(home, "lib", "*rocshmem*.bc")):
+        dirs += [os.path.join(home, "lib"), home]
+    rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"   # ROCm releases ship rocSHMEM in $ROCM_PATH/lib
+    dirs.append(os.path.join(rocm, "lib"))
+    return dirs
+
+
+def rocshmem_bitcode(arch: str = "gfx942") -> str | None:
+    """Path of rocSHMEM's device bitcode for ``arch``: ``DITRON_ROCSHMEM_BC``,
+    else ``librocshmem_device_<arch>.bc`` in ``ROCSHMEM_HOME/lib``,
+    ``ROCSHMEM_HOME`` or ``$ROCM_PATH/lib`` (default /opt/rocm), else an older
+    layout's single bitcode without an architecture in its name
+    (``*rocshmem*.bc``).  None when there is none; a :class:`LibraryError`
+    naming ``arch`` and the files found when they are all for other
+    architectures (or ``DITRON_ROCSHMEM_BC`` names another architecture's)."""
+    env = os.environ.get("DITRON_ROCSHMEM_BC")
+    if env:
+        m = _ROCSHMEM_ARCH_BC.search(os.path.basename(env))
+        if m and m.group(1) != arch:
+            raise LibraryError(f"DITRON_ROCSHMEM_BC={env} is rocSHMEM's device bitcode for {m.group(1)}, but the "
+                               f"kernel is compiled for {arch}: point it at {ROCSHMEM_BC.format(arch=arch)}")
+        return env
+    found = []
+    for d in _rocshmem_dirs():
+        cand = os.path.join(d, ROCSHMEM_BC.format(arch=arch))
+        if os.path.isfile(cand):
+            return cand
+        found += [f for f in sorted(glob.glob(os.path.join(d, "*rocshmem*.bc"))) if f not in found]
+    generic = [f for f in found if not _ROCSHMEM_ARCH_BC.search(os.path.basename(f))]
+    if generic:
+        return generic[0]
+    if found:
+        raise LibraryError(f"no rocSHMEM device bitcode for {arch}: found only {', '.join(found)}, built for other "
+                           f"architectures; build rocSHMEM with -DGPU_TARGETS={arch} (it installs "
+                           f"{ROCSHMEM_BC.format(arch=arch)}) or set DITRON_ROCSHMEM_BC")
+    return None
+
+
+def rocshmem_version(bitcode: str) -> str | None:
+    """rocSHMEM's version from the ``rocshmem_config.h`` installed with
+    ``bitcode`` (``<prefix>/include/rocshmem/``, bitcode in ``<prefix>/lib``)."""
+    lib = os.path.dirname(os.path.abspath(bitcode))
+    for prefix in (os.path.dirname(lib), lib):
+        header = os.path.join(prefix, "include", "rocshmem", "rocshmem_config.h")
+        try:
+            with open(header) as f:
+                m = re.search(r'#define\s+ROCSHMEM_VERSION\s+"([0-9.]+)"', f.read())
+        except OSError:
+            continue
+        if m:
+            return m.group(1)
+    return None
+
+
+def _llvm_nm(bitcode):
+    import shutil
+    rocm = os.environ.get("ROCM_PATH") or "/opt/rocm"
+    for cand in (os.path.join(rocm, "llvm", "bin", "llvm-nm"), shutil.which("llvm-nm")):
+        if cand and os.path.isfile(cand):
             return cand
     return None
+
+
+def rocshmem_missing_exports(bitcode: str, symbols, nm=None):
+    """The ``symbols`` that ``bitcode`` does not define, read with ``llvm-nm``
+    (ROCm's, else one on PATH); None when no llvm-nm can read it."""
+    import subprocess
+    nm = nm or _llvm_nm(bitcode)
+    if nm is None:
+        return None
+    try:
+        out = subprocess.run([nm, "--defined-only", "--format=just-symbols", bitcode], capture_output=True,
+                             text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    defined = set(out.stdout.split())
+    return sorted(s for s in symbols if s not in defined)
+
+
+def _version_tuple(v):
+    return tuple(int(x) for x in re.findall(r"\d+", v or "")[:3])
+
+
+def rocshmem_report(symbols, arch: str = "gfx942"):
+    """(bitcode or None, one line for ``ditron doctor``); ``symbols``: the
+    rocSHMEM functions ditron calls (``lowering.shmem_table.rocshmem_symbols()``)."""
+    try:
+        path = rocshmem_bitcode(arch)
+    except LibraryError as e:
+        return None, str(e)
+    if path is None or not os.path.exists(path):
+        where = f" ({path} does not exist)" if path else ""
+        return None, (f"not found for {arch}{where}: shmem.* on AMD unavailable (dl.* primitives need no library). "
+                      f"ditron targets rocSHMEM {ROCSHMEM_SUPPORTED}'s C exports (ROCm/rocm-systems "
+                      "projects/rocshmem); set DITRON_ROCSHMEM_BC or ROCSHMEM_HOME")
+    ver = rocshmem_version(path)
+    notes = []
+    if ver is None:
+        notes.append(f"version unknown (no include/rocshmem/rocshmem_config.h beside it; supported: "
+                     f"{ROCSHMEM_SUPPORTED})")
+    elif _version_tuple(ver) < _version_tuple(ROCSHMEM_SUPPORTED):
+        notes.append(f"version {ver} is OLDER than the supported {ROCSHMEM_SUPPORTED} (older rocSHMEM exports only "
+                     "C++ names; kernels calling shmem.* will not link)")
+    else:
+        notes.append(f"version {ver} (supported: {ROCSHMEM_SUPPORTED})")
+    missing = rocshmem_missing_exports(path, symbols)
+    if missing is None:
+        notes.append("exports not checked (no llvm-nm: ROCm's $ROCM_PATH/llvm/bin/llvm-nm or one on PATH)")
+    elif missing:
+        notes.append(f"MISSING {len(missing)} of the C functions ditron calls: {', '.join(missing)}")
+    else:
+        notes.append(f"defines all {len(symbols)} C functions ditron calls")
+    return path, f"{path} ({arch}): " + "; ".join(notes)
 
 
 def shmem_library(target):
@@ -100,11 +216,14 @@ def shmem_library(target):
                                "pip install nvidia-nvshmem-cu13 (or -cu12), or set NVSHMEM_HOME / DITRON_NVSHMEM_BC")
         return NVSHMEM_LIB, path
     if target.backend == "hip":
-        path = rocshmem_bitcode()
+        path = rocshmem_bitcode(str(target.arch))
         if path is None or not os.path.exists(path):
-            raise LibraryError(f"shmem.* on {target.name} needs the rocSHMEM device bitcode, which was not found: "
-                               "set DITRON_ROCSHMEM_BC to its .bc file (or ROCSHMEM_HOME). Tile- and thread-level "
-                               "primitives (dl.*) need no library on AMD")
+            where = f" ({path} does not exist)" if path else ""
+            raise LibraryError(f"shmem.* on {target.name} needs the rocSHMEM device bitcode "
+                               f"{ROCSHMEM_BC.format(arch=target.arch)} (rocSHMEM {ROCSHMEM_SUPPORTED} or newer, with "
+                               f"the C exports of src/device/rocshmem_wrapper.cc), which was not found{where}: "
+                               "set DITRON_ROCSHMEM_BC to its .bc file (or ROCSHMEM_HOME / ROCM_PATH). Tile- and "
+                               "thread-level primitives (dl.*) need no library on AMD")
         return ROCSHMEM_LIB, path
     raise LibraryError(f"no OpenSHMEM library for target {target.name}")
 
@@ -144,9 +263,13 @@ def compatibility_report():
         for t, n in KNOWN_BAD:
             if tv.startswith(t) and ver == n:
                 status = "KNOWN NOT TO WORK (Triton's LLVM cannot parse it)"
-    return {"nvshmem_bitcode": path, "nvshmem_version": ver, "nvshmem_status": status,
-            "rocshmem_bitcode": rocshmem_bitcode()}
+    try:
+        roc = rocshmem_bitcode()
+    except LibraryError:
+        roc = None
+    return {"nvshmem_bitcode": path, "nvshmem_version": ver, "nvshmem_status": status, "rocshmem_bitcode": roc}
 
 
 __all__ = ["NVSHMEM_LIB", "ROCSHMEM_LIB", "NeedLibrary", "nvshmem_bitcode", "nvshmem_version", "rocshmem_bitcode",
+           "rocshmem_version", "rocshmem_report",
            "shmem_library", "explain_link_failure", "compatibility_report", "DitronCompileError"]

@@ -123,7 +123,8 @@ def notify(ptr, rank, signal=1, sig_op="set", comm_scope="intra_node", _semantic
     NVIDIA: ``bar.sync 0`` then ``st.release.<scope>.global`` /
     ``red.release.<scope>.global.add`` by thread 0, or ``nvshmemx_signal_op``.
     AMD: ``s_barrier`` then an LLVM release store / ``atomicrmw add release``,
-    or ``rocshmem_signal_op``.  Simulator: an atomic store/add on the peer heap.
+    or ``rocshmem_uint64_atomic_set`` / ``_add`` by work-item 0.  Simulator: an atomic store/add on the peer
+    heap.
     """
     return emit("notify", {"ptr": ptr, "rank": rank, "signal": signal}, {"sig_op": sig_op, "comm_scope": comm_scope},
                 _semantic, _generator, params=("ptr", "rank", "signal", "sig_op", "comm_scope"))

@@ -12,8 +12,10 @@ uint64.
 NVIDIA: calls into NVSHMEM's device bitcode (``libnvshmem_device.bc`` from the
 nvidia-nvshmem pip package or ``NVSHMEM_HOME``) through wrappers with the exact
 C prototypes; the library is linked only into kernels that call these
-functions.  AMD: rocSHMEM, when its bitcode is given (``DITRON_ROCSHMEM_BC``);
-otherwise a compile-time error naming the missing library.
+functions.  AMD: rocSHMEM 3.4.0+'s C exports (``librocshmem_device_<arch>.bc``,
+found through ``DITRON_ROCSHMEM_BC``, ``ROCSHMEM_HOME`` or ``ROCM_PATH``), with
+rocSHMEM's own constants (docs/language.md has the table); otherwise a
+compile-time error naming the missing file.
 """
 from __future__ import annotations
 

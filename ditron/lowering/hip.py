@@ -470,10 +470,34 @@ def _ffs(ctx, x):
 
 
 # ---------------------------------------------------------------------------
-# chunk level: rocSHMEM
+# chunk level: rocSHMEM (the C exports of rocshmem_wrapper.cc, see shmem_table)
 # ---------------------------------------------------------------------------
-_shmem_call = shmem_rules.make_shmem_call(LIB, shmem_table.ROCSHMEM,
-                                          {"sig_op": shmem_table.ROCSHMEM_SIGNAL, "cmp": shmem_table.ROCSHMEM_CMP})
+_T = shmem_table
+#: rocSHMEM exports no signal wait that returns the word: its uint64 wait, then a signal fetch
+_WAIT_FETCH = ("rocshmem_uint64_wait_until_then_signal_fetch", "uint64", ["ptr", "int", "uint64"])
+
+
+def _rocshmem_signal_op(ctx, call_entry, args, extra, suffix):
+    """shmem.signal_op: rocshmem_uint64_atomic_set / _add (dest, value, pe), the order of ``args``."""
+    entry = _T.ROCSHMEM_PARTS[_T.ROCSHMEM_SIGNAL_ATOMIC[extra["sig_op"]]]
+    return call_entry(ctx, "shmem.signal_op", entry, args, {}, suffix)
+
+
+def _rocshmem_signal_wait_until(ctx, call_entry, args, extra, suffix):
+    """shmem.signal_wait_until: rocshmem_uint64_wait_until (void), then rocshmem_signal_fetch."""
+    if suffix:
+        raise ctx.error(f"no {suffix} variant of the rocSHMEM signal wait")
+    return call_entry(ctx, "shmem.signal_wait_until", _WAIT_FETCH, args, extra)
+
+
+_shmem_call = shmem_rules.make_shmem_call(
+    LIB, _T.ROCSHMEM, {"sig_op": _T.ROCSHMEM_SIGNAL, "cmp": _T.ROCSHMEM_CMP},
+    composed={"shmem.signal_op": _rocshmem_signal_op, "shmem.signal_wait_until": _rocshmem_signal_wait_until},
+    refused=_T.ROCSHMEM_REFUSED)
 shmem_rules.register_shmem(BACKEND, _shmem_call)
-shmem_rules.define_wrappers(LIB, shmem_table.ROCSHMEM)
-shmem_rules.define_signal_once(LIB, shmem_table.ROCSHMEM, "llvm.amdgcn.workitem.id.x")
+shmem_rules.define_wrappers(LIB, _T.ROCSHMEM)
+shmem_rules.define_wrappers(LIB, _T.ROCSHMEM_PARTS)
+shmem_rules.define_wait_then_fetch(LIB, shmem_rules.wrapper_name(_WAIT_FETCH), _T.ROCSHMEM_PARTS["uint64_wait_until"],
+                                   _T.ROCSHMEM_PARTS["signal_fetch"])
+shmem_rules.define_signal_once(LIB, _T.ROCSHMEM, "llvm.amdgcn.workitem.id.x",
+                               entries=[_T.ROCSHMEM_PARTS[k] for k in _T.ROCSHMEM_SIGNAL_ATOMIC.values()])

@@ -25,33 +25,68 @@ def define_wrappers(lib, table):
             devlib.add_c_wrapper(lib, name, *entry)
 
 
-def define_signal_once(lib, table, tid_intrinsic):
+def define_signal_once(lib, table, tid_intrinsic, entries=None):
     """``ditron_<signal_op>_once``: the signal operation performed by thread 0
-    only (``dl.notify(comm_scope="inter_node")`` signals once per program)."""
-    symbol, ret, params = table[("shmem.signal_op", None, None)]
+    only (``dl.notify(comm_scope="inter_node")`` signals once per program).
+    ``entries``: the device functions to wrap (default: the table's signal_op)."""
     lib.declare(tid_intrinsic, f"declare i32 @{tid_intrinsic}()")
     guard = f"  %tid = call i32 @{tid_intrinsic}()\n  %guard = icmp eq i32 %tid, 0"
-    devlib.add_c_wrapper(lib, f"ditron_{symbol}_once", symbol, ret, params, guard=guard)
+    for symbol, ret, params in entries or [table[("shmem.signal_op", None, None)]]:
+        devlib.add_c_wrapper(lib, f"ditron_{symbol}_once", symbol, ret, params, guard=guard)
 
 
-def make_shmem_call(lib, table, consts):
+def define_wait_then_fetch(lib, name, wait, fetch):
+    """``i64 name(i64 sig, i32 cmp, i64 value)``: calls ``wait`` (``void (uint64_t *, int, uint64_t)``),
+    then returns ``fetch(sig)`` (``uint64_t (const uint64_t *)``): a signal wait that returns the word,
+    for a library whose wait returns nothing.  The word is read after the wait returns, so a peer that
+    changes it again in between is seen with its newer value (as a second wait would)."""
+    (wsym, wret, wparams), (fsym, fret, fparams) = wait, fetch
+    assert (wret, wparams, fret, fparams) == ("void", ["ptr", "int", "uint64"], "uint64", ["ptr"]), (wait, fetch)
+    lib.declare(wsym, f"declare void @{wsym}(ptr, i32, i64)")
+    lib.declare(fsym, f"declare i64 @{fsym}(ptr)")
+    lib.define(name, f"""
+define i64 @{name}(i64 %a0, i32 %a1, i64 %a2) #0 {{
+  %p = inttoptr i64 %a0 to ptr
+  call void @{wsym}(ptr %p, i32 %a1, i64 %a2)
+  %r = call i64 @{fsym}(ptr %p)
+  ret i64 %r
+}}""")
+    return name
+
+
+def make_shmem_call(lib, table, consts, composed=None, refused=None):
+    """``composed``: kind -> ``fn(ctx, call_entry, args, extra, suffix)`` for operations the library
+    lacks but that are built from what it exports; ``refused``: kind -> what to use instead, for
+    operations that cannot be built (a compile-time error naming the op and the target)."""
+    composed, refused = composed or {}, refused or {}
+
     def shmem_call(ctx, kind, args, extra=None, suffix=""):
         """Call the device function for ``kind`` (variant from the op's
         ``nbi``/``coop`` attributes) with ``args`` in prototype order; ``extra``
         supplies the constants (sig_op, cmp)."""
+        if kind in refused:
+            raise ctx.error(f"not available: {refused[kind]}")
+        extra = extra or {}
+        if kind in composed:
+            common.require_shmem(ctx)
+            return composed[kind](ctx, call_entry, args, extra, suffix)
         entry = shmem_table.lookup(table, kind, ctx.op.attrs.get("nbi"), ctx.op.attrs.get("coop"))
         if entry is None:
             raise ctx.error("no device function for this variant")
         common.require_shmem(ctx)
+        return call_entry(ctx, kind, entry, args, extra, suffix)
+
+    def call_entry(ctx, kind, entry, args, extra, suffix=""):
+        """Call ``entry`` = (symbol, return kind, parameter kinds) through its wrapper."""
         symbol, ret, params = entry
         args = list(args)
-        extra = extra or {}
         # prototype order: putmem_signal (.., signal, sig_op, pe), signal_op (sig, signal, sig_op, pe),
         # signal_wait_until (sig, cmp, value)
         if "sig_op" in extra:
             args.insert(len(args) - 1, consts["sig_op"][extra["sig_op"]])
         if "cmp" in extra:
             args.insert(1, consts["cmp"][extra["cmp"]])
+        assert len(args) == len(params), (symbol, len(args), params)
         conv = []
         for a, kind_ in zip(args, params):
             v = ctx.tensor(a)

@@ -46,17 +46,60 @@ NVSHMEM.update({
 NVSHMEM_SIGNAL = {"set": 9, "add": 10}
 NVSHMEM_CMP = {"eq": 0, "ne": 1, "gt": 2, "le": 3, "lt": 4, "ge": 5}
 
-#: rocSHMEM (work-group = block, wavefront = warp).  Not checked against a
-#: rocSHMEM bitcode: none is available on the development machines.
+#: rocSHMEM: the C-callable device exports of the newest rocSHMEM (ROCm/rocm-systems,
+#: projects/rocshmem, ``src/device/rocshmem_wrapper.cc``: ``extern "C"`` functions forwarding to
+#: ``rocshmem::``; read at commits 2922ab56 and fc82b313, CMake VERSION_STRING 3.4.0).  Older rocSHMEM
+#: (2.x, 3.2) exports only C++ (mangled) names in ``namespace rocshmem`` and is not supported.
+#: Work-group = block, wavefront = warp.  tests/test_rocshmem_table.py pins every entry to the
+#: prototypes read from those files.
+ROCSHMEM_VERSION = "3.4.0"
+ROCSHMEM_SOURCE = "ROCm/rocm-systems projects/rocshmem (src/device/rocshmem_wrapper.cc, commit fc82b313)"
+_ROC_COOP = {"thread": "", "warp": "_wave", "block": "_wg"}
 ROCSHMEM = {}
-for (_kind, _nbi, _coop), (_sym, _ret, _params) in NVSHMEM.items():
-    _base = _sym.replace("nvshmemx_", "rocshmem_").replace("nvshmem_", "rocshmem_")
-    _base = _base.replace("_block", "_wg").replace("_warp", "_wave")
-    ROCSHMEM[(_kind, _nbi, _coop)] = (_base, _ret, _params)
-ROCSHMEM[("shmem.barrier_all", None, "block")] = ("rocshmem_wg_barrier_all", "void", [])
-ROCSHMEM[("shmem.sync_all", None, "block")] = ("rocshmem_wg_sync_all", "void", [])
+for _op in ("putmem", "getmem", "putmem_signal"):
+    for _nbi in (False, True):
+        for _coop, _csfx in _ROC_COOP.items():
+            ROCSHMEM[(f"shmem.{_op}", _nbi, _coop)] = (f"rocshmem_{_op}{'_nbi' if _nbi else ''}{_csfx}", "void",
+                                                      _SIG if _op == "putmem_signal" else _MEM)
+for _coop, _csfx in _ROC_COOP.items():
+    ROCSHMEM[("shmem.barrier_all", None, _coop)] = (f"rocshmem_barrier_all{_csfx}", "void", [])
+    ROCSHMEM[("shmem.sync_all", None, _coop)] = (f"rocshmem_sync_all{_csfx}", "void", [])
+ROCSHMEM.update({
+    ("shmem.my_pe", None, None): ("rocshmem_my_pe", "int", []),
+    ("shmem.n_pes", None, None): ("rocshmem_n_pes", "int", []),
+    ("shmem.remote_ptr", None, None): ("rocshmem_ptr", "ptr", ["ptr", "int"]),
+    ("shmem.quiet", None, None): ("rocshmem_quiet", "void", []),
+    ("shmem.fence", None, None): ("rocshmem_fence", "void", []),
+})
+
+#: rocSHMEM has no signal_op, signal_wait_until or mc_ptr export: ditron builds the first two from
+#: these exports (signal_op "set"/"add" -> the uint64 atomics; signal_wait_until -> the uint64 wait,
+#: which returns nothing, then rocshmem_signal_fetch for the word's value)
+ROCSHMEM_PARTS = {
+    "uint64_atomic_set": ("rocshmem_uint64_atomic_set", "void", ["ptr", "uint64", "int"]),
+    "uint64_atomic_add": ("rocshmem_uint64_atomic_add", "void", ["ptr", "uint64", "int"]),
+    "uint64_wait_until": ("rocshmem_uint64_wait_until", "void", ["ptr", "int", "uint64"]),
+    "signal_fetch": ("rocshmem_signal_fetch", "uint64", ["ptr"]),
+}
+#: shmem.signal_op's sig_op -> the rocSHMEM atomic that performs it
+ROCSHMEM_SIGNAL_ATOMIC = {"set": "uint64_atomic_set", "add": "uint64_atomic_add"}
+#: operations no rocSHMEM export can build: refused at compile time (op -> what to use instead)
+ROCSHMEM_REFUSED = {
+    "shmem.remote_mc_ptr": "rocSHMEM has no multicast address (no rocshmem_mc_ptr export, and AMD GPUs have no "
+                           "NVLink SHARP multicast); use shmem.remote_ptr / dl.symm_at per peer instead",
+}
+
+#: rocSHMEM's own constants (include/rocshmem/rocshmem_common.hpp: enum ROCSHMEM_SIGNAL_OPS and
+#: enum rocshmem_cmps, EQ, NE, GT, GE, LT, LE).  The order differs from NVSHMEM's (LE = 3, GE = 5).
 ROCSHMEM_SIGNAL = {"set": 0, "add": 1}
-ROCSHMEM_CMP = dict(NVSHMEM_CMP)
+ROCSHMEM_CMP = {"eq": 0, "ne": 1, "gt": 2, "ge": 3, "lt": 4, "le": 5}
+
+
+def rocshmem_symbols():
+    """Every rocSHMEM symbol ditron may call, with its (return kind, parameter kinds)."""
+    out = {sym: (ret, params) for sym, ret, params in ROCSHMEM.values()}
+    out.update({sym: (ret, params) for sym, ret, params in ROCSHMEM_PARTS.values()})
+    return out
 
 
 def lookup(table, kind, nbi=None, coop=None):

@@ -101,6 +101,9 @@ def _torch():
     if not torch.cuda.is_available():
         raise DitronError("no CUDA GPU is visible to this process (torch.cuda.is_available() is False); on a "
                           "machine without GPUs use ditron.init(backend='sim') or run under `ditron sim`")
+    from .rocm import hip_version, runtime_unavailable
+    if hip_version(torch):
+        raise runtime_unavailable(hip_version(torch))
     return torch
 
 

@@ -80,6 +80,12 @@ def _links_nvshmem(metadata_group) -> bool:
     return any(name == NVSHMEM_LIB for name, _ in _compat.metadata_extern_libs(metadata_group))
 
 
+def _links_rocshmem(metadata_group) -> bool:
+    from .. import _compat
+    from ..libs import ROCSHMEM_LIB
+    return any(name == ROCSHMEM_LIB for name, _ in _compat.metadata_extern_libs(metadata_group))
+
+
 def _current_device_index():
     import torch
     return torch.cuda.current_device()
@@ -91,6 +97,9 @@ def _on_kernel_load(module, function, name, metadata_group, hash_=None):
     NVSHMEM, NVSHMEM's module initialisation."""
     if not module:
         return
+    if _links_rocshmem(metadata_group):
+        from .rocm import rocshmem_module_unsupported
+        raise rocshmem_module_unsupported(name)
     from . import gpu_driver
     found = gpu_driver.module_global(module, WORLD_SYMBOL)
     nv = _links_nvshmem(metadata_group)
