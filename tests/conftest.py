@@ -138,6 +138,23 @@ def dist_world(request):
     return make
 
 
+#: fixtures through which a test body runs on this rank's GPU world under torchrun
+_GPU_FIXTURES = {"dist", "dist_world", "dist_", "_gpu_dist"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under torchrun with DITRON_TEST_GPU_ONLY=1 (tests/gpu/run.sh), keep only the tests that run a body on the
+    GPU world: the rest (compile, simulator and argument tests) are the CPU suite's, which CI runs; every rank
+    repeating them would only slow the GPU script down."""
+    if GPU_BACKEND == "sim" or os.environ.get("DITRON_TEST_GPU_ONLY") != "1":
+        return
+    keep = [it for it in items if _GPU_FIXTURES & set(getattr(it, "fixturenames", ()))]
+    drop = [it for it in items if it not in keep]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_sessionfinish(session, exitstatus):
     for c in _CLUSTERS.values():
         c.close()

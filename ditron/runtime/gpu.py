@@ -322,6 +322,11 @@ def _announce_sharing(rank, local_rank, dev, on_gpu, per_gpu):
     mps = sharing.mps_running()
     line = (f"ditron: {on_gpu} ranks share {dev} ({sharing.ENV}={per_gpu}); each sizes its grids to its share of "
             "the SMs. For correctness and debugging, not timing.")
+    if mps and wait_timeout_ns():
+        line += (" DITRON_WAIT_TIMEOUT_S is set under MPS: a bounded wait that expires traps, and MPS ends the "
+                 "kernels of every rank on this GPU on a fatal fault, so only the first rank to time out reports its "
+                 "hang (the others see a lost context). For every rank's report, bypass MPS "
+                 "(CUDA_MPS_PIPE_DIRECTORY pointing to a directory without a daemon).")
     if not mps:
         line += (" MPS is not running: the GPU time-slices between the ranks' processes, so every cross-rank wait "
                  "costs a time slice (slow, still correct). Start MPS (nvidia-cuda-mps-control -d) for speed.")
