@@ -43,7 +43,7 @@ from ..lowering.devlib import HEAP_ALIGN, MAX_LOCAL_RANKS
 from .gpu_base import _activate, _all_gather, _install_hooks, multicast_off, set_group, wait_timeout_ns
 from .gpu_base import hang_report, loaded_modules, wait_for_hang_report  # noqa: F401  (public API)
 from .heap import heap_size_from_env, parse_size, round_up
-from .world import World, topology_from_env
+from .transport import World, topology_from_env
 
 DEFAULT_HEAP = 1 << 30
 
