@@ -155,6 +155,7 @@ def jit(fn=None, **kwargs):
 
     def decorator(f):
         if _compat.interpreter_enabled():
+            from .sim import access, race  # noqa: F401 -- the executor's observers provide themselves
             from .sim.executor import SimKernel
             opts = {k: v for k, v in kwargs.items() if k in ("version", "repr", "launch_metadata", "do_not_specialize",
                                                              "do_not_specialize_on_alignment", "debug",

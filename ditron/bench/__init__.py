@@ -5,7 +5,8 @@
   plots);
 * one module per op family: :mod:`ditron.bench.collectives`
   (all_reduce, all_gather, reduce_scatter) and :mod:`ditron.bench.gemm`
-  (ag_gemm, gemm_rs, gemm_ar, the GEMM core) and :mod:`ditron.bench.moe`
+  (ag_gemm, gemm_rs, gemm_ar, the GEMM core; split by idea into ``gemm_shapes``,
+  ``gemm_run``, ``gemm_sweep``, ``gemm_report``) and :mod:`ditron.bench.moe`
   (grouped_gemm, ag_moe, moe_rs, moe_ar, ep) and :mod:`ditron.bench.megakernel`
   (the Qwen3-like TP decoder step as one persistent kernel).
 

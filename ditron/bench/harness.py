@@ -1,6 +1,7 @@
 """Benchmark harness (measure, check, report, plot) shared by the op
 families of ``ditron bench`` (:mod:`ditron.bench.collectives`,
-:mod:`ditron.bench.gemm`).
+:mod:`ditron.bench.gemm` and its ``gemm_*`` modules, :mod:`ditron.bench.moe`,
+:mod:`ditron.bench.megakernel`).
 
 For each size of the sweep, every implementation (ditron's methods, NCCL
 through ``torch.distributed``, torch's symmetric-memory ops) is first checked
@@ -15,6 +16,7 @@ code path -- checks, table, JSON -- runs; CI uses it as a smoke test.
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import math
 import os
@@ -325,3 +327,48 @@ def write_results(sweep: Sweep, out_dir: str, tag: str, command: str, machine: s
 
 # ---------------------------------------------------------------------------
 # collectives
+
+
+# ---------------------------------------------------------------------------
+# shared by the benchmarks that run on a world (gemm, moe, megakernel)
+# ---------------------------------------------------------------------------
+
+def geomean(xs):
+    xs = [x for x in xs if x is not None and x > 0 and math.isfinite(x)]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def agree_fn(world):
+    """``agree(flags) -> flags``: an implementation counts as passed only if it
+    passed on every rank (so that every rank times the same ones)."""
+    import torch
+    import torch.distributed as dist
+
+    import ditron
+
+    def agree(flags):
+        if dist.is_available() and dist.is_initialized():
+            dev = "cuda" if torch.cuda.is_available() and dist.get_backend() == "nccl" else "cpu"
+            t = torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32, device=dev)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            return [bool(v) for v in t.tolist()]
+        if world.world_size == 1 or world.nnodes > 1:
+            return list(flags)
+        with ditron.heap_scope():                 # the simulator: through symmetric memory
+            buf = ditron.symm_zeros((len(flags),), torch.int32, name="bench.agree")
+            buf.copy_(torch.tensor([int(bool(f)) for f in flags], dtype=torch.int32))
+            ditron.barrier_all()
+            res = torch.ones(len(flags), dtype=torch.int32)
+            for r in range(world.world_size):
+                res = torch.minimum(res, ditron.peer_tensor(buf, r).cpu())
+            ditron.barrier_all()
+        return [bool(v) for v in res.tolist()]
+    return agree
+
+
+def _release(device):
+    gc.collect()
+    if str(device).startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()

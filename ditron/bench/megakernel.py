@@ -36,8 +36,7 @@ import json
 import os
 import sys
 
-from .gemm import _release, agree_fn
-from .harness import Impl, measure, result_meta
+from .harness import Impl, _release, agree_fn, measure, result_meta
 
 
 def copy_bandwidth(device, nbytes=1 << 30, iters=10):

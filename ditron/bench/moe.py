@@ -50,8 +50,7 @@ import math
 import os
 import sys
 
-from .harness import Impl, measure, result_meta
-from .gemm import _release, agree_fn, geomean
+from .harness import Impl, _release, agree_fn, geomean, measure, result_meta
 
 OPS = ("grouped_gemm", "ag_moe", "moe_rs", "moe_ar", "ep")
 

@@ -44,7 +44,7 @@ from .gpu_base import _activate, _all_gather, _install_hooks, multicast_off, set
 from .gpu_base import hang_report, loaded_modules, wait_for_hang_report  # noqa: F401  (public API)
 from .heap import heap_size_from_env, parse_size, round_up
 from . import sharing
-from .world import World, topology_from_env
+from .transport import World, topology_from_env
 
 DEFAULT_HEAP = 1 << 30
 

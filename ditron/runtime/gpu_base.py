@@ -20,7 +20,7 @@ from ..lowering import cuda_p2p
 from ..lowering.devlib import HEAP_ALIGN, WORLD_FIELDS, WORLD_HEAP_DELTAS, WORLD_MAGIC, \
     WORLD_SYMBOL, WORLD_WORDS
 from .heap import SymmetricHeap
-from .world import Transport
+from .transport import Transport
 
 log = logging.getLogger("ditron")
 

@@ -40,7 +40,7 @@ def group_ranks(group):
 
 def topology_from_group(group, job_topo):
     """(rank, world_size, local_rank, local_world_size, nnodes, node) of this process in the world on
-    ``group``; ``job_topo`` is the job's topology (:func:`~ditron.runtime.world.topology_from_env`)."""
+    ``group``; ``job_topo`` is the job's topology (:func:`~ditron.runtime.transport.topology_from_env`)."""
     import torch.distributed as dist
     if not dist.is_available() or not dist.is_initialized():
         raise DitronError("ditron.init(group=...): torch.distributed is not initialised (call "

@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import DitronError, DitronHangError
 from ..sim import memory as M
 from .heap import SymmetricHeap, heap_size_from_env, parse_size, round_up, HEAP_ALIGN
-from .world import Transport, World
+from .transport import Transport, World
 
 DEFAULT_SIM_HEAP = 64 << 20
 DEFAULT_HANG_TIMEOUT_S = 30.0

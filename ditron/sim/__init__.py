@@ -8,6 +8,8 @@
 * :mod:`ditron.sim.race` -- the race finder (``ditron sim --race``)
 * :mod:`ditron.sim.access` -- hooks on the interpreter's loads and stores;
   polling loops
+* :mod:`ditron.sim.events` -- the interface between the executor and its
+  observers (access, race), below all three
 * :mod:`ditron.runtime.sim` -- the transport (shared-memory heaps, control
   block, watchdog); :mod:`ditron.lowering.sim` -- the op semantics
 """

@@ -17,7 +17,7 @@ import numpy as np
 from .. import _compat
 from ..lowering import provide
 from . import race
-from .executor import current_launch, current_program
+from .events import current_launch, current_program
 
 
 def polled(addrs, mask, vals, primitive):

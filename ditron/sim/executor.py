@@ -23,20 +23,8 @@ import traceback
 
 from .. import _compat
 from ..errors import DitronError, DitronHangError
-from . import race
-from ..lowering import provide
-
-_CURRENT = threading.local()
-
-
-def current_launch():
-    """The :class:`Launch` of the calling program thread (None on the host)."""
-    return getattr(_CURRENT, "launch", None)
-
-
-def current_program():
-    return getattr(_CURRENT, "program", None)
-
+from ..lowering import provide, provided
+from .events import _CURRENT, current_launch, current_program
 
 provide("launch", current_launch)       # the sim lowering rules read these; lowering never imports the simulator
 provide("program", current_program)
@@ -110,11 +98,14 @@ def _params(fn, arg_names):
 def _install_hooks():
     """Route the interpreter's volatile loads (polling) -- and, for the race
     finder, every load, store and atomic -- to the simulator."""
-    from . import access
     H = _compat.ACCESS_HOOKS
     if H.load is None:
+        access = provided("access")     # the observers provide themselves (see ditron.sim.events)
+        if access is None:
+            raise DitronError("the simulator's access hooks (ditron.sim.access) are not loaded; "
+                              "kernels reach the executor through ditron.jit, which loads them")
         H.load, H.store, H.atomic = access.interp_load, access.interp_store, access.interp_atomic
-    H.plain = race.enabled()
+    H.plain = provided("race") is not None
 
 
 def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
@@ -140,7 +131,8 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
         if hasattr(v, "data_ptr") and hasattr(v, "untyped_storage"):
             launch.tensor_args.append((k, v.data_ptr(), v.numel() * v.element_size()))
     programs = [(x, y, z) for x in range(grid[0]) for y in range(grid[1]) for z in range(grid[2])]
-    launch.race = race.launch_begin(launch)
+    race = provided("race")          # the race finder, when on
+    launch.race = race.launch_begin(launch) if race is not None else None
     order = list(enumerate(programs)) if launch.race is None else launch.race.order(list(enumerate(programs)))
     threads = []
     if transport is not None:

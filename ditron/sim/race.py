@@ -48,6 +48,7 @@ import numpy as np
 from ..errors import DitronError
 from ..lowering import provide
 from . import memory as M
+from .events import LaunchObserver
 
 ENV = "DITRON_SIM_RACE"
 SEED_ENV = "DITRON_SIM_SEED"
@@ -438,7 +439,7 @@ def _thread(st):
 # hooks: executor, lowering rules, transport
 # ---------------------------------------------------------------------------
 
-class LaunchRace:
+class LaunchRace(LaunchObserver):
     def __init__(self, st, launch):
         self.st = st
         st.launches += 1
@@ -496,7 +497,7 @@ def maybe_yield():
     t = getattr(_T, "t", None)
     if st is None or t is None:
         return
-    from .executor import current_launch
+    from .events import current_launch
     launch = current_launch()
     if launch is None or launch.race is None or launch.race.rng.random() >= 0.25:
         return

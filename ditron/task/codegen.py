@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .. import _compat
-from .graph import EPOCH, MAX_SCALARS, _is_tensor
+from .common import EPOCH, MAX_SCALARS, _is_tensor
 
 #: int32 words per work item in the item table: its branch and tile, its scoreboard slot, its first dependency
 #: range inline (first slot, count), the rest in the dependency table (rows dep_lo .. dep_hi), up to 4 scalars,

@@ -11,20 +11,7 @@ from typing import Any, Callable, Optional, Union
 
 from .. import _compat
 from ..errors import DitronError
-
-MAX_SCALARS = 4
-
-
-class _Epoch:
-    """Pass ``dtask.EPOCH`` as an argument value: the tile function receives
-    the megakernel's step number (int32, 1 in the first step), e.g. as the
-    signal value of a communication tile."""
-
-    def __repr__(self):
-        return "dtask.EPOCH"
-
-
-EPOCH = _Epoch()
+from .common import EPOCH, MAX_SCALARS, _is_tensor
 
 
 class Dep:
@@ -99,10 +86,6 @@ class Task:
 
     def __repr__(self):
         return f"Task({self.name!r}, tiles={self.num_tiles})"
-
-
-def _is_tensor(v) -> bool:
-    return hasattr(v, "data_ptr") and hasattr(v, "element_size")
 
 
 def _span(t):
