@@ -320,3 +320,49 @@ def gloo_reference_worker(rank, world_size, init_file, queue, steps=2, B=2, max_
         queue.put((rank, [ref.step(make_input(cfg, B, s)).float() for s in range(steps)]))
     finally:
         dist.destroy_process_group()
+
+
+def ptxas_usage(ptx, arch="sm_90a"):
+    """``{"registers", "spill_stores", "spill_loads", "stack"}`` (bytes per thread) of ``ptx`` by Triton's bundled
+    ``ptxas -v`` (no GPU needed): what the driver reports as ``n_regs`` / ``n_spills`` when it loads the kernel."""
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+    with tempfile.TemporaryDirectory() as d:
+        src = f"{d}/k.ptx"
+        with open(src, "w") as f:
+            f.write(ptx)
+        log = subprocess.run([get_ptxas(90).path, "-v", f"--gpu-name={arch}", src, "-o", f"{d}/k.cubin"],
+                             capture_output=True, text=True, check=True).stderr
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    r = re.search(r"Used (\d+) registers", log)
+    assert m and r, log
+    return {"registers": int(r.group(1)), "spill_stores": int(m.group(2)), "spill_loads": int(m.group(3)),
+            "stack": int(m.group(1))}
+
+
+def gemv_branches_compiled(world, batch, target="sm_90a"):
+    """The decoder's GEMV tasks (fused-norm QKV, fused-norm gate/up, down projection) exactly as
+    :func:`decoder_tasks` configures them for ``batch`` rows at Qwen3-8B's shapes (hidden 4096, intermediate
+    12288, ``TILES_8B``; ``N`` and ``K`` are compile-time constants, so the real sizes matter), in one graph, compiled ahead of time for ``target``.  Returns ``(compiled kernel, the GEMV
+    constexprs)``: the weights are 1-element placeholders (compiled, never run)."""
+    import ditron
+    from ditron.kernels.decoder import qwen3_8b
+    from ditron.kernels.decoder.weights import Weights
+    cfg = qwen3_8b(n_layers=1)
+    sh = cfg.shard(1)
+    w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)])
+    k = torch.empty((1, batch, sh.kv_heads, 16, cfg.head_dim), dtype=torch.bfloat16)
+    buf = make_buffers(cfg, 1, batch, 16, 8, "cpu")
+    specs = {s.name: s for s in decoder_tasks(cfg, 1, w, k, k.clone(), buf)}
+    g = dtask.TaskGraph(f"gemv_b{batch}")
+    tasks = {}
+    for name, deps in (("qkv.0", ()), ("gu.0", ()), ("down.0", ("gu.0",))):
+        s = specs[name]
+        tasks[name] = g.register_task(s.fn, name=name, num_tiles=s.num_tiles, args=s.args, reads=s.reads,
+                                      writes=s.writes, scalars=s.scalars, deps=[dtask.Dep(tasks[d]) for d in deps])
+    mk = g.compile(num_programs=8, num_warps=cfg.tiles.num_warps)
+    ck = ditron.compile(mk.kernel, target=target, signature=mk.signature(), num_warps=cfg.tiles.num_warps)
+    c = specs["gu.0"].args
+    return ck, {k: c[k] for k in ("BLOCK_B", "BLOCK_N", "BLOCK_K", "DOT")}

@@ -225,6 +225,23 @@ def test_decoder_megakernel_compiles(target, gemv_dot):
         assert (got["prefetch_insns"] >= 3) if gemv_dot else got["prefetch_insns"] == 0, got
 
 
+def test_decoder_batch_gemv_does_not_spill():
+    # issue 26: from batch 3 the GEMV tiles switch to tl.dot with the batch padded to 16 rows; with the 1024-wide
+    # K chunks of batch 1 they held 16 x 1024 float32 activations (twice: double-buffered) and a 16 x 1024 sum of
+    # squares in registers: ptxas spilled ~27 KB per thread (stores) and a step took 35x longer on an H100.  The
+    # GEMV branches exactly as decoder_tasks configures them at batch 16 (Qwen3-8B's N and K), by ptxas -v
+    import ditron
+    world = ditron.init("sim")
+    try:
+        ck, c = B.gemv_branches_compiled(world, 16, "sm_90a")
+    finally:
+        ditron.finalize()
+    use = B.ptxas_usage(ck.asm["ptx"])
+    assert c["DOT"] and c["BLOCK_B"] == 16, c
+    assert "mma.sync" in ck.asm["ptx"], "the batch path's GEMV accumulates on the tensor cores"
+    assert use["spill_stores"] <= 128 and use["spill_loads"] <= 128, (c, use)
+
+
 @pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",
                     reason="simulator race finder")
 @pytest.mark.parametrize("fuse", [True, False])

@@ -60,6 +60,8 @@ class TileConfig:
     gemv_block_n: int = 32
     gemv_block_k: int = 512
     gemv_dot: Optional[bool] = None
+    dot_block_n: int = 0
+    dot_block_k: int = 256
     qkv_block_n: int = 0
     o_block_n: int = 0
     gate_up_block_n: int = 0
@@ -76,12 +78,17 @@ class TileConfig:
     num_warps: int = 4
     prefetch_k: int = 0
 
-    def block_n(self, proj: str) -> int:
-        """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``)."""
+    def block_n(self, proj: str, dot: bool = False) -> int:
+        """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
+        ``tl.dot`` path (``dot_block_n`` when set)."""
+        if dot and self.dot_block_n:
+            return self.dot_block_n
         return getattr(self, f"{proj}_block_n") or self.gemv_block_n
 
-    def block_k(self, proj: str) -> int:
-        """K elements per chunk of projection ``proj``."""
+    def block_k(self, proj: str, dot: bool = False) -> int:
+        """K elements per chunk of projection ``proj``; ``dot``: of the ``tl.dot`` path (``dot_block_k``)."""
+        if dot:
+            return self.dot_block_k
         return getattr(self, f"{proj}_block_k") or self.gemv_block_k
 
     def dot_for(self, batch: int) -> bool:
@@ -89,11 +96,11 @@ class TileConfig:
         return batch > 2 if self.gemv_dot is None else bool(self.gemv_dot)
 
     def __post_init__(self):
-        for name in ("gemv_block_n", "gemv_block_k", "norm_block", "attn_block", "comm_block"):
+        for name in ("gemv_block_n", "gemv_block_k", "dot_block_k", "norm_block", "attn_block", "comm_block"):
             v = getattr(self, name)
             if v <= 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be a power of two")
-        for name in ("qkv_block_n", "o_block_n", "gate_up_block_n", "down_block_n", "qkv_block_k", "o_block_k",
+        for name in ("dot_block_n", "qkv_block_n", "o_block_n", "gate_up_block_n", "down_block_n", "qkv_block_k", "o_block_k",
                      "gate_up_block_k", "down_block_k"):
             v = getattr(self, name)
             if v < 0 or v & (v - 1):

@@ -102,12 +102,12 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
     QH, KH, G, IL = sh.q_heads, sh.kv_heads, cfg.group, sh.inter
     max_ctx = k_cache.shape[3]
     S = sh.splits(max_ctx)
-    BN = {p: tc.block_n(p) for p in ("qkv", "o", "gate_up", "down")}
     dot = tc.dot_for(B)
+    BN = {p: tc.block_n(p, dot) for p in ("qkv", "o", "gate_up", "down")}
 
     def gemv_c(proj):
         c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN[proj],
-                 BLOCK_K=tc.block_k(proj), DOT=dot)
+                 BLOCK_K=tc.block_k(proj, dot), DOT=dot)
         if tc.prefetch_k:
             c["PREFETCH_K"] = tc.prefetch_k
         return c

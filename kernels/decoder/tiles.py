@@ -152,7 +152,10 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
     else:                                                        # transposed: see _mac
         acc = tl.zeros([BLOCK_N, BLOCK_B], tl.float32)
         acc2 = tl.zeros([BLOCK_N, BLOCK_B], tl.float32)
-    ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
+    if DOT:     # the rows' sums of squares, reduced per chunk: a [16, BLOCK_K] float32 sum would hold registers
+        ss = tl.zeros([BLOCK_B], tl.float32)
+    else:
+        ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
     offs_k = tl.arange(0, BLOCK_K)
     mk = offs_k < K
     w_nx = _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K)
@@ -174,7 +177,10 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
             w2_nx = w_nx
         a_nx, nw_nx = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, K, NORM)
         if NORM:
-            ss += a * a
+            if DOT:
+                ss += tl.sum(a * a, axis=1)
+            else:
+                ss += a * a
             x = a * nw[None, :]
         else:
             x = a
@@ -185,7 +191,10 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
         acc = tl.trans(acc)
         acc2 = tl.trans(acc2)
     if NORM:
-        rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+        if DOT:
+            rstd = 1.0 / tl.sqrt(ss / K + eps)
+        else:
+            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
         acc = acc * rstd[:, None]
         acc2 = acc2 * rstd[:, None]
     if not TWO:
