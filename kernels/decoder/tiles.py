@@ -11,9 +11,10 @@ Conventions (all buffers contiguous, row-major):
 * per-layer weights are stacked on a leading layer dimension and indexed by
   the ``layer`` scalar (an int carried in the work queue); layer offsets are
   computed in int64 (a stacked weight can exceed 2**31 elements);
-* the KV cache is ``[L, B, kv_heads, max_ctx, head_dim]``; ``seq_ptr`` is a
-  device int32 holding the number of valid positions (the new token's
-  position is ``seq - 1``), so CUDA-graph replays advance it;
+* the KV cache is paged (``kernels/decoder/weights.py``, ``PagedKV``): ``[L, num_pages, PAGE, kv_heads,
+  head_dim]`` and a block table ``[B, max_pages]`` int32; ``seq_ptr`` is a device int32 ``[B]`` holding each
+  sequence's number of valid positions (its new token's position is ``seq[b] - 1``), so CUDA-graph replays
+  advance it;
 * every size may be a non-multiple of its block: loads and stores are masked;
 * the GEMV / RMSNorm row sizes ``N`` and ``K`` are ``tl.constexpr`` (each projection is its own branch of the
   megakernel anyway): the compiler then knows the alignment of every row and emits 16-byte vector loads.
@@ -27,9 +28,19 @@ import ditron.language as dl
 
 
 @triton.jit
-def advance_tile(tile, seq_ptr):
-    """The step's first task: one more position in the KV cache (``seq += 1``)."""
-    tl.store(seq_ptr, tl.load(seq_ptr) + 1)
+def advance_tile(tile, seq_ptr, B, BLOCK_B: tl.constexpr):
+    """The step's first task: one more position in every sequence's KV cache (``seq[b] += 1``, ``b < B``)."""
+    offs = tl.arange(0, BLOCK_B)
+    m = offs < B
+    tl.store(seq_ptr + offs, tl.load(seq_ptr + offs, mask=m, other=0) + 1, mask=m)
+
+
+@triton.jit
+def _kv_rows(bt_ptr, b, pos, layer, num_pages, max_pages, KH, kvh, PAGE: tl.constexpr, mask):
+    """int64 row index (in units of ``HEAD_D``) of positions ``pos`` of sequence ``b``, kv head ``kvh`` in the
+    paged cache ``[L, num_pages, PAGE, KH, HEAD_D]``: page ``block_table[b, pos // PAGE]``, row ``pos % PAGE``."""
+    page = tl.load(bt_ptr + b * max_pages + pos // PAGE, mask=mask, other=0).to(tl.int64)
+    return ((layer.to(tl.int64) * num_pages + page) * PAGE + pos % PAGE) * KH + kvh
 
 
 @triton.jit
@@ -288,14 +299,16 @@ def gate_up_prefetch(tile, w_ptr, layer, N: tl.constexpr, K: tl.constexpr, BLOCK
 
 
 @triton.jit
-def qk_norm_rope_tile(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, seq_ptr, layer, B, QH, KH, max_ctx,
-                      eps, log2_theta, HEAD_D: tl.constexpr, BLOCK_H: tl.constexpr):
+def qk_norm_rope_tile(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, layer, B, QH, KH,
+                      num_pages, max_pages, eps, log2_theta, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
+                      BLOCK_H: tl.constexpr):
     """One head of one batch row of the QKV output ``[B, (QH + 2 KH) * D]`` (q heads, k heads, v heads).
     Tiles are ordered ``(b, kv head, j)`` with ``j < G``: q head ``kvh * G + j``, ``j == G``: k head ``kvh``,
     ``j == G + 1``: v head ``kvh`` (``G = QH / KH``), so the tiles one attention tile needs are contiguous.
     q / k: per-head RMSNorm with ``qn[layer]`` / ``kn[layer]`` (rounded to bf16 like Qwen3's q_norm / k_norm),
-    then rotary embedding (rotate-half form, angle ``pos * theta^(-2i/D)`` in float32) at ``pos = seq - 1``;
-    q goes to ``q[B, QH, D]``, k and v to the cache at ``[layer, b, kvh, pos]``."""
+    then rotary embedding (rotate-half form, angle ``pos * theta^(-2i/D)`` in float32) at ``pos = seq[b] - 1``;
+    q goes to ``q[B, QH, D]``, k and v to the paged cache at position ``pos`` of sequence ``b`` (:func:`_kv_rows`).
+    """
     HALF: tl.constexpr = HEAD_D // 2
     G = QH // KH
     j = tile % (G + 2)
@@ -313,8 +326,8 @@ def qk_norm_rope_tile(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, seq_
     src = qkv_ptr + (b * (QH + 2 * KH) + head) * HEAD_D
     x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + i, mask=m, other=0.0).to(tl.float32)
-    pos = tl.load(seq_ptr) - 1
-    cache = ((layer.to(tl.int64) * B + b) * KH + kvh) * max_ctx * HEAD_D + pos.to(tl.int64) * HEAD_D
+    pos = tl.load(seq_ptr + b) - 1
+    cache = _kv_rows(bt_ptr, b, pos, layer, num_pages, max_pages, KH, kvh, PAGE, pos >= 0) * HEAD_D
     if j == G + 1:
         tl.store(vc_ptr + cache + i, x1.to(vc_ptr.dtype.element_ty), mask=m)
         tl.store(vc_ptr + cache + HALF + i, x2.to(vc_ptr.dtype.element_ty), mask=m)
@@ -344,25 +357,25 @@ def qk_norm_rope_tile(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, seq_
 
 
 @triton.jit
-def attn_split_tile(tile, q_ptr, kc_ptr, vc_ptr, seq_ptr, o_ptr, lse_ptr, layer, B, QH, KH, max_ctx, nsplit,
-                    sm_scale, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
-                    SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
+def attn_split_tile(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, B, QH, KH, num_pages,
+                    max_pages, nsplit, sm_scale, PAGE: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
     """Flash-decoding partial: tile ``(b, kvh, s)`` (``s`` fastest) attends the ``G`` q heads of kv head ``kvh``
-    over cache positions ``[s * SPLIT, min((s + 1) * SPLIT, seq))``.  Writes the normalised partial output
+    over positions ``[s * SPLIT, min((s + 1) * SPLIT, seq[b]))`` of sequence ``b`` (each position's page looked
+    up in the block table, :func:`_kv_rows`; splits past a short sequence's context are empty).  Writes the normalised partial output
     ``o[b, h, s, :]`` (float32) and its log-sum-exp ``lse[b, h, s]`` (``-inf`` for an empty split)."""
     s = tile % nsplit
     bh = tile // nsplit
     b = bh // KH
     kvh = bh % KH
     G = QH // KH
-    seq = tl.load(seq_ptr)
+    seq = tl.load(seq_ptr + b)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     mg = offs_g < G
     md = offs_d < HEAD_D
     heads = b * QH + kvh * G + offs_g
     q = tl.load(q_ptr + heads[:, None] * HEAD_D + offs_d[None, :], mask=mg[:, None] & md[None, :], other=0.0)
-    base = ((layer.to(tl.int64) * B + b) * KH + kvh) * max_ctx * HEAD_D
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -371,7 +384,8 @@ def attn_split_tile(tile, q_ptr, kc_ptr, vc_ptr, seq_ptr, o_ptr, lse_ptr, layer,
     for p0 in range(start, stop, BLOCK_P):
         offs_p = p0 + tl.arange(0, BLOCK_P)
         mp = offs_p < stop
-        kv_off = base + offs_p[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
+        rows = _kv_rows(bt_ptr, b, offs_p, layer, num_pages, max_pages, KH, kvh, PAGE, mp)
+        kv_off = rows[:, None] * HEAD_D + offs_d[None, :]
         kv_mask = mp[:, None] & md[None, :]
         k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
         sc = tl.dot(q, tl.trans(k)) * sm_scale
