@@ -32,8 +32,8 @@ tasks, bytes per step and cache sizes per case) without building anything.
 Every step appends one position, so the context grows by up to
 ``2 * repeat * (warmup + iters)`` positions during the timing (the KV bytes
 of those positions are a fraction of a percent of the weight bytes at 8B).
-Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``--block-k`` (the same for K), ``--gemv-dot``,
-``--dot-block-n/-k`` (the tl.dot GEMV path of batches above 2), ``--attn-split``,
+Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``--block-k`` (the same for K),
+``--gemv-dot``, ``--dot-block-n/-k`` (the tl.dot GEMV path of batches above 2), ``--attn-split``,
 ``--attn-block``, ``--comm-block``, ``--num-warps``, ``--no-fuse-norm``,
 ``--prefetch-k`` (weight prefetch before each GEMV tile's wait), ``--scheduler``, ``--programs``.  ``--trace``
 adds a traced build's time per kind of task (``mk.profile()``).  Results: ``--out`` (Markdown + JSON).
@@ -242,7 +242,8 @@ def main(argv=None):
     p.add_argument("--block-k", default="", help="per-projection K chunk, e.g. 'gate_up=512,down=2048'")
     p.add_argument("--gemv-dot", choices=["auto", "on", "off"], default="auto",
                    help="GEMV tiles accumulate with tl.dot (auto: for batches above 2)")
-    p.add_argument("--dot-block-n", type=int, default=0, help="columns per GEMV tile on the tl.dot path (0: as without)")
+    p.add_argument("--dot-block-n", type=int, default=0,
+                   help="columns per GEMV tile on the tl.dot path (0: the projection's width)")
     p.add_argument("--dot-block-k", type=int, default=0, help="K chunk of the tl.dot GEMV path (default 256)")
     p.add_argument("--no-fuse-norm", action="store_true", help="separate RMSNorm tasks (TileConfig.fuse_norm=False)")
     p.add_argument("--attn-split", type=int, default=0)
@@ -273,19 +274,9 @@ def main(argv=None):
     bw = copy_bandwidth(world.device)
     from ..kernels.decoder.weights import make_weights
     weights = make_weights(cfg, world.rank, world.world_size, device=world.device)
-    rows = []
-    for ctx in ctxs:
-        for batch in batches:
-            with ditron.heap_scope():
-                rows.append(bench_case(world, cfg, ctx, batch, args, bw, weights))
-            _release(world.device)
-            if world.rank == 0:
-                r = rows[-1]
-                print(f"context {ctx} batch {batch}: {r['check']}, megakernel {r.get('megakernel_us')} us, "
-                      f"torch + graph {r.get('torch_graph_us')} us, HBM limit {r['hbm_limit_us']:.1f} us"
-                      + (f", {r['resources']['n_regs']} registers ({r['resources']['n_spills']} spilled)"
-                         if r.get("resources") else ""), flush=True)
-    if world.rank == 0:
+    def report(final):
+        if world.rank != 0:
+            return
         command = "ditron bench megakernel " + " ".join(argv)
         meta = result_meta("megakernel", "bf16", world.world_size, world.device, args.machine, command)
         meta.update(config=args.config, layers=cfg.n_layers, tiles=vars(cfg.tiles), copy_bandwidth_GBs=bw / 1e9,
@@ -309,10 +300,27 @@ def main(argv=None):
             f.write("\n".join(md))
         with open(stem + ".json", "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
+        if not final:                  # the results so far (a run cut short keeps them)
+            return
         png = plot(rows, stem + ".png", f"decoder step ({args.config}, TP={world.world_size}, {args.machine})")
         print("\n".join(md))
         print(f"wrote {stem}.md, {stem}.json" + (f", {png}" if png else
                                                   " (no plot: matplotlib is not installed)"))
+
+    rows = []
+    for ctx in ctxs:
+        for batch in batches:
+            with ditron.heap_scope():
+                rows.append(bench_case(world, cfg, ctx, batch, args, bw, weights))
+            _release(world.device)
+            if world.rank == 0:
+                r = rows[-1]
+                print(f"context {ctx} batch {batch}: {r['check']}, megakernel {r.get('megakernel_us')} us, "
+                      f"torch + graph {r.get('torch_graph_us')} us, HBM limit {r['hbm_limit_us']:.1f} us"
+                      + (f", {r['resources']['n_regs']} registers ({r['resources']['n_spills']} spilled)"
+                         if r.get("resources") else ""), flush=True)
+            report(final=False)
+    report(final=True)
     bad = [r for r in rows if r["check"] != "ok" or r.get("errors")]
     ditron.finalize()
     return 1 if bad else 0

@@ -100,8 +100,8 @@ class TileConfig:
             v = getattr(self, name)
             if v <= 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be a power of two")
-        for name in ("dot_block_n", "qkv_block_n", "o_block_n", "gate_up_block_n", "down_block_n", "qkv_block_k", "o_block_k",
-                     "gate_up_block_k", "down_block_k"):
+        for name in ("dot_block_n", "qkv_block_n", "o_block_n", "gate_up_block_n", "down_block_n", "qkv_block_k",
+                     "o_block_k", "gate_up_block_k", "down_block_k"):
             v = getattr(self, name)
             if v < 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be 0 (gemv_block_{name[-1]}) or a power of two")

@@ -362,8 +362,9 @@ def attn_split_tile(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr
                     BLOCK_G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
     """Flash-decoding partial: tile ``(b, kvh, s)`` (``s`` fastest) attends the ``G`` q heads of kv head ``kvh``
     over positions ``[s * SPLIT, min((s + 1) * SPLIT, seq[b]))`` of sequence ``b`` (each position's page looked
-    up in the block table, :func:`_kv_rows`; splits past a short sequence's context are empty).  Writes the normalised partial output
-    ``o[b, h, s, :]`` (float32) and its log-sum-exp ``lse[b, h, s]`` (``-inf`` for an empty split)."""
+    up in the block table, :func:`_kv_rows`; splits past a short sequence's context are empty).  Writes the
+    normalised partial output ``o[b, h, s, :]`` (float32) and its log-sum-exp ``lse[b, h, s]`` (``-inf`` for an
+    empty split)."""
     s = tile % nsplit
     bh = tile // nsplit
     b = bh // KH
