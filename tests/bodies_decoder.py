@@ -74,27 +74,30 @@ def linear_tiles(world, B=3, N=21, K=45, BN=8, BK=16):
     w = _randn(world, (2, N, K), 6, scale=K ** -0.5)
     wgu = _randn(world, (2, 2 * N, K), 7, scale=K ** -0.5)
     checked = 0
-    for dot in (False, True):
-        for out_dtype in (torch.float32, torch.bfloat16):
+    # the pipelined weight stream (tl.dot only): float32 linear and fused-norm gate/up after the first layer
+    for dot, stream in ((False, False), (True, False), (True, True)):
+        for out_dtype in (torch.float32,) if stream else (torch.float32, torch.bfloat16):
             out = torch.zeros(B, N, dtype=out_dtype, device=world.device)
-            c = dict(B=B, N=N, K=K, BLOCK_B=16 if dot else next_pow2(B), BLOCK_N=BN, BLOCK_K=BK, DOT=dot)
+            c = dict(B=B, N=N, K=K, BLOCK_B=16 if dot else next_pow2(B), BLOCK_N=BN, BLOCK_K=BK, DOT=dot,
+                     STREAM=stream)
             mk = _one(T.linear_tile, "lin", triton.cdiv(N, BN), {"x_ptr": x, "w_ptr": w, "out_ptr": out, **c},
                       ("x_ptr", "w_ptr"), ("out_ptr",), scalars={"layer": 1})
             mk.step()
-            _close(out, (x.float() @ w[1].float().t()).to(out_dtype), f"linear dot={dot} {out_dtype}")
+            _close(out, (x.float() @ w[1].float().t()).to(out_dtype), f"linear dot={dot} stream={stream}")
             checked += 1
         act = torch.zeros(B, N, dtype=torch.bfloat16, device=world.device)
-        mk = _one(T.gate_up_tile, "gu", triton.cdiv(N, BN), {"x_ptr": x, "w_ptr": wgu, "out_ptr": act, **c},
-                  ("x_ptr", "w_ptr"), ("out_ptr",), scalars={"layer": 1})
-        mk.step()
-        gu = x.float() @ wgu[1].float().t()
-        _close(act, F.silu(gu[:, :N]) * gu[:, N:], f"gate_up dot={dot}")
-        checked += 1
+        if not stream:
+            mk = _one(T.gate_up_tile, "gu", triton.cdiv(N, BN), {"x_ptr": x, "w_ptr": wgu, "out_ptr": act, **c},
+                      ("x_ptr", "w_ptr"), ("out_ptr",), scalars={"layer": 1})
+            mk.step()
+            gu = x.float() @ wgu[1].float().t()
+            _close(act, F.silu(gu[:, :N]) * gu[:, N:], f"gate_up dot={dot}")
+            checked += 1
         # the fused-norm variants: the GEMV input is rms(x) (first) or rms(resid + delta), norm weight nw[2]
         resid = _randn(world, (B, K), 14, torch.float32)
         delta = _randn(world, (B, K), 15, torch.float32)
         nw = _randn(world, (3, K), 16, scale=0.1) + 1
-        for first in (1, 0):
+        for first in (0,) if stream else (1, 0):
             h = _rms(x.float() if first else resid + delta, nw[2], 1e-6).float()
             norm_args = {"x_ptr": x, "resid_ptr": resid, "delta_ptr": delta, "nw_ptr": nw, "eps": 1e-6}
             rd = ("x_ptr", "resid_ptr", "delta_ptr", "nw_ptr", "w_ptr")
@@ -102,11 +105,12 @@ def linear_tiles(world, B=3, N=21, K=45, BN=8, BK=16):
             out = torch.zeros(B, N, dtype=torch.bfloat16, device=world.device)
             _one(T.rms_linear_tile, "rms_lin", triton.cdiv(N, BN), {**norm_args, "w_ptr": w, "out_ptr": out, **c},
                  rd, ("out_ptr",), scalars=sc).step()
-            _close(out, h @ w[1].float().t(), f"rms_linear dot={dot} first={first}")
+            _close(out, h @ w[1].float().t(), f"rms_linear dot={dot} stream={stream} first={first}")
             _one(T.rms_gate_up_tile, "rms_gu", triton.cdiv(N, BN), {**norm_args, "w_ptr": wgu, "out_ptr": act, **c},
                  rd, ("out_ptr",), scalars=sc).step()
             gu = h @ wgu[1].float().t()
-            _close(act, F.silu(gu[:, :N]) * gu[:, N:], f"rms_gate_up dot={dot} first={first}")
+            _close(act, F.silu(gu[:, :N]) * gu[:, N:],
+                   f"rms_gate_up dot={dot} stream={stream} first={first}")
             checked += 2
     return checked
 

@@ -33,7 +33,7 @@ Every step appends one position, so the context grows by up to
 ``2 * repeat * (warmup + iters)`` positions during the timing (the KV bytes
 of those positions are a fraction of a percent of the weight bytes at 8B).
 Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``--block-k`` (the same for K),
-``--gemv-dot``, ``--dot-block-n/-k`` (the tl.dot GEMV path of batches above 2), ``--attn-split``,
+``--gemv-dot``, ``--dot-block-n/-k``, ``--dot-stream`` (the tl.dot GEMV path of batches above 2), ``--attn-split``,
 ``--attn-block``, ``--comm-block``, ``--num-warps``, ``--no-fuse-norm``,
 ``--prefetch-k`` (weight prefetch before each GEMV tile's wait), ``--scheduler``, ``--programs``.  ``--trace``
 adds a traced build's time per kind of task (``mk.profile()``).  Results: ``--out`` (Markdown + JSON).
@@ -92,6 +92,8 @@ def _config(args):
                 over[f"{proj.strip()}_block_{what}"] = int(v)
     if args.no_fuse_norm:
         over["fuse_norm"] = False
+    if args.dot_stream:
+        over["dot_stream"] = True
     if args.gemv_dot != "auto":
         over["gemv_dot"] = args.gemv_dot == "on"
     return cfg.with_tiles(**over) if over else cfg
@@ -248,6 +250,8 @@ def main(argv=None):
     p.add_argument("--dot-block-n", type=int, default=0,
                    help="columns per GEMV tile on the tl.dot path (0: the projection's width)")
     p.add_argument("--dot-block-k", type=int, default=0, help="K chunk of the tl.dot GEMV path (default 256)")
+    p.add_argument("--dot-stream", action="store_true",
+                   help="the tl.dot GEMV path streams weights by cp.async into shared memory (Triton's pipeliner)")
     p.add_argument("--no-fuse-norm", action="store_true", help="separate RMSNorm tasks (TileConfig.fuse_norm=False)")
     p.add_argument("--attn-split", type=int, default=0)
     p.add_argument("--attn-block", type=int, default=0)

@@ -39,6 +39,10 @@ class TileConfig:
       per-projection overrides of ``gemv_block_k`` (0: use it; gate/up
       streams two chunks, gate and up, per step, so half the chunk fits the
       same registers);
+      ``dot_block_n`` / ``dot_block_k``: the tile width (0: the projection's) and K chunk of the ``tl.dot``
+      path (256: 16 padded rows x 256 float32 activations fit the registers, 1024 spilled ~27 KB per thread,
+      issue 26); ``dot_stream``: the ``tl.dot`` path streams the weights through Triton's software pipeliner
+      (``cp.async`` into shared memory) instead of register double-buffering (a lever to measure);
       ``gemv_dot``: accumulate with ``tl.dot`` (batch rows padded to 16)
       instead of a broadcast multiply + sum; ``None``: ``tl.dot`` for
       batches above 2 (the broadcast product holds ``B x BLOCK_N x BLOCK_K``
@@ -62,6 +66,7 @@ class TileConfig:
     gemv_dot: Optional[bool] = None
     dot_block_n: int = 0
     dot_block_k: int = 256
+    dot_stream: bool = False
     qkv_block_n: int = 0
     o_block_n: int = 0
     gate_up_block_n: int = 0

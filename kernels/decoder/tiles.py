@@ -143,7 +143,7 @@ def _mac(acc, x, w, DOT: tl.constexpr, BLOCK_B: tl.constexpr):
 @triton.jit
 def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr,
-              resid_ptr, delta_ptr, nw_ptr, first, eps):
+              resid_ptr, delta_ptr, nw_ptr, first, eps, STREAM: tl.constexpr):
     """``(acc, acc2)``: ``acc[b, n] = sum_k x[b, k] * w[n0 + n, k]`` in float32 (``x``: ``[B, K]``, ``w``:
     ``[N, K]``) and the same with ``w2`` when ``TWO`` (gate and up share ``x``; else ``acc2`` is ``acc``).
     ``DOT``: ``tl.dot`` (``BLOCK_B >= 16``; rows past ``B`` are zero).  ``NORM``: ``x`` is the RMSNorm of the
@@ -152,7 +152,9 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
 
     One pass over ``K`` in ``[BLOCK_N, BLOCK_K]`` chunks, double-buffered in registers: the loads of chunk
     ``k + 1`` (weights and activations) are issued before chunk ``k`` is reduced, so a program always has a
-    chunk of weights in flight."""
+    chunk of weights in flight.  ``STREAM`` (with ``DOT``; ``TileConfig.dot_stream``): a plain loop whose loads
+    feed ``tl.dot`` directly, which Triton's software pipeliner turns into ``cp.async`` copies into shared
+    memory, ``num_stages`` chunks ahead (the weight stream held in shared memory instead of registers)."""
     offs_b = tl.arange(0, BLOCK_B)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mb = offs_b < B
@@ -167,6 +169,42 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
         ss = tl.zeros([BLOCK_B], tl.float32)
     else:
         ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
+    if STREAM:
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mk = offs_k < K
+            a, nw = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, K, NORM)
+            if NORM:
+                ss += tl.sum(a * a, axis=1)
+                x = a * nw[None, :]
+            else:
+                x = a
+            acc = _mac(acc, x, _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K), DOT, BLOCK_B)
+            if TWO:
+                acc2 = _mac(acc2, x, _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, K), DOT, BLOCK_B)
+    else:
+        acc, acc2, ss = _gemv_loop(x_ptr, w_ptr, w2_ptr, offs_b, mb, offs_n, mn, acc, acc2, ss, K, BLOCK_B, BLOCK_K,
+                                   DOT, NORM, TWO, resid_ptr, delta_ptr, nw_ptr, first)
+    if not DOT:
+        acc = tl.trans(acc)
+        acc2 = tl.trans(acc2)
+    if NORM:
+        if DOT:
+            rstd = 1.0 / tl.sqrt(ss / K + eps)
+        else:
+            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+        acc = acc * rstd[:, None]
+        acc2 = acc2 * rstd[:, None]
+    if not TWO:
+        acc2 = acc
+    return acc, acc2
+
+
+@triton.jit
+def _gemv_loop(x_ptr, w_ptr, w2_ptr, offs_b, mb, offs_n, mn, acc, acc2, ss, K: tl.constexpr, BLOCK_B: tl.constexpr,
+               BLOCK_K: tl.constexpr, DOT: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr, resid_ptr, delta_ptr,
+               nw_ptr, first):
+    """The register double-buffered pass over ``K`` of :func:`_gemv_acc`; returns ``(acc, acc2, ss)``."""
     offs_k = tl.arange(0, BLOCK_K)
     mk = offs_k < K
     w_nx = _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K)
@@ -198,19 +236,7 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
         acc = _mac(acc, x, w, DOT, BLOCK_B)
         if TWO:
             acc2 = _mac(acc2, x, w2, DOT, BLOCK_B)
-    if not DOT:
-        acc = tl.trans(acc)
-        acc2 = tl.trans(acc2)
-    if NORM:
-        if DOT:
-            rstd = 1.0 / tl.sqrt(ss / K + eps)
-        else:
-            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
-        acc = acc * rstd[:, None]
-        acc2 = acc2 * rstd[:, None]
-    if not TWO:
-        acc2 = acc
-    return acc, acc2
+    return acc, acc2, ss
 
 
 @triton.jit
@@ -223,20 +249,20 @@ def _store_rows(out_ptr, val, n0, B, N: tl.constexpr, BLOCK_B: tl.constexpr, BLO
 
 @triton.jit
 def linear_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr):
     """Columns ``[tile * BLOCK_N, +BLOCK_N)`` of ``out[B, N] = x[B, K] @ w[layer]^T`` (``w``: ``[L, N, K]``);
     ``out`` is bf16 or float32 (partial sums of a row-parallel projection)."""
     wl = w_ptr + layer.to(tl.int64) * N * K
     n0 = tile * BLOCK_N
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
-                       0, 0.0)
+                       0, 0.0, STREAM)
     _store_rows(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit
 def rms_linear_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, layer, norm, first, B, eps,
                     N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+                    BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr):
     """:func:`linear_tile` of the RMSNorm'd residual stream, the norm fused in: every tile computes
     ``rstd * ((r * nw[norm]) @ w^T)`` with ``r = x`` (``first``) or ``resid + delta`` and the rows' ``rstd`` from
     the same pass (:func:`_gemv_acc`; :func:`add_resid_tile` commits the add).  No norm stage between the
@@ -244,31 +270,31 @@ def rms_linear_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, l
     wl = w_ptr + layer.to(tl.int64) * N * K
     n0 = tile * BLOCK_N
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, False, resid_ptr, delta_ptr,
-                       nw_ptr + norm * K, first, eps)
+                       nw_ptr + norm * K, first, eps, STREAM)
     _store_rows(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit
 def gate_up_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr):
     """Fused gate/up projection and SiLU-mul: ``w[layer]`` is ``[2N, K]`` (gate rows, then up rows);
     ``out[B, N] = bf16(silu(x @ gate^T) * (x @ up^T))``, columns ``[tile * BLOCK_N, +BLOCK_N)``."""
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
     n0 = tile * BLOCK_N
     g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, True, x_ptr, x_ptr,
-                     x_ptr, 0, 0.0)
+                     x_ptr, 0, 0.0, STREAM)
     _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit
 def rms_gate_up_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, layer, norm, first, B, eps,
                      N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+                     BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr):
     """:func:`gate_up_tile` of the RMSNorm'd residual stream (the norm fused in, as in :func:`rms_linear_tile`)."""
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
     n0 = tile * BLOCK_N
     g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, True, resid_ptr,
-                     delta_ptr, nw_ptr + norm * K, first, eps)
+                     delta_ptr, nw_ptr + norm * K, first, eps, STREAM)
     _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
 
 
