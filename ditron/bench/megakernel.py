@@ -16,7 +16,7 @@ ranks agree on the outcome), then timed side by side (the harness's
 alternating order):
 
 * ``torch_eager``: :class:`TorchDecoder.step` (bf16 ``F.linear``, SDPA over the
-  static cache, NCCL all-reduce);
+  pages gathered through the block table, NCCL all-reduce);
 * ``torch_graph``: the same step captured in a CUDA graph and replayed;
 * ``megakernel``: a CUDA graph of ``mk.step()`` (epoch bump + one launch);
 * ``hbm_limit``: (weight bytes + KV bytes read per step on a rank) / the

@@ -12,9 +12,12 @@ world size 1), eagerly or replaying a captured CUDA graph;
 Numerics (what the kernel does too): bf16 tensors between ops, float32 inside
 every op and for the residual stream; RMSNorm ``bf16(r * rstd * w)``; q/k
 norm rounded to bf16 before RoPE (rotate-half, float32 angles), KV appended
-at ``seq - 1`` after ``seq += 1``.  The baseline uses torch's fast paths
-(bf16 ``F.linear``, SDPA over the static cache with a mask, bf16
-all-reduce); the kernel accumulates partial sums in float32 and all-reduces
+at ``seq[b] - 1`` after ``seq[b] += 1`` into sequence ``b``'s page of the paged
+cache (:class:`~.weights.PagedKV`; contexts may differ per sequence).  The
+baseline uses torch's fast paths (bf16 ``F.linear``; SDPA over each sequence's
+pages gathered through the block table, with a per-sequence mask -- the gather
+copies the KV bytes once more per layer, which a paged-attention kernel would
+not; bf16 all-reduce); the kernel accumulates partial sums in float32 and all-reduces
 them in float32, so the two differ by bf16 rounding only.
 """
 from __future__ import annotations
