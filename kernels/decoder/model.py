@@ -293,9 +293,10 @@ class DecoderMegakernel:
                 raise DitronError(f"decoder step: sequence {b} appends position {n} (context {n} + 1), past its block "
                                   f"table of {MP} pages x {P} positions = {MP * P}")
             pages = bt[b, :need]
-            bad = [(i, int(p)) for i, p in enumerate(pages) if not 0 <= int(p) < NP]
-            if bad:
-                i, p = bad[0]
+            bad = ((pages < 0) | (pages >= NP)).nonzero()
+            if len(bad):
+                i = int(bad[0, 0])
+                p = int(pages[i])
                 raise DitronError(f"decoder step: block_table[{b}, {i}] = {p} is not a page of the cache (0..{NP - 1}; "
                                   f"sequence {b} needs pages 0..{need - 1} of its row for context {n} + 1)")
             key = (int(pages[-1]), n % P)
