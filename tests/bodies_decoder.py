@@ -349,7 +349,9 @@ def gloo_reference_worker(rank, world_size, init_file, queue, steps=2, B=2, max_
         cache = make_cache(cfg, rank, world_size, B, max_ctx, ctx)
         ref = TorchDecoder(cfg, cfg.shard(world_size), make_weights(cfg, rank, world_size), cache,
                            torch.tensor([ctx] * B, dtype=torch.int32))
-        queue.put((rank, [ref.step(make_input(cfg, B, s)).float() for s in range(steps)]))
+        # numpy arrays travel by value: a torch tensor would be passed as a file descriptor that this process,
+        # exiting right after, may close before the parent receives it (ConnectionResetError)
+        queue.put((rank, [ref.step(make_input(cfg, B, s)).float().numpy() for s in range(steps)]))
     finally:
         dist.destroy_process_group()
 

@@ -98,7 +98,7 @@ def test_reference_over_gloo_equals_lockstep(tmp_path):
     for step in range(2):
         want = lockstep_step(states, make_input(tiny(), 2, step))
         for r in range(2):
-            torch.testing.assert_close(got[r][step], want[r].float(), atol=0, rtol=0)
+            torch.testing.assert_close(torch.from_numpy(got[r][step]), want[r].float(), atol=0, rtol=0)
 
 
 def test_tolerance_detects_a_wrong_position():
