@@ -112,7 +112,8 @@ def main():
     weights = make_weights(cfg, world.rank, world.world_size, device=world.device)
     fails = []
     for batch in batches:
-        fails += check_batch(cfg, world, weights, batch, args, say)
+        with ditron.heap_scope():          # each batch's symmetric buffers (the all-reduce pools) freed after it
+            fails += check_batch(cfg, world, weights, batch, args, say)
     ditron.finalize()
     say(f"decoder_8b (batch {args.batch}{', ragged' if args.ragged else ''}, page size {args.page_size}): "
         f"{'PASS' if not fails else 'FAIL: ' + ', '.join(fails)}")
