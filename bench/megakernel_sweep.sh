@@ -25,8 +25,8 @@ IFS='|' read -ra cfgs <<< "$CONFIGS"
 for c in "${cfgs[@]}"; do
   name=${c%%:*}; flags=${c#*:}
   echo "== $name: $flags"
-  timeout -k 10 300 $TR -m ditron.bench megakernel --ctx "$CTX" --warmup 3 --iters 20 --repeat 1 --trace $flags \
-      --machine "$MACHINE" --tag "$MACHINE-sweep-$name" || status=1
+  timeout -k 10 300 $TR -m ditron.bench megakernel --ctx "$CTX" --batch 1 --warmup 3 --iters 20 --repeat 1 --trace $flags \
+      --machine "$MACHINE" --tag "$MACHINE-sweep-$name" --out bench/results || status=1
   [ -n "$OUT" ] && cp "bench/results/$MACHINE-sweep-$name-megakernel.md" "$OUT/" 2>/dev/null
 done
 exit $status

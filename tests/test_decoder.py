@@ -16,8 +16,9 @@ def test_rmsnorm_tile(dist_world):
 
 
 def test_linear_and_gate_up_tiles(dist_world):
-    # plain and fused-norm GEMV tiles, both accumulation paths, bf16 and float32 outputs
-    assert dist_world(1).run(B.linear_tiles) == [14]
+    # plain and fused-norm GEMV tiles, both accumulation paths (tl.dot also with the pipelined weight stream),
+    # bf16 and float32 outputs
+    assert dist_world(1).run(B.linear_tiles) == [17]
 
 
 def test_add_resid_tile(dist_world):
@@ -54,8 +55,8 @@ def _ref_states(cfg, W, B, max_ctx, ctx):
     from ditron.kernels.decoder.weights import make_cache, make_weights
     out = []
     for r in range(W):
-        k, v = make_cache(cfg, r, W, B, max_ctx, ctx)
-        out.append((cfg, cfg.shard(W), make_weights(cfg, r, W), k, v, torch.tensor([ctx], dtype=torch.int32)))
+        out.append((cfg, cfg.shard(W), make_weights(cfg, r, W), make_cache(cfg, r, W, B, max_ctx, ctx),
+                    torch.tensor([ctx] * B, dtype=torch.int32)))
     return out
 
 
@@ -72,9 +73,9 @@ def test_reference_tp2_equals_tp1():
         y1, y2 = lockstep_step(s1, x)[0], lockstep_step(s2, x)
         assert torch.equal(y2[0], y2[1])                          # every rank has the full output
         torch.testing.assert_close(y2[0].float(), y1.float(), atol=3e-2, rtol=2e-2)
-    assert int(s1[0][5]) == int(s2[1][5]) == 15                   # two positions appended
-    # the TP=2 caches are the kv-head halves of the TP=1 cache, with the same two new positions
-    torch.testing.assert_close(torch.cat([s2[0][3], s2[1][3]], 2).float(), s1[0][3].float(), atol=0.07, rtol=0)
+    assert s1[0][4].tolist() == s2[1][4].tolist() == [15, 15]     # two positions appended
+    # the TP=2 caches are the kv-head halves of the TP=1 cache (the same pages), with the same two new positions
+    torch.testing.assert_close(torch.cat([s2[0][3].k, s2[1][3].k], 3).float(), s1[0][3].k.float(), atol=0.07, rtol=0)
 
 
 def test_reference_over_gloo_equals_lockstep(tmp_path):
@@ -97,7 +98,7 @@ def test_reference_over_gloo_equals_lockstep(tmp_path):
     for step in range(2):
         want = lockstep_step(states, make_input(tiny(), 2, step))
         for r in range(2):
-            torch.testing.assert_close(got[r][step], want[r].float(), atol=0, rtol=0)
+            torch.testing.assert_close(torch.from_numpy(got[r][step]), want[r].float(), atol=0, rtol=0)
 
 
 def test_tolerance_detects_a_wrong_position():
@@ -108,7 +109,7 @@ def test_tolerance_detects_a_wrong_position():
     from ditron.kernels.decoder.weights import make_input
     cfg = tiny()
     good, bad = _ref_states(cfg, 1, 1, 40, 30), _ref_states(cfg, 1, 1, 40, 30)
-    bad[0][5].add_(1)
+    bad[0][4].add_(1)
     x = make_input(cfg, 1, 0)
     y, z = lockstep_step(good, x)[0].float(), lockstep_step(bad, x)[0].float()
     assert (y - z).abs().max().item() > 10 * (3e-2 * y.abs().max().item() + 2e-2)
@@ -119,15 +120,16 @@ def test_tolerance_detects_a_wrong_position():
 # ---------------------------------------------------------------------------
 
 def test_decoder_megakernel_two_ranks(dist_world):
-    # 2 layers, TP=2, two consecutive steps: seq 33 -> 35 (split 0 of the KV cache full, split 1 partial)
-    errs = dist_world(2).run(B.decoder_steps, steps=2, B=1)
+    # 2 layers, TP=2, two consecutive steps, a ragged batch in a paged cache of 8-position pages: sequence 0
+    # 33 -> 35 (split 0 full, split 1 partial), sequence 1 12 -> 14 (one partial split; its second page)
+    errs = dist_world(2).run(B.decoder_steps, steps=2, B=2, ctx=[33, 12], page_size=8)
     assert len(errs) == 2 and all(len(e) == 2 for e in errs)
 
 
 def test_decoder_megakernel_three_ranks(dist_world):
     # an odd world size: 6 q heads, 3 kv heads, intermediate 96 split over 3 ranks (2 / 1 / 32 per rank)
     from ditron.kernels.decoder import tiny
-    errs = dist_world(3).run(B.decoder_steps, steps=2, B=2, cfg=tiny(n_q_heads=6, n_kv_heads=3))
+    errs = dist_world(3).run(B.decoder_steps, steps=2, B=2, ctx=[20, 33], cfg=tiny(n_q_heads=6, n_kv_heads=3))
     assert len(errs) == 3 and all(len(e) == 2 for e in errs)
 
 
@@ -147,10 +149,22 @@ def test_decoder_megakernel_with_weight_prefetch(dist_world):
 
 @pytest.mark.parametrize("scheduler,fuse", [("zigzag", True), ("dynamic", False)])
 def test_decoder_megakernel_one_rank_batch3(dist_world, scheduler, fuse):
-    # world size 1 (the all-reduces are copies), batch 3 (GEMV tiles on tl.dot), the other schedulers
+    # world size 1 (the all-reduces are copies), batch 3 (GEMV tiles on tl.dot), the other schedulers, ragged
+    # contexts (one a single position) in pages of 4 and 16 positions
     from ditron.kernels.decoder import tiny
     cfg = tiny().with_tiles(fuse_norm=fuse)
-    assert len(dist_world(1).run(B.decoder_steps, steps=2, B=3, scheduler=scheduler, cfg=cfg)[0]) == 2
+    assert len(dist_world(1).run(B.decoder_steps, steps=2, B=3, ctx=[33, 1, 17], page_size=4 if fuse else 16,
+                                 scheduler=scheduler, cfg=cfg)[0]) == 2
+
+
+def test_decoder_bad_serving_inputs_fail_before_launch(dist_world):
+    msgs = dist_world(1).run(B.bad_serving_inputs)[0]
+    assert "input of shape (3, 64)" in msgs["batch"] and "compiled for a batch of 2" in msgs["batch"], msgs
+    assert "sequence 0 appends position 16" in msgs["short_table"] and "4 pages x 4 positions" in msgs["short_table"]
+    assert re.search(r"block_table\[1, 0\] = 9 is not a page of the cache \(0\.\.8", msgs["page_range"]), msgs
+    assert "block_table[1, 0] = -1" in msgs["negative_page"], msgs
+    assert re.search(r"sequences 0 and 1 both append to row 1 of page \d+", msgs["shared_page"]), msgs
+    assert "expected [3, max_pages] int32" in msgs["build_batch"], msgs
 
 
 def test_decoder_missing_dependency_is_rejected(dist_world):
@@ -223,6 +237,23 @@ def test_decoder_megakernel_compiles(target, gemv_dot):
     assert got["prefetch_l2"] == gemv_dot, got
     if target == "sm_90a":                  # linear + gate_up hooks (gate and up rows): 3 predicated prefetches
         assert (got["prefetch_insns"] >= 3) if gemv_dot else got["prefetch_insns"] == 0, got
+
+
+def test_decoder_batch_gemv_does_not_spill():
+    # issue 26: from batch 3 the GEMV tiles switch to tl.dot with the batch padded to 16 rows; with the 1024-wide
+    # K chunks of batch 1 they held 16 x 1024 float32 activations (twice: double-buffered) and a 16 x 1024 sum of
+    # squares in registers: ptxas spilled ~27 KB per thread (stores) and a step took 35x longer on an H100.  The
+    # GEMV branches exactly as decoder_tasks configures them at batch 16 (Qwen3-8B's N and K), by ptxas -v
+    import ditron
+    world = ditron.init("sim")
+    try:
+        ck, c = B.gemv_branches_compiled(world, 16, "sm_90a")
+    finally:
+        ditron.finalize()
+    use = B.ptxas_usage(ck.asm["ptx"])
+    assert c["DOT"] and c["BLOCK_B"] == 16, c
+    assert "mma.sync" in ck.asm["ptx"], "the batch path's GEMV accumulates on the tensor cores"
+    assert use["spill_stores"] <= 128 and use["spill_loads"] <= 128, (c, use)
 
 
 @pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",

@@ -6,25 +6,34 @@ model in torch, eager and CUDA-graph captured, and against the HBM limit.
     torchrun --standalone --nproc-per-node 2 -m ditron.bench megakernel --ctx 512,4096 --machine nvidia-h200-x2
     ditron sim -n 2 -m ditron.bench megakernel --config tiny --ctx 33 --warmup 1 --iters 2   # CPU smoke run
 
-Per context (``--ctx``) and batch (``--batch``, default 1; 2-8 work too):
-this rank's shard of the seeded random model is built, the megakernel is
+Per context (``--ctx``, default 512 and 4096) and batch (``--batch``, default
+1, 2, 4, 8, 16): this rank's shard of the seeded random model (built once), a
+paged KV cache (``--page-size``, default 16; ``--ragged``: per-sequence
+contexts below ``ctx``, see ``run.ragged``) and the megakernel are built; it is
 checked against the torch reference on a fresh input (one step of each; the
 ranks agree on the outcome), then timed side by side (the harness's
 ``measure``: warm-up, median over iterations, the slowest rank, rounds in
 alternating order):
 
 * ``torch_eager``: :class:`TorchDecoder.step` (bf16 ``F.linear``, SDPA over the
-  static cache, NCCL all-reduce);
+  pages gathered through the block table, NCCL all-reduce);
 * ``torch_graph``: the same step captured in a CUDA graph and replayed;
 * ``megakernel``: a CUDA graph of ``mk.step()`` (epoch bump + one launch);
 * ``hbm_limit``: (weight bytes + KV bytes read per step on a rank) / the
   device's copy bandwidth, measured in the same run (a 1 GiB ``copy_``:
   read + write bytes / time).
 
+Rank 0 writes a Markdown table, the JSON rows and (matplotlib installed) a plot
+of mk / HBM limit and mk / torch + CUDA graph per batch, one line per context;
+``--out`` defaults to ``$OUT`` when that is set, else ``bench/results``.
+``--dry-run`` checks the arguments and the configuration (tiles, kinds of
+tasks, bytes per step and cache sizes per case) without building anything.
+
 Every step appends one position, so the context grows by up to
 ``2 * repeat * (warmup + iters)`` positions during the timing (the KV bytes
 of those positions are a fraction of a percent of the weight bytes at 8B).
-Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``--block-k`` (the same for K), ``--gemv-dot``, ``--attn-split``,
+Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``--block-k`` (the same for K),
+``--gemv-dot``, ``--dot-block-n/-k``, ``--dot-stream`` (the tl.dot GEMV path of batches above 2), ``--attn-split``,
 ``--attn-block``, ``--comm-block``, ``--num-warps``, ``--no-fuse-norm``,
 ``--prefetch-k`` (weight prefetch before each GEMV tile's wait), ``--scheduler``, ``--programs``.  ``--trace``
 adds a traced build's time per kind of task (``mk.profile()``).  Results: ``--out`` (Markdown + JSON).
@@ -75,7 +84,8 @@ def _config(args):
     over = {k: v for k, v in (("gemv_block_n", args.gemv_block_n), ("gemv_block_k", args.gemv_block_k),
                               ("attn_split", args.attn_split), ("attn_block", args.attn_block),
                               ("comm_block", args.comm_block), ("num_warps", args.num_warps),
-                              ("prefetch_k", args.prefetch_k)) if v}
+                              ("prefetch_k", args.prefetch_k), ("dot_block_n", args.dot_block_n),
+                              ("dot_block_k", args.dot_block_k)) if v}
     for flag, what in ((args.block_n, "n"), (args.block_k, "k")):
         for item in (flag or "").split(","):
             if item:
@@ -83,12 +93,19 @@ def _config(args):
                 over[f"{proj.strip()}_block_{what}"] = int(v)
     if args.no_fuse_norm:
         over["fuse_norm"] = False
+    if args.dot_stream:
+        over["dot_stream"] = True
     if args.gemv_dot != "auto":
         over["gemv_dot"] = args.gemv_dot == "on"
     return cfg.with_tiles(**over) if over else cfg
 
 
-def bench_case(world, cfg, ctx, batch, args, bw):
+def case_contexts(ctx, batch, ragged):
+    from ..kernels.decoder import run as R
+    return R.ragged(ctx, batch) if ragged else [ctx] * batch
+
+
+def bench_case(world, cfg, ctx, batch, args, bw, weights=None):
     """Check then time one (context, batch); returns the table row."""
     import torch
 
@@ -96,20 +113,21 @@ def bench_case(world, cfg, ctx, batch, args, bw):
     from ..kernels.decoder import run as R
     from ..kernels.decoder.reference import graph_replay
     margin = 2 * args.repeat * (args.warmup + args.iters) + 16
-    s = R.setup(cfg, world, batch, ctx, max_ctx=ctx + margin)
+    ctxs = case_contexts(ctx, batch, args.ragged)
+    s = R.setup(cfg, world, batch, ctxs, max_ctx=ctx + margin, page_size=args.page_size, weights=weights)
     dm = R.megakernel(s, scheduler=args.scheduler, num_programs=args.programs)
     ref = R.reference(s)
     ok, err, scale = R.check_step(dm, ref, cfg, batch, 0, world.device)
     ok = agree_fn(world)([ok])[0]
     sh = cfg.shard(world.world_size)
-    nbytes = sh.weight_bytes() + sh.kv_bytes(ctx, batch)
+    nbytes = sh.weight_bytes() + sum(sh.kv_bytes(c, 1) for c in ctxs)
     row = {"ctx": ctx, "batch": batch, "check": "ok" if ok else "FAILED", "max_abs_err": err, "scale": scale,
            "bytes_per_rank": nbytes, "hbm_limit_us": nbytes / bw * 1e6, "tasks": len(dm.graph.tasks),
            "tiles": dm.graph.num_slots, "branches": len(dm.mk.code.branches), "programs": dm.mk.num_programs}
     x = torch.randn(batch, cfg.hidden, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16).to(world.device)
     dm.buf.x.copy_(x)
     cuda = str(world.device).startswith("cuda")
-    impls = [Impl("torch_eager", lambda: ref.step(x))]
+    impls = [] if args.skip_eager else [Impl("torch_eager", lambda: ref.step(x))]
     if cuda:
         impls.append(Impl("torch_graph", ref.graphed(x)))
     if ok:
@@ -152,6 +170,60 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
+def plot(rows, path, title):
+    """mk / HBM limit and mk / torch + CUDA graph per batch, one line per context; ``None`` without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    for ctx in dict.fromkeys(r["ctx"] for r in rows):
+        rs = [r for r in rows if r["ctx"] == ctx]
+        for a, key in zip(ax, ("mk_over_hbm_limit", "mk_over_torch_graph")):
+            pts = [(r["batch"], r[key]) for r in rs if r.get(key)]
+            if pts:
+                a.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"context {ctx}")
+    for a, what, goal in zip(ax, ("megakernel / HBM limit", "megakernel / torch + CUDA graph"), (1.3, 0.55)):
+        a.axhline(goal, color="gray", ls="--", lw=1, label=f"goal {goal}x")
+        a.axhline(1.0, color="black", lw=0.5)
+        a.set_xscale("log", base=2)
+        batches = sorted({r["batch"] for r in rows})
+        a.set_xticks(batches)
+        a.set_xticklabels([str(b) for b in batches])
+        a.set_xlabel("batch")
+        a.set_title(f"{title}: {what}", fontsize=9)
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def dry_run(cfg, ctxs, batches, args) -> int:
+    """The cases without building anything (no GPU, no weights): tiles, GEMV path, bytes per step, cache sizes."""
+    from ..kernels.decoder.config import cdiv
+    sh = cfg.shard(1)
+    wb = sh.weight_bytes()
+    print(f"ditron bench megakernel --dry-run: config {args.config} ({cfg.n_layers} layers), tiles {vars(cfg.tiles)}, "
+          f"weights {wb / 2**30:.2f} GiB per rank at TP=1")
+    margin = 2 * args.repeat * (args.warmup + args.iters) + 16
+    for ctx in ctxs:
+        for b in batches:
+            cs = case_contexts(ctx, b, args.ragged)
+            kv = sum(sh.kv_bytes(c, 1) for c in cs)
+            pages = b * cdiv(ctx + margin, args.page_size) + 1
+            cache = 2 * cfg.n_layers * pages * args.page_size * sh.kv_heads * cfg.head_dim * 2
+            dot = cfg.tiles.dot_for(b)
+            print(f"  context {ctx} batch {b}: contexts {cs if len(cs) <= 4 else cs[:4] + ['...']}, GEMV "
+                  f"{'tl.dot (rows padded to 16), K chunk ' + str(cfg.tiles.block_k('down', True)) if dot else 'FMA'}"
+                  f", bytes per step {(wb + kv) / 2**30:.2f} GiB, paged cache {pages} pages = {cache / 2**30:.2f} GiB "
+                  f"(x2 with the reference's copy)")
+    return 0
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "megakernel":
@@ -160,7 +232,12 @@ def main(argv=None):
     p.add_argument("--config", choices=["8b", "tiny"], default="8b")
     p.add_argument("--layers", type=int, default=0, help="override the number of layers")
     p.add_argument("--ctx", default="512,4096", help="KV positions before the step (comma list)")
-    p.add_argument("--batch", default="1", help="batch sizes (comma list, 1-8)")
+    p.add_argument("--batch", default="1,2,4,8,16", help="batch sizes (comma list)")
+    p.add_argument("--ragged", action="store_true", help="per-sequence contexts below --ctx (run.ragged)")
+    p.add_argument("--page-size", type=int, default=16, help="positions per page of the paged KV cache")
+    p.add_argument("--skip-eager", action="store_true", help="time torch + CUDA graph only (not eager torch)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the arguments and print the cases (bytes per step, cache sizes); build nothing")
     p.add_argument("--scheduler", default="round_robin", help="round_robin, zigzag or dynamic")
     p.add_argument("--programs", type=int, default=None,
                    help="persistent programs (default: 2 per SM, fewer if the compiled kernel's registers or shared "
@@ -171,6 +248,11 @@ def main(argv=None):
     p.add_argument("--block-k", default="", help="per-projection K chunk, e.g. 'gate_up=512,down=2048'")
     p.add_argument("--gemv-dot", choices=["auto", "on", "off"], default="auto",
                    help="GEMV tiles accumulate with tl.dot (auto: for batches above 2)")
+    p.add_argument("--dot-block-n", type=int, default=0,
+                   help="columns per GEMV tile on the tl.dot path (0: the projection's width)")
+    p.add_argument("--dot-block-k", type=int, default=0, help="K chunk of the tl.dot GEMV path (default 256)")
+    p.add_argument("--dot-stream", action="store_true",
+                   help="the tl.dot GEMV path streams weights by cp.async into shared memory (Triton's pipeliner)")
     p.add_argument("--no-fuse-norm", action="store_true", help="separate RMSNorm tasks (TileConfig.fuse_norm=False)")
     p.add_argument("--attn-split", type=int, default=0)
     p.add_argument("--attn-block", type=int, default=0)
@@ -183,22 +265,26 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=25)
     p.add_argument("--repeat", type=int, default=2)
-    p.add_argument("--out", default="bench/results")
+    p.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
     p.add_argument("--tag", default=None)
     p.add_argument("--machine", default=os.environ.get("DITRON_MACHINE", "unknown machine"))
     args = p.parse_args(argv)
 
+    cfg = _config(args)
+    ctxs = [int(c) for c in args.ctx.split(",") if c]
+    batches = [int(b) for b in args.batch.split(",") if b]
+    if not ctxs or not batches or min(ctxs) < 1 or min(batches) < 1 or args.page_size < 1:
+        p.error(f"--ctx {args.ctx!r}, --batch {args.batch!r}, --page-size {args.page_size}: positive values needed")
+    if args.dry_run:
+        return dry_run(cfg, ctxs, batches, args)
     import ditron
     world = ditron.init()
-    cfg = _config(args)
     bw = copy_bandwidth(world.device)
-    rows = []
-    for ctx in (int(c) for c in args.ctx.split(",") if c):
-        for batch in (int(b) for b in args.batch.split(",") if b):
-            with ditron.heap_scope():
-                rows.append(bench_case(world, cfg, ctx, batch, args, bw))
-            _release(world.device)
-    if world.rank == 0:
+    from ..kernels.decoder.weights import make_weights
+    weights = make_weights(cfg, world.rank, world.world_size, device=world.device)
+    def report(final):
+        if world.rank != 0:
+            return
         command = "ditron bench megakernel " + " ".join(argv)
         meta = result_meta("megakernel", "bf16", world.world_size, world.device, args.machine, command)
         meta.update(config=args.config, layers=cfg.n_layers, tiles=vars(cfg.tiles), copy_bandwidth_GBs=bw / 1e9,
@@ -207,10 +293,11 @@ def main(argv=None):
               f"({args.machine}, {meta['date']})", "", f"Command: `{command}`", "",
               f"Copy bandwidth {bw / 1e9:.0f} GB/s; HBM limit = (weight + KV bytes per rank) / copy bandwidth. "
               f"Tiles: {vars(cfg.tiles)}; scheduler {args.scheduler}; programs "
-              f"{', '.join(str(r['programs']) for r in rows)}"
-              + "".join(f"; {r['resources']['n_regs']} registers ({r['resources']['n_spills']} spilled), "
-                        f"{r['resources']['resident_per_sm']} resident per SM"
-                        for r in rows[:1] if r.get("resources")) + ".", "", table(rows), ""]
+              f"{', '.join(str(r['programs']) for r in rows)}; page size {args.page_size}"
+              + ("; ragged contexts (run.ragged: sequence b has ctx - 37 b mod (ctx / 2 + 1))" if args.ragged else "")
+              + "; registers (spilled bytes) per case: "
+              + ", ".join(f"{r['resources']['n_regs']} ({r['resources']['n_spills']})" if r.get("resources") else "-"
+                          for r in rows) + ".", "", table(rows), ""]
         for r in rows:
             if r.get("profile_table"):
                 md += [f"Traced step, context {r['ctx']}, batch {r['batch']} (a separate build with timestamps):",
@@ -221,8 +308,27 @@ def main(argv=None):
             f.write("\n".join(md))
         with open(stem + ".json", "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
+        if not final:                  # the results so far (a run cut short keeps them)
+            return
+        png = plot(rows, stem + ".png", f"decoder step ({args.config}, TP={world.world_size}, {args.machine})")
         print("\n".join(md))
-        print(f"wrote {stem}.md, {stem}.json")
+        print(f"wrote {stem}.md, {stem}.json" + (f", {png}" if png else
+                                                  " (no plot: matplotlib is not installed)"))
+
+    rows = []
+    for ctx in ctxs:
+        for batch in batches:
+            with ditron.heap_scope():
+                rows.append(bench_case(world, cfg, ctx, batch, args, bw, weights))
+            _release(world.device)
+            if world.rank == 0:
+                r = rows[-1]
+                print(f"context {ctx} batch {batch}: {r['check']}, megakernel {r.get('megakernel_us')} us, "
+                      f"torch + graph {r.get('torch_graph_us')} us, HBM limit {r['hbm_limit_us']:.1f} us"
+                      + (f", {r['resources']['n_regs']} registers ({r['resources']['n_spills']} spilled)"
+                         if r.get("resources") else ""), flush=True)
+            report(final=False)
+    report(final=True)
     bad = [r for r in rows if r["check"] != "ok" or r.get("errors")]
     ditron.finalize()
     return 1 if bad else 0

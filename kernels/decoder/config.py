@@ -39,6 +39,10 @@ class TileConfig:
       per-projection overrides of ``gemv_block_k`` (0: use it; gate/up
       streams two chunks, gate and up, per step, so half the chunk fits the
       same registers);
+      ``dot_block_n`` / ``dot_block_k``: the tile width (0: the projection's) and K chunk of the ``tl.dot``
+      path (256: 16 padded rows x 256 float32 activations fit the registers, 1024 spilled ~27 KB per thread,
+      issue 26); ``dot_stream``: the ``tl.dot`` path streams the weights through Triton's software pipeliner
+      (``cp.async`` into shared memory) instead of register double-buffering (a lever to measure);
       ``gemv_dot``: accumulate with ``tl.dot`` (batch rows padded to 16)
       instead of a broadcast multiply + sum; ``None``: ``tl.dot`` for
       batches above 2 (the broadcast product holds ``B x BLOCK_N x BLOCK_K``
@@ -60,6 +64,9 @@ class TileConfig:
     gemv_block_n: int = 32
     gemv_block_k: int = 512
     gemv_dot: Optional[bool] = None
+    dot_block_n: int = 0
+    dot_block_k: int = 256
+    dot_stream: bool = False
     qkv_block_n: int = 0
     o_block_n: int = 0
     gate_up_block_n: int = 0
@@ -76,12 +83,17 @@ class TileConfig:
     num_warps: int = 4
     prefetch_k: int = 0
 
-    def block_n(self, proj: str) -> int:
-        """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``)."""
+    def block_n(self, proj: str, dot: bool = False) -> int:
+        """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
+        ``tl.dot`` path (``dot_block_n`` when set)."""
+        if dot and self.dot_block_n:
+            return self.dot_block_n
         return getattr(self, f"{proj}_block_n") or self.gemv_block_n
 
-    def block_k(self, proj: str) -> int:
-        """K elements per chunk of projection ``proj``."""
+    def block_k(self, proj: str, dot: bool = False) -> int:
+        """K elements per chunk of projection ``proj``; ``dot``: of the ``tl.dot`` path (``dot_block_k``)."""
+        if dot:
+            return self.dot_block_k
         return getattr(self, f"{proj}_block_k") or self.gemv_block_k
 
     def dot_for(self, batch: int) -> bool:
@@ -89,12 +101,12 @@ class TileConfig:
         return batch > 2 if self.gemv_dot is None else bool(self.gemv_dot)
 
     def __post_init__(self):
-        for name in ("gemv_block_n", "gemv_block_k", "norm_block", "attn_block", "comm_block"):
+        for name in ("gemv_block_n", "gemv_block_k", "dot_block_k", "norm_block", "attn_block", "comm_block"):
             v = getattr(self, name)
             if v <= 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be a power of two")
-        for name in ("qkv_block_n", "o_block_n", "gate_up_block_n", "down_block_n", "qkv_block_k", "o_block_k",
-                     "gate_up_block_k", "down_block_k"):
+        for name in ("dot_block_n", "qkv_block_n", "o_block_n", "gate_up_block_n", "down_block_n", "qkv_block_k",
+                     "o_block_k", "gate_up_block_k", "down_block_k"):
             v = getattr(self, name)
             if v < 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be 0 (gemv_block_{name[-1]}) or a power of two")

@@ -9,7 +9,7 @@ index the stacked norm weights)::
 
     qkv.l      rms_linear_tile    cdiv(Nqkv, BN)   qkv = rms(resid + delta) @ Wqkv[l]^T  (resid + delta: x at l = 0)
     res_a.l    add_resid_tile     cdiv(B*H, BLK)   resid += delta (after every qkv.l tile read resid)
-    rope.l     qk_norm_rope_tile  B*KH*(G+2)       q / k norm, RoPE, KV append      <- the qkv tiles of its head
+    rope.l     qk_norm_rope_tile  B*KH*(G+2)       q / k norm, RoPE, paged KV append <- the qkv tiles of its head
     attn.l     attn_split_tile    B*KH*S           flash-decoding split             <- rope tiles of its kv group
     comb.l     attn_combine_tile  B*QH             combine the S splits             <- attn tiles of its head
     o.l        linear_tile        cdiv(H, BN)      partial = attn @ Wo[l]^T (fp32)  <- all of comb.l
@@ -20,7 +20,9 @@ index the stacked norm weights)::
     ar_mlp.l   all-reduce                          delta = sum over ranks of partial (after res_m.l)
     final      add_rmsnorm_tile   B tiles          resid += delta; out = h = rms(resid)
 
-preceded by ``advance`` (one tile: ``seq += 1``).  With ``TileConfig(fuse_norm=False)``
+preceded by ``advance`` (one tile: ``seq[b] += 1`` for every sequence).  The KV cache is paged
+(:class:`~.weights.PagedKV`: pages ``[L, num_pages, page_size, KH, D]`` and a block table ``[B, max_pages]``);
+each sequence has its own context length (``seq[b]``), so a batch may be ragged.  With ``TileConfig(fuse_norm=False)``
 the norms are tasks of their own (``norm_a.l`` / ``norm_m.l``: ``add_rmsnorm_tile``,
 ``B`` tiles, ``h = rms(resid += delta)``) and qkv / gate-up read ``h``.  Activation buffers are
 shared by all layers (stacked weights + a ``layer`` scalar), so each task kind
@@ -38,7 +40,7 @@ from ditron.errors import DitronError
 
 from . import tiles as T
 from .config import DecoderConfig, cdiv, next_pow2
-from .weights import Weights
+from .weights import PagedKV, Weights, contexts
 
 
 @dataclass
@@ -69,13 +71,14 @@ class Buffers:
     lse: torch.Tensor        # [B, QH, S] fp32
     attn: torch.Tensor       # [B, QH * D] bf16
     act: torch.Tensor        # [B, I_r] bf16
-    seq: torch.Tensor        # [1] int32: valid KV positions
+    seq: torch.Tensor        # [B] int32: each sequence's valid KV positions (its context length)
 
 
-def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, ctx: int, device,
+def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, ctx, device,
                  symmetric: bool = False) -> Buffers:
-    """This rank's activation buffers; ``symmetric``: on the symmetric heap (``ditron.symm_zeros``), where the
-    simulator's race finder checks every access (tests)."""
+    """This rank's activation buffers (``ctx``: the sequences' context lengths, an int or one per sequence;
+    ``max_ctx``: positions a block table can hold); ``symmetric``: on the symmetric heap (``ditron.symm_zeros``),
+    where the simulator's race finder checks every access (tests)."""
     sh = cfg.shard(world_size)
     B, H, D, S = batch, cfg.hidden, cfg.head_dim, sh.splits(max_ctx)
     bf, f32 = torch.bfloat16, torch.float32
@@ -89,25 +92,40 @@ def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, 
                   partial=z("partial", (B, H), f32), h=z("h", (B, H), bf), qkv=z("qkv", (B, sh.qkv_cols), bf),
                   q=z("q", (B, sh.q_heads, D), bf), o_part=z("o_part", (B, sh.q_heads, S, D), f32),
                   lse=z("lse", (B, sh.q_heads, S), f32), attn=z("attn", (B, sh.attn_cols), bf),
-                  act=z("act", (B, sh.inter), bf), seq=z("seq", (1,), torch.int32))
-    buf.seq.fill_(ctx)
+                  act=z("act", (B, sh.inter), bf), seq=z("seq", (B,), torch.int32))
+    buf.seq.copy_(torch.tensor(contexts(ctx, B), dtype=torch.int32))
     return buf
 
 
-def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_cache, buf: Buffers) -> list:
-    """The step's tasks on one rank, in topological order."""
+def check_cache(cfg: DecoderConfig, world_size: int, cache: PagedKV, batch: int):
+    """Shapes and dtypes of a :class:`PagedKV` for a compiled batch of ``batch`` sequences (at build time)."""
+    sh = cfg.shard(world_size)
+    k, v, bt = cache
+    L, KH, D = cfg.n_layers, sh.kv_heads, cfg.head_dim
+    if k.dim() != 5 or tuple(k.shape[:1] + k.shape[3:]) != (L, KH, D) or tuple(v.shape) != tuple(k.shape):
+        raise DitronError(f"decoder: paged KV cache shapes k {tuple(k.shape)} / v {tuple(v.shape)}; expected "
+                          f"[{L}, num_pages, page_size, {KH}, {D}] (layers, pages, positions per page, kv heads "
+                          f"per rank, head_dim) for both")
+    if bt.dim() != 2 or bt.dtype != torch.int32 or bt.shape[0] != batch:
+        raise DitronError(f"decoder: block table {tuple(bt.shape)} {bt.dtype}; expected [{batch}, max_pages] int32 "
+                          f"(one row of page indices per sequence of the compiled batch)")
+
+
+def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedKV, buf: Buffers) -> list:
+    """The step's tasks on one rank, in topological order (``cache``: this rank's :class:`PagedKV`)."""
     sh = cfg.shard(world_size)
     tc = cfg.tiles
     B, H, D, L = buf.x.shape[0], cfg.hidden, cfg.head_dim, cfg.n_layers
     QH, KH, G, IL = sh.q_heads, sh.kv_heads, cfg.group, sh.inter
-    max_ctx = k_cache.shape[3]
-    S = sh.splits(max_ctx)
-    BN = {p: tc.block_n(p) for p in ("qkv", "o", "gate_up", "down")}
+    k_cache, v_cache, bt = cache
+    P, NP, MP = cache.page_size, cache.num_pages, cache.max_pages
+    S = sh.splits(cache.max_ctx)
     dot = tc.dot_for(B)
+    BN = {p: tc.block_n(p, dot) for p in ("qkv", "o", "gate_up", "down")}
 
     def gemv_c(proj):
         c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN[proj],
-                 BLOCK_K=tc.block_k(proj), DOT=dot)
+                 BLOCK_K=tc.block_k(proj, dot), DOT=dot, STREAM=dot and tc.dot_stream)
         if tc.prefetch_k:
             c["PREFETCH_K"] = tc.prefetch_k
         return c
@@ -116,10 +134,9 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
         if not tc.prefetch_k:
             return None
         return T.gate_up_prefetch if fn in (T.gate_up_tile, T.rms_gate_up_tile) else T.linear_prefetch
-    if B < 1 or tuple(k_cache.shape) != (L, B, KH, max_ctx, D) or v_cache.shape != k_cache.shape:
-        raise DitronError(f"decoder_tasks: KV cache shape {tuple(k_cache.shape)} / {tuple(v_cache.shape)}; expected "
-                          f"{(L, B, KH, max_ctx, D)} (layers, batch, kv heads per rank, max_ctx, head_dim)")
-    specs = [TaskSpec("advance", T.advance_tile, 1, {"seq_ptr": buf.seq}, reads=("seq_ptr",), writes=("seq_ptr",))]
+    check_cache(cfg, world_size, cache, B)
+    specs = [TaskSpec("advance", T.advance_tile, 1, {"seq_ptr": buf.seq, "B": B, "BLOCK_B": next_pow2(B)},
+                      reads=("seq_ptr",), writes=("seq_ptr",))]
 
     def norm(name, j, deps):
         specs.append(TaskSpec(
@@ -195,18 +212,18 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
         specs.append(TaskSpec(
             f"rope.{l}", T.qk_norm_rope_tile, B * KH * (G + 2),
             {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "q_ptr": buf.q, "kc_ptr": k_cache,
-             "vc_ptr": v_cache, "seq_ptr": buf.seq, "B": B, "QH": QH, "KH": KH, "max_ctx": max_ctx,
-             "eps": cfg.rms_eps, "log2_theta": math.log2(cfg.rope_theta), "HEAD_D": D,
+             "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq, "B": B, "QH": QH, "KH": KH, "num_pages": NP,
+             "max_pages": MP, "eps": cfg.rms_eps, "log2_theta": math.log2(cfg.rope_theta), "PAGE": P, "HEAD_D": D,
              "BLOCK_H": next_pow2(D // 2)},
-            reads=("qkv_ptr", "qn_ptr", "kn_ptr", "seq_ptr"), writes=("q_ptr", "kc_ptr", "vc_ptr"),
+            reads=("qkv_ptr", "qn_ptr", "kn_ptr", "bt_ptr", "seq_ptr"), writes=("q_ptr", "kc_ptr", "vc_ptr"),
             deps=[(f"qkv.{l}", rope_qkv_tiles)], scalars={"layer": l}))
         specs.append(TaskSpec(
             f"attn.{l}", T.attn_split_tile, B * KH * S,
-            {"q_ptr": buf.q, "kc_ptr": k_cache, "vc_ptr": v_cache, "seq_ptr": buf.seq, "o_ptr": buf.o_part,
-             "lse_ptr": buf.lse, "B": B, "QH": QH, "KH": KH, "max_ctx": max_ctx, "nsplit": S,
-             "sm_scale": 1.0 / math.sqrt(D), "HEAD_D": D, "BLOCK_D": max(16, next_pow2(D)),
+            {"q_ptr": buf.q, "kc_ptr": k_cache, "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq,
+             "o_ptr": buf.o_part, "lse_ptr": buf.lse, "B": B, "QH": QH, "KH": KH, "num_pages": NP, "max_pages": MP,
+             "nsplit": S, "sm_scale": 1.0 / math.sqrt(D), "PAGE": P, "HEAD_D": D, "BLOCK_D": max(16, next_pow2(D)),
              "BLOCK_G": max(16, next_pow2(G)), "SPLIT": tc.attn_split, "BLOCK_P": tc.attn_block},
-            reads=("q_ptr", "kc_ptr", "vc_ptr", "seq_ptr"), writes=("o_ptr", "lse_ptr"),
+            reads=("q_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"), writes=("o_ptr", "lse_ptr"),
             deps=[(f"rope.{l}", attn_rope_tiles)], scalars={"layer": l}))
         specs.append(TaskSpec(
             f"comb.{l}", T.attn_combine_tile, B * QH,
@@ -233,10 +250,12 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, k_cache, v_ca
 class DecoderMegakernel:
     """The compiled decoder step of this rank: ``step(x=None) -> out`` (``[B, H]`` bf16, the final norm's
     output; ``x``, if given, is copied into the input buffer first).  ``mk`` is the
-    :class:`ditron.task.Megakernel` (``mk.source``: the generated kernel)."""
+    :class:`ditron.task.Megakernel` (``mk.source``: the generated kernel); ``cache`` the paged KV cache it reads
+    and appends to, ``seq`` the sequences' context lengths (``[B]`` int32, advanced by each step).  A serving
+    engine updates ``seq`` and ``cache.block_table`` in place between steps (the kernel holds their addresses)."""
 
-    def __init__(self, mk, graph, buffers: Buffers, specs):
-        self.mk, self.graph, self.buf, self.specs = mk, graph, buffers, specs
+    def __init__(self, mk, graph, buffers: Buffers, specs, cache: PagedKV = None):
+        self.mk, self.graph, self.buf, self.specs, self.cache = mk, graph, buffers, specs, cache
 
     @property
     def source(self) -> str:
@@ -246,7 +265,51 @@ class DecoderMegakernel:
     def seq(self):
         return self.buf.seq
 
+    @property
+    def batch(self) -> int:
+        return int(self.buf.x.shape[0])
+
+    def check_inputs(self, x=None):
+        """Raise a :class:`DitronError` naming the sequence and the values if the next step would read or write
+        out of bounds: ``x`` with more rows than the compiled batch, a context past its block table, a page index
+        outside the cache, two sequences appending to the same page row.  Reads ``seq`` and the block table back
+        to the host (a synchronisation: :meth:`step` skips it while a CUDA graph is being captured)."""
+        B = self.batch
+        if x is not None and (x.dim() != 2 or x.shape[0] != B or x.shape[1] != self.buf.x.shape[1]):
+            raise DitronError(f"decoder step: input of shape {tuple(x.shape)}; the megakernel was compiled for a batch "
+                              f"of {B} sequences of hidden size {self.buf.x.shape[1]} (build another one for a larger "
+                              f"batch; pad a smaller one)")
+        if self.cache is None:
+            return
+        seq = [int(v) for v in self.buf.seq.cpu()]
+        bt = self.cache.block_table.cpu()
+        P, NP, MP = self.cache.page_size, self.cache.num_pages, self.cache.max_pages
+        owner = {}
+        for b, n in enumerate(seq):
+            if n < 0:
+                raise DitronError(f"decoder step: sequence {b} has context length {n} < 0")
+            need = n // P + 1                       # pages holding positions 0..n (n: the new token's position)
+            if need > MP:
+                raise DitronError(f"decoder step: sequence {b} appends position {n} (context {n} + 1), past its block "
+                                  f"table of {MP} pages x {P} positions = {MP * P}")
+            pages = bt[b, :need]
+            bad = ((pages < 0) | (pages >= NP)).nonzero()
+            if len(bad):
+                i = int(bad[0, 0])
+                p = int(pages[i])
+                raise DitronError(f"decoder step: block_table[{b}, {i}] = {p} is not a page of the cache (0..{NP - 1}; "
+                                  f"sequence {b} needs pages 0..{need - 1} of its row for context {n} + 1)")
+            key = (int(pages[-1]), n % P)
+            if key in owner:
+                raise DitronError(f"decoder step: sequences {owner[key]} and {b} both append to row {key[1]} of page "
+                                  f"{key[0]}")
+            owner[key] = b
+
     def step(self, x=None):
+        import torch
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        if not capturing:
+            self.check_inputs(x)
         if x is not None:
             self.buf.x.copy_(x)
         self.mk.step()
@@ -277,16 +340,20 @@ def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
     return tasks
 
 
-def build_megakernel(cfg: DecoderConfig, weights: Weights, cache, *, world_size: int, batch: int, ctx: int,
+def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, world_size: int, batch: int, ctx,
                      scheduler="round_robin", num_programs=None, buffers: Optional[Buffers] = None,
                      all_reduce=None, name="decoder", **compile_kw) -> DecoderMegakernel:
-    """Register this rank's decoder step (``cache = (k_cache, v_cache)`` with ``ctx`` valid positions) and compile
-    it into one persistent kernel."""
+    """Register this rank's decoder step (``cache``: :class:`PagedKV`; ``ctx``: the sequences' context lengths,
+    an int or one per sequence) and compile it into one persistent kernel for ``batch`` sequences."""
     import ditron.task as dtask
-    k_cache, v_cache = cache
-    buf = buffers or make_buffers(cfg, world_size, batch, k_cache.shape[3], ctx, k_cache.device)
-    specs = decoder_tasks(cfg, world_size, weights, k_cache, v_cache, buf)
+    if not isinstance(cache, PagedKV):
+        raise DitronError(f"build_megakernel: cache must be a PagedKV (k, v, block_table), got {type(cache).__name__}")
+    check_cache(cfg, world_size, cache, batch)
+    buf = buffers or make_buffers(cfg, world_size, batch, cache.max_ctx, ctx, cache.k.device)
+    specs = decoder_tasks(cfg, world_size, weights, cache, buf)
     g = dtask.TaskGraph(name)
     register(g, specs, all_reduce)
     mk = g.compile(scheduler=scheduler, num_programs=num_programs, num_warps=cfg.tiles.num_warps, **compile_kw)
-    return DecoderMegakernel(mk, g, buf, specs)
+    dm = DecoderMegakernel(mk, g, buf, specs, cache)
+    dm.check_inputs()
+    return dm

@@ -12,9 +12,12 @@ world size 1), eagerly or replaying a captured CUDA graph;
 Numerics (what the kernel does too): bf16 tensors between ops, float32 inside
 every op and for the residual stream; RMSNorm ``bf16(r * rstd * w)``; q/k
 norm rounded to bf16 before RoPE (rotate-half, float32 angles), KV appended
-at ``seq - 1`` after ``seq += 1``.  The baseline uses torch's fast paths
-(bf16 ``F.linear``, SDPA over the static cache with a mask, bf16
-all-reduce); the kernel accumulates partial sums in float32 and all-reduces
+at ``seq[b] - 1`` after ``seq[b] += 1`` into sequence ``b``'s page of the paged
+cache (:class:`~.weights.PagedKV`; contexts may differ per sequence).  The
+baseline uses torch's fast paths (bf16 ``F.linear``; SDPA over each sequence's
+pages gathered through the block table, with a per-sequence mask -- the gather
+copies the KV bytes once more per layer, which a paged-attention kernel would
+not; bf16 all-reduce); the kernel accumulates partial sums in float32 and all-reduces
 them in float32, so the two differ by bf16 rounding only.
 """
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import DecoderConfig, Shard
-from .weights import Weights
+from .weights import PagedKV, Weights
 
 
 def _rms(x, w, eps):
@@ -34,23 +37,28 @@ def _rms(x, w, eps):
 
 
 def _rope(x, pos, theta):
-    """``x [..., D]`` float32 at position ``pos`` (a 0-d / 1-element tensor)."""
+    """``x [B, ..., D]`` float32 at positions ``pos`` (one per row ``b``, or a single one for all)."""
     D = x.shape[-1]
     inv = 1.0 / (theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D))
-    ang = pos.float().reshape(()) * inv
+    ang = pos.float().reshape(-1, *([1] * (x.dim() - 1))) * inv
     c, s = torch.cos(ang), torch.sin(ang)
     x1, x2 = x[..., :D // 2], x[..., D // 2:]
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
 
 
-def step_gen(cfg: DecoderConfig, sh: Shard, w: Weights, k_cache, v_cache, seq, x):
-    """One decode step of one rank (a generator; see the module doc).  Advances ``seq`` and appends to the
-    caches in place; returns the final hidden states ``[B, H]`` bf16."""
+def step_gen(cfg: DecoderConfig, sh: Shard, w: Weights, cache: PagedKV, seq, x):
+    """One decode step of one rank (a generator; see the module doc).  ``seq`` ``[B]`` int32 holds each
+    sequence's context length; the step advances it and appends every sequence's k / v in place at position
+    ``seq[b] - 1`` of its pages (``cache``: :class:`PagedKV`, shared block table).  Returns the final hidden
+    states ``[B, H]`` bf16."""
     B, D, L = x.shape[0], cfg.head_dim, cfg.n_layers
-    QH, KH, max_ctx = sh.q_heads, sh.kv_heads, k_cache.shape[3]
+    QH, KH, P = sh.q_heads, sh.kv_heads, cache.page_size
     seq.add_(1)
-    pos = (seq - 1).long()
-    valid = (torch.arange(max_ctx, device=x.device) < seq)[None, None, None, :]   # [1, 1, 1, T]
+    pos = (seq - 1).long()                                                   # [B]
+    bt = cache.block_table.long()
+    page, row = bt[torch.arange(B, device=bt.device), pos // P], pos % P     # where each sequence appends
+    T = cache.max_ctx
+    valid = (torch.arange(T, device=x.device)[None, :] < seq[:, None])[:, None, None, :]   # [B, 1, 1, T]
     resid = x.float()
     for l in range(L):
         h = _rms(resid, w.norm[2 * l], cfg.rms_eps)
@@ -59,11 +67,14 @@ def step_gen(cfg: DecoderConfig, sh: Shard, w: Weights, k_cache, v_cache, seq, x
         k = _rms(qkv[:, QH:QH + KH], w.k_norm[l], cfg.rms_eps).float()
         q = _rope(q, pos, cfg.rope_theta).to(torch.bfloat16)
         k = _rope(k, pos, cfg.rope_theta).to(torch.bfloat16)
-        k_cache[l].index_copy_(2, pos, k[:, :, None])
-        v_cache[l].index_copy_(2, pos, qkv[:, QH + KH:, None])
-        # GQA without expanding the cache: the G q heads of a kv head are G queries of one head (decode has one
-        # position per head and no causal mask among them): [B, KH, G, D] x [B, KH, T, D]
-        a = F.scaled_dot_product_attention(q.view(B, KH, QH // KH, D), k_cache[l], v_cache[l], attn_mask=valid,
+        cache.k[l][page, row] = k
+        cache.v[l][page, row] = qkv[:, QH + KH:]
+        # every sequence's pages gathered in order ([B, max_pages * P, KH, D] -> [B, KH, T, D]); GQA without
+        # expanding the cache: the G q heads of a kv head are G queries of one head (decode has one position per
+        # head and no causal mask among them): [B, KH, G, D] x [B, KH, T, D]
+        kk = cache.k[l][bt].reshape(B, T, KH, D).transpose(1, 2)
+        vv = cache.v[l][bt].reshape(B, T, KH, D).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q.view(B, KH, QH // KH, D), kk, vv, attn_mask=valid,
                                            scale=1.0 / math.sqrt(D))
         part = F.linear(a.reshape(B, QH * D), w.o[l])
         yield part
@@ -88,8 +99,8 @@ def _drive(gen, all_reduce):
 
 
 def lockstep_step(states, x):
-    """All ranks of a TP group in one process: ``states`` is a list of ``(cfg, shard, weights, k_cache, v_cache,
-    seq)`` per rank; the partial sums are added across ranks.  Returns every rank's output."""
+    """All ranks of a TP group in one process: ``states`` is a list of ``(cfg, shard, weights, cache, seq)`` per
+    rank (``cache``: :class:`PagedKV`); the partial sums are added across ranks.  Returns every rank's output."""
     gens = [step_gen(*s, x) for s in states]
     outs = [None] * len(gens)
     parts = []
@@ -114,11 +125,19 @@ class TorchDecoder:
     """This rank's torch decoder step, TP over ``group`` (``torch.distributed``; none at world size 1).
     Owns its own copy of the KV cache and ``seq`` so that it advances independently of the megakernel."""
 
-    def __init__(self, cfg, shard, weights, k_cache, v_cache, seq, group=None):
+    def __init__(self, cfg, shard, weights, cache, seq, group=None):
         self.cfg, self.shard, self.w = cfg, shard, weights
-        self.k_cache, self.v_cache = k_cache.clone(), v_cache.clone()
+        self.cache = cache.clone()
         self.seq = seq.clone()
         self.group = group
+
+    @property
+    def k_cache(self):
+        return self.cache.k
+
+    @property
+    def v_cache(self):
+        return self.cache.v
 
     def _all_reduce(self, t):
         import torch.distributed as dist
@@ -126,7 +145,7 @@ class TorchDecoder:
             dist.all_reduce(t, group=self.group)
 
     def step(self, x):
-        return _drive(step_gen(self.cfg, self.shard, self.w, self.k_cache, self.v_cache, self.seq, x),
+        return _drive(step_gen(self.cfg, self.shard, self.w, self.cache, self.seq, x),
                       self._all_reduce)
 
     def graphed(self, x_static):

@@ -11,9 +11,10 @@ Conventions (all buffers contiguous, row-major):
 * per-layer weights are stacked on a leading layer dimension and indexed by
   the ``layer`` scalar (an int carried in the work queue); layer offsets are
   computed in int64 (a stacked weight can exceed 2**31 elements);
-* the KV cache is ``[L, B, kv_heads, max_ctx, head_dim]``; ``seq_ptr`` is a
-  device int32 holding the number of valid positions (the new token's
-  position is ``seq - 1``), so CUDA-graph replays advance it;
+* the KV cache is paged (``kernels/decoder/weights.py``, ``PagedKV``): ``[L, num_pages, PAGE, kv_heads,
+  head_dim]`` and a block table ``[B, max_pages]`` int32; ``seq_ptr`` is a device int32 ``[B]`` holding each
+  sequence's number of valid positions (its new token's position is ``seq[b] - 1``), so CUDA-graph replays
+  advance it;
 * every size may be a non-multiple of its block: loads and stores are masked;
 * the GEMV / RMSNorm row sizes ``N`` and ``K`` are ``tl.constexpr`` (each projection is its own branch of the
   megakernel anyway): the compiler then knows the alignment of every row and emits 16-byte vector loads.
@@ -27,9 +28,19 @@ import ditron.language as dl
 
 
 @triton.jit
-def advance_tile(tile, seq_ptr):
-    """The step's first task: one more position in the KV cache (``seq += 1``)."""
-    tl.store(seq_ptr, tl.load(seq_ptr) + 1)
+def advance_tile(tile, seq_ptr, B, BLOCK_B: tl.constexpr):
+    """The step's first task: one more position in every sequence's KV cache (``seq[b] += 1``, ``b < B``)."""
+    offs = tl.arange(0, BLOCK_B)
+    m = offs < B
+    tl.store(seq_ptr + offs, tl.load(seq_ptr + offs, mask=m, other=0) + 1, mask=m)
+
+
+@triton.jit
+def _kv_rows(bt_ptr, b, pos, layer, num_pages, max_pages, KH, kvh, PAGE: tl.constexpr, mask):
+    """int64 row index (in units of ``HEAD_D``) of positions ``pos`` of sequence ``b``, kv head ``kvh`` in the
+    paged cache ``[L, num_pages, PAGE, KH, HEAD_D]``: page ``block_table[b, pos // PAGE]``, row ``pos % PAGE``."""
+    page = tl.load(bt_ptr + b * max_pages + pos // PAGE, mask=mask, other=0).to(tl.int64)
+    return ((layer.to(tl.int64) * num_pages + page) * PAGE + pos % PAGE) * KH + kvh
 
 
 @triton.jit
@@ -132,7 +143,7 @@ def _mac(acc, x, w, DOT: tl.constexpr, BLOCK_B: tl.constexpr):
 @triton.jit
 def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr,
-              resid_ptr, delta_ptr, nw_ptr, first, eps):
+              resid_ptr, delta_ptr, nw_ptr, first, eps, STREAM: tl.constexpr):
     """``(acc, acc2)``: ``acc[b, n] = sum_k x[b, k] * w[n0 + n, k]`` in float32 (``x``: ``[B, K]``, ``w``:
     ``[N, K]``) and the same with ``w2`` when ``TWO`` (gate and up share ``x``; else ``acc2`` is ``acc``).
     ``DOT``: ``tl.dot`` (``BLOCK_B >= 16``; rows past ``B`` are zero).  ``NORM``: ``x`` is the RMSNorm of the
@@ -141,7 +152,9 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
 
     One pass over ``K`` in ``[BLOCK_N, BLOCK_K]`` chunks, double-buffered in registers: the loads of chunk
     ``k + 1`` (weights and activations) are issued before chunk ``k`` is reduced, so a program always has a
-    chunk of weights in flight."""
+    chunk of weights in flight.  ``STREAM`` (with ``DOT``; ``TileConfig.dot_stream``): a plain loop whose loads
+    feed ``tl.dot`` directly, which Triton's software pipeliner turns into ``cp.async`` copies into shared
+    memory, ``num_stages`` chunks ahead (the weight stream held in shared memory instead of registers)."""
     offs_b = tl.arange(0, BLOCK_B)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mb = offs_b < B
@@ -152,7 +165,46 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
     else:                                                        # transposed: see _mac
         acc = tl.zeros([BLOCK_N, BLOCK_B], tl.float32)
         acc2 = tl.zeros([BLOCK_N, BLOCK_B], tl.float32)
-    ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
+    if DOT:     # the rows' sums of squares, reduced per chunk: a [16, BLOCK_K] float32 sum would hold registers
+        ss = tl.zeros([BLOCK_B], tl.float32)
+    else:
+        ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
+    if STREAM:
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mk = offs_k < K
+            a, nw = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, K, NORM)
+            if NORM:
+                ss += tl.sum(a * a, axis=1)
+                x = a * nw[None, :]
+            else:
+                x = a
+            acc = _mac(acc, x, _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K), DOT, BLOCK_B)
+            if TWO:
+                acc2 = _mac(acc2, x, _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, K), DOT, BLOCK_B)
+    else:
+        acc, acc2, ss = _gemv_loop(x_ptr, w_ptr, w2_ptr, offs_b, mb, offs_n, mn, acc, acc2, ss, K, BLOCK_B, BLOCK_K,
+                                   DOT, NORM, TWO, resid_ptr, delta_ptr, nw_ptr, first)
+    if not DOT:
+        acc = tl.trans(acc)
+        acc2 = tl.trans(acc2)
+    if NORM:
+        if DOT:
+            rstd = 1.0 / tl.sqrt(ss / K + eps)
+        else:
+            rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
+        acc = acc * rstd[:, None]
+        acc2 = acc2 * rstd[:, None]
+    if not TWO:
+        acc2 = acc
+    return acc, acc2
+
+
+@triton.jit
+def _gemv_loop(x_ptr, w_ptr, w2_ptr, offs_b, mb, offs_n, mn, acc, acc2, ss, K: tl.constexpr, BLOCK_B: tl.constexpr,
+               BLOCK_K: tl.constexpr, DOT: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr, resid_ptr, delta_ptr,
+               nw_ptr, first):
+    """The register double-buffered pass over ``K`` of :func:`_gemv_acc`; returns ``(acc, acc2, ss)``."""
     offs_k = tl.arange(0, BLOCK_K)
     mk = offs_k < K
     w_nx = _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K)
@@ -174,23 +226,17 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
             w2_nx = w_nx
         a_nx, nw_nx = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, K, NORM)
         if NORM:
-            ss += a * a
+            if DOT:
+                ss += tl.sum(a * a, axis=1)
+            else:
+                ss += a * a
             x = a * nw[None, :]
         else:
             x = a
         acc = _mac(acc, x, w, DOT, BLOCK_B)
         if TWO:
             acc2 = _mac(acc2, x, w2, DOT, BLOCK_B)
-    if not DOT:
-        acc = tl.trans(acc)
-        acc2 = tl.trans(acc2)
-    if NORM:
-        rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=1) / K + eps)
-        acc = acc * rstd[:, None]
-        acc2 = acc2 * rstd[:, None]
-    if not TWO:
-        acc2 = acc
-    return acc, acc2
+    return acc, acc2, ss
 
 
 @triton.jit
@@ -203,20 +249,20 @@ def _store_rows(out_ptr, val, n0, B, N: tl.constexpr, BLOCK_B: tl.constexpr, BLO
 
 @triton.jit
 def linear_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr):
     """Columns ``[tile * BLOCK_N, +BLOCK_N)`` of ``out[B, N] = x[B, K] @ w[layer]^T`` (``w``: ``[L, N, K]``);
     ``out`` is bf16 or float32 (partial sums of a row-parallel projection)."""
     wl = w_ptr + layer.to(tl.int64) * N * K
     n0 = tile * BLOCK_N
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
-                       0, 0.0)
+                       0, 0.0, STREAM)
     _store_rows(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit
 def rms_linear_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, layer, norm, first, B, eps,
                     N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+                    BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr):
     """:func:`linear_tile` of the RMSNorm'd residual stream, the norm fused in: every tile computes
     ``rstd * ((r * nw[norm]) @ w^T)`` with ``r = x`` (``first``) or ``resid + delta`` and the rows' ``rstd`` from
     the same pass (:func:`_gemv_acc`; :func:`add_resid_tile` commits the add).  No norm stage between the
@@ -224,31 +270,31 @@ def rms_linear_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, l
     wl = w_ptr + layer.to(tl.int64) * N * K
     n0 = tile * BLOCK_N
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, False, resid_ptr, delta_ptr,
-                       nw_ptr + norm * K, first, eps)
+                       nw_ptr + norm * K, first, eps, STREAM)
     _store_rows(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit
 def gate_up_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr):
     """Fused gate/up projection and SiLU-mul: ``w[layer]`` is ``[2N, K]`` (gate rows, then up rows);
     ``out[B, N] = bf16(silu(x @ gate^T) * (x @ up^T))``, columns ``[tile * BLOCK_N, +BLOCK_N)``."""
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
     n0 = tile * BLOCK_N
     g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, True, x_ptr, x_ptr,
-                     x_ptr, 0, 0.0)
+                     x_ptr, 0, 0.0, STREAM)
     _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit
 def rms_gate_up_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, layer, norm, first, B, eps,
                      N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+                     BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr):
     """:func:`gate_up_tile` of the RMSNorm'd residual stream (the norm fused in, as in :func:`rms_linear_tile`)."""
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
     n0 = tile * BLOCK_N
     g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, True, resid_ptr,
-                     delta_ptr, nw_ptr + norm * K, first, eps)
+                     delta_ptr, nw_ptr + norm * K, first, eps, STREAM)
     _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
 
 
@@ -279,14 +325,16 @@ def gate_up_prefetch(tile, w_ptr, layer, N: tl.constexpr, K: tl.constexpr, BLOCK
 
 
 @triton.jit
-def qk_norm_rope_tile(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, seq_ptr, layer, B, QH, KH, max_ctx,
-                      eps, log2_theta, HEAD_D: tl.constexpr, BLOCK_H: tl.constexpr):
+def qk_norm_rope_tile(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, layer, B, QH, KH,
+                      num_pages, max_pages, eps, log2_theta, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
+                      BLOCK_H: tl.constexpr):
     """One head of one batch row of the QKV output ``[B, (QH + 2 KH) * D]`` (q heads, k heads, v heads).
     Tiles are ordered ``(b, kv head, j)`` with ``j < G``: q head ``kvh * G + j``, ``j == G``: k head ``kvh``,
     ``j == G + 1``: v head ``kvh`` (``G = QH / KH``), so the tiles one attention tile needs are contiguous.
     q / k: per-head RMSNorm with ``qn[layer]`` / ``kn[layer]`` (rounded to bf16 like Qwen3's q_norm / k_norm),
-    then rotary embedding (rotate-half form, angle ``pos * theta^(-2i/D)`` in float32) at ``pos = seq - 1``;
-    q goes to ``q[B, QH, D]``, k and v to the cache at ``[layer, b, kvh, pos]``."""
+    then rotary embedding (rotate-half form, angle ``pos * theta^(-2i/D)`` in float32) at ``pos = seq[b] - 1``;
+    q goes to ``q[B, QH, D]``, k and v to the paged cache at position ``pos`` of sequence ``b`` (:func:`_kv_rows`).
+    """
     HALF: tl.constexpr = HEAD_D // 2
     G = QH // KH
     j = tile % (G + 2)
@@ -304,8 +352,8 @@ def qk_norm_rope_tile(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, seq_
     src = qkv_ptr + (b * (QH + 2 * KH) + head) * HEAD_D
     x1 = tl.load(src + i, mask=m, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF + i, mask=m, other=0.0).to(tl.float32)
-    pos = tl.load(seq_ptr) - 1
-    cache = ((layer.to(tl.int64) * B + b) * KH + kvh) * max_ctx * HEAD_D + pos.to(tl.int64) * HEAD_D
+    pos = tl.load(seq_ptr + b) - 1
+    cache = _kv_rows(bt_ptr, b, pos, layer, num_pages, max_pages, KH, kvh, PAGE, pos >= 0) * HEAD_D
     if j == G + 1:
         tl.store(vc_ptr + cache + i, x1.to(vc_ptr.dtype.element_ty), mask=m)
         tl.store(vc_ptr + cache + HALF + i, x2.to(vc_ptr.dtype.element_ty), mask=m)
@@ -335,25 +383,26 @@ def qk_norm_rope_tile(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, seq_
 
 
 @triton.jit
-def attn_split_tile(tile, q_ptr, kc_ptr, vc_ptr, seq_ptr, o_ptr, lse_ptr, layer, B, QH, KH, max_ctx, nsplit,
-                    sm_scale, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr,
-                    SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
+def attn_split_tile(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, B, QH, KH, num_pages,
+                    max_pages, nsplit, sm_scale, PAGE: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
     """Flash-decoding partial: tile ``(b, kvh, s)`` (``s`` fastest) attends the ``G`` q heads of kv head ``kvh``
-    over cache positions ``[s * SPLIT, min((s + 1) * SPLIT, seq))``.  Writes the normalised partial output
-    ``o[b, h, s, :]`` (float32) and its log-sum-exp ``lse[b, h, s]`` (``-inf`` for an empty split)."""
+    over positions ``[s * SPLIT, min((s + 1) * SPLIT, seq[b]))`` of sequence ``b`` (each position's page looked
+    up in the block table, :func:`_kv_rows`; splits past a short sequence's context are empty).  Writes the
+    normalised partial output ``o[b, h, s, :]`` (float32) and its log-sum-exp ``lse[b, h, s]`` (``-inf`` for an
+    empty split)."""
     s = tile % nsplit
     bh = tile // nsplit
     b = bh // KH
     kvh = bh % KH
     G = QH // KH
-    seq = tl.load(seq_ptr)
+    seq = tl.load(seq_ptr + b)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
     mg = offs_g < G
     md = offs_d < HEAD_D
     heads = b * QH + kvh * G + offs_g
     q = tl.load(q_ptr + heads[:, None] * HEAD_D + offs_d[None, :], mask=mg[:, None] & md[None, :], other=0.0)
-    base = ((layer.to(tl.int64) * B + b) * KH + kvh) * max_ctx * HEAD_D
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
@@ -362,7 +411,8 @@ def attn_split_tile(tile, q_ptr, kc_ptr, vc_ptr, seq_ptr, o_ptr, lse_ptr, layer,
     for p0 in range(start, stop, BLOCK_P):
         offs_p = p0 + tl.arange(0, BLOCK_P)
         mp = offs_p < stop
-        kv_off = base + offs_p[:, None].to(tl.int64) * HEAD_D + offs_d[None, :]
+        rows = _kv_rows(bt_ptr, b, offs_p, layer, num_pages, max_pages, KH, kvh, PAGE, mp)
+        kv_off = rows[:, None] * HEAD_D + offs_d[None, :]
         kv_mask = mp[:, None] & md[None, :]
         k = tl.load(kc_ptr + kv_off, mask=kv_mask, other=0.0)
         sc = tl.dot(q, tl.trans(k)) * sm_scale

@@ -10,12 +10,14 @@ generators differ).  Layouts (per rank, bf16, layers stacked first):
 * ``qkv [L, (QH + 2 KH) * D, H]``: this rank's q heads, then its k heads, then its v heads;
 * ``q_norm, k_norm [L, D]``; ``o [L, H, QH * D]`` (row-parallel: this rank's columns);
 * ``gate_up [L, 2 I_r, H]``: this rank's gate rows, then its up rows; ``down [L, H, I_r]`` (row-parallel);
-* KV cache ``[L, B, KH, max_ctx, D]``: random up to ``ctx``, :data:`PAST_END` beyond (never read when the
-  masks are right; a masking bug shows up as a large error).
+* KV cache: :class:`PagedKV` (pages ``[L, num_pages, page_size, KH, D]`` and a block table ``[B, max_pages]``),
+  random up to each sequence's context, :data:`PAST_END` beyond and in unowned pages (never read when the masks
+  and the page lookups are right; a bug shows up as a large error).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import NamedTuple
 
 import torch
 
@@ -75,21 +77,97 @@ def make_weights(cfg: DecoderConfig, rank: int, world_size: int, device="cpu", s
                    torch.stack(dn))
 
 
-def make_cache(cfg: DecoderConfig, rank: int, world_size: int, batch: int, max_ctx: int, ctx: int, device="cpu",
-               seed: int = 0, dtype=torch.bfloat16):
-    """This rank's ``(k_cache, v_cache)``, ``[L, B, KH, max_ctx, D]``, random at positions ``< ctx``."""
+#: positions per page of the paged KV cache unless told otherwise (vLLM's default block size)
+PAGE_SIZE = 16
+
+
+class PagedKV(NamedTuple):
+    """This rank's paged KV cache, laid out as serving engines keep it (vLLM's flash-attention layout
+    ``[num_blocks, block_size, num_kv_heads, head_size]`` per layer, the layers stacked first):
+
+    * ``k``, ``v``: ``[L, num_pages, page_size, KH, D]``: position ``p`` of sequence ``b`` is row
+      ``p % page_size`` of page ``block_table[b, p // page_size]`` (one page holds every kv head of
+      ``page_size`` consecutive positions: an append writes one contiguous ``KH * D`` row);
+    * ``block_table``: ``[B, max_pages]`` int32, sequence ``b``'s pages in order (entries past its context are
+      never read; the step appends at ``seq[b] - 1`` after ``seq[b] += 1``, so that page must be in the table).
+    """
+    k: torch.Tensor
+    v: torch.Tensor
+    block_table: torch.Tensor
+
+    @property
+    def page_size(self) -> int:
+        return int(self.k.shape[2])
+
+    @property
+    def num_pages(self) -> int:
+        return int(self.k.shape[1])
+
+    @property
+    def max_pages(self) -> int:
+        return int(self.block_table.shape[1])
+
+    @property
+    def max_ctx(self) -> int:
+        """Positions one sequence can hold (its block table's width times the page size)."""
+        return self.max_pages * self.page_size
+
+    def positions(self, which: str, layer: int, b: int, start: int, stop: int) -> torch.Tensor:
+        """``[KH, stop - start, D]``: positions ``[start, stop)`` of sequence ``b`` (``which``: ``"k"`` / ``"v"``)."""
+        pos = torch.arange(start, stop, device=self.block_table.device)
+        pages = self.block_table[b].long()[pos // self.page_size]
+        return getattr(self, which)[layer][pages.to(self.k.device), (pos % self.page_size).to(self.k.device)] \
+            .transpose(0, 1)
+
+    def clone(self) -> "PagedKV":
+        return PagedKV(self.k.clone(), self.v.clone(), self.block_table.clone())
+
+    def to(self, device) -> "PagedKV":
+        return PagedKV(self.k.to(device), self.v.to(device), self.block_table.to(device))
+
+
+def contexts(ctx, batch: int) -> list:
+    """Per-sequence context lengths: ``ctx`` (an int: the same for every sequence, or one per sequence)."""
+    if isinstance(ctx, int):
+        return [ctx] * batch
+    out = [int(c) for c in ctx]
+    if len(out) != batch:
+        raise DitronError(f"{len(out)} context lengths {out} for a batch of {batch} sequences")
+    return out
+
+
+def make_cache(cfg: DecoderConfig, rank: int, world_size: int, batch: int, max_ctx: int, ctx, device="cpu",
+               seed: int = 0, dtype=torch.bfloat16, page_size: int = PAGE_SIZE, spare_pages: int = 1) -> PagedKV:
+    """This rank's :class:`PagedKV` for ``batch`` sequences of up to ``max_ctx`` positions each, random at
+    positions ``< ctx[b]`` (``ctx``: an int or one per sequence), :data:`PAST_END` elsewhere.  The pages are
+    handed out in a seeded random order (the same on every rank: the block table is replicated), plus
+    ``spare_pages`` that no sequence owns."""
     sh = cfg.shard(world_size)
-    if not 0 <= ctx < max_ctx:
-        raise DitronError(f"make_cache: ctx={ctx} must be in 0..max_ctx-1={max_ctx - 1} (room for the new tokens)")
-    L, D, KH = cfg.n_layers, cfg.head_dim, sh.kv_heads
+    ctxs = contexts(ctx, batch)
+    bad = [c for c in ctxs if not 0 <= c < max_ctx]
+    if bad:
+        raise DitronError(f"make_cache: contexts {ctxs} must be in 0..max_ctx-1={max_ctx - 1} (room for the new "
+                          f"tokens)")
+    if page_size < 1:
+        raise DitronError(f"make_cache: page_size={page_size} must be positive")
+    L, D, KH, P = cfg.n_layers, cfg.head_dim, sh.kv_heads, page_size
+    per_seq = -(-max_ctx // P)
+    num_pages = batch * per_seq + spare_pages
+    order = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed * 7 + 12345))
+    block_table = order[:batch * per_seq].view(batch, per_seq).to(torch.int32)
+    top = max(ctxs)
     out = []
     for kind in ("k", "v"):
-        c = torch.full((L, batch, KH, max_ctx, D), PAST_END, dtype=dtype, device=device)
+        c = torch.full((L, num_pages, P, KH, D), PAST_END, dtype=dtype, device=device)
         for l in range(L):
-            full = _randn((batch, cfg.n_kv_heads, ctx, D), seed, l, kind, device)
-            c[l, :, :, :ctx] = full[:, rank * KH:(rank + 1) * KH].to(dtype)
+            full = _randn((batch, cfg.n_kv_heads, top, D), seed, l, kind, device)
+            for b, n in enumerate(ctxs):
+                pos = torch.arange(n)
+                pages = block_table[b].long()[pos // P]
+                c[l, pages.to(device), (pos % P).to(device)] = \
+                    full[b, rank * KH:(rank + 1) * KH, :n].transpose(0, 1).to(dtype)
         out.append(c)
-    return out[0], out[1]
+    return PagedKV(out[0], out[1], block_table.to(device))
 
 
 def make_input(cfg: DecoderConfig, batch: int, step: int, device="cpu", seed: int = 0, dtype=torch.bfloat16):
