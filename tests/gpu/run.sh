@@ -90,10 +90,11 @@ for N in $NPROCS; do
     DITRON_WAIT_TIMEOUT_S=2 step "${HANG_ENV[@]}" $TR tests/gpu/planted_hang.py --backend "$b" --kind wait
     DITRON_WAIT_TIMEOUT_S=2 step "${HANG_ENV[@]}" $TR tests/gpu/planted_hang.py --backend "$b" --kind signal
     DITRON_WAIT_TIMEOUT_S=2 step "${HANG_ENV[@]}" $TR tests/gpu/planted_hang.py --backend "$b" --kind barrier
+    # the decoder megakernel against torch: batch 1, 4 and 16 with ragged contexts in a paged KV cache
     if [ $((8 % N)) -eq 0 ]; then
-      step $TR tests/gpu/decoder_8b.py --backend "$b"              # Qwen3-8B shapes, TP=N
+      step $TR tests/gpu/decoder_8b.py --backend "$b" --batch 1,4,16 --ragged     # Qwen3-8B shapes, TP=N
     else                                                          # 8 KV heads do not split N ways
-      step $TR tests/gpu/decoder_8b.py --backend "$b" --config tiny --heads "$((2 * N)),$N" --batch 2
+      step $TR tests/gpu/decoder_8b.py --backend "$b" --config tiny --heads "$((2 * N)),$N" --batch 1,4,16 --ragged
     fi
     DITRON_WAIT_TIMEOUT_S=2 step "${HANG_ENV[@]}" $TR tests/gpu/planted_hang.py --backend "$b" --kind deps
     if [ "$N" -ge 2 ]; then
