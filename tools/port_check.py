@@ -44,7 +44,9 @@ _RS_HELPERS = [(K + "reduce_scatter.py", f) for f in ("add_continuous_kernel", "
 _BARRIERS = [(K + "common_ops.py", f) for f in ("barrier_all_intra_node_atomic_cas_block",
                                                "_barrier_all_intra_node_non_atomic_once_block",
                                                "barrier_all_intra_node_non_atomic_block")]
-PER_THREAD = "needs per-thread simulation: `if thread_idx < world_size` waits/signals run as thread 0 only"
+PER_THREAD = ("needs per-thread simulation: `if thread_idx < world_size` waits/signals run as thread 0 only "
+              "(a pass is luck: the data may arrive before the host reads it)")
+POW2 = "; its `tl.arange(0, world_size)` needs a power-of-2 world size (also on GPUs)"
 
 CASES = {
     "t01_notify_wait": dict(src=[(T + "01-distributed-notify-wait.py", "producer_consumer_kernel")]),
@@ -58,14 +60,15 @@ CASES = {
     "ll_allgather_pull": dict(src=[(K + "low_latency_allgather.py", "_forward_pull_kernel")], note=PER_THREAD),
     "ar_one_shot_push": dict(src=_GRID_BARRIER + _RS_HELPERS + [(K + "allreduce.py",
                                                                  "allreduce_one_shot_push_intra_node_kernel")],
-                             note=PER_THREAD),
+                             note=PER_THREAD + POW2),
     "ar_two_shot_push": dict(src=_GRID_BARRIER + _RS_HELPERS + [(K + "allreduce.py",
                                                                  "allreduce_two_shot_push_intra_node_kernel")],
-                             note=PER_THREAD),
+                             note=PER_THREAD + POW2),
     "ar_one_shot_multimem": dict(src=_GRID_BARRIER + _BARRIERS + [(K + "allreduce.py",
                                                        "allreduce_one_shot_multimem_intra_node_kernel")],
-                                 note="multimem_ld_reduce_v4 / multimem_st_* (packed 128-bit) are refused: "
-                                      "body change to dl.multimem_ld_reduce on a tile"),
+                                 note="its barrier uses dl.simt_exec_region (refused by the simulator); after it, "
+                                      "multimem_ld_reduce_v4 / multimem_st_* (packed 128-bit) are refused: body "
+                                      "change to dl.multimem_ld_reduce on a tile"),
     "rs_ring_push_1d": dict(src=_RS_HELPERS + [(K + "reduce_scatter.py",
                                                 "reduce_scatter_ring_push_1d_intra_node_kernel")]),
     "barrier_atomic_cas_simt": dict(src=[(K + "common_ops.py", "barrier_all_intra_node_atomic_cas_block")],
