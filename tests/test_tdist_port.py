@@ -13,7 +13,7 @@ from conftest import TARGETS, compile_for, device_asm
 import bodies_tdist as B
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_conformance_kernels(dist_world, n):
     d = dist_world(n)
     assert d.run(B.run_all) == [[b.__name__ for b in B.ALL]] * n
