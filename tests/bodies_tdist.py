@@ -122,6 +122,25 @@ def allgather_putmem_signal_kernel(symm_buf, symm_signal, elems_per_rank, signal
         __syncthreads()
 
 
+@triton_dist.jit
+def allgather_rocshmem_style_kernel(symm_buf, symm_signal, elems_per_rank, signal_target, ctx):
+    # the AMD spellings: set_rocshmem_ctx, putmem_signal_wg, ROCSHMEM_* constants
+    libshmem_device.set_rocshmem_ctx(ctx)
+    rank = libshmem_device.my_pe()
+    world_size = libshmem_device.n_pes()
+    peer = tl.program_id(0)
+    if peer != rank:
+        libshmem_device.putmem_signal_wg(symm_buf + rank * elems_per_rank, symm_buf + rank * elems_per_rank,
+                                         elems_per_rank * 2, symm_signal + rank, signal_target,
+                                         libshmem_device.ROCSHMEM_SIGNAL_SET, peer)
+    if peer == rank:
+        for src in range(tid(0), world_size, ntid(0)):
+            if src != rank:
+                libshmem_device.signal_wait_until(symm_signal + src, libshmem_device.ROCSHMEM_CMP_EQ,
+                                                  signal_target)
+        __syncthreads()
+
+
 def allgather_putmem_signal(world, elems=37, rounds=2):
     rank, n = world.rank, world.world_size
     buf = nvshmem_create_tensor((n * elems,), torch.float16)
@@ -131,7 +150,10 @@ def allgather_putmem_signal(world, elems=37, rounds=2):
         buf.zero_()
         buf[rank * elems:(rank + 1) * elems].copy_(_data_of(rank, elems, torch.float16, seed=r).to(world.device))
         nvshmem_barrier_all_on_stream()
-        allgather_putmem_signal_kernel[(2,)](buf, signal, elems, r)
+        if r % 2:
+            allgather_putmem_signal_kernel[(2,)](buf, signal, elems, r)
+        else:
+            allgather_rocshmem_style_kernel[(n,)](buf, signal, elems, r, signal)
         nvshmem_barrier_all_on_stream()
         ref = torch.cat([_data_of(q, elems, torch.float16, seed=r) for q in range(n)])
         _assert_close(buf, ref)

@@ -54,6 +54,8 @@ CASES = {
                                     "nvshmem_device_producer_all_gather_2d_put_block_kernel")]),
     "t03_allgather_push_1d": dict(src=[(T + "03-inter-node-allgather.py", "all_gather_push_1d_kernel")],
                                   note=PER_THREAD),
+    "t03a_allgather_push_1d_amd": dict(src=[(T + "03a-inter-node-allgather.py", "all_gather_push_1d_kernel")],
+                                       note=PER_THREAD),
     "t05_ring_reduce": dict(src=[(T + "05-intra-node-reduce-scatter.py", "kernel_ring_reduce")],
                             note="tensor descriptors (TMA) in the simulator: issue 24's simulator half (i24sim)"),
     "ag_2d_put_block": dict(src=[(K + "allgather.py", "nvshmem_device_producer_all_gather_2d_put_block_kernel")]),
@@ -229,6 +231,11 @@ def _push_gather(m, w, U, kernel, grid, args_of, check_before_barrier=True):
 def drive_t03_allgather_push_1d(m, w, U):
     n = w.world_size
     _push_gather(m, w, U, "all_gather_push_1d_kernel", (n,), lambda b, nb, f: (b, nb, f, n, w.rank, 1))
+
+
+def drive_t03a_allgather_push_1d_amd(m, w, U):
+    n = w.world_size                 # ctx: rocSHMEM's context pointer, ignored by ditron (set_rocshmem_ctx)
+    _push_gather(m, w, U, "all_gather_push_1d_kernel", (n,), lambda b, nb, f: (b, nb, f, n, w.rank, 1, f))
 
 
 def drive_ll_allgather_pull(m, w, U):
