@@ -58,6 +58,12 @@ CASES = {
                                        note=PER_THREAD),
     "t05_ring_reduce": dict(src=[(T + "05-intra-node-reduce-scatter.py", "kernel_ring_reduce")],
                             note="tensor descriptors (TMA) in the simulator: issue 24's simulator half (i24sim)"),
+    "t06_inter_node_p2p": dict(src=[(T + "06-inter-node-reduce-scatter.py",
+                                     "kernel_inter_node_p2p_for_same_local_rank")], nnodes=2),
+    "t07_inter_node_put_block": dict(src=[(T + "07-overlapping-allgather-gemm.py",
+                                           "nvshmem_device_producer_p2p_put_block_kernel")], nnodes=2),
+    "ag_2d_put_block_2nodes": dict(src=[(K + "allgather.py",
+                                         "nvshmem_device_producer_all_gather_2d_put_block_kernel")], nnodes=2),
     "ag_2d_put_block": dict(src=[(K + "allgather.py", "nvshmem_device_producer_all_gather_2d_put_block_kernel")]),
     "ll_allgather_pull": dict(src=[(K + "low_latency_allgather.py", "_forward_pull_kernel")], note=PER_THREAD),
     "ar_one_shot_push": dict(src=_GRID_BARRIER + _RS_HELPERS + [(K + "allreduce.py",
@@ -210,6 +216,63 @@ def drive_ag_2d_put_block(m, w, U):
         buf, sig, elems, 2, 1, w.rank, w.local_world_size, n, DISPATCH_BLOCK_NUM=n - 1, SEND_BLOCK_NUM=0)
     U.nvshmem_barrier_all_on_stream()
     _close(buf, _gathered(w, elems, torch.float16), "gathered")
+
+
+def drive_ag_2d_put_block_2nodes(m, w, U):
+    import torch
+    elems, n, lws = 96, w.world_size, w.local_world_size
+    nnodes = n // lws
+    buf = U.nvshmem_create_tensor((n * elems,), torch.float16)
+    buf.zero_()
+    buf[w.rank * elems:(w.rank + 1) * elems].copy_(_data(w.rank, elems, torch.float16, seed=2))
+    sig = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
+    sig.zero_()
+    sig[w.rank] = 1
+    U.nvshmem_barrier_all_on_stream()
+    dispatch, send = lws - 1, nnodes - 1
+    m.nvshmem_device_producer_all_gather_2d_put_block_kernel[(max(dispatch + send, 1),)](
+        buf, sig, elems, 2, 1, w.rank, lws, n, DISPATCH_BLOCK_NUM=dispatch, SEND_BLOCK_NUM=send)
+    U.nvshmem_barrier_all_on_stream()
+    _close(buf, _gathered(w, elems, torch.float16), "gathered")
+
+
+def drive_t07_inter_node_put_block(m, w, U):
+    import torch
+    elems, n, lws = 96, w.world_size, w.local_world_size
+    nnodes = n // lws
+    buf = U.nvshmem_create_tensor((n * elems,), torch.float16)
+    buf.zero_()
+    buf[w.rank * elems:(w.rank + 1) * elems].copy_(_data(w.rank, elems, torch.float16, seed=2))
+    sig = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
+    sig.zero_()
+    U.nvshmem_barrier_all_on_stream()
+    m.nvshmem_device_producer_p2p_put_block_kernel[(max(nnodes - 1, 1),)](buf, sig, elems, 2, 1, w.rank, lws, n)
+    U.nvshmem_barrier_all_on_stream()
+    same_local = [w.local_rank + q * lws for q in range(nnodes)]        # the segments that travel between nodes
+    for r in range(n):
+        want = _data(r, elems, torch.float16, seed=2) if r in same_local else torch.zeros(elems, dtype=torch.float16)
+        _close(buf[r * elems:(r + 1) * elems], want, f"segment {r}")
+        assert int(sig[r]) == (1 if r in same_local and r != w.rank else 0), (r, sig)
+
+
+def drive_t06_inter_node_p2p(m, w, U):
+    import torch
+    M, N, n, lws = 8, 16, w.world_size, w.local_world_size
+    nnodes = n // lws
+    inp = U.nvshmem_create_tensor((nnodes * M, N), torch.float32)
+    inp.copy_(_data(w.rank, nnodes * M * N, torch.float32, seed=6).view(nnodes * M, N))
+    out = U.nvshmem_create_tensor((nnodes * M, N), torch.float32)
+    out.zero_()
+    U.nvshmem_barrier_all_on_stream()
+    for offset in range(nnodes - 1):
+        m.kernel_inter_node_p2p_for_same_local_rank[(1,)](offset, lws, M, N, inp, out)
+    U.nvshmem_barrier_all_on_stream()
+    node = w.rank // lws
+    for p in range(nnodes):                                   # block p came from the same local rank on node p
+        if p != node:
+            sender = w.local_rank + p * lws
+            ref = _data(sender, nnodes * M * N, torch.float32, seed=6).view(nnodes, M, N)[node]
+            _close(out[p * M:(p + 1) * M], ref, f"block from rank {sender}")
 
 
 def _push_gather(m, w, U, kernel, grid, args_of, check_before_barrier=True):
@@ -400,41 +463,55 @@ def main(argv=None):
     from ditron.sim.pool import SimCluster
     results = {c: {} for c in cases}
     for n in args.ranks:
-        cluster = SimCluster(n, 1, hang_timeout=args.hang_s)
-        try:
-            for case in cases:
-                try:
-                    got = cluster.run(this.run_case, gen_dir, case, timeout=10 * args.hang_s)
-                    bad = [g for g in got if g != "pass"]
-                    results[case][n] = "pass" if not bad else bad[0]
-                except DitronHangError as e:
-                    results[case][n] = "HANG: " + " ".join(str(e).split())[:200]
-                except DitronRankError as e:
-                    results[case][n] = "FAIL: " + _first_line(e)
-                print(f"[{n} ranks] {case}: {results[case][n]}", file=sys.stderr, flush=True)
-        finally:
-            cluster.close()
-    width = max(len(c) for c in cases)
-    print(f"| {'kernel'.ljust(width)} | " + " | ".join(f"{n} ranks" for n in args.ranks) + " | note |")
-    print(f"| {'-' * width} | " + " | ".join("-------" for _ in args.ranks) + " | ---- |")
-    npass = 0
+        for nnodes in sorted({CASES[c].get("nnodes", 1) for c in cases}):
+            if n % nnodes:
+                for case in cases:
+                    if CASES[case].get("nnodes", 1) == nnodes:
+                        results[case][n] = f"n/a: {nnodes} nodes"
+                continue
+            _run_size(this, SimCluster, DitronHangError, DitronRankError, n, nnodes,
+                      [c for c in cases if CASES[c].get("nnodes", 1) == nnodes], gen_dir, args.hang_s, results)
+    _print_table(cases, args.ranks, results, decorated)
+    npass = sum(r == "pass" for c in cases for r in results[c].values())
+    nrun = sum(not r.startswith("n/a") for c in cases for r in results[c].values())
+    print(f"\n{npass} of {nrun} runs passed")
+    print("\nfirst failure of each kernel:")
     for case in cases:
-        cells = []
-        for n in args.ranks:
-            r = results[case][n]
-            npass += r == "pass"
-            cells.append("pass" if r == "pass" else r.split(":")[0])
+        bad = [(n, r) for n, r in results[case].items() if r not in ("pass",) and not r.startswith("n/a")]
+        if bad:
+            print(f"  {case} ({bad[0][0]} ranks): {bad[0][1]}")
+    return 0 if npass == nrun else 1
+
+
+def _run_size(this, SimCluster, DitronHangError, DitronRankError, n, nnodes, cases, gen_dir, hang_s, results):
+    cluster = SimCluster(n, nnodes, hang_timeout=hang_s)
+    try:
+        for case in cases:
+            try:
+                got = cluster.run(this.run_case, gen_dir, case, timeout=10 * hang_s)
+                bad = [g for g in got if g != "pass"]
+                results[case][n] = "pass" if not bad else bad[0]
+            except DitronHangError as e:
+                results[case][n] = "HANG: " + " ".join(str(e).split())[:200]
+            except DitronRankError as e:
+                results[case][n] = "FAIL: " + _first_line(e)
+            where = f"{n} ranks" + (f", {nnodes} nodes" if nnodes > 1 else "")
+            print(f"[{where}] {case}: {results[case][n]}", file=sys.stderr, flush=True)
+    finally:
+        cluster.close()
+
+
+def _print_table(cases, ranks, results, decorated):
+    width = max(len(c) for c in cases)
+    print(f"| {'kernel'.ljust(width)} | nodes | " + " | ".join(f"{n} ranks" for n in ranks) + " | note |")
+    print(f"| {'-' * width} | ----- | " + " | ".join("-------" for _ in ranks) + " | ---- |")
+    for case in cases:
+        cells = [results[case][n].split(":")[0] for n in ranks]
         note = CASES[case].get("note", "")
         if case in decorated:
             note = "launched with @triton_dist.jit instead of @triton.jit" + (f"; {note}" if note else "")
-        print(f"| {case.ljust(width)} | " + " | ".join(c.ljust(7) for c in cells) + f" | {note} |")
-    print(f"\n{npass} of {len(cases) * len(args.ranks)} runs passed")
-    print("\nfirst failure of each kernel:")
-    for case in cases:
-        bad = [(n, r) for n, r in results[case].items() if r != "pass"]
-        if bad:
-            print(f"  {case} ({bad[0][0]} ranks): {bad[0][1]}")
-    return 0 if npass == len(cases) * len(args.ranks) else 1
+        print(f"| {case.ljust(width)} | {CASES[case].get('nnodes', 1):5d} | " + " | ".join(c.ljust(7) for c in cells)
+              + f" | {note} |")
 
 
 if __name__ == "__main__":
