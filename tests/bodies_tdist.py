@@ -276,14 +276,16 @@ def node_team_allreduce_kernel(symm_in, out, n, BLOCK: tl.constexpr):
 
 
 def node_team_allreduce(world, n=100, block=64):
-    rank, size = world.rank, world.world_size
+    rank = world.rank
     x = nvshmem_create_tensor((triton.cdiv(n, block) * block,), torch.float16)
     x.zero_()
     x[:n].copy_(_data_of(rank, n, torch.float16, seed=3).to(world.device))
     out = torch.empty(n, dtype=torch.float16, device=world.device)
     nvshmem_barrier_all_on_stream()
     node_team_allreduce_kernel[(triton.cdiv(n, block),)](x, out, n, BLOCK=block)
-    ref = sum(_data_of(q, n, torch.float16, seed=3).float() for q in range(size)).to(torch.float16)
+    first = rank - world.local_rank                          # NVSHMEMX_TEAM_NODE: the ranks of this node
+    ref = sum(_data_of(q, n, torch.float16, seed=3).float()
+              for q in range(first, first + world.local_world_size)).to(torch.float16)
     _assert_close(out, ref, rtol=2e-3, atol=2e-3)
     nvshmem_barrier_all_on_stream()
     nvshmem_free_tensor_sync(x)
@@ -386,6 +388,11 @@ def packed_multimem_kernel(p, out):
 
 
 ALL = (ring_queue, allgather_putmem_signal, flag_barrier, vector_pull, node_team_allreduce, host_helpers)
+
+
+def run_inter_node(world):
+    """The bodies whose kernels reach other nodes only through SHMEM calls (or the node team)."""
+    return [allgather_putmem_signal(world), node_team_allreduce(world), host_helpers(world)]
 
 
 def run_all(world):

@@ -19,6 +19,11 @@ def test_conformance_kernels(dist_world, n):
     assert d.run(B.run_all) == [[b.__name__ for b in B.ALL]] * n
 
 
+def test_conformance_kernels_on_two_nodes(dist_world):
+    d = dist_world(4, 2)
+    assert d.run(B.run_inter_node) == [["allgather_putmem_signal", "node_team_allreduce", "host_helpers"]] * 4
+
+
 def test_alias_modules_are_ditrons():
     import triton_dist
     import triton_dist.language as dl
