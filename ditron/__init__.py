@@ -19,6 +19,9 @@ import os as _os
 for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
     _os.environ.setdefault(_k, _v)
 from . import language
+from . import aliases as _aliases
+
+_aliases.install()          # Triton-distributed's triton.* module names (ditron/aliases.py)
 from .compiler import CompiledKernel, compile
 from .errors import DitronCompileError, DitronError, LibraryError, LoweringError
 from .errors import DitronHangError, DitronLintWarning, DitronRankError

@@ -96,6 +96,32 @@ def compile_with_libraries(compile_once, target, needs: set, user_libs=None):
     raise RuntimeError("device libraries kept changing while compiling; this is a ditron bug")
 
 
+def _unpack_with_targets(tree):
+    import ast
+
+    class Rewrite(ast.NodeTransformer):
+        count = 0
+
+        def visit_With(self, node):
+            self.generic_visit(node)
+            prologue = []
+            for item in node.items:
+                target = item.optional_vars
+                if isinstance(target, (ast.Tuple, ast.List)):
+                    Rewrite.count += 1
+                    tmp = f"_ditron_with_{Rewrite.count}"
+                    item.optional_vars = ast.copy_location(ast.Name(tmp, ast.Store()), target)
+                    for i, elt in enumerate(target.elts):
+                        value = ast.Subscript(ast.Name(tmp, ast.Load()), ast.Constant(i), ast.Load())
+                        prologue.append(ast.copy_location(ast.Assign([elt], value), target))
+            if prologue:
+                node.body[:0] = prologue
+                ast.fix_missing_locations(node)
+            return node
+
+    return Rewrite().visit(tree)
+
+
 class DitronJITFunction(_compat.JITFunction):
     """A ``triton.runtime.JITFunction`` with ditron's library handling."""
 
@@ -104,6 +130,13 @@ class DitronJITFunction(_compat.JITFunction):
         self._needs: dict[str, set] = {}
         self.dist_ir = None
         self._linted = False
+
+    def parse(self):
+        """Triton's AST of the function, with ``with f() as (a, b):`` (tuple
+        targets, as Triton-distributed's ``dl.simt_exec_region`` uses) turned
+        into ``with f() as tmp:`` + ``a = tmp[0]`` ..., which stock Triton's
+        code generator compiles."""
+        return _unpack_with_targets(super().parse())
 
     def _target(self):
         from triton.runtime import driver

@@ -91,6 +91,8 @@ _add(_spec("tid", "thread", attrs={"axis": (0, 1, 2)}, result="i32"))
 _add(_spec("laneid", "thread", result="i32"))
 _add(_spec("num_threads", "thread", result="i32"))
 _add(_spec("num_warps", "thread", result="i32"))
+_add(_spec("simt_region", "thread", result="(thread index, threads in the program): i32, i32",
+           doc="enter per-thread (SIMT) code: the values of tid(0) and num_threads() for the region's body"))
 _add(_spec("ld", "thread", [("ptr", PTR)], {"scope": THREAD_SCOPES, "semantic": SEMANTICS_LOAD}, result="value",
            effects=("read", "sync")))
 _add(_spec("st", "thread", [("ptr", PTR), ("value", VALUE)], {"scope": THREAD_SCOPES, "semantic": SEMANTICS_STORE},

@@ -4,7 +4,7 @@ Tile level: :func:`rank`, :func:`num_ranks`, :func:`symm_at`, :func:`wait`,
 :func:`consume_token`, :func:`notify`, :func:`multimem_ld_reduce`,
 :func:`multimem_st`.  Task level (megakernel scoreboard): :func:`wait_deps`,
 :func:`release_tile`, :func:`fetch_task`.  Thread level: :func:`tid`, :func:`laneid`,
-:func:`num_threads`, :func:`num_warps`, :func:`ld`, :func:`st`,
+:func:`num_threads`, :func:`num_warps`, :func:`simt_exec_region`, :func:`ld`, :func:`st`,
 :func:`atomic_add`, :func:`atomic_cas`, :func:`syncthreads`, :func:`fence`,
 :func:`ballot_sync`, :func:`shfl_sync` (+ ``_up``/``_down``/``_xor``),
 :func:`ffs`.  Bounding polling loops: :func:`clock_ns`, :func:`poll_timeout`.  Memory hints:
@@ -22,7 +22,8 @@ from . import shmem as libshmem_device
 _sys.modules[__name__ + ".libshmem_device"] = shmem
 from .core import (atomic_add, atomic_cas, ballot_sync, clock_ns, consume_token, fence, ffs, laneid, ld, multimem_ld_reduce,
                    multimem_st, notify, num_ranks, num_threads, num_warps, rank, shfl_down_sync, shfl_sync,
-                   shfl_up_sync, shfl_xor_sync, poll_timeout, st, symm_at, syncthreads, tid, wait)
+                   shfl_up_sync, shfl_xor_sync, poll_timeout, simt_exec_region, st, symm_at, syncthreads,
+                   tid, wait)
 from .core import fetch_task, prefetch_l2, release_tile, wait_deps
 from . import swizzle
 from .swizzle import (segment_position, segment_position_py, swizzle_2d, swizzle_2d_py, swizzle_gather,
@@ -30,7 +31,7 @@ from .swizzle import (segment_position, segment_position_py, swizzle_2d, swizzle
                       tile_segments_py)
 
 __all__ = ["rank", "num_ranks", "symm_at", "wait", "consume_token", "notify", "multimem_ld_reduce", "multimem_st",
-           "tid", "laneid", "num_threads", "num_warps", "ld", "st", "atomic_add", "atomic_cas", "syncthreads",
+           "tid", "laneid", "num_threads", "simt_exec_region", "num_warps", "ld", "st", "atomic_add", "atomic_cas", "syncthreads",
            "fence", "ballot_sync", "shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "ffs",
            "clock_ns", "poll_timeout", "prefetch_l2",
            "wait_deps", "release_tile", "fetch_task",

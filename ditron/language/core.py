@@ -189,6 +189,46 @@ def num_warps(_semantic=None, _generator=None):
     return emit("num_warps", {}, {}, _semantic, _generator)
 
 
+class _SimtRegion:
+    """The context manager :func:`simt_exec_region` returns: ``__enter__``
+    gives ``(thread_idx, block_size)``; entering and leaving emit nothing."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def __enter__(self):
+        return self.values
+
+    def __exit__(self, *exc):
+        return False
+
+
+@builtin
+def simt_exec_region(_semantic=None, _generator=None):
+    """Triton-distributed's per-thread region::
+
+        with dl.simt_exec_region() as (thread_idx, block_size):
+            if thread_idx < n:              # thread i works on item i
+                ...
+
+    ``thread_idx`` is this thread's index in the program (``dl.tid(0)``) and
+    ``block_size`` the number of threads (``dl.num_threads()``), both
+    ``int32`` scalars.  Scalar code in the body runs in every thread with its
+    own values, exactly as scalar code with :func:`tid` does anywhere in a
+    Triton program; the region itself adds no instruction and no barrier
+    (end it with :func:`syncthreads` where threads must meet).  ``@ditron.jit``
+    accepts the tuple target ``as (thread_idx, block_size)``, which stock
+    Triton's code generator does not.
+
+    NVIDIA: ``%tid.x`` and ``%ntid.x``.  AMD: the work-item id and the
+    compile-time thread count.  Simulator: refused with a message -- it runs
+    one thread per program, so per-thread code would silently run as thread 0.
+    """
+    values = emit("simt_region", {}, {}, _semantic, _generator)
+    import triton.language as tl
+    return _SimtRegion(tl.tuple(list(values)))
+
+
 @builtin
 def ld(ptr, scope="gpu", semantic="acquire", _semantic=None, _generator=None):
     """Load with explicit memory semantics (per element for a tensor of

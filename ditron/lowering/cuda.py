@@ -404,6 +404,11 @@ def _num_threads(ctx):
     return _special(ctx, "%ntid.x")
 
 
+@register("simt_region", BACKEND)
+def _simt_region(ctx):
+    return _tid(ctx, 0), _num_threads(ctx)
+
+
 @register("num_warps", BACKEND)
 def _num_warps(ctx):
     return ctx.asm("{ .reg .u32 %n; mov.u32 %n, %ntid.x; shr.u32 $0, %n, 5; }", "=r", [], tl.int32, is_pure=True)

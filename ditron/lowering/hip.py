@@ -353,6 +353,11 @@ def _num_threads(ctx):
     return ctx.tensor(ctx.num_threads)
 
 
+@register("simt_region", BACKEND)
+def _simt_region(ctx):
+    return _tid(ctx, 0), _num_threads(ctx)
+
+
 @register("num_warps", BACKEND)
 def _num_warps(ctx):
     return ctx.tensor(ctx.num_warps)

@@ -349,6 +349,14 @@ def _num_threads(ctx):
     return _scalar(1, tl.int32)
 
 
+@register("simt_region", BACKEND)
+def _simt_region(ctx):
+    raise ctx.error("dl.simt_exec_region: per-thread (SIMT) code is not modelled by the simulator: it runs one thread per program, so "
+                    "the region's body would run as thread 0 of 1 and skip the work of every other thread. Run it "
+                    "on a GPU, or write the body with tiles (tl.arange over the items instead of one item per "
+                    "thread)")
+
+
 @register("num_warps", BACKEND)
 def _num_warps(ctx):
     return _scalar(1, tl.int32)
@@ -609,11 +617,13 @@ def _remote_ptr(ctx, ptr, pe):
 @register("shmem.remote_mc_ptr", BACKEND)
 def _remote_mc_ptr(ctx, team, ptr):
     world, tr = _world(ctx)
-    if _int(team) != 0:
-        raise ctx.error("the simulator knows NVSHMEM_TEAM_WORLD (0) only", arg="team")
-    if world.nnodes > 1:
-        raise ctx.error("multicast memory spans one NVLink domain; TEAM_WORLD has ranks on several nodes",
-                        arg="team")
+    team = _int(team)
+    if team not in (0, 2):
+        raise ctx.error(f"the simulator knows NVSHMEM_TEAM_WORLD (0) and NVSHMEMX_TEAM_NODE (2) only, not team "
+                        f"{team}", arg="team")
+    if world.nnodes > 1 and team == 0:             # NODE: this node's ranks (_mc_node_ranks)
+        raise ctx.error("multicast memory spans one NVLink domain; TEAM_WORLD has ranks on several nodes "
+                        "(use NVSHMEMX_TEAM_NODE)", arg="team")
     data = _data(ptr)
     _own_offsets(ctx, tr, data, "ptr")
     return _like(ptr, (data.astype(np.uint64) | _MC_TAG).reshape(data.shape))

@@ -1,0 +1,356 @@
+"""Triton-distributed's thread-level helpers (its ``language_extra`` module),
+with Triton-distributed's names, argument orders and defaults, built on
+``ditron.language``'s primitives (``ditron.language.extra``; also importable
+as ``triton_dist.language.extra.language_extra`` and
+``triton_dist.language.extra.cuda.language_extra``, see docs/porting.md).
+
+Each helper is one or more of ditron's own ops (``dl.tid``, ``dl.ld``,
+``dl.st``, ``dl.atomic_*``, ...) or plain Triton loads and stores, so it
+compiles for every target and runs on the simulator wherever those ops do.
+Differences from Triton-distributed's inline-PTX versions:
+
+* the defaults here are Triton-distributed's (``ld`` / ``st`` / ``atomic_add``
+  relaxed at GPU scope, ``fence`` sequentially consistent), not
+  ``ditron.language``'s stronger ones;
+* the vector helpers (``load_v4_u32``, ``st_v4_b32``, ...) move their words
+  with one access per word instead of one 128-bit access: the same values and
+  ordering (PTX makes a vector access single-copy atomic only per element),
+  more instructions;
+* the packed multicast helpers (``multimem_ld_reduce_v4``, ``multimem_st_*``)
+  are refused with a message naming ``dl.multimem_ld_reduce`` /
+  ``dl.multimem_st``, which take tiles of multicast pointers.
+
+Names that Triton-distributed has and ditron does not (shared-memory and TMA
+helpers, ``extern_call``, SIMT vectors) raise an ``AttributeError`` that says
+what to use instead (:func:`missing`).
+"""
+from __future__ import annotations
+
+import triton.language as tl
+
+from .. import _compat
+from ..errors import DitronCompileError
+from . import core as _dl
+
+builtin = _compat.builtin
+
+
+def _c(x):
+    return _compat.unwrap(x)
+
+
+# ---------------------------------------------------------------------------
+# thread indices
+# ---------------------------------------------------------------------------
+
+@builtin
+def tid(axis, _semantic=None, _generator=None):
+    """``threadIdx.{x,y,z}`` (``dl.tid``)."""
+    return _dl.tid(axis, _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def ntid(axis, _semantic=None, _generator=None):
+    """``blockDim.{x,y,z}``: threads in the program along ``axis`` (Triton
+    programs are 1-D, so 1 for axes 1 and 2; ``dl.num_threads``)."""
+    if _c(axis) not in (0, 1, 2):
+        raise DitronCompileError(f"ntid(axis): axis must be 0, 1 or 2, not {_c(axis)!r}", op="num_threads")
+    if _c(axis) != 0:
+        return _compat.constexpr(1)
+    return _dl.num_threads(_semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def laneid(_semantic=None, _generator=None):
+    """Lane in the warp / wavefront (``dl.laneid``)."""
+    return _dl.laneid(_semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def __syncthreads(_semantic=None, _generator=None):
+    """``__syncthreads()`` (``dl.syncthreads``)."""
+    return _dl.syncthreads(_semantic=_semantic, _generator=_generator)
+
+
+# ---------------------------------------------------------------------------
+# loads, stores, atomics, fences with Triton-distributed's defaults
+# ---------------------------------------------------------------------------
+
+@builtin
+def ld(ptr, scope="gpu", semantic="relaxed", _semantic=None, _generator=None):
+    """Load with ``semantic`` (``"relaxed"``, default, or ``"acquire"``) at
+    ``scope`` (``dl.ld``)."""
+    return _dl.ld(ptr, scope, semantic, _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def ld_acquire(ptr, scope="gpu", _semantic=None, _generator=None):
+    """``ld(ptr, scope, "acquire")``."""
+    return _dl.ld(ptr, scope, "acquire", _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def ld_b32(ptr, _semantic=None, _generator=None):
+    """Relaxed GPU-scope load of an int32 word."""
+    return _dl.ld(ptr, "gpu", "relaxed", _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def st(ptr, val, scope="gpu", semantic="relaxed", _semantic=None, _generator=None):
+    """Store with ``semantic`` (``"relaxed"``, default, or ``"release"``) at
+    ``scope`` (``dl.st``)."""
+    return _dl.st(ptr, val, scope, semantic, _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def st_b32(ptr, val0, _semantic=None, _generator=None):
+    """Relaxed GPU-scope store of an int32 word."""
+    return _dl.st(ptr, val0, "gpu", "relaxed", _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def atomic_add(ptr, value, scope="gpu", semantic="relaxed", _semantic=None, _generator=None):
+    """Atomic add returning the old value (``dl.atomic_add``)."""
+    return _dl.atomic_add(ptr, value, scope, semantic, _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def atomic_cas(ptr, value, target_value, scope, semantic, _semantic=None, _generator=None):
+    """Compare ``*ptr`` with ``value``, store ``target_value`` if equal;
+    returns the old value.  ``scope`` and ``semantic`` are required, as in
+    Triton-distributed (``dl.atomic_cas``)."""
+    return _dl.atomic_cas(ptr, value, target_value, scope, semantic, _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def fence(semantic="sc", scope="gpu", _semantic=None, _generator=None):
+    """``fence.<semantic>.<scope>`` (default ``sc``, ``gpu``; ``dl.fence``)."""
+    return _dl.fence(semantic, scope, _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def __fence(semantic="sc", scope="gpu", _semantic=None, _generator=None):
+    """Same as :func:`fence`."""
+    return _dl.fence(semantic, scope, _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def membar(scope="cta", _semantic=None, _generator=None):
+    """``membar.{cta,gl,sys}``: a sequentially consistent fence at ``scope``
+    (``"cta"``, ``"gpu"``/``"gl"``, ``"sys"``)."""
+    scope = {"gl": "gpu"}.get(_c(scope), _c(scope))
+    return _dl.fence("sc", scope, _semantic=_semantic, _generator=_generator)
+
+
+# warp-level ----------------------------------------------------------------
+
+@builtin
+def __ballot_sync(mask, predicate, _semantic=None, _generator=None):
+    return _dl.ballot_sync(mask, predicate, _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def __shfl_sync_i32(mask, value, laneid, _semantic=None, _generator=None):
+    return _dl.shfl_sync(mask, value, laneid, _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def __shfl_up_sync_i32(mask, value, delta, _semantic=None, _generator=None):
+    return _dl.shfl_up_sync(mask, value, delta, _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def __shfl_down_sync_i32(mask, value, delta, _semantic=None, _generator=None):
+    return _dl.shfl_down_sync(mask, value, delta, _semantic=_semantic, _generator=_generator)
+
+
+@builtin
+def __shfl_xor_sync_i32(mask, value, delta, _semantic=None, _generator=None):
+    return _dl.shfl_xor_sync(mask, value, delta, _semantic=_semantic, _generator=_generator)
+
+
+# clocks --------------------------------------------------------------------
+
+@builtin
+def globaltimer(_semantic=None, _generator=None):
+    """Nanoseconds (``dl.clock_ns``; only differences are meaningful)."""
+    return _dl.clock_ns(_semantic=_semantic, _generator=_generator)
+
+
+# ---------------------------------------------------------------------------
+# tile level with Triton-distributed's defaults
+# ---------------------------------------------------------------------------
+
+@builtin
+def notify(ptr, rank, signal=1, sig_op="set", comm_scope="inter_node", _semantic=None, _generator=None):
+    """``dl.notify`` with Triton-distributed's default ``comm_scope="inter_node"``
+    (an OpenSHMEM signal operation: 64-bit signal words, NVSHMEM / rocSHMEM on
+    GPUs).  ``triton_dist.language.notify`` is this function."""
+    return _dl.notify(ptr, rank, signal, sig_op, comm_scope, _semantic=_semantic, _generator=_generator)
+
+
+# ---------------------------------------------------------------------------
+# vector loads and stores: one access per word (see the module docstring)
+# ---------------------------------------------------------------------------
+
+_SUFFIX = {"u32": tl.uint32, "s32": tl.int32, "b32": tl.int32, "b64": tl.int64}
+
+
+def _as_ptr(ptr, ty, sem):
+    return tl.cast(ptr, tl.pointer_type(ty), bitcast=True, _semantic=sem)
+
+
+def _load_words(ptr, n, suffix, scope, semantic, sem, gen, volatile=False):
+    p = _as_ptr(ptr, _SUFFIX[suffix], sem)
+    out = []
+    for i in range(n):
+        pi = p.__add__(i, _semantic=sem) if i else p
+        if semantic:
+            out.append(_dl.ld(pi, scope or "gpu", semantic, _semantic=sem, _generator=gen))
+        else:
+            out.append(tl.load(pi, volatile=volatile, _semantic=sem))
+    return tl.tuple(out)
+
+
+def _store_words(ptr, vals, suffix, scope, semantic, sem, gen):
+    ty = _SUFFIX[suffix]
+    p = _as_ptr(ptr, ty, sem)
+    for i, v in enumerate(vals):
+        pi = p.__add__(i, _semantic=sem) if i else p
+        v = tl.cast(v, ty, _semantic=sem)
+        if semantic:
+            _dl.st(pi, v, scope or "gpu", semantic, _semantic=sem, _generator=gen)
+        else:
+            tl.store(pi, v, _semantic=sem)
+
+
+@builtin
+def load_v4_u32(ptr, _semantic=None, _generator=None):
+    """Four uint32 words at ``ptr`` (``ld.global.v4.u32``), as a tuple."""
+    return _load_words(ptr, 4, "u32", "", "", _semantic, _generator)
+
+
+@builtin
+def load_v4_b32(ptr, scope="", semantic="", _semantic=None, _generator=None):
+    """Four int32 words at ``ptr``; with ``semantic`` (``"relaxed"`` /
+    ``"acquire"``) each is a ``dl.ld`` at ``scope``."""
+    return _load_words(ptr, 4, "b32", _c(scope), _c(semantic), _semantic, _generator)
+
+
+@builtin
+def load_v4_s32(ptr, _semantic=None, _generator=None):
+    """Four int32 words at ``ptr``, as a tuple."""
+    return _load_words(ptr, 4, "s32", "", "", _semantic, _generator)
+
+
+@builtin
+def load_v2_b64(ptr, _semantic=None, _generator=None):
+    """Two int64 words at ``ptr`` (``ld.volatile.global.v2.b64``: volatile
+    loads), as a tuple."""
+    return _load_words(ptr, 2, "b64", "", "", _semantic, _generator, volatile=True)
+
+
+@builtin
+def st_v4_u32(ptr, val0, val1, val2, val3, _semantic=None, _generator=None):
+    """Store four uint32 words at ``ptr``."""
+    _store_words(ptr, (val0, val1, val2, val3), "u32", "", "", _semantic, _generator)
+
+
+@builtin
+def st_v4_b32(ptr, val0, val1, val2, val3, scope="", semantic="", _semantic=None, _generator=None):
+    """Store four int32 words at ``ptr``; with ``semantic`` (``"relaxed"`` /
+    ``"release"``) each is a ``dl.st`` at ``scope``."""
+    _store_words(ptr, (val0, val1, val2, val3), "b32", _c(scope), _c(semantic), _semantic, _generator)
+
+
+@builtin
+def st_v2_u32(ptr, val0, val1, _semantic=None, _generator=None):
+    """Store two uint32 words at ``ptr``."""
+    _store_words(ptr, (val0, val1), "u32", "", "", _semantic, _generator)
+
+
+@builtin
+def pack_b32_v2(val0, val1, _semantic=None, _generator=None):
+    """``{val1, val0}`` as one 64-bit word (``mov.b64 $0, {$1, $2}``: ``val0``
+    in the low half), ``uint64``."""
+    lo = tl.cast(tl.cast(val0, tl.uint32, bitcast=True, _semantic=_semantic), tl.uint64, _semantic=_semantic)
+    hi = tl.cast(tl.cast(val1, tl.uint32, bitcast=True, _semantic=_semantic), tl.uint64, _semantic=_semantic)
+    return hi.__lshift__(32, _semantic=_semantic).__or__(lo, _semantic=_semantic)
+
+
+# ---------------------------------------------------------------------------
+# names that exist in Triton-distributed but not here
+# ---------------------------------------------------------------------------
+
+def _refuse(name, instead):
+    def fn(*args, _semantic=None, _generator=None, **kwargs):
+        raise DitronCompileError(f"{name} is Triton-distributed's packed 128-bit multicast helper, which ditron "
+                                 f"does not provide; use {instead}", op=name)
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"Refused: use {instead}."
+    return builtin(fn)
+
+
+_MM_LD = ("dl.multimem_ld_reduce(ptr + tl.arange(0, N), acc_dtype=...) (a tile of multicast pointers; "
+          "docs/porting.md section 2)")
+_MM_ST = "dl.multimem_st(ptr + tl.arange(0, N), values) (a tile of multicast pointers; docs/porting.md section 2)"
+multimem_ld_reduce_v4 = _refuse("multimem_ld_reduce_v4", _MM_LD)
+multimem_ld_reduce_p_v4 = _refuse("multimem_ld_reduce_p_v4", _MM_LD)
+multimem_st_b64 = _refuse("multimem_st_b64", _MM_ST)
+multimem_st_b32 = _refuse("multimem_st_b32", _MM_ST)
+multimem_st_v2 = _refuse("multimem_st_v2", _MM_ST)
+multimem_st_v4 = _refuse("multimem_st_v4", _MM_ST)
+multimem_st_p_b32 = _refuse("multimem_st_p_b32", _MM_ST)
+
+#: Triton-distributed names ditron does not define, and what to use instead
+MISSING = {
+    "ld_vector": "dl.ld on a tile of pointers (ptr + tl.arange(0, N))",
+    "st_vector": "dl.st on a tile of pointers",
+    "tma_sync": "Triton's tensor descriptors (tl.make_tensor_descriptor) and their loads/stores",
+    "red_release": "dl.notify(ptr, rank, signal, sig_op='add') or dl.atomic_add(ptr, v, 'gpu', 'release')",
+    "arrive_inc": "dl.atomic_add(ptr, v, scope, 'release') guarded by `if dl.tid(0) == 0:` after dl.syncthreads()",
+    "arrive_inc_asm": "dl.atomic_add(ptr, v, scope, 'release')",
+    "atomic_add_per_warp": "dl.atomic_add guarded by `if dl.laneid() == 0:`",
+    "smid": "nothing: ditron does not expose the SM id",
+    "globaltimer_lo": "globaltimer() / dl.clock_ns()",
+    "globaltimer_hi": "globaltimer() / dl.clock_ns()",
+    "pack": "tl.cast(..., bitcast=True) on tiles",
+    "unpack": "tl.cast(..., bitcast=True) on tiles",
+    "extern_call": "tl.inline_asm_elementwise or a @ditron.jit helper",
+    "vector": "tiles (tl.arange) instead of SIMT vectors",
+    "make_vector": "tiles (tl.arange) instead of SIMT vectors",
+    "zeros_vector": "tl.zeros",
+    "extract": "tiles: tl.sum(tl.where(idx == i, x, 0))",
+    "insert": "tiles: tl.where(idx == i, v, x)",
+    "allocate_smem": "tiles (Triton allocates shared memory itself)",
+    "smem_load": "tiles (Triton allocates shared memory itself)",
+    "smem_store": "tiles (Triton allocates shared memory itself)",
+    "smem_index": "tiles (Triton allocates shared memory itself)",
+    "smem_get_ptr": "tiles (Triton allocates shared memory itself)",
+    "smem_dealloc": "tiles (Triton allocates shared memory itself)",
+    "get_smem_shared_address_u32": "tiles (Triton allocates shared memory itself)",
+    "SharedMemoryDesc": "tiles (Triton allocates shared memory itself)",
+    "SMEM_GENERIC_POINTER_ADDR_SPACE": "tiles (Triton allocates shared memory itself)",
+    "tma": "Triton's tensor descriptors (tl.make_tensor_descriptor)",
+}
+
+
+def missing(module, name):
+    """The ``AttributeError`` for a Triton-distributed name that ditron does
+    not define (module ``__getattr__`` of the alias modules)."""
+    if name.startswith("__") and name.endswith("__"):
+        return AttributeError(name)
+    instead = MISSING.get(name)
+    if instead is None:
+        return AttributeError(f"module {module!r} has no attribute {name!r}: ditron does not provide this "
+                              "Triton-distributed name (docs/porting.md lists what it provides)")
+    return AttributeError(f"{module}.{name} is Triton-distributed's and has no ditron equivalent; use {instead} "
+                          "(docs/porting.md)")
+
+
+__all__ = ["notify", "tid", "ntid", "laneid", "__syncthreads", "ld", "ld_acquire", "ld_b32", "st", "st_b32", "atomic_add",
+           "atomic_cas", "fence", "__fence", "membar", "__ballot_sync", "__shfl_sync_i32", "__shfl_up_sync_i32",
+           "__shfl_down_sync_i32", "__shfl_xor_sync_i32", "globaltimer", "load_v4_u32", "load_v4_b32",
+           "load_v4_s32", "load_v2_b64", "st_v4_u32", "st_v4_b32", "st_v2_u32", "pack_b32_v2",
+           "multimem_ld_reduce_v4", "multimem_ld_reduce_p_v4", "multimem_st_b64", "multimem_st_b32",
+           "multimem_st_v2", "multimem_st_v4", "multimem_st_p_b32"]

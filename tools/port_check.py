@@ -1,0 +1,518 @@
+"""Run Triton-distributed's own kernels, bodies unchanged, on ditron's simulator.
+
+    python tools/port_check.py /path/to/Triton-distributed [--ranks 2 3 4] [--only NAME ...] [--hang-s 15]
+
+Given a local checkout of ByteDance-Seed/Triton-distributed (never committed
+here), this script
+
+1. extracts kernel functions from its tutorials and intra-node NVIDIA
+   collectives -- each ``def`` exactly as written (its ``@...jit`` decorator
+   and body), with the ``triton`` / ``triton_dist`` import lines of the file
+   it comes from, also as written -- into a generated module in a temporary
+   directory;
+2. launches it on ``N`` simulated ranks (``ditron.sim.pool.SimCluster``, the
+   engine of ``ditron sim``) for N in ``--ranks``, with host code written here
+   on ``triton_dist.utils`` (symmetric tensors, barriers), and compares the
+   result with a torch reference;
+3. prints a pass / fail table; a failure shows its first line of error, a
+   hang is reported by the simulator's deadlock watchdog.
+
+Only the host drivers and the list of kernels are ditron's; every kernel body
+is read from the checkout at run time.  The ``note`` column says why a kernel
+is expected to fail (docs/porting.md has the details).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import os
+import sys
+import tempfile
+
+# ---------------------------------------------------------------------------
+# what to extract: case -> (kernels to launch and their helpers, as (file, function) pairs)
+# ---------------------------------------------------------------------------
+
+T = "tutorials/"
+K = "python/triton_dist/kernels/nvidia/"
+_GRID_BARRIER = [(K + "common_ops.py", f) for f in ("_is_cta_master", "_is_gpu_master", "unsafe_barrier_on_this_grid",
+                                                    "load_envreg", "load_grid_ws_abi_address",
+                                                    "cooperative_barrier_on_this_grid", "barrier_on_this_grid")]
+_RS_HELPERS = [(K + "reduce_scatter.py", f) for f in ("add_continuous_kernel", "copy_continuous_kernel",
+                                                      "kernel_ring_reduce_non_tma")]
+_BARRIERS = [(K + "common_ops.py", f) for f in ("barrier_all_intra_node_atomic_cas_block",
+                                               "_barrier_all_intra_node_non_atomic_once_block",
+                                               "barrier_all_intra_node_non_atomic_block")]
+PER_THREAD = ("needs per-thread simulation: `if thread_idx < world_size` waits/signals run as thread 0 only "
+              "(a pass is luck: the data may arrive before the host reads it)")
+POW2 = "; its `tl.arange(0, world_size)` needs a power-of-2 world size (also on GPUs)"
+
+CASES = {
+    "t01_notify_wait": dict(src=[(T + "01-distributed-notify-wait.py", "producer_consumer_kernel")]),
+    "t02_allgather_put": dict(src=[(T + "02-intra-node-allgather.py",
+                                    "nvshmem_device_producer_all_gather_2d_put_block_kernel")]),
+    "t03_allgather_push_1d": dict(src=[(T + "03-inter-node-allgather.py", "all_gather_push_1d_kernel")],
+                                  note=PER_THREAD),
+    "t03a_allgather_push_1d_amd": dict(src=[(T + "03a-inter-node-allgather.py", "all_gather_push_1d_kernel")],
+                                       note=PER_THREAD),
+    "t05_ring_reduce": dict(src=[(T + "05-intra-node-reduce-scatter.py", "kernel_ring_reduce")],
+                            note="tensor descriptors (TMA) in the simulator: issue 24's simulator half (i24sim)"),
+    "t06_inter_node_p2p": dict(src=[(T + "06-inter-node-reduce-scatter.py",
+                                     "kernel_inter_node_p2p_for_same_local_rank")], nnodes=2),
+    "t07_inter_node_put_block": dict(src=[(T + "07-overlapping-allgather-gemm.py",
+                                           "nvshmem_device_producer_p2p_put_block_kernel")], nnodes=2),
+    "ag_2d_put_block_2nodes": dict(src=[(K + "allgather.py",
+                                         "nvshmem_device_producer_all_gather_2d_put_block_kernel")], nnodes=2),
+    "ag_2d_put_block": dict(src=[(K + "allgather.py", "nvshmem_device_producer_all_gather_2d_put_block_kernel")]),
+    "ll_allgather_pull": dict(src=[(K + "low_latency_allgather.py", "_forward_pull_kernel")], note=PER_THREAD),
+    "ar_one_shot_push": dict(src=_GRID_BARRIER + _RS_HELPERS + [(K + "allreduce.py",
+                                                                 "allreduce_one_shot_push_intra_node_kernel")],
+                             note=PER_THREAD + POW2),
+    "ar_two_shot_push": dict(src=_GRID_BARRIER + _RS_HELPERS + [(K + "allreduce.py",
+                                                                 "allreduce_two_shot_push_intra_node_kernel")],
+                             note=PER_THREAD + POW2),
+    "ar_one_shot_multimem": dict(src=_GRID_BARRIER + _BARRIERS + [(K + "allreduce.py",
+                                                       "allreduce_one_shot_multimem_intra_node_kernel")],
+                                 note="its barrier uses dl.simt_exec_region (refused by the simulator); after it, "
+                                      "multimem_ld_reduce_v4 / multimem_st_* (packed 128-bit) are refused: body "
+                                      "change to dl.multimem_ld_reduce on a tile"),
+    "rs_ring_push_1d": dict(src=_RS_HELPERS + [(K + "reduce_scatter.py",
+                                                "reduce_scatter_ring_push_1d_intra_node_kernel")]),
+    "barrier_atomic_cas_simt": dict(src=[(K + "common_ops.py", "barrier_all_intra_node_atomic_cas_block")],
+                                    note="dl.simt_exec_region: refused by the simulator (one thread per program)"),
+    "barrier_non_atomic": dict(src=[(K + "common_ops.py", f) for f in (
+        "_barrier_all_intra_node_non_atomic_once_block", "barrier_all_intra_node_non_atomic_block")],
+        note="dl.simt_exec_region: refused by the simulator (one thread per program)"),
+    "p2p_copy_remote_to_local": dict(src=[(K + "p2p.py", "p2p_copy_remote_to_local_kernel")]),
+}
+
+#: import lines of the source files that are kept (Triton and Triton-distributed's device names); host-only
+#: modules (nvshmem, triton_dist.utils, kernels, profiler) are left out: the drivers below replace the host code
+_KEEP_PREFIXES = ("triton", "triton_dist")
+_DROP_PREFIXES = ("triton_dist.kernels", "triton_dist.utils", "triton_dist.profiler_utils", "triton_dist.tools")
+
+
+def _imports(tree, lines):
+    out = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            if all(n.startswith(_KEEP_PREFIXES) and not n.startswith(_DROP_PREFIXES) for n in names):
+                out.append("".join(lines[node.lineno - 1:node.end_lineno]))
+    return out
+
+
+def _function(tree, lines, name, path, launched=False):
+    """The function's source as written (its ``jit`` decorator and body).  A
+    launched kernel decorated ``@triton.jit`` gets ``@triton_dist.jit``: the
+    one documented change (stock Triton's jit attaches no ditron library and
+    runs no simulator; helpers it calls keep ``@triton.jit``)."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            decos = [ast.get_source_segment("".join(lines), d) for d in node.decorator_list
+                     if "jit" in ast.unparse(d)]
+            changed = launched and any(d.startswith("triton.jit") for d in decos)
+            if changed:
+                decos = ["triton_dist.jit" + d[len("triton.jit"):] if d.startswith("triton.jit") else d
+                         for d in decos]
+            text = "".join("@" + d + "\n" for d in decos) + "".join(lines[node.lineno - 1:node.end_lineno])
+            return text, changed
+    raise KeyError(f"{path} has no function {name!r} (Triton-distributed changed?)")
+
+
+def generate(checkout, case, out_dir):
+    """Write ``pc_<case>.py``: the import lines and functions, verbatim."""
+    srcs = CASES[case]["src"]
+    imports, bodies, cache = [], [], {}
+    changed = False
+    for i, (rel, name) in enumerate(srcs):
+        path = os.path.join(checkout, rel)
+        if path not in cache:
+            text = open(path).read()
+            cache[path] = (ast.parse(text), text.splitlines(keepends=True))
+            for line in _imports(*cache[path]):
+                if line not in imports:
+                    imports.append(line)
+        text, ch = _function(*cache[path], name, rel, launched=i == len(srcs) - 1)
+        changed |= ch
+        bodies.append(f"# {rel}: {name}\n" + text)
+    mod = f"pc_{case}"
+    with open(os.path.join(out_dir, mod + ".py"), "w") as f:
+        f.write("# generated by tools/port_check.py from a Triton-distributed checkout; not part of ditron\n")
+        f.write("import torch\nimport triton\nimport triton.language as tl\nimport triton_dist\n")
+        f.write("".join(imports) + "\n\n" + "\n\n".join(bodies))
+    return mod, changed
+
+
+# ---------------------------------------------------------------------------
+# host drivers (ditron's, on triton_dist.utils): return None on success, raise on a wrong result
+# ---------------------------------------------------------------------------
+
+def _data(rank, n, dtype, seed=0):
+    import torch
+    g = torch.Generator().manual_seed(7919 * seed + rank)
+    return torch.randn(n, generator=g).to(dtype)
+
+
+def _close(got, ref, what, tol=1e-2):
+    # (not torch.testing.assert_close: it imports torch.distributed.tensor, seconds per simulated rank)
+    import torch
+    got, ref = got.cpu().float().reshape(-1), ref.cpu().float().reshape(-1)
+    bad = ~torch.isclose(got, ref, rtol=tol, atol=tol)
+    if got.shape != ref.shape or bool(bad.any()):
+        i = int(bad.nonzero()[0]) if got.shape == ref.shape else -1
+        raise AssertionError(f"{what}: {int(bad.sum())} of {ref.numel()} elements differ"
+                             + (f"; first at {i}: {got[i].item()} != {ref[i].item()}" if i >= 0 else ""))
+
+
+def drive_t01_notify_wait(m, w, U):
+    import torch
+    blocks, qsize, block = 6, 2, 128
+    queue = U.nvshmem_create_tensor((qsize * block,), torch.float32)
+    signal = U.nvshmem_create_tensor((qsize,), U.NVSHMEM_SIGNAL_DTYPE)
+    signal.zero_()
+    x = _data(w.rank, blocks * block, torch.float32).to(w.device)
+    out = torch.empty_like(x)
+    U.nvshmem_barrier_all_on_stream()
+    m.producer_consumer_kernel[(2,)](w.rank, w.world_size, x, out, blocks, queue, signal, qsize, BLOCK_SIZE=block,
+                                     NUM_PRODUCER_SMS=1, NUM_CONSUMER_SMS=1)
+    U.nvshmem_barrier_all_on_stream()
+    _close(out, _data((w.rank - 1) % w.world_size, blocks * block, torch.float32), "output")
+
+
+def _gathered(w, elems, dtype):
+    import torch
+    return torch.cat([_data(r, elems, dtype, seed=2) for r in range(w.world_size)])
+
+
+def drive_t02_allgather_put(m, w, U, kernel="nvshmem_device_producer_all_gather_2d_put_block_kernel", extra=()):
+    import torch
+    elems, n = 96, w.world_size
+    buf = U.nvshmem_create_tensor((n * elems,), torch.float16)
+    buf.zero_()
+    buf[w.rank * elems:(w.rank + 1) * elems].copy_(_data(w.rank, elems, torch.float16, seed=2))
+    sig = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
+    sig.zero_()
+    U.nvshmem_barrier_all_on_stream()
+    k = getattr(m, kernel)
+    k[(max(n - 1, 1),)](buf, sig, elems, 2, 1, w.rank, n, *extra, DISPATCH_BLOCK_NUM=n - 1)
+    U.nvshmem_barrier_all_on_stream()
+    _close(buf, _gathered(w, elems, torch.float16), "gathered")
+
+
+def drive_ag_2d_put_block(m, w, U):
+    import torch
+    elems, n = 96, w.world_size
+    buf = U.nvshmem_create_tensor((n * elems,), torch.float16)
+    buf.zero_()
+    buf[w.rank * elems:(w.rank + 1) * elems].copy_(_data(w.rank, elems, torch.float16, seed=2))
+    sig = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
+    sig.zero_()
+    sig[w.rank] = 1                          # this rank's segment is ready (a producer would signal it)
+    U.nvshmem_barrier_all_on_stream()
+    # one node: local_world_size - 1 dispatch programs, no inter-node send programs
+    m.nvshmem_device_producer_all_gather_2d_put_block_kernel[(max(n - 1, 1),)](
+        buf, sig, elems, 2, 1, w.rank, w.local_world_size, n, DISPATCH_BLOCK_NUM=n - 1, SEND_BLOCK_NUM=0)
+    U.nvshmem_barrier_all_on_stream()
+    _close(buf, _gathered(w, elems, torch.float16), "gathered")
+
+
+def drive_ag_2d_put_block_2nodes(m, w, U):
+    import torch
+    elems, n, lws = 96, w.world_size, w.local_world_size
+    nnodes = n // lws
+    buf = U.nvshmem_create_tensor((n * elems,), torch.float16)
+    buf.zero_()
+    buf[w.rank * elems:(w.rank + 1) * elems].copy_(_data(w.rank, elems, torch.float16, seed=2))
+    sig = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
+    sig.zero_()
+    sig[w.rank] = 1
+    U.nvshmem_barrier_all_on_stream()
+    dispatch, send = lws - 1, nnodes - 1
+    m.nvshmem_device_producer_all_gather_2d_put_block_kernel[(max(dispatch + send, 1),)](
+        buf, sig, elems, 2, 1, w.rank, lws, n, DISPATCH_BLOCK_NUM=dispatch, SEND_BLOCK_NUM=send)
+    U.nvshmem_barrier_all_on_stream()
+    _close(buf, _gathered(w, elems, torch.float16), "gathered")
+
+
+def drive_t07_inter_node_put_block(m, w, U):
+    import torch
+    elems, n, lws = 96, w.world_size, w.local_world_size
+    nnodes = n // lws
+    buf = U.nvshmem_create_tensor((n * elems,), torch.float16)
+    buf.zero_()
+    buf[w.rank * elems:(w.rank + 1) * elems].copy_(_data(w.rank, elems, torch.float16, seed=2))
+    sig = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
+    sig.zero_()
+    U.nvshmem_barrier_all_on_stream()
+    m.nvshmem_device_producer_p2p_put_block_kernel[(max(nnodes - 1, 1),)](buf, sig, elems, 2, 1, w.rank, lws, n)
+    U.nvshmem_barrier_all_on_stream()
+    same_local = [w.local_rank + q * lws for q in range(nnodes)]        # the segments that travel between nodes
+    for r in range(n):
+        want = _data(r, elems, torch.float16, seed=2) if r in same_local else torch.zeros(elems, dtype=torch.float16)
+        _close(buf[r * elems:(r + 1) * elems], want, f"segment {r}")
+        assert int(sig[r]) == (1 if r in same_local and r != w.rank else 0), (r, sig)
+
+
+def drive_t06_inter_node_p2p(m, w, U):
+    import torch
+    M, N, n, lws = 8, 16, w.world_size, w.local_world_size
+    nnodes = n // lws
+    inp = U.nvshmem_create_tensor((nnodes * M, N), torch.float32)
+    inp.copy_(_data(w.rank, nnodes * M * N, torch.float32, seed=6).view(nnodes * M, N))
+    out = U.nvshmem_create_tensor((nnodes * M, N), torch.float32)
+    out.zero_()
+    U.nvshmem_barrier_all_on_stream()
+    for offset in range(nnodes - 1):
+        m.kernel_inter_node_p2p_for_same_local_rank[(1,)](offset, lws, M, N, inp, out)
+    U.nvshmem_barrier_all_on_stream()
+    node = w.rank // lws
+    for p in range(nnodes):                                   # block p came from the same local rank on node p
+        if p != node:
+            sender = w.local_rank + p * lws
+            ref = _data(sender, nnodes * M * N, torch.float32, seed=6).view(nnodes, M, N)[node]
+            _close(out[p * M:(p + 1) * M], ref, f"block from rank {sender}")
+
+
+def _push_gather(m, w, U, kernel, grid, args_of, check_before_barrier=True):
+    import torch
+    elems, n = 64, w.world_size
+    buf = U.nvshmem_create_tensor((n * elems,), torch.float32)
+    buf.zero_()
+    buf[w.rank * elems:(w.rank + 1) * elems].copy_(_data(w.rank, elems, torch.float32, seed=2))
+    flag = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
+    flag.zero_()
+    U.nvshmem_barrier_all_on_stream()
+    getattr(m, kernel)[grid](*args_of(buf, elems * 4, flag))
+    got = buf.clone()                       # the kernel's waits must have made every segment visible
+    U.nvshmem_barrier_all_on_stream()
+    _close(got, torch.cat([_data(r, elems, torch.float32, seed=2) for r in range(n)]),
+           "gathered right after the kernel")
+
+
+def drive_t03_allgather_push_1d(m, w, U):
+    n = w.world_size
+    _push_gather(m, w, U, "all_gather_push_1d_kernel", (n,), lambda b, nb, f: (b, nb, f, n, w.rank, 1))
+
+
+def drive_t03a_allgather_push_1d_amd(m, w, U):
+    n = w.world_size                 # ctx: rocSHMEM's context pointer, ignored by ditron (set_rocshmem_ctx)
+    _push_gather(m, w, U, "all_gather_push_1d_kernel", (n,), lambda b, nb, f: (b, nb, f, n, w.rank, 1, f))
+
+
+def drive_ll_allgather_pull(m, w, U):
+    n = w.world_size
+    _push_gather(m, w, U, "_forward_pull_kernel", (n,), lambda b, nb, f: (b, nb, f, n, w.rank, 1))
+
+
+def drive_t05_ring_reduce(m, w, U):
+    import torch
+    M, N, n = 64, 32, w.world_size
+    c = torch.stack([_data(s, M * N, torch.float16, seed=5 + w.rank) for s in range(n)]).view(n * M, N)
+    out = torch.empty(M, N, dtype=torch.float16)
+    m.kernel_ring_reduce[(2,)](c, out, M, N, w.rank, n, BLOCK_SIZE_M=32, BLOCK_SIZE_N=32)
+    _close(out, c.view(n, M, N).float().sum(0), "reduced")
+
+
+def _ar_inputs(w, elems, dtype):
+    import torch
+    x = _data(w.rank, elems, dtype, seed=4).to(w.device)
+    ref = sum(_data(r, elems, dtype, seed=4).float() for r in range(w.world_size))
+    return x, ref
+
+
+def drive_ar_one_shot_push(m, w, U):
+    import torch
+    n, elems = w.world_size, 300
+    x, ref = _ar_inputs(w, elems, torch.float32)
+    out = torch.empty_like(x)
+    sig = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
+    buf = U.nvshmem_create_tensor((n * elems,), torch.float32)
+    gb = torch.zeros(1, dtype=torch.int32, device=w.device)
+    U.nvshmem_barrier_all_on_stream()
+    m.allreduce_one_shot_push_intra_node_kernel[(2,)](x, out, sig, buf, gb, w.rank, n, elems, BLOCK_SIZE=128,
+                                                      use_cooperative=False)
+    _close(out, ref, "all-reduced")
+    U.nvshmem_barrier_all_on_stream()
+
+
+def drive_ar_two_shot_push(m, w, U):
+    import torch
+    n = w.world_size
+    elems = 128 * n
+    x, ref = _ar_inputs(w, elems, torch.float32)
+    out = torch.empty_like(x)
+    sig = U.nvshmem_create_tensor((2 * n,), U.NVSHMEM_SIGNAL_DTYPE)
+    symm_out = U.nvshmem_create_tensor((2 * elems,), torch.float32)
+    gb = torch.zeros(1, dtype=torch.int32, device=w.device)
+    U.nvshmem_barrier_all_on_stream()
+    m.allreduce_two_shot_push_intra_node_kernel[(n,)](x, symm_out, sig, gb, out, w.rank, n, elems, BLOCK_SIZE=128,
+                                                      use_cooperative=False)
+    _close(out, ref, "all-reduced")
+    U.nvshmem_barrier_all_on_stream()
+
+
+def drive_ar_one_shot_multimem(m, w, U):
+    import torch
+    n, elems = w.world_size, 256
+    x, ref = _ar_inputs(w, elems, torch.bfloat16)
+    symm_in = U.nvshmem_create_tensor((elems,), torch.bfloat16)
+    sig = U.nvshmem_create_tensor((2 * n,), torch.int32)
+    sig.zero_()
+    out = torch.empty_like(x)
+    gb = torch.zeros(1, dtype=torch.int32, device=w.device)
+    U.nvshmem_barrier_all_on_stream()
+    m.allreduce_one_shot_multimem_intra_node_kernel[(1,)](x, symm_in, sig, out, elems, gb, w.rank, 1, n,
+                                                          BLOCK_SIZE=128, HAS_ATOMIC_CAS=True, use_cooperative=False)
+    _close(out, ref, "all-reduced", tol=3e-2)
+    U.nvshmem_barrier_all_on_stream()
+
+
+def drive_rs_ring_push_1d(m, w, U):
+    import torch
+    n, epr = w.world_size, 200
+    x = torch.stack([_data(w.rank, epr, torch.float32, seed=10 + s) for s in range(n)]).view(-1).to(w.device)
+    ref = sum(_data(r, epr, torch.float32, seed=10 + w.rank) for r in range(n))
+    in_flag = torch.ones(n, dtype=torch.int32, device=w.device)     # the producer (a GEMM) marked every segment
+    red = U.nvshmem_create_tensor((n * epr,), torch.float32)
+    red_flag = U.nvshmem_create_tensor((n,), torch.int32)
+    red_flag.zero_()
+    counter = torch.zeros(n, dtype=torch.int32, device=w.device)
+    out = torch.empty(epr, dtype=torch.float32, device=w.device)
+    U.nvshmem_barrier_all_on_stream()
+    m.reduce_scatter_ring_push_1d_intra_node_kernel[(2,)](w.rank, n, x, in_flag, red, red_flag, counter, out, epr,
+                                                          BLOCK_SIZE=64, use_cooperative=False)
+    U.nvshmem_barrier_all_on_stream()
+    _close(out, ref, "reduce-scattered")
+
+
+def drive_barrier_atomic_cas_simt(m, w, U):
+    import torch
+    flags = U.nvshmem_create_tensor((w.local_world_size,), torch.int32)
+    flags.zero_()
+    U.nvshmem_barrier_all_on_stream()
+    for _ in range(2):
+        m.barrier_all_intra_node_atomic_cas_block[(1,)](w.local_rank, w.rank, w.local_world_size, flags)
+    U.nvshmem_barrier_all_on_stream()
+    assert flags.cpu().tolist() == [0] * w.local_world_size, flags
+
+
+def drive_barrier_non_atomic(m, w, U):
+    import torch
+    flags = U.nvshmem_create_tensor((w.local_world_size,), torch.int32)
+    flags.zero_()
+    U.nvshmem_barrier_all_on_stream()
+    for v in (1, 2):
+        m.barrier_all_intra_node_non_atomic_block[(1,)](w.local_rank, w.rank, w.world_size, flags, v)
+    U.nvshmem_barrier_all_on_stream()
+
+
+def drive_p2p_copy_remote_to_local(m, w, U):
+    # the kernel pulls the peer's symmetric ``src`` into this rank's ``src`` (then copies it to ``dst``), so a
+    # rank that is pulled from must not pull itself: even ranks pull from an odd neighbour
+    import torch
+    elems = 1000
+    src = U.nvshmem_create_tensor((elems,), torch.float32)
+    src.copy_(_data(w.rank, elems, torch.float32, seed=8))
+    dst = torch.zeros(elems, dtype=torch.float32, device=w.device)
+    peer = w.rank + 1 if w.rank + 1 < w.world_size else w.rank - 1
+    U.nvshmem_barrier_all_on_stream()
+    if w.rank % 2 == 0 and peer >= 0:
+        m.p2p_copy_remote_to_local_kernel[(2,)](src, peer, dst, elems * 4, NUM_SMS=2, BLOCK_SIZE=256)
+        _close(dst, _data(peer, elems, torch.float32, seed=8), "copied")
+    U.nvshmem_barrier_all_on_stream()
+
+
+def run_case(world, gen_dir, case):
+    """Rank body: import the generated module and run the case's driver (an
+    exception stops every rank of the simulated job and is reported)."""
+    if gen_dir not in sys.path:
+        sys.path.insert(0, gen_dir)
+    import ditron
+    import triton_dist.utils as U
+    U.initialize_distributed()
+    mod = importlib.import_module(f"pc_{case}")
+    with ditron.heap_scope():
+        globals()[f"drive_{case}"](mod, world, U)
+    return "pass"
+
+
+def _first_line(e):
+    text = (getattr(e, "traceback_text", None) or "").strip().splitlines()
+    last = text[-1] if text else str(e).strip().splitlines()[0]
+    return last[:200]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("checkout", help="a local checkout of ByteDance-Seed/Triton-distributed")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
+    ap.add_argument("--only", nargs="+", default=None, help="case names (default: all)")
+    ap.add_argument("--hang-s", type=float, default=15.0, help="deadlock watchdog timeout per case")
+    args = ap.parse_args(argv)
+    cases = args.only or list(CASES)
+    gen_dir = tempfile.mkdtemp(prefix="ditron-port-check-")
+    decorated = {case for case in cases if generate(args.checkout, case, gen_dir)[1]}
+    here = os.path.dirname(os.path.abspath(__file__))
+    for p in (here, gen_dir):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    import port_check as this                       # the rank processes import the bodies by this name
+    from ditron.errors import DitronHangError, DitronRankError
+    from ditron.sim.pool import SimCluster
+    results = {c: {} for c in cases}
+    for n in args.ranks:
+        for nnodes in sorted({CASES[c].get("nnodes", 1) for c in cases}):
+            if n % nnodes:
+                for case in cases:
+                    if CASES[case].get("nnodes", 1) == nnodes:
+                        results[case][n] = f"n/a: {nnodes} nodes"
+                continue
+            _run_size(this, SimCluster, DitronHangError, DitronRankError, n, nnodes,
+                      [c for c in cases if CASES[c].get("nnodes", 1) == nnodes], gen_dir, args.hang_s, results)
+    _print_table(cases, args.ranks, results, decorated)
+    npass = sum(r == "pass" for c in cases for r in results[c].values())
+    nrun = sum(not r.startswith("n/a") for c in cases for r in results[c].values())
+    print(f"\n{npass} of {nrun} runs passed")
+    print("\nfirst failure of each kernel:")
+    for case in cases:
+        bad = [(n, r) for n, r in results[case].items() if r not in ("pass",) and not r.startswith("n/a")]
+        if bad:
+            print(f"  {case} ({bad[0][0]} ranks): {bad[0][1]}")
+    return 0 if npass == nrun else 1
+
+
+def _run_size(this, SimCluster, DitronHangError, DitronRankError, n, nnodes, cases, gen_dir, hang_s, results):
+    cluster = SimCluster(n, nnodes, hang_timeout=hang_s)
+    try:
+        for case in cases:
+            try:
+                got = cluster.run(this.run_case, gen_dir, case, timeout=10 * hang_s)
+                bad = [g for g in got if g != "pass"]
+                results[case][n] = "pass" if not bad else bad[0]
+            except DitronHangError as e:
+                results[case][n] = "HANG: " + " ".join(str(e).split())[:200]
+            except DitronRankError as e:
+                results[case][n] = "FAIL: " + _first_line(e)
+            where = f"{n} ranks" + (f", {nnodes} nodes" if nnodes > 1 else "")
+            print(f"[{where}] {case}: {results[case][n]}", file=sys.stderr, flush=True)
+    finally:
+        cluster.close()
+
+
+def _print_table(cases, ranks, results, decorated):
+    width = max(len(c) for c in cases)
+    print(f"| {'kernel'.ljust(width)} | nodes | " + " | ".join(f"{n} ranks" for n in ranks) + " | note |")
+    print(f"| {'-' * width} | ----- | " + " | ".join("-------" for _ in ranks) + " | ---- |")
+    for case in cases:
+        cells = [results[case][n].split(":")[0] for n in ranks]
+        note = CASES[case].get("note", "")
+        if case in decorated:
+            note = "launched with @triton_dist.jit instead of @triton.jit" + (f"; {note}" if note else "")
+        print(f"| {case.ljust(width)} | {CASES[case].get('nnodes', 1):5d} | " + " | ".join(c.ljust(7) for c in cells)
+              + f" | {note} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
