@@ -75,7 +75,7 @@ for N in $NPROCS; do
     DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_torch.py
     DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_task_sim.py
     for f in tests/test_zoo_ag_rs_a2a.py tests/test_zoo_all_reduce.py tests/test_ag_gemm.py tests/test_gemm_rs.py \
-             tests/test_gemm_ar.py tests/test_moe.py tests/test_ep.py; do
+             tests/test_gemm_ar.py tests/test_moe.py tests/test_ep.py tests/test_tdist_port.py; do
       DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider "$f"
     done
     step $TR tests/gpu/lifecycle.py --backend "$b"
