@@ -1,0 +1,90 @@
+"""Test bodies (run on every rank; see conftest.py) for the attention zoo
+(kernels/attention.py).  Every rank builds the same whole-sequence Q, K, V
+from a seed, computes ``scaled_dot_product_attention`` on them, and checks
+its own shard of the kernel's output (and LSE) against the matching rows."""
+import math
+
+import torch
+
+import ditron
+import importlib
+
+A = importlib.import_module("ditron.kernels.attention")
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+TOL = {torch.float16: 4e-3, torch.bfloat16: 2.5e-2}
+
+
+def _qkv(B, HQ, HKV, N, D, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, HQ, N, D, generator=g).to(dtype)
+    k = torch.randn(B, HKV, N, D, generator=g).to(dtype)
+    v = torch.randn(B, HKV, N, D, generator=g).to(dtype)
+    return q, k, v
+
+
+def reference(q, k, v, causal):
+    """SDPA in fp32 on the gathered tensors (KV heads repeated for GQA) and the LSE."""
+    G = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(G, 1)
+    vf = v.float().repeat_interleave(G, 1)
+    o = torch.nn.functional.scaled_dot_product_attention(q.float(), kf, vf, is_causal=causal)
+    s = q.float() @ kf.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return o, torch.logsumexp(s, -1)
+
+
+def ring_cases(world, cases, config=None, calls=1, plant_no_wait=False):
+    """``cases``: (B, Hq, Hkv, S per rank, D, causal, layout, dtype).  One
+    context for all of them; every case is run ``calls`` times with fresh
+    inputs (context reuse).  Returns the number of checked outputs."""
+    W, r = world.world_size, world.rank
+    maxb = max(c[0] * c[2] for c in cases)
+    ctx = A.create_ring_attention_context(1, max(c[3] for c in cases), maxb, max(c[4] for c in cases),
+                                          DTYPES[cases[0][7]])
+    checked = 0
+    for i, (B, HQ, HKV, S, D, causal, layout, dt) in enumerate(cases):
+        dtype = DTYPES[dt]
+        if dtype != ctx.dtype or D != ctx.head_dim:
+            ctx = A.create_ring_attention_context(1, S, maxb, D, dtype)
+        for call in range(calls):
+            q, k, v = _qkv(B, HQ, HKV, S * W, D, dtype, 1000 * i + call)
+            o_ref, lse_ref = reference(q, k, v, causal)
+            sh = [A.shard(t, r, W, layout).to(world.device) for t in (q, k, v)]
+            out, lse = A.ring_attention(*sh, ctx, causal=causal, layout=layout, config=config, return_lse=True,
+                                        _plant_no_wait=plant_no_wait)
+            what = f"rank {r}/{W} case {(B, HQ, HKV, S, D, causal, layout, dt)} call {call}"
+            torch.testing.assert_close(out.float().cpu(), A.shard(o_ref, r, W, layout), rtol=TOL[dtype],
+                                       atol=TOL[dtype], msg=lambda m: f"{what}: out: {m}")
+            torch.testing.assert_close(lse.cpu(), A.shard(lse_ref, r, W, layout), rtol=1e-3, atol=1e-3,
+                                       msg=lambda m: f"{what}: lse: {m}")
+            checked += 1
+    return checked
+
+
+def errors(world):
+    """Clear errors before launch; returns the messages."""
+    ctx = A.create_ring_attention_context(1, 8, 2, 16, torch.float16)
+    dev = world.device
+    q = torch.zeros(1, 4, 8, 16, dtype=torch.float16, device=dev)
+    k = torch.zeros(1, 2, 8, 16, dtype=torch.float16, device=dev)
+    msgs = {}
+
+    def grab(key, fn):
+        try:
+            fn()
+        except ditron.DitronError as e:
+            msgs[key] = str(e)
+
+    grab("gqa", lambda: A.ring_attention(q, k[:, :1].expand(1, 3, 8, 16).contiguous(), k[:, :1].expand(1, 3, 8, 16)
+                                         .contiguous(), ctx))
+    grab("dtype", lambda: A.ring_attention(q.float(), k.float(), k.float(), ctx))
+    grab("too_long", lambda: A.ring_attention(torch.zeros(1, 4, 9, 16, dtype=torch.float16, device=dev),
+                                              torch.zeros(1, 2, 9, 16, dtype=torch.float16, device=dev),
+                                              torch.zeros(1, 2, 9, 16, dtype=torch.float16, device=dev), ctx))
+    grab("layout", lambda: A.ring_attention(q, k, k, ctx, layout="striped"))
+    grab("head_dim", lambda: A.create_ring_attention_context(1, 8, 2, 24, torch.float16))
+    grab("shape", lambda: A.ring_attention(q, k[:, :, :4].contiguous(), k[:, :, :4].contiguous(), ctx))
+    return msgs
