@@ -207,13 +207,15 @@ def shard(x, rank, world_size, layout="zigzag", dim=2):
     """This rank's rows of a whole-sequence tensor ``x`` (sequence along
     ``dim``) in ``layout``."""
     n = x.shape[dim]
+    if layout not in LAYOUTS:
+        raise ditron.DitronError(f"shard: unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    if world_size == 1:
+        return x.contiguous()
     if layout == "contiguous":
         if n % world_size:
             raise ditron.DitronError(f"shard: sequence {n} is not a multiple of the world size {world_size}")
         s = n // world_size
         return x.narrow(dim, rank * s, s).contiguous()
-    if layout != "zigzag":
-        raise ditron.DitronError(f"shard: unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     if n % (2 * world_size):
         raise ditron.DitronError(f"shard: zig-zag needs a sequence that is a multiple of 2 x world size "
                                  f"({2 * world_size}); got {n}")
@@ -224,7 +226,7 @@ def shard(x, rank, world_size, layout="zigzag", dim=2):
 def unshard(parts, layout="zigzag", dim=2):
     """The whole-sequence tensor from every rank's shard (``parts[r]``)."""
     W = len(parts)
-    if layout == "contiguous":
+    if layout == "contiguous" or W == 1:
         return torch.cat(list(parts), dim)
     c = parts[0].shape[dim] // 2
     chunks = [None] * (2 * W)

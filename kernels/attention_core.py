@@ -27,7 +27,7 @@ import triton.language as tl
 
 #: the running maximum starts finite, so that a tile whose keys are all
 #: masked (-inf) gives exp2(-inf - m) = 0 and no NaN
-M_INIT = -1.0e30
+M_INIT = tl.constexpr(-1.0e30)
 
 
 @triton.jit

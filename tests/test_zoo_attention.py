@@ -1,0 +1,104 @@
+"""The attention zoo (kernels/attention.py): ring attention against
+``scaled_dot_product_attention`` on the gathered tensors at 1, 2, 3 and 4
+simulated ranks (bodies in bodies_attention.py; the same bodies run on GPUs
+under torchrun), causal and not, zig-zag and contiguous sharding, GQA, fp16
+and bf16, sequence shards that are not multiples of the tile, context reuse,
+errors; the wait on the peers' staging signals removed is caught by the race
+finder; the kernels compile for sm_90a (the bench's configs, TMA included)
+and gfx942.
+
+Shapes are tiny (head_dim 16, a few tiles): the simulator interprets every
+program."""
+import importlib
+
+import pytest
+
+import bodies_attention as B
+from conftest import GPU_BACKEND
+
+A = importlib.import_module("ditron.kernels.attention")
+ON_GPU = GPU_BACKEND != "sim"
+
+# (B, Hq, Hkv, S per rank, D, causal, layout, dtype)
+ONE_RANK = [(1, 2, 1, 37, 16, False, "contiguous", "bf16"),      # 3 tiles, a tail of 5
+            (1, 2, 1, 37, 32, True, "contiguous", "fp16"),       # diagonal and tail tiles
+            (2, 4, 2, 21, 16, True, "zigzag", "bf16")]           # batch 2, GQA
+
+
+def test_world_size_one(dist_world):
+    cases = ONE_RANK + ([(1, 32, 8, 1000, 128, True, "zigzag", "bf16")] if ON_GPU else [])
+    assert dist_world(1).run(B.ring_cases, cases) == [len(cases)]
+
+
+def test_three_ranks_odd_world(dist_world):
+    cases = [(1, 2, 1, 14, 16, True, "zigzag", "bf16")]
+    assert dist_world(3).run(B.ring_cases, cases) == [1] * 3
+
+
+def test_four_ranks_zigzag_reuse(dist):
+    # two calls on one context (the second uses the other parity of the buffers and signals)
+    cases = [(1, 2, 1, 6, 16, True, "zigzag", "bf16")]
+    assert dist.run(B.ring_cases, cases, calls=2) == [2] * dist.world_size
+
+
+def test_errors_before_launch(dist_world):
+    msgs = dist_world(1).run(B.errors)[0]
+    assert "not a multiple of k's 3 heads" in msgs["gqa"]
+    assert "not supported" in msgs["dtype"] or "context was created for" in msgs["dtype"]
+    assert "create a larger context" in msgs["too_long"]
+    assert "unknown layout 'striped'" in msgs["layout"]
+    assert "head_dim=24 must be a power of two" in msgs["head_dim"]
+    assert "must be [batch=1, kv_heads, seq=8" in msgs["shape"]
+
+
+@pytest.fixture(scope="module")
+def race_pair():
+    if ON_GPU:
+        pytest.skip("the race finder is part of the simulator")
+    from ditron.sim.pool import SimCluster
+    with SimCluster(2, race=True, hang_timeout=20) as c:
+        yield c
+
+
+def test_two_ranks_clean_under_the_race_finder_and_a_removed_wait_is_caught(race_pair):
+    # 2 ranks under the race finder (values checked too): zig-zag causal with GQA, contiguous causal (the
+    # later rank's chunk skipped) and non-causal fp16; then the same without the wait on the peers' signals
+    cases = [(1, 4, 2, 10, 16, True, "zigzag", "bf16"), (1, 2, 1, 9, 16, True, "contiguous", "bf16"),
+             (1, 2, 1, 9, 16, False, "contiguous", "fp16")]
+    assert race_pair.run(B.ring_cases, cases, timeout=300) == [3, 3]
+    with pytest.raises(Exception) as info:
+        race_pair.run(B.ring_cases, cases[:1], plant_no_wait=True, timeout=120)
+    text = getattr(info.value, "traceback_text", "") or str(info.value)
+    assert "data race on symmetric tensor 'ring_attention.kbuf'" in text, text
+
+
+# ---------------------------------------------------------------------------
+# compiled for sm_90a / gfx942 (no GPU needed)
+# ---------------------------------------------------------------------------
+
+def _compile_fwd(target, cfg, world, causal, dt="bf16", head_dim=128):
+    import ditron
+    kern = A.ring_attn_fwd_kernel
+    const = {"WORLD": world, "NCH": 2 if (causal and world > 1) else 1, "CAUSAL": causal, "HEAD_D": head_dim,
+             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "NSPLIT": A.GPU_NSPLIT, "TMA": cfg.tma, "WAIT": True}
+    ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "o_ptr": f"*{dt}", "lse_ptr": "*fp32",
+            "kbuf_ptr": f"*{dt}", "vbuf_ptr": f"*{dt}", "sig_ptr": "*i32", "calls_ptr": "*i64"}
+    sig = {p: ptrs.get(p, "fp32" if p == "qk_scale" else "i32") for p in kern.arg_names if p not in const}
+    return ditron.compile(kern, target=target, signature=sig, constexprs=const, num_warps=cfg.num_warps,
+                          num_stages=cfg.num_stages)
+
+
+def test_compiles_for_sm90a():
+    """The GPU default at world size 1 (TMA tensor-descriptor loads of K / V, causal) and at world size 2
+    (symm_at loads after acquire waits).  bench/attention_compile.py compiles every config the bench sweeps."""
+    from conftest import tma_loads
+    ptx = _compile_fwd("sm_90a", A.GPU_CONFIG, 1, True).asm["ptx"]
+    assert "mma" in ptx and tma_loads(ptx)
+    ptx = _compile_fwd("sm_90a", A.AttnConfig(128, 64, 4, 3, tma=False), 2, False).asm["ptx"]
+    assert "ld.acquire.sys.global.b32" in ptx and "mma" in ptx
+
+
+def test_compiles_for_gfx942():
+    cfg = A.AttnConfig(64, 64, 4, 2, tma=False)
+    ck = _compile_fwd("gfx942", cfg, 2, True, dt="fp16", head_dim=64)
+    assert ck.asm["amdgcn"]
