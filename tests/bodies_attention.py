@@ -88,3 +88,43 @@ def errors(world):
     grab("head_dim", lambda: A.create_ring_attention_context(1, 8, 2, 24, torch.float16))
     grab("shape", lambda: A.ring_attention(q, k[:, :, :4].contiguous(), k[:, :, :4].contiguous(), ctx))
     return msgs
+
+
+FD = importlib.import_module("ditron.kernels.flash_decode")
+
+
+def _fd_inputs(B, HQ, HKV, cap, D, W, dtype, seed):
+    """Every rank's cache (ragged lengths per sequence and rank, some 0) and the query."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, HQ, D, generator=g).to(dtype)
+    ks = [torch.randn(B, HKV, cap, D, generator=g).to(dtype) for _ in range(W)]
+    vs = [torch.randn(B, HKV, cap, D, generator=g).to(dtype) for _ in range(W)]
+    lens = torch.randint(0, cap + 1, (W, B), generator=g, dtype=torch.int32)
+    lens[seed % W, lens.sum(0) == 0] = 1         # every sequence has a key somewhere
+    return q, ks, vs, lens
+
+
+def flash_decode_cases(world, cases, calls=1, plant_no_wait=False, **tuning):
+    """``cases``: (B, Hq, Hkv, cap per rank, D, dtype); against SDPA on every
+    sequence's keys of all ranks concatenated.  Returns the checked count."""
+    W, r = world.world_size, world.rank
+    checked = 0
+    for i, (B, HQ, HKV, cap, D, dt) in enumerate(cases):
+        dtype = DTYPES[dt]
+        ctx = FD.create_flash_decode_context(B, HQ, HKV, D, dtype)
+        for call in range(calls):
+            q, ks, vs, lens = _fd_inputs(B, HQ, HKV, cap, D, W, dtype, 100 * i + call)
+            dev = world.device
+            out, lse = FD.flash_decode(q.to(dev), ks[r].to(dev), vs[r].to(dev), lens[r].to(dev), ctx,
+                                       return_lse=True, _plant_no_wait=plant_no_wait, **tuning)
+            for b in range(B):
+                kk = torch.cat([ks[s][b:b + 1, :, :int(lens[s, b])] for s in range(W)], 2)
+                vv = torch.cat([vs[s][b:b + 1, :, :int(lens[s, b])] for s in range(W)], 2)
+                o_ref, lse_ref = reference(q[b:b + 1, :, None], kk, vv, False)
+                what = f"rank {r}/{W} case {(B, HQ, HKV, cap, D, dt)} call {call} seq {b} lens {lens[:, b].tolist()}"
+                torch.testing.assert_close(out[b].float().cpu(), o_ref[0, :, 0], rtol=TOL[dtype], atol=TOL[dtype],
+                                           msg=lambda m: f"{what}: out: {m}")
+                torch.testing.assert_close(lse[b].cpu(), lse_ref[0, :, 0], rtol=1e-3, atol=1e-3,
+                                           msg=lambda m: f"{what}: lse: {m}")
+            checked += 1
+    return checked

@@ -10,6 +10,7 @@ and gfx942.
 Shapes are tiny (head_dim 16, a few tiles): the simulator interprets every
 program."""
 import importlib
+import re
 
 import pytest
 
@@ -27,12 +28,17 @@ ONE_RANK = [(1, 2, 1, 37, 16, False, "contiguous", "bf16"),      # 3 tiles, a ta
 
 def test_world_size_one(dist_world):
     cases = ONE_RANK + ([(1, 32, 8, 1000, 128, True, "zigzag", "bf16")] if ON_GPU else [])
-    assert dist_world(1).run(B.ring_cases, cases) == [len(cases)]
+    d = dist_world(1)
+    assert d.run(B.ring_cases, cases) == [len(cases)]
+    # flash-decode: ragged lengths (some 0), GQA, several splits with tails; two calls
+    assert d.run(B.flash_decode_cases, [(3, 4, 2, 37, 16, "bf16")], calls=2) == [2]
 
 
 def test_three_ranks_odd_world(dist_world):
-    cases = [(1, 2, 1, 14, 16, True, "zigzag", "bf16")]
-    assert dist_world(3).run(B.ring_cases, cases) == [1] * 3
+    d = dist_world(3)
+    assert d.run(B.ring_cases, [(1, 2, 1, 14, 16, True, "zigzag", "bf16")]) == [1] * 3
+    # flash-decode across 3 ranks: LL partials, ragged lengths (a rank may hold none of a sequence), reuse
+    assert d.run(B.flash_decode_cases, [(2, 8, 2, 20, 16, "fp16")], calls=2) == [2] * 3
 
 
 def test_four_ranks_zigzag_reuse(dist):
@@ -70,6 +76,13 @@ def test_two_ranks_clean_under_the_race_finder_and_a_removed_wait_is_caught(race
         race_pair.run(B.ring_cases, cases[:1], plant_no_wait=True, timeout=120)
     text = getattr(info.value, "traceback_text", "") or str(info.value)
     assert "data race on symmetric tensor 'ring_attention.kbuf'" in text, text
+    # flash-decode: the LL poll removed (plain loads of the packets): a race or wrong values
+    fd = [(2, 4, 1, 12, 16, "bf16")]
+    assert race_pair.run(B.flash_decode_cases, fd, timeout=120) == [1, 1]
+    with pytest.raises(Exception) as info:
+        race_pair.run(B.flash_decode_cases, fd, plant_no_wait=True, timeout=120)
+    text = getattr(info.value, "traceback_text", "") or str(info.value)
+    assert "data race on symmetric tensor 'flash_decode.ll" in text or "Tensor-likes are not close" in text, text
 
 
 # ---------------------------------------------------------------------------
@@ -96,6 +109,23 @@ def test_compiles_for_sm90a():
     assert "mma" in ptx and tma_loads(ptx)
     ptx = _compile_fwd("sm_90a", A.AttnConfig(128, 64, 4, 3, tma=False), 2, False).asm["ptx"]
     assert "ld.acquire.sys.global.b32" in ptx and "mma" in ptx
+
+
+def test_flash_decode_compiles_for_sm90a():
+    import ditron
+    FD = importlib.import_module("ditron.kernels.flash_decode")
+    const = {"G": 4, "HKV": 8, "HEAD_D": 128, "BLOCK_H": 16, "BLOCK_N": FD.GPU_BLOCK_N}
+    sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "po_ptr": "*fp32",
+           "pl_ptr": "*fp32", "cap": "i32", "nsplit": "i32", "qk_scale": "fp32"}
+    ptx = ditron.compile(FD.flash_decode_split_kernel, target="sm_90a", signature=sig, constexprs=const,
+                         num_warps=FD.GPU_WARPS, num_stages=FD.GPU_STAGES).asm["ptx"]
+    assert "ld.global.v4" in ptx or "cp.async" in ptx
+    const = {"G": 4, "WORLD": 2, "HEAD_D": 128, "BLOCK_H": 16, "WAIT": True}
+    sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "llo_ptr": "*i64",
+           "lll_ptr": "*i64", "calls_ptr": "*i64", "nitems": "i32", "nsplit": "i32", "maxitems": "i32"}
+    ptx = ditron.compile(FD.flash_decode_combine_kernel, target="sm_90a", signature=sig, constexprs=const,
+                         num_warps=4).asm["ptx"]
+    assert "ld.volatile.global" in ptx and not re.search(r"ld\.acquire", ptx), "LL: no separate signal"
 
 
 def test_compiles_for_gfx942():
