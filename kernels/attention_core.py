@@ -98,12 +98,19 @@ def attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, lo, h
 @triton.jit
 def attend_chunk(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, m0, qg, kg, C, qk_scale,
                  CAUSAL: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 HEAD_D: tl.constexpr):
+                 HEAD_D: tl.constexpr, SAME: tl.constexpr):
     """One key chunk (global index ``kg``, ``C`` keys) against the query tile
     at row ``m0`` of query chunk ``qg``: all of it, its diagonal part, or
-    nothing (see the module docstring)."""
+    nothing (see the module docstring).  ``SAME``: ``kg == qg`` is known at
+    compile time (one rank, one chunk): only the diagonal code is emitted."""
     n_full = C // BLOCK_N * BLOCK_N
-    if CAUSAL:
+    if CAUSAL and SAME:
+        lo = m0 // BLOCK_N * BLOCK_N
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, 0, lo, C,
+                                     qk_scale, 0, TMA, BLOCK_N, HEAD_D)
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, lo,
+                                     tl.minimum(m0 + BLOCK_M, C), C, qk_scale, 2, TMA, BLOCK_N, HEAD_D)
+    elif CAUSAL:
         if kg < qg:
             acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, 0, n_full, C,
                                          qk_scale, 0, TMA, BLOCK_N, HEAD_D)
@@ -134,7 +141,7 @@ def attend_source(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, qidx, m0, qg, sr
     for h in tl.static_range(NCH):
         acc, l_i, m_i = attend_chunk(acc, l_i, m_i, q, kb + h * C * HEAD_D, vb + h * C * HEAD_D, kdesc, vdesc,
                                      drow, h * C, qidx, m0, qg, chunk_id(src, h, WORLD, NCH), C, qk_scale,
-                                     CAUSAL, TMA, BLOCK_M, BLOCK_N, HEAD_D)
+                                     CAUSAL, TMA, BLOCK_M, BLOCK_N, HEAD_D, WORLD == 1 and NCH == 1)
     return acc, l_i, m_i
 
 
