@@ -361,5 +361,37 @@ def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None
     return (out, lse) if return_lse else out
 
 
-__all__ = ["AttnConfig", "RingAttentionContext", "create_ring_attention_context", "ring_attention", "shard",
+def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | None = None, return_lse=False,
+                    out=None):
+    """Single-device attention with the same core (no context, no
+    communication): ``q`` ``[B, Hq, S, D]``, ``k`` / ``v`` ``[B, Hkv, S, D]``
+    (any tensors, symmetric or not; contiguous), fp16 / bf16.  Used by
+    Ulysses (kernels/ulysses.py) on its whole-sequence head shards."""
+    E = ditron.DitronError
+    cfg = (config or default_config(q.device)).validate("flash_attention")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_contiguous() or t.dtype not in _DTYPES:
+            raise E(f"flash_attention: argument '{name}' must be a contiguous 4-D float16 / bfloat16 tensor")
+    B, HQ, S, D = q.shape
+    HKV = k.shape[1]
+    if k.dtype != q.dtype or v.dtype != q.dtype or tuple(k.shape) != tuple(v.shape) or k.shape[0] != B or \
+            k.shape[2] != S or k.shape[3] != D or HQ % HKV or D < 16 or D > 256 or D & (D - 1):
+        raise E(f"flash_attention: q {tuple(q.shape)} {q.dtype}, k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)} "
+                f"{v.dtype}: need k / v [B, Hkv, S, D] of q's dtype, Hq a multiple of Hkv, D a power of two in [16, 256]")
+    out = torch.empty_like(q) if out is None else out
+    lse = torch.empty((B, HQ, S), dtype=torch.float32, device=q.device)
+    tma = cfg.tma and q.device.type != "cpu"
+    if tma:
+        from .gemm import ensure_tma_allocator
+        ensure_tma_allocator()
+    scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
+    grid = (triton.cdiv(S, cfg.block_m), B * HQ)
+    ring_attn_fwd_kernel[grid](q, k, v, out, lse, k, v, lse, lse, S, S, HQ, HKV, B * HKV, B * HKV, 0,
+                               scale * 1.4426950408889634, WORLD=1, NCH=1, CAUSAL=bool(causal), HEAD_D=D,
+                               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NSPLIT=1, TMA=tma, WAIT=True,
+                               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return (out, lse) if return_lse else out
+
+
+__all__ = ["AttnConfig", "RingAttentionContext", "flash_attention", "create_ring_attention_context", "ring_attention", "shard",
            "unshard", "LAYOUTS", "TUNE_CONFIGS", "GPU_CONFIG", "SIM_CONFIG"]

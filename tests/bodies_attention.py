@@ -128,3 +128,41 @@ def flash_decode_cases(world, cases, calls=1, plant_no_wait=False, **tuning):
                                            msg=lambda m: f"{what}: lse: {m}")
             checked += 1
     return checked
+
+
+U = importlib.import_module("ditron.kernels.ulysses")
+
+
+def ulysses_check(world, S, hidden, HQ, HKV, D, causal, dt, calls=1, plant_no_wait=False):
+    """Ulysses (QKV GEMM + A2A, attention, A2A + o_proj) against the same
+    layer in fp32 torch on the gathered sequence (the q / k / v and attention
+    outputs rounded to the dtype like the kernels' intermediates)."""
+    W, r = world.world_size, world.rank
+    dtype = DTYPES[dt]
+    ctx = U.create_ulysses_context(S, hidden, HQ, HKV, D, dtype)
+    for call in range(calls):
+        g = torch.Generator().manual_seed(500 + call)
+        x = (torch.randn(W * S, hidden, generator=g) * 0.5).to(dtype)
+        wqkv = (torch.randn(hidden, (HQ + 2 * HKV) * D, generator=g) / hidden ** 0.5).to(dtype)
+        wo = (torch.randn(HQ * D, hidden, generator=g) / (HQ * D) ** 0.5).to(dtype)
+        y = U.ulysses_attention(x[r * S:(r + 1) * S].contiguous().to(world.device), wqkv.to(world.device),
+                                wo.to(world.device), ctx, causal=causal, _plant_no_wait=plant_no_wait)
+        qkv = (x.float() @ wqkv.float()).to(dtype).float()
+        q = qkv[:, :HQ * D].view(W * S, HQ, D).transpose(0, 1)[None]
+        k = qkv[:, HQ * D:(HQ + HKV) * D].view(W * S, HKV, D).transpose(0, 1)[None]
+        v = qkv[:, (HQ + HKV) * D:].view(W * S, HKV, D).transpose(0, 1)[None]
+        o, _ = reference(q, k, v, causal)
+        ref = o.to(dtype).float()[0].transpose(0, 1).reshape(W * S, HQ * D) @ wo.float()
+        ref = ref[r * S:(r + 1) * S]
+        tol = 3e-2 if dtype == torch.bfloat16 else 5e-3
+        torch.testing.assert_close(y.float().cpu(), ref, rtol=tol, atol=tol,
+                                   msg=lambda m: f"rank {r}/{W} ulysses S={S} causal={causal} call {call}: {m}")
+    return calls
+
+
+def ulysses_error(world, HQ, HKV):
+    try:
+        U.create_ulysses_context(8, 16, HQ, HKV, 16, torch.bfloat16)
+    except ditron.DitronError as e:
+        return str(e)
+    return None
