@@ -1,10 +1,12 @@
-"""The attention zoo (kernels/attention.py): ring attention against
+"""The attention zoo (kernels/attention.py, flash_decode.py, ulysses.py): ring attention against
 ``scaled_dot_product_attention`` on the gathered tensors at 1, 2, 3 and 4
 simulated ranks (bodies in bodies_attention.py; the same bodies run on GPUs
 under torchrun), causal and not, zig-zag and contiguous sharding, GQA, fp16
 and bf16, sequence shards that are not multiples of the tile, context reuse,
-errors; the wait on the peers' staging signals removed is caught by the race
-finder; the kernels compile for sm_90a (the bench's configs, TMA included)
+errors; distributed flash-decoding (ragged lengths, LL combine) and Ulysses
+(GEMM + all-to-all, heads not divisible by the world size); removed waits
+(ring staging signals, the LL poll, o_proj's all-to-all wait) are caught by
+the race finder or by wrong results; the kernels compile for sm_90a (the bench's configs, TMA included)
 and gfx942.
 
 Shapes are tiny (head_dim 16, a few tiles): the simulator interprets every
@@ -32,6 +34,8 @@ def test_world_size_one(dist_world):
     assert d.run(B.ring_cases, cases) == [len(cases)]
     # flash-decode: ragged lengths (some 0), GQA, several splits with tails; two calls
     assert d.run(B.flash_decode_cases, [(3, 4, 2, 37, 16, "bf16")], calls=2) == [2]
+    # Ulysses: 20 rows (a tile and a tail), hidden 24 (a K tail), causal
+    assert d.run(B.ulysses_check, 20, 24, 2, 1, 16, True, "bf16") == [1]
 
 
 def test_three_ranks_odd_world(dist_world):
@@ -39,6 +43,9 @@ def test_three_ranks_odd_world(dist_world):
     assert d.run(B.ring_cases, [(1, 2, 1, 14, 16, True, "zigzag", "bf16")]) == [1] * 3
     # flash-decode across 3 ranks: LL partials, ragged lengths (a rank may hold none of a sequence), reuse
     assert d.run(B.flash_decode_cases, [(2, 8, 2, 20, 16, "fp16")], calls=2) == [2] * 3
+    # Ulysses over 3 ranks (6 / 3 heads); heads that do not split over 3 ranks are an error
+    assert d.run(B.ulysses_check, 5, 24, 6, 3, 16, False, "bf16") == [1] * 3
+    assert all("4 query / 2 KV heads cannot be split over 3 ranks" in m for m in d.run(B.ulysses_error, 4, 2))
 
 
 def test_four_ranks_zigzag_reuse(dist):
@@ -83,6 +90,12 @@ def test_two_ranks_clean_under_the_race_finder_and_a_removed_wait_is_caught(race
         race_pair.run(B.flash_decode_cases, fd, plant_no_wait=True, timeout=120)
     text = getattr(info.value, "traceback_text", "") or str(info.value)
     assert "data race on symmetric tensor 'flash_decode.ll" in text or "Tensor-likes are not close" in text, text
+    # Ulysses: two calls (the arrival counters grow), then o_proj without its waits on the all-to-all
+    assert race_pair.run(B.ulysses_check, 9, 40, 4, 2, 16, True, "fp16", calls=2, timeout=120) == [2, 2]
+    with pytest.raises(Exception) as info:
+        race_pair.run(B.ulysses_check, 9, 40, 4, 2, 16, True, "fp16", plant_no_wait=True, timeout=120)
+    text = getattr(info.value, "traceback_text", "") or str(info.value)
+    assert "data race on symmetric tensor 'ulysses.abuf'" in text, text
 
 
 # ---------------------------------------------------------------------------
@@ -129,6 +142,6 @@ def test_flash_decode_compiles_for_sm90a():
 
 
 def test_compiles_for_gfx942():
-    cfg = A.AttnConfig(64, 64, 4, 2, tma=False)
-    ck = _compile_fwd("gfx942", cfg, 2, True, dt="fp16", head_dim=64)
+    cfg = A.AttnConfig(32, 32, 4, 1, tma=False)
+    ck = _compile_fwd("gfx942", cfg, 2, True, dt="fp16", head_dim=32)
     assert ck.asm["amdgcn"]
