@@ -24,8 +24,42 @@ def compile_fwd(cfg, causal, world=1, dt="bf16", head_dim=128, target="sm_90a"):
                           num_stages=cfg.num_stages)
 
 
-def main():
+def compile_others():
+    """The flash-decode and Ulysses kernels at their GPU tiles (bf16, 32 / 8 heads, head dim 128)."""
+    import importlib
+    FD = importlib.import_module("ditron.kernels.flash_decode")
+    from ditron.kernels import ulysses as U
+    jobs = [
+        (FD.flash_decode_split_kernel, {"G": 4, "HKV": 8, "HEAD_D": 128, "BLOCK_H": 16, "BLOCK_N": FD.GPU_BLOCK_N},
+         {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "po_ptr": "*fp32",
+          "pl_ptr": "*fp32", "cap": "i32", "nsplit": "i32", "qk_scale": "fp32"}, FD.GPU_WARPS, FD.GPU_STAGES),
+        (FD.flash_decode_combine_kernel, {"G": 4, "WORLD": 1, "HEAD_D": 128, "BLOCK_H": 16, "WAIT": True},
+         {"po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "llo_ptr": "*i64",
+          "lll_ptr": "*i64", "calls_ptr": "*i64", "nitems": "i32", "nsplit": "i32", "maxitems": "i32"}, 4, 1),
+        (U.ulysses_qkv_a2a_kernel, {"WORLD": 1, "HEAD_D": 128, "BLOCK_M": U.GPU_BLOCK_M, "BLOCK_K": U.GPU_BLOCK_K,
+                                    "EVEN_K": True},
+         {"x_ptr": "*bf16", "w_ptr": "*bf16", "recv_ptr": "*bf16", "cnt_ptr": "*i64", "S": "i32", "HID": "i32",
+          "NCOL": "i32", "qreg": "i32", "kreg": "i32", "HQ": "i32", "HKV": "i32"}, 8, 3),
+        (U.ulysses_a2a_oproj_kernel, {"WORLD": 1, "BLOCK_M": U.GPU_BLOCK_M, "BLOCK_N": U.GPU_BLOCK_N,
+                                      "BLOCK_K": U.GPU_BLOCK_K, "EVEN_K": True, "WAIT": True},
+         {"abuf_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "cnt_ptr": "*i64", "calls_ptr": "*i64",
+          "S": "i32", "HID": "i32", "KC": "i32", "per_src": "i32"}, 8, 3),
+    ]
     bad = 0
+    for kern, const, sig, warps, stages in jobs:
+        name = kern.fn.__name__ if hasattr(kern, "fn") else getattr(kern, "__name__", str(kern))
+        try:
+            ck = ditron.compile(kern, target="sm_90a", signature=sig, constexprs=const, num_warps=warps,
+                                num_stages=stages)
+            print(f"{name}: ok, shared={getattr(getattr(ck, 'metadata', None), 'shared', None)}", flush=True)
+        except Exception as e:  # noqa: BLE001 -- reported
+            print(f"{name}: FAILED {type(e).__name__}: {str(e)[:400]}")
+            bad += 1
+    return bad
+
+
+def main():
+    bad = compile_others()
     for cfg in A.TUNE_CONFIGS:
         for causal in (False, True):
             t = time.time()

@@ -216,12 +216,15 @@ def _table(rows):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    op = argv[0] if argv and argv[0] in ("ring_attn", "flash_decode") else "ring_attn"
+    op = argv[0] if argv and argv[0] in ("ring_attn", "flash_decode", "ulysses") else "ring_attn"
     if argv and argv[0] == op:
         argv = argv[1:]
     if op == "flash_decode":
         from .flash_decode import main as fd_main
         return fd_main(argv)
+    if op == "ulysses":
+        from .ulysses import main as u_main
+        return u_main(argv)
     p = argparse.ArgumentParser(prog="ditron bench ring_attn", description=__doc__.split("\n\n")[0])
     p.add_argument("--seq", default="8192,16384,32768", help="whole sequence lengths (comma list)")
     p.add_argument("--causal", choices=["both", "on", "off"], default="both")

@@ -35,7 +35,8 @@ def case(world, ctx_len, batch, args, agree, bw):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     import ditron
-    from ..kernels import flash_decode as FD
+    import importlib
+    FD = importlib.import_module("ditron.kernels.flash_decode")   # the module (ditron.kernels.flash_decode is the function)
     from .attention import _gather
     W, r, dev = world.world_size, world.rank, world.device
     HQ, HKV = (int(h) for h in args.heads.split("/"))
