@@ -137,11 +137,11 @@ def ring_case(world, seq, causal, configs, args, agree):
         raise SystemExit(f"--seq {seq} must be a multiple of 2 x world size")
     S = seq // W
     layout = "zigzag" if causal else "contiguous"
-    g = torch.Generator(device="cpu").manual_seed(seq + 7 * int(causal) + 1000 * r)
-    # this rank's rows in ditron's layout, and the same rows in contiguous order for the torch baseline
-    q = torch.randn(B, HQ, S, D, generator=g).to(dtype).to(dev)
-    k = torch.randn(B, HKV, S, D, generator=g).to(dtype).to(dev)
-    v = torch.randn(B, HKV, S, D, generator=g).to(dtype).to(dev)
+    g = torch.Generator(device=dev).manual_seed(seq + 7 * int(causal) + 1000 * r)
+    # this rank's rows in ditron's layout (fresh random inputs, drawn on the device)
+    q = torch.randn(B, HQ, S, D, generator=g, device=dev).to(dtype)
+    k = torch.randn(B, HKV, S, D, generator=g, device=dev).to(dtype)
+    v = torch.randn(B, HKV, S, D, generator=g, device=dev).to(dtype)
     ctx = A.create_ring_attention_context(B, S, HKV, D, dtype)
     cuda = str(dev).startswith("cuda")
     # reference: SDPA (flash backend on GPUs: a known-good kernel; math on the simulator) on the gathered tensors
