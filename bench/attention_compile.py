@@ -32,7 +32,8 @@ def compile_others():
     jobs = [
         (FD.flash_decode_split_kernel, {"G": 4, "HKV": 8, "HEAD_D": 128, "BLOCK_H": 16, "BLOCK_N": FD.GPU_BLOCK_N},
          {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "po_ptr": "*fp32",
-          "pl_ptr": "*fp32", "cap": "i32", "nsplit": "i32", "qk_scale": "fp32"}, FD.GPU_WARPS, FD.GPU_STAGES),
+          "pl_ptr": "*fp32", "cap": "i32", "nsplit": "i32", "qk_scale": "fp32"}, FD.GPU_WARPS,
+         FD.split_stages(FD.GPU_BLOCK_N, 128)),
         (FD.flash_decode_combine_kernel, {"G": 4, "WORLD": 1, "HEAD_D": 128, "BLOCK_H": 16, "WAIT": True},
          {"po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "llo_ptr": "*i64",
           "lll_ptr": "*i64", "calls_ptr": "*i64", "nitems": "i32", "nsplit": "i32", "maxitems": "i32"}, 4, 1),

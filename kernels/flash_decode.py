@@ -218,6 +218,13 @@ def create_flash_decode_context(max_batch, q_heads, kv_heads, head_dim, dtype, w
     return FlashDecodeContext(max_batch, q_heads, kv_heads, head_dim, dtype, world)
 
 
+def split_stages(block_n, head_dim):
+    """Pipeline stages of the split kernel: K and V tiles of ``block_n`` keys per stage within ~200 KiB of
+    shared memory (4 stages at 64 keys of head dim 128, 3 at 128)."""
+    per_stage = 2 * block_n * head_dim * 2
+    return max(1, min(GPU_STAGES, (200 << 10) // per_stage))
+
+
 def default_splits(ctx, items, cap, block_n):
     """Splits per (sequence, KV head): about 4 programs per SM, at least one tile each."""
     if ctx.sim:
@@ -271,7 +278,7 @@ def flash_decode(q, k_cache, v_cache, lens, ctx: FlashDecodeContext, sm_scale=No
                                            scale * 1.4426950408889634, G=G, HKV=HKV, HEAD_D=D,
                                            BLOCK_H=ctx.block_h, BLOCK_N=bn,
                                            num_warps=1 if ctx.sim else GPU_WARPS,
-                                           num_stages=1 if ctx.sim else GPU_STAGES)
+                                           num_stages=1 if ctx.sim else split_stages(bn, D))
     progs = min(items, 2 if ctx.sim else sm_count(ctx.device))
     flash_decode_combine_kernel[(progs,)](po, pl, out, lse, ctx.llo, ctx.lll, ctx.calls, items, ns, ctx.maxitems,
                                           G=G, WORLD=ctx.world_size, HEAD_D=D, BLOCK_H=ctx.block_h,

@@ -67,8 +67,11 @@ def case(world, ctx_len, batch, args, agree, bw):
         if not err <= tol:
             raise AssertionError(f"max abs error {err:.3g} > {tol} against SDPA")
 
-    impls = [Impl("ditron", lambda: FD.flash_decode(q, k, v, lens, ctx, splits=args.splits or None,
-                                                    block_n=args.block_n or None), check)]
+    impls = []
+    for i, bn in enumerate(int(b) for b in (args.block_n or "0").split(",")):
+        impls.append(Impl("ditron" if i == 0 else f"ditron[block_n={bn}]",
+                          lambda bn=bn: FD.flash_decode(q, k, v, lens, ctx, splits=args.splits or None,
+                                                        block_n=bn or None), check))
     backends = [("sdpa_flash", "FLASH_ATTENTION"), ("sdpa_cudnn", "CUDNN_ATTENTION"),
                 ("sdpa_efficient", "EFFICIENT_ATTENTION")] if cuda else [("sdpa_math", "MATH")]
     for name, be in backends:
@@ -99,7 +102,8 @@ def main(argv):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--splits", type=int, default=0, help="splits per (sequence, KV head); 0: by size")
-    p.add_argument("--block-n", type=int, default=0)
+    p.add_argument("--block-n", default="0", help="keys per tile of the split kernel (comma list: each is timed; "
+                                                 "0: the default)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--repeat", type=int, default=2)
@@ -142,7 +146,7 @@ def main(argv):
             json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
         print("\n".join(md))
         print(f"wrote {stem}.md, {stem}.json")
-    bad = [r for r in rows if not r["ok"] and r["impl"] == "ditron"]
+    bad = [r for r in rows if not r["ok"] and r["impl"].startswith("ditron")]
     ditron.finalize()
     return 1 if bad else 0
 
