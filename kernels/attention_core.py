@@ -52,14 +52,15 @@ def chunk_id(r, h, WORLD: tl.constexpr, NCH: tl.constexpr):
 
 
 @triton.jit
-def attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, lo, hi, C, qk_scale,
+def attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, lo, hi, C, qk_scale, allvis,
                  MODE: tl.constexpr, TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr):
     """Keys ``[lo, hi)`` of one chunk (indices within the chunk).  ``kb`` /
     ``vb``: the chunk's first row (pointer loads), or ``kdesc`` / ``vdesc``
     with the chunk at row ``dcol`` of descriptor row ``drow`` (TMA; out-of-range
     rows read zeros or the next chunk's rows, masked like the tail).
     ``MODE`` 0: no mask (every key < C visible), 1: keys >= C masked (tail),
-    2: causal (key index <= query index, within the same chunk) and tail."""
+    2: keys >= C masked and, unless ``allvis``, the causal mask (key index <=
+    query index, within the same chunk)."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_D)
     for n0 in range(lo, hi, BLOCK_N):
@@ -76,7 +77,7 @@ def attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, lo, h
         if MODE == 1:
             qk = tl.where((kidx < C)[None, :], qk, float("-inf"))
         if MODE == 2:
-            qk = tl.where((kidx[None, :] <= qidx[:, None]) & (kidx < C)[None, :], qk, float("-inf"))
+            qk = tl.where(((kidx[None, :] <= qidx[:, None]) | allvis) & (kidx < C)[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(qk, 1, _fmax) * qk_scale)
         p = tl.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
@@ -101,34 +102,35 @@ def attend_chunk(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, m0, q
                  HEAD_D: tl.constexpr, SAME: tl.constexpr):
     """One key chunk (global index ``kg``, ``C`` keys) against the query tile
     at row ``m0`` of query chunk ``qg``: all of it, its diagonal part, or
-    nothing (see the module docstring).  ``SAME``: ``kg == qg`` is known at
-    compile time (one rank, one chunk): only the diagonal code is emitted."""
+    nothing (see the module docstring) -- always as one unmasked and one
+    masked loop with bounds computed here (no branch around the loops:
+    loops in the branches of a runtime ``if`` would each get their own
+    shared-memory pipeline buffers).  ``SAME``: ``kg == qg`` is known at
+    compile time (one rank, one chunk)."""
     n_full = C // BLOCK_N * BLOCK_N
-    if CAUSAL and SAME:
-        lo = m0 // BLOCK_N * BLOCK_N
-        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, 0, lo, C,
-                                     qk_scale, 0, TMA, BLOCK_N, HEAD_D)
-        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, lo,
-                                     tl.minimum(m0 + BLOCK_M, C), C, qk_scale, 2, TMA, BLOCK_N, HEAD_D)
-    elif CAUSAL:
-        if kg < qg:
-            acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, 0, n_full, C,
-                                         qk_scale, 0, TMA, BLOCK_N, HEAD_D)
-            if n_full < C:
-                acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, n_full, C,
-                                             C, qk_scale, 1, TMA, BLOCK_N, HEAD_D)
-        elif kg == qg:
-            lo = m0 // BLOCK_N * BLOCK_N
-            acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, 0, lo, C,
-                                         qk_scale, 0, TMA, BLOCK_N, HEAD_D)
-            acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, lo,
-                                         tl.minimum(m0 + BLOCK_M, C), C, qk_scale, 2, TMA, BLOCK_N, HEAD_D)
+    if CAUSAL:
+        lo_d = m0 // BLOCK_N * BLOCK_N
+        hi_d = tl.minimum(m0 + BLOCK_M, C)
+        if SAME:
+            hi0 = lo_d
+            lo1 = lo_d
+            hi1 = hi_d
+            allvis = False
+        else:
+            allvis = kg < qg
+            same = kg == qg
+            hi0 = tl.where(allvis, n_full, tl.where(same, lo_d, 0))
+            lo1 = tl.where(allvis, n_full, lo_d)
+            hi1 = tl.where(allvis, C, tl.where(same, hi_d, lo1))
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, 0, hi0, C,
+                                     qk_scale, allvis, 0, TMA, BLOCK_N, HEAD_D)
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, lo1, hi1, C,
+                                     qk_scale, allvis, 2, TMA, BLOCK_N, HEAD_D)
     else:
         acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, 0, n_full, C,
-                                     qk_scale, 0, TMA, BLOCK_N, HEAD_D)
-        if n_full < C:
-            acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, n_full, C, C,
-                                         qk_scale, 1, TMA, BLOCK_N, HEAD_D)
+                                     qk_scale, True, 0, TMA, BLOCK_N, HEAD_D)
+        acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, n_full, C, C,
+                                     qk_scale, True, 1, TMA, BLOCK_N, HEAD_D)
     return acc, l_i, m_i
 
 
