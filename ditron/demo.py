@@ -50,6 +50,9 @@ def main(argv=None):
     if argv and argv[0] == "moe":                  # ditron demo moe: EP dispatch -> expert MLP -> combine
         from .demo_moe import main as moe_main
         return moe_main(argv[1:])
+    if argv and argv[0] == "attention":            # ditron demo attention: a causal ring-attention step
+        from .demo_attention import main as attn_main
+        return attn_main(argv[1:])
     if argv and argv[0] == "megakernel":           # ditron demo megakernel: a TP decoder step as one kernel
         from .demo_megakernel import main as mk_main
         return mk_main(argv[1:])

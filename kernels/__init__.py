@@ -2,12 +2,15 @@
 ``ditron.kernels``): the collectives (all_gather, reduce_scatter,
 all_reduce, all_to_all) with reusable contexts, the GEMM core (``matmul``) and the
 GEMM-overlap kernels (AllGather-GEMM, GEMM-ReduceScatter, GEMM-AllReduce), the MoE kernels
-(grouped GEMM, EP dispatch / combine, AG-MoE, MoE-RS, MoE-AR), and the porting
+(grouped GEMM, EP dispatch / combine, AG-MoE, MoE-RS, MoE-AR), the attention kernels (ring
+attention, distributed flash-decoding), and the porting
 examples of docs/porting.md and docs/zoo.md.  See docs/zoo.md."""
 from .ag_gemm import ag_gemm, create_ag_gemm_context
+from .attention import create_ring_attention_context, ring_attention
 from .all_gather import all_gather, create_all_gather_context
 from .all_reduce import all_reduce, choose_method, create_all_reduce_context, multicast_available
 from .all_to_all import all_to_all, all_to_all_v, create_all_to_all_context
+from .flash_decode import create_flash_decode_context, flash_decode
 from .ep import check_dropped, create_ep_context, ep_combine, ep_dispatch
 from .gemm import GemmConfig, matmul
 from .gemm_ar import create_gemm_ar_context, gemm_ar
@@ -25,4 +28,5 @@ __all__ = ["create_all_gather_context", "all_gather", "create_reduce_scatter_con
            "check_dropped", "create_ag_moe_context", "ag_moe", "create_moe_rs_context", "moe_rs",
            "create_moe_ar_context", "moe_ar", "moe_plan", "plan_gemm",
            "GemmConfig", "matmul", "all_to_all", "all_to_all_v", "copy_kernel", "ready_kernel",
-           "ring_pull_kernel"]
+           "ring_pull_kernel", "create_ring_attention_context", "ring_attention", "create_flash_decode_context",
+           "flash_decode"]

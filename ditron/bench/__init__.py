@@ -8,7 +8,8 @@
   (ag_gemm, gemm_rs, gemm_ar, the GEMM core; split by idea into ``gemm_shapes``,
   ``gemm_run``, ``gemm_sweep``, ``gemm_report``) and :mod:`ditron.bench.moe`
   (grouped_gemm, ag_moe, moe_rs, moe_ar, ep) and :mod:`ditron.bench.megakernel`
-  (the Qwen3-like TP decoder step as one persistent kernel).
+  (the Qwen3-like TP decoder step as one persistent kernel) and
+  :mod:`ditron.bench.attention` (ring_attn, flash_decode, ulysses: the attention zoo against torch SDPA).
 
     torchrun --nproc-per-node 4 -m ditron.bench all_reduce --sizes 8K..256M
     ditron sim -n 2 -m ditron.bench ag_gemm --shapes 64,32,32
@@ -19,6 +20,7 @@ import sys
 
 GEMM_OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm")
 MOE_OPS = ("grouped_gemm", "ag_moe", "moe_rs", "moe_ar", "ep")
+ATTN_OPS = ("ring_attn", "flash_decode", "ulysses")
 
 
 def main(argv=None):
@@ -27,6 +29,8 @@ def main(argv=None):
         from .gemm import main as family_main
     elif argv and argv[0] in MOE_OPS:
         from .moe import main as family_main
+    elif argv and argv[0] in ATTN_OPS:
+        from .attention import main as family_main
     elif argv and argv[0] == "megakernel":
         from .megakernel import main as family_main
     else:

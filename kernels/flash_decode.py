@@ -1,0 +1,289 @@
+"""Distributed flash-decoding written in ditron: one query token per
+sequence against a KV cache sharded along the sequence over the ranks.
+
+    ctx = create_flash_decode_context(max_batch, q_heads, kv_heads, head_dim, torch.bfloat16)  # collective
+    out = flash_decode(q, k_cache, v_cache, lens, ctx)      # every rank gets the whole result
+
+* ``q``: ``[B, Hq, D]`` (the same on every rank); ``k_cache`` / ``v_cache``:
+  ``[B, Hkv, cap, D]`` this rank's part of the cache (rows ``[0, lens[b])`` of
+  sequence ``b`` are used); ``lens``: int32 ``[B]`` on the device, this rank's
+  context length per sequence (ragged: any length from 0 to ``cap`` on each
+  rank; every sequence needs at least one key on some rank).
+* ``out``: ``[B, Hq, D]``, softmax attention of each query over the keys of
+  every rank (``scaled_dot_product_attention`` on the concatenated cache);
+  with ``return_lse`` also the fp32 natural-log LSE ``[B, Hq]``.
+
+How:
+
+1. ``flash_decode_split_kernel``, program ``(split, b * Hkv + kv head)``: the
+   ``G = Hq / Hkv`` query heads of a KV head as one ``[BLOCK_H, D]`` tile
+   (GQA: every key is read once for all of them) against its split of this
+   rank's keys, online softmax in exp2 with fp32 accumulation; writes the
+   split's normalised output and LSE (an empty split writes LSE -1e30).
+2. ``flash_decode_combine_kernel``, persistent over the ``(b, kv head)``
+   items: combines the splits into this rank's partial (output, LSE); with
+   more than one rank it pushes the partial into every peer's LL buffer
+   (low-latency protocol: each 8-byte packet carries one fp32 value and the
+   call's flag, no separate signal; kernels/_common.py ``ll_poll``), then
+   polls the packets of every rank and combines them in rank order (the same
+   bits on every rank).  Every program pushes all its items before it polls,
+   and the grid is at most one program per SM, so no program waits for one
+   that cannot run.
+
+Reuse: the call counter of kernels/_common.py (LL parity ``e % 2``, flag ``e + 1``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+import ditron
+import ditron.language as dl
+
+from ._common import CollectiveContext, enter, epoch_begin, epoch_end, ll_poll, sm_count
+from .attention_core import _fadd, _fmax
+
+_DTYPES = (torch.float16, torch.bfloat16)
+EMPTY_LSE = tl.constexpr(-1.0e30)
+#: GPU tiles: keys per tile, warps, pipeline stages of the split kernel
+GPU_BLOCK_N = 64
+GPU_WARPS = 4
+GPU_STAGES = 4
+SIM_BLOCK_N = 16
+
+
+@ditron.jit
+def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, pl_ptr, cap, nsplit, qk_scale,
+                              G: tl.constexpr, HKV: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                              BLOCK_N: tl.constexpr):
+    """Split ``sp`` of this rank's keys of one (sequence, KV head)."""
+    sp = tl.program_id(0)
+    bkv = tl.program_id(1)
+    b = bkv // HKV
+    L = tl.load(lens_ptr + b)
+    per = ((L + nsplit - 1) // nsplit + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+    lo = sp * per
+    hi = tl.minimum(lo + per, L)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HEAD_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    h_ok = offs_h < G
+    q = tl.load(q_ptr + (bkv * G + offs_h)[:, None] * HEAD_D + offs_d[None, :], mask=h_ok[:, None], other=0.0)
+    kb = k_ptr + bkv.to(tl.int64) * cap * HEAD_D
+    vb = v_ptr + bkv.to(tl.int64) * cap * HEAD_D
+    acc = tl.full([BLOCK_H, HEAD_D], 0.0, tl.float32)
+    l_i = tl.full([BLOCK_H], 0.0, tl.float32)
+    m_i = tl.full([BLOCK_H], EMPTY_LSE, tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        kidx = n0 + offs_n
+        ok = kidx < hi
+        k = tl.load(kb + kidx[:, None] * HEAD_D + offs_d[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(vb + kidx[:, None] * HEAD_D + offs_d[None, :], mask=ok[:, None], other=0.0)
+        qk = tl.where(ok[None, :], tl.dot(q, tl.trans(k)), float("-inf"))
+        m_new = tl.maximum(m_i, tl.reduce(qk, 1, _fmax) * qk_scale)
+        p = tl.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.reduce(p, 1, _fadd)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    lse = tl.where(l_i == 0.0, EMPTY_LSE, (m_i + tl.log2(l_safe)) * 0.6931471805599453)
+    part = bkv.to(tl.int64) * nsplit + sp
+    tl.store(po_ptr + part * (BLOCK_H * HEAD_D) + offs_h[:, None] * HEAD_D + offs_d[None, :], acc / l_safe[:, None])
+    tl.store(pl_ptr + part * BLOCK_H + offs_h, lse)
+
+
+@triton.jit
+def _merge(acc, s, mx, o, lse):
+    """Add a normalised partial ``o`` with log-sum-exp ``lse`` to the running
+    (``acc``, sum ``s``, max ``mx``), natural-log units."""
+    m_new = tl.maximum(mx, lse)
+    a = tl.exp(mx - m_new)
+    w = tl.exp(lse - m_new)
+    return acc * a[:, None] + o * w[:, None], s * a + w, m_new
+
+
+@ditron.jit
+def flash_decode_combine_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, llo_ptr, lll_ptr, calls_ptr, nitems, nsplit,
+                                maxitems, G: tl.constexpr, WORLD: tl.constexpr, HEAD_D: tl.constexpr,
+                                BLOCK_H: tl.constexpr, WAIT: tl.constexpr):
+    """Items ``pid, pid + P, ...``: this rank's splits combined; with several
+    ranks, LL push of the partial to every rank, then poll and combine.
+    ``WAIT`` is False only in the planted-bug test (the packets are read
+    without polling for the flag)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HEAD_D)
+    tile = offs_h[:, None] * HEAD_D + offs_d[None, :]
+    if WORLD > 1:
+        e = epoch_begin(calls_ptr)
+        flag = (e + 1).to(tl.int32)
+        fl64 = flag.to(tl.int64) << 32
+        par = e % 2
+        me = dl.rank()
+    for it in range(pid, nitems, nprog):
+        acc = tl.full([BLOCK_H, HEAD_D], 0.0, tl.float32)
+        s = tl.full([BLOCK_H], 0.0, tl.float32)
+        mx = tl.full([BLOCK_H], EMPTY_LSE, tl.float32)
+        for sp in range(0, nsplit):
+            part = it * nsplit + sp
+            acc, s, mx = _merge(acc, s, mx, tl.load(po_ptr + part * (BLOCK_H * HEAD_D) + tile),
+                                tl.load(pl_ptr + part * BLOCK_H + offs_h))
+        o = acc / s[:, None]
+        lse = mx + tl.log(s)
+        if WORLD == 1:
+            h_ok = offs_h < G
+            tl.store(out_ptr + (it * G + offs_h)[:, None] * HEAD_D + offs_d[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+            tl.store(lse_ptr + it * G + offs_h, lse, mask=h_ok)
+        else:
+            po = fl64 | (o.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+            pl = fl64 | (lse.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+            slot = (par * WORLD + me) * maxitems + it
+            for k in tl.static_range(WORLD):
+                dst = (me + k) % WORLD
+                tl.store(dl.symm_at(llo_ptr + slot * (BLOCK_H * HEAD_D) + tile, dst), po)
+                tl.store(dl.symm_at(lll_ptr + slot * BLOCK_H + offs_h, dst), pl)
+    if WORLD > 1:
+        for it in range(pid, nitems, nprog):
+            acc = tl.full([BLOCK_H, HEAD_D], 0.0, tl.float32)
+            s = tl.full([BLOCK_H], 0.0, tl.float32)
+            mx = tl.full([BLOCK_H], EMPTY_LSE, tl.float32)
+            for q in tl.static_range(WORLD):
+                slot = (par * WORLD + q) * maxitems + it
+                po_p = llo_ptr + slot * (BLOCK_H * HEAD_D) + tile
+                pl_p = lll_ptr + slot * BLOCK_H + offs_h
+                if WAIT:
+                    pko = ll_poll(po_p, offs_h[:, None] < BLOCK_H, flag)
+                    pkl = tl.reshape(ll_poll(pl_p[:, None], offs_h[:, None] < BLOCK_H, flag), [BLOCK_H])
+                else:
+                    pko = tl.load(po_p)
+                    pkl = tl.load(pl_p)
+                acc, s, mx = _merge(acc, s, mx, pko.to(tl.int32).to(tl.float32, bitcast=True),
+                                    pkl.to(tl.int32).to(tl.float32, bitcast=True))
+            h_ok = offs_h < G
+            tl.store(out_ptr + (it * G + offs_h)[:, None] * HEAD_D + offs_d[None, :],
+                     (acc / s[:, None]).to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+            tl.store(lse_ptr + it * G + offs_h, mx + tl.log(s), mask=h_ok)
+        epoch_end(calls_ptr)
+
+
+# ===========================================================================
+# host API
+# ===========================================================================
+
+class FlashDecodeContext(CollectiveContext):
+    """LL buffers of :func:`flash_decode` (see :func:`create_flash_decode_context`)."""
+
+    op = "flash_decode"
+    creator = "create_flash_decode_context"
+
+    def __init__(self, max_batch, q_heads, kv_heads, head_dim, dtype, world=None):
+        if dtype not in _DTYPES:
+            raise ditron.DitronError(f"flash_decode: dtype {dtype} is not supported (use float16 or bfloat16)")
+        if q_heads < 1 or kv_heads < 1 or q_heads % kv_heads:
+            raise ditron.DitronError(f"flash_decode: q_heads={q_heads} must be a positive multiple of "
+                                     f"kv_heads={kv_heads} (GQA)")
+        if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
+            raise ditron.DitronError(f"flash_decode: head_dim={head_dim} must be a power of two in [16, 256]")
+        super().__init__(int(max_batch) * q_heads * head_dim, dtype, world)
+        w = self.world
+        if w.nnodes > 1 or w.local_world_size != w.world_size:
+            raise ditron.DitronError(f"flash_decode: the world spans {w.nnodes} nodes; the partials travel by "
+                                     "load/store and need every rank on one node")
+        self.max_batch, self.q_heads, self.kv_heads, self.head_dim = int(max_batch), q_heads, kv_heads, head_dim
+        self.group = q_heads // kv_heads
+        self.numel_factor = 1 << 30        # the cache's capacity is the caller's; shapes are checked per dimension
+        self.block_h = max(16, triton.next_power_of_2(self.group))
+        self.maxitems = self.max_batch * kv_heads
+        self.sim = w.backend == "sim"
+        W = self.world_size
+        n = 2 * W * self.maxitems if W > 1 else 1
+        self.llo = self.symm((n * self.block_h * head_dim,), torch.int64, "llo")
+        self.lll = self.symm((n * self.block_h,), torch.int64, "lll")
+        ditron.barrier_all()
+
+    def __repr__(self):
+        return (f"FlashDecodeContext(max_batch={self.max_batch}, heads={self.q_heads}/{self.kv_heads}, "
+                f"head_dim={self.head_dim}, dtype={self.dtype}, world_size={self.world_size})")
+
+
+def create_flash_decode_context(max_batch, q_heads, kv_heads, head_dim, dtype, world=None):
+    """Allocate (collectively) the LL buffers of :func:`flash_decode` for up
+    to ``max_batch`` sequences of ``q_heads`` / ``kv_heads`` heads."""
+    return FlashDecodeContext(max_batch, q_heads, kv_heads, head_dim, dtype, world)
+
+
+def split_stages(block_n, head_dim):
+    """Pipeline stages of the split kernel: K and V tiles of ``block_n`` keys per stage within ~200 KiB of
+    shared memory (4 stages at 64 keys of head dim 128, 3 at 128)."""
+    per_stage = 2 * block_n * head_dim * 2
+    return max(1, min(GPU_STAGES, (200 << 10) // per_stage))
+
+
+def default_splits(ctx, items, cap, block_n):
+    """Splits per (sequence, KV head): about 4 programs per SM, at least one tile each."""
+    if ctx.sim:
+        return max(1, min(3, triton.cdiv(cap, block_n)))
+    return max(1, min(triton.cdiv(cap, block_n), triton.cdiv(4 * sm_count(ctx.device), items)))
+
+
+def flash_decode(q, k_cache, v_cache, lens, ctx: FlashDecodeContext, sm_scale=None, return_lse=False, out=None,
+                 splits=None, block_n=None, _plant_no_wait=False):
+    """Attention of one query token per sequence over the KV cache of every
+    rank (module docstring).  Collective: every rank calls it with the same
+    ``q`` shape and tuning arguments (``lens`` and the cache capacity may
+    differ).  Returns ``out`` ``[B, Hq, D]`` or ``(out, lse)``."""
+    E = ditron.DitronError
+    enter(ctx, FlashDecodeContext, "flash_decode",
+          [("q.shape", tuple(q.shape) if isinstance(q, torch.Tensor) else None), ("splits", splits),
+           ("block_n", block_n)], q=q, k_cache=k_cache, v_cache=v_cache, out=out)
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise E("flash_decode: argument 'q' must be a 3-D tensor [batch, q_heads, head_dim]")
+    B, HQ, D = q.shape
+    if HQ != ctx.q_heads or D != ctx.head_dim or B > ctx.max_batch or B < 1:
+        raise E(f"flash_decode: q is {tuple(q.shape)}; the context was created for up to {ctx.max_batch} sequences "
+                f"of {ctx.q_heads} heads of dimension {ctx.head_dim}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        ctx.check_tensor(t, name)
+    if k_cache.dim() != 4 or tuple(k_cache.shape) != tuple(v_cache.shape) or k_cache.shape[0] != B or \
+            k_cache.shape[1] != ctx.kv_heads or k_cache.shape[3] != D:
+        raise E(f"flash_decode: k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must both be "
+                f"[batch={B}, kv_heads={ctx.kv_heads}, capacity, head_dim={D}]")
+    if not isinstance(lens, torch.Tensor) or lens.dtype != torch.int32 or tuple(lens.shape) != (B,) or \
+            lens.device != q.device:
+        raise E(f"flash_decode: lens must be an int32 tensor [{B}] on {q.device} (this rank's context lengths)")
+    cap = k_cache.shape[2]
+    G, HKV = ctx.group, ctx.kv_heads
+    items = B * HKV
+    bn = block_n or (SIM_BLOCK_N if ctx.sim else GPU_BLOCK_N)
+    if bn < 16 or bn & (bn - 1):
+        raise E(f"flash_decode: block_n={bn} must be a power of two >= 16")
+    ns = int(splits or default_splits(ctx, items, max(cap, 1), bn))
+    if ns < 1:
+        raise E("flash_decode: splits must be >= 1")
+    if out is None:
+        out = torch.empty_like(q)
+    else:
+        ctx.check_tensor(out, "out", numel=q.numel())
+    lse = torch.empty((B, HQ), dtype=torch.float32, device=q.device)
+    po = torch.empty((items * ns * ctx.block_h * D,), dtype=torch.float32, device=q.device)
+    pl = torch.empty((items * ns * ctx.block_h,), dtype=torch.float32, device=q.device)
+    scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
+    flash_decode_split_kernel[(ns, items)](q, k_cache, v_cache, lens, po, pl, max(cap, 1), ns,
+                                           scale * 1.4426950408889634, G=G, HKV=HKV, HEAD_D=D,
+                                           BLOCK_H=ctx.block_h, BLOCK_N=bn,
+                                           num_warps=1 if ctx.sim else GPU_WARPS,
+                                           num_stages=1 if ctx.sim else split_stages(bn, D))
+    progs = min(items, 2 if ctx.sim else sm_count(ctx.device))
+    flash_decode_combine_kernel[(progs,)](po, pl, out, lse, ctx.llo, ctx.lll, ctx.calls, items, ns, ctx.maxitems,
+                                          G=G, WORLD=ctx.world_size, HEAD_D=D, BLOCK_H=ctx.block_h,
+                                          WAIT=not _plant_no_wait, num_warps=1 if ctx.sim else 4)
+    return (out, lse) if return_lse else out
+
+
+__all__ = ["FlashDecodeContext", "create_flash_decode_context", "flash_decode"]
