@@ -29,6 +29,12 @@ def main(argv=None):
         from .gemm import main as family_main
     elif argv and argv[0] in MOE_OPS:
         from .moe import main as family_main
+    elif argv and argv[0] == "flash_decode":
+        from .flash_decode import main
+        return main(argv[1:])
+    elif argv and argv[0] == "ulysses":
+        from .ulysses import main
+        return main(argv[1:])
     elif argv and argv[0] in ATTN_OPS:
         from .attention import main as family_main
     elif argv and argv[0] == "megakernel":

@@ -32,7 +32,7 @@ import math
 import os
 import sys
 
-from .harness import Impl, measure, result_meta
+from .harness import Impl, gather_ranks, measure, result_meta
 
 
 def _sdpa(q, k, v, causal, backend=None, lower_right=False):
@@ -57,26 +57,7 @@ def _math_reference(q, k, v, causal):
                                           v.float().repeat_interleave(G, 1), is_causal=causal)
 
 
-def _gather(x, world, dim=2):
-    """Every rank's ``x`` concatenated along ``dim`` (NCCL all_gather; the
-    simulator: through symmetric memory)."""
-    import torch
-    import torch.distributed as dist
-
-    import ditron
-    if world.world_size == 1:
-        return x
-    if dist.is_available() and dist.is_initialized():
-        parts = [torch.empty_like(x) for _ in range(world.world_size)]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim)
-    with ditron.heap_scope():
-        buf = ditron.symm_empty(tuple(x.shape), x.dtype, name="bench.gather")
-        buf.copy_(x)
-        ditron.barrier_all()
-        parts = [ditron.peer_tensor(buf, r).clone() for r in range(world.world_size)]
-        ditron.barrier_all()
-    return torch.cat(parts, dim)
+_gather = gather_ranks          # the name the attention benches use
 
 
 def small_checks(world, configs, args):
@@ -219,12 +200,8 @@ def main(argv=None):
     op = argv[0] if argv and argv[0] in ("ring_attn", "flash_decode", "ulysses") else "ring_attn"
     if argv and argv[0] == op:
         argv = argv[1:]
-    if op == "flash_decode":
-        from .flash_decode import main as fd_main
-        return fd_main(argv)
-    if op == "ulysses":
-        from .ulysses import main as u_main
-        return u_main(argv)
+    if op != "ring_attn":
+        raise SystemExit(f"ditron bench {op} is run by its own module (ditron bench dispatches it)")
     p = argparse.ArgumentParser(prog="ditron bench ring_attn", description=__doc__.split("\n\n")[0])
     p.add_argument("--seq", default="8192,16384,32768", help="whole sequence lengths (comma list)")
     p.add_argument("--causal", choices=["both", "on", "off"], default="both")

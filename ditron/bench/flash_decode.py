@@ -37,7 +37,7 @@ def case(world, ctx_len, batch, args, agree, bw):
     import ditron
     import importlib
     FD = importlib.import_module("ditron.kernels.flash_decode")   # the module (ditron.kernels.flash_decode is the function)
-    from .attention import _gather
+    from .harness import gather_ranks as _gather
     W, r, dev = world.world_size, world.rank, world.device
     HQ, HKV = (int(h) for h in args.heads.split("/"))
     D = args.head_dim

@@ -372,3 +372,25 @@ def _release(device):
         import torch
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+
+
+def gather_ranks(x, world, dim=2):
+    """Every rank's ``x`` concatenated along ``dim`` (NCCL all_gather; the
+    simulator: through symmetric memory)."""
+    import torch
+    import torch.distributed as dist
+
+    import ditron
+    if world.world_size == 1:
+        return x
+    if dist.is_available() and dist.is_initialized():
+        parts = [torch.empty_like(x) for _ in range(world.world_size)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim)
+    with ditron.heap_scope():
+        buf = ditron.symm_empty(tuple(x.shape), x.dtype, name="bench.gather")
+        buf.copy_(x)
+        ditron.barrier_all()
+        parts = [ditron.peer_tensor(buf, r).clone() for r in range(world.world_size)]
+        ditron.barrier_all()
+    return torch.cat(parts, dim)
