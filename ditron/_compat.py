@@ -455,6 +455,22 @@ def _install_numpy_safe_index():
     _SAFE_INDEX_INSTALLED = True
 
 
+_LIBDEVICE_MODULES = ("triton.language.extra.libdevice", "triton.language.extra.cuda.libdevice",
+                      "triton.language.extra.hip.libdevice")
+
+
+def _patch_libdevice(_interp, scope):
+    """Triton's interpreter hands its semantic layer only to the builtins of
+    ``triton.language``; give it to the (already imported) libdevice modules
+    too, so that ``libdevice.exp(x)`` reaches the builder's
+    ``create_extern_elementwise`` (which the simulator implements)."""
+    import sys
+    for name in _LIBDEVICE_MODULES:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            _interp._patch_builtin(mod, _interp.interpreter_builder, scope)
+
+
 @contextlib.contextmanager
 def interpreter_launch(grid):
     """Patch ``triton.language`` for the interpreter (as Triton's own
@@ -473,6 +489,7 @@ def interpreter_launch(grid):
     holder = _Scope()
     holder.__globals__ = {"tl": tl, "core": _core}
     scope = _interp._patch_lang(holder)
+    _patch_libdevice(_interp, scope)
     builder = _interp.interpreter_builder
     builder.set_grid_dim(*grid)
     try:

@@ -110,7 +110,8 @@ def _params(fn, arg_names):
 def _install_hooks():
     """Route the interpreter's volatile loads (polling) -- and, for the race
     finder, every load, store and atomic -- to the simulator."""
-    from . import access
+    from . import access, numerics
+    numerics.install()        # bf16 / fp8 / libdevice arithmetic as GPUs compute it
     H = _compat.ACCESS_HOOKS
     if H.load is None:
         H.load, H.store, H.atomic = access.interp_load, access.interp_store, access.interp_atomic
