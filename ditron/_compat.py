@@ -381,29 +381,42 @@ def _install_access_hooks():
     global _ACCESS_PATCHED
     if _ACCESS_PATCHED:
         return
+    import numpy as np
     from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
     H = ACCESS_HOOKS
     orig_load, orig_store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
     orig_rmw, orig_cas = InterpreterBuilder.create_atomic_rmw, InterpreterBuilder.create_atomic_cas
 
-    # the cache arguments differ by version (3.6: cache_modifier, eviction_policy; 3.9: cache_policy), so they
-    # pass through untouched; is_volatile is the last argument in both
-    def create_masked_load(self, ptrs, mask, other, *cache_and_volatile):
-        ret = orig_load(self, ptrs, mask, other, *cache_and_volatile)
-        is_volatile = bool(cache_and_volatile[-1]) if cache_and_volatile else False
+    # the cache arguments differ by version (3.6: cache_modifier, eviction_policy; 3.9: cache_policy) and
+    # callers pass them by position or by keyword (tensor descriptors: cache_policy=..., is_volatile=...), so
+    # they pass through untouched; is_volatile is the last parameter in both
+    def as_handle(mask):
+        # Triton 3.6's tensor descriptors pass the mask as a bare NumPy array
+        if isinstance(mask, np.ndarray):
+            return TensorHandle(mask.astype(bool), tl.int1)
+        return mask
+
+    def create_masked_load(self, ptrs, mask, other, *cache_and_volatile, **kw):
+        mask = as_handle(mask)
+        ret = orig_load(self, ptrs, mask, other, *cache_and_volatile, **kw)
+        if "is_volatile" in kw:
+            is_volatile = bool(kw["is_volatile"])
+        else:
+            is_volatile = bool(cache_and_volatile[-1]) if cache_and_volatile else False
         if H.load is not None and (is_volatile or H.plain):
             data = H.load(ptrs.data, mask.data, ret.data, is_volatile)
             if data is not None:
                 ret = TensorHandle(data, ret.dtype)
         return ret
 
-    def create_masked_store(self, ptrs, value, mask, *cache):
+    def create_masked_store(self, ptrs, value, mask, *cache, **kw):
+        mask = as_handle(mask)
         if mask is not None and mask.data.dtype != bool:
             # Triton 3.9's native store takes only bool masks (3.6's accepted an i1 tile held as integers)
             mask = TensorHandle(mask.data.astype(bool), mask.dtype)
         if H.plain and H.store is not None:
             H.store(ptrs.data, mask.data, value.data)
-        return orig_store(self, ptrs, value, mask, *cache)
+        return orig_store(self, ptrs, value, mask, *cache, **kw)
 
     def create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):
         if not (H.plain and H.atomic is not None):
