@@ -227,6 +227,7 @@ def _symm_at(ctx, ptr, rank):
 
 @register("wait", BACKEND)
 def _wait(ctx, barrier_ptrs, num_barriers, wait_value, scope, semantic):
+    not_in_thread_region(ctx, "dl.wait")
     world, tr = _world(ctx)
     tt = _elem_ty(barrier_ptrs)
     dtype = _signal_dtype(ctx, tt, "barrier_ptrs")
@@ -252,6 +253,7 @@ def _consume_token(ctx, value, token):
 
 @register("notify", BACKEND)
 def _notify(ctx, ptr, rank, signal, sig_op, comm_scope):
+    not_in_thread_region(ctx, "dl.notify")
     world, tr = _world(ctx)
     tt = _elem_ty(ptr)
     dtype = _signal_dtype(ctx, tt, "ptr", need64=comm_scope == "inter_node")
@@ -334,24 +336,42 @@ def _multimem_st(ctx, ptrs, value):
 # thread level: one thread per program, acting on whole tiles
 # ---------------------------------------------------------------------------
 
+def _threads_per_program():
+    launch = _launch()
+    return int(getattr(launch, "num_warps", 4) or 4) * 32
+
+
 @register("tid", BACKEND)
 def _tid(ctx, axis):
-    return _scalar(0, tl.int32)
+    """The simulated thread of a thread-dependent region (ditron.sim.simt); 0 outside one (what the GPU's
+    thread 0 -- the thread that performs scalar stores -- computes).  Programs are 1-D: axes 1 and 2 are 0."""
+    t = _compat.simt_thread()
+    return _scalar(t if (t is not None and axis == 0) else 0, tl.int32)
 
 
 @register("laneid", BACKEND)
 def _laneid(ctx):
-    return _scalar(0, tl.int32)
+    t = _compat.simt_thread()
+    return _scalar(0 if t is None else t % 32, tl.int32)
 
 
 @register("num_threads", BACKEND)
 def _num_threads(ctx):
-    return _scalar(1, tl.int32)
+    return _scalar(_threads_per_program(), tl.int32)
 
 
 @register("num_warps", BACKEND)
 def _num_warps(ctx):
-    return _scalar(1, tl.int32)
+    return _scalar(_threads_per_program() // 32, tl.int32)
+
+
+def not_in_thread_region(ctx, primitive):
+    """Primitives with a CTA barrier (bar.sync) cannot run in a thread-dependent branch: refuse."""
+    if _compat.simt_thread() is not None:
+        raise ctx.error(f"{primitive} inside a branch or loop on dl.tid()/dl.laneid(): on a GPU it synchronises "
+                        "all threads of the program (bar.sync), which threads that skip the branch never reach "
+                        "(the GPU hangs); call it outside the thread-dependent branch, or use dl.ld / dl.st / "
+                        "dl.atomic_* per thread")
 
 
 # task level: scoreboard and work queue -------------------------------------------
@@ -365,6 +385,7 @@ def _slot_word(ctx, ptr, arg):
 
 @register("wait_deps", BACKEND)
 def _wait_deps(ctx, slot_ptr, num_slots, epoch):
+    not_in_thread_region(ctx, "dl.wait_deps")
     world, tr = _world(ctx)
     _slot_word(ctx, slot_ptr, "slot_ptr")
     n = _int(num_slots)
@@ -378,6 +399,7 @@ def _wait_deps(ctx, slot_ptr, num_slots, epoch):
 
 @register("release_tile", BACKEND)
 def _release_tile(ctx, slot_ptr, epoch):
+    not_in_thread_region(ctx, "dl.release_tile")
     world, tr = _world(ctx)
     _slot_word(ctx, slot_ptr, "slot_ptr")
     addr = np.asarray([_int(slot_ptr)], dtype=np.uint64)
@@ -388,6 +410,7 @@ def _release_tile(ctx, slot_ptr, epoch):
 
 @register("fetch_task", BACKEND)
 def _fetch_task(ctx, counter_ptr):
+    not_in_thread_region(ctx, "dl.fetch_task")
     from ..sim import memory as M
     world, tr = _world(ctx)
     _slot_word(ctx, counter_ptr, "counter_ptr")
@@ -486,6 +509,7 @@ def _atomic_cas(ctx, ptr, cmp, value, scope, semantic):
 
 @register("syncthreads", BACKEND)
 def _syncthreads(ctx):
+    not_in_thread_region(ctx, "dl.syncthreads")
     return None
 
 
@@ -717,6 +741,7 @@ def _shmem_fence(ctx):
 
 
 def _device_barrier(ctx, primitive):
+    not_in_thread_region(ctx, primitive)
     from ..sim import memory as M
     world, tr = _world(ctx)
     ctl = tr.control

@@ -101,6 +101,9 @@ def _install_bf16(IB, TensorHandle):
         return _orig(self, x, y, z)
 
     IB.binary_op, IB.ternary_op, IB.unary_op, IB.create_fma = binary_op, ternary_op, unary_op, create_fma
+    if not hasattr(IB, "get_bf16"):       # a bf16 constant (``x_bf16 * 2.5``): rounded to nearest even
+        IB.get_bf16 = lambda self, value: TensorHandle(
+            _compat.f32_to_bf16_bits(np.array([value], dtype=np.float32)), tl.bfloat16)
     if hasattr(IB, "create_fneg"):
         orig_neg = IB.create_fneg
 
