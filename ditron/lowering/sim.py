@@ -9,13 +9,13 @@ rules as far as a CPU can:
   shared memory; signal words are read and written with atomic operations
   (sequentially consistent), so every ``semantic``/``scope`` is honoured
   (the simulator is at least as strong as the GPU).
-* a program is one thread that executes whole tiles ("tile-at-a-time"):
-  ``dl.tid()``/``dl.laneid()`` are 0, ``dl.num_threads()`` is 1 and
-  ``dl.num_warps()`` is 1; ``ld``/``st``/``atomic_*`` act on every element
-  of a tile; ``ballot_sync`` and the ``shfl_*_sync`` helpers treat the
-  elements of a 1-D tile as the lanes of a warp (a scalar is one lane);
-  ``syncthreads``/``fence`` order nothing further (a single thread is
-  already ordered).
+* a program executes whole tiles and has ``num_warps * 32`` threads: code on
+  ``dl.tid()``/``dl.laneid()`` runs once per simulated thread
+  (:mod:`ditron.sim.simt`; outside such code they are thread 0's values);
+  primitives with a CTA barrier refuse to run there.  ``ld``/``st``/``atomic_*``
+  act on every element of a tile; ``ballot_sync`` and the ``shfl_*_sync``
+  helpers treat the elements of a 1-D tile as the lanes of a warp (a scalar
+  is one lane); ``syncthreads``/``fence`` order nothing further.
 * waits spin on the shared heap; while spinning, a program lends its turn to
   the other programs of the launch, and the job's watchdog reports a
   deadlock with this wait's signal, expected and observed values.
