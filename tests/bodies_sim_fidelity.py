@@ -29,12 +29,13 @@ def thread_barrier_kernel(flag_ptr, out_ptr, round_):
         tl.store(out_ptr, dl.num_threads())        # scalar store: thread 0 performs it
     if thread_idx < n:
         dl.atomic_add(out_ptr + 1, 1)                 # per thread: n additions
+    dl.atomic_add(out_ptr + 2, 1)                     # a scalar outside the branch: every thread adds
 
 
 def thread_barrier(world, rounds=1):
     n = world.world_size
     flag = ditron.symm_zeros((n,), torch.int32, name="flags")
-    out = torch.zeros(2, dtype=torch.int32)
+    out = torch.zeros(3, dtype=torch.int32)
     ditron.barrier_all()
     for r in range(1, rounds + 1):
         thread_barrier_kernel[(1,)](flag, out, r, num_warps=2)

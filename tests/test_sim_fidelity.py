@@ -14,8 +14,9 @@ pytestmark = pytest.mark.skipif(os.environ.get("DITRON_TEST_BACKEND", "sim") != 
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_thread_i_signals_and_waits_for_peer_i(dist_world, n):
-    # num_warps=2: 64 threads; threads 0..n-1 each signal and wait for one peer; one scalar store by thread 0
-    assert dist_world(n).run(B.thread_barrier) == [([1] * n, [64, n])] * n
+    # num_warps=2: 64 threads; threads 0..n-1 each signal and wait for one peer; one scalar store by thread 0;
+    # a scalar dl.atomic_add outside the branch runs in all 64 threads
+    assert dist_world(n).run(B.thread_barrier) == [([1] * n, [64, n, 64])] * n
 
 
 def test_barrier_primitive_in_a_thread_branch_is_refused(dist_world):
@@ -45,20 +46,6 @@ def test_libdevice_without_counterpart_is_refused():
 
 def test_tensor_descriptor_load_store_pads_and_clips(dist_world):
     assert dist_world(1).run(B.descriptors) == [37 * 52]
-
-
-@pytest.fixture(scope="module")
-def race2():
-    from ditron.sim.pool import SimCluster
-    with SimCluster(2, race=True, hang_timeout=10) as c:
-        yield c
-
-
-def test_race_finder_sees_descriptor_accesses(race2):
-    assert race2.run(B.desc_peer, False, timeout=120) == [1.0, 2.0]
-    with pytest.raises(DitronRankError) as info:
-        race2.run(B.desc_peer, True, timeout=120)
-    assert "data race on symmetric tensor 'tma_buf'" in info.value.traceback_text
 
 
 def test_compile_accepts_every_backend_option():

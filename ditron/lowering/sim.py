@@ -450,6 +450,7 @@ def _ld(ctx, ptr, scope, semantic):
 @register("st", BACKEND)
 def _st(ctx, ptr, value, scope, semantic):
     from ..sim import memory as M
+    _thread_copies(ctx, ptr, "dl.st")        # every thread stores the same scalar: once is the same
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
     addrs = _heap_ptrs(ctx, ptr).reshape(-1)
@@ -475,9 +476,24 @@ def _progress():
         world.transport.control.progress()
 
 
+def _thread_copies(ctx, ptr, primitive):
+    """How many threads of the program perform a per-thread primitive (inline asm on a GPU, which no
+    thread predicate guards): in a thread-dependent region, the simulated thread (a tile is refused: which
+    elements a thread holds depends on the layout); outside one, a scalar is performed by every thread."""
+    block = ptr.type.is_block()
+    if _compat.simt_thread() is not None:
+        if block:
+            raise ctx.error(f"{primitive} on a tile inside a branch or loop on dl.tid()/dl.laneid(): on a GPU each "
+                            "thread acts on the elements its layout gives it, which the simulator cannot know; "
+                            "use scalar pointers there (one per thread)", arg="ptr")
+        return 1
+    return 1 if block else _threads_per_program()
+
+
 @register("atomic_add", BACKEND)
 def _atomic_add(ctx, ptr, value, scope, semantic):
     I = _compat.interpreter_runtime()
+    copies = _thread_copies(ctx, ptr, "dl.atomic_add")
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
     addrs = _heap_ptrs(ctx, ptr).reshape(-1)
@@ -485,6 +501,8 @@ def _atomic_add(ctx, ptr, value, scope, semantic):
     op = I.RMW_OP.FADD if tt.is_floating() else I.RMW_OP.ADD
     race().rmw("pre", addrs, semantic, scope == "sys")
     old = I.atomic_rmw(op, addrs, vals, np.ones(addrs.shape, dtype=bool), I.MEM_SEMANTIC.ACQUIRE_RELEASE)
+    for _ in range(copies - 1):          # the other threads' additions (thread 0's old value is returned)
+        I.atomic_rmw(op, addrs, vals, np.ones(addrs.shape, dtype=bool), I.MEM_SEMANTIC.ACQUIRE_RELEASE)
     race().rmw("post", addrs, semantic, scope == "sys")
     _progress()
     return _like(ptr, old.reshape(_data(ptr).shape), tt)
@@ -493,6 +511,7 @@ def _atomic_add(ctx, ptr, value, scope, semantic):
 @register("atomic_cas", BACKEND)
 def _atomic_cas(ctx, ptr, cmp, value, scope, semantic):
     from ..sim import memory as M
+    copies = _thread_copies(ctx, ptr, "dl.atomic_cas")
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
     shape = _data(ptr).shape
@@ -502,6 +521,9 @@ def _atomic_cas(ctx, ptr, cmp, value, scope, semantic):
     race().rmw("pre", addrs, semantic, scope == "sys")
     old = np.stack([M.atomic_cas(a, ci, vi, npd)[0] for a, ci, vi in zip(addrs, c, v)]) if addrs.size else \
         np.zeros(0, dtype=npd)
+    for _ in range(copies - 1):          # the other threads' attempts (thread 0's result is returned)
+        for a, ci, vi in zip(addrs, c, v):
+            M.atomic_cas(a, ci, vi, npd)
     race().rmw("post", addrs, semantic, scope == "sys")
     _progress()
     return _like(ptr, old.reshape(shape), tt)
