@@ -120,6 +120,14 @@ def fp8_kernel(x_ptr, e4_ptr, e5_ptr, back_ptr, n, BLOCK: tl.constexpr):
     tl.store(back_ptr + offs, a.to(tl.float32), mask=m)
 
 
+@ditron.jit
+def fp8_dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr):
+    r = tl.arange(0, M)
+    a = tl.load(a_ptr + r[:, None] * M + r[None, :])
+    b = tl.load(b_ptr + r[:, None] * M + r[None, :])
+    tl.store(c_ptr + r[:, None] * M + r[None, :], tl.dot(a, b))
+
+
 def fp8_values():
     g = torch.Generator().manual_seed(5)
     x = torch.randn(2000, generator=g) * torch.logspace(-9, 4, 2000)
@@ -149,6 +157,12 @@ def fp8_convert(world):
     f4, f5 = e4s.float(), e5s.float()
     assert f4[:2].tolist() == [448.0, -448.0] and f4[2].isnan() and f4[3] == 448.0, f4
     assert f5[:2].tolist() == [57344.0, -57344.0] and f5[2].isnan() and f5[3] == 57344.0, f5
+    g = torch.Generator().manual_seed(11)
+    a, b = (torch.randn(16, 16, generator=g) * 4).to(torch.float8_e4m3fn), torch.randn(16, 16, generator=g).to(
+        torch.float8_e5m2)
+    c = torch.empty(16, 16)
+    fp8_dot_kernel[(1,)](a, b, c, M=16)                # fp8 operands of tl.dot: exact products, fp32 sums
+    torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-6, atol=1e-5)
     return n
 
 

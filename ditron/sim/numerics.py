@@ -18,7 +18,7 @@ interpreter's builder, once per process:
 * fp32/fp16/bf16 -> fp8e4nv (e4m3fn) and fp8e5 (e5m2) round to nearest even
   and saturate as Triton's sm_90 lowering (``cvt.rn.satfinite.*``): values
   beyond the largest finite number (infinities too) become it, NaN stays NaN.
-  fp8 -> wider types are exact (torch's float8 tables).
+  fp8 -> wider types, and fp8 operands of ``tl.dot``, are exact (torch's float8 tables).
 * ``libdevice`` functions (``tl.extra.cuda.libdevice``,
   ``tl.extra.libdevice``, ``tl.extra.hip.libdevice``) run NumPy's function in
   the argument's precision; a function without a NumPy counterpart is refused
@@ -241,6 +241,17 @@ def _install_fp8(IB, TensorHandle, interp):
         return _orig(self, src, dst_type)
 
     IB.create_fp_to_fp, IB.cast_impl = create_fp_to_fp, cast_impl
+    orig_dot = IB.create_dot
+
+    def create_dot(self, a, b, d, *args, _orig=orig_dot):
+        # fp8 operands: exact fp32 values (the interpreter multiplies raw codes (3.6) or goes through its fp16
+        # conversion (3.9), which maps e4m3fn's NaN to a number)
+        if _is_fp8(a.dtype.scalar) or _is_fp8(b.dtype.scalar):
+            a = TensorHandle(to_f32(a), tl.float32) if _is_fp8(a.dtype.scalar) else a
+            b = TensorHandle(to_f32(b), tl.float32) if _is_fp8(b.dtype.scalar) else b
+        return _orig(self, a, b, d, *args)
+
+    IB.create_dot = create_dot
 
 
 # ---------------------------------------------------------------------------
