@@ -44,14 +44,35 @@ def thread_barrier(world, rounds=1):
 
 
 @ditron.jit
-def wait_in_thread_branch_kernel(flag_ptr):
-    if dl.tid(0) < 2:
-        dl.wait(flag_ptr, 1, "sys", "acquire", waitValue=0)
+def refused_kernel(flag_ptr, WHICH: tl.constexpr):
+    t = dl.tid(0)
+    if WHICH == "wait":
+        if t < 2:
+            dl.wait(flag_ptr, 1, "sys", "acquire", waitValue=0)
+    elif WHICH == "ballot":
+        if t < 32:
+            dl.ballot_sync(-1, t > 3)
+    elif WHICH == "tl_atomic":
+        if t < 2:
+            tl.atomic_add(flag_ptr, 1)
+    elif WHICH == "tile_store":
+        if t < 2:
+            tl.store(flag_ptr + tl.arange(0, 2), tl.zeros((2,), tl.int32))
 
 
-def wait_in_thread_branch(world):
-    flag = ditron.symm_zeros((1,), torch.int32)
-    wait_in_thread_branch_kernel[(1,)](flag)
+@ditron.jit
+def per_thread_load_kernel(flag_ptr):
+    t = dl.tid(0)
+    v = tl.load(flag_ptr + t)              # each GPU thread has its own v: not modelled outside a branch
+    tl.store(flag_ptr, v)
+
+
+def refused(world, which):
+    flag = ditron.symm_zeros((256,), torch.int32)
+    if which == "per_thread_load":
+        per_thread_load_kernel[(1,)](flag)
+    else:
+        refused_kernel[(1,)](flag, WHICH=which)
 
 
 # ---------------------------------------------------------------------------

@@ -19,11 +19,17 @@ def test_thread_i_signals_and_waits_for_peer_i(dist_world, n):
     assert dist_world(n).run(B.thread_barrier) == [([1] * n, [64, n, 64])] * n
 
 
-def test_barrier_primitive_in_a_thread_branch_is_refused(dist_world):
+@pytest.mark.parametrize("which,message", [
+    ("wait", "dl.wait inside a branch or loop on dl.tid()"),
+    ("ballot", "dl.ballot_sync inside a branch or loop on dl.tid()"),
+    ("tl_atomic", "tl.atomic_* inside a branch or loop on dl.tid()"),
+    ("tile_store", "tl.store of a 2-element tile inside a branch or loop on dl.tid()"),
+    ("per_thread_load", "gives each GPU thread its own value from load()"),
+])
+def test_thread_code_the_simulator_cannot_model_is_refused(dist_world, which, message):
     with pytest.raises(DitronRankError) as info:
-        dist_world(2).run(B.wait_in_thread_branch)
-    text = str(info.value) + info.value.traceback_text
-    assert "dl.wait inside a branch or loop on dl.tid()" in text and "bar.sync" in text
+        dist_world(1).run(B.refused, which)
+    assert message in str(info.value) + info.value.traceback_text
 
 
 def test_bf16_elementwise_arithmetic_matches_torch_bitwise(dist_world):

@@ -160,6 +160,14 @@ def _fence(ctx, semantic, scope):
     return None
 
 
+def _warp_collective(ctx, primitive):
+    if _compat.simt_thread() is not None:
+        raise ctx.error(f"{primitive} inside a branch or loop on dl.tid()/dl.laneid(): a warp vote/shuffle needs "
+                        "every lane's value at once, and the simulator runs the threads of such a region one "
+                        "after another; call it on a tile outside the branch (the elements of a 1-D tile are the "
+                        "lanes of a warp)")
+
+
 def _lanes(ctx, value):
     v = ctx.tensor(value)
     data = _data(v)
@@ -171,6 +179,7 @@ def _lanes(ctx, value):
 
 @register("ballot_sync", BACKEND)
 def _ballot_sync(ctx, mask, pred):
+    _warp_collective(ctx, "dl.ballot_sync")
     _, data = _lanes(ctx, pred)
     bits = 0
     for i, p in enumerate(data.reshape(-1)[:32]):
@@ -182,6 +191,7 @@ def _ballot_sync(ctx, mask, pred):
 
 def _shfl(kind):
     def rule(ctx, mask, value, lane):
+        _warp_collective(ctx, "dl.shfl_" + ("" if kind == "idx" else kind + "_") + "sync")
         v, data = _lanes(ctx, value)
         n = data.size
         if not v.type.is_block():
