@@ -35,7 +35,7 @@ def thread_barrier_kernel(flag_ptr, out_ptr, round_):
 def thread_barrier(world, rounds=1):
     n = world.world_size
     flag = ditron.symm_zeros((n,), torch.int32, name="flags")
-    out = torch.zeros(3, dtype=torch.int32)
+    out = torch.zeros(3, dtype=torch.int32, device=world.device)
     ditron.barrier_all()
     for r in range(1, rounds + 1):
         thread_barrier_kernel[(1,)](flag, out, r, num_warps=2)
@@ -103,9 +103,11 @@ def bf16_arith(world):
     x, y, z = [(torch.randn(n, generator=g) * 8).bfloat16() for _ in range(3)]
     y[y == 0] = 1
     f = torch.randn(n, generator=g) * 3
-    o = torch.empty(11 * n, dtype=torch.bfloat16)
-    r = torch.empty(3, dtype=torch.bfloat16)
-    bf16_kernel[(1,)](x, y, z, f, o, r, n, BLOCK=1024)
+    dev = world.device
+    o = torch.empty(11 * n, dtype=torch.bfloat16, device=dev)
+    r = torch.empty(3, dtype=torch.bfloat16, device=dev)
+    bf16_kernel[(1,)](x.to(dev), y.to(dev), z.to(dev), f.to(dev), o, r, n, BLOCK=1024)
+    o, r = o.cpu(), r.cpu()
     X, Y, Z = x.float(), y.float(), z.float()
     want = [x + y, x - y, x * y, x / y, (X.double() * Y.double() + Z.double()).float().bfloat16(),
             torch.where(x < y, x, y), torch.maximum(x, y), torch.minimum(x, y), -x, (X + f).bfloat16(),
@@ -123,9 +125,11 @@ def bf16_arith(world):
     # reductions: max/min exact; the sum of small integers is exact in any order
     assert r[1].item() == x.max().item() and r[2].item() == x.min().item(), (r.tolist(), x.max(), x.min())
     ints = torch.arange(-20, 20, dtype=torch.bfloat16)
-    r2 = torch.empty(3, dtype=torch.bfloat16)
-    bf16_kernel[(1,)](ints, ints + 1, ints, ints.float(), torch.empty(11 * 40, dtype=torch.bfloat16), r2, 40,
-                      BLOCK=64)
+    r2 = torch.empty(3, dtype=torch.bfloat16, device=dev)
+    ints = ints.to(dev)
+    bf16_kernel[(1,)](ints, ints + 1, ints, ints.float(), torch.empty(11 * 40, dtype=torch.bfloat16, device=dev), r2,
+                      40, BLOCK=64)
+    ints, r2 = ints.cpu(), r2.cpu()
     assert r2[0].item() == ints.float().sum().item(), (r2.tolist(), ints.float().sum())
     return n
 
@@ -161,10 +165,12 @@ def fp8_values():
 def fp8_convert(world):
     x = fp8_values()
     n = x.numel()
-    e4 = torch.empty(n, dtype=torch.float8_e4m3fn)
-    e5 = torch.empty(n, dtype=torch.float8_e5m2)
-    back = torch.empty(n)
-    fp8_kernel[(triton.cdiv(n, 1024),)](x, e4, e5, back, n, BLOCK=1024)
+    dev = world.device
+    e4 = torch.empty(n, dtype=torch.float8_e4m3fn, device=dev)
+    e5 = torch.empty(n, dtype=torch.float8_e5m2, device=dev)
+    back = torch.empty(n, device=dev)
+    fp8_kernel[(triton.cdiv(n, 1024),)](x.to(dev), e4, e5, back, n, BLOCK=1024)
+    e4, e5, back = e4.cpu(), e5.cpu(), back.cpu()
     # torch rounds to nearest even like cvt.rn; sm_90's .satfinite clamps beyond the largest finite value
     for got, tdt, top in ((e4, torch.float8_e4m3fn, 448.0), (e5, torch.float8_e5m2, 57344.0)):
         want = x.clamp(-top, top).to(tdt)
@@ -173,17 +179,17 @@ def fp8_convert(world):
                                   f"{got[diff[:3]].float().tolist()}, torch {want[diff[:3]].float().tolist()}"
     assert torch.equal(back, e4.float())
     special = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e6])
-    e4s, e5s, bs = torch.empty(4, dtype=torch.float8_e4m3fn), torch.empty(4, dtype=torch.float8_e5m2), torch.empty(4)
-    fp8_kernel[(1,)](special, e4s, e5s, bs, 4, BLOCK=4)
-    f4, f5 = e4s.float(), e5s.float()
+    e4s, e5s = torch.empty(4, dtype=torch.float8_e4m3fn, device=dev), torch.empty(4, dtype=torch.float8_e5m2, device=dev)
+    fp8_kernel[(1,)](special.to(dev), e4s, e5s, torch.empty(4, device=dev), 4, BLOCK=4)
+    f4, f5 = e4s.float().cpu(), e5s.float().cpu()
     assert f4[:2].tolist() == [448.0, -448.0] and f4[2].isnan() and f4[3] == 448.0, f4
     assert f5[:2].tolist() == [57344.0, -57344.0] and f5[2].isnan() and f5[3] == 57344.0, f5
     g = torch.Generator().manual_seed(11)
     a, b = (torch.randn(16, 16, generator=g) * 4).to(torch.float8_e4m3fn), torch.randn(16, 16, generator=g).to(
         torch.float8_e5m2)
-    c = torch.empty(16, 16)
-    fp8_dot_kernel[(1,)](a, b, c, M=16)                # fp8 operands of tl.dot: exact products, fp32 sums
-    torch.testing.assert_close(c, a.float() @ b.float(), rtol=1e-6, atol=1e-5)
+    c = torch.empty(16, 16, device=dev)
+    fp8_dot_kernel[(1,)](a.to(dev), b.to(dev), c, M=16)   # fp8 operands of tl.dot: exact products, fp32 sums
+    torch.testing.assert_close(c.cpu(), a.float() @ b.float(), rtol=1e-6, atol=1e-5)
     return n
 
 
@@ -203,8 +209,9 @@ def libdevice_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
 def libdevice_math(world):
     x = torch.linspace(-3, 3, 100)
     n = x.numel()
-    o = torch.empty(6 * n)
-    libdevice_kernel[(1,)](x, o, n, BLOCK=128)
+    o = torch.empty(6 * n, device=world.device)
+    libdevice_kernel[(1,)](x.to(world.device), o, n, BLOCK=128)
+    o = o.cpu()
     want = torch.cat([x.exp(), x.abs().log1p(), x.tanh(), x.abs() ** 1.5, torch.erf(x), (x.abs() + 1).rsqrt()])
     torch.testing.assert_close(o, want, rtol=2e-6, atol=1e-6)
     return n
@@ -227,16 +234,16 @@ def desc_kernel(x_ptr, o_ptr, sig_ptr, M, N, BM: tl.constexpr, BN: tl.constexpr)
 
 
 def descriptors(world, M=37, N=52):
+    dev = world.device
+    if world.backend != "sim":          # in-kernel descriptors need Triton's global scratch allocator on GPUs
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=dev))
     x = torch.randn(M, N)
-    o = torch.full((M + 1, N + 4), -5.0)              # a border the clipped stores must not touch
-    inner = o[:M, :N]
-    sig = torch.zeros(1, dtype=torch.int32)
-    # the descriptor's rows are N apart: write into a contiguous (M, N) view of o's storage
-    flat = torch.full((M * N + 64,), -5.0)
-    desc_kernel[(triton.cdiv(M, 16), triton.cdiv(N, 32))](x, flat, sig, M, N, BM=16, BN=32)
+    sig = torch.zeros(1, dtype=torch.int32, device=dev)
+    flat = torch.full((M * N + 64,), -5.0, device=dev)        # 64 elements past the tensor: clipped stores skip them
+    desc_kernel[(triton.cdiv(M, 16), triton.cdiv(N, 32))](x.to(dev), flat, sig, M, N, BM=16, BN=32)
+    flat = flat.cpu()
     assert torch.equal(flat[:M * N].view(M, N), x * 2 + 1)
     assert torch.all(flat[M * N:] == -5.0), "a clipped descriptor store wrote past the tensor"
-    del inner
     return M * N
 
 
