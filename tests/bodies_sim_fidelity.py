@@ -7,6 +7,7 @@ from triton.language.extra.cuda import libdevice
 
 import ditron
 import ditron.language as dl
+from ditron.language import shmem
 
 
 # ---------------------------------------------------------------------------
@@ -14,7 +15,7 @@ import ditron.language as dl
 # ---------------------------------------------------------------------------
 
 @ditron.jit
-def thread_barrier_kernel(flag_ptr, out_ptr, round_):
+def thread_barrier_kernel(flag_ptr, out_ptr, sig_ptr, round_):
     rank = dl.rank()
     n = dl.num_ranks()
     thread_idx = dl.tid(axis=0)
@@ -30,17 +31,21 @@ def thread_barrier_kernel(flag_ptr, out_ptr, round_):
     if thread_idx < n:
         dl.atomic_add(out_ptr + 1, 1)                 # per thread: n additions
     dl.atomic_add(out_ptr + 2, 1)                     # a scalar outside the branch: every thread adds
+    shmem.signal_op(sig_ptr, 1, shmem.NVSHMEM_SIGNAL_ADD, rank)        # thread-level: every thread adds
+    if thread_idx == 0:
+        shmem.signal_op(sig_ptr, 100, shmem.NVSHMEM_SIGNAL_ADD, rank)  # thread 0 only
 
 
 def thread_barrier(world, rounds=1):
     n = world.world_size
     flag = ditron.symm_zeros((n,), torch.int32, name="flags")
+    sig = ditron.symm_zeros((1,), torch.int64, name="sig")
     out = torch.zeros(3, dtype=torch.int32, device=world.device)
     ditron.barrier_all()
     for r in range(1, rounds + 1):
-        thread_barrier_kernel[(1,)](flag, out, r, num_warps=2)
+        thread_barrier_kernel[(1,)](flag, out, sig, r, num_warps=2)
     ditron.barrier_all()
-    return flag.tolist(), out.tolist()
+    return flag.tolist(), out.tolist(), sig.item()
 
 
 @ditron.jit
@@ -55,6 +60,9 @@ def refused_kernel(flag_ptr, WHICH: tl.constexpr):
     elif WHICH == "tl_atomic":
         if t < 2:
             tl.atomic_add(flag_ptr, 1)
+    elif WHICH == "putmem_block":
+        if t < 2:
+            shmem.putmem_block(flag_ptr, flag_ptr + 8, 4, 0)
     elif WHICH == "tile_store":
         if t < 2:
             tl.store(flag_ptr + tl.arange(0, 2), tl.zeros((2,), tl.int32))

@@ -17,14 +17,15 @@ sim_only = pytest.mark.skipif(os.environ.get("DITRON_TEST_BACKEND", "sim") != "s
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_thread_i_signals_and_waits_for_peer_i(dist_world, n):
     # num_warps=2: 64 threads; threads 0..n-1 each signal and wait for one peer; one scalar store by thread 0;
-    # a scalar dl.atomic_add outside the branch runs in all 64 threads
-    assert dist_world(n).run(B.thread_barrier) == [([1] * n, [64, n, 64])] * n
+    # a scalar dl.atomic_add and a thread-level shmem.signal_op outside the branch run in all 64 threads
+    assert dist_world(n).run(B.thread_barrier) == [([1] * n, [64, n, 64], 64 + 100)] * n
 
 
 @pytest.mark.parametrize("which,message", [
     ("wait", "dl.wait inside a branch or loop on dl.tid()"),
     ("ballot", "dl.ballot_sync inside a branch or loop on dl.tid()"),
     ("tl_atomic", "tl.atomic_* inside a branch or loop on dl.tid()"),
+    ("putmem_block", "shmem.putmem_block inside a branch or loop on dl.tid()"),
     ("tile_store", "tl.store of a 2-element tile inside a branch or loop on dl.tid()"),
     ("per_thread_load", "gives each GPU thread its own value from load()"),
 ])

@@ -7,8 +7,9 @@ import ctypes
 import numpy as np
 import triton.language as tl
 
+from .. import _compat
 from . import register
-from .sim_base import (BACKEND, _MC_TAG, _check_rank, _data, _elem_ty, _int, _launch, _like, _own_offsets, _program,
+from .sim_base import (_threads_per_program, BACKEND, _MC_TAG, _check_rank, _data, _elem_ty, _int, _launch, _like, _own_offsets, _program,
                        _scalar, _signal_dtype, _signal_update, _spin_values, _translate, _world, access,
                        not_in_thread_region, race, where)
 
@@ -76,8 +77,23 @@ def _copy(ctx, tr, dst_addr, src_addr, nbytes):
     tr.control.progress()
 
 
+def _callers(ctx, coop, primitive):
+    """How many times a GPU performs a ``shmem.*`` call of cooperation level ``coop``: a thread-level call
+    runs in every thread that reaches it (all threads of the program outside a thread-dependent region;
+    the simulated thread inside one), a warp-level call once per warp, a block-level call once.  Warp- and
+    block-level calls inside a region are refused: they need every thread of the warp / block."""
+    if _compat.simt_thread() is not None:
+        if coop in ("warp", "block"):
+            raise ctx.error(f"{primitive}_{coop} inside a branch or loop on dl.tid()/dl.laneid(): a {coop}-"
+                            f"cooperative call needs every thread of the {coop}, which threads that skip the branch "
+                            "never provide (the GPU hangs); call it outside the branch, or the thread variant inside")
+        return 1
+    return {"thread": _threads_per_program(), "warp": max(1, _threads_per_program() // 32)}.get(coop, 1)
+
+
 @register("shmem.putmem", BACKEND)
 def _putmem(ctx, dst, src, nbytes, pe, nbi, coop):
+    _callers(ctx, coop, "shmem.putmem")        # every caller copies the same bytes: once is the same
     world, tr = _world(ctx)
     n = _int(nbytes)
     remote = _translate(ctx, tr, world, _ptr0(ctx, dst, "dst"), _int(pe), "dst", local=False, nbytes=n)
@@ -87,6 +103,7 @@ def _putmem(ctx, dst, src, nbytes, pe, nbi, coop):
 
 @register("shmem.getmem", BACKEND)
 def _getmem(ctx, dst, src, nbytes, pe, nbi, coop):
+    _callers(ctx, coop, "shmem.getmem")
     world, tr = _world(ctx)
     n = _int(nbytes)
     remote = _translate(ctx, tr, world, _ptr0(ctx, src, "src"), _int(pe), "src", local=False, nbytes=n)
@@ -96,6 +113,7 @@ def _getmem(ctx, dst, src, nbytes, pe, nbi, coop):
 
 @register("shmem.putmem_signal", BACKEND)
 def _putmem_signal(ctx, dst, src, nbytes, sig_addr, signal, pe, nbi, coop, sig_op):
+    callers = _callers(ctx, coop, "shmem.putmem_signal")
     world, tr = _world(ctx)
     n, r = _int(nbytes), _int(pe)
     dtype = _signal_dtype(ctx, _elem_ty(sig_addr), "sig_addr", need64=True)
@@ -103,18 +121,21 @@ def _putmem_signal(ctx, dst, src, nbytes, sig_addr, signal, pe, nbi, coop, sig_o
     sig = _translate(ctx, tr, world, _ptr0(ctx, sig_addr, "sig_addr"), r, "sig_addr", local=False, nbytes=8)
     _copy(ctx, tr, remote[0], _ptr0(ctx, src, "src")[0], n)
     race().signal_release(sig, True)        # the signal is delivered after the data
-    _signal_update(tr, sig, _int(signal), sig_op, dtype)
+    for _ in range(callers if sig_op == "add" else 1):    # every caller adds; a set is the same once
+        _signal_update(tr, sig, _int(signal), sig_op, dtype)
     return None
 
 
 @register("shmem.signal_op", BACKEND)
 def _signal_op(ctx, sig_addr, signal, pe, sig_op):
+    callers = _callers(ctx, "thread", "shmem.signal_op")
     world, tr = _world(ctx)
     dtype = _signal_dtype(ctx, _elem_ty(sig_addr), "sig_addr", need64=True)
     sig = _translate(ctx, tr, world, _ptr0(ctx, sig_addr, "sig_addr"), _int(pe), "sig_addr", local=False,
                      nbytes=8)
     race().signal_release(sig, True)
-    _signal_update(tr, sig, _int(signal), sig_op, dtype)
+    for _ in range(callers if sig_op == "add" else 1):        # thread-level: every calling thread adds
+        _signal_update(tr, sig, _int(signal), sig_op, dtype)
     return None
 
 
