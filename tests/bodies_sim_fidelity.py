@@ -124,7 +124,10 @@ def bf16_arith(world):
     bad = []
     for i, (w, name) in enumerate(zip(want, names)):
         got = o[i * n:(i + 1) * n]
-        diff = (got.view(torch.int16) != w.view(torch.int16)).nonzero().flatten()
+        # NVIDIA's `/` is div.full.f32 (within 2 ulp of fp32 division) before cvt.rn.bf16: the GPU's bf16 quotient
+        # may be one bf16 ulp off; the simulator divides exactly, so it is checked bitwise
+        ulps = 1 if (name == "div" and world.backend != "sim") else 0
+        diff = ((got.view(torch.int16).int() - w.view(torch.int16).int()).abs() > ulps).nonzero().flatten()
         if diff.numel():
             j = diff[0].item()
             bad.append(f"{name}: {diff.numel()} differ, first at {j}: x={x[j].item()} y={y[j].item()} "
