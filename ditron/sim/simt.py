@@ -125,6 +125,11 @@ class _Rewriter:
                 self._refuse(s, f"`{ast.unparse(s).strip()}` gives each GPU thread its own value from "
                                 f"{impure[0]}() outside a branch on dl.tid()/dl.laneid(); compute it inside the "
                                 "branch (`if thread_idx < n: ...`) where the simulator runs each thread")
+            if isinstance(s, ast.AugAssign):
+                self._refuse(s, f"`{ast.unparse(s).strip()}` updates a variable with a per-thread value outside a "
+                                "branch on dl.tid()/dl.laneid(); the simulator replays thread-dependent assignments "
+                                "per thread, which an update cannot be: assign it (`x = x0 + tid`) or move it into "
+                                "the branch")
             self.replay.append(s)
             return s
         if isinstance(s, ast.Expr) and a.depends(s.value):
