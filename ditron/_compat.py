@@ -152,6 +152,21 @@ def gpu_target(backend: str, arch, warp_size: int):
     return GPUTarget(backend, arch, warp_size)
 
 
+def backend_option_names(backend: str):
+    """Names of the options Triton's ``backend`` (``"cuda"`` / ``"hip"``)
+    accepts: the fields of its ``CUDAOptions`` / ``HIPOptions`` dataclass
+    (read from the installed Triton, so new options work without a ditron
+    change).  ``extern_libs`` is ditron's to set."""
+    import dataclasses
+    if backend == "cuda":
+        from triton.backends.nvidia.compiler import CUDAOptions as opts
+    elif backend == "hip":
+        from triton.backends.amd.compiler import HIPOptions as opts
+    else:
+        return ()
+    return tuple(f.name for f in dataclasses.fields(opts) if f.name not in ("extern_libs", "backend_name"))
+
+
 def ast_source(fn, signature, constexprs, attrs):
     return triton.compiler.ASTSource(fn, signature=signature, constexprs=constexprs, attrs=attrs)
 
@@ -360,6 +375,41 @@ def _install_rne_casts():
     _CAST_PATCHED = True
 
 
+_SIMT = threading.local()
+
+
+def simt_thread():
+    """The simulated GPU thread running a thread-dependent region in this
+    program (``ditron.sim.simt``), or None outside such a region."""
+    return getattr(_SIMT, "t", None)
+
+
+def set_simt_thread(t):
+    _SIMT.t = t
+
+
+def _simt_store_check(value):
+    """In a thread-dependent region: a scalar store is performed by thread 0
+    only (Triton predicates scalar stores to thread 0); False = skip it."""
+    t = simt_thread()
+    if t is None:
+        return True
+    if value.data.size > 1:
+        raise RuntimeError(f"tl.store of a {value.data.size}-element tile inside a branch or loop on "
+                           "dl.tid()/dl.laneid(): on a GPU each thread stores only the elements its layout gives it, "
+                           "which the simulator cannot know; store scalars (thread 0 stores) or use dl.st "
+                           "(every thread stores)")
+    return t == 0
+
+
+def _simt_atomic_check():
+    if simt_thread() is not None:
+        raise RuntimeError("tl.atomic_* inside a branch or loop on dl.tid()/dl.laneid(): Triton performs a scalar "
+                           "atomic in thread 0 and broadcasts its result through shared memory behind a barrier, "
+                           "which a thread-dependent branch breaks; use dl.atomic_add / dl.atomic_cas (every "
+                           "thread that reaches them performs them)")
+
+
 class _AccessHooks:
     """Callbacks of the simulator on the interpreter's memory operations.
 
@@ -381,31 +431,47 @@ def _install_access_hooks():
     global _ACCESS_PATCHED
     if _ACCESS_PATCHED:
         return
+    import numpy as np
     from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
     H = ACCESS_HOOKS
     orig_load, orig_store = InterpreterBuilder.create_masked_load, InterpreterBuilder.create_masked_store
     orig_rmw, orig_cas = InterpreterBuilder.create_atomic_rmw, InterpreterBuilder.create_atomic_cas
 
-    # the cache arguments differ by version (3.6: cache_modifier, eviction_policy; 3.9: cache_policy), so they
-    # pass through untouched; is_volatile is the last argument in both
-    def create_masked_load(self, ptrs, mask, other, *cache_and_volatile):
-        ret = orig_load(self, ptrs, mask, other, *cache_and_volatile)
-        is_volatile = bool(cache_and_volatile[-1]) if cache_and_volatile else False
+    # the cache arguments differ by version (3.6: cache_modifier, eviction_policy; 3.9: cache_policy) and
+    # callers pass them by position or by keyword (tensor descriptors: cache_policy=..., is_volatile=...), so
+    # they pass through untouched; is_volatile is the last parameter in both
+    def as_handle(mask):
+        # Triton 3.6's tensor descriptors pass the mask as a bare NumPy array
+        if isinstance(mask, np.ndarray):
+            return TensorHandle(mask.astype(bool), tl.int1)
+        return mask
+
+    def create_masked_load(self, ptrs, mask, other, *cache_and_volatile, **kw):
+        mask = as_handle(mask)
+        ret = orig_load(self, ptrs, mask, other, *cache_and_volatile, **kw)
+        if "is_volatile" in kw:
+            is_volatile = bool(kw["is_volatile"])
+        else:
+            is_volatile = bool(cache_and_volatile[-1]) if cache_and_volatile else False
         if H.load is not None and (is_volatile or H.plain):
             data = H.load(ptrs.data, mask.data, ret.data, is_volatile)
             if data is not None:
                 ret = TensorHandle(data, ret.dtype)
         return ret
 
-    def create_masked_store(self, ptrs, value, mask, *cache):
+    def create_masked_store(self, ptrs, value, mask, *cache, **kw):
+        mask = as_handle(mask)
         if mask is not None and mask.data.dtype != bool:
             # Triton 3.9's native store takes only bool masks (3.6's accepted an i1 tile held as integers)
             mask = TensorHandle(mask.data.astype(bool), mask.dtype)
+        if _SIMT.__dict__.get("t") is not None and not _simt_store_check(value):
+            return None
         if H.plain and H.store is not None:
             H.store(ptrs.data, mask.data, value.data)
-        return orig_store(self, ptrs, value, mask, *cache)
+        return orig_store(self, ptrs, value, mask, *cache, **kw)
 
     def create_atomic_rmw(self, rmwOp, ptr, val, mask, sem, scope):
+        _simt_atomic_check()
         if not (H.plain and H.atomic is not None):
             return orig_rmw(self, rmwOp, ptr, val, mask, sem, scope)
         H.atomic("pre", ptr.data, mask.data, str(sem), str(scope))
@@ -414,6 +480,7 @@ def _install_access_hooks():
         return ret
 
     def create_atomic_cas(self, ptr, cmp, val, sem, scope):
+        _simt_atomic_check()
         if not (H.plain and H.atomic is not None):
             return orig_cas(self, ptr, cmp, val, sem, scope)
         H.atomic("pre", ptr.data, None, str(sem), str(scope))
@@ -455,6 +522,22 @@ def _install_numpy_safe_index():
     _SAFE_INDEX_INSTALLED = True
 
 
+_LIBDEVICE_MODULES = ("triton.language.extra.libdevice", "triton.language.extra.cuda.libdevice",
+                      "triton.language.extra.hip.libdevice")
+
+
+def _patch_libdevice(_interp, scope):
+    """Triton's interpreter hands its semantic layer only to the builtins of
+    ``triton.language``; give it to the (already imported) libdevice modules
+    too, so that ``libdevice.exp(x)`` reaches the builder's
+    ``create_extern_elementwise`` (which the simulator implements)."""
+    import sys
+    for name in _LIBDEVICE_MODULES:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            _interp._patch_builtin(mod, _interp.interpreter_builder, scope)
+
+
 @contextlib.contextmanager
 def interpreter_launch(grid):
     """Patch ``triton.language`` for the interpreter (as Triton's own
@@ -473,6 +556,7 @@ def interpreter_launch(grid):
     holder = _Scope()
     holder.__globals__ = {"tl": tl, "core": _core}
     scope = _interp._patch_lang(holder)
+    _patch_libdevice(_interp, scope)
     builder = _interp.interpreter_builder
     builder.set_grid_dim(*grid)
     try:

@@ -18,8 +18,6 @@ from .ir import Module, recording
 from .jit import compile_with_libraries
 from .target import Target, parse_target
 
-_OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "debug", "maxnreg", "launch_cooperative_grid")
-
 
 @dataclass
 class CompiledKernel:
@@ -85,16 +83,20 @@ def compile(kernel, target="sm_90a", signature=None, constexprs=None, attrs=None
     constexpr parameters.  ``aligned`` (default True) tells the compiler that
     pointer arguments are 16-byte aligned, as they are for tensors from torch;
     ``attrs`` overrides per-argument attributes.  Other keywords are backend
-    options (``num_warps``, ``num_stages``, ...).
+    options: every field of the installed Triton's ``CUDAOptions`` / ``HIPOptions`` (``num_warps``,
+    ``num_stages``, ``maxnreg``, ``matrix_instr_nonkdim``, ``waves_per_eu``, ...); others are an error
+    that lists the valid ones.
     """
     fn = _as_jit_function(kernel)
     tgt = parse_target(target)
     if tgt.backend == "sim":
         raise DitronCompileError("the 'sim' target has no binary: run the kernel under `ditron sim` instead",
                                  target="sim")
-    unknown = set(options) - set(_OPTION_NAMES)
+    known = _compat.backend_option_names(tgt.backend)
+    unknown = set(options) - set(known)
     if unknown:
-        raise DitronCompileError(f"unknown compile option(s) {sorted(unknown)}; known: {list(_OPTION_NAMES)}")
+        raise DitronCompileError(f"unknown compile option(s) {sorted(unknown)} for {tgt.name} (Triton's "
+                                 f"{tgt.backend} backend); valid options: {sorted(known)}", target=tgt.name)
     sig, cexprs = normalize_signature(fn, signature, constexprs)
     if attrs is None:
         attrs = {}

@@ -57,7 +57,7 @@ def test_thread_helpers_tile_at_a_time(dist):
         assert out[32] == sum(1 << i for i in range(1, 32, 2)) - (1 << 32)   # int32 bit pattern
         assert out[33:65] == [i ^ 1 for i in range(32)]
         assert out[65] == 4                                 # ffs(40) = bit 3 -> 4
-        assert out[66] == 1100
+        assert out[66] == 128 * 100 + 4 * 1000             # outside a tid branch: thread 0 of 4 warps
         assert out[67] == 0 and cnt[1] == 5
         assert out[68] == 9 and cnt[0] == 32
 

@@ -95,3 +95,12 @@ def test_zoo_runs_clean_under_the_race_finder(race_cluster, op):
     module, name, args, *kw = ZOO[op]
     body = getattr(importlib.import_module(module), name)
     race_cluster.run(body, *args, **(kw[0] if kw else {}), timeout=600)
+
+
+def test_race_finder_sees_tensor_descriptor_accesses(race_cluster):
+    # TMA stores into the peer's copy and loads of one's own, without a signal (tests/bodies_sim_fidelity.py)
+    import bodies_sim_fidelity as F
+    assert race_cluster.run(F.desc_peer, False, timeout=120) == [1.0, 2.0, 3.0]
+    with pytest.raises(DitronRankError) as info:
+        race_cluster.run(F.desc_peer, True, timeout=120)
+    assert "data race on symmetric tensor 'tma_buf'" in info.value.traceback_text

@@ -63,7 +63,7 @@ def test_simt_region_is_refused_by_the_simulator(dist_world):
     d = dist_world(2)
     if d.backend != "sim":
         pytest.skip("the refusal is the simulator's; GPUs run the region")
-    with pytest.raises(ditron.DitronError, match="simt_exec_region: per-thread .* not modelled"):
+    with pytest.raises(ditron.DitronError, match="simt_exec_region: a SIMT region is not modelled by the simulator"):
         d.run(B.simt_region_on_sim)
 
 

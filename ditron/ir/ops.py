@@ -211,6 +211,9 @@ def type_text(v) -> str:
 
 
 def _type_str(t) -> str:
+    if not hasattr(t, "is_block"):          # a tensor descriptor (tl.make_tensor_descriptor / TensorDescriptor)
+        block = getattr(t, "block_type", None)
+        return f"!tt.tensordesc<{_type_str(block)}>" if block is not None else str(t)
     if t.is_block():
         shape = "x".join(str(int(_unwrap(d))) for d in t.shape)
         return f"tensor<{shape}x{_type_str(t.element_ty)}>"

@@ -218,10 +218,9 @@ def _store_words(ptr, vals, suffix, scope, semantic, sem, gen):
     for i, v in enumerate(vals):
         pi = p.__add__(i, _semantic=sem) if i else p
         v = tl.cast(v, ty, _semantic=sem)
-        if semantic:
-            _dl.st(pi, v, scope or "gpu", semantic, _semantic=sem, _generator=gen)
-        else:
-            tl.store(pi, v, _semantic=sem)
+        # every calling thread stores (as st.global.v4 does): a scalar tl.store would be done by thread 0 alone
+        # (Triton predicates scalar stores to one thread), losing the other threads' words in SIMT-style code
+        _dl.st(pi, v, scope or "gpu", semantic or "relaxed", _semantic=sem, _generator=gen)
 
 
 @builtin

@@ -41,11 +41,20 @@ def symm_at(ctx, lib, ptr, rank):
     return _compat.add(sem, ptr, _compat.mul(sem, delta, elems))
 
 
+def is_tensor_descriptor(value):
+    """``value`` is a tensor descriptor (``tl.make_tensor_descriptor`` or a host ``TensorDescriptor`` argument)."""
+    return isinstance(_compat.unwrap(value), getattr(tl.core, "tensor_descriptor_base", ()))
+
+
 def consume_token(ctx, value, token):
     """``value`` with a data dependency on ``token`` (which is 0 at run time
     but opaque to the compiler).  Pointers get ``token * 128`` elements added,
     which keeps their alignment for the vectoriser."""
     sem = ctx.sem
+    if is_tensor_descriptor(value):
+        # a descriptor value cannot carry an arithmetic dependency on stock Triton: it is passed through, and
+        # its loads are ordered after the wait by the wait itself (a barrier and a memory-clobbering asm)
+        return value
     value = ctx.tensor(value)
     tok = _compat.cast(sem, ctx.tensor(token), tl.int32)
     t = value.type.element_ty if value.type.is_block() else value.type

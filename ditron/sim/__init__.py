@@ -10,6 +10,11 @@
   polling loops
 * :mod:`ditron.sim.events` -- the interface between the executor and its
   observers (access, race), below all three
+* :mod:`ditron.sim.simt` -- code on ``dl.tid()``/``dl.laneid()`` runs once per
+  simulated thread (an AST rewrite), or is refused
+* :mod:`ditron.sim.numerics` -- bf16 / fp8 / libdevice arithmetic as GPUs
+  compute it (patches of the interpreter's builder)
 * :mod:`ditron.runtime.sim` -- the transport (shared-memory heaps, control
-  block, watchdog); :mod:`ditron.lowering.sim` -- the op semantics
+  block, watchdog); :mod:`ditron.lowering.sim` (with ``sim_thread``,
+  ``sim_shmem``, ``sim_base``) -- the op semantics
 """

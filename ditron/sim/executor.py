@@ -98,6 +98,9 @@ def _params(fn, arg_names):
 def _install_hooks():
     """Route the interpreter's volatile loads (polling) -- and, for the race
     finder, every load, store and atomic -- to the simulator."""
+    from . import numerics, simt
+    numerics.install()        # bf16 / fp8 / libdevice arithmetic as GPUs compute it
+    simt.install()            # branches on dl.tid() run once per simulated thread
     H = _compat.ACCESS_HOOKS
     if H.load is None:
         access = provided("access")     # the observers provide themselves (see ditron.sim.events)
@@ -112,6 +115,7 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
     """Run ``fn`` (the interpreter-rewritten kernel body) over ``grid``."""
     _install_hooks()
     params, constexprs = _params(fn, arg_names)
+    num_warps = kwargs.get("num_warps", 4) if "num_warps" not in params else 4
     kwargs = {k: v for k, v in kwargs.items() if k in params}
     try:
         bound = inspect.getcallargs(fn, *args, **kwargs)
@@ -127,6 +131,7 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
         raise DitronError(f"kernel {name}: negative grid {grid}")
     converted = {k: v if k in constexprs else _compat.interpreter_convert_arg(v) for k, v in bound.items()}
     launch = Launch(name, transport)
+    launch.num_warps = int(num_warps)        # threads of a program: num_warps * 32 (ditron.sim.simt)
     for k, v in bound.items():
         if hasattr(v, "data_ptr") and hasattr(v, "untyped_storage"):
             launch.tensor_args.append((k, v.data_ptr(), v.numel() * v.element_size()))
@@ -191,6 +196,7 @@ class SimKernel(_compat.interpreted_function_class()):
             return None
         from ..runtime.world import current_world
         world = current_world(required=False)
+        _install_hooks()          # before the rewrite: thread-dependent regions are an AST rewrite
         fn = self.rewrite()
         name = self.fn.__name__
         if world is None:

@@ -1,0 +1,192 @@
+"""Helpers of the simulator lowering (:mod:`ditron.lowering.sim`): values of the interpreter, the
+simulated world, address translation between the ranks' heaps, spinning on signal words, the
+simulator modules' hooks."""
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import triton.language as tl
+
+from .. import _compat
+from . import provided
+
+BACKEND = "sim"
+_MC_TAG = np.uint64(1 << 62)          # marks multicast addresses
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TRITON = os.path.dirname(os.path.abspath(tl.__file__)).rsplit(os.sep, 1)[0]
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+def _world(ctx):
+    world = provided("world")
+    if world is None or world.backend != "sim":
+        raise ctx.error("needs a simulated ditron world: call ditron.init() (the script runs under "
+                        "`ditron sim -n N` or with TRITON_INTERPRET=1)")
+    return world, world.transport
+
+
+def _data(x):
+    x = _compat.unwrap(x)
+    if hasattr(x, "handle"):
+        return np.asarray(x.handle.data)
+    return np.asarray([x])
+
+
+def _int(x) -> int:
+    return int(_data(x).reshape(-1)[0])
+
+
+def _elem_ty(ptr):
+    t = ptr.type.element_ty if ptr.type.is_block() else ptr.type
+    return t.element_ty
+
+
+def _elem_bytes(tt) -> int:
+    return 8 if tt.is_ptr() else max(1, tt.primitive_bitwidth // 8)
+
+
+def _scalar(value, tt):
+    return _compat.interpreter_value(np.array([value], dtype=_compat.interpreter_np_dtype(tt)), tt)
+
+
+def _like(ptr_or_value, data, tt=None):
+    """A value shaped like ``ptr_or_value`` holding ``data`` (of dtype ``tt``)."""
+    ty = ptr_or_value.type
+    if tt is not None:
+        ty = ty.with_element_ty(tt) if ty.is_block() else tt
+    return _compat.interpreter_value(data, ty)
+
+
+def where() -> str:
+    """file:line in the kernel (the first frame outside ditron and Triton)."""
+    f = sys._getframe(1)
+    while f is not None:
+        fn = os.path.abspath(f.f_code.co_filename)
+        if not fn.startswith(_HERE) and not fn.startswith(_TRITON):
+            return f"{os.path.basename(fn)}:{f.f_lineno}"
+        f = f.f_back
+    return "?"
+
+
+def _program():
+    return provided("program")
+
+
+class _Off:
+    """Stand-in for a simulator module that is not loaded: its hooks do nothing."""
+
+    def __getattr__(self, name):
+        return _nothing
+
+
+def _nothing(*args, **kwargs):
+    return None
+
+
+_OFF = _Off()
+
+
+def race():
+    """The race finder's hooks (:mod:`ditron.sim.race`, which provides itself)."""
+    return provided("race") or _OFF
+
+
+def access():
+    """Polling-loop hooks (:mod:`ditron.sim.access`)."""
+    return provided("access") or _OFF
+
+
+def _launch():
+    return provided("launch")
+
+
+def _check_rank(ctx, world, rank, arg, local):
+    if not 0 <= rank < world.world_size:
+        raise ctx.error(f"rank {rank} is not in [0, {world.world_size})", arg=arg)
+    if local and rank // world.local_world_size != world.node:
+        raise ctx.error(f"rank {rank} is on node {rank // world.local_world_size}, not on this node "
+                        f"({world.node}): peer memory is reachable by load/store only inside a node (use "
+                        "shmem.putmem*/getmem* or comm_scope='inter_node' across nodes)", arg=arg)
+
+
+def _own_offsets(ctx, tr, addrs, arg, nbytes=1):
+    """Heap offsets of ``addrs`` in this rank's heap; raises when the pointer
+    is not in the symmetric heap."""
+    base = tr.heap_base(tr.rank)
+    off = addrs.astype(np.int64) - np.int64(base)
+    first = int(off.reshape(-1)[0]) if off.size else 0
+    lo = int(off.min()) if off.size else 0
+    if off.size and (lo < 0 or first + nbytes > tr.heap_size or first >= tr.heap_size):
+        launch = _launch()
+        hint = launch.describe_arg(int(addrs.reshape(-1)[0])) if launch is not None else None
+        what = f"{hint}, which is not symmetric" if hint else tr.describe_addr(int(addrs.reshape(-1)[0]))
+        raise ctx.error(f"the pointer is not in this rank's symmetric heap ({what}); allocate the tensor with "
+                        "ditron.symm_empty / ditron.symm_zeros", arg=arg)
+    return off
+
+
+def _translate(ctx, tr, world, ptr_data, rank, arg, *, local=True, nbytes=1):
+    _check_rank(ctx, world, rank, "rank" if arg != "pe" else "pe", local)
+    off = _own_offsets(ctx, tr, ptr_data, arg, nbytes)
+    return (np.int64(tr.heap_base(rank)) + off).astype(np.uint64)
+
+
+def _spin_values(ctx, tr, addrs, dtype, ok, expected_text, primitive):
+    from ..sim import memory as M
+    launch = _launch()
+    prog = _program()
+    loc = where()
+    world_rank = tr.rank
+
+    def check():
+        vals = M.atomic_load(addrs, dtype)
+        return bool(ok(vals)), vals
+
+    def describe(vals):
+        bad = [i for i, v in enumerate(vals) if not ok(np.asarray([v]))]
+        i = bad[0] if bad else 0
+        return {"rank": world_rank, "program": prog, "primitive": primitive, "where": loc,
+                "signal": tr.describe_addr(int(addrs[i])) + (f" (word {i} of {len(addrs)})" if len(addrs) > 1 else ""),
+                "expected": expected_text, "observed": int(vals[i])}
+
+    return tr.spin(check, describe, launch)
+
+
+def _signal_dtype(ctx, tt, arg, need64=False):
+    if not tt.is_int() or tt.primitive_bitwidth not in (32, 64):
+        raise ctx.error(f"signal words must be int32/uint32 or int64/uint64, not {tt}", arg=arg)
+    if need64 and tt.primitive_bitwidth != 64:
+        raise ctx.error("OpenSHMEM signal words are 64-bit: use int64/uint64", arg=arg)
+    return np.int64 if tt.primitive_bitwidth == 64 else np.int32
+
+
+def _signal_update(tr, addr, value, sig_op, dtype):
+    from ..sim import memory as M
+    access().end_poll()
+    if sig_op == "set":
+        M.atomic_xchg(addr, value, dtype)
+    else:
+        M.atomic_add(addr, value, dtype)
+    tr.control.progress()
+
+
+
+def _threads_per_program():
+    launch = _launch()
+    return int(getattr(launch, "num_warps", 4) or 4) * 32
+
+
+def not_in_thread_region(ctx, primitive):
+    """Primitives with a CTA barrier (bar.sync) cannot run in a thread-dependent branch: refuse."""
+    if _compat.simt_thread() is not None:
+        raise ctx.error(f"{primitive} inside a branch or loop on dl.tid()/dl.laneid(): on a GPU it synchronises "
+                        "all threads of the program (bar.sync), which threads that skip the branch never reach "
+                        "(the GPU hangs); call it outside the thread-dependent branch, or use dl.ld / dl.st / "
+                        "dl.atomic_* per thread")
+
+

@@ -1,0 +1,264 @@
+"""Simulator rules of the thread-level primitives: thread ids (per simulated thread inside the
+thread-dependent regions of :mod:`ditron.sim.simt`), ``ld``/``st``/``atomic_*`` with memory semantics,
+fences, warp votes and shuffles (the elements of a 1-D tile are the lanes), clocks, prefetches."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import triton.language as tl
+
+from .. import _compat
+from . import provided, register
+from .sim_base import (BACKEND, _data, _elem_ty, _int, _launch, _like, _scalar, _threads_per_program, access,
+                       not_in_thread_region, race)
+
+
+# ---------------------------------------------------------------------------
+# thread level
+# ---------------------------------------------------------------------------
+
+@register("tid", BACKEND)
+def _tid(ctx, axis):
+    """The simulated thread of a thread-dependent region (ditron.sim.simt); 0 outside one (what the GPU's
+    thread 0 -- the thread that performs scalar stores -- computes).  Programs are 1-D: axes 1 and 2 are 0."""
+    t = _compat.simt_thread()
+    return _scalar(t if (t is not None and axis == 0) else 0, tl.int32)
+
+
+@register("laneid", BACKEND)
+def _laneid(ctx):
+    t = _compat.simt_thread()
+    return _scalar(0 if t is None else t % 32, tl.int32)
+
+
+@register("num_threads", BACKEND)
+def _num_threads(ctx):
+    return _scalar(_threads_per_program(), tl.int32)
+
+
+@register("simt_region", BACKEND)
+def _simt_region(ctx):
+    raise ctx.error("dl.simt_exec_region: a SIMT region is not modelled by the simulator yet (per-thread code is "
+                    "modelled for branches on dl.tid() / dl.laneid(); see docs/simulator.md). Write the region's "
+                    "body as `if dl.tid() < n:` code, or with tiles (tl.arange over the items), or run it on a GPU")
+
+
+@register("num_warps", BACKEND)
+def _num_warps(ctx):
+    return _scalar(_threads_per_program() // 32, tl.int32)
+
+
+def _heap_ptrs(ctx, ptr):
+    return _data(ptr).astype(np.uint64)
+
+
+@register("ld", BACKEND)
+def _ld(ctx, ptr, scope, semantic):
+    from ..sim import memory as M
+    tt = _elem_ty(ptr)
+    npd = _compat.interpreter_np_dtype(tt)
+    addrs = _heap_ptrs(ctx, ptr)
+    if tt.is_int() and tt.primitive_bitwidth in (32, 64):
+        vals = M.atomic_load(addrs.reshape(-1), npd)
+        if semantic == "acquire":
+            race().signal_acquire(addrs, scope == "sys")
+        else:
+            race().signal_relaxed_read(addrs)
+    else:
+        vals = M.load(addrs.reshape(-1), npd)
+        stale = race().plain_access("read", addrs, None, vals) if semantic != "volatile" else None
+        vals = vals if stale is None else stale
+    access().polled(addrs, None, vals, "dl.ld")
+    return _like(ptr, vals.reshape(addrs.shape), tt)
+
+
+@register("st", BACKEND)
+def _st(ctx, ptr, value, scope, semantic):
+    from ..sim import memory as M
+    _thread_copies(ctx, ptr, "dl.st")        # every thread stores the same scalar: once is the same
+    tt = _elem_ty(ptr)
+    npd = _compat.interpreter_np_dtype(tt)
+    addrs = _heap_ptrs(ctx, ptr).reshape(-1)
+    vals = np.broadcast_to(_data(ctx.tensor(value)).astype(npd), _data(ptr).shape).reshape(-1)
+    if tt.is_int() and tt.primitive_bitwidth in (32, 64):
+        if semantic == "release":
+            race().signal_release(addrs, scope == "sys")
+        else:
+            race().signal_relaxed_write(addrs)
+        M.atomic_xchg(addrs, vals, npd)
+    else:
+        if semantic != "volatile":
+            race().plain_access("write", addrs, None, vals)
+        M.store(addrs, vals, npd)
+    _progress()
+    return None
+
+
+def _progress():
+    access().end_poll()
+    world = provided("world")
+    if world is not None and world.backend == "sim":
+        world.transport.control.progress()
+
+
+def _thread_copies(ctx, ptr, primitive):
+    """How many threads of the program perform a per-thread primitive (inline asm on a GPU, which no
+    thread predicate guards): in a thread-dependent region, the simulated thread (a tile is refused: which
+    elements a thread holds depends on the layout); outside one, a scalar is performed by every thread."""
+    block = ptr.type.is_block()
+    if _compat.simt_thread() is not None:
+        if block:
+            raise ctx.error(f"{primitive} on a tile inside a branch or loop on dl.tid()/dl.laneid(): on a GPU each "
+                            "thread acts on the elements its layout gives it, which the simulator cannot know; "
+                            "use scalar pointers there (one per thread)", arg="ptr")
+        return 1
+    return 1 if block else _threads_per_program()
+
+
+@register("atomic_add", BACKEND)
+def _atomic_add(ctx, ptr, value, scope, semantic):
+    I = _compat.interpreter_runtime()
+    copies = _thread_copies(ctx, ptr, "dl.atomic_add")
+    tt = _elem_ty(ptr)
+    npd = _compat.interpreter_np_dtype(tt)
+    addrs = _heap_ptrs(ctx, ptr).reshape(-1)
+    vals = np.broadcast_to(_data(ctx.tensor(value)).astype(npd), _data(ptr).shape).reshape(-1).copy()
+    op = I.RMW_OP.FADD if tt.is_floating() else I.RMW_OP.ADD
+    race().rmw("pre", addrs, semantic, scope == "sys")
+    old = I.atomic_rmw(op, addrs, vals, np.ones(addrs.shape, dtype=bool), I.MEM_SEMANTIC.ACQUIRE_RELEASE)
+    for _ in range(copies - 1):          # the other threads' additions (thread 0's old value is returned)
+        I.atomic_rmw(op, addrs, vals, np.ones(addrs.shape, dtype=bool), I.MEM_SEMANTIC.ACQUIRE_RELEASE)
+    race().rmw("post", addrs, semantic, scope == "sys")
+    _progress()
+    return _like(ptr, old.reshape(_data(ptr).shape), tt)
+
+
+@register("atomic_cas", BACKEND)
+def _atomic_cas(ctx, ptr, cmp, value, scope, semantic):
+    from ..sim import memory as M
+    copies = _thread_copies(ctx, ptr, "dl.atomic_cas")
+    tt = _elem_ty(ptr)
+    npd = _compat.interpreter_np_dtype(tt)
+    shape = _data(ptr).shape
+    addrs = _heap_ptrs(ctx, ptr).reshape(-1)
+    c = np.broadcast_to(_data(ctx.tensor(cmp)).astype(npd), shape).reshape(-1)
+    v = np.broadcast_to(_data(ctx.tensor(value)).astype(npd), shape).reshape(-1)
+    race().rmw("pre", addrs, semantic, scope == "sys")
+    old = np.stack([M.atomic_cas(a, ci, vi, npd)[0] for a, ci, vi in zip(addrs, c, v)]) if addrs.size else \
+        np.zeros(0, dtype=npd)
+    for _ in range(copies - 1):          # the other threads' attempts (thread 0's result is returned)
+        for a, ci, vi in zip(addrs, c, v):
+            M.atomic_cas(a, ci, vi, npd)
+    race().rmw("post", addrs, semantic, scope == "sys")
+    _progress()
+    return _like(ptr, old.reshape(shape), tt)
+
+
+@register("syncthreads", BACKEND)
+def _syncthreads(ctx):
+    not_in_thread_region(ctx, "dl.syncthreads")
+    return None
+
+
+@register("fence", BACKEND)
+def _fence(ctx, semantic, scope):
+    race().fence(semantic, scope == "sys")
+    return None
+
+
+def _warp_collective(ctx, primitive):
+    if _compat.simt_thread() is not None:
+        raise ctx.error(f"{primitive} inside a branch or loop on dl.tid()/dl.laneid(): a warp vote/shuffle needs "
+                        "every lane's value at once, and the simulator runs the threads of such a region one "
+                        "after another; call it on a tile outside the branch (the elements of a 1-D tile are the "
+                        "lanes of a warp)")
+
+
+def _lanes(ctx, value):
+    v = ctx.tensor(value)
+    data = _data(v)
+    if data.ndim > 1:
+        raise ctx.error("the simulator treats the elements of a 1-D tile as lanes; got a "
+                        f"{data.ndim}-D tile", arg="value")
+    return v, data
+
+
+@register("ballot_sync", BACKEND)
+def _ballot_sync(ctx, mask, pred):
+    _warp_collective(ctx, "dl.ballot_sync")
+    _, data = _lanes(ctx, pred)
+    bits = 0
+    for i, p in enumerate(data.reshape(-1)[:32]):
+        if p:
+            bits |= 1 << i
+    m = _int(mask) & 0xFFFFFFFF
+    return _scalar(np.array([bits & m], dtype=np.uint32).view(np.int32)[0], tl.int32)
+
+
+def _shfl(kind):
+    def rule(ctx, mask, value, lane):
+        _warp_collective(ctx, "dl.shfl_" + ("" if kind == "idx" else kind + "_") + "sync")
+        v, data = _lanes(ctx, value)
+        n = data.size
+        if not v.type.is_block():
+            return v
+        idx = np.arange(n)
+        k = _data(ctx.tensor(lane)).astype(np.int64)
+        k = np.broadcast_to(k, (n,)) if k.size in (1, n) else k[:n]
+        if kind == "idx":
+            src = k % n
+        elif kind == "up":
+            src = np.where(idx - k >= 0, idx - k, idx)
+        elif kind == "down":
+            src = np.where(idx + k < n, idx + k, idx)
+        else:
+            x = idx ^ k
+            src = np.where(x < n, x, idx)
+        return _like(v, data[src])
+    return rule
+
+
+register("shfl_sync", BACKEND)(_shfl("idx"))
+register("shfl_up_sync", BACKEND)(_shfl("up"))
+register("shfl_down_sync", BACKEND)(_shfl("down"))
+register("shfl_xor_sync", BACKEND)(_shfl("xor"))
+
+
+@register("clock_ns", BACKEND)
+def _clock_ns(ctx):
+    return _scalar(time.monotonic_ns(), tl.int64)
+
+
+@register("poll_timeout", BACKEND)
+def _poll_timeout(ctx, start, ptr, expected, observed, pending):
+    """Nothing: the simulator's watchdog reports a program that only polls
+    (see ditron.sim.access.polled)."""
+    return None
+
+
+@register("prefetch_l2", BACKEND)
+def _prefetch_l2(ctx, ptr, mask):
+    """No effect; every unmasked address must lie in a tensor argument of the launch."""
+    launch = _launch()
+    if launch is None:
+        return None
+    addrs = _data(ptr).astype(np.uint64).reshape(-1)
+    m = np.broadcast_to(_data(mask).astype(bool), _data(ptr).shape).reshape(-1) if hasattr(mask, "type") else \
+        np.full(addrs.shape, bool(mask))
+    for a in np.unique(addrs[m]):
+        if launch.describe_arg(int(a)) is None:
+            raise ctx.error(f"dl.prefetch_l2: address {int(a):#x} is outside every tensor argument of the launch "
+                            "(mask the elements past the tensor's end)", arg="ptr")
+    return None
+
+
+@register("ffs", BACKEND)
+def _ffs(ctx, x):
+    v = ctx.tensor(x)
+    data = _data(v).astype(np.int64) & ((1 << v.dtype.primitive_bitwidth) - 1)
+    low = data & -data
+    out = np.where(data == 0, 0, np.floor(np.log2(np.where(low == 0, 1, low))).astype(np.int64) + 1)
+    return _like(v, out.astype(np.int32), tl.int32)
+
+
