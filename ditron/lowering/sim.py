@@ -381,6 +381,7 @@ def _release_tile(ctx, slot_ptr, epoch):
     world, tr = _world(ctx)
     _slot_word(ctx, slot_ptr, "slot_ptr")
     addr = np.asarray([_int(slot_ptr)], dtype=np.uint64)
+    access().tile_released(int(addr[0]))           # megakernel access check of the tile this ends
     race().signal_release(addr, False)
     _signal_update(tr, addr, _int(epoch), "set", np.int32)
     return None

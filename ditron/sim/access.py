@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import _compat
 from ..lowering import provide
-from . import race
+from . import race, taskcheck
 from .executor import current_launch, current_program
 
 
@@ -60,6 +60,16 @@ def end_poll():
             launch.transport.poll_end(launch)
 
 
+def plain_hooks() -> bool:
+    """Whether plain loads and stores must reach the hooks (race finder, megakernel access check)."""
+    return race.enabled() or taskcheck.active()
+
+
+def _where():
+    from ..lowering.sim import where
+    return where()
+
+
 def interp_load(ptrs, mask, data, volatile):
     """Hook on the interpreter's loads (``_compat.ACCESS_HOOKS``)."""
     if volatile:
@@ -67,12 +77,20 @@ def interp_load(ptrs, mask, data, volatile):
             race.signal_relaxed_read(ptrs, mask)      # a relaxed read of a flag (race finder)
         polled(ptrs, mask, data, "tl.load(volatile=True)")
         return None
+    taskcheck.record("read", ptrs, mask, np.asarray(data).dtype.itemsize, _where)
     return race.plain_access("read", ptrs, mask, data)
 
 
 def interp_store(ptrs, mask, data):
     end_poll()
+    taskcheck.record("write", ptrs, mask, np.asarray(data).dtype.itemsize, _where)
     race.plain_access("write", ptrs, mask, data)
+
+
+def tile_released(slot_addr):
+    """``dl.release_tile``: the megakernel access check of the tile it ends."""
+    launch = current_launch()
+    taskcheck.released(slot_addr, current_program(), launch.transport.rank if launch and launch.transport else 0)
 
 
 def interp_atomic(phase, ptrs, mask, sem, scope):

@@ -114,7 +114,7 @@ def _install_hooks():
     H = _compat.ACCESS_HOOKS
     if H.load is None:
         H.load, H.store, H.atomic = access.interp_load, access.interp_store, access.interp_atomic
-    H.plain = race.enabled()
+    H.plain = access.plain_hooks()
 
 
 def execute(name, fn, arg_names, grid, args, kwargs, transport=None):

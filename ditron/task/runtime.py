@@ -227,12 +227,24 @@ class Megakernel:
             self.counter.zero_()
         self.steps += 1
         try:
-            self.kernel[(self.num_programs,)](*self._args, num_warps=self.num_warps)
+            with self._access_check():
+                self.kernel[(self.num_programs,)](*self._args, num_warps=self.num_warps)
         except DitronHangError as e:
             raise DitronHangError(f"megakernel '{self.graph.name}' (step {self.steps}) stopped; blocked waits:",
                                   [self._explain(dict(entry)) for entry in e.report]) from e
 
     __call__ = step
+
+    def _access_check(self):
+        """On the simulator: every load and store of the tiles is checked against the tasks' reads, writes and
+        Deps (:mod:`ditron.sim.taskcheck`); on GPUs nothing."""
+        import contextlib
+        if _on_gpu(self.device):
+            return contextlib.nullcontext()
+        from ..runtime.world import current_world
+        from ..sim import taskcheck
+        world = current_world(required=False)
+        return taskcheck.checking(self, world.heap.contains if world is not None else (lambda t: False))
 
     # -- tracing ---------------------------------------------------------------------------
     def trace(self):

@@ -1,0 +1,69 @@
+"""Test bodies (run on every simulated rank) for user mistakes that must be
+errors naming the mistake, not silent wrong results (issue 25)."""
+import torch
+import triton
+import triton.language as tl
+
+import ditron
+import ditron.task as dtask
+
+
+@triton.jit
+def square_tile(tile, x, out, n, BLOCK: tl.constexpr):
+    offs = tile * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(x + offs, mask=m)
+    tl.store(out + offs, v * v, mask=m)
+
+
+@triton.jit
+def square_tile_and_spill(tile, x, out, spill, n, BLOCK: tl.constexpr):
+    """Also writes ``spill`` (which the task may forget to declare)."""
+    offs = tile * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(x + offs, mask=m)
+    tl.store(out + offs, v * v, mask=m)
+    tl.store(spill + offs, v, mask=m)
+
+
+def megakernel_mistake(world, mistake, scheduler="round_robin"):
+    """Ordinary (non-symmetric) tensors; ``mistake``: None (correct graph), "narrow" (b's tiles read two of
+    a's tiles, the Dep covers one), "undeclared_write" (a also writes ``spill`` without writes=),
+    "undeclared_read" (b reads t without reads=), "war" (c overwrites what b reads without a Dep on b)."""
+    n = 30                                          # not a multiple of the tiles
+    g = torch.Generator().manual_seed(7 + world.rank)
+    x = torch.randn(n, generator=g)
+    t, u, spill = torch.zeros(n), torch.zeros(n), torch.zeros(n)
+    gr = dtask.TaskGraph("mistake")
+    a_fn = square_tile_and_spill if mistake == "undeclared_write" else square_tile
+    a_args = {"x": x, "out": t, "n": n, "BLOCK": 8}
+    if mistake == "undeclared_write":
+        a_args["spill"] = spill
+    a = gr.register_task(a_fn, name="a", num_tiles=4, args=a_args, reads=("x",), writes=("out",))
+    hi = 1 if mistake == "narrow" else 2
+    b = gr.register_task(square_tile, name="b", num_tiles=2, args={"x": t, "out": u, "n": n, "BLOCK": 16},
+                         reads=() if mistake == "undeclared_read" else ("x",), writes=("out",),
+                         deps=[dtask.Dep(a, lambda i: (2 * i, min(4, 2 * i + hi)))])
+    if mistake == "war":
+        # c overwrites t, which b reads; its Dep on b is an empty range: the graph's (per-task) hazard check
+        # passes, but no tile of b is ordered before the tile of c that overwrites its input
+        gr.register_task(square_tile, name="c", num_tiles=4, args={"x": x, "out": t, "n": n, "BLOCK": 8},
+                         reads=("x",), writes=("out",), deps=[dtask.Dep(a, "same"), dtask.Dep(b, lambda i: (0, 0))])
+    mk = gr.compile(scheduler=scheduler, num_programs=3)
+    mk.step()
+    torch.testing.assert_close(u, x ** 4)
+    return True
+
+
+def without_taskcheck(world, body, *args, **kwargs):
+    """Run ``body`` with the megakernel access check off (to see what the race finder alone reports)."""
+    import os
+    old = os.environ.get("DITRON_SIM_TASKCHECK")
+    os.environ["DITRON_SIM_TASKCHECK"] = "0"
+    try:
+        return body(world, *args, **kwargs)
+    finally:
+        if old is None:
+            del os.environ["DITRON_SIM_TASKCHECK"]
+        else:
+            os.environ["DITRON_SIM_TASKCHECK"] = old
