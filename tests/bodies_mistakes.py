@@ -67,3 +67,64 @@ def without_taskcheck(world, body, *args, **kwargs):
             del os.environ["DITRON_SIM_TASKCHECK"]
         else:
             os.environ["DITRON_SIM_TASKCHECK"] = old
+
+
+# ---------------------------------------------------------------------------
+# tensor bounds, not heap bounds (symm_at stores, gets, signals)
+# ---------------------------------------------------------------------------
+
+import ditron.language as dl  # noqa: E402
+from ditron.language import shmem  # noqa: E402
+
+
+@ditron.jit
+def push_kernel(x_ptr, dst_ptr, n, LIMIT, BLOCK: tl.constexpr):
+    """Push x (n elements) into the next rank's dst; lanes >= LIMIT are masked (LIMIT = n is right; a larger
+    LIMIT is the mistake: it stores past the end of dst)."""
+    offs = tl.arange(0, BLOCK)
+    peer = (dl.rank() + 1) % dl.num_ranks()
+    v = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(dl.symm_at(dst_ptr + offs, peer), v, mask=offs < LIMIT)
+
+
+def symm_store_past_end(world, limit_extra):
+    """dst (128 elements) is followed by another symmetric tensor: a store past dst's end must not land in it."""
+    n = 128
+    x = torch.arange(n, dtype=torch.float32)
+    dst = ditron.symm_zeros((n,), torch.float32, name="dst")
+    after = ditron.symm_zeros((64,), torch.float32, name="after")
+    ditron.barrier_all()
+    push_kernel[(1,)](x, dst, n, n + limit_extra, BLOCK=256)
+    ditron.barrier_all()
+    assert float(after.abs().sum()) == 0.0
+    torch.testing.assert_close(dst, x)
+    return True
+
+
+@ditron.jit
+def get_kernel(src_ptr, out_ptr, nbytes):
+    shmem.getmem_block(out_ptr, src_ptr, nbytes, (dl.rank() + 1) % dl.num_ranks())
+
+
+def get_too_much(world, extra_bytes):
+    n = 64
+    src = ditron.symm_zeros((n,), torch.float32, name="src")
+    out = torch.zeros(n + 64, dtype=torch.float32)
+    ditron.barrier_all()
+    get_kernel[(1,)](src, out, n * 4 + extra_bytes)
+    ditron.barrier_all()
+    return True
+
+
+@ditron.jit
+def signal_kernel(sig_ptr, index):
+    dl.notify(sig_ptr + index, (dl.rank() + 1) % dl.num_ranks(), signal=1, sig_op="set", comm_scope="intra_node")
+
+
+def signal_past_end(world, index):
+    sig = ditron.symm_zeros((4,), torch.int32, name="flags")
+    ditron.symm_zeros((4,), torch.int32, name="next_flags")
+    ditron.barrier_all()
+    signal_kernel[(1,)](sig, index)
+    ditron.barrier_all()
+    return True

@@ -32,3 +32,22 @@ def test_megakernel_access_check(dist_world):
     text = _fails(w, B.megakernel_mistake, "war")
     assert "write-after-read" in text or "read-after-write" in text
     assert "the Dep of 'c' on 'b' covers no tiles of 'b'" in text
+
+
+def test_remote_access_outside_its_tensor(dist_world):
+    """symm_at stores, gets and signals are checked against the symmetric tensor they point into (not only
+    the heap): the error names the tensor, the element and the rank; correct accesses run."""
+    w = dist_world(2)
+    assert w.run(B.symm_store_past_end, 0) == [True] * 2
+    text = _fails(w, B.symm_store_past_end, 36)
+    assert "out of bounds" in text and "symmetric tensor 'dst' (float32[128]" in text
+    assert "element 128, past its end (128 elements)" in text and "on rank " in text
+    assert "the address is in symmetric tensor 'after'" in text and "bodies_mistakes.py" in text
+    assert w.run(B.get_too_much, 0) == [True] * 2
+    text = _fails(w, B.get_too_much, 16)
+    assert "not symmetric" not in text
+    assert "272 bytes from element 0 of symmetric tensor 'src' (float32[64]" in text
+    assert "run 16 bytes past its end (64 elements, 256 bytes)" in text
+    assert w.run(B.signal_past_end, 3) == [True] * 2
+    text = _fails(w, B.signal_past_end, 4)
+    assert "symmetric tensor 'flags' (int32[4]" in text and "past its end" in text

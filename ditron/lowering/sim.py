@@ -141,13 +141,33 @@ def _check_rank(ctx, world, rank, arg, local):
                         "shmem.putmem*/getmem* or comm_scope='inter_node' across nodes)", arg=arg)
 
 
-def _own_offsets(ctx, tr, addrs, arg, nbytes=1):
+def _tensor_bounds(ctx, tr, first, nbytes, arg, rank):
+    """``nbytes`` bytes from heap offset ``first`` must lie in one live symmetric tensor (not merely in the heap:
+    a put past a tensor's end overwrites the peer's next tensor)."""
+    heap = tr.heap
+    alloc = heap.allocation_at(first)
+    on = f" of rank {rank}" if rank is not None else ""
+    if alloc is None:
+        raise ctx.error(f"the pointer{on} is in no live symmetric tensor: {heap.describe_gap(first)}", arg=arg)
+    end = alloc.offset + alloc.nbytes
+    if first + nbytes > end:
+        import torch
+        elem = torch.empty((), dtype=alloc.dtype).element_size()
+        raise ctx.error(f"{nbytes} bytes from element {(first - alloc.offset) // elem} of {alloc.label()}{on} run "
+                        f"{first + nbytes - end} bytes past its end ({alloc.nbytes // elem} elements, "
+                        f"{alloc.nbytes} bytes): the size is too large for the tensor", arg=arg)
+
+
+def _own_offsets(ctx, tr, addrs, arg, nbytes=1, rank=None):
     """Heap offsets of ``addrs`` in this rank's heap; raises when the pointer
-    is not in the symmetric heap."""
+    is not in the symmetric heap, and (``nbytes`` > 1: the exact extent of a
+    put, get or signal) when the extent leaves the symmetric tensor."""
     base = tr.heap_base(tr.rank)
     off = addrs.astype(np.int64) - np.int64(base)
     first = int(off.reshape(-1)[0]) if off.size else 0
     lo = int(off.min()) if off.size else 0
+    if off.size and 0 <= lo and first < tr.heap_size and nbytes > 1:
+        _tensor_bounds(ctx, tr, first, nbytes, arg, rank)
     if off.size and (lo < 0 or first + nbytes > tr.heap_size or first >= tr.heap_size):
         launch = _launch()
         hint = launch.describe_arg(int(addrs.reshape(-1)[0])) if launch is not None else None
@@ -159,7 +179,7 @@ def _own_offsets(ctx, tr, addrs, arg, nbytes=1):
 
 def _translate(ctx, tr, world, ptr_data, rank, arg, *, local=True, nbytes=1):
     _check_rank(ctx, world, rank, "rank" if arg != "pe" else "pe", local)
-    off = _own_offsets(ctx, tr, ptr_data, arg, nbytes)
+    off = _own_offsets(ctx, tr, ptr_data, arg, nbytes, rank)
     return (np.int64(tr.heap_base(rank)) + off).astype(np.uint64)
 
 
@@ -259,7 +279,9 @@ def _notify(ctx, ptr, rank, signal, sig_op, comm_scope):
     if comm_scope == "gpu" and r != world.rank:
         raise ctx.error(f"comm_scope='gpu' signals this rank only, but rank {r} was given (use 'intra_node')",
                         arg="comm_scope")
-    addr = _translate(ctx, tr, world, _data(ptr), r, "ptr", local=comm_scope != "inter_node")
+    data = _data(ptr)
+    addr = _translate(ctx, tr, world, data, r, "ptr", local=comm_scope != "inter_node",
+                      nbytes=_elem_bytes(tt) if data.size == 1 else 1)
     race().signal_release(addr, comm_scope != "gpu")        # st/red.release at the scope's level
     _signal_update(tr, addr, _int(signal), sig_op, dtype)
     return None
@@ -644,11 +666,20 @@ def _copy(ctx, tr, dst_addr, src_addr, nbytes):
     tr.control.progress()
 
 
+def _local_side(ctx, tr, addr, nbytes, arg):
+    """The local buffer of a put / get: when it is in this rank's symmetric heap, its extent must stay in
+    its tensor (an ordinary tensor's extent is not known here)."""
+    off = int(addr[0]) - tr.heap_base(tr.rank)
+    if nbytes > 0 and 0 <= off < tr.heap_size:
+        _tensor_bounds(ctx, tr, off, nbytes, arg, tr.rank)
+
+
 @register("shmem.putmem", BACKEND)
 def _putmem(ctx, dst, src, nbytes, pe, nbi, coop):
     world, tr = _world(ctx)
     n = _int(nbytes)
     remote = _translate(ctx, tr, world, _ptr0(ctx, dst, "dst"), _int(pe), "dst", local=False, nbytes=n)
+    _local_side(ctx, tr, _ptr0(ctx, src, "src"), n, "src")
     _copy(ctx, tr, remote[0], _ptr0(ctx, src, "src")[0], n)
     return None
 
@@ -658,6 +689,7 @@ def _getmem(ctx, dst, src, nbytes, pe, nbi, coop):
     world, tr = _world(ctx)
     n = _int(nbytes)
     remote = _translate(ctx, tr, world, _ptr0(ctx, src, "src"), _int(pe), "src", local=False, nbytes=n)
+    _local_side(ctx, tr, _ptr0(ctx, dst, "dst"), n, "dst")
     _copy(ctx, tr, _ptr0(ctx, dst, "dst")[0], remote[0], n)
     return None
 
@@ -669,6 +701,7 @@ def _putmem_signal(ctx, dst, src, nbytes, sig_addr, signal, pe, nbi, coop, sig_o
     dtype = _signal_dtype(ctx, _elem_ty(sig_addr), "sig_addr", need64=True)
     remote = _translate(ctx, tr, world, _ptr0(ctx, dst, "dst"), r, "dst", local=False, nbytes=n)
     sig = _translate(ctx, tr, world, _ptr0(ctx, sig_addr, "sig_addr"), r, "sig_addr", local=False, nbytes=8)
+    _local_side(ctx, tr, _ptr0(ctx, src, "src"), n, "src")
     _copy(ctx, tr, remote[0], _ptr0(ctx, src, "src")[0], n)
     race().signal_release(sig, True)        # the signal is delivered after the data
     _signal_update(tr, sig, _int(signal), sig_op, dtype)

@@ -181,6 +181,37 @@ class SymmetricHeap:
         span = (t.numel() and (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1)) * t.element_size()
         return self.contains_ptr(ptr, span)
 
+    def allocation_at(self, offset: int):
+        """The live :class:`Allocation` holding heap byte ``offset``, or None (alignment gap, unused heap)."""
+        import bisect
+        starts = [a.offset for a in self.allocations]
+        i = bisect.bisect_right(starts, offset) - 1
+        if i >= 0 and offset < self.allocations[i].offset + self.allocations[i].nbytes:
+            return self.allocations[i]
+        return None
+
+    def describe_gap(self, offset: int) -> str:
+        """Where heap byte ``offset`` (in no live allocation) is: past the end of which tensor."""
+        import torch
+        prev = [a for a in self.allocations if a.offset + a.nbytes <= offset]
+        if not prev:
+            return f"heap offset {offset}, before every live symmetric tensor"
+        a = prev[-1]
+        elem = torch.empty((), dtype=a.dtype).element_size()
+        return (f"heap offset {offset}, element {(offset - a.offset) // elem} of {a.label()}, past its end "
+                f"({a.nbytes // elem} elements)")
+
+    def bounds_tables(self):
+        """(starts, ends) of the live allocations as int64 arrays (cached until the allocations change)."""
+        import numpy as np
+        key = (len(self.allocations), self.top, self.allocations[-1].offset if self.allocations else -1)
+        cache = self.__dict__.get("_bounds")
+        if cache is None or cache[0] != key:
+            starts = np.array([a.offset for a in self.allocations], dtype=np.int64)
+            ends = np.array([a.offset + a.nbytes for a in self.allocations], dtype=np.int64)
+            cache = self._bounds = (key, starts, ends)
+        return cache[1], cache[2]
+
     def describe_offset(self, offset: int) -> str:
         """A symmetric tensor and element offset for a heap byte offset."""
         for a in reversed(self.allocations):

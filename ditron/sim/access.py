@@ -61,8 +61,9 @@ def end_poll():
 
 
 def plain_hooks() -> bool:
-    """Whether plain loads and stores must reach the hooks (race finder, megakernel access check)."""
-    return race.enabled() or taskcheck.active()
+    """Whether plain loads and stores reach the hooks: always on the simulator (tensor bounds of symmetric
+    accesses, the megakernel access check, the race finder)."""
+    return True
 
 
 def _where():
@@ -77,14 +78,78 @@ def interp_load(ptrs, mask, data, volatile):
             race.signal_relaxed_read(ptrs, mask)      # a relaxed read of a flag (race finder)
         polled(ptrs, mask, data, "tl.load(volatile=True)")
         return None
-    taskcheck.record("read", ptrs, mask, np.asarray(data).dtype.itemsize, _where)
+    itemsize = np.asarray(data).dtype.itemsize
+    heap_bounds(ptrs, mask, itemsize, "read")
+    taskcheck.record("read", ptrs, mask, itemsize, _where)
     return race.plain_access("read", ptrs, mask, data)
 
 
 def interp_store(ptrs, mask, data):
     end_poll()
-    taskcheck.record("write", ptrs, mask, np.asarray(data).dtype.itemsize, _where)
+    itemsize = np.asarray(data).dtype.itemsize
+    heap_bounds(ptrs, mask, itemsize, "write")
+    taskcheck.record("write", ptrs, mask, itemsize, _where)
     race.plain_access("write", ptrs, mask, data)
+
+
+def _elem_size(dtype):
+    import torch
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def heap_bounds(ptrs, mask, itemsize, kind):
+    """Tensor bounds, not heap bounds: a plain load / store (``tl.load`` / ``tl.store``, also through
+    ``dl.symm_at``) whose lanes in the symmetric heaps leave the symmetric tensor of its lowest lane (or fall
+    outside every live tensor) is an error naming the tensor, the element and the rank."""
+    launch = current_launch()
+    if launch is None or launch.transport is None:
+        return
+    tr = launch.transport
+    a = np.asarray(ptrs).reshape(-1)
+    if mask is not None:
+        a = a[np.asarray(mask).reshape(-1).astype(bool)]
+    if a.size == 0:
+        return
+    a = a.astype(np.int64)
+    lo = tr.heap_base(0)
+    hi = lo + tr.world_size * tr.heap_size
+    a = a[(a >= lo) & (a < hi)]
+    if a.size == 0:
+        return
+    starts, ends = tr.heap.bounds_tables()
+    rel = a - lo
+    off = rel % tr.heap_size
+    idx = np.searchsorted(starts, off, side="right") - 1
+    first = int(np.argmin(a))
+    home = int(idx[first])
+    ok = (idx == home) & (home >= 0)
+    if home >= 0:
+        ok &= off + itemsize <= ends[home]
+    if ok.all():
+        return
+    bad = int(np.flatnonzero(~ok)[0])
+    rank = int(rel[bad] // tr.heap_size)
+    verb = "stores to" if kind == "write" else "loads from"
+    from ..lowering.sim import where
+    prog = current_program()
+    who = f"rank {tr.rank}, program {prog}, at {where()}"
+    if home < 0:
+        raise _bounds_error(f"{who}: tl.{'store' if kind == 'write' else 'load'} {verb} rank "
+                            f"{int(rel[first] // tr.heap_size)}'s copy of the symmetric heap outside every live "
+                            f"symmetric tensor: {tr.heap.describe_gap(int(off[first]))}")
+    alloc = tr.heap.allocations[home]
+    elem = _elem_size(alloc.dtype)
+    el = (int(off[bad]) - alloc.offset) // elem
+    n = alloc.nbytes // elem
+    other = tr.heap.allocation_at(int(off[bad]))
+    into = f"; the address is in {other.label()}" if other is not None else ""
+    raise _bounds_error(f"{who}: tl.{'store' if kind == 'write' else 'load'} {verb} {alloc.label()} on rank {rank} "
+                        f"at element {el}, past its end ({n} elements){into}: mask the lanes past the tensor")
+
+
+def _bounds_error(text):
+    from ..errors import DitronError
+    return DitronError("out of bounds: " + text)
 
 
 def tile_released(slot_addr):
