@@ -128,3 +128,20 @@ def signal_past_end(world, index):
     signal_kernel[(1,)](sig, index)
     ditron.barrier_all()
     return True
+
+
+# ---------------------------------------------------------------------------
+# ranks allocate alike
+# ---------------------------------------------------------------------------
+
+def extra_allocation(world, odd_rank):
+    """Rank ``odd_rank`` allocates one extra symmetric tensor (-1: none does); then every rank allocates 'b'."""
+    import time
+    a = ditron.symm_zeros((64,), torch.float32, name="a")
+    if world.rank == odd_rank:
+        ditron.symm_zeros((16,), torch.float32, name="extra")
+    else:
+        time.sleep(0.3)                            # the odd rank allocates first: the others find the mismatch
+    b = ditron.symm_zeros((32,), torch.bfloat16, name="b")
+    ditron.barrier_all()
+    return a.numel() + b.numel()

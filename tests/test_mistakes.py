@@ -51,3 +51,16 @@ def test_remote_access_outside_its_tensor(dist_world):
     assert w.run(B.signal_past_end, 3) == [True] * 2
     text = _fails(w, B.signal_past_end, 4)
     assert "symmetric tensor 'flags' (int32[4]" in text and "past its end" in text
+
+
+def test_ranks_allocate_alike(dist_world):
+    """One rank's extra symmetric allocation shifts every later offset: the next allocation of the other
+    ranks is an error naming both ranks' allocations (sites and values), before anything hangs."""
+    w = dist_world(2)
+    assert w.run(B.extra_allocation, -1) == [96, 96]
+    text = _fails(w, B.extra_allocation, 1)
+    assert "ranks allocate symmetric memory differently: symmetric allocation #1 is" in text
+    assert "rank 0: 'b' bfloat16[32] (64 bytes at heap offset" in text
+    assert "rank 1: 'extra' float32[16] (64 bytes at heap offset" in text
+    assert text.count("allocated at bodies_mistakes.py:") == 2
+    assert w.run(B.extra_allocation, -1) == [96, 96]        # the next run is checked alike again

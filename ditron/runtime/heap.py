@@ -126,6 +126,10 @@ class SymmetricHeap:
         self.owner = owner            # transport name, for messages
         self.top = 0
         self.allocations: list[Allocation] = []
+        self.generation = 0           # bumped when allocations are released (positions restart)
+        #: ``on_alloc(allocation, generation)`` before an allocation is made (the cross-rank check of
+        #: :mod:`ditron.runtime.alloccheck`); it may raise
+        self.on_alloc = None
 
     # -- allocation -----------------------------------------------------------
     def alloc(self, shape, dtype, *, name=None):
@@ -142,8 +146,10 @@ class SymmetricHeap:
                 f"symmetric heap of rank {self.rank} is full: {nbytes} bytes requested, "
                 f"{self.size - used} of {self.size} free ({self.owner}); set DITRON_HEAP_SIZE (e.g. "
                 f"DITRON_HEAP_SIZE=2G) before ditron.init(), or free allocations with ditron.heap_scope()")
-        self.top = offset + nbytes
         alloc = Allocation(len(self.allocations), offset, nbytes, shape, dtype, name, _call_site())
+        if self.on_alloc is not None:
+            self.on_alloc(alloc, self.generation)
+        self.top = offset + nbytes
         self.allocations.append(alloc)
         view = self.buffer[offset:offset + nbytes].view(dtype)
         view = view.view(shape) if shape else view.view(())
@@ -155,6 +161,7 @@ class SymmetricHeap:
 
     def release(self, mark, why="the ditron.heap_scope it was allocated in has ended"):
         self.top, n = mark
+        self.generation += 1          # every release, so ranks that run the same scopes stay aligned
         for a in self.allocations[n:]:
             a.freed = why
         del self.allocations[n:]
