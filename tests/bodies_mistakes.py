@@ -145,3 +145,21 @@ def extra_allocation(world, odd_rank):
     b = ditron.symm_zeros((32,), torch.bfloat16, name="b")
     ditron.barrier_all()
     return a.numel() + b.numel()
+
+
+def graphs_of_different_sizes(world, differ):
+    """A graph with an all-reduce; with ``differ`` rank 0 adds one more elementwise task."""
+    from ditron.task import comm
+    n = 64
+    x, y, out = torch.ones(n), torch.zeros(n), torch.zeros(n)
+    g = dtask.TaskGraph("sizes")
+    a = g.register_task(square_tile, name="a", num_tiles=2, args={"x": x, "out": y, "n": n, "BLOCK": 32},
+                        reads=("x",), writes=("out",))
+    if differ and world.rank == 0:
+        g.register_task(square_tile, name="extra", num_tiles=2, args={"x": x, "out": x, "n": n, "BLOCK": 32},
+                        reads=("x",), writes=("out",), deps=[dtask.Dep(a)])
+    comm.all_reduce(g, "ar", y, out, deps=[dtask.Dep(a)], block=32)
+    mk = g.compile()
+    mk.step()
+    torch.testing.assert_close(out, torch.full((n,), float(world.world_size)))
+    return True

@@ -64,3 +64,12 @@ def test_ranks_allocate_alike(dist_world):
     assert "rank 1: 'extra' float32[16] (64 bytes at heap offset" in text
     assert text.count("allocated at bodies_mistakes.py:") == 2
     assert w.run(B.extra_allocation, -1) == [96, 96]        # the next run is checked alike again
+
+
+def test_megakernel_graphs_differ_across_ranks(dist_world):
+    """Ranks that build graphs of different sizes get an error naming what differs and each rank's value."""
+    w = dist_world(2)
+    assert w.run(B.graphs_of_different_sizes, False) == [True, True]
+    text = _fails(w, B.graphs_of_different_sizes, True)
+    assert "TaskGraph.compile" in text and "tasks" in text
+    assert "rank 0: 3" in text and "rank 1: 2" in text

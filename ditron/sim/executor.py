@@ -81,7 +81,8 @@ class Launch:
                 self.race.program_begin(pid, linear)
             fn(**args)
         except BaseException as e:  # noqa: BLE001 -- reported by the launching thread
-            self.errors.append((pid, e, traceback.format_exc()))
+            root = _root_cause(e)
+            self.errors.append((pid, root, traceback.format_exc()))
             self.failed = True
         finally:
             if self.race is not None:
@@ -92,6 +93,20 @@ class Launch:
             if self.transport is not None:
                 self.transport.control.progress()
             self._running(-1)
+
+
+def _root_cause(e):
+    """Triton's interpreter wraps what a ``@triton.jit`` helper raises in an ``InterpreterError`` (one per
+    nesting level): the ditron error or blocked wait inside is what the user needs (the same one-entry report
+    as a wait in the kernel itself), not the chain."""
+    from ..runtime.sim import Blocked
+    seen, c = set(), e
+    while c is not None and id(c) not in seen:
+        if isinstance(c, (DitronError, Blocked)):
+            return c
+        seen.add(id(c))
+        c = c.__cause__ or c.__context__
+    return e
 
 
 _PARAMS: dict = {}

@@ -175,6 +175,7 @@ class Megakernel:
     def _finish_init(self):
         graph = self.graph
         if getattr(graph, "_comm_pools", None):
+            self._check_same_graph()
             # every rank's staging and signal words are zeroed (on its stream) before any rank's first
             # step can signal into them
             from ..runtime.world import barrier_all
@@ -183,6 +184,23 @@ class Megakernel:
         ref = weakref.ref(self)
         self._namer = lambda addr: (lambda mk: mk.describe_address(addr) if mk is not None else None)(ref())
         add_address_namer(self._namer)
+
+    def _check_same_graph(self):
+        """A graph with communication tasks is collective: every rank must build the same graph (tasks, tiles,
+        scheduler).  Compared across ranks (simulator always, GPUs under DITRON_DEBUG=1) so that graphs of
+        different sizes are an error naming what differs, not a hang."""
+        import hashlib
+        from ..runtime.consistency import CallBoard
+        from ..runtime.world import current_world
+        world = current_world(required=False)
+        if world is None or world.world_size == 1:
+            return
+        tasks = [(t.name, t.num_tiles, t.fn.fn.__name__) for t in self.graph.tasks]
+        digest = hashlib.sha1(repr(tasks).encode()).hexdigest()[:12]
+        board = CallBoard(world, f"megakernel '{self.graph.name}'")
+        board.check("TaskGraph.compile", [("graph", self.graph.name), ("tasks", len(tasks)),
+                                          ("tiles", self.graph.num_slots), ("scheduler", getattr(self.scheduler, "__name__", str(self.scheduler))),
+                                          ("task names and tiles (digest)", digest)])
 
     def __del__(self):
         namer = self.__dict__.get("_namer")
