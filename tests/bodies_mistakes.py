@@ -163,3 +163,48 @@ def graphs_of_different_sizes(world, differ):
     mk.step()
     torch.testing.assert_close(out, torch.full((n,), float(world.world_size)))
     return True
+
+
+# ---------------------------------------------------------------------------
+# reports that point at the user
+# ---------------------------------------------------------------------------
+
+def torch_op_mismatch(world, odd_rank):
+    """torch.ops.ditron.all_reduce with another method on ``odd_rank`` (a mismatch report, no hang)."""
+    import ditron.torch_ops  # noqa: F401 -- registers torch.ops.ditron.*
+    x = torch.ones(64)
+    torch.ops.ditron.all_reduce(x)
+    method = "two_shot" if world.rank == odd_rank else "one_shot"
+    return float(torch.ops.ditron.all_reduce(x, method).sum())
+
+
+def ep_call_mismatch(world, odd_rank):
+    """Every rank dispatches, then combines -- except ``odd_rank``, which dispatches again (a skipped
+    ep_combine)."""
+    from ditron.kernels.ep import create_ep_context, ep_combine, ep_dispatch
+    H, E, k = 16, 2 * world.world_size, 2
+    ctx = create_ep_context(4, H, E, k, torch.float32)
+    x = torch.ones(4, H)
+    idx = torch.stack([torch.zeros(4, dtype=torch.int64), torch.ones(4, dtype=torch.int64)], 1)
+    w = torch.full((4, k), 0.5)
+    recv_x, recv_counts, handle = ep_dispatch(x, idx, w, ctx)
+    if world.rank == odd_rank:
+        ep_dispatch(x, idx, w, ctx)
+    else:
+        ep_combine(recv_x, handle, ctx)
+    return int(recv_counts.sum())
+
+
+@triton.jit
+def _wait_in_helper(sig_ptr):
+    dl.wait(sig_ptr + 1, 1, "sys", "acquire", waitValue=1)
+
+
+@ditron.jit
+def helper_wait_kernel(sig_ptr):
+    _wait_in_helper(sig_ptr)
+
+
+def hang_in_helper(world):
+    sig = ditron.symm_zeros((4,), torch.int32, name="ready_flags")
+    helper_wait_kernel[(1,)](sig)

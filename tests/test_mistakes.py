@@ -73,3 +73,38 @@ def test_megakernel_graphs_differ_across_ranks(dist_world):
     text = _fails(w, B.graphs_of_different_sizes, True)
     assert "TaskGraph.compile" in text and "tasks" in text
     assert "rank 0: 3" in text and "rank 1: 2" in text
+
+
+def test_reports_point_at_the_user():
+    """A wait in a @triton.jit helper that never returns: the one-entry report (user's line, rank, program,
+    named tensor, element, expected, observed), no chain of interpreter tracebacks.  A torch.ops.ditron call
+    whose size differs across ranks is reported at the caller's line (not torch's custom_ops.py)."""
+    from ditron.errors import DitronHangError
+    from ditron.sim.pool import SimCluster
+    with SimCluster(2, hang_timeout=1.5) as w:
+        _helper_hang_and_torch_op(w)
+
+
+def _helper_hang_and_torch_op(w):
+    from ditron.errors import DitronHangError
+    with pytest.raises(DitronHangError) as info:
+        w.run(B.hang_in_helper)
+    entries = info.value.report
+    assert {e["rank"] for e in entries} == {0, 1}
+    for e in entries:
+        assert e["primitive"] == "dl.wait" and e["where"].startswith("bodies_mistakes.py:")
+        assert "symmetric tensor 'ready_flags'" in e["signal"] and "element offset 1" in e["signal"]
+        assert e["expected"] == "== 1" and e["observed"] == 0
+    assert "InterpreterError" not in str(info.value)
+    text = _fails(w, B.torch_op_mismatch, 1)
+    assert "all_reduce: ranks disagree on argument 'method'" in text
+    assert "bodies_mistakes.py:" in text and "custom_ops.py" not in text.split("ranks disagree")[1]
+
+
+def test_ep_has_the_cross_rank_check(dist_world):
+    """EP calls are checked across ranks like the other zoo ops: a rank that calls ep_dispatch where the others
+    call ep_combine is an error naming both calls and their lines, before anything is launched."""
+    w = dist_world(2)
+    text = _fails(w, B.ep_call_mismatch, 1)
+    assert "ranks disagree on the operation of call #1" in text
+    assert "rank 0: ep_combine (at bodies_mistakes.py:" in text and "rank 1: ep_dispatch (at bodies_mistakes.py:" in text
