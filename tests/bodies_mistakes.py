@@ -208,3 +208,23 @@ def helper_wait_kernel(sig_ptr):
 def hang_in_helper(world):
     sig = ditron.symm_zeros((4,), torch.int32, name="ready_flags")
     helper_wait_kernel[(1,)](sig)
+
+
+# ---------------------------------------------------------------------------
+# the simulator rejects what GPUs reject
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def plain_rank_kernel(out_ptr):
+    tl.store(out_ptr, dl.rank())
+
+
+@ditron.jit
+def ditron_rank_kernel(out_ptr):
+    tl.store(out_ptr, dl.rank())
+
+
+def rank_in_kernel(world, plain):
+    out = torch.full((1,), -1, dtype=torch.int32)
+    (plain_rank_kernel if plain else ditron_rank_kernel)[(1,)](out)
+    return int(out[0])

@@ -108,3 +108,11 @@ def test_ep_has_the_cross_rank_check(dist_world):
     text = _fails(w, B.ep_call_mismatch, 1)
     assert "ranks disagree on the operation of call #1" in text
     assert "rank 0: ep_combine (at bodies_mistakes.py:" in text and "rank 1: ep_dispatch (at bodies_mistakes.py:" in text
+
+
+def test_plain_triton_kernel_with_primitives_is_rejected(dist_world):
+    """A plain @triton.jit kernel that calls dl.rank() fails to link on GPUs; the simulator refuses it too."""
+    w = dist_world(2)
+    assert w.run(B.rank_in_kernel, False) == [0, 1]
+    text = _fails(w, B.rank_in_kernel, True)
+    assert "distributed primitives need a @ditron.jit kernel" in text and "bodies_mistakes.py" in text

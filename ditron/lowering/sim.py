@@ -54,6 +54,13 @@ def _world(ctx):
     if world is None or world.backend != "sim":
         raise ctx.error("needs a simulated ditron world: call ditron.init() (the script runs under "
                         "`ditron sim -n N` or with TRITON_INTERPRET=1)")
+    if _launch() is None:
+        # a plain @triton.jit kernel launched directly: on GPUs it has no device library attached and fails to
+        # link (ptxas: Unresolved extern function 'ditron_world_get'); the simulator refuses it as well
+        raise ctx.error("distributed primitives need a @ditron.jit kernel: this one was launched as a plain "
+                        "@triton.jit kernel, which on GPUs fails to link (no ditron device library: 'Unresolved "
+                        "extern function ditron_world_get'). Decorate the launched kernel with @ditron.jit "
+                        "(helpers it calls may stay @triton.jit); see docs/language.md")
     return world, world.transport
 
 
