@@ -228,3 +228,31 @@ def rank_in_kernel(world, plain):
     out = torch.full((1,), -1, dtype=torch.int32)
     (plain_rank_kernel if plain else ditron_rank_kernel)[(1,)](out)
     return int(out[0])
+
+
+# ---------------------------------------------------------------------------
+# gpu-scope-wait across kernels
+# ---------------------------------------------------------------------------
+
+@ditron.jit
+def produce_kernel(flag_ptr):
+    dl.notify(flag_ptr, (dl.rank() + 1) % dl.num_ranks(), signal=1, sig_op="set", comm_scope="intra_node")
+
+
+@ditron.jit
+def consume_kernel(flag_ptr, SCOPE: tl.constexpr):
+    dl.wait(flag_ptr, 1, SCOPE, "acquire", waitValue=1)
+
+
+def flag_from_another_kernel(world, scope):
+    """One kernel signals the next rank's flag, another waits on it (scope ``scope``); returns the lint
+    warnings of this rank."""
+    import warnings
+    from ditron.errors import DitronLintWarning
+    flag = ditron.symm_zeros((1,), torch.int32, name="flag")
+    ditron.barrier_all()
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        produce_kernel[(1,)](flag)
+        consume_kernel[(1,)](flag, SCOPE=scope)
+    return [str(w.message) for w in got if issubclass(w.category, DitronLintWarning)]

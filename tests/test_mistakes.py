@@ -116,3 +116,12 @@ def test_plain_triton_kernel_with_primitives_is_rejected(dist_world):
     assert w.run(B.rank_in_kernel, False) == [0, 1]
     text = _fails(w, B.rank_in_kernel, True)
     assert "distributed primitives need a @ditron.jit kernel" in text and "bodies_mistakes.py" in text
+
+
+def test_gpu_scope_wait_on_a_flag_of_another_kernel(dist_world):
+    """The gpu-scope-wait lint sees a flag that another kernel's peers write (not only the same kernel's)."""
+    w = dist_world(2)
+    assert w.run(B.flag_from_another_kernel, "sys") == [[], []]
+    for msgs in w.run(B.flag_from_another_kernel, "gpu"):
+        assert len(msgs) == 1, msgs
+        assert "[gpu-scope-wait]" in msgs[0] and "kernel produce_kernel" in msgs[0] and "use scope='sys'" in msgs[0]

@@ -132,7 +132,7 @@ def _install_hooks():
     H.plain = access.plain_hooks()
 
 
-def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
+def execute(name, fn, arg_names, grid, args, kwargs, transport=None, lint_kernel=None):
     """Run ``fn`` (the interpreter-rewritten kernel body) over ``grid``."""
     _install_hooks()
     params, constexprs = _params(fn, arg_names)
@@ -154,6 +154,14 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
     for k, v in bound.items():
         if hasattr(v, "data_ptr") and hasattr(v, "untyped_storage"):
             launch.tensor_args.append((k, v.data_ptr(), v.numel() * v.element_size()))
+    if lint_kernel is not None:
+        # the gpu-scope-wait lint across kernels: this launch's buffers against earlier launches' (once each)
+        from .. import lint
+        heap = getattr(transport, "heap", None)
+        symm = {k: (heap.generation, v.data_ptr()) for k, v in bound.items()
+                if heap is not None and hasattr(v, "data_ptr") and heap.contains(v)}     # peers write only these
+        found = lint.across_kernels(name, lint_kernel, symm, kwargs)
+        lint.report(name, found, stacklevel=5)
     programs = [(x, y, z) for x in range(grid[0]) for y in range(grid[1]) for z in range(grid[2])]
     launch.race = race.launch_begin(launch)
     order = list(enumerate(programs)) if launch.race is None else launch.race.order(list(enumerate(programs)))
@@ -232,4 +240,4 @@ class SimKernel(_compat.interpreted_function_class()):
             self._linted = True
             from .. import lint
             lint.report(name, lint.lint(self, None, kwargs), stacklevel=3)
-        return execute(name, fn, self.arg_names, grid, args, kwargs, transport)
+        return execute(name, fn, self.arg_names, grid, args, kwargs, transport, lint_kernel=self)
