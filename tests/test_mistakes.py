@@ -125,3 +125,37 @@ def test_gpu_scope_wait_on_a_flag_of_another_kernel(dist_world):
     for msgs in w.run(B.flag_from_another_kernel, "gpu"):
         assert len(msgs) == 1, msgs
         assert "[gpu-scope-wait]" in msgs[0] and "kernel produce_kernel" in msgs[0] and "use scope='sys'" in msgs[0]
+
+
+def test_cli_help_lists_what_the_commands_accept(capsys):
+    """`ditron bench --help` lists every benchmark, `ditron demo --help` every demo, `--target` the accepted
+    targets (all derived from the registries the commands dispatch on)."""
+    from ditron import cli
+    from ditron.bench import FAMILIES
+    from ditron.demo import DEMOS
+    assert cli.main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    for op in ("all_reduce", "ag_gemm", "gemm", "grouped_gemm", "ag_moe", "moe_rs", "moe_ar", "ep", "megakernel"):
+        assert op in out
+    assert all(op in out for ops in FAMILIES.values() for op in ops)
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    out = capsys.readouterr().out
+    assert "megakernel" in out and "moe" in out and set(DEMOS) == {"megakernel", "moe"}
+    with pytest.raises(SystemExit):
+        cli.main(["compile", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "sm_80" in out and "gfx90a" in out and "NN >= 70" in out
+    for t in ("sm_80", "sm_90a", "gfx90a", "gfx942"):          # what the help promises is accepted
+        from ditron.target import parse_target
+        parse_target(t)
+
+
+def test_zoo_docs_import_the_installed_package():
+    """docs/zoo.md's examples import ditron.kernels (which works outside the checkout), not kernels."""
+    import os
+    import re
+    text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "zoo.md")).read()
+    assert not re.search(r"^from kernels\.|^import kernels", text, re.M)
+    for mod in re.findall(r"^from (ditron\.kernels[\w.]*) import", text, re.M):
+        __import__(mod)
