@@ -485,4 +485,28 @@ def report(kernel_name, findings, stacklevel=3):
         more = f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""
         raise DitronCompileError(f"kernel {kernel_name}: [{f.rule}] {f.message}{more} (DITRON_STRICT=1)", loc=f.loc)
     for f in findings:
-        warnings.warn(DitronLintWarning(f"kernel {kernel_name}: {f}"), stacklevel=stacklevel)
+        if not _first_rank_to_report(kernel_name, f):
+            continue
+        # shown at the kernel's line (the source line under the warning is the finding's, not the launcher's)
+        warnings.warn_explicit(DitronLintWarning(f"kernel {kernel_name}: {f}"), DitronLintWarning,
+                               f.file or "?", int(f.line or 0), module="ditron.lint")
+
+
+def _first_rank_to_report(kernel_name, f) -> bool:
+    """Simulated ranks compile (lint) the same kernel each: one of them prints a finding, not every rank
+    (a marker file per finding in the job's directory)."""
+    try:
+        from .runtime.world import current_world
+        world = current_world(required=False)
+        sim_dir = getattr(getattr(world, "transport", None), "sim_dir", None)
+        if world is None or world.world_size == 1 or not sim_dir:
+            return True
+        import hashlib
+        key = hashlib.sha1(f"{kernel_name}|{f.rule}|{f.file}|{f.line}".encode()).hexdigest()[:20]
+        fd = os.open(os.path.join(sim_dir, f"lint-{key}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.close(fd)
+        return True
+    except FileExistsError:
+        return False
+    except Exception:  # noqa: BLE001 -- never lose a warning to the bookkeeping
+        return True

@@ -241,12 +241,13 @@ def produce_kernel(flag_ptr):
 
 @ditron.jit
 def consume_kernel(flag_ptr, SCOPE: tl.constexpr):
-    dl.wait(flag_ptr, 1, SCOPE, "acquire", waitValue=1)
+    dl.wait(flag_ptr, 1, SCOPE, "acquire", waitValue=1)       # LINT_LINE
 
 
 def flag_from_another_kernel(world, scope):
     """One kernel signals the next rank's flag, another waits on it (scope ``scope``); returns the lint
     warnings of this rank."""
+    import os
     import warnings
     from ditron.errors import DitronLintWarning
     flag = ditron.symm_zeros((1,), torch.int32, name="flag")
@@ -255,4 +256,5 @@ def flag_from_another_kernel(world, scope):
         warnings.simplefilter("always")
         produce_kernel[(1,)](flag)
         consume_kernel[(1,)](flag, SCOPE=scope)
-    return [str(w.message) for w in got if issubclass(w.category, DitronLintWarning)]
+    return [(str(w.message), os.path.basename(w.filename), w.lineno) for w in got
+            if issubclass(w.category, DitronLintWarning)]

@@ -119,12 +119,17 @@ def test_plain_triton_kernel_with_primitives_is_rejected(dist_world):
 
 
 def test_gpu_scope_wait_on_a_flag_of_another_kernel(dist_world):
-    """The gpu-scope-wait lint sees a flag that another kernel's peers write (not only the same kernel's)."""
+    """The gpu-scope-wait lint sees a flag that another kernel's peers write (not only the same kernel's); the
+    warning is printed once (by one rank, not by each) and shown at the kernel's line."""
     w = dist_world(2)
     assert w.run(B.flag_from_another_kernel, "sys") == [[], []]
-    for msgs in w.run(B.flag_from_another_kernel, "gpu"):
-        assert len(msgs) == 1, msgs
-        assert "[gpu-scope-wait]" in msgs[0] and "kernel produce_kernel" in msgs[0] and "use scope='sys'" in msgs[0]
+    msgs = [m for rank in w.run(B.flag_from_another_kernel, "gpu") for m in rank]
+    assert len(msgs) == 1, msgs
+    text, file, line = msgs[0]
+    assert "[gpu-scope-wait]" in text and "kernel produce_kernel" in text and "use scope='sys'" in text
+    with open(B.__file__) as f:
+        want = next(i for i, t in enumerate(f, 1) if "LINT_LINE" in t)
+    assert (file, line) == ("bodies_mistakes.py", want)
 
 
 def test_cli_help_lists_what_the_commands_accept(capsys):
