@@ -183,3 +183,53 @@ def test_readme_example_keeps_no_triton_ir_values(tmp_path):
         for name, v in op.operands.items():
             assert not hasattr(v, "handle"), (op.kind, name, v)
     assert "dist.symm_at" in ck.asm["dist_ir"]
+
+
+def _sim_script(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_ranks_output_is_never_glued(tmp_path):
+    """Ranks print into one pipe: every line of the output is one rank's whole line."""
+    import re
+    import subprocess
+    import sys
+    script = _sim_script(tmp_path, "chatty.py", "import os\nr = os.environ['RANK']\n"
+                         "for i in range(400):\n    print(f'rank {r} line {i} ' + 'x' * 40)\n")
+    p = subprocess.run([sys.executable, "-m", "ditron", "sim", "-n", "3", str(script)], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert len(lines) == 1200
+    bad = [ln for ln in lines if not re.fullmatch(r"rank \d line \d+ x{40}", ln)]
+    assert not bad, bad[:3]
+
+
+def test_ctrl_c_prints_one_line(tmp_path):
+    """Ctrl-C (SIGINT to the foreground process group) stops the job with one line, no traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    script = _sim_script(tmp_path, "sleepy.py", "import os, time\n"
+                         f"open(os.path.join({str(tmp_path)!r}, 'up' + os.environ['RANK']), 'w').close()\n"
+                         "time.sleep(120)\n")
+    p = subprocess.Popen([sys.executable, "-m", "ditron", "sim", "-n", "2", str(script)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for _ in range(1200):                      # wait until both ranks run the script (bounded)
+            if all((tmp_path / f"up{r}").exists() for r in range(2)) or p.poll() is not None:
+                break
+            time.sleep(0.1)
+        os.killpg(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines() == ["ditron sim: interrupted (Ctrl-C); every rank was stopped and the job's "
+                                        "files removed"], err
