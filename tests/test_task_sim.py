@@ -67,6 +67,11 @@ def test_race_finder_sees_scoreboard_edges():
         with pytest.raises(DitronRankError) as info:        # ... and the megakernel access check (default)
             cluster.run(B.narrow_range_dep, False)
         assert "the Dep of 'b' on 'a' covers tiles [" in info.value.traceback_text
+        # ordinary (non-symmetric) tensors shared by the programs of the launch: the race finder sees them too
+        cluster.run(BM.without_taskcheck, BM.megakernel_mistake, None)
+        with pytest.raises(DitronRankError) as info:
+            cluster.run(BM.without_taskcheck, BM.megakernel_mistake, "narrow")
+        assert "data race on tensor argument 't1_out' (not symmetric), element" in info.value.traceback_text
 
 
 @pytest.mark.parametrize("scheduler", ["round_robin", "dynamic"])

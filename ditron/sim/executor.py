@@ -51,6 +51,7 @@ class Launch:
         self.failed = False
         self.errors = []          # (program, exception, traceback text)
         self.tensor_args = []     # (name, first byte address, nbytes) of tensor arguments
+        self.tensor_elems = {}    # name -> element size of tensor arguments
         self.race = None          # race.LaunchRace in race mode
 
     def describe_arg(self, addr):
@@ -154,6 +155,7 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None, lint_kernel
     for k, v in bound.items():
         if hasattr(v, "data_ptr") and hasattr(v, "untyped_storage"):
             launch.tensor_args.append((k, v.data_ptr(), v.numel() * v.element_size()))
+            launch.tensor_elems[k] = v.element_size()
     if lint_kernel is not None:
         # the gpu-scope-wait lint across kernels: this launch's buffers against earlier launches' (once each)
         from .. import lint
