@@ -208,6 +208,15 @@ class SymmetricHeap:
         return (f"heap offset {offset}, element {(offset - a.offset) // elem} of {a.label()}, past its end "
                 f"({a.nbytes // elem} elements)")
 
+    def bounds_lists(self):
+        """(starts, ends) of the live allocations as Python lists (cached until the allocations change)."""
+        key = (len(self.allocations), self.top)
+        cache = self.__dict__.get("_bounds_l")
+        if cache is None or cache[0] != key:
+            cache = self._bounds_l = (key, [a.offset for a in self.allocations],
+                                      [a.offset + a.nbytes for a in self.allocations])
+        return cache[1], cache[2]
+
     def bounds_tables(self):
         """(starts, ends) of the live allocations as int64 arrays (cached until the allocations change)."""
         import numpy as np

@@ -60,9 +60,13 @@ def end_poll():
             launch.transport.poll_end(launch)
 
 
+_RACE = [False]
+
+
 def plain_hooks() -> bool:
     """Whether plain loads and stores reach the hooks: always on the simulator (tensor bounds of symmetric
-    accesses, the megakernel access check, the race finder)."""
+    accesses, the megakernel access check, the race finder).  Called at each launch."""
+    _RACE[0] = race.enabled()
     return True
 
 
@@ -81,7 +85,7 @@ def interp_load(ptrs, mask, data, volatile):
     itemsize = np.asarray(data).dtype.itemsize
     heap_bounds(ptrs, mask, itemsize, "read")
     taskcheck.record("read", ptrs, mask, itemsize, _where)
-    return race.plain_access("read", ptrs, mask, data)
+    return race.plain_access("read", ptrs, mask, data) if _RACE[0] else None
 
 
 def interp_store(ptrs, mask, data):
@@ -89,7 +93,8 @@ def interp_store(ptrs, mask, data):
     itemsize = np.asarray(data).dtype.itemsize
     heap_bounds(ptrs, mask, itemsize, "write")
     taskcheck.record("write", ptrs, mask, itemsize, _where)
-    race.plain_access("write", ptrs, mask, data)
+    if _RACE[0]:
+        race.plain_access("write", ptrs, mask, data)
 
 
 def _elem_size(dtype):
@@ -106,16 +111,30 @@ def heap_bounds(ptrs, mask, itemsize, kind):
         return
     tr = launch.transport
     a = np.asarray(ptrs).reshape(-1)
-    if mask is not None:
-        a = a[np.asarray(mask).reshape(-1).astype(bool)]
     if a.size == 0:
         return
-    a = a.astype(np.int64)
     lo = tr.heap_base(0)
     hi = lo + tr.world_size * tr.heap_size
+    amin, amax = int(a.min()), int(a.max())
+    if amax < lo or amin >= hi:
+        return                                     # no lane in the heaps (an ordinary tensor): the common case
+    if mask is not None:
+        m = np.asarray(mask).reshape(-1)
+        a = a[m if m.dtype == bool else m.astype(bool)]
+        if a.size == 0:
+            return
+        amin, amax = int(a.min()), int(a.max())
+    hs = tr.heap_size
+    if lo <= amin and amax < hi and (amin - lo) // hs == (amax - lo) // hs:
+        # fast path: one rank's copy, inside the tensor of the lowest lane
+        import bisect
+        starts, ends = tr.heap.bounds_lists()
+        o_min, o_max = (amin - lo) % hs, (amax - lo) % hs
+        i = bisect.bisect_right(starts, o_min) - 1
+        if i >= 0 and o_max + itemsize <= ends[i]:
+            return
+    a = a.astype(np.int64)
     a = a[(a >= lo) & (a < hi)]
-    if a.size == 0:
-        return
     starts, ends = tr.heap.bounds_tables()
     rel = a - lo
     off = rel % tr.heap_size
