@@ -5,8 +5,8 @@ import pytest
 import bodies_mistakes as B
 from ditron.errors import DitronError
 
-pytestmark = pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",
-                                reason="simulator checks")
+sim_only = pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",
+                              reason="simulator checks")
 
 
 def _fails(world, body, *args):
@@ -15,6 +15,7 @@ def _fails(world, body, *args):
     return str(info.value)
 
 
+@sim_only
 def test_megakernel_access_check(dist_world):
     """Ordinary tensors of a megakernel: a too-narrow Dep range, an undeclared write or read, and a
     write-after-read without a Dep are errors naming task, tile, tensor, element and the missing declaration;
@@ -34,6 +35,7 @@ def test_megakernel_access_check(dist_world):
     assert "the Dep of 'c' on 'b' covers no tiles of 'b'" in text
 
 
+@sim_only
 def test_remote_access_outside_its_tensor(dist_world):
     """symm_at stores, gets and signals are checked against the symmetric tensor they point into (not only
     the heap): the error names the tensor, the element and the rank; correct accesses run."""
@@ -53,6 +55,7 @@ def test_remote_access_outside_its_tensor(dist_world):
     assert "symmetric tensor 'flags' (int32[4]" in text and "past its end" in text
 
 
+@sim_only
 def test_ranks_allocate_alike(dist_world):
     """One rank's extra symmetric allocation shifts every later offset: the next allocation of the other
     ranks is an error naming both ranks' allocations (sites and values), before anything hangs."""
@@ -66,6 +69,7 @@ def test_ranks_allocate_alike(dist_world):
     assert w.run(B.extra_allocation, -1) == [96, 96]        # the next run is checked alike again
 
 
+@sim_only
 def test_megakernel_graphs_differ_across_ranks(dist_world):
     """Ranks that build graphs of different sizes get an error naming what differs and each rank's value."""
     w = dist_world(2)
@@ -75,6 +79,7 @@ def test_megakernel_graphs_differ_across_ranks(dist_world):
     assert "rank 0: 3" in text and "rank 1: 2" in text
 
 
+@sim_only
 def test_reports_point_at_the_user():
     """A wait in a @triton.jit helper that never returns: the one-entry report (user's line, rank, program,
     named tensor, element, expected, observed), no chain of interpreter tracebacks.  A torch.ops.ditron call
@@ -101,6 +106,7 @@ def _helper_hang_and_torch_op(w):
     assert "bodies_mistakes.py:" in text and "custom_ops.py" not in text.split("ranks disagree")[1]
 
 
+@sim_only
 def test_ep_has_the_cross_rank_check(dist_world):
     """EP calls are checked across ranks like the other zoo ops: a rank that calls ep_dispatch where the others
     call ep_combine is an error naming both calls and their lines, before anything is launched."""
@@ -110,6 +116,7 @@ def test_ep_has_the_cross_rank_check(dist_world):
     assert "rank 0: ep_combine (at bodies_mistakes.py:" in text and "rank 1: ep_dispatch (at bodies_mistakes.py:" in text
 
 
+@sim_only
 def test_plain_triton_kernel_with_primitives_is_rejected(dist_world):
     """A plain @triton.jit kernel that calls dl.rank() fails to link on GPUs; the simulator refuses it too."""
     w = dist_world(2)
@@ -118,6 +125,7 @@ def test_plain_triton_kernel_with_primitives_is_rejected(dist_world):
     assert "distributed primitives need a @ditron.jit kernel" in text and "bodies_mistakes.py" in text
 
 
+@sim_only
 def test_gpu_scope_wait_on_a_flag_of_another_kernel(dist_world):
     """The gpu-scope-wait lint sees a flag that another kernel's peers write (not only the same kernel's); the
     warning is printed once (by one rank, not by each) and shown at the kernel's line."""
@@ -191,6 +199,7 @@ def _sim_script(tmp_path, name, text):
     return path
 
 
+@sim_only
 def test_ranks_output_is_never_glued(tmp_path):
     """Ranks print into one pipe: every line of the output is one rank's whole line."""
     import re
@@ -207,6 +216,7 @@ def test_ranks_output_is_never_glued(tmp_path):
     assert not bad, bad[:3]
 
 
+@sim_only
 def test_ctrl_c_prints_one_line(tmp_path):
     """Ctrl-C (SIGINT to the foreground process group) stops the job with one line, no traceback."""
     import os
@@ -233,3 +243,37 @@ def test_ctrl_c_prints_one_line(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.strip().splitlines() == ["ditron sim: interrupted (Ctrl-C); every rank was stopped and the job's "
                                         "files removed"], err
+
+
+def test_gpu_allocation_check_through_the_store():
+    """The GPU path of the allocation check (DITRON_DEBUG=1): records in torch.distributed's store; the rank
+    that allocates second finds the mismatch (a dict stands in for the store)."""
+    from types import SimpleNamespace
+    import torch
+    from ditron.runtime.alloccheck import StoreLedger
+
+    class Store(dict):
+        def check(self, keys):
+            return all(k in self for k in keys)
+
+        def get(self, key):
+            return self[key]
+
+        def set(self, key, value):
+            self[key] = value
+
+    store = Store()
+    r0, r1 = StoreLedger(store, 0, 2), StoreLedger(store, 1, 2)
+    a = SimpleNamespace(index=0, offset=0, nbytes=256, dtype=torch.float32, shape=(64,), name="a", site="job.py:3")
+    r0(a, 0)
+    r1(a, 0)                                             # alike: no error
+    b0 = SimpleNamespace(index=1, offset=256, nbytes=64, dtype=torch.bfloat16, shape=(32,), name="b",
+                         site="job.py:7")
+    b1 = SimpleNamespace(index=1, offset=256, nbytes=64, dtype=torch.float32, shape=(16,), name="extra",
+                         site="job.py:5")
+    r1(b1, 0)
+    with pytest.raises(DitronError) as info:
+        r0(b0, 0)
+    text = str(info.value)
+    assert "symmetric allocation #1" in text and "rank 0: 'b' bfloat16[32]" in text and "job.py:7" in text
+    assert "rank 1: 'extra' float32[16]" in text and "job.py:5" in text
