@@ -178,6 +178,8 @@ def tile_released(slot_addr):
 
 
 def interp_atomic(phase, ptrs, mask, sem, scope):
+    if not _RACE[0]:
+        return                   # as before the plain-access hooks were always on: atomics are the race finder's
     if phase == "pre":
         end_poll()
     race.atomic_access(phase, ptrs, mask, sem, scope)
