@@ -148,16 +148,19 @@ def extra_allocation(world, odd_rank):
 
 
 def graphs_of_different_sizes(world, differ):
-    """A graph with an all-reduce; with ``differ`` rank 0 adds one more elementwise task."""
+    """A graph with an all-reduce; with ``differ`` rank 0 adds one more all-reduce (a compute task that only
+    one rank has is allowed: compute may be split unevenly)."""
     from ditron.task import comm
     n = 64
     x, y, out = torch.ones(n), torch.zeros(n), torch.zeros(n)
     g = dtask.TaskGraph("sizes")
     a = g.register_task(square_tile, name="a", num_tiles=2, args={"x": x, "out": y, "n": n, "BLOCK": 32},
                         reads=("x",), writes=("out",))
-    if differ and world.rank == 0:
+    if world.rank == 0:
         g.register_task(square_tile, name="extra", num_tiles=2, args={"x": x, "out": x, "n": n, "BLOCK": 32},
                         reads=("x",), writes=("out",), deps=[dtask.Dep(a)])
+    if differ and world.rank == 0:
+        comm.all_reduce(g, "ar0", torch.ones(n), torch.zeros(n), block=32)
     comm.all_reduce(g, "ar", y, out, deps=[dtask.Dep(a)], block=32)
     mk = g.compile()
     mk.step()

@@ -186,21 +186,24 @@ class Megakernel:
         add_address_namer(self._namer)
 
     def _check_same_graph(self):
-        """A graph with communication tasks is collective: every rank must build the same graph (tasks, tiles,
-        scheduler).  Compared across ranks (simulator always, GPUs under DITRON_DEBUG=1) so that graphs of
-        different sizes are an error naming what differs, not a hang."""
+        """The communication tasks of a graph are collective: every rank must register the same ones, in the
+        same order, with the same tiles (compute tasks may differ per rank, e.g. an uneven split).  Compared
+        across ranks (simulator always, GPUs under DITRON_DEBUG=1) so that graphs of different sizes are an
+        error naming what differs, not a hang."""
         import hashlib
         from ..runtime.consistency import CallBoard
         from ..runtime.world import current_world
+        from .comm import barrier_tile, exchange_tile
         world = current_world(required=False)
         if world is None or world.world_size == 1:
             return
-        tasks = [(t.name, t.num_tiles, t.fn.fn.__name__) for t in self.graph.tasks]
-        digest = hashlib.sha1(repr(tasks).encode()).hexdigest()[:12]
+        comm = [(t.name, t.num_tiles, t.fn.fn.__name__) for t in self.graph.tasks
+                if t.fn in (exchange_tile, barrier_tile)]
+        digest = hashlib.sha1(repr(comm).encode()).hexdigest()[:12]
         board = CallBoard(world, f"megakernel '{self.graph.name}'")
-        board.check("TaskGraph.compile", [("graph", self.graph.name), ("tasks", len(tasks)),
-                                          ("tiles", self.graph.num_slots), ("scheduler", getattr(self.scheduler, "__name__", str(self.scheduler))),
-                                          ("task names and tiles (digest)", digest)])
+        board.check("TaskGraph.compile", [("graph", self.graph.name), ("communication tasks", len(comm)),
+                                          ("communication tiles", sum(n for _, n, _ in comm)),
+                                          ("communication tasks and tiles (digest)", digest)])
 
     def __del__(self):
         namer = self.__dict__.get("_namer")
