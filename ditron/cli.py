@@ -167,11 +167,17 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="ditron", description="ditron: distributed kernels on stock Triton")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("sim", help="run a script on N simulated ranks: ditron sim -n 4 script.py [args]")
-    sub.add_parser("bench", help="benchmark a collective against NCCL / torch (under torchrun or ditron sim)")
-    sub.add_parser("demo", help="run a zoo kernel on 4 simulated ranks (or on GPUs under torchrun) and check it")
+    from .bench import FAMILIES
+    from .demo import DEMOS
+    sub.add_parser("bench", help="benchmark the zoo against NCCL / cuBLAS / torch (under torchrun or ditron sim): "
+                   + ", ".join(op for ops in FAMILIES.values() for op in ops))
+    sub.add_parser("demo", help="run a zoo kernel on 4 simulated ranks (or on GPUs under torchrun) and check it; "
+                   f"also: {', '.join(f'ditron demo {d}' for d in DEMOS)}")
     p = sub.add_parser("compile", help="compile a kernel for a target without a GPU")
     p.add_argument("kernel", help="FILE.py::KERNEL")
-    p.add_argument("--target", default="sm_90a", help="sm_90a | sm_90 | gfx942")
+    from .target import ACCEPTED
+    p.add_argument("--target", default="sm_90a",
+                   help=f"{ACCEPTED.replace(' or sim', '')} (default sm_90a; the simulator compiles nothing)")
     p.add_argument("--signature", default="", help='"name=*fp16,n=i32" or "*fp16,i32" in parameter order')
     p.add_argument("--constexpr", "-D", action="append", help="NAME=VALUE (repeatable)")
     p.add_argument("--emit", default="dist-ir", choices=sorted(EMIT))

@@ -46,17 +46,24 @@ def run_on_this_rank(n: int, block: int) -> float:
     return err
 
 
+#: the other demos: name -> (module, one line); the help text is derived from this
+DEMOS = {
+    "megakernel": ("ditron.demo_megakernel", "a tensor-parallel decoder step as one persistent kernel"),
+    "moe": ("ditron.demo_moe", "expert parallelism: EP dispatch -> expert MLP -> combine"),
+    "attention": ("ditron.demo_attention", "a causal ring-attention step on 4 simulated ranks"),
+}
+
+
 def main(argv=None):
-    if argv and argv[0] == "moe":                  # ditron demo moe: EP dispatch -> expert MLP -> combine
-        from .demo_moe import main as moe_main
-        return moe_main(argv[1:])
-    if argv and argv[0] == "attention":            # ditron demo attention: a causal ring-attention step
-        from .demo_attention import main as attn_main
-        return attn_main(argv[1:])
-    if argv and argv[0] == "megakernel":           # ditron demo megakernel: a TP decoder step as one kernel
-        from .demo_megakernel import main as mk_main
-        return mk_main(argv[1:])
-    p = argparse.ArgumentParser(prog="ditron demo", description=__doc__.split("\n\n")[0])
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in DEMOS:
+        import importlib
+        return importlib.import_module(DEMOS[argv[0]][0]).main(argv[1:])
+    epilog = "other demos (ditron demo NAME --help for their options):\n" + \
+        "\n".join(f"  {name:<12} {text}" for name, (_, text) in DEMOS.items())
+    p = argparse.ArgumentParser(prog="ditron demo", description=__doc__.split("\n\n")[0], epilog=epilog,
+                                usage=f"ditron demo [{'|'.join(DEMOS)}] [options]",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--ranks", type=int, default=4, help="simulated ranks (default 4)")
     p.add_argument("--size", type=int, default=3000, help="elements per rank (default 3000, not a tile multiple)")
     p.add_argument("--block", type=int, default=1024)

@@ -400,6 +400,78 @@ def lint(kernel, module=None, constexprs=None) -> list:
         return []
 
 
+# ---------------------------------------------------------------------------
+# across kernels: a flag that one kernel's peers write and another kernel waits on at GPU scope
+# ---------------------------------------------------------------------------
+
+_SUMMARIES: dict = {}
+_PEER_WRITTEN: dict = {}     # buffer key (a tensor's address) -> (kernel name, event) that peers write through
+_GPU_WAITS: dict = {}        # buffer key -> (kernel name, event): a GPU-scope wait / poll on it
+_REPORTED: set = set()
+
+
+def _summary(kernel, constexprs=None):
+    """(peer-written parameters, GPU-scope-waited parameters) of ``kernel``: {param: event}; cached."""
+    try:
+        key = (id(kernel), repr(sorted((k, v) for k, v in (constexprs or {}).items()
+                                       if isinstance(v, (str, int, float, bool)))))
+    except TypeError:
+        key = (id(kernel), None)
+    hit = _SUMMARIES.get(key)
+    if hit is not None and hit[0] is kernel:
+        return hit[1]
+    out = ({}, {})
+    fn = A._python_function(kernel)
+    if fn is not None:
+        try:
+            w = _Walker(None, constexprs)
+            params = A._param_names(fn) or ()
+            w.walk_function(fn, {p: {p} for p in params})
+            for e in w.events:
+                if e.kind == "peer_write" or (e.kind == "store" and (e.remote or e.extra.get("remote"))) or \
+                        (e.kind == "signal" and (e.remote or e.extra.get("remote"))):
+                    for b in e.bases:
+                        out[0].setdefault(b, e)
+                if e.kind in ("wait", "poll") and e.extra.get("gpu"):
+                    for b in e.bases:
+                        out[1].setdefault(b, e)
+        except Exception:  # noqa: BLE001 -- a lint must never break a launch
+            out = ({}, {})
+    _SUMMARIES[key] = (kernel, out)
+    return out
+
+
+def across_kernels(kernel_name, kernel, buffers, constexprs=None) -> list:
+    """``gpu-scope-wait`` across kernels: ``buffers`` maps this launch's tensor parameters to a key of the
+    memory they point at (e.g. the address).  A GPU-scope wait of one kernel on memory that another kernel
+    writes through ``dl.notify`` to a peer, a ``symm_at`` store or a ``shmem`` signal is reported once (in
+    whichever order the two kernels launch).  Never raises."""
+    try:
+        written, waits = _summary(kernel, constexprs)
+        findings = []
+        for p, e in written.items():
+            k = buffers.get(p)
+            if k is not None:
+                _PEER_WRITTEN.setdefault(k, (kernel_name, e))
+        for p, e in waits.items():
+            k = buffers.get(p)
+            if k is not None:
+                _GPU_WAITS.setdefault(k, (kernel_name, e))
+        for k, (wname, we) in list(_GPU_WAITS.items()):
+            hit = _PEER_WRITTEN.get(k)
+            if hit is None or hit[0] == wname or (wname, hit[0], we.line) in _REPORTED:
+                continue
+            _REPORTED.add((wname, hit[0], we.line))
+            pname, pe = hit
+            findings.append(Finding("gpu-scope-wait", f"{we.what} with scope 'gpu' (kernel {wname}) on a buffer "
+                                    f"that peers write in kernel {pname} ({pe.what} at "
+                                    f"{os.path.basename(pe.file)}:{pe.line}): GPU scope does not order another "
+                                    "GPU's writes; use scope='sys'", we.file, we.line))
+        return findings
+    except Exception:  # noqa: BLE001
+        return []
+
+
 def strict() -> bool:
     return os.environ.get("DITRON_STRICT", "") not in ("", "0")
 
@@ -413,4 +485,28 @@ def report(kernel_name, findings, stacklevel=3):
         more = f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""
         raise DitronCompileError(f"kernel {kernel_name}: [{f.rule}] {f.message}{more} (DITRON_STRICT=1)", loc=f.loc)
     for f in findings:
-        warnings.warn(DitronLintWarning(f"kernel {kernel_name}: {f}"), stacklevel=stacklevel)
+        if not _first_rank_to_report(kernel_name, f):
+            continue
+        # shown at the kernel's line (the source line under the warning is the finding's, not the launcher's)
+        warnings.warn_explicit(DitronLintWarning(f"kernel {kernel_name}: {f}"), DitronLintWarning,
+                               f.file or "?", int(f.line or 0), module="ditron.lint")
+
+
+def _first_rank_to_report(kernel_name, f) -> bool:
+    """Simulated ranks compile (lint) the same kernel each: one of them prints a finding, not every rank
+    (a marker file per finding in the job's directory)."""
+    try:
+        from .runtime.world import current_world
+        world = current_world(required=False)
+        sim_dir = getattr(getattr(world, "transport", None), "sim_dir", None)
+        if world is None or world.world_size == 1 or not sim_dir:
+            return True
+        import hashlib
+        key = hashlib.sha1(f"{kernel_name}|{f.rule}|{f.file}|{f.line}".encode()).hexdigest()[:20]
+        fd = os.open(os.path.join(sim_dir, f"lint-{key}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.close(fd)
+        return True
+    except FileExistsError:
+        return False
+    except Exception:  # noqa: BLE001 -- never lose a warning to the bookkeeping
+        return True

@@ -46,6 +46,10 @@ _SM = re.compile(r"^sm_?(\d+)(a?)$")
 _GFX = re.compile(r"^gfx[0-9a-f]{3,4}$")
 
 
+#: what :func:`parse_target` accepts, for help texts and errors
+ACCEPTED = "sm_NN or sm_NNa with NN >= 70 (e.g. sm_90a, sm_90, sm_80), gfxNNN (e.g. gfx942, gfx90a) or sim"
+
+
 def parse_target(spec) -> Target:
     """``"sm_90a"``, ``"sm_90"``, ``"gfx942"``, ``"sim"``, a :class:`Target` or
     a Triton ``GPUTarget``."""
@@ -65,7 +69,7 @@ def parse_target(spec) -> Target:
         return Target("cuda", cap, 32)
     if _GFX.match(s):
         return Target("hip", s, 64 if s.startswith("gfx9") else 32)
-    raise DitronCompileError(f"unknown target {spec!r}; use 'sm_90a', 'sm_90', 'gfx942' or 'sim'")
+    raise DitronCompileError(f"unknown target {spec!r}; accepted: {ACCEPTED}")
 
 
 def target_from_semantic(sem) -> Target:

@@ -108,7 +108,7 @@ import triton
 
 import ditron
 
-from ._common import CollectiveContext, sm_count
+from ._common import CollectiveContext, enter, op_fields, sm_count
 from .ep_kernels import ep_combine_kernel, ep_dispatch_kernel, ep_ll_combine_kernel, ep_ll_dispatch_kernel
 
 MODES = ("normal", "low_latency")
@@ -262,6 +262,9 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
     """Send every (token, slot) pair to its expert's rank; returns ``(recv_x,
     recv_counts, handle)`` (see the module docstring for the layouts)."""
     T, k = _check_inputs(ctx, x, topk_idx, topk_weights)
+    # the cross-rank check of every zoo op (token counts may differ across ranks: rows are not compared)
+    enter(ctx, EpContext, "ep_dispatch", op_fields(x, rows=False) + [("topk", k), ("mode", ctx.mode)],
+          x=x, topk_idx=topk_idx, topk_weights=topk_weights)
     W, El, H = ctx.world_size, ctx.local_experts, ctx.hidden
     TK = T * k
     ids, valid, key, skey, perm, counts = _route(ctx, topk_idx, T, k, validate)
@@ -314,6 +317,7 @@ def ep_combine(y, handle, ctx, out=None):
     ctx.check_tensor(y.reshape(-1)[:0], "y")
     if not y.is_contiguous():
         raise E("ep_combine: argument 'y' must be contiguous")
+    enter(ctx, EpContext, "ep_combine", op_fields(y, rows=False, name="y") + [("mode", ctx.mode)], y=y, out=out)
     T, k = handle.T, handle.k
     if out is None:
         out = torch.empty((T, H), dtype=y.dtype, device=y.device)

@@ -26,14 +26,14 @@ def thread_barrier_kernel(flag_ptr, out_ptr, sig_ptr, round_):
         while dl.ld(flag_ptr + thread_idx, scope="sys", semantic="acquire") != round_:
             pass
     dl.syncthreads()
-    if thread_idx == 0:
-        tl.store(out_ptr, dl.num_threads())        # scalar store: thread 0 performs it
     if thread_idx < n:
         dl.atomic_add(out_ptr + 1, 1)                 # per thread: n additions
     dl.atomic_add(out_ptr + 2, 1)                     # a scalar outside the branch: every thread adds
     shmem.signal_op(sig_ptr, 1, shmem.NVSHMEM_SIGNAL_ADD, rank)        # thread-level: every thread adds
     if thread_idx == 0:
         shmem.signal_op(sig_ptr, 100, shmem.NVSHMEM_SIGNAL_ADD, rank)  # thread 0 only
+    if thread_idx == 0:
+        tl.store(out_ptr, dl.num_threads())        # scalar store: thread 0 performs it (last: it publishes nothing)
 
 
 def thread_barrier(world, rounds=1):

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+import bodies_mistakes as BM
 import bodies_task as B
 from ditron.errors import DitronHangError
 
@@ -59,10 +60,18 @@ def test_race_finder_sees_scoreboard_edges():
     with SimCluster(2, race=True, hang_timeout=10) as cluster:
         cluster.run(B.narrow_range_dep, True)
         cluster.run(B.comm_graph_run, "dynamic", steps=2)
-        with pytest.raises(DitronRankError) as info:
-            cluster.run(B.narrow_range_dep, False)
+        with pytest.raises(DitronRankError) as info:        # the race finder alone (access check off) ...
+            cluster.run(BM.without_taskcheck, B.narrow_range_dep, False)
         text = info.value.traceback_text
         assert "data race on symmetric tensor 't'" in text and "narrow_megakernel" in text
+        with pytest.raises(DitronRankError) as info:        # ... and the megakernel access check (default)
+            cluster.run(B.narrow_range_dep, False)
+        assert "the Dep of 'b' on 'a' covers tiles [" in info.value.traceback_text
+        # ordinary (non-symmetric) tensors shared by the programs of the launch: the race finder sees them too
+        cluster.run(BM.without_taskcheck, BM.megakernel_mistake, None)
+        with pytest.raises(DitronRankError) as info:
+            cluster.run(BM.without_taskcheck, BM.megakernel_mistake, "narrow")
+        assert "data race on tensor argument 't1_out' (not symmetric), element" in info.value.traceback_text
 
 
 @pytest.mark.parametrize("scheduler", ["round_robin", "dynamic"])

@@ -18,13 +18,27 @@ from __future__ import annotations
 
 import sys
 
-GEMM_OPS = ("ag_gemm", "gemm_rs", "gemm_ar", "gemm")
-MOE_OPS = ("grouped_gemm", "ag_moe", "moe_rs", "moe_ar", "ep")
-ATTN_OPS = ("ring_attn", "flash_decode", "ulysses")
+from .registry import ATTN_OPS, COLLECTIVE_OPS, FAMILIES, GEMM_OPS, MEGAKERNEL_OPS, MOE_OPS  # noqa: F401
+
+
+def usage() -> str:
+    lines = ["usage: ditron bench BENCHMARK [options]   (ditron bench BENCHMARK --help for its options)", "",
+             "benchmarks:"]
+    for family, ops in FAMILIES.items():
+        lines.append(f"  {', '.join(ops):<45} (ditron.bench.{family})")
+    lines += ["", "run under torchrun on GPUs, or on simulated ranks: ditron sim -n 2 -m ditron.bench ag_gemm"]
+    return "\n".join(lines)
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    known = {op for ops in FAMILIES.values() for op in ops}
+    if argv[0] not in known and not argv[0].startswith("-"):
+        print(f"ditron bench: unknown benchmark {argv[0]!r}\n\n{usage()}", file=sys.stderr)
+        return 2
     if argv and argv[0] in GEMM_OPS:
         from .gemm import main as family_main
     elif argv and argv[0] in MOE_OPS:

@@ -139,7 +139,8 @@ def collective_impls(op, dtype, world, methods, peers, rng_seed=0):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="ditron bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("op", choices=["all_reduce", "all_gather", "reduce_scatter"])
+    from .registry import COLLECTIVE_OPS
+    p.add_argument("op", choices=list(COLLECTIVE_OPS))
     p.add_argument("--sizes", default="8K..256M", help="bytes per rank: 'LO..HI' (powers of --step) or a list")
     p.add_argument("--step", type=int, default=2)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])

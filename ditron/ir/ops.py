@@ -194,6 +194,21 @@ def _attr_text(v):
     return str(v)
 
 
+class _Detached:
+    """An operand after its compilation: its type, without the Triton IR value."""
+    __slots__ = ("type",)
+
+    def __init__(self, t):
+        self.type = t
+
+    @staticmethod
+    def of(v):
+        return _Detached(v.type) if hasattr(v, "handle") and hasattr(v, "type") else v
+
+    def __repr__(self):
+        return "<value>"
+
+
 def _value_text(v):
     from .. import _compat
     v = _compat.unwrap(v)
@@ -240,6 +255,13 @@ class Module:
         op.index = len(self.ops)
         self.ops.append(op)
         return op
+
+    def detach(self):
+        """Drop the Triton IR values the operands hold (keep their types), once the compilation that made
+        them is over: a module kept with a compiled kernel must not keep Triton's MLIR objects alive (under
+        nanobind, Triton >= 3.7, objects alive at exit print a "nanobind: leaked ..." dump)."""
+        for op in self.ops:
+            op.operands = {k: _Detached.of(v) for k, v in op.operands.items()}
 
     @property
     def kinds(self):

@@ -22,6 +22,7 @@ def recording(name: str, target: str = ""):
         yield module
     finally:
         _ACTIVE.reset(token)
+        module.detach()
 
 
 def record(op: Op) -> Op:

@@ -98,7 +98,9 @@ def _notify(ctx, ptr, rank, signal, sig_op, comm_scope):
     if comm_scope == "gpu" and r != world.rank:
         raise ctx.error(f"comm_scope='gpu' signals this rank only, but rank {r} was given (use 'intra_node')",
                         arg="comm_scope")
-    addr = _translate(ctx, tr, world, _data(ptr), r, "ptr", local=comm_scope != "inter_node")
+    data = _data(ptr)
+    addr = _translate(ctx, tr, world, data, r, "ptr", local=comm_scope != "inter_node",
+                      nbytes=_elem_bytes(tt) if data.size == 1 else 1)
     race().signal_release(addr, comm_scope != "gpu")        # st/red.release at the scope's level
     _signal_update(tr, addr, _int(signal), sig_op, dtype)
     return None
@@ -198,6 +200,7 @@ def _release_tile(ctx, slot_ptr, epoch):
     world, tr = _world(ctx)
     _slot_word(ctx, slot_ptr, "slot_ptr")
     addr = np.asarray([_int(slot_ptr)], dtype=np.uint64)
+    access().tile_released(int(addr[0]))           # megakernel access check of the tile this ends
     race().signal_release(addr, False)
     _signal_update(tr, addr, _int(epoch), "set", np.int32)
     return None

@@ -27,6 +27,13 @@ def _world(ctx):
     if world is None or world.backend != "sim":
         raise ctx.error("needs a simulated ditron world: call ditron.init() (the script runs under "
                         "`ditron sim -n N` or with TRITON_INTERPRET=1)")
+    if _launch() is None:
+        # a plain @triton.jit kernel launched directly: on GPUs it has no device library attached and fails to
+        # link (ptxas: Unresolved extern function 'ditron_world_get'); the simulator refuses it as well
+        raise ctx.error("distributed primitives need a @ditron.jit kernel: this one was launched as a plain "
+                        "@triton.jit kernel, which on GPUs fails to link (no ditron device library: 'Unresolved "
+                        "extern function ditron_world_get'). Decorate the launched kernel with @ditron.jit "
+                        "(helpers it calls may stay @triton.jit); see docs/language.md")
     return world, world.transport
 
 
@@ -114,13 +121,33 @@ def _check_rank(ctx, world, rank, arg, local):
                         "shmem.putmem*/getmem* or comm_scope='inter_node' across nodes)", arg=arg)
 
 
-def _own_offsets(ctx, tr, addrs, arg, nbytes=1):
+def _tensor_bounds(ctx, tr, first, nbytes, arg, rank):
+    """``nbytes`` bytes from heap offset ``first`` must lie in one live symmetric tensor (not merely in the heap:
+    a put past a tensor's end overwrites the peer's next tensor)."""
+    heap = tr.heap
+    alloc = heap.allocation_at(first)
+    on = f" of rank {rank}" if rank is not None else ""
+    if alloc is None:
+        raise ctx.error(f"the pointer{on} is in no live symmetric tensor: {heap.describe_gap(first)}", arg=arg)
+    end = alloc.offset + alloc.nbytes
+    if first + nbytes > end:
+        import torch
+        elem = torch.empty((), dtype=alloc.dtype).element_size()
+        raise ctx.error(f"{nbytes} bytes from element {(first - alloc.offset) // elem} of {alloc.label()}{on} run "
+                        f"{first + nbytes - end} bytes past its end ({alloc.nbytes // elem} elements, "
+                        f"{alloc.nbytes} bytes): the size is too large for the tensor", arg=arg)
+
+
+def _own_offsets(ctx, tr, addrs, arg, nbytes=1, rank=None):
     """Heap offsets of ``addrs`` in this rank's heap; raises when the pointer
-    is not in the symmetric heap."""
+    is not in the symmetric heap, and (``nbytes`` > 1: the exact extent of a
+    put, get or signal) when the extent leaves the symmetric tensor."""
     base = tr.heap_base(tr.rank)
     off = addrs.astype(np.int64) - np.int64(base)
     first = int(off.reshape(-1)[0]) if off.size else 0
     lo = int(off.min()) if off.size else 0
+    if off.size and 0 <= lo and first < tr.heap_size and nbytes > 1:
+        _tensor_bounds(ctx, tr, first, nbytes, arg, rank)
     if off.size and (lo < 0 or first + nbytes > tr.heap_size or first >= tr.heap_size):
         launch = _launch()
         hint = launch.describe_arg(int(addrs.reshape(-1)[0])) if launch is not None else None
@@ -132,7 +159,7 @@ def _own_offsets(ctx, tr, addrs, arg, nbytes=1):
 
 def _translate(ctx, tr, world, ptr_data, rank, arg, *, local=True, nbytes=1):
     _check_rank(ctx, world, rank, "rank" if arg != "pe" else "pe", local)
-    off = _own_offsets(ctx, tr, ptr_data, arg, nbytes)
+    off = _own_offsets(ctx, tr, ptr_data, arg, nbytes, rank)
     return (np.int64(tr.heap_base(rank)) + off).astype(np.uint64)
 
 

@@ -10,7 +10,7 @@ import triton.language as tl
 from .. import _compat
 from . import register
 from .sim_base import (_threads_per_program, BACKEND, _MC_TAG, _check_rank, _data, _elem_ty, _int, _launch, _like, _own_offsets, _program,
-                       _scalar, _signal_dtype, _signal_update, _spin_values, _translate, _world, access,
+                       _scalar, _signal_dtype, _tensor_bounds, _signal_update, _spin_values, _translate, _world, access,
                        not_in_thread_region, race, where)
 
 
@@ -93,12 +93,21 @@ def _callers(ctx, coop, primitive):
     return {"thread": _threads_per_program(), "warp": max(1, _threads_per_program() // 32)}.get(coop, 1)
 
 
+def _local_side(ctx, tr, addr, nbytes, arg):
+    """The local buffer of a put / get: when it is in this rank's symmetric heap, its extent must stay in
+    its tensor (an ordinary tensor's extent is not known here)."""
+    off = int(addr[0]) - tr.heap_base(tr.rank)
+    if nbytes > 0 and 0 <= off < tr.heap_size:
+        _tensor_bounds(ctx, tr, off, nbytes, arg, tr.rank)
+
+
 @register("shmem.putmem", BACKEND)
 def _putmem(ctx, dst, src, nbytes, pe, nbi, coop):
     _callers(ctx, coop, "shmem.putmem")        # every caller copies the same bytes: once is the same
     world, tr = _world(ctx)
     n = _int(nbytes)
     remote = _translate(ctx, tr, world, _ptr0(ctx, dst, "dst"), _int(pe), "dst", local=False, nbytes=n)
+    _local_side(ctx, tr, _ptr0(ctx, src, "src"), n, "src")
     _copy(ctx, tr, remote[0], _ptr0(ctx, src, "src")[0], n)
     return None
 
@@ -109,6 +118,7 @@ def _getmem(ctx, dst, src, nbytes, pe, nbi, coop):
     world, tr = _world(ctx)
     n = _int(nbytes)
     remote = _translate(ctx, tr, world, _ptr0(ctx, src, "src"), _int(pe), "src", local=False, nbytes=n)
+    _local_side(ctx, tr, _ptr0(ctx, dst, "dst"), n, "dst")
     _copy(ctx, tr, _ptr0(ctx, dst, "dst")[0], remote[0], n)
     return None
 
@@ -121,6 +131,7 @@ def _putmem_signal(ctx, dst, src, nbytes, sig_addr, signal, pe, nbi, coop, sig_o
     dtype = _signal_dtype(ctx, _elem_ty(sig_addr), "sig_addr", need64=True)
     remote = _translate(ctx, tr, world, _ptr0(ctx, dst, "dst"), r, "dst", local=False, nbytes=n)
     sig = _translate(ctx, tr, world, _ptr0(ctx, sig_addr, "sig_addr"), r, "sig_addr", local=False, nbytes=8)
+    _local_side(ctx, tr, _ptr0(ctx, src, "src"), n, "src")
     _copy(ctx, tr, remote[0], _ptr0(ctx, src, "src")[0], n)
     race().signal_release(sig, True)        # the signal is delivered after the data
     for _ in range(callers if sig_op == "add" else 1):    # every caller adds; a set is the same once

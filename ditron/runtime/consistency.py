@@ -48,19 +48,29 @@ _UIDS = [0]
 _UID_LOCK = threading.Lock()
 
 
-def debug_enabled() -> bool:
-    """``DITRON_DEBUG=1``: the checks that cost host time also run on GPUs."""
-    return os.environ.get("DITRON_DEBUG", "") not in ("", "0")
+from .alloccheck import debug_enabled  # noqa: E402,F401  (defined below consistency: alloccheck uses it too)
+
+
+def _library_dirs():
+    """Directories whose frames are never the user's: ditron, the kernel zoo, torch and triton (a zoo op
+    called through ``torch.ops.ditron.*`` passes through torch's custom-op dispatch)."""
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dirs = [pkg + os.sep, os.path.join(os.path.dirname(pkg), "kernels") + os.sep]
+    for name in ("torch", "triton"):
+        import sys
+        mod = sys.modules.get(name)
+        if mod is not None and getattr(mod, "__file__", None):
+            dirs.append(os.path.dirname(os.path.abspath(mod.__file__)) + os.sep)
+    return tuple(dirs)
 
 
 def call_site() -> str:
-    """file:line of the first frame outside ditron and the kernel zoo."""
+    """file:line of the first frame outside ditron, the kernel zoo, torch and triton."""
     import traceback
-    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    zoo = os.path.join(os.path.dirname(pkg), "kernels")
+    skip = _library_dirs()
     for frame in traceback.extract_stack()[::-1]:
         path = os.path.abspath(frame.filename)
-        if not (path.startswith(pkg + os.sep) or path.startswith(zoo + os.sep)):
+        if not path.startswith(skip):
             return f"{os.path.basename(frame.filename)}:{frame.lineno}"
     return "?"
 
@@ -92,7 +102,7 @@ def compare(fps, call: int, label: str) -> None:
     for name in names:
         vals = [dict(fp["fields"]).get(name, "<missing>") for fp in fps]
         if len(set(vals)) > 1:
-            each = "; ".join(f"rank {r}: {v}" for r, v in enumerate(vals))
+            each = "; ".join(f"rank {r}: {v} (at {fp['site']})" for r, (v, fp) in enumerate(zip(vals, fps)))
             raise DitronError(f"{ops[0]}: ranks disagree on argument '{name}' (call #{call} on {label}): {each}. "
                               f"Every rank must call {ops[0]} with the same {name}; nothing was launched")
 

@@ -280,6 +280,8 @@ class GpuTransport(Transport):
         import torch
         base = self.heap_tensor.data_ptr()
         self.heap = SymmetricHeap(self.heap_tensor, self.rank, f"{self.name} transport")
+        from .alloccheck import gpu_ledger
+        self.heap.on_alloc = gpu_ledger(self.rank, self.world_size)      # DITRON_DEBUG=1: ranks allocate alike
         self.peer_bases = []
         for lr in range(self.local_world_size):
             p = self.peer_heaps[lr].data_ptr()

@@ -126,6 +126,10 @@ class SymmetricHeap:
         self.owner = owner            # transport name, for messages
         self.top = 0
         self.allocations: list[Allocation] = []
+        self.generation = 0           # bumped when allocations are released (positions restart)
+        #: ``on_alloc(allocation, generation)`` before an allocation is made (the cross-rank check of
+        #: :mod:`ditron.runtime.alloccheck`); it may raise
+        self.on_alloc = None
 
     # -- allocation -----------------------------------------------------------
     def alloc(self, shape, dtype, *, name=None):
@@ -142,8 +146,10 @@ class SymmetricHeap:
                 f"symmetric heap of rank {self.rank} is full: {nbytes} bytes requested, "
                 f"{self.size - used} of {self.size} free ({self.owner}); set DITRON_HEAP_SIZE (e.g. "
                 f"DITRON_HEAP_SIZE=2G) before ditron.init(), or free allocations with ditron.heap_scope()")
-        self.top = offset + nbytes
         alloc = Allocation(len(self.allocations), offset, nbytes, shape, dtype, name, _call_site())
+        if self.on_alloc is not None:
+            self.on_alloc(alloc, self.generation)
+        self.top = offset + nbytes
         self.allocations.append(alloc)
         view = self.buffer[offset:offset + nbytes].view(dtype)
         view = view.view(shape) if shape else view.view(())
@@ -155,6 +161,7 @@ class SymmetricHeap:
 
     def release(self, mark, why="the ditron.heap_scope it was allocated in has ended"):
         self.top, n = mark
+        self.generation += 1          # every release, so ranks that run the same scopes stay aligned
         for a in self.allocations[n:]:
             a.freed = why
         del self.allocations[n:]
@@ -180,6 +187,46 @@ class SymmetricHeap:
             return False
         span = (t.numel() and (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1)) * t.element_size()
         return self.contains_ptr(ptr, span)
+
+    def allocation_at(self, offset: int):
+        """The live :class:`Allocation` holding heap byte ``offset``, or None (alignment gap, unused heap)."""
+        import bisect
+        starts = [a.offset for a in self.allocations]
+        i = bisect.bisect_right(starts, offset) - 1
+        if i >= 0 and offset < self.allocations[i].offset + self.allocations[i].nbytes:
+            return self.allocations[i]
+        return None
+
+    def describe_gap(self, offset: int) -> str:
+        """Where heap byte ``offset`` (in no live allocation) is: past the end of which tensor."""
+        import torch
+        prev = [a for a in self.allocations if a.offset + a.nbytes <= offset]
+        if not prev:
+            return f"heap offset {offset}, before every live symmetric tensor"
+        a = prev[-1]
+        elem = torch.empty((), dtype=a.dtype).element_size()
+        return (f"heap offset {offset}, element {(offset - a.offset) // elem} of {a.label()}, past its end "
+                f"({a.nbytes // elem} elements)")
+
+    def bounds_lists(self):
+        """(starts, ends) of the live allocations as Python lists (cached until the allocations change)."""
+        key = (len(self.allocations), self.top)
+        cache = self.__dict__.get("_bounds_l")
+        if cache is None or cache[0] != key:
+            cache = self._bounds_l = (key, [a.offset for a in self.allocations],
+                                      [a.offset + a.nbytes for a in self.allocations])
+        return cache[1], cache[2]
+
+    def bounds_tables(self):
+        """(starts, ends) of the live allocations as int64 arrays (cached until the allocations change)."""
+        import numpy as np
+        key = (len(self.allocations), self.top, self.allocations[-1].offset if self.allocations else -1)
+        cache = self.__dict__.get("_bounds")
+        if cache is None or cache[0] != key:
+            starts = np.array([a.offset for a in self.allocations], dtype=np.int64)
+            ends = np.array([a.offset + a.nbytes for a in self.allocations], dtype=np.int64)
+            cache = self._bounds = (key, starts, ends)
+        return cache[1], cache[2]
 
     def describe_offset(self, offset: int) -> str:
         """A symmetric tensor and element offset for a heap byte offset."""

@@ -89,6 +89,8 @@ class SimTransport(Transport):
         self.base0 = self.all_heaps.data_ptr()
         buf = self.all_heaps[rank * heap_size:(rank + 1) * heap_size]
         self.heap = SymmetricHeap(buf, rank, "simulator")
+        from .alloccheck import FileLedger
+        self.heap.on_alloc = FileLedger(sim_dir, rank, world_size)      # ranks allocate alike
         self.control.rank_set(rank, M.R_PID, os.getpid())
         self.control.rank_set(rank, M.R_ACTIVE, 1)     # this (main) thread runs host code
         self.control.rank_set(rank, M.R_DONE, 0)

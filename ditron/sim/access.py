@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import _compat
 from ..lowering import provide
-from . import race
+from . import race, taskcheck
 from .events import current_launch, current_program
 
 
@@ -60,6 +60,21 @@ def end_poll():
             launch.transport.poll_end(launch)
 
 
+_RACE = [False]
+
+
+def plain_hooks() -> bool:
+    """Whether plain loads and stores reach the hooks: always on the simulator (tensor bounds of symmetric
+    accesses, the megakernel access check, the race finder).  Called at each launch."""
+    _RACE[0] = race.enabled()
+    return True
+
+
+def _where():
+    from ..lowering.sim import where
+    return where()
+
+
 def interp_load(ptrs, mask, data, volatile):
     """Hook on the interpreter's loads (``_compat.ACCESS_HOOKS``)."""
     if volatile:
@@ -67,15 +82,104 @@ def interp_load(ptrs, mask, data, volatile):
             race.signal_relaxed_read(ptrs, mask)      # a relaxed read of a flag (race finder)
         polled(ptrs, mask, data, "tl.load(volatile=True)")
         return None
-    return race.plain_access("read", ptrs, mask, data)
+    itemsize = np.asarray(data).dtype.itemsize
+    heap_bounds(ptrs, mask, itemsize, "read")
+    taskcheck.record("read", ptrs, mask, itemsize, _where)
+    return race.plain_access("read", ptrs, mask, data) if _RACE[0] else None
 
 
 def interp_store(ptrs, mask, data):
     end_poll()
-    race.plain_access("write", ptrs, mask, data)
+    itemsize = np.asarray(data).dtype.itemsize
+    heap_bounds(ptrs, mask, itemsize, "write")
+    taskcheck.record("write", ptrs, mask, itemsize, _where)
+    if _RACE[0]:
+        race.plain_access("write", ptrs, mask, data)
+
+
+def _elem_size(dtype):
+    import torch
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def heap_bounds(ptrs, mask, itemsize, kind):
+    """Tensor bounds, not heap bounds: a plain load / store (``tl.load`` / ``tl.store``, also through
+    ``dl.symm_at``) whose lanes in the symmetric heaps leave the symmetric tensor of its lowest lane (or fall
+    outside every live tensor) is an error naming the tensor, the element and the rank."""
+    launch = current_launch()
+    if launch is None or launch.transport is None:
+        return
+    tr = launch.transport
+    a = np.asarray(ptrs).reshape(-1)
+    if a.size == 0:
+        return
+    lo = tr.heap_base(0)
+    hi = lo + tr.world_size * tr.heap_size
+    amin, amax = int(a.min()), int(a.max())
+    if amax < lo or amin >= hi:
+        return                                     # no lane in the heaps (an ordinary tensor): the common case
+    if mask is not None:
+        m = np.asarray(mask).reshape(-1)
+        a = a[m if m.dtype == bool else m.astype(bool)]
+        if a.size == 0:
+            return
+        amin, amax = int(a.min()), int(a.max())
+    hs = tr.heap_size
+    if lo <= amin and amax < hi and (amin - lo) // hs == (amax - lo) // hs:
+        # fast path: one rank's copy, inside the tensor of the lowest lane
+        import bisect
+        starts, ends = tr.heap.bounds_lists()
+        o_min, o_max = (amin - lo) % hs, (amax - lo) % hs
+        i = bisect.bisect_right(starts, o_min) - 1
+        if i >= 0 and o_max + itemsize <= ends[i]:
+            return
+    a = a.astype(np.int64)
+    a = a[(a >= lo) & (a < hi)]
+    starts, ends = tr.heap.bounds_tables()
+    rel = a - lo
+    off = rel % tr.heap_size
+    idx = np.searchsorted(starts, off, side="right") - 1
+    first = int(np.argmin(a))
+    home = int(idx[first])
+    ok = (idx == home) & (home >= 0)
+    if home >= 0:
+        ok &= off + itemsize <= ends[home]
+    if ok.all():
+        return
+    bad = int(np.flatnonzero(~ok)[0])
+    rank = int(rel[bad] // tr.heap_size)
+    verb = "stores to" if kind == "write" else "loads from"
+    from ..lowering.sim import where
+    prog = current_program()
+    who = f"rank {tr.rank}, program {prog}, at {where()}"
+    if home < 0:
+        raise _bounds_error(f"{who}: tl.{'store' if kind == 'write' else 'load'} {verb} rank "
+                            f"{int(rel[first] // tr.heap_size)}'s copy of the symmetric heap outside every live "
+                            f"symmetric tensor: {tr.heap.describe_gap(int(off[first]))}")
+    alloc = tr.heap.allocations[home]
+    elem = _elem_size(alloc.dtype)
+    el = (int(off[bad]) - alloc.offset) // elem
+    n = alloc.nbytes // elem
+    other = tr.heap.allocation_at(int(off[bad]))
+    into = f"; the address is in {other.label()}" if other is not None else ""
+    raise _bounds_error(f"{who}: tl.{'store' if kind == 'write' else 'load'} {verb} {alloc.label()} on rank {rank} "
+                        f"at element {el}, past its end ({n} elements){into}: mask the lanes past the tensor")
+
+
+def _bounds_error(text):
+    from ..errors import DitronError
+    return DitronError("out of bounds: " + text)
+
+
+def tile_released(slot_addr):
+    """``dl.release_tile``: the megakernel access check of the tile it ends."""
+    launch = current_launch()
+    taskcheck.released(slot_addr, current_program(), launch.transport.rank if launch and launch.transport else 0)
 
 
 def interp_atomic(phase, ptrs, mask, sem, scope):
+    if not _RACE[0]:
+        return                   # as before the plain-access hooks were always on: atomics are the race finder's
     if phase == "pre":
         end_poll()
     race.atomic_access(phase, ptrs, mask, sem, scope)

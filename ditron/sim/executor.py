@@ -39,6 +39,7 @@ class Launch:
         self.failed = False
         self.errors = []          # (program, exception, traceback text)
         self.tensor_args = []     # (name, first byte address, nbytes) of tensor arguments
+        self.tensor_elems = {}    # name -> element size of tensor arguments
         self.race = None          # race.LaunchRace in race mode
 
     def describe_arg(self, addr):
@@ -69,7 +70,8 @@ class Launch:
                 self.race.program_begin(pid, linear)
             fn(**args)
         except BaseException as e:  # noqa: BLE001 -- reported by the launching thread
-            self.errors.append((pid, e, traceback.format_exc()))
+            root = _root_cause(e)
+            self.errors.append((pid, root, traceback.format_exc()))
             self.failed = True
         finally:
             if self.race is not None:
@@ -80,6 +82,20 @@ class Launch:
             if self.transport is not None:
                 self.transport.control.progress()
             self._running(-1)
+
+
+def _root_cause(e):
+    """Triton's interpreter wraps what a ``@triton.jit`` helper raises in an ``InterpreterError`` (one per
+    nesting level): the ditron error or blocked wait inside is what the user needs (the same one-entry report
+    as a wait in the kernel itself), not the chain."""
+    from ..runtime.sim import Blocked
+    seen, c = set(), e
+    while c is not None and id(c) not in seen:
+        if isinstance(c, (DitronError, Blocked)):
+            return c
+        seen.add(id(c))
+        c = c.__cause__ or c.__context__
+    return e
 
 
 _PARAMS: dict = {}
@@ -108,10 +124,10 @@ def _install_hooks():
             raise DitronError("the simulator's access hooks (ditron.sim.access) are not loaded; "
                               "kernels reach the executor through ditron.jit, which loads them")
         H.load, H.store, H.atomic = access.interp_load, access.interp_store, access.interp_atomic
-    H.plain = provided("race") is not None
+    H.plain = provided("access").plain_hooks()     # bounds, megakernel access checks, race finder
 
 
-def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
+def execute(name, fn, arg_names, grid, args, kwargs, transport=None, lint_kernel=None):
     """Run ``fn`` (the interpreter-rewritten kernel body) over ``grid``."""
     _install_hooks()
     params, constexprs = _params(fn, arg_names)
@@ -135,6 +151,15 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None):
     for k, v in bound.items():
         if hasattr(v, "data_ptr") and hasattr(v, "untyped_storage"):
             launch.tensor_args.append((k, v.data_ptr(), v.numel() * v.element_size()))
+            launch.tensor_elems[k] = v.element_size()
+    if lint_kernel is not None:
+        # the gpu-scope-wait lint across kernels: this launch's buffers against earlier launches' (once each)
+        from .. import lint
+        heap = getattr(transport, "heap", None)
+        symm = {k: (heap.generation, v.data_ptr()) for k, v in bound.items()
+                if heap is not None and hasattr(v, "data_ptr") and heap.contains(v)}     # peers write only these
+        found = lint.across_kernels(name, lint_kernel, symm, kwargs)
+        lint.report(name, found, stacklevel=5)
     programs = [(x, y, z) for x in range(grid[0]) for y in range(grid[1]) for z in range(grid[2])]
     race = provided("race")          # the race finder, when on
     launch.race = race.launch_begin(launch) if race is not None else None
@@ -215,4 +240,4 @@ class SimKernel(_compat.interpreted_function_class()):
             self._linted = True
             from .. import lint
             lint.report(name, lint.lint(self, None, kwargs), stacklevel=3)
-        return execute(name, fn, self.arg_names, grid, args, kwargs, transport)
+        return execute(name, fn, self.arg_names, grid, args, kwargs, transport, lint_kernel=self)

@@ -100,7 +100,7 @@ def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, ou
             if seed is not None:
                 env[R.SEED_ENV] = str(int(seed))
             procs.append(subprocess.Popen([sys.executable, "-m", "ditron.sim.rank", *argv], env=env,
-                                          preexec_fn=M.die_with_parent))
+                                          preexec_fn=_rank_preexec))
         dog = Watchdog(control, hang_timeout, alive=lambda r: procs[r].poll() is None)
         first_failure = None
         deadline = None
@@ -137,11 +137,22 @@ def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, ou
             print_failure(r, code, reports, codes, out)
             return code if code > 0 else 1
         return 0
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, not a traceback (the ranks ignore SIGINT: the launcher stops them)
+        print("ditron sim: interrupted (Ctrl-C); every rank was stopped and the job's files removed", file=out)
+        return 130
     finally:
         stop_ranks(procs)
         control.close()
         if not os.environ.get("DITRON_SIM_KEEP"):
             shutil.rmtree(sim_dir, ignore_errors=True)
+
+
+def _rank_preexec():
+    """In a rank process before it starts: die with the launcher, and leave Ctrl-C (SIGINT, sent to the whole
+    foreground process group) to the launcher, which stops every rank and prints one line."""
+    M.die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class Stopped(BaseException):

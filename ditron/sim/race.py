@@ -287,14 +287,30 @@ class _State:
     def access(self, t, kind, addrs, mask, data, where, itemsize=None):
         shape = np.shape(addrs)
         addrs = np.asarray(addrs).reshape(-1).astype(np.uint64, copy=False)
+        live = np.asarray(mask).reshape(-1).astype(bool) if mask is not None else None
         sel = (addrs >= np.uint64(self.lo)) & (addrs < np.uint64(self.hi))
-        if mask is not None:
-            sel &= np.asarray(mask).reshape(-1).astype(bool)
-        if not sel.any():
-            return None
+        if live is not None:
+            sel &= live
+        out = self._access(t, kind, addrs, shape, sel, data, where, itemsize, self.shared, self.lo,
+                           self.tr.describe_addr) if sel.any() else None
+        # ordinary (non-symmetric) tensor arguments: shared by the programs of this launch (a megakernel's
+        # activations), checked against a shadow of the launch
+        lr = getattr(t, "launch", None)
+        if lr is not None and lr.local:
+            for sh in lr.local:
+                sel = (addrs >= np.uint64(sh.lo)) & (addrs < np.uint64(sh.hi))
+                if live is not None:
+                    sel &= live
+                if sel.any():
+                    got = self._access(t, kind, addrs, shape, sel, data if out is None else out, where, itemsize,
+                                       sh.arrays(), sh.lo, sh.describe)
+                    out = got if got is not None else out
+        return out
+
+    def _access(self, t, kind, addrs, shape, sel, data, where, itemsize, sh, lo, describe):
         idx = np.flatnonzero(sel)
         a = addrs[idx]
-        g = ((a - np.uint64(self.lo)) >> np.uint64(_GRAN)).astype(np.int64)
+        g = ((a - np.uint64(lo)) >> np.uint64(_GRAN)).astype(np.int64)
         if (itemsize or (data.dtype.itemsize if data is not None else 2)) == 1:
             # byte accesses: only granules whose two bytes this access covers (neighbouring bytes of
             # another program are not a race); no stale values or same-value writes for them
@@ -303,7 +319,6 @@ class _State:
             idx, a, g, data = idx[keep], a[keep], g[keep], None
             if idx.size == 0:
                 return None
-        sh = self.shared
         me = (t.tid << CLOCK_BITS) | int(t.vc[t.tid])
         info = self._info(t, where)
         w = sh.w_ep[g]
@@ -316,8 +331,8 @@ class _State:
                     sv = s[g]
                     bad_w &= ~((sv != 0) & ~self._unordered(t, sv))
             if bad_w.any():
-                self._report(t, "write", "read", a, bad_w, sh.w_info[g], w, info)
-                out = self._stale(data, idx, g, bad_w)
+                self._report(t, "write", "read", a, bad_w, sh.w_info[g], w, info, describe)
+                out = self._stale(data, idx, g, bad_w, sh)
             sh.r_ep[g] = me
             sh.r_info[g] = info
         else:
@@ -342,9 +357,9 @@ class _State:
                 if not keep.any():
                     return None
             if bad_w.any():
-                self._report(t, "write", "write", a, bad_w, sh.w_info[g], w, info)
+                self._report(t, "write", "write", a, bad_w, sh.w_info[g], w, info, describe)
             if bad_r.any():
-                self._report(t, "read", "write", a, bad_r, sh.r_info[g], r, info)
+                self._report(t, "read", "write", a, bad_r, sh.r_info[g], r, info, describe)
             if before is not None:
                 sh.old[g] = before
             sh.w_ep[g] = me
@@ -372,14 +387,14 @@ class _State:
         prog = "host" if slot == 0 else f"program ({x}, {y}, {z})"
         return f"rank {rank}, {prog}, at {self.loc_text(lid)}"
 
-    def _report(self, t, first, second, addrs, bad, infos, eps, info):
+    def _report(self, t, first, second, addrs, bad, infos, eps, info, describe=None):
         i = int(np.flatnonzero(bad)[0])
         key = (first, second, int(infos[i]) >> 32, info >> 32)
         if key in self.seen:
             return
         self.seen.add(key)
         n = int(bad.sum())
-        text = (f"data race on {self.tr.describe_addr(int(addrs[i]))}"
+        text = (f"data race on {(describe or self.tr.describe_addr)(int(addrs[i]))}"
                 + (f" (and {n - 1} more elements of this access)" if n > 1 else "") + ":\n"
                 f"    {first:<5} by {self._who(infos[i], eps[i])}\n"
                 f"    {second:<5} by {self._who(info, (t.tid << CLOCK_BITS))}\n"
@@ -387,14 +402,14 @@ class _State:
                 f"barrier or launch boundary orders them)")
         self.pending_reports.append(text)
 
-    def _stale(self, data, idx, g, bad):
+    def _stale(self, data, idx, g, bad, sh=None):
         pick = self.rng.random(int(bad.sum())) < 0.5
         if data is None or not pick.any():
             return None
         out = np.array(data, copy=True)
         flat = out.reshape(-1)
         which = idx[np.flatnonzero(bad)[pick]]
-        old = self.shared.old[g[np.flatnonzero(bad)[pick]]]
+        old = (sh or self.shared).old[g[np.flatnonzero(bad)[pick]]]
         flat[which] = _from_raw_bits(old, out.dtype)
         return out
 
@@ -444,11 +459,13 @@ class LaunchRace(LaunchObserver):
         self.st = st
         st.launches += 1
         st.seen.clear()             # each pair of racing lines is reported once per launch
+        st.pending_reports.clear()  # those of a launch that failed with another error went with it
         self.rng = np.random.default_rng([st.seed, st.rank, st.launches])
         self.start = st.host.vc.copy()
         self.join = st.host.vc.copy()
         np.copyto(st.shared.launch_start[st.rank], self.start)
         self.lock = threading.Lock()
+        self.local = _local_shadows(st, launch)
 
     def order(self, programs):
         perm = self.rng.permutation(len(programs))
@@ -458,7 +475,7 @@ class LaunchRace(LaunchObserver):
         vc = self.start.copy()
         tid = self.st.rank * (1 + SLOTS) + 1 + linear % SLOTS
         vc[tid] += 1
-        t = _Thread(vc, tid, pid)
+        t = _Thread(vc, tid, pid, self)
         t.fence_vc, t.fence_sys = self.start, True        # a kernel starts after a full fence
         _T.t = t
 
@@ -475,6 +492,54 @@ class LaunchRace(LaunchObserver):
         np.maximum(st.host.vc, self.join, out=st.host.vc)
         st.host.vc[st.host.tid] += 1
         take_reports(f"kernel {name}")
+
+
+#: bytes of ordinary tensor arguments a launch shadows at most (beyond: fewer races found, none invented)
+LOCAL_SHADOW_BYTES = 256 << 20
+
+
+class _LocalShadow:
+    """Shadow memory of one ordinary tensor argument range of a launch (this process only: no other rank can
+    reach it), allocated at its first access."""
+
+    def __init__(self, lo, hi, names):
+        self.lo, self.hi, self.names = lo, hi, names
+        self._arrays = None
+
+    def arrays(self):
+        if self._arrays is None:
+            n = ((self.hi - self.lo) >> _GRAN) + 1
+            a = [np.zeros(n, dtype=np.int64) for _ in range(_ARRAYS)]
+            ns = type("_Arrays", (), {})()
+            ns.w_ep, ns.w_info, ns.r_ep, ns.r_info, ns.old, *ns.same = a
+            self._arrays = ns
+        return self._arrays
+
+    def describe(self, addr):
+        for name, lo, nbytes, elem in self.names:
+            if lo <= addr < lo + nbytes:
+                return f"tensor argument '{name}' (not symmetric), element {(addr - lo) // elem}"
+        return f"address {addr:#x} (an ordinary tensor argument)"
+
+
+def _local_shadows(st, launch):
+    spans = []
+    for name, lo, nbytes in getattr(launch, "tensor_args", ()):
+        if nbytes <= 0 or st.lo <= lo < st.hi:
+            continue
+        elem = dict(getattr(launch, "tensor_elems", {})).get(name, 1)
+        spans.append((lo, lo + nbytes, name, elem))
+    out, total = [], 0
+    for lo, hi, name, elem in sorted(spans):
+        if out and lo < out[-1].hi:
+            out[-1].hi = max(out[-1].hi, hi)
+            out[-1].names.append((name, lo, hi - lo, elem))
+            continue
+        if total + (hi - lo) > LOCAL_SHADOW_BYTES:
+            continue
+        total += hi - lo
+        out.append(_LocalShadow(lo, hi, [(name, lo, hi - lo, elem)]))
+    return out
 
 
 def take_reports(what):

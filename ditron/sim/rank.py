@@ -38,6 +38,13 @@ def main(argv=None):
         print("usage: python -m ditron.sim.rank SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     rank = int(os.environ.get("RANK", "0"))
+    for stream in (sys.stdout, sys.stderr):
+        # the ranks share the launcher's stdout / stderr: whole lines, so that two ranks' output is never
+        # glued onto one line (a block-buffered pipe would flush mid-line)
+        try:
+            stream.reconfigure(line_buffering=True)
+        except (AttributeError, ValueError):
+            pass
     script = argv[0]
     sys.argv = argv
     if argv[0] == "-m":

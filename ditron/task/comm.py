@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .. import language as dl
 from ..errors import DitronError
-from .graph import EPOCH
+from .common import EPOCH
 
 #: instances per pool (a pool holds staging for this many calls of one kind and shape)
 POOL_INSTANCES = 64
@@ -104,8 +104,11 @@ def _exchange(graph, name, x, out, deps, block, reduce):
     ntiles = triton.cdiv(n, block)
 
     def make():
-        stage = ditron.symm_zeros((2, POOL_INSTANCES, ws, n), x.dtype)
-        sig = ditron.symm_zeros((2, POOL_INSTANCES, ws, ntiles), torch.int32)
+        kind = "all_reduce" if reduce else "all_gather"
+        stage = ditron.symm_zeros((2, POOL_INSTANCES, ws, n), x.dtype,
+                                  name=f"megakernel {graph.name}: {kind} staging (n={n})")
+        sig = ditron.symm_zeros((2, POOL_INSTANCES, ws, ntiles), torch.int32,
+                                name=f"megakernel {graph.name}: {kind} signals (n={n})")
         return stage, sig
 
     (stage, sig), inst = _pool(graph, ("reduce" if reduce else "gather", str(x.dtype), n, block), make)
@@ -142,7 +145,8 @@ def barrier(graph, name, deps=()):
     ws = _world_size(f"barrier '{name}'")
 
     def make():
-        return (ditron.symm_zeros((2, POOL_INSTANCES, ws), torch.int32),)
+        return (ditron.symm_zeros((2, POOL_INSTANCES, ws), torch.int32,
+                                  name=f"megakernel {graph.name}: barrier signals"),)
 
     (sig,), inst = _pool(graph, ("barrier",), make)
     return graph.register_task(barrier_tile, name=name, num_tiles=1,

@@ -178,6 +178,7 @@ class Megakernel:
     def _finish_init(self):
         graph = self.graph
         if getattr(graph, "_comm_pools", None):
+            self._check_same_graph()
             # every rank's staging and signal words are zeroed (on its stream) before any rank's first
             # step can signal into them
             from ..runtime.world import barrier_all
@@ -186,6 +187,26 @@ class Megakernel:
         ref = weakref.ref(self)
         self._namer = lambda addr: (lambda mk: mk.describe_address(addr) if mk is not None else None)(ref())
         add_address_namer(self._namer)
+
+    def _check_same_graph(self):
+        """The communication tasks of a graph are collective: every rank must register the same ones, in the
+        same order, with the same tiles (compute tasks may differ per rank, e.g. an uneven split).  Compared
+        across ranks (simulator always, GPUs under DITRON_DEBUG=1) so that graphs of different sizes are an
+        error naming what differs, not a hang."""
+        import hashlib
+        from ..runtime.consistency import CallBoard
+        from ..runtime.world import current_world
+        from .comm import barrier_tile, exchange_tile
+        world = current_world(required=False)
+        if world is None or world.world_size == 1:
+            return
+        comm = [(t.name, t.num_tiles, t.fn.fn.__name__) for t in self.graph.tasks
+                if t.fn in (exchange_tile, barrier_tile)]
+        digest = hashlib.sha1(repr(comm).encode()).hexdigest()[:12]
+        board = CallBoard(world, f"megakernel '{self.graph.name}'")
+        board.check("TaskGraph.compile", [("graph", self.graph.name), ("communication tasks", len(comm)),
+                                          ("communication tiles", sum(n for _, n, _ in comm)),
+                                          ("communication tasks and tiles (digest)", digest)])
 
     def __del__(self):
         namer = self.__dict__.get("_namer")
@@ -230,12 +251,24 @@ class Megakernel:
             self.counter.zero_()
         self.steps += 1
         try:
-            self.kernel[(self.num_programs,)](*self._args, num_warps=self.num_warps)
+            with self._access_check():
+                self.kernel[(self.num_programs,)](*self._args, num_warps=self.num_warps)
         except DitronHangError as e:
             raise DitronHangError(f"megakernel '{self.graph.name}' (step {self.steps}) stopped; blocked waits:",
                                   [self._explain(dict(entry)) for entry in e.report]) from e
 
     __call__ = step
+
+    def _access_check(self):
+        """On the simulator: every load and store of the tiles is checked against the tasks' reads, writes and
+        Deps (:mod:`ditron.sim.taskcheck`); on GPUs nothing."""
+        import contextlib
+        if _on_gpu(self.device):
+            return contextlib.nullcontext()
+        from ..runtime.world import current_world
+        from ..sim import taskcheck
+        world = current_world(required=False)
+        return taskcheck.checking(self, world.heap.contains if world is not None else (lambda t: False))
 
     # -- tracing ---------------------------------------------------------------------------
     def trace(self):
