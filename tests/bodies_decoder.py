@@ -317,6 +317,7 @@ def gloo_reference_worker(rank, world_size, init_file, queue, steps=2, B=2, max_
         k, v = make_cache(cfg, rank, world_size, B, max_ctx, ctx)
         ref = TorchDecoder(cfg, cfg.shard(world_size), make_weights(cfg, rank, world_size), k, v,
                            torch.tensor([ctx], dtype=torch.int32))
-        queue.put((rank, [ref.step(make_input(cfg, B, s)).float() for s in range(steps)]))
+        # by value (NumPy): a tensor would be shared through this process's fd listener, gone once it exits
+        queue.put((rank, [ref.step(make_input(cfg, B, s)).float().numpy() for s in range(steps)]))
     finally:
         dist.destroy_process_group()
