@@ -49,8 +49,7 @@ class Mutant:
 # test groups (pytest node ids).  An id starting with "?" is a fallback: it runs only when none of the
 # other ids exists (an older commit, before the tests written for this runner), so a run on an old
 # commit measures the tests that commit had for that layer.
-EMIT = ("tests/test_sync_emitted.py", "?tests/test_compile_tile.py", "?tests/test_compile_thread.py",
-        "?tests/test_gpu_runtime.py")
+EMIT = ("tests/test_sync_emitted.py", "?tests/test_compile_tile.py", "?tests/test_compile_thread.py")
 SHMEM = ("tests/test_sync_emitted.py", "?tests/test_compile_shmem.py", "?tests/test_gpu_runtime.py")
 SIMSEM = ("tests/test_sim_semantics.py", "?tests/test_dist_primitives.py")
 RACE = ("tests/test_sim_race.py",)

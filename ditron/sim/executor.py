@@ -23,7 +23,7 @@ import traceback
 
 from .. import _compat
 from ..errors import DitronError, DitronHangError
-from . import race
+from . import race, skew  # noqa: F401  (skew: DITRON_SIM_SKEW plans of a simulated job)
 from ..lowering import provide
 
 _CURRENT = threading.local()
@@ -79,6 +79,7 @@ class Launch:
         try:
             if self.race is not None:
                 self.race.program_begin(pid, linear)
+            skew.point("program", getattr(fn, "__name__", ""), linear)     # free unless a skew plan is set
             fn(**args)
         except BaseException as e:  # noqa: BLE001 -- reported by the launching thread
             self.errors.append((pid, e, traceback.format_exc()))
