@@ -204,6 +204,9 @@ MUTANTS = [
       "    for fp in fps[:1]:\n        for k, _ in fp[\"fields\"][:2]:", CHECKS, "only the first fields compared"),
     M("checks.gemm_rs.fields", "kernels/gemm_rs.py", 'op_fields(a, name="a") + op_fields(b, name="b")[:1]',
       'op_fields(a, name="a")', CHECKS, "GEMM-RS does not compare b's shape"),
+    M("checks.fastpath", "ditron/runtime/world.py", "if all(i < len(args) and hasattr(args[i], \"data_ptr\") and contains",
+      "if any(i < len(args) and hasattr(args[i], \"data_ptr\") and contains", CHECKS,
+      "the launch check's fast path lets a plain operand through when another is symmetric"),
     M("checks.ar.fields", "kernels/all_reduce.py", '[("block", block), ("chunk", chunk),',
       '[("chunk", chunk),', CHECKS, "all_reduce does not compare block"),
 ]
