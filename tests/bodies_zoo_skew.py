@@ -35,16 +35,18 @@ def _one_hot(rows, k, dtype):
     return a.to(dtype)
 
 
-def _plans(world, kernel, dtype="fp16"):
-    """(name, context) pairs: the last rank sleeping after each of its signals, the last rank's programs of
-    ``kernel`` starting staggered (fp16 on the simulator; otherwise no skew)."""
+def _plans(world, kernel, dtype="fp16", program=None):
+    """(name, context) pairs, fp16 on the simulator (otherwise no skew): the last rank stops after its first
+    signal until every other rank is idle (blocked waiting for it, or done: ``until_idle``, so the result
+    does not depend on the machine's speed), and the same at the start of program ``program`` (None: each)
+    of its ``kernel``."""
     W, late = world.world_size, world.world_size - 1
     if W == 1 or world.backend != "sim" or dtype != "fp16":
         return [("none", contextlib.nullcontext)]
-    out = [("signals", lambda: skew.delay(late, at="signal", nth=0, seconds=0.01))]
+    out = [("signals", lambda: skew.delay(late, at="signal", nth=1, seconds=10, until_idle=True))]
     if kernel:
-        out.append(("programs", lambda: skew.delay(late, at="program", nth=0, seconds=0.03, kernel=kernel,
-                                                   stagger=True)))
+        out.append(("programs", lambda: skew.delay(late, at="program", nth=1 if program is not None else 0,
+                                                   seconds=10, kernel=kernel, program=program, until_idle=True)))
     return out
 
 
@@ -53,7 +55,7 @@ def _mismatch(got, want):
     return int(bad.sum())
 
 
-def ag_gemm_skew(world, producer, dtype="fp16", m=5, K=16, N=24):
+def ag_gemm_skew(world, producer, dtype="fp16", m=5, K=32, N=24):
     """all_gather(one-hot a) @ b == b's rows, exactly, with the last rank late."""
     G = importlib.import_module("ditron.kernels.ag_gemm")
     dt = DTYPES[dtype]
@@ -63,10 +65,12 @@ def ag_gemm_skew(world, producer, dtype="fp16", m=5, K=16, N=24):
     b = _halves(0, (K, N), dt, 1).to(world.device)
     want = (_one_hot(m, K, torch.float32).double() @ b.double().cpu()).repeat(W, 1).to(dt)
     out = []
-    for name, plan in _plans(world, "ag_gemm_producer" if producer == "sm" else None):
-        with plan():
+    for name, plan in _plans(world, "ag_gemm_producer" if producer == "sm" else None,
+                              program=ctx.producer_programs - 1):
+        with plan() as st:
             c = G.ag_gemm(a, b, ctx)
-        out.append((name, _mismatch(c.cpu(), want)))
+            hits = st["hits"] if st else 0
+        out.append((name, _mismatch(c.cpu(), want), hits))
     return out
 
 
@@ -84,9 +88,10 @@ def gemm_rs_skew(world, method, dtype, m=4, K=8, N=24):
     want = total[world.rank * m:(world.rank + 1) * m].to(dt)
     out = []
     for name, plan in _plans(world, "gemm_rs_gemm", dtype):
-        with plan():
+        with plan() as st:
             c = G.gemm_rs(a, b, ctx)
-        out.append((name, _mismatch(c.cpu(), want)))
+            hits = st["hits"] if st else 0
+        out.append((name, _mismatch(c.cpu(), want), hits))
     return out
 
 
@@ -100,9 +105,10 @@ def gemm_ar_skew(world, method, dtype, M=6, K=8, N=24):
     want = sum(_one_hot(M, K, torch.float64) @ _halves(r, (K, N), dt, 3).double() for r in range(W)).to(dt)
     out = []
     for name, plan in _plans(world, "gemm_ar", dtype):
-        with plan():
+        with plan() as st:
             c = G.gemm_ar(a, b, ctx, method=method)
-        out.append((name, _mismatch(c.cpu(), want)))
+            hits = st["hits"] if st else 0
+        out.append((name, _mismatch(c.cpu(), want), hits))
     return out
 
 
@@ -115,9 +121,10 @@ def all_reduce_skew(world, method, dtype, n=300):
     want = sum(_halves(r, (n,), dt, 4).double() for r in range(W)).to(dt)
     out = []
     for name, plan in _plans(world, "all_reduce", dtype):
-        with plan():
+        with plan() as st:
             y = AR.all_reduce(x, ctx, method=method)
-        out.append((name, _mismatch(y.cpu(), want)))
+            hits = st["hits"] if st else 0
+        out.append((name, _mismatch(y.cpu(), want), hits))
     return out
 
 
@@ -131,7 +138,8 @@ def reduce_scatter_skew(world, method, dtype, m=100):
     want = total[world.rank * m:(world.rank + 1) * m].to(dt)
     out = []
     for name, plan in _plans(world, "reduce_scatter", dtype):
-        with plan():
+        with plan() as st:
             y = RS.reduce_scatter(x, ctx, method=method)
-        out.append((name, _mismatch(y.cpu(), want)))
+            hits = st["hits"] if st else 0
+        out.append((name, _mismatch(y.cpu(), want), hits))
     return out

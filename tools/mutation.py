@@ -175,8 +175,8 @@ MUTANTS = [
       "every write after a write counts as 'the same value'"),
     # ---- zoo protocols ----------------------------------------------------------------------------------------------
     M("zoo.ag_gemm.wait", "kernels/ag_gemm.py",
-      'tok = dl.wait(sigp + seg * per_seg, per_seg, "sys", "acquire", waitValue=val)',
-      'tok = dl.wait(sigp + seg * per_seg, per_seg - 1, "sys", "acquire", waitValue=val)', SKEW("tests/test_ag_gemm.py::test_ag_gemm_shapes"),
+      'tok2 = dl.wait(sigp + s_above * per_seg, n_above * per_seg, "sys", "acquire", waitValue=val)',
+      'tok2 = dl.wait(sigp + s_above * per_seg, n_above * per_seg - 1, "sys", "acquire", waitValue=val)', SKEW("tests/test_ag_gemm.py::test_ag_gemm_shapes"),
       "AG-GEMM consumer waits for one signal word too few"),
     M("zoo.gemm_rs.wait", "kernels/gemm_rs.py", 'tok2 = dl.wait(ready_ptr + me + 1, W - 1 - me, "sys", "acquire"',
       'tok2 = dl.wait(ready_ptr + me + 1, W - 2 - me, "sys", "acquire"', SKEW("tests/test_gemm_rs.py::test_gemm_rs_reuse_delayed_rank"),

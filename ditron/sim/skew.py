@@ -22,7 +22,13 @@ Events (counted per rank process, from the moment the plan is set):
   (the rank's last programs are the latest).
 * ``"any"``: a signal or a wait.
 
-``nth=0`` delays at every such event.  Use it from code that runs on the
+``nth=0`` delays at every such event.  ``until_idle=True`` makes the delay
+event-ordered instead of timed: the rank waits until every other rank is
+idle -- blocked in a wait (most likely for this rank) or done -- and has made
+no progress for a moment, at most ``seconds``.  A correct protocol makes the
+others wait for the late rank, so it costs little; a consumer that waits for
+too few signals runs to the end on stale data first, whatever the machine's
+load.  Use it from code that runs on the
 ranks (a test body)::
 
     from ditron.sim import skew
@@ -46,7 +52,7 @@ _LOCK = threading.Lock()
 _STATE = {"plan": None, "count": 0, "hits": 0}
 
 
-def _check(rank, at, nth, seconds, kernel=None, program=None, stagger=False):
+def _check(rank, at, nth, seconds, kernel=None, program=None, stagger=False, until_idle=False):
     if at not in EVENTS:
         raise ValueError(f"skew: at={at!r}; use one of {', '.join(EVENTS)}")
     if int(nth) < 0 or float(seconds) < 0:
@@ -56,18 +62,19 @@ def _check(rank, at, nth, seconds, kernel=None, program=None, stagger=False):
     if stagger and at != "program":
         raise ValueError("skew: stagger=True staggers program starts: use at='program'")
     return {"rank": int(rank), "at": at, "nth": int(nth), "seconds": float(seconds), "kernel": kernel,
-            "program": None if program is None else int(program), "stagger": bool(stagger)}
+            "program": None if program is None else int(program), "stagger": bool(stagger),
+            "until_idle": bool(until_idle)}
 
 
 def parse(text):
     """``"rank=1,at=signal,nth=2,seconds=0.05"`` -> a plan (at, nth, seconds optional)."""
     kv = dict(p.split("=", 1) for p in text.replace(" ", "").split(",") if p)
-    unknown = set(kv) - {"rank", "at", "nth", "seconds", "kernel", "program"}
+    unknown = set(kv) - {"rank", "at", "nth", "seconds", "kernel", "program", "until_idle"}
     if "rank" not in kv or unknown:
         raise ValueError(f"DITRON_SIM_SKEW={text!r}: give rank=R[,at=signal|wait|program|any][,nth=K][,seconds=S]"
                          "[,kernel=NAME][,program=P]")
     return _check(kv["rank"], kv.get("at", "signal"), kv.get("nth", 1), kv.get("seconds", 0.05), kv.get("kernel"),
-                  kv.get("program"))
+                  kv.get("program"), until_idle=kv.get("until_idle", "0") not in ("0", ""))
 
 
 def set_plan(plan):
@@ -76,11 +83,11 @@ def set_plan(plan):
 
 
 @contextlib.contextmanager
-def delay(rank, at="signal", nth=1, seconds=0.05, kernel=None, program=None, stagger=False):
+def delay(rank, at="signal", nth=1, seconds=0.05, kernel=None, program=None, stagger=False, until_idle=False):
     """Make ``rank`` sleep ``seconds`` at its ``nth`` event ``at`` (see the
     module docstring) while the block runs; yields a dict whose ``"hits"`` is
     how many delays happened on this rank."""
-    plan = _check(rank, at, nth, seconds, kernel, program, stagger)
+    plan = _check(rank, at, nth, seconds, kernel, program, stagger, until_idle)
     saved = _STATE["plan"]
     set_plan(plan)
     try:
@@ -107,7 +114,35 @@ def point(event, kernel=None, program=None):
         if hit:
             _STATE["hits"] += 1
     if hit:
-        time.sleep(plan["seconds"] * ((program or 0) + 1 if plan["stagger"] else 1))
+        seconds = plan["seconds"] * ((program or 0) + 1 if plan["stagger"] else 1)
+        if plan["until_idle"]:
+            _until_others_idle(world, seconds)
+        else:
+            time.sleep(seconds)
+
+
+#: how long the other ranks must stay idle (no thread running, no progress) before the late rank goes on
+SETTLE_S = 0.05
+
+
+def _until_others_idle(world, cap):
+    from . import memory as M
+    ctl = world.transport.control
+    me = world.rank
+    end = time.monotonic() + cap
+    last, since = None, time.monotonic()
+    while True:
+        now = time.monotonic()
+        if now >= end:
+            return
+        idle = all(ctl.rank_get(r, M.R_DONE) or ctl.rank_get(r, M.R_ACTIVE) <= 0
+                   for r in range(world.world_size) if r != me)
+        progress = ctl.get(M.H_PROGRESS)
+        if not idle or progress != last:
+            last, since = progress, now
+        elif now - since >= SETTLE_S:
+            return
+        time.sleep(0.002)
 
 
 if os.environ.get("DITRON_SIM_SKEW"):
