@@ -317,7 +317,7 @@ def main(argv=None):
                 with open(os.path.join(tmp, m.path), "w") as f:
                     f.write(original)
             status = {"fail": "killed", "timeout": "killed", "pass": "survived", "no tests": "no tests"}[outcome]
-            results.append((m, status, secs, tail))
+            results.append((m, status, secs, "timeout" if outcome == "timeout" else tail))
             print(f"  {m.id:28} {status.upper():9} {secs:6.1f}s  {outcome if outcome != 'fail' else tail}",
                   flush=True)
     finally:
@@ -331,7 +331,9 @@ def main(argv=None):
         print(f"  {path:36} {st.count('killed')} / {len(st)}")
     counted = [r for r in results if r[1] in ("killed", "survived")]
     killed = sum(r[1] == "killed" for r in counted)
+    timeouts = sum(r[3] == "timeout" for r in counted)
     print(f"\nscore: {killed} / {len(counted)} killed ({100.0 * killed / max(1, len(counted)):.0f}%)"
+          + (f" ({timeouts} of them by the timeout: a slow test run, or a mutant that hangs)" if timeouts else "")
           + "".join(f"; {sum(r[1] == s for r in results)} {s}" for s in ("stale", "no tests")
                     if any(r[1] == s for r in results)))
     survivors = [r for r in results if r[1] == "survived"]
