@@ -38,15 +38,15 @@ def _one_hot(rows, k, dtype):
 def _plans(world, kernel, dtype="fp16", program=None):
     """(name, context) pairs, fp16 on the simulator (otherwise no skew): the last rank stops after its first
     signal until every other rank is idle (blocked waiting for it, or done: ``until_idle``, so the result
-    does not depend on the machine's speed), and the same at the start of program ``program`` (None: each)
-    of its ``kernel``."""
+    does not depend on the machine's speed), and the same at the start of program ``program`` (None: the
+    first to start) of its ``kernel``."""
     W, late = world.world_size, world.world_size - 1
     if W == 1 or world.backend != "sim" or dtype != "fp16":
         return [("none", contextlib.nullcontext)]
     out = [("signals", lambda: skew.delay(late, at="signal", nth=1, seconds=10, until_idle=True))]
     if kernel:
-        out.append(("programs", lambda: skew.delay(late, at="program", nth=1 if program is not None else 0,
-                                                   seconds=10, kernel=kernel, program=program, until_idle=True)))
+        out.append(("programs", lambda: skew.delay(late, at="program", nth=1, seconds=10, kernel=kernel,
+                                                   program=program, until_idle=True)))
     return out
 
 
