@@ -314,3 +314,34 @@ def test_nvshmem_constants_match_the_installed_headers():
         text = f.read()
     for name, value in NVSHMEM_3_4_5_TEAM.items():
         assert int(re.search(rf"\b{name} = (-?\d+)", text).group(1)) == value
+
+
+# ---------------------------------------------------------------------------
+# barriers, inter-node signals, fences
+# ---------------------------------------------------------------------------
+
+def test_p2p_block_barrier_joins_then_one_thread_then_joins(p2p_text):
+    f = llvm_function(p2p_text, "ditron_p2p_barrier_block")
+    assert ir_events(f["entry"]) == [("barrier",), ("icmp", "eq", "i32", "%idx32", "0", "%lead"),
+                                     ("br", "%lead", "do", "done")]
+    assert [e[1] for e in ir_events(f["do"]) if e[0] == "call"] == ["ditron_p2p_barrier_one"]
+    assert ir_events(f["done"]) == [("barrier",)]
+
+
+@pytest.mark.parametrize("name,call", [("ditron_nvshmemx_signal_op_once", ["nvshmemx_signal_op"]),
+                                       ("ditron_p2p_signal_op_once", ["ditron_p2p_remote", "ditron_p2p_signal"])])
+def test_inter_node_notify_signals_once_from_thread_0(p2p_text, name, call):
+    """notify(comm_scope='inter_node'): the rule joins the CTA (debug_barrier) and then thread 0 only signals."""
+    f = llvm_function(p2p_text, name)
+    entry = ir_events(f["entry"])
+    assert entry[-2][:5] == ("icmp", "eq", "i32", "%tid", "0") and entry[-1][0] == "br"
+    assert [e[1] for e in ir_events(f[entry[-1][2]]) if e[0] == "call"] == call
+    assert not [e for e in ir_events(f[entry[-1][3]]) if e[0] == "call"]
+
+
+@pytest.mark.parametrize("name,want", [("ditron_fence_acq_rel_gpu", [("fence", "acq_rel", "gpu")]),
+                                       ("ditron_fence_sc_sys", [("fence", "seq_cst", "sys")]),
+                                       ("ditron_fence_release_cta", [("fence", "release", "cta")]),
+                                       ("ditron_syncthreads", _CTA_BARRIER)])
+def test_hip_fences_and_syncthreads(name, want):
+    assert ir_events(llvm_function(hip.LIB.text(), name)["entry"]) == want
