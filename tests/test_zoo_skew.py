@@ -7,13 +7,14 @@ after its first signal, and at the start of its producer programs.  A consumer t
 signals reads rows the late rank has not written yet.  The inputs make the
 exact result depend on fp32 accumulation (bodies_zoo_skew.py): every output
 must equal ``sum(float64).to(dtype)`` bit for bit, in fp16 and bf16.
-Skew plans run in fp16 (the protocol does not depend on the dtype)."""
+Skew plans run in fp16 (the protocol does not depend on the dtype); GEMM-RS's
+methods share one reduction kernel, so bf16 runs for one of them."""
 import pytest
 
 import bodies_zoo_skew as B
 
 CASES = ([("ag_gemm", p, "fp16") for p in ("ce", "sm")]
-         + [("gemm_rs", m, d) for m in ("ce", "scatter", "pull") for d in ("fp16", "bf16")]
+         + [("gemm_rs", m, "fp16") for m in ("ce", "scatter", "pull")] + [("gemm_rs", "ce", "bf16")]
          + [("gemm_ar", m, d) for m in ("one_shot", "two_shot") for d in ("fp16", "bf16")]
          + [("all_reduce", m, d) for m in ("one_shot", "two_shot", "ll") for d in ("fp16", "bf16")]
          + [("reduce_scatter", m, d) for m in ("mesh", "ring") for d in ("fp16", "bf16")])
