@@ -38,8 +38,9 @@ def _one_hot(rows, k, dtype):
 def _plans(world, kernel, dtype="fp16", program=None):
     """(name, context) pairs, fp16 on the simulator (otherwise no skew): the last rank stops after its first
     signal until every other rank is idle (blocked waiting for it, or done: ``until_idle``, so the result
-    does not depend on the machine's speed), and the same at the start of program ``program`` (None: the
-    first to start) of its ``kernel``."""
+    does not depend on the machine's speed), and, for a ``kernel`` whose skew the signals do not create
+    (a producer program whose data a consumer reads, LL packets), the same at the start of program
+    ``program`` (None: the first to start) of that kernel."""
     W, late = world.world_size, world.world_size - 1
     if W == 1 or world.backend != "sim" or dtype != "fp16":
         return [("none", contextlib.nullcontext)]
@@ -87,7 +88,7 @@ def gemm_rs_skew(world, method, dtype, m=4, K=8, N=24):
     total = sum(_one_hot(M, K, torch.float64) @ _halves(r, (K, N), dt, 2).double() for r in range(W))
     want = total[world.rank * m:(world.rank + 1) * m].to(dt)
     out = []
-    for name, plan in _plans(world, "gemm_rs_gemm", dtype):
+    for name, plan in _plans(world, None, dtype):
         with plan() as st:
             c = G.gemm_rs(a, b, ctx)
             hits = st["hits"] if st else 0
@@ -104,7 +105,7 @@ def gemm_ar_skew(world, method, dtype, M=6, K=8, N=24):
     b = _halves(world.rank, (K, N), dt, 3).to(world.device)
     want = sum(_one_hot(M, K, torch.float64) @ _halves(r, (K, N), dt, 3).double() for r in range(W)).to(dt)
     out = []
-    for name, plan in _plans(world, "gemm_ar", dtype):
+    for name, plan in _plans(world, None, dtype):
         with plan() as st:
             c = G.gemm_ar(a, b, ctx, method=method)
             hits = st["hits"] if st else 0
@@ -120,7 +121,7 @@ def all_reduce_skew(world, method, dtype, n=300):
     x = _halves(world.rank, (n,), dt, 4).to(world.device)
     want = sum(_halves(r, (n,), dt, 4).double() for r in range(W)).to(dt)
     out = []
-    for name, plan in _plans(world, "all_reduce", dtype):
+    for name, plan in _plans(world, "all_reduce" if method == "ll" else None, dtype):
         with plan() as st:
             y = AR.all_reduce(x, ctx, method=method)
             hits = st["hits"] if st else 0
@@ -137,7 +138,7 @@ def reduce_scatter_skew(world, method, dtype, m=100):
     total = sum(_halves(r, (W * m,), dt, 5).double() for r in range(W))
     want = total[world.rank * m:(world.rank + 1) * m].to(dt)
     out = []
-    for name, plan in _plans(world, "reduce_scatter", dtype):
+    for name, plan in _plans(world, None, dtype):
         with plan() as st:
             y = RS.reduce_scatter(x, ctx, method=method)
             hits = st["hits"] if st else 0

@@ -31,11 +31,11 @@ def test_waits_return_on_equal_words_and_slots_at_or_past_the_epoch(dist):
 
 @pytest.fixture
 def quick_hangs(dist):
-    """The shared cluster with a 1 s deadlock watchdog (instead of the suite's 20 s)."""
+    """The shared cluster with a 0.5 s deadlock watchdog (instead of the suite's 20 s)."""
     _sim_only(dist)
     cluster = dist.cluster
     saved = cluster.hang_timeout
-    cluster.hang_timeout = 1.0
+    cluster.hang_timeout = 0.5
     yield dist
     cluster.hang_timeout = saved
 
