@@ -168,7 +168,27 @@ def race_kernel(buf_ptr, flag_ptr, out_ptr, MODE: tl.constexpr):
         tl.store(dl.consume_token(buf_ptr, tok), 20 if MODE == "same" else 21)    # RACE_SECOND_WRITE
 
 
+@ditron.jit
+def swu_race_kernel(buf_ptr, sig_ptr):
+    """Rank 1 writes rank 0's buf and signals with shmem.signal_op; rank 0 waits with signal_wait_until
+    (acquire) and writes: ordered, no race."""
+    me = dl.rank()
+    if me == 1:
+        tl.store(dl.symm_at(buf_ptr, 0), 20)
+        shmem.signal_op(sig_ptr, 1, "set", 0)
+    if me == 0:
+        v = shmem.signal_wait_until(sig_ptr, "eq", 1)
+        tl.store(buf_ptr + v - 1, 21)
+
+
 def race_case(world, mode):
+    if mode == "swu_ordered":
+        buf = ditron.symm_zeros((4,), torch.int32, name="buf")
+        sig = ditron.symm_zeros((1,), torch.int64, name="sig")
+        ditron.barrier_all()
+        swu_race_kernel[(1,)](buf, sig)
+        ditron.barrier_all()
+        return int(buf[0])
     buf = ditron.symm_zeros((4,), torch.int32, name="buf")
     flag = ditron.symm_zeros((1,), torch.int32, name="flag")
     out = torch.zeros(1, dtype=torch.int32)
@@ -176,3 +196,52 @@ def race_case(world, mode):
     race_kernel[(1,)](buf, flag, out, MODE=mode)
     ditron.barrier_all()
     return int(buf[0])
+
+
+# ---------------------------------------------------------------------------
+# signal operations and the device barrier
+# ---------------------------------------------------------------------------
+
+
+@ditron.jit
+def signal_ops_kernel(sig32_ptr, sig64_ptr, peer):
+    dl.notify(sig32_ptr, peer, signal=5, sig_op="set", comm_scope="intra_node")
+    dl.notify(sig32_ptr + 1, peer, signal=5, sig_op="add", comm_scope="intra_node")
+    shmem.signal_op(sig64_ptr, 5, "set", peer)
+    shmem.signal_op(sig64_ptr + 1, 5, "add", peer)
+
+
+def signal_ops(world):
+    """set replaces the word, add adds to it (words holding 3 before): notify and shmem.signal_op."""
+    sig32 = ditron.symm_zeros((2,), torch.int32, name="sig32")
+    sig64 = ditron.symm_zeros((2,), torch.int64, name="sig64")
+    sig32.fill_(3)
+    sig64.fill_(3)
+    ditron.barrier_all()
+    if world.rank == 0:
+        signal_ops_kernel[(1,)](sig32, sig64, world.world_size - 1)
+    ditron.barrier_all()
+    out = sig32.tolist() + sig64.tolist()
+    ditron.barrier_all()
+    return out
+
+
+@ditron.jit
+def barrier_count_kernel(count_ptr, out_ptr):
+    dl.atomic_add(dl.symm_at(count_ptr, 0), 1, scope="sys", semantic="release")
+    shmem.barrier_all()
+    tl.store(out_ptr, dl.ld(dl.symm_at(count_ptr, 0), scope="sys", semantic="acquire"))
+
+
+def barrier_counts(world):
+    """Every rank counts itself on rank 0, then shmem.barrier_all, then reads the count: the world size
+    everywhere.  The last rank's program starts only once the others are idle (ditron.sim.skew), so a
+    barrier that lets ranks through early is seen whatever the machine's speed."""
+    from ditron.sim import skew
+    count = ditron.symm_zeros((1,), torch.int32, name="count")
+    out = torch.zeros(1, dtype=torch.int32)
+    ditron.barrier_all()
+    with skew.delay(world.world_size - 1, at="program", kernel="barrier_count", seconds=10, until_idle=True):
+        barrier_count_kernel[(1,)](count, out)
+    ditron.barrier_all()
+    return int(out[0])

@@ -124,9 +124,9 @@ def test_race_report_paths(race_cluster, mode, first, first_kind):
     assert f"write by rank 0, program (0, 0, 0), at {_sem_line('RACE_SECOND_WRITE')}" in text, text
 
 
-@pytest.mark.parametrize("mode,value", [("same", 20), ("ordered", 21)])
+@pytest.mark.parametrize("mode,value", [("same", 20), ("ordered", 21), ("swu_ordered", 21)])
 def test_race_finder_quiet_paths(race_cluster, mode, value):
     """Storing the value already there after an unordered write is not a race; a write ordered by
-    notify / acquire wait is not either."""
+    notify / acquire wait, or by signal_op / signal_wait_until, is not either."""
     import bodies_sim_semantics as S
     assert race_cluster.run(S.race_case, mode, timeout=120)[0] == value

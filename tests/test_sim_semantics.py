@@ -70,3 +70,14 @@ def test_rank_bounds(dist):
     # rank 0 stored 1 into x, added 1 to sig, put 11 into dst and added 1 to sig64 -- on the last rank only
     assert res[W - 1][1] == (1, 1, 1, 11)
     assert all(r[1] == (0, 0, 0, 0) for r in res[:W - 1])
+
+
+def test_signal_ops_set_and_add(dist):
+    res = dist.run(B.signal_ops)
+    W = dist.world_size
+    for r, words in enumerate(res):
+        assert words == ([5, 8, 5, 8] if r == W - 1 else [3, 3, 3, 3]), (r, words)
+
+
+def test_device_barrier_waits_for_every_rank(dist):
+    assert dist.run(B.barrier_counts) == [dist.world_size] * dist.world_size
