@@ -66,7 +66,10 @@ def test_bounded_waits_variant():
     bounded = _compile(K.k_wait, sig, ("nvshmem", True), ce).asm["ptx"]
     assert "globaltimer" not in plain and "trap;" not in plain
     assert "globaltimer" in bounded and "trap;" in bounded and "ld.acquire.sys.global.b32" in bounded
-    # signal_wait_until under bounded waits on NVSHMEM: our own loop (NVSHMEM's has no timeout)
+
+
+def test_bounded_signal_wait_until_on_nvshmem(nvshmem_bc):
+    """signal_wait_until under bounded waits on NVSHMEM: our own loop (NVSHMEM's has no timeout)."""
     ck = _compile(K.k_shmem_signal, SIG, ("nvshmem", True))
     assert "globaltimer" in ck.asm["ptx"] and ck.libraries == ["libnvshmem_device"]
 

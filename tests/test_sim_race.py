@@ -104,3 +104,38 @@ def test_race_finder_sees_tensor_descriptor_accesses(race_cluster):
     with pytest.raises(DitronRankError) as info:
         race_cluster.run(F.desc_peer, True, timeout=120)
     assert "data race on symmetric tensor 'tma_buf'" in info.value.traceback_text
+
+
+# ---------------------------------------------------------------------------
+# one fixture per report path of the race finder (bodies_sim_semantics.race_kernel)
+# ---------------------------------------------------------------------------
+
+def _sem_line(marker):
+    import bodies_sim_semantics as S
+    with open(S.__file__) as f:
+        for i, text in enumerate(f, 1):
+            if marker in text:
+                return f"bodies_sim_semantics.py:{i}"
+    raise AssertionError(marker)
+
+
+@pytest.mark.parametrize("mode,first,first_kind", [("ww", "RACE_FIRST_WRITE", "write"),
+                                                    ("rw", "RACE_FIRST_READ", "read")])
+def test_race_report_paths(race_cluster, mode, first, first_kind):
+    """A write after an unordered write (write-write) or after an unordered read (read-write) is reported
+    with both accesses: the first by rank 1, the second by rank 0."""
+    import bodies_sim_semantics as S
+    with pytest.raises(DitronRankError) as info:
+        race_cluster.run(S.race_case, mode, timeout=120)
+    text = info.value.traceback_text
+    assert "DitronRaceError" in text and "data race on symmetric tensor 'buf'" in text, text
+    assert f"{first_kind:<5} by rank 1, program (0, 0, 0), at {_sem_line(first)}" in text, text
+    assert f"write by rank 0, program (0, 0, 0), at {_sem_line('RACE_SECOND_WRITE')}" in text, text
+
+
+@pytest.mark.parametrize("mode,value", [("same", 20), ("ordered", 21), ("swu_ordered", 21)])
+def test_race_finder_quiet_paths(race_cluster, mode, value):
+    """Storing the value already there after an unordered write is not a race; a write ordered by
+    notify / acquire wait, or by signal_op / signal_wait_until, is not either."""
+    import bodies_sim_semantics as S
+    assert race_cluster.run(S.race_case, mode, timeout=120)[0] == value

@@ -108,6 +108,13 @@ def access():
     return provided("access") or _OFF
 
 
+def _skew(event):
+    """The skew-injection hook (:mod:`ditron.sim.skew`): nothing unless a plan delays this rank."""
+    point = provided("skew")
+    if point is not None:
+        point(event)
+
+
 def _launch():
     return provided("launch")
 
@@ -165,6 +172,7 @@ def _translate(ctx, tr, world, ptr_data, rank, arg, *, local=True, nbytes=1):
 
 def _spin_values(ctx, tr, addrs, dtype, ok, expected_text, primitive):
     from ..sim import memory as M
+    _skew("wait")
     launch = _launch()
     prog = _program()
     loc = where()
@@ -200,6 +208,7 @@ def _signal_update(tr, addr, value, sig_op, dtype):
     else:
         M.atomic_add(addr, value, dtype)
     tr.control.progress()
+    _skew("signal")
 
 
 

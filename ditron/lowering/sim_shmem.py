@@ -161,9 +161,8 @@ _CMP_TEXT = {"eq": "==", "ne": "!=", "gt": ">", "ge": ">=", "lt": "<", "le": "<=
 def _signal_wait_until(ctx, sig_addr, cmp_value, cmp):
     world, tr = _world(ctx)
     tt = _elem_ty(sig_addr)
-    dtype = _signal_dtype(ctx, tt, "sig_addr", need64=True)
-    if tt.is_int_unsigned():
-        dtype = np.uint64
+    _signal_dtype(ctx, tt, "sig_addr", need64=True)
+    dtype = np.uint64       # nvshmem_signal_wait_until compares uint64_t words, whatever the tensor's signedness
     addr = _ptr0(ctx, sig_addr, "sig_addr")
     _own_offsets(ctx, tr, addr, "sig_addr", 8)
     want = np.array([_int(cmp_value)]).astype(dtype)[0]

@@ -54,6 +54,12 @@ def _race():
     return race()
 
 
+def _skew(event):
+    """The skew-injection hook (:mod:`ditron.sim.skew`, which provides itself)."""
+    from ..lowering.sim import _skew as hook
+    hook(event)
+
+
 _POLL = threading.local()     # per program thread: the polling loop it may be in
 
 
@@ -256,9 +262,11 @@ class SimTransport(Transport):
         race.signal_release(word.data_ptr(), True)
         M.atomic_xchg(word.data_ptr(), value)
         self.control.progress()
+        _skew("signal")
 
     def wait_value(self, word, value, stream=None):
         from .heap import _call_site
+        _skew("wait")
         addr = word.data_ptr()
         site = _call_site()
 

@@ -24,6 +24,7 @@ import traceback
 from .. import _compat
 from ..errors import DitronError, DitronHangError
 from ..lowering import provide, provided
+from . import skew  # noqa: F401  (skew: DITRON_SIM_SKEW plans of a simulated job)
 from .events import _CURRENT, current_launch, current_program
 
 provide("launch", current_launch)       # the sim lowering rules read these; lowering never imports the simulator
@@ -68,6 +69,7 @@ class Launch:
         try:
             if self.race is not None:
                 self.race.program_begin(pid, linear)
+            skew.point("program", getattr(fn, "__name__", ""), linear)     # free unless a skew plan is set
             fn(**args)
         except BaseException as e:  # noqa: BLE001 -- reported by the launching thread
             root = _root_cause(e)
