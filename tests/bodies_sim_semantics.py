@@ -105,7 +105,9 @@ def peer_notify_kernel(sig_ptr, peer):
 
 @ditron.jit
 def peer_put_kernel(dst_ptr, src_ptr, sig_ptr, peer):
-    shmem.putmem_signal(dst_ptr, src_ptr, 8, sig_ptr, 1, "add", peer)
+    # a thread-level put: every thread that calls it puts and signals (as on a GPU), so thread 0 alone calls it
+    if dl.tid(0) == 0:
+        shmem.putmem_signal(dst_ptr, src_ptr, 8, sig_ptr, 1, "add", peer)
 
 
 def rank_bounds(world):
@@ -207,8 +209,9 @@ def race_case(world, mode):
 def signal_ops_kernel(sig32_ptr, sig64_ptr, peer):
     dl.notify(sig32_ptr, peer, signal=5, sig_op="set", comm_scope="intra_node")
     dl.notify(sig32_ptr + 1, peer, signal=5, sig_op="add", comm_scope="intra_node")
-    shmem.signal_op(sig64_ptr, 5, "set", peer)
-    shmem.signal_op(sig64_ptr + 1, 5, "add", peer)
+    if dl.tid(0) == 0:          # thread-level signal ops act in every calling thread: thread 0 alone here
+        shmem.signal_op(sig64_ptr, 5, "set", peer)
+        shmem.signal_op(sig64_ptr + 1, 5, "add", peer)
 
 
 def signal_ops(world):
@@ -228,7 +231,8 @@ def signal_ops(world):
 
 @ditron.jit
 def barrier_count_kernel(count_ptr, out_ptr):
-    dl.atomic_add(dl.symm_at(count_ptr, 0), 1, scope="sys", semantic="release")
+    if dl.tid(0) == 0:          # a scalar dl.atomic_add runs in every thread (as on a GPU): count this program once
+        dl.atomic_add(dl.symm_at(count_ptr, 0), 1, scope="sys", semantic="release")
     shmem.barrier_all()
     tl.store(out_ptr, dl.ld(dl.symm_at(count_ptr, 0), scope="sys", semantic="acquire"))
 

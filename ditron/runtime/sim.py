@@ -56,7 +56,7 @@ def _race():
 
 def _skew(event):
     """The skew-injection hook (:mod:`ditron.sim.skew`, which provides itself)."""
-    from ..lowering.sim import _skew as hook
+    from ..lowering.sim_base import _skew as hook
     hook(event)
 
 
