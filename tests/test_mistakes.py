@@ -208,8 +208,9 @@ def test_ranks_output_is_never_glued(tmp_path):
     import sys
     script = _sim_script(tmp_path, "chatty.py", "import os\nr = os.environ['RANK']\n"
                          "for i in range(400):\n    print(f'rank {r} line {i} ' + 'x' * 40)\n")
+    import os
     p = subprocess.run([sys.executable, "-m", "ditron", "sim", "-n", "3", str(script)], capture_output=True,
-                       text=True, timeout=300)
+                       text=True, timeout=300, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert len(lines) == 1200

@@ -32,19 +32,29 @@ def _stop_reason():
     return None
 
 
+def _line_writer(stream):
+    import io
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return stream
+    raw = io.BufferedWriter(io.FileIO(fd, "w", closefd=False), buffer_size=1 << 16)
+    return io.TextIOWrapper(raw, encoding=getattr(stream, "encoding", None) or "utf-8",
+                            errors=getattr(stream, "errors", None) or "backslashreplace", line_buffering=True,
+                            write_through=False)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         print("usage: python -m ditron.sim.rank SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     rank = int(os.environ.get("RANK", "0"))
-    for stream in (sys.stdout, sys.stderr):
-        # the ranks share the launcher's stdout / stderr: whole lines, so that two ranks' output is never
-        # glued onto one line (a block-buffered pipe would flush mid-line)
-        try:
-            stream.reconfigure(line_buffering=True)
-        except (AttributeError, ValueError):
-            pass
+    # the ranks share the launcher's stdout / stderr: each writes whole lines (one write per line), so that
+    # two ranks' output is never glued onto one line (a block-buffered pipe flushes mid-line; an unbuffered
+    # one, PYTHONUNBUFFERED, writes a print's text and its newline separately)
+    sys.stdout = _line_writer(sys.stdout)
+    sys.stderr = _line_writer(sys.stderr)
     script = argv[0]
     sys.argv = argv
     if argv[0] == "-m":
