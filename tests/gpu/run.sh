@@ -11,6 +11,7 @@
 # what it started at the end. The NVSHMEM transport needs one GPU per rank: at such sizes it is not run.
 #
 # Needs torch with CUDA, nvidia-nvshmem-cu13 and (for nvshmem) nvshmem4py-cu13.
+# STEP_FILTER=REGEX runs only the steps whose label matches (e.g. STEP_FILTER='planted_hang|decoder').
 # Every step has a timeout; each step prints "== PASSED" or "== FAILED"; the summary lists every step's result.
 set -o pipefail
 cd "$(dirname "$0")/../.."
@@ -47,6 +48,7 @@ trap stop_mps EXIT
 
 step() {
   local label="[NPROC=$N${SHARE_TAG}] $*"
+  if [ -n "${STEP_FILTER:-}" ] && ! grep -qE -- "$STEP_FILTER" <<<"$label"; then return; fi   # a subset of steps
   echo "== $label"
   timeout -k 10 "$STEP_TIMEOUT" "$@"
   local rc=$?
