@@ -177,6 +177,7 @@ def swu_race_kernel(buf_ptr, sig_ptr):
     me = dl.rank()
     if me == 1:
         tl.store(dl.symm_at(buf_ptr, 0), 20)
+        shmem.fence()                          # the put is ordered before the signal (as NVSHMEM requires)
         shmem.signal_op(sig_ptr, 1, "set", 0)
     if me == 0:
         v = shmem.signal_wait_until(sig_ptr, "eq", 1)

@@ -27,7 +27,7 @@ def ptx_blocks(ptx):
         stmts = []
         for raw in re.split(r"[;\n]", body):
             s = raw.strip().strip("{}").strip()
-            if not s or s.startswith((".reg", "//")):
+            if not s or s.startswith((".reg", "//", ".loc", ".file")):   # Triton 3.9 puts .loc lines inside asm blocks
                 continue
             stmts.append(s)
         out.append(stmts)

@@ -90,7 +90,7 @@ def test_reference_over_gloo_equals_lockstep(tmp_path):
     procs = [ctx.Process(target=B.gloo_reference_worker, args=(r, 2, str(tmp_path / "init"), q)) for r in range(2)]
     for p in procs:
         p.start()
-    got = {r: [torch.from_numpy(a) for a in steps] for r, steps in (q.get(timeout=120) for _ in procs)}
+    got = {r: steps for r, steps in (q.get(timeout=120) for _ in procs)}
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0

@@ -125,6 +125,10 @@ class CallBoard:
             from .world import symm_zeros
             import torch
             self.words = symm_zeros((SLOTS, WORDS), torch.int64, name=f"{op}.call_check")
+            # every rank's words are zero before any rank's first check writes into a peer's copy (a rank that
+            # zeroed its copy late would wipe a faster peer's fingerprint: "lost its call #0")
+            from .world import barrier_all
+            barrier_all()
 
     # -- public ---------------------------------------------------------------------
     def check(self, op: str, fields) -> None:
