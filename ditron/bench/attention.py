@@ -32,7 +32,7 @@ import math
 import os
 import sys
 
-from .harness import Impl, gather_ranks, measure, result_meta
+from .harness import Impl, add_run_args, gather_ranks, measure, result_meta
 
 
 def _sdpa(q, k, v, causal, backend=None, lower_right=False):
@@ -212,17 +212,12 @@ def main(argv=None):
     p.add_argument("--configs", choices=["default", "all"], default="default",
                    help="all: time every config of kernels.attention.TUNE_CONFIGS")
     p.add_argument("--no-small-checks", action="store_true", help="skip the correctness pass at odd shapes")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--repeat", type=int, default=2)
-    p.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
-    p.add_argument("--tag", default=None)
-    p.add_argument("--machine", default=os.environ.get("DITRON_MACHINE", "unknown machine"))
+    add_run_args(p)
     args = p.parse_args(argv)
 
     import ditron
     from ..kernels import attention as A
-    from .gemm import _release, agree_fn
+    from .harness import _release, agree_fn
     world = ditron.init()
     sim = world.backend == "sim"
     configs = [A.SIM_CONFIG] if sim else ([A.GPU_CONFIG] + [c for c in A.TUNE_CONFIGS if c != A.GPU_CONFIG]

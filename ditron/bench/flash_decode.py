@@ -26,7 +26,7 @@ import math
 import os
 import sys
 
-from .harness import Impl, measure, result_meta
+from .harness import Impl, add_run_args, measure, result_meta
 
 
 def case(world, ctx_len, batch, args, agree, bw):
@@ -104,16 +104,11 @@ def main(argv):
     p.add_argument("--splits", type=int, default=0, help="splits per (sequence, KV head); 0: by size")
     p.add_argument("--block-n", default="0", help="keys per tile of the split kernel (comma list: each is timed; "
                                                  "0: the default)")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--repeat", type=int, default=2)
-    p.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
-    p.add_argument("--tag", default=None)
-    p.add_argument("--machine", default=os.environ.get("DITRON_MACHINE", "unknown machine"))
+    add_run_args(p, warmup=5, iters=20)
     args = p.parse_args(argv)
 
     import ditron
-    from .gemm import _release, agree_fn
+    from .harness import _release, agree_fn
     from .megakernel import copy_bandwidth
     world = ditron.init()
     bw = copy_bandwidth(world.device)

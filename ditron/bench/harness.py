@@ -394,3 +394,14 @@ def gather_ranks(x, world, dim=2):
         parts = [ditron.peer_tensor(buf, r).clone() for r in range(world.world_size)]
         ditron.barrier_all()
     return torch.cat(parts, dim)
+
+
+def add_run_args(p, warmup=3, iters=10, repeat=2):
+    """The options every benchmark takes: timing loop, where results go, and which machine they name."""
+    import os
+    p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--iters", type=int, default=iters)
+    p.add_argument("--repeat", type=int, default=repeat)
+    p.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
+    p.add_argument("--tag", default=None)
+    p.add_argument("--machine", default=os.environ.get("DITRON_MACHINE", "unknown machine"))

@@ -17,7 +17,7 @@ import json
 import os
 import sys
 
-from .harness import Impl, measure, result_meta
+from .harness import Impl, add_run_args, measure, result_meta
 
 
 def _a2a(send, world):
@@ -72,19 +72,14 @@ def main(argv):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--causal", choices=["both", "on", "off"], default="both")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--repeat", type=int, default=2)
-    p.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
-    p.add_argument("--tag", default=None)
-    p.add_argument("--machine", default=os.environ.get("DITRON_MACHINE", "unknown machine"))
+    add_run_args(p)
     args = p.parse_args(argv)
 
     import torch
 
     import ditron
     from ..kernels import ulysses as U
-    from .gemm import _release, agree_fn
+    from .harness import _release, agree_fn
     world = ditron.init()
     W, r, dev = world.world_size, world.rank, world.device
     HQ, HKV = (int(h) for h in args.heads.split("/"))
