@@ -11,12 +11,20 @@
   increasing generation, so the barrier can be reused any number of times
   without resetting anything.
 * **Bounded waits** (``DITRON_WAIT_TIMEOUT_S``): ``dl.wait``,
-  ``shmem.signal_wait_until`` and the P2P barrier poll ``%globaltimer`` and,
-  past the world's ``wait_timeout_ns``, write a report record into the world's
-  ``debug_buffer`` (pinned host memory the runtime watches) and ``trap``.
-  These functions exist in every variant of the library but are only called
-  from kernels compiled in the bounded variant, so unbounded kernels pay
-  nothing.
+  ``shmem.signal_wait_until``, ``dl.wait_deps``, ``dl.poll_timeout`` and the
+  P2P barrier poll ``%globaltimer`` and, past the world's ``wait_timeout_ns``,
+  the first expired thread claims the report slot (the *abort word* of the
+  rank's sync area) and writes a report record into the world's
+  ``debug_buffer`` (pinned host memory the runtime watches).  No trap: every
+  bounded wait also polls the abort word while it spins, and a thread that
+  expired or saw the word set leaves the kernel (``exit``) -- the block-wide
+  waits decide together (``bar.red.or.pred``: the whole block leaves or none
+  of it), so every program stops at its next wait and the kernel returns; the
+  host then raises the report (ditron/runtime/gpu_base.py).  A trap would end
+  the CUDA context -- under MPS every client's on the GPU.  The abort word
+  stays set: the world is unusable after a report.  These functions exist in
+  every variant of the library but are only called from kernels compiled in
+  the bounded variant, so unbounded kernels pay nothing.
 
 Everything here is LLVM IR text using only inline PTX and world-descriptor
 reads; no NVSHMEM symbol is referenced.
@@ -29,7 +37,7 @@ from . import devlib
 SYNC_AREA_WORD = 11          # address of this rank's sync area (in its own symmetric heap)
 #: layout of the sync area (64-bit words)
 SYNC_GEN = 0                 # barrier generation of this rank (touched only by this rank)
-SYNC_HANG_CLAIM = 1          # first timed-out waiter claims the report slot here
+SYNC_HANG_CLAIM = 1          # first timed-out waiter claims the report slot here: the abort word every bounded wait polls
 SYNC_ARRIVE = 8              # arrival word of local rank i at SYNC_ARRIVE + i
 SYNC_AREA_BYTES = 4096
 
@@ -201,6 +209,11 @@ def _expired(prefix, t0, timeout, bounded):
 
 
 def _hang_fn():
+    """``ditron_hang(addr, expected, observed, elapsed, kind, cmp)``: the first
+    expired thread of the rank claims the abort word and writes the report
+    record; every other caller returns at once.  The caller then leaves the
+    kernel (``ditron_exit``, or a block vote first).  Without a debug buffer or
+    sync area (no world) nothing can report: trap."""
     f = HANG_WORDS
     stores = []
     fields = [("rank", "%rank"), ("ctaid_x", "%cx"), ("ctaid_y", "%cy"), ("ctaid_z", "%cz"), ("tid", "%tx"),
@@ -223,21 +236,7 @@ claim:
   %ca = add i64 %sync, {8 * SYNC_HANG_CLAIM}
   %old = {_asm("atom.relaxed.sys.global.cas.b64 $0, [$1], 0, 1;", "=l,l,~{memory}", ret="i64", args="i64 %ca")}
   %first = icmp eq i64 %old, 0
-  br i1 %first, label %write, label %lose
-lose:
-  ; another thread is writing the report: let it finish (at most ~0.5 s) before
-  ; this thread's trap ends the kernel
-{_globaltimer('%l0')}
-  %av = add i64 %buf, {8 * f['valid']}
-  br label %lose.spin
-lose.spin:
-  %lv = {_asm("ld.relaxed.sys.global.b64 $0, [$1];", "=l,l,~{memory}", ret="i64", args="i64 %av")}
-  %done = icmp eq i64 %lv, {HANG_VALID}
-{_globaltimer('%l1')}
-  %ldt = sub i64 %l1, %l0
-  %late = icmp ugt i64 %ldt, 500000000
-  %stop = or i1 %done, %late
-  br i1 %stop, label %die, label %lose.spin
+  br i1 %first, label %write, label %done
 write:
 {_world('%rank', _W['rank'])}
 {_world('%tmo', _W['wait_timeout_ns'])}
@@ -256,16 +255,63 @@ write:
   %a.valid = add i64 %buf, {8 * f['valid']}
   {_asm("st.relaxed.sys.global.b64 [$0], $1;", "l,l,~{memory}", args=f"i64 %a.valid, i64 {HANG_VALID}")}
   {_asm("fence.sc.sys;", "~{memory}")}
-  br label %die
+  br label %done
+done:
+  ret void
 die:
   {_asm("trap;", "~{memory}")}
   unreachable
 }}"""
 
 
+def _abort_fns():
+    """``ditron_aborted()``: whether a bounded wait of this rank has expired (the
+    abort word of the sync area is set; false without a world).
+    ``ditron_exit()``: this thread leaves the kernel (``exit``: barriers count
+    exited threads as arrived).  ``ditron_block_any(x)`` / ``ditron_warp_any(x)``:
+    a barrier of the block (warp) that returns whether any thread passed a
+    non-zero ``x`` (``bar.red.or.pred`` / ``vote.sync.any``), so a block-wide
+    wait leaves as a whole or not at all."""
+    return f"""
+define i1 @ditron_aborted() #0 {{
+entry:
+{_world('%sync', SYNC_AREA_WORD)}
+  %has = icmp ne i64 %sync, 0
+  br i1 %has, label %rd, label %no
+rd:
+  %ca = add i64 %sync, {8 * SYNC_HANG_CLAIM}
+  %v = {_asm("ld.relaxed.sys.global.b64 $0, [$1];", "=l,l,~{memory}", ret="i64", args="i64 %ca")}
+  %r = icmp ne i64 %v, 0
+  ret i1 %r
+no:
+  ret i1 false
+}}
+
+define void @ditron_exit() #0 {{
+entry:
+  {_asm("exit;", "~{memory}")}
+  unreachable
+}}
+
+define i32 @ditron_block_any(i32 %x) #1 {{
+entry:
+  %r = {_asm("{ .reg .pred %p, %q; setp.ne.u32 %p, $1, 0; bar.red.or.pred %q, 0, %p; selp.u32 $0, 1, 0, %q; }",
+             "=r,r,~{memory}", ret="i32", args="i32 %x")}
+  ret i32 %r
+}}
+
+define i32 @ditron_warp_any(i32 %x) #1 {{
+entry:
+  %r = {_asm("{ .reg .pred %p, %q; setp.ne.u32 %p, $1, 0; vote.sync.any.pred %q, %p, 0xffffffff; selp.u32 $0, 1, 0, %q; }",
+             "=r,r,~{memory}", ret="i32", args="i32 %x")}
+  ret i32 %r
+}}"""
+
+
 def _wait_bounded_fn(semantic, scope, bits, deps=False):
     """Bounded ``dl.wait``: the inline-PTX wait of cuda.py plus a %globaltimer
-    check.  ``deps=True``: bounded ``dl.wait_deps`` (``slot >= value``, signed;
+    check and the abort word; its closing barrier is a block vote: if any
+    thread expired or saw the abort word, the whole block leaves the kernel.  ``deps=True``: bounded ``dl.wait_deps`` (``slot >= value``, signed;
     reported as kind 4 with cmp ``>=``)."""
     ty = f"i{bits}"
     reg = "l" if bits == 64 else "r"
@@ -299,27 +345,43 @@ spin:
   br i1 %ok, label %adv, label %check
 check:
 {_expired('c', '%t0', '%tmo', '1')}
-  br i1 %c.exp, label %fail, label %spin
+  br i1 %c.exp, label %fail, label %chk.ab
+chk.ab:
+  %ab = call i1 @ditron_aborted()
+  br i1 %ab, label %done, label %spin
 fail:
 {widen}
   call void @ditron_hang(i64 %a, i64 %ve, i64 %vo, i64 %c.dt, i32 {kind}, i32 {cmp})
-  unreachable
+  br label %done
 adv:
   %i2 = add i32 %i, %nt
   br label %next
 done:
-{_BAR}
+  %mine = phi i32 [0, %next], [1, %chk.ab], [1, %fail]
+  %any = call i32 @ditron_block_any(i32 %mine)
+  %stop = icmp ne i32 %any, 0
+  br i1 %stop, label %leave, label %out
+leave:
+  call void @ditron_exit()
+  unreachable
+out:
   ret i32 0
 }}"""
 
 
 def _poll_timeout_fn():
     """``ditron_poll_timeout(t0, addr, expected, observed, pending)``: for a
-    pending element, report and trap once the world's timeout has passed since
-    ``t0`` (dl.poll_timeout; called elementwise, so not convergent)."""
+    pending element, report once the world's timeout has passed since ``t0``
+    (dl.poll_timeout; called elementwise, so not convergent); the thread
+    leaves the kernel then, or as soon as the abort word is set (checked for
+    every element, pending or not, so every thread of the polling loop
+    leaves)."""
     return f"""
 define i32 @ditron_poll_timeout(i64 %t0, i64 %addr, i64 %exp, i64 %obs, i32 %pending) #0 {{
 entry:
+  %ab = call i1 @ditron_aborted()
+  br i1 %ab, label %leave, label %test
+test:
   %p = icmp ne i32 %pending, 0
   br i1 %p, label %check, label %ok
 check:
@@ -328,6 +390,9 @@ check:
   br i1 %c.exp, label %fail, label %ok
 fail:
   call void @ditron_hang(i64 %addr, i64 %exp, i64 %obs, i64 %c.dt, i32 5, i32 0)
+  br label %leave
+leave:
+  call void @ditron_exit()
   unreachable
 ok:
   ret i32 0
@@ -343,9 +408,15 @@ def _signal_wait_fn(bounded):
         pre = f"{_globaltimer('%t0')}\n{_world('%tmo', _W['wait_timeout_ns'])}"
         miss = f"""check:
 {_expired('c', '%t0', '%tmo', '1')}
-  br i1 %c.exp, label %fail, label %spin
+  br i1 %c.exp, label %fail, label %chk.ab
+chk.ab:
+  %ab = call i1 @ditron_aborted()
+  br i1 %ab, label %leave, label %spin
 fail:
   call void @ditron_hang(i64 %sig, i64 %val, i64 %v, i64 %c.dt, i32 2, i32 %cmp)
+  br label %leave
+leave:
+  call void @ditron_exit()
   unreachable"""
         target = "check"
     else:
@@ -503,18 +574,26 @@ def _barrier_fns(bounded):
     only grow, so nothing is ever reset and back-to-back barriers cannot race."""
     sfx = "_bounded" if bounded else ""
     if bounded:
+        # returns 1 when it expired (reported) or saw the abort word: the caller's group then leaves the kernel
         pre = f"{_globaltimer('%t0')}\n{_world('%tmo', _W['wait_timeout_ns'])}"
         miss = f"""w.check:
 {_expired('c', '%t0', '%tmo', '1')}
-  br i1 %c.exp, label %fail, label %w.spin
+  br i1 %c.exp, label %fail, label %w.ab
+w.ab:
+  %ab = call i1 @ditron_aborted()
+  br i1 %ab, label %quit, label %w.spin
 fail:
   call void @ditron_hang(i64 %qa, i64 %g, i64 %v, i64 %c.dt, i32 3, i32 5)
-  unreachable"""
+  br label %quit
+quit:
+  ret i32 1"""
         target = "w.check"
+        rty, ret = "i32", "ret i32 0"
     else:
         pre, miss, target = "", "", "w.spin"
+        rty, ret = "void", "ret void"
     one = f"""
-define void @ditron_p2p_barrier_one{sfx}() #0 {{
+define {rty} @ditron_p2p_barrier_one{sfx}() #0 {{
 entry:
   {_asm("fence.sc.sys;", "~{memory}")}
 {_world('%sync', SYNC_AREA_WORD)}
@@ -562,11 +641,30 @@ w.next:
   %q.n = add i64 %q, 1
   br label %w.cond
 done:
-  ret void
+  {ret}
 }}"""
     out = [one]
     for coop, (_, _, before, after) in _COOP.items():
         attr = "#0" if coop == "thread" else "#1"
+        if not bounded:
+            out.append(f"""
+define i32 @ditron_p2p_barrier_{coop}() {attr} {{
+entry:
+{before}
+{_coop_index(coop)}
+  br i1 %lead, label %do, label %done
+do:
+  call void @ditron_p2p_barrier_one()
+  br label %done
+done:
+{after}
+  ret i32 0
+}}""")
+            continue
+        # bounded: the closing sync is a vote on the leader's outcome, so the whole group leaves or none of it
+        vote = {"thread": "  %any = add i32 %mine, 0",
+                "warp": "  %any = call i32 @ditron_warp_any(i32 %mine)",
+                "block": "  %any = call i32 @ditron_block_any(i32 %mine)"}[coop]
         out.append(f"""
 define i32 @ditron_p2p_barrier_{coop}{sfx}() {attr} {{
 entry:
@@ -574,10 +672,17 @@ entry:
 {_coop_index(coop)}
   br i1 %lead, label %do, label %done
 do:
-  call void @ditron_p2p_barrier_one{sfx}()
+  %a = call i32 @ditron_p2p_barrier_one{sfx}()
   br label %done
 done:
-{after}
+  %mine = phi i32 [0, %entry], [%a, %do]
+{vote}
+  %stop = icmp ne i32 %any, 0
+  br i1 %stop, label %leave, label %out
+leave:
+  call void @ditron_exit()
+  unreachable
+out:
   ret i32 0
 }}""")
     return "\n".join(out)
@@ -592,6 +697,7 @@ def add_p2p_and_bounded(lib):
     lib.define("ditron_p2p_copy", _copy_fn())
     lib.define("ditron_cmp_u64", _cmp_fn())
     lib.define("ditron_hang", _hang_fn())
+    lib.define("ditron_abort", _abort_fns())
     lib.define("ditron_poll_timeout", _poll_timeout_fn())
     for bounded in (False, True):
         name, text = _signal_wait_fn(bounded)
