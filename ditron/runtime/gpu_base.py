@@ -493,9 +493,11 @@ class GpuTransport(Transport):
         ok = True
         try:
             torch.cuda.synchronize(self.device)
+            if self.wait_timeout_ns and self._check_debug() is not None:
+                raise DitronHangError("a bounded wait expired: no closing barrier (the peers may never arrive)")
             self.barrier()
             torch.cuda.synchronize(self.device)
-        except Exception:  # noqa: BLE001 -- a dead context (trap) must not block the exit
+        except Exception:  # noqa: BLE001 -- a dead context or a hang report must not block the exit
             ok = False
         _deactivate(self)
         from . import sharing

@@ -10,9 +10,21 @@
 # nvidia-cuda-mps-control is available and no daemon runs (MPS=0 keeps it off, to test time-slicing), and stops
 # what it started at the end. The NVSHMEM transport needs one GPU per rank: at such sizes it is not run.
 #
+# Steps per world size and backend:
+#   * pytest: every GPU test file in ONE torchrun / pytest process (one world start; tests/gpu/pytest_files.py),
+#     with a verdict per file in the summary ("unfinished" for a file whose tests did not all end); the file
+#     most likely to hang goes last;
+#   * the scripts: lifecycle, device meshes, the decoder check, the cross-rank consistency checks;
+#   * planted hangs (wait, signal, barrier, deps, ll), side by side in the background (each is a small world that
+#     waits out its DITRON_WAIT_TIMEOUT_S=2; PARALLEL_HANGS=0 runs them one after another). A bounded wait does
+#     not trap (it reports and leaves the kernel), so they run under MPS like everything else.
+#
 # Needs torch with CUDA, nvidia-nvshmem-cu13 and (for nvshmem) nvshmem4py-cu13.
-# STEP_FILTER=REGEX runs only the steps whose label matches (e.g. STEP_FILTER='planted_hang|decoder').
-# Every step has a timeout; each step prints "== PASSED" or "== FAILED"; the summary lists every step's result.
+# STEP_FILTER=REGEX runs only the steps whose label matches (e.g. STEP_FILTER='planted_hang|decoder'); for the
+# pytest step a file runs when "pytest <file>" matches (STEP_FILTER=pytest: every file, STEP_FILTER=gemm_rs: one).
+# Timeouts (seconds): PYTEST_TIMEOUT (the one pytest step, default 480), STEP_TIMEOUT (a script, default 180),
+# HANG_TIMEOUT (a planted hang, default 60). Every step prints "== PASSED" or "== FAILED" and its time; the
+# summary lists every step's (and every pytest file's) result.
 set -o pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -22,11 +34,20 @@ python3 -c "import ditron.kernels" 2>/dev/null || { echo "tests/gpu/run.sh: ditr
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 [ "$GPUS" -ge 1 ] || { echo "tests/gpu/run.sh: no CUDA GPU visible"; exit 2; }
 NPROCS=${NPROCS:-${NPROC:-$GPUS}}
-STEP_TIMEOUT=${STEP_TIMEOUT:-420}
+STEP_TIMEOUT=${STEP_TIMEOUT:-180}
+PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-480}
+HANG_TIMEOUT=${HANG_TIMEOUT:-60}
+PARALLEL_HANGS=${PARALLEL_HANGS:-1}
 BACKENDS=${BACKENDS:-"p2p nvshmem"}
+# the GPU test files; gemm_rs last (the one that hung with ranks sharing a GPU before its reduction grid was capped)
+PYTEST_FILES=${PYTEST_FILES:-"tests/test_dist_runtime.py tests/test_dist_primitives.py tests/test_torch.py
+  tests/test_task_sim.py tests/test_zoo_ag_rs_a2a.py tests/test_zoo_all_reduce.py tests/test_ag_gemm.py
+  tests/test_gemm_ar.py tests/test_moe.py tests/test_ep.py tests/test_tdist_port.py tests/test_gemm_rs.py"}
+LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/ditron-gpu-run.XXXXXX")
 status=0
 SUMMARY=()
 MPS_STARTED=0
+T_START=$SECONDS
 
 start_mps() {
   [ "${MPS:-1}" = "0" ] && { echo "== MPS off (MPS=0): ranks sharing a GPU time-slice"; return; }
@@ -44,19 +65,76 @@ start_mps() {
 stop_mps() {
   if [ "$MPS_STARTED" = 1 ]; then echo quit | nvidia-cuda-mps-control; MPS_STARTED=0; echo "== MPS stopped"; fi
 }
-trap stop_mps EXIT
+cleanup() { stop_mps; rm -rf "$LOGDIR"; }
+trap cleanup EXIT
 
-step() {
+selected() { [ -z "${STEP_FILTER:-}" ] || grep -qE -- "$STEP_FILTER" <<<"$1"; }
+record() {   # record LABEL RC SECONDS
+  if [ "$2" -ne 0 ]; then echo "== FAILED (exit $2, $3 s): $1"; status=1; SUMMARY+=("FAILED  $1 ($3 s)")
+  else echo "== PASSED ($3 s): $1"; SUMMARY+=("passed  $1 ($3 s)"); fi
+}
+step() {     # step TIMEOUT CMD...
+  local to=$1; shift
   local label="[NPROC=$N${SHARE_TAG}] $*"
-  if [ -n "${STEP_FILTER:-}" ] && ! grep -qE -- "$STEP_FILTER" <<<"$label"; then return; fi   # a subset of steps
+  selected "$label" || return 0
   echo "== $label"
-  timeout -k 10 "$STEP_TIMEOUT" "$@"
-  local rc=$?
-  if [ $rc -ne 0 ]; then echo "== FAILED (exit $rc): $label"; status=1; SUMMARY+=("FAILED  $label")
-  else echo "== PASSED: $label"; SUMMARY+=("passed  $label"); fi
+  local t0=$SECONDS
+  timeout -k 10 "$to" "$@"
+  record "$label" $? $((SECONDS - t0))
 }
 na() {   # a step that cannot exist at this world size, said out loud
   echo "== n/a [NPROC=$N${SHARE_TAG}] $1: $2"; SUMMARY+=("n/a     [NPROC=$N${SHARE_TAG}] $1: $2")
+}
+
+pytest_step() {   # every selected GPU test file in one torchrun / pytest process, a verdict per file
+  local b=$1 files=() f
+  for f in $PYTEST_FILES; do selected "[NPROC=$N${SHARE_TAG}] pytest $f" && files+=("$f"); done
+  [ ${#files[@]} -gt 0 ] || return 0
+  local label="[NPROC=$N${SHARE_TAG}] pytest (one process, $b): ${files[*]}"
+  local log="$LOGDIR/pytest-$N-$b.log" t0=$SECONDS
+  echo "== $label"
+  DITRON_TEST_BACKEND=$b timeout -k 10 "$PYTEST_TIMEOUT" $TR tests/gpu/pytest_files.py "${files[@]}" 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  for f in "${files[@]}"; do
+    local lines nfail nline
+    lines=$(grep -a "== file $f rank " "$log")
+    nline=$(grep -c "rank " <<<"$lines")
+    nfail=$(grep -c ": FAILED" <<<"$lines")
+    if [ -z "$lines" ]; then nline=0; nfail=0; fi
+    if [ "$nline" -eq 0 ] && [ "$rc" -eq 0 ]; then
+      SUMMARY+=("n/a     [NPROC=$N${SHARE_TAG}] pytest $f: no test of it runs on the GPU world here")
+    elif [ "$nfail" -gt 0 ]; then
+      SUMMARY+=("FAILED  [NPROC=$N${SHARE_TAG}] pytest $f: $(grep -a -o 'rank [0-9]*: FAILED ([^)]*)' <<<"$lines" | head -3 | tr '\n' ' ')")
+      status=1
+    elif [ "$nline" -ge "$N" ]; then
+      SUMMARY+=("passed  [NPROC=$N${SHARE_TAG}] pytest $f: $(grep -a -o 'rank 0: passed ([^)]*)' <<<"$lines" | head -1)")
+    else
+      SUMMARY+=("FAILED  [NPROC=$N${SHARE_TAG}] pytest $f: unfinished ($nline of $N ranks finished the file)")
+      status=1
+    fi
+  done
+  record "$label" "$rc" $((SECONDS - t0))
+}
+
+BG_PIDS=(); BG_LABELS=(); BG_LOGS=(); BG_T0=()
+bg_step() {   # bg_step CMD...: a planted hang, in the background when PARALLEL_HANGS=1
+  local label="[NPROC=$N${SHARE_TAG}] $*"
+  selected "$label" || return 0
+  if [ "$PARALLEL_HANGS" != 1 ]; then step "$HANG_TIMEOUT" "$@"; return; fi
+  local log="$LOGDIR/bg-${#BG_PIDS[@]}.log"
+  echo "== started in the background: $label"
+  timeout -k 10 "$HANG_TIMEOUT" "$@" >"$log" 2>&1 &
+  BG_PIDS+=($!); BG_LABELS+=("$label"); BG_LOGS+=("$log"); BG_T0+=($SECONDS)
+}
+bg_join() {   # wait for the background steps, then print each one's output and verdict in order
+  local i rc
+  for i in "${!BG_PIDS[@]}"; do
+    wait "${BG_PIDS[$i]}"; rc=$?
+    echo "== ${BG_LABELS[$i]}"
+    cat "${BG_LOGS[$i]}"
+    record "${BG_LABELS[$i]}" "$rc" $((SECONDS - BG_T0[i]))
+  done
+  BG_PIDS=(); BG_LABELS=(); BG_LOGS=(); BG_T0=()
 }
 
 for N in $NPROCS; do
@@ -72,48 +150,43 @@ for N in $NPROCS; do
       na "backend nvshmem" "ranks share a GPU; ditron's NVSHMEM transport needs one GPU per rank (p2p covers it)"
       continue
     fi
-    DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_dist_runtime.py
-    DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_dist_primitives.py
-    DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_torch.py
-    DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider tests/test_task_sim.py
-    for f in tests/test_zoo_ag_rs_a2a.py tests/test_zoo_all_reduce.py tests/test_ag_gemm.py tests/test_gemm_rs.py \
-             tests/test_gemm_ar.py tests/test_moe.py tests/test_ep.py tests/test_tdist_port.py; do
-      DITRON_TEST_BACKEND=$b step $TR -m pytest -q -p no:cacheprovider "$f"
-    done
-    step $TR tests/gpu/lifecycle.py --backend "$b"
-    step $TR tests/gpu/mesh_world.py --backend "$b" --mesh "1,$N"
-    step $TR tests/gpu/mesh_world.py --backend "$b" --mesh "$N,1"
-    if [ $((N % 2)) -eq 0 ] && [ "$N" -gt 2 ]; then
-      step $TR tests/gpu/mesh_world.py --backend "$b" --mesh "2,$((N / 2))"
-    fi
-    # planted hangs: under MPS a trap in one client ends every client of the GPU, so the ranks that hang after the
-    # first would report a lost context instead of their own hang; these steps bypass MPS (time-slicing)
-    HANG_ENV=(); [ "$PER" -gt 1 ] && HANG_ENV=(env CUDA_MPS_PIPE_DIRECTORY=/tmp/ditron-no-mps)
-    DITRON_WAIT_TIMEOUT_S=2 step "${HANG_ENV[@]}" $TR tests/gpu/planted_hang.py --backend "$b" --kind wait
-    DITRON_WAIT_TIMEOUT_S=2 step "${HANG_ENV[@]}" $TR tests/gpu/planted_hang.py --backend "$b" --kind signal
-    DITRON_WAIT_TIMEOUT_S=2 step "${HANG_ENV[@]}" $TR tests/gpu/planted_hang.py --backend "$b" --kind barrier
-    # the decoder megakernel against torch: batch 1, 4 and 16 with ragged contexts in a paged KV cache
-    if [ $((8 % N)) -eq 0 ]; then
-      step $TR tests/gpu/decoder_8b.py --backend "$b" --batch 1,4,16 --ragged     # Qwen3-8B shapes, TP=N
-    else                                                          # 8 KV heads do not split N ways
-      step $TR tests/gpu/decoder_8b.py --backend "$b" --config tiny --heads "$((2 * N)),$N" --batch 1,4,16 --ragged
-    fi
-    DITRON_WAIT_TIMEOUT_S=2 step "${HANG_ENV[@]}" $TR tests/gpu/planted_hang.py --backend "$b" --kind deps
+    # planted hangs first, in the background: they mostly wait out their 2 s bounds while the rest runs
+    H="env DITRON_WAIT_TIMEOUT_S=2 $TR tests/gpu/planted_hang.py --backend $b --kind"
+    bg_step $H wait
+    bg_step $H signal
+    bg_step $H barrier
+    bg_step $H deps
     if [ "$N" -ge 2 ]; then
-      DITRON_WAIT_TIMEOUT_S=2 step "${HANG_ENV[@]}" $TR tests/gpu/planted_hang.py --backend "$b" --kind ll
+      bg_step $H ll
     else
       na "planted_hang --kind ll" "the plant is a rank that skips the all-reduce; one rank has no peer to skip it"
     fi
+    bg_join
+    pytest_step "$b"
+    step "$STEP_TIMEOUT" $TR tests/gpu/lifecycle.py --backend "$b"
+    step "$STEP_TIMEOUT" $TR tests/gpu/mesh_world.py --backend "$b" --mesh "1,$N"
+    if [ "$N" -gt 1 ]; then
+      step "$STEP_TIMEOUT" $TR tests/gpu/mesh_world.py --backend "$b" --mesh "$N,1"
+    fi
+    if [ $((N % 2)) -eq 0 ] && [ "$N" -gt 2 ]; then
+      step "$STEP_TIMEOUT" $TR tests/gpu/mesh_world.py --backend "$b" --mesh "2,$((N / 2))"
+    fi
+    # the decoder megakernel against torch: batch 1, 4 and 16 with ragged contexts in a paged KV cache
+    if [ $((8 % N)) -eq 0 ]; then
+      step "$STEP_TIMEOUT" $TR tests/gpu/decoder_8b.py --backend "$b" --batch 1,4,16 --ragged   # Qwen3-8B shapes, TP=N
+    else                                                          # 8 KV heads do not split N ways
+      step "$STEP_TIMEOUT" $TR tests/gpu/decoder_8b.py --backend "$b" --config tiny --heads "$((2 * N)),$N" --batch 1,4,16 --ragged
+    fi
   done
   if [ "$N" -ge 2 ]; then
-    DITRON_DEBUG=1 DITRON_WAIT_TIMEOUT_S=5 step $TR tests/gpu/consistency.py
+    step "$STEP_TIMEOUT" env DITRON_DEBUG=1 DITRON_WAIT_TIMEOUT_S=5 $TR tests/gpu/consistency.py
   else
     na "consistency.py" "cross-rank divergence and skipped calls need a second rank"
   fi
 done
 stop_mps
 echo
-echo "== tests/gpu/run.sh summary (GPUs: $GPUS; NPROCS: $NPROCS; BACKENDS: $BACKENDS)"
+echo "== tests/gpu/run.sh summary (GPUs: $GPUS; NPROCS: $NPROCS; BACKENDS: $BACKENDS; $((SECONDS - T_START)) s)"
 for line in "${SUMMARY[@]}"; do echo "   $line"; done
 echo "== tests/gpu/run.sh: $([ $status -eq 0 ] && echo all steps passed || echo SOME STEPS FAILED)"
 exit $status
