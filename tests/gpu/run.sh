@@ -11,20 +11,24 @@
 # what it started at the end. The NVSHMEM transport needs one GPU per rank: at such sizes it is not run.
 #
 # Steps per world size and backend:
-#   * pytest: every GPU test file in ONE torchrun / pytest process (one world start; tests/gpu/pytest_files.py),
-#     with a verdict per file in the summary ("unfinished" for a file whose tests did not all end); the file
-#     most likely to hang goes last;
-#   * the scripts: lifecycle, device meshes, the decoder check, the cross-rank consistency checks;
 #   * planted hangs (wait, signal, barrier, deps, ll), side by side in the background (each is a small world that
 #     waits out its DITRON_WAIT_TIMEOUT_S=2; PARALLEL_HANGS=0 runs them one after another). A bounded wait does
-#     not trap (it reports and leaves the kernel), so they run under MPS like everything else.
+#     not trap (it reports and leaves the kernel), so they run under MPS like everything else;
+#   * the scripts: lifecycle, device meshes, the decoder check, the cross-rank consistency checks;
+#   * pytest: every GPU test file in ONE torchrun / pytest process (one world start; tests/gpu/pytest_files.py),
+#     with a verdict per file in the summary ("unfinished" for a file whose tests did not all end); the file
+#     most likely to hang goes last.
 #
 # Needs torch with CUDA, nvidia-nvshmem-cu13 and (for nvshmem) nvshmem4py-cu13.
 # STEP_FILTER=REGEX runs only the steps whose label matches (e.g. STEP_FILTER='planted_hang|decoder'); for the
 # pytest step a file runs when "pytest <file>" matches (STEP_FILTER=pytest: every file, STEP_FILTER=gemm_rs: one).
 # Timeouts (seconds): PYTEST_TIMEOUT (the one pytest step, default 480), STEP_TIMEOUT (a script, default 180),
-# HANG_TIMEOUT (a planted hang, default 60). Every step prints "== PASSED" or "== FAILED" and its time; the
-# summary lists every step's (and every pytest file's) result.
+# HANG_TIMEOUT (a planted hang, default 60). PYTEST_WAIT_TIMEOUT_S=S runs the pytest step with bounded waits
+# (DITRON_WAIT_TIMEOUT_S=S): a hung test then fails with a hang report after S seconds instead of holding the step
+# until PYTEST_TIMEOUT (the world is finished after a report: the tests after it fail too). Every step prints "== PASSED" or "== FAILED" and its time; the
+# summary lists every step's (and every pytest file's) result. RUN_BUDGET_S=S: the whole run ends within S seconds
+# (a step gets at most the time left, a step with less than 30 s left is "not run"), so the summary always prints;
+# order: planted hangs, scripts, decoder, consistency, then the pytest files (the longest step) last.
 set -o pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -73,14 +77,32 @@ record() {   # record LABEL RC SECONDS
   if [ "$2" -ne 0 ]; then echo "== FAILED (exit $2, $3 s): $1"; status=1; SUMMARY+=("FAILED  $1 ($3 s)")
   else echo "== PASSED ($3 s): $1"; SUMMARY+=("passed  $1 ($3 s)"); fi
 }
+budget() {   # budget TIMEOUT: the timeout a step may have within RUN_BUDGET_S (0: no time left for it)
+  if [ -z "${RUN_BUDGET_S:-}" ]; then echo "$1"; return; fi
+  local left=$((RUN_BUDGET_S - (SECONDS - T_START) - 15))       # 15 s for MPS and the summary
+  if [ "$left" -lt 30 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+over_budget() {
+  echo "== not run (RUN_BUDGET_S=$RUN_BUDGET_S spent): $1"; SUMMARY+=("NOT RUN $1 (RUN_BUDGET_S spent)"); status=1
+}
 step() {     # step TIMEOUT CMD...
-  local to=$1; shift
+  local to; to=$(budget "$1"); shift
   local label="[NPROC=$N${SHARE_TAG}] $*"
   selected "$label" || return 0
+  [ "$to" -gt 0 ] || { over_budget "$label"; return 0; }
   echo "== $label"
   local t0=$SECONDS
   timeout -k 10 "$to" "$@"
-  record "$label" $? $((SECONDS - t0))
+  local rc=$?
+  record "$label" $rc $((SECONDS - t0))
+  killed $rc
+}
+killed() {   # a step killed by its timeout under MPS can leave the MPS server refusing clients: restart the daemon
+  if { [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; } && [ "$MPS_STARTED" = 1 ]; then
+    echo "== a step was killed under MPS: restarting the MPS daemon"
+    echo quit | nvidia-cuda-mps-control; sleep 2
+    if nvidia-cuda-mps-control -d; then sleep 1; echo "== MPS restarted"; else MPS_STARTED=0; echo "== MPS did not restart"; fi
+  fi
 }
 na() {   # a step that cannot exist at this world size, said out loud
   echo "== n/a [NPROC=$N${SHARE_TAG}] $1: $2"; SUMMARY+=("n/a     [NPROC=$N${SHARE_TAG}] $1: $2")
@@ -91,10 +113,16 @@ pytest_step() {   # every selected GPU test file in one torchrun / pytest proces
   for f in $PYTEST_FILES; do selected "[NPROC=$N${SHARE_TAG}] pytest $f" && files+=("$f"); done
   [ ${#files[@]} -gt 0 ] || return 0
   local label="[NPROC=$N${SHARE_TAG}] pytest (one process, $b): ${files[*]}"
-  local log="$LOGDIR/pytest-$N-$b.log" t0=$SECONDS
+  local log="$LOGDIR/pytest-$N-$b.log" t0=$SECONDS to
+  to=$(budget "$PYTEST_TIMEOUT")
+  [ "$to" -gt 0 ] || { over_budget "$label"; return 0; }
   echo "== $label"
-  DITRON_TEST_BACKEND=$b timeout -k 10 "$PYTEST_TIMEOUT" $TR tests/gpu/pytest_files.py "${files[@]}" 2>&1 | tee "$log"
+  local wenv=()
+  [ -n "${PYTEST_WAIT_TIMEOUT_S:-}" ] && wenv=(env DITRON_WAIT_TIMEOUT_S="$PYTEST_WAIT_TIMEOUT_S")
+  DITRON_TEST_BACKEND=$b timeout -k 10 "$to" "${wenv[@]}" $TR tests/gpu/pytest_files.py "${files[@]}" 2>&1 \
+    | tee "$log"
   local rc=${PIPESTATUS[0]}
+  killed "$rc"
   for f in "${files[@]}"; do
     local lines nfail nline
     lines=$(grep -a "== file $f rank " "$log")
@@ -121,9 +149,11 @@ bg_step() {   # bg_step CMD...: a planted hang, in the background when PARALLEL_
   local label="[NPROC=$N${SHARE_TAG}] $*"
   selected "$label" || return 0
   if [ "$PARALLEL_HANGS" != 1 ]; then step "$HANG_TIMEOUT" "$@"; return; fi
-  local log="$LOGDIR/bg-${#BG_PIDS[@]}.log"
+  local log="$LOGDIR/bg-${#BG_PIDS[@]}.log" to
+  to=$(budget "$HANG_TIMEOUT")
+  [ "$to" -gt 0 ] || { over_budget "$label"; return 0; }
   echo "== started in the background: $label"
-  timeout -k 10 "$HANG_TIMEOUT" "$@" >"$log" 2>&1 &
+  timeout -k 10 "$to" "$@" >"$log" 2>&1 &
   BG_PIDS+=($!); BG_LABELS+=("$label"); BG_LOGS+=("$log"); BG_T0+=($SECONDS)
 }
 bg_join() {   # wait for the background steps, then print each one's output and verdict in order
@@ -133,6 +163,7 @@ bg_join() {   # wait for the background steps, then print each one's output and 
     echo "== ${BG_LABELS[$i]}"
     cat "${BG_LOGS[$i]}"
     record "${BG_LABELS[$i]}" "$rc" $((SECONDS - BG_T0[i]))
+    killed "$rc"
   done
   BG_PIDS=(); BG_LABELS=(); BG_LOGS=(); BG_T0=()
 }
@@ -150,7 +181,7 @@ for N in $NPROCS; do
       na "backend nvshmem" "ranks share a GPU; ditron's NVSHMEM transport needs one GPU per rank (p2p covers it)"
       continue
     fi
-    # planted hangs first, in the background: they mostly wait out their 2 s bounds while the rest runs
+    # planted hangs first, side by side in the background (each mostly waits out its 2 s bound)
     H="env DITRON_WAIT_TIMEOUT_S=2 $TR tests/gpu/planted_hang.py --backend $b --kind"
     bg_step $H wait
     bg_step $H signal
@@ -162,7 +193,6 @@ for N in $NPROCS; do
       na "planted_hang --kind ll" "the plant is a rank that skips the all-reduce; one rank has no peer to skip it"
     fi
     bg_join
-    pytest_step "$b"
     step "$STEP_TIMEOUT" $TR tests/gpu/lifecycle.py --backend "$b"
     step "$STEP_TIMEOUT" $TR tests/gpu/mesh_world.py --backend "$b" --mesh "1,$N"
     if [ "$N" -gt 1 ]; then
@@ -183,6 +213,11 @@ for N in $NPROCS; do
   else
     na "consistency.py" "cross-rank divergence and skipped calls need a second rank"
   fi
+  # the pytest files last: the longest step, and its per-file verdicts survive a cut (RUN_BUDGET_S)
+  for b in $BACKENDS; do
+    [ "$b" = nvshmem ] && [ "$PER" -gt 1 ] && continue
+    pytest_step "$b"
+  done
 done
 stop_mps
 echo
