@@ -13,7 +13,7 @@ import kernels_for_tests as K
 from conftest import compile_for
 from ditron import _compat
 from ditron.errors import DitronCompileError, DitronError
-from ditron.lowering import cuda, cuda_p2p, devlib
+from ditron.lowering import cuda, cuda_bounded, cuda_p2p, devlib
 from ditron.runtime import gpu, gpu_base
 from ditron.runtime.heap import SymmetricHeap
 
@@ -139,14 +139,14 @@ def test_expired_wait_is_raised_by_the_host(monkeypatch):
     monkeypatch.setattr(gpu_base, "_LAST_ENTRY", None)
     t = gpu_base.GpuTransport.__new__(gpu_base.GpuTransport)
     t.rank, t.wait_timeout_ns, t.heap, t.peer_bases, t.node, t.local_world_size = 2, 2 * 10**9, None, [], 0, 1
-    t._debug_np = np.zeros(cuda_p2p.HANG_RECORD_WORDS, dtype=np.int64)
+    t._debug_np = np.zeros(cuda_bounded.HANG_RECORD_WORDS, dtype=np.int64)
     monkeypatch.setattr(gpu_base, "_ACTIVE", t)
     gpu.check_hang()                                      # no record: nothing to raise
     rec = {"rank": 2, "ctaid_x": 1, "ctaid_y": 0, "ctaid_z": 0, "tid": 0, "addr": 0x1000, "expected": 1,
            "observed": 0, "elapsed_ns": 2_000_000_000, "kind": 1, "cmp": 0, "timeout_ns": 2 * 10**9}
     for k, v in rec.items():
-        t._debug_np[cuda_p2p.HANG_WORDS[k]] = v
-    t._debug_np[cuda_p2p.HANG_WORDS["valid"]] = cuda_p2p.HANG_VALID
+        t._debug_np[cuda_bounded.HANG_WORDS[k]] = v
+    t._debug_np[cuda_bounded.HANG_WORDS["valid"]] = cuda_bounded.HANG_VALID
     with pytest.raises(DitronHangError) as e:
         t.before_launch(types.SimpleNamespace(__name__="k_next"), ())
     msg = str(e.value)
@@ -221,7 +221,7 @@ def test_hang_report_names_everything():
     t = _FakeTransport()
     flags = t.heap.alloc((4,), torch.int32, name="flags")
     peer_addr = t.peer_bases[2] + (flags.data_ptr() - t.heap.base) + 8
-    rec = {"valid": cuda_p2p.HANG_VALID, "rank": 5, "ctaid_x": 3, "ctaid_y": 0, "ctaid_z": 0, "tid": 17,
+    rec = {"valid": cuda_bounded.HANG_VALID, "rank": 5, "ctaid_x": 3, "ctaid_y": 0, "ctaid_z": 0, "tid": 17,
            "addr": flags.data_ptr() + 4, "expected": 1, "observed": 0, "elapsed_ns": 3_000_100_000, "kind": 1,
            "cmp": 0, "timeout_ns": 3_000_000_000}
     text = gpu_base.format_hang(rec, t)
@@ -242,8 +242,8 @@ def test_watchdog_reads_debug_buffer(monkeypatch):
     d = t._debug_np
     for k, v in {"rank": 5, "addr": t.sync.data_ptr(), "expected": 4, "observed": 2, "kind": 3, "cmp": 5,
                  "timeout_ns": 10**9, "elapsed_ns": 10**9 + 5}.items():
-        d[cuda_p2p.HANG_WORDS[k]] = v
-    d[cuda_p2p.HANG_WORDS["valid"]] = cuda_p2p.HANG_VALID
+        d[cuda_bounded.HANG_WORDS[k]] = v
+    d[cuda_bounded.HANG_WORDS["valid"]] = cuda_bounded.HANG_VALID
     text = t._check_debug()
     assert text and "shmem.barrier_all" in text and "'ditron.sync'" in text
     assert gpu_base.hang_report() == text

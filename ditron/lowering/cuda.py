@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 
 from .. import _compat
-from . import common, cuda_p2p, devlib, provided, register, shmem_rules, shmem_table
+from . import common, cuda_bounded, cuda_p2p, devlib, provided, register, shmem_rules, shmem_table
 
 BACKEND = "cuda"
 LIB = devlib.DeviceLibrary("ditron", BACKEND, const_addrspace=4)
@@ -573,7 +573,8 @@ def _populate(lib):
     """Everything a ditron CUDA library defines (all variants hold the same functions)."""
     shmem_rules.define_wrappers(lib, shmem_table.NVSHMEM)
     shmem_rules.define_signal_once(lib, shmem_table.NVSHMEM, "llvm.nvvm.read.ptx.sreg.tid.x")
-    cuda_p2p.add_p2p_and_bounded(lib)
+    cuda_p2p.add_p2p(lib)
+    cuda_bounded.add_bounded(lib)
 
 
 shmem_rules.register_shmem(BACKEND, _shmem_call)

@@ -16,7 +16,7 @@ import threading
 import time
 
 from ..errors import DitronError, DitronHangError
-from ..lowering import cuda_p2p
+from ..lowering import cuda_bounded, cuda_p2p
 from ..lowering.devlib import HEAP_ALIGN, WORLD_FIELDS, WORLD_HEAP_DELTAS, WORLD_MAGIC, \
     WORLD_SYMBOL, WORLD_WORDS
 from .heap import SymmetricHeap
@@ -218,7 +218,7 @@ _CMP_TEXT = {0: "==", 1: "!=", 2: ">", 3: "<=", 4: "<", 5: ">="}
 
 
 def _hang_parts(record: dict, transport):
-    kind = cuda_p2p.HANG_KINDS.get(record["kind"], f"wait kind {record['kind']}")
+    kind = cuda_bounded.HANG_KINDS.get(record["kind"], f"wait kind {record['kind']}")
     cmp = "==" if record["kind"] == 1 else _CMP_TEXT.get(record["cmp"], "?")
     where = transport.describe_address(record["addr"]) if transport is not None else f"address {record['addr']:#x}"
     return kind, cmp, where
@@ -317,7 +317,7 @@ class GpuTransport(Transport):
         # runtime sync area: barrier generations/arrivals, hang-report claim
         self.sync = self.heap.alloc((cuda_p2p.SYNC_AREA_BYTES // 8,), torch.int64, name="ditron.sync")
         self.sync.zero_()
-        self.debug = torch.zeros(cuda_p2p.HANG_RECORD_WORDS, dtype=torch.int64, pin_memory=True)
+        self.debug = torch.zeros(cuda_bounded.HANG_RECORD_WORDS, dtype=torch.int64, pin_memory=True)
         self._debug_np = self.debug.numpy()
         torch.cuda.synchronize(self.device)
         self.barrier()
@@ -432,10 +432,10 @@ class GpuTransport(Transport):
     def _check_debug(self):
         global _LAST_REPORT, _LAST_ENTRY
         d = self._debug_np
-        if d is None or int(d[cuda_p2p.HANG_WORDS["valid"]]) != cuda_p2p.HANG_VALID:
+        if d is None or int(d[cuda_bounded.HANG_WORDS["valid"]]) != cuda_bounded.HANG_VALID:
             return None
         if _LAST_REPORT is None:
-            rec = {k: int(d[i]) for k, i in cuda_p2p.HANG_WORDS.items()}
+            rec = {k: int(d[i]) for k, i in cuda_bounded.HANG_WORDS.items()}
             _LAST_ENTRY = hang_entry(rec, self)
             _LAST_REPORT = format_hang(rec, self)
             print(_LAST_REPORT, file=sys.stderr, flush=True)
