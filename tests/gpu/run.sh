@@ -67,7 +67,7 @@ start_mps() {
   fi
 }
 stop_mps() {
-  if [ "$MPS_STARTED" = 1 ]; then echo quit | nvidia-cuda-mps-control; MPS_STARTED=0; echo "== MPS stopped"; fi
+  if [ "$MPS_STARTED" = 1 ]; then echo quit | timeout 20 nvidia-cuda-mps-control; MPS_STARTED=0; echo "== MPS stopped"; fi
 }
 cleanup() { stop_mps; rm -rf "$LOGDIR"; }
 trap cleanup EXIT
@@ -100,7 +100,7 @@ step() {     # step TIMEOUT CMD...
 killed() {   # a step killed by its timeout under MPS can leave the MPS server refusing clients: restart the daemon
   if { [ "$1" -eq 124 ] || [ "$1" -eq 137 ]; } && [ "$MPS_STARTED" = 1 ]; then
     echo "== a step was killed under MPS: restarting the MPS daemon"
-    echo quit | nvidia-cuda-mps-control; sleep 2
+    echo quit | timeout 20 nvidia-cuda-mps-control; sleep 2
     if nvidia-cuda-mps-control -d; then sleep 1; echo "== MPS restarted"; else MPS_STARTED=0; echo "== MPS did not restart"; fi
   fi
 }
