@@ -14,10 +14,11 @@
 #   * planted hangs (wait, signal, barrier, deps, ll), side by side in the background (each is a small world that
 #     waits out its DITRON_WAIT_TIMEOUT_S=2; PARALLEL_HANGS=0 runs them one after another). A bounded wait does
 #     not trap (it reports and leaves the kernel), so they run under MPS like everything else;
-#   * the scripts: lifecycle, device meshes, the decoder check, the cross-rank consistency checks;
+#   * lifecycle, device meshes;
 #   * pytest: every GPU test file in ONE torchrun / pytest process (one world start; tests/gpu/pytest_files.py),
 #     with a verdict per file in the summary ("unfinished" for a file whose tests did not all end); the file
-#     most likely to hang goes last.
+#     most likely to hang goes last;
+#   * the cross-rank consistency checks, the decoder check.
 #
 # Needs torch with CUDA, nvidia-nvshmem-cu13 and (for nvshmem) nvshmem4py-cu13.
 # STEP_FILTER=REGEX runs only the steps whose label matches (e.g. STEP_FILTER='planted_hang|decoder'); for the
@@ -28,7 +29,7 @@
 # until PYTEST_TIMEOUT (the world is finished after a report: the tests after it fail too). Every step prints "== PASSED" or "== FAILED" and its time; the
 # summary lists every step's (and every pytest file's) result. RUN_BUDGET_S=S: the whole run ends within S seconds
 # (a step gets at most the time left, a step with less than 30 s left is "not run"), so the summary always prints;
-# order: planted hangs, scripts, decoder, consistency, then the pytest files (the longest step) last.
+# order per world size: planted hangs, lifecycle, meshes, the pytest files, consistency, the decoder.
 set -o pipefail
 cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -130,14 +131,14 @@ pytest_step() {   # every selected GPU test file in one torchrun / pytest proces
     nfail=$(grep -c ": FAILED" <<<"$lines")
     if [ -z "$lines" ]; then nline=0; nfail=0; fi
     if [ "$nline" -eq 0 ] && [ "$rc" -eq 0 ]; then
-      SUMMARY+=("n/a     [NPROC=$N${SHARE_TAG}] pytest $f: no test of it runs on the GPU world here")
+      SUMMARY+=("n/a     [NPROC=$N${SHARE_TAG}] pytest ($b) $f: no test of it runs on the GPU world here")
     elif [ "$nfail" -gt 0 ]; then
-      SUMMARY+=("FAILED  [NPROC=$N${SHARE_TAG}] pytest $f: $(grep -a -o 'rank [0-9]*: FAILED ([^)]*)' <<<"$lines" | head -3 | tr '\n' ' ')")
+      SUMMARY+=("FAILED  [NPROC=$N${SHARE_TAG}] pytest ($b) $f: $(grep -a -o 'rank [0-9]*: FAILED ([^)]*)' <<<"$lines" | head -3 | tr '\n' ' ')")
       status=1
     elif [ "$nline" -ge "$N" ]; then
-      SUMMARY+=("passed  [NPROC=$N${SHARE_TAG}] pytest $f: $(grep -a -o 'rank 0: passed ([^)]*)' <<<"$lines" | head -1)")
+      SUMMARY+=("passed  [NPROC=$N${SHARE_TAG}] pytest ($b) $f: $(grep -a -o 'rank 0: passed ([^)]*)' <<<"$lines" | head -1)")
     else
-      SUMMARY+=("FAILED  [NPROC=$N${SHARE_TAG}] pytest $f: unfinished ($nline of $N ranks finished the file)")
+      SUMMARY+=("FAILED  [NPROC=$N${SHARE_TAG}] pytest ($b) $f: unfinished ($nline of $N ranks finished the file)")
       status=1
     fi
   done
@@ -168,6 +169,9 @@ bg_join() {   # wait for the background steps, then print each one's output and 
   BG_PIDS=(); BG_LABELS=(); BG_LOGS=(); BG_T0=()
 }
 
+skip_backend() {   # the NVSHMEM transport needs one GPU per rank
+  [ "$1" = nvshmem ] && [ "$PER" -gt 1 ]
+}
 for N in $NPROCS; do
   PER=$(( (N + GPUS - 1) / GPUS ))
   if [ "$PER" -gt 1 ]; then
@@ -176,12 +180,12 @@ for N in $NPROCS; do
     unset DITRON_RANKS_PER_GPU; SHARE_TAG=""
   fi
   TR="torchrun --standalone --nproc-per-node $N"
+  # 1) planted hangs, side by side in the background (each mostly waits out its 2 s bound); lifecycle; meshes
   for b in $BACKENDS; do
-    if [ "$b" = nvshmem ] && [ "$PER" -gt 1 ]; then
+    if skip_backend "$b"; then
       na "backend nvshmem" "ranks share a GPU; ditron's NVSHMEM transport needs one GPU per rank (p2p covers it)"
       continue
     fi
-    # planted hangs first, side by side in the background (each mostly waits out its 2 s bound)
     H="env DITRON_WAIT_TIMEOUT_S=2 $TR tests/gpu/planted_hang.py --backend $b --kind"
     bg_step $H wait
     bg_step $H signal
@@ -201,22 +205,25 @@ for N in $NPROCS; do
     if [ $((N % 2)) -eq 0 ] && [ "$N" -gt 2 ]; then
       step "$STEP_TIMEOUT" $TR tests/gpu/mesh_world.py --backend "$b" --mesh "2,$((N / 2))"
     fi
-    # the decoder megakernel against torch: batch 1, 4 and 16 with ragged contexts in a paged KV cache
-    if [ $((8 % N)) -eq 0 ]; then
-      step "$STEP_TIMEOUT" $TR tests/gpu/decoder_8b.py --backend "$b" --batch 1,4,16 --ragged   # Qwen3-8B shapes, TP=N
-    else                                                          # 8 KV heads do not split N ways
-      step "$STEP_TIMEOUT" $TR tests/gpu/decoder_8b.py --backend "$b" --config tiny --heads "$((2 * N)),$N" --batch 1,4,16 --ragged
-    fi
   done
+  # 2) the pytest files (one process per backend; per-file verdicts survive a cut by RUN_BUDGET_S)
+  for b in $BACKENDS; do
+    skip_backend "$b" || pytest_step "$b"
+  done
+  # 3) the cross-rank consistency checks
   if [ "$N" -ge 2 ]; then
     step "$STEP_TIMEOUT" env DITRON_DEBUG=1 DITRON_WAIT_TIMEOUT_S=5 $TR tests/gpu/consistency.py
   else
     na "consistency.py" "cross-rank divergence and skipped calls need a second rank"
   fi
-  # the pytest files last: the longest step, and its per-file verdicts survive a cut (RUN_BUDGET_S)
+  # 4) the decoder megakernel against torch: batch 1, 4 and 16 with ragged contexts in a paged KV cache
   for b in $BACKENDS; do
-    [ "$b" = nvshmem ] && [ "$PER" -gt 1 ] && continue
-    pytest_step "$b"
+    skip_backend "$b" && continue
+    if [ $((8 % N)) -eq 0 ]; then
+      step "$STEP_TIMEOUT" $TR tests/gpu/decoder_8b.py --backend "$b" --batch 1,4,16 --ragged   # Qwen3-8B shapes, TP=N
+    else                                                          # 8 KV heads do not split N ways
+      step "$STEP_TIMEOUT" $TR tests/gpu/decoder_8b.py --backend "$b" --config tiny --heads "$((2 * N)),$N" --batch 1,4,16 --ragged
+    fi
   done
 done
 stop_mps
