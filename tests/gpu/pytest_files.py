@@ -8,7 +8,8 @@ as soon as a file's last test has finished (so a later hang or kill keeps the ve
 
     == file tests/test_gemm_rs.py rank 0: passed (15 passed, 0 failed, 2 skipped; 31.2 s)
 
-``FAILED`` when a test of the file failed or errored on this rank; a file none of whose tests finished prints no
+``FAILED`` when a test of the file failed or errored on this rank, followed by one line per failure
+(``== failed NODEID rank R (call): AssertionError: ...``), so that a run killed later still says what failed; a file none of whose tests finished prints no
 line (tests/gpu/run.sh calls it unfinished).  ``faulthandler_timeout`` (PYTEST_FILE_STACKS_S, default 150 s)
 dumps every thread's stack when one test runs longer: the test a hang is in.  Extra pytest options after ``--``.
 The exit status is pytest's.
@@ -18,6 +19,18 @@ import sys
 import time
 
 import pytest
+
+
+def _short(report, limit=400):
+    """A failed report's message in one line: the exception line of its crash (e.g. ``AssertionError: ...``), with
+    the last lines of the rank's traceback when it is a DitronRankError."""
+    crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+    msg = crash.message if crash is not None else str(getattr(report, "longrepr", "") or "")
+    lines = [ln.strip() for ln in msg.splitlines() if ln.strip()]
+    if len(lines) > 3:                    # a rank's traceback: its first line and the last two (the error)
+        lines = [lines[0], "...", *lines[-2:]]
+    one = " | ".join(lines)
+    return one if len(one) <= limit else one[:limit] + " ..."
 
 
 class PerFile:
@@ -38,8 +51,11 @@ class PerFile:
         st["printed"] = True
         verdict = "FAILED" if st["failed"] else "passed"
         # one write, starting and ending a line: the ranks' outputs interleave line by line at worst
-        sys.stdout.write(f"\n== file {f} rank {self.rank}: {verdict} ({st['passed']} passed, {st['failed']} failed, "
-                         f"{st['skipped']} skipped; {time.monotonic() - st['t0']:.1f} s)\n")
+        text = (f"\n== file {f} rank {self.rank}: {verdict} ({st['passed']} passed, {st['failed']} failed, "
+                f"{st['skipped']} skipped; {time.monotonic() - st['t0']:.1f} s)\n")
+        for nodeid, when, msg in st.get("failures", ()):       # what failed, even if the run is killed later
+            text += f"== failed {nodeid} rank {self.rank} ({when}): {msg}\n"
+        sys.stdout.write(text)
         sys.stdout.flush()
 
     def pytest_runtest_logstart(self, nodeid, location):
@@ -55,6 +71,7 @@ class PerFile:
                                    {"passed": 0, "failed": 0, "skipped": 0, "t0": time.monotonic()})
         if report.failed:
             st["failed"] += 1
+            st.setdefault("failures", []).append((report.nodeid, report.when, _short(report)))
         elif report.skipped:
             st["skipped"] += 1
         elif report.when == "call":

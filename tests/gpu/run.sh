@@ -134,6 +134,8 @@ pytest_step() {   # every selected GPU test file in one torchrun / pytest proces
       SUMMARY+=("n/a     [NPROC=$N${SHARE_TAG}] pytest ($b) $f: no test of it runs on the GPU world here")
     elif [ "$nfail" -gt 0 ]; then
       SUMMARY+=("FAILED  [NPROC=$N${SHARE_TAG}] pytest ($b) $f: $(grep -a -o 'rank [0-9]*: FAILED ([^)]*)' <<<"$lines" | head -3 | tr '\n' ' ')")
+      while read -r t; do [ -n "$t" ] && SUMMARY+=("          failed: $t"); done \
+        < <(grep -a -o "== failed $f::[^ ]*" "$log" | sed 's/^== failed //' | sort -u | head -8)
       status=1
     elif [ "$nline" -ge "$N" ]; then
       SUMMARY+=("passed  [NPROC=$N${SHARE_TAG}] pytest ($b) $f: $(grep -a -o 'rank 0: passed ([^)]*)' <<<"$lines" | head -1)")
