@@ -143,6 +143,21 @@ def sm_count(device) -> int:
     return sharing.usable_sms(index, n)
 
 
+def waiting_programs(items: int, device, sim: bool, sim_programs: int = 2) -> int:
+    """Programs for a kernel whose programs wait for other ranks (e.g. a reduction waiting for the peers'
+    partials), one per work item, each looping over ``items / programs`` items when fewer.  When ranks of the
+    world share this GPU (ditron.runtime.sharing) at most this rank's share of the SMs (:func:`sm_count`): waiting
+    programs beyond it could fill the GPU while the kernel they wait for -- a peer's, on the same GPU -- has no
+    SM to start on.  With one GPU per rank: one program per item (a peer's kernel runs on its own GPU).  On the
+    simulator at most ``sim_programs``, so the loop over several items runs in CI."""
+    items = max(1, int(items))
+    if sim:
+        return min(items, sim_programs)
+    if sharing.shared():
+        return min(items, sm_count(device))
+    return items
+
+
 def _guarded_init(init):
     """Wrap a context's ``__init__``: a creation that fails gives its
     symmetric allocations back (the heap is not leaked); a successful one

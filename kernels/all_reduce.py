@@ -474,7 +474,8 @@ def all_reduce(x, ctx: AllReduceContext, out=None, method="auto", *, block=None,
             raise ditron.DitronError(f"all_reduce: method='ll' handles at most {ctx.ll_max_numel} elements with this "
                                      f"context (LL_MAX_BYTES={LL_MAX_BYTES}); got {n}")
         nwords = _cdiv(n, ctx.epw)
-        maxp = programs or (SIM_MAX_PROGRAMS if ctx.sim else GPU_LL_MAX_PROGRAMS)
+        # ranks sharing a GPU: no more polling programs than this rank's share of the SMs (kernels/_common.py)
+        maxp = programs or (SIM_MAX_PROGRAMS if ctx.sim else min(GPU_LL_MAX_PROGRAMS, ctx.num_sms))
         if block is None:
             bw = min(SIM_LL_BLOCK_WORDS if ctx.sim else GPU_LL_BLOCK_WORDS, triton.next_power_of_2(nwords))
             bw = max(bw, triton.next_power_of_2(_cdiv(nwords, maxp)), 16)

@@ -67,7 +67,10 @@ Two kernels per call on the current stream (and, ``"ce"``, copies on a side stre
   ``cuStreamWaitValue64`` / ``cuStreamWriteValue64``, no SM).  After the
   reduction is queued, the current stream waits for the side stream.
 * **reduction** (:func:`gemm_rs_reduce_kernel`, one program per
-  ``[RBLOCK_M, RBLOCK_N]`` tile of ``out``): waits until its partials are in
+  ``[RBLOCK_M, RBLOCK_N]`` tile of ``out``, or fewer looping over the tiles:
+  when ranks share a GPU at most this rank's share of the SMs, since spinning
+  reduction programs that fill the GPU would keep a peer's GEMM on the same
+  GPU from starting -- :func:`reduce_programs`): waits until its partials are in
   place, then sums the ``W`` partials in fp32 (sources in the order
   ``rank, rank+1, ...``, so the peers do not all read the same rank at once)
   and stores ``out``.  ``"ce"``: waits (two ``dl.wait`` over consecutive
@@ -187,7 +190,8 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
-from ._common import CollectiveContext, enter, op_fields, ce_release, ce_send, epoch_begin, epoch_end, sm_count, take_flag, topology
+from ._common import (CollectiveContext, enter, op_fields, ce_release, ce_send, epoch_begin, epoch_end, sm_count,
+                      take_flag, topology, waiting_programs)
 from .all_gather import _SLOT_ALIGN, _put_chunk, _round_up
 from .gemm import (GemmConfig, _GEMM_DTYPES, check_operands, default_config, gemm_tile_at, is_sim_device,
                    operand_descriptors, prepare_tma, store_tile)
@@ -302,60 +306,71 @@ def gemm_rs_reduce_kernel(out_ptr, buf_ptr, cbuf_ptr, sig_ptr, ready_ptr, free_p
                           PULL: tl.constexpr, CE: tl.constexpr, MULTI_NODE: tl.constexpr, WORLD: tl.constexpr,
                           BLOCK_M: tl.constexpr, RBLOCK_M: tl.constexpr, RBLOCK_N: tl.constexpr):
     """``out[m, N]`` = the sum of the ``WORLD`` partials of this rank's
-    segment; program ``i`` reduces tile ``(i // cdiv(N, RBLOCK_N), i % ...)``
-    once the GEMM tiles of its rows (``BLOCK_M``: the GEMM's) are signalled,
-    or (``CE``) once every peer's copy has landed (``ready[s] == 1``); the
-    ``CE`` reduction ends with :func:`kernels._common.ce_release`."""
+    segment, in ``[RBLOCK_M, RBLOCK_N]`` tiles (row-major tile index ``t``:
+    ``(t // cdiv(N, RBLOCK_N), t % ...)``); program ``i`` reduces tiles ``i,
+    i + P, ...`` (``P`` programs, at most this rank's share of the SMs when
+    ranks share a GPU: see :func:`reduce_programs`), each once the GEMM tiles
+    of its rows (``BLOCK_M``: the GEMM's) are signalled, or (``CE``) once
+    every peer's copy has landed (``ready[s] == 1``); the ``CE`` reduction
+    ends with :func:`kernels._common.ce_release`."""
     me, W, LW, node, NN, local = topology()
     m = M // W
     num_c = tl.cdiv(N, RBLOCK_N)
-    pid_r = tl.program_id(0) // num_c
-    pid_c = tl.program_id(0) % num_c
-    r0 = pid_r * RBLOCK_M
+    ntiles = tl.cdiv(m, RBLOCK_M) * num_c
     seg0 = me * m                                             # first row of this rank's segment in C
     ss = slot_stride.to(tl.int64)
     if CE:
         # every peer's slot: ready words [0, me - 1] and [me + 1, W - 1]
         tok1 = dl.wait(ready_ptr, me, "sys", "acquire", waitValue=1)
         tok2 = dl.wait(ready_ptr + me + 1, W - 1 - me, "sys", "acquire", waitValue=1)
-        bufp = dl.consume_token(dl.consume_token(buf_ptr, tok1), tok2)
-        cbufp = cbuf_ptr                                      # the own partial: this stream's GEMM wrote it
+        bufp0 = dl.consume_token(dl.consume_token(buf_ptr, tok1), tok2)
+        cbufp0 = cbuf_ptr                                     # the own partial: this stream's GEMM wrote it
     else:
         e = epoch_begin(calls_ptr)
         par = e % 2
         val = e + 1
-        t_lo = (seg0 + r0) // BLOCK_M
-        t_hi = (seg0 + tl.minimum(r0 + RBLOCK_M, m) - 1) // BLOCK_M
-        tok = dl.wait(sig_ptr + par * sig_stride.to(tl.int64) + t_lo * W, (t_hi - t_lo + 1) * W, "sys", "acquire",
-                      waitValue=val)
-        bufp = dl.consume_token(buf_ptr + par * (W * ss), tok)
-        cbufp = dl.consume_token(cbuf_ptr + par * cbuf_stride.to(tl.int64), tok)
-    rows = r0 + tl.arange(0, RBLOCK_M)
-    cols = pid_c * RBLOCK_N + tl.arange(0, RBLOCK_N)
-    mask = (rows < m)[:, None] & (cols < N)[None, :]
-    offs = rows.to(tl.int64)[:, None] * N + cols[None, :]             # in a slot (rows of the segment)
-    coffs = offs + seg0.to(tl.int64) * N                              # in cbuf (rows of C)
-    acc = tl.zeros((RBLOCK_M, RBLOCK_N), dtype=tl.float32)
-    for q in tl.static_range(WORLD):             # unrolled: the W loads overlap
-        s = (me + q) % WORLD
+        bufp0 = buf_ptr + par * (W * ss)
+        cbufp0 = cbuf_ptr + par * cbuf_stride.to(tl.int64)
+        sigp = sig_ptr + par * sig_stride.to(tl.int64)
+    for t in range(tl.program_id(0), ntiles, tl.num_programs(0)):
+        pid_r = t // num_c
+        pid_c = t % num_c
+        r0 = pid_r * RBLOCK_M
         if CE:
-            if q == 0:
-                v = tl.load(cbufp + coffs, mask=mask)                     # own partial, local
-            else:
-                v = tl.load(bufp + s * ss + offs, mask=mask)              # copied here by s
-        elif PULL:
-            if MULTI_NODE:
-                if s // LW == node:
-                    v = tl.load(dl.symm_at(cbufp, s) + coffs, mask=mask)
-                else:
-                    v = tl.load(bufp + s * ss + offs, mask=mask)          # put here by s
-            else:
-                v = tl.load(dl.symm_at(cbufp, s) + coffs, mask=mask)
+            bufp = bufp0
+            cbufp = cbufp0
         else:
-            v = tl.load(bufp + s * ss + offs, mask=mask)
-        acc += v.to(tl.float32)
-    out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
-    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+            t_lo = (seg0 + r0) // BLOCK_M
+            t_hi = (seg0 + tl.minimum(r0 + RBLOCK_M, m) - 1) // BLOCK_M
+            tok = dl.wait(sigp + t_lo * W, (t_hi - t_lo + 1) * W, "sys", "acquire", waitValue=val)
+            bufp = dl.consume_token(bufp0, tok)
+            cbufp = dl.consume_token(cbufp0, tok)
+        rows = r0 + tl.arange(0, RBLOCK_M)
+        cols = pid_c * RBLOCK_N + tl.arange(0, RBLOCK_N)
+        mask = (rows < m)[:, None] & (cols < N)[None, :]
+        offs = rows.to(tl.int64)[:, None] * N + cols[None, :]             # in a slot (rows of the segment)
+        coffs = offs + seg0.to(tl.int64) * N                              # in cbuf (rows of C)
+        acc = tl.zeros((RBLOCK_M, RBLOCK_N), dtype=tl.float32)
+        for q in tl.static_range(WORLD):             # unrolled: the W loads overlap
+            s = (me + q) % WORLD
+            if CE:
+                if q == 0:
+                    v = tl.load(cbufp + coffs, mask=mask)                     # own partial, local
+                else:
+                    v = tl.load(bufp + s * ss + offs, mask=mask)              # copied here by s
+            elif PULL:
+                if MULTI_NODE:
+                    if s // LW == node:
+                        v = tl.load(dl.symm_at(cbufp, s) + coffs, mask=mask)
+                    else:
+                        v = tl.load(bufp + s * ss + offs, mask=mask)          # put here by s
+                else:
+                    v = tl.load(dl.symm_at(cbufp, s) + coffs, mask=mask)
+            else:
+                v = tl.load(bufp + s * ss + offs, mask=mask)
+            acc += v.to(tl.float32)
+        out_ptrs = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :] * stride_on
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
     if CE:
         dl.syncthreads()          # every thread's loads of the slots are done before the slots are freed
         ce_release(calls_ptr, ready_ptr, free_ptr, me, W)
@@ -449,6 +464,17 @@ def create_gemm_rs_context(max_m, n, dtype, world=None, method="auto", **options
     return GemmRsContext(max_m, n, dtype, world, method, **options)
 
 
+def reduce_programs(ctx, M, N):
+    """Programs of the reduction kernel for ``M`` rows: one per ``reduce_tile`` of this rank's ``[M // W, N]``
+    segment, but no more than this rank's share of the SMs when ranks share the GPU (its programs spin until a
+    peer's GEMM has delivered; a reduction filling the GPU would keep that GEMM, on the same GPU, from starting),
+    and one on the simulator, so that CI runs the loop over several tiles (m = 24 rows: two tiles) (kernels/_common.py's
+    ``waiting_programs``)."""
+    rbm, rbn, _ = ctx.reduce_tile()
+    tiles = triton.cdiv(M // ctx.world_size, rbm) * triton.cdiv(N, rbn)
+    return waiting_programs(tiles, ctx.device, ctx.sim, sim_programs=1)
+
+
 def _check(ctx, a, b, out):
     E = ditron.DitronError
     check_operands("gemm_rs", a, b)
@@ -536,7 +562,7 @@ def gemm_rs(a, b, ctx, out=None):
     if copies:
         _copy_ce(ctx, M // W, N, side)
     rbm, rbn, warps = ctx.reduce_tile()
-    grid = (triton.cdiv(M // W, rbm) * triton.cdiv(N, rbn),)
+    grid = (reduce_programs(ctx, M, N),)
     gemm_rs_reduce_kernel[grid](out, ctx.buf, ctx.cbuf, ctx.sig, ctx.ready, ctx.free, ctx.calls, M, N,
                                 out.stride(0), out.stride(1), ctx.slot_stride, ctx.cbuf_stride, sig_stride,
                                 PULL=pull, CE=ce, MULTI_NODE=ctx.multi_node, WORLD=W, BLOCK_M=cfg.block_m,

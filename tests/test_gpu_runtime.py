@@ -13,7 +13,7 @@ import kernels_for_tests as K
 from conftest import compile_for
 from ditron import _compat
 from ditron.errors import DitronCompileError, DitronError
-from ditron.lowering import cuda, cuda_p2p, devlib
+from ditron.lowering import cuda, cuda_bounded, cuda_p2p, devlib
 from ditron.runtime import gpu, gpu_base
 from ditron.runtime.heap import SymmetricHeap
 
@@ -64,8 +64,25 @@ def test_bounded_waits_variant():
     ce = {"BLOCK": 128, "SCOPE": "sys", "SEM": "acquire"}
     plain = _compile(K.k_wait, sig, ("nvshmem", False), ce).asm["ptx"]
     bounded = _compile(K.k_wait, sig, ("nvshmem", True), ce).asm["ptx"]
-    assert "globaltimer" not in plain and "trap;" not in plain
-    assert "globaltimer" in bounded and "trap;" in bounded and "ld.acquire.sys.global.b32" in bounded
+    assert "globaltimer" not in plain and "trap;" not in plain and "exit;" not in plain
+    assert "globaltimer" in bounded and "ld.acquire.sys.global.b32" in bounded
+    # no trap on expiry: the block votes (bar.red.or.pred) and leaves the kernel together (exit); the abort word
+    # (sync area word SYNC_HANG_CLAIM) is polled while it spins.  The one trap left in the library is
+    # ditron_hang's no-world path (LLVM lowers `unreachable` to trap too, after exit: never reached)
+    assert "exit;" in bounded and "bar.red.or.pred" in bounded and "atom.relaxed.sys.global.cas.b64" in bounded
+    assert bounded.count("// begin inline asm\n\ttrap;") == 1
+
+
+def test_bounded_barrier_and_signal_wait_leave_without_trap():
+    """The P2P device barrier (thread, warp, block) and signal_wait_until, bounded: past the timeout or once the
+    abort word is set the group leaves the kernel -- a warp votes (vote.sync.any), a block votes
+    (bar.red.or.pred) -- instead of trapping (a trap ends the CUDA context, under MPS every client's)."""
+    sync = _compile(K.k_shmem_sync, {}, ("p2p", True)).asm["ptx"]
+    assert "exit;" in sync and "bar.red.or.pred" in sync and "vote.sync.any.pred" in sync
+    sig = _compile(K.k_shmem_signal, SIG, ("p2p", True)).asm["ptx"]
+    assert "exit;" in sig and "globaltimer" in sig
+    plain = _compile(K.k_shmem_sync, {}, ("p2p", False)).asm["ptx"]
+    assert "exit;" not in plain and "globaltimer" not in plain
 
 
 def test_bounded_signal_wait_until_on_nvshmem(nvshmem_bc):
@@ -74,9 +91,10 @@ def test_bounded_signal_wait_until_on_nvshmem(nvshmem_bc):
     assert "globaltimer" in ck.asm["ptx"] and ck.libraries == ["libnvshmem_device"]
 
 
-def test_poll_timeout_is_free_unbounded_and_traps_bounded():
+def test_poll_timeout_is_free_unbounded_and_leaves_bounded():
     """dl.poll_timeout emits nothing without DITRON_WAIT_TIMEOUT_S; bounded, a
-    timer check that reaches the hang report (trap).  The zoo's LL polls
+    timer check that reaches the hang report, then the thread leaves the kernel
+    (exit; no trap).  The zoo's LL polls
     (all_reduce ll, EP low-latency) are bounded the same way."""
     import importlib
     ar = importlib.import_module("ditron.kernels.all_reduce")
@@ -84,14 +102,14 @@ def test_poll_timeout_is_free_unbounded_and_traps_bounded():
     sig = {"flags": "*i64", "out": "*i64", "flag": "i64"}
     plain = _compile(K.k_poll_bounded, sig, ("p2p", False), {"BLOCK": 64}).asm["ptx"]
     bounded = _compile(K.k_poll_bounded, sig, ("p2p", True), {"BLOCK": 64}).asm["ptx"]
-    assert "trap;" not in plain and plain.count("%globaltimer") == 2        # the two dl.clock_ns
-    assert "trap;" in bounded and bounded.count("%globaltimer") > 2
+    assert "trap;" not in plain and "exit;" not in plain and plain.count("%globaltimer") == 2   # the two dl.clock_ns
+    assert "exit;" in bounded and bounded.count("%globaltimer") > 2
     ll_sig = {"x_ptr": "*bf16", "out_ptr": "*bf16", "ll_ptr": "*i64", "calls_ptr": "*i64", "n": "i32", "nwords": "i32",
               "ntiles": "i32", "slot": "i32"}
     ce = {"WORLD": 2, "EPW": 2, "BW": 256}
     # (symm_at traps for a rank off the node in both variants: count the extra report paths)
     plain, bounded = (_compile(ar.all_reduce_ll_kernel, ll_sig, ("p2p", b), ce).asm["ptx"] for b in (False, True))
-    assert bounded.count("trap;") > plain.count("trap;") and "ditron_hang" not in plain
+    assert "exit;" in bounded and "exit;" not in plain and "ditron_hang" not in plain
     comb_sig = {n: t for n, t in zip(
         ("y_ptr", "out_ptr", "peid_ptr", "pslot_ptr", "w_ptr", "lrc_ptr", "lcomb_ptr", "lstage_ptr", "calls_ptr",
          "T", "KT", "TK", "H", "HW", "Eloc", "cap"),
@@ -99,7 +117,7 @@ def test_poll_timeout_is_free_unbounded_and_traps_bounded():
     plain, bounded = (_compile(ep_kernels.ep_ll_combine_kernel, comb_sig, ("p2p", b),
                                {"MULTI_NODE": False, "EPW": 2, "WP": 2, "BR": 4, "BW": 256}).asm["ptx"]
                       for b in (False, True))
-    assert bounded.count("trap;") > plain.count("trap;")
+    assert "exit;" in bounded and "exit;" not in plain
 
 
 def test_poll_hang_report_names_the_polling_loop():
@@ -108,6 +126,37 @@ def test_poll_hang_report_names_the_polling_loop():
     text = gpu_base.format_hang(rec, None)
     assert "polling loop (dl.poll_timeout)" in text and "expected value == 7, observed 6" in text
     assert "rank 1" in text and "program (3, 0, 0)" in text
+    assert "no trap" in text and "launches no more kernels" in text
+
+
+def test_expired_wait_is_raised_by_the_host(monkeypatch):
+    """A kernel stopped by a bounded wait returns normally (no trap); the record in the pinned debug buffer is the
+    only sign: the next launch on the world, and gpu.check_hang(), raise DitronHangError with the report (rank,
+    program, signal, expected, observed).  A fake transport (no GPU) holds the record."""
+    import numpy as np
+    from ditron.errors import DitronHangError
+    monkeypatch.setattr(gpu_base, "_LAST_REPORT", None)
+    monkeypatch.setattr(gpu_base, "_LAST_ENTRY", None)
+    t = gpu_base.GpuTransport.__new__(gpu_base.GpuTransport)
+    t.rank, t.wait_timeout_ns, t.heap, t.peer_bases, t.node, t.local_world_size = 2, 2 * 10**9, None, [], 0, 1
+    t._debug_np = np.zeros(cuda_bounded.HANG_RECORD_WORDS, dtype=np.int64)
+    monkeypatch.setattr(gpu_base, "_ACTIVE", t)
+    gpu.check_hang()                                      # no record: nothing to raise
+    rec = {"rank": 2, "ctaid_x": 1, "ctaid_y": 0, "ctaid_z": 0, "tid": 0, "addr": 0x1000, "expected": 1,
+           "observed": 0, "elapsed_ns": 2_000_000_000, "kind": 1, "cmp": 0, "timeout_ns": 2 * 10**9}
+    for k, v in rec.items():
+        t._debug_np[cuda_bounded.HANG_WORDS[k]] = v
+    t._debug_np[cuda_bounded.HANG_WORDS["valid"]] = cuda_bounded.HANG_VALID
+    with pytest.raises(DitronHangError) as e:
+        t.before_launch(types.SimpleNamespace(__name__="k_next"), ())
+    msg = str(e.value)
+    assert "kernel k_next not launched" in msg and "bounded wait expired on rank 2" in msg
+    assert "program (1, 0, 0)" in msg and "dl.wait" in msg and "expected value == 1, observed 0" in msg
+    assert e.value.report == [{"rank": 2, "program": (1, 0, 0), "primitive": "dl.wait", "where": "device",
+                               "signal": "address 0x1000 (not in a symmetric heap)", "expected": "== 1",
+                               "observed": 0}]
+    with pytest.raises(DitronHangError, match="bounded wait expired on rank 2"):
+        gpu.check_hang()
 
 
 def test_variants_have_distinct_libraries():
@@ -172,7 +221,7 @@ def test_hang_report_names_everything():
     t = _FakeTransport()
     flags = t.heap.alloc((4,), torch.int32, name="flags")
     peer_addr = t.peer_bases[2] + (flags.data_ptr() - t.heap.base) + 8
-    rec = {"valid": cuda_p2p.HANG_VALID, "rank": 5, "ctaid_x": 3, "ctaid_y": 0, "ctaid_z": 0, "tid": 17,
+    rec = {"valid": cuda_bounded.HANG_VALID, "rank": 5, "ctaid_x": 3, "ctaid_y": 0, "ctaid_z": 0, "tid": 17,
            "addr": flags.data_ptr() + 4, "expected": 1, "observed": 0, "elapsed_ns": 3_000_100_000, "kind": 1,
            "cmp": 0, "timeout_ns": 3_000_000_000}
     text = gpu_base.format_hang(rec, t)
@@ -193,8 +242,8 @@ def test_watchdog_reads_debug_buffer(monkeypatch):
     d = t._debug_np
     for k, v in {"rank": 5, "addr": t.sync.data_ptr(), "expected": 4, "observed": 2, "kind": 3, "cmp": 5,
                  "timeout_ns": 10**9, "elapsed_ns": 10**9 + 5}.items():
-        d[cuda_p2p.HANG_WORDS[k]] = v
-    d[cuda_p2p.HANG_WORDS["valid"]] = cuda_p2p.HANG_VALID
+        d[cuda_bounded.HANG_WORDS[k]] = v
+    d[cuda_bounded.HANG_WORDS["valid"]] = cuda_bounded.HANG_VALID
     text = t._check_debug()
     assert text and "shmem.barrier_all" in text and "'ditron.sync'" in text
     assert gpu_base.hang_report() == text

@@ -208,3 +208,31 @@ def test_ipc_handles_travel_whole(monkeypatch):
     assert seen == {"handle": raw, "flags": gpu_driver.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS}
     with pytest.raises(DitronError, match="64 bytes, got 3"):
         gpu_driver.ipc_open_handle(b"abc")
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_gemm_rs_reduction_leaves_sms_for_the_peers_gemm(monkeypatch, k):
+    """gemm_rs's reduction programs spin until every peer's GEMM has delivered its partials.  Ranks sharing a GPU:
+    a reduction with one program per tile (224 at M = 2 * 1000, N = 808 on the GPU tests) could fill the GPU while
+    a peer's GEMM, on the same GPU, waits for an SM -- the hang of 2026-11-25.  So at most the rank's share of the
+    SMs; the ranks' waiting grids together leave the GPU room.  One GPU per rank: one program per tile."""
+    import importlib
+    from ditron.kernels import _common
+    gemm_rs = importlib.import_module("ditron.kernels.gemm_rs")
+    props = types.SimpleNamespace(multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: props)
+    _common._SM_COUNTS.clear()
+    W = max(k, 2)
+    ctx = types.SimpleNamespace(world_size=W, device="cuda:0", sim=False, reduce_tile=lambda: (32, 128, 4))
+    tiles = 32 * 7                                             # m = 1000 rows by 32, N = 808 columns by 128
+    if k > 1:
+        sharing.set_current(sharing.GpuShare(0, k, mps=True))
+    P = gemm_rs.reduce_programs(ctx, W * 1000, 808)
+    if k == 1:
+        assert P == tiles
+    else:
+        assert P == 132 // k and P * k <= 132
+    assert gemm_rs.reduce_programs(ctx, W * 5, 808) == 7          # fewer tiles than the share: one per tile
+    ctx.sim = True
+    assert gemm_rs.reduce_programs(ctx, W * 1000, 808) == 1       # the simulator loops over tiles too
+    _common._SM_COUNTS.clear()

@@ -155,9 +155,14 @@ def test_cuda_bounded_wait_polls_until_equal(p2p_text, sem, scope, bits):
     assert spin[0] == ("asm", f"ld.{sem}.{scope}.global.b{bits} $0, [$1];")
     assert spin[1] == ("icmp", "eq", f"i{bits}", "%v", "%val", "%ok")
     assert spin[2] == ("br", "%ok", "adv", "check")          # equal: next word; else: timer check, poll again
-    assert ir_events(f["check"])[-1] == ("br", "%c.exp", "fail", "spin")
+    # expired: report (fail), else the abort word: set (another wait of the rank reported) -> out, else poll again
+    assert ir_events(f["check"])[-1] == ("br", "%c.exp", "fail", "chk.ab")
+    assert ir_events(f["chk.ab"]) == [("call", "ditron_aborted"), ("br", "%ab", "done", "spin")]
     assert ir_events(f["next"])[:2] == [("icmp", "ult", "i32", "%i", "%n", "%more"), ("br", "%more", "poll", "done")]
-    assert ir_events(f["done"]) == [("barrier",)]
+    # the closing barrier is a block vote: any thread out -> the whole block leaves the kernel (no trap)
+    assert ir_events(f["done"]) == [("call", "ditron_block_any"), ("icmp", "ne", "i32", "%any", "0", "%stop"),
+                                    ("br", "%stop", "leave", "out")]
+    assert ir_events(f["leave"]) == [("call", "ditron_exit")]
     assert any("mul i64 %iw, " + str(bits // 8) in s for s in f["poll"])
 
 
@@ -167,7 +172,34 @@ def test_cuda_bounded_wait_deps_is_signed_at_least(p2p_text):
     assert spin[0] == ("asm", "ld.acquire.gpu.global.b32 $0, [$1];")
     assert spin[1] == ("icmp", "sge", "i32", "%v", "%val", "%ok")
     assert spin[2] == ("br", "%ok", "adv", "check")
-    assert ir_events(f["done"]) == [("barrier",)]
+    assert ir_events(f["done"])[0] == ("call", "ditron_block_any")
+
+
+def test_cuda_hang_report_claims_the_abort_word_and_never_traps_with_a_world(p2p_text):
+    """The report does not trap (a trap ends the CUDA context, under MPS every client's): the first expired thread
+    claims the abort word (CAS 0 -> 1 on the sync area's SYNC_HANG_CLAIM word) and writes the record, the others
+    return; only without a world (no debug buffer or sync area) is there nothing to report to, and it traps.  Every
+    bounded wait reads the same word (ditron_aborted); the per-thread ones leave at once (exit), the block-wide
+    ones after a block vote."""
+    claim = f"add i64 %sync, {8 * cuda_p2p.SYNC_HANG_CLAIM}"
+    hang = llvm_function(p2p_text, "ditron_hang")
+    assert ir_events(hang["claim"]) == [("asm", "atom.relaxed.sys.global.cas.b64 $0, [$1], 0, 1;"),
+                                        ("icmp", "eq", "i64", "%old", "0", "%first"), ("br", "%first", "write", "done")]
+    assert ir_events(hang["done"]) == [] and ir_events(hang["die"]) == [("asm", "trap;")]
+    assert any(claim in line for line in hang["claim"])
+    assert sum(e == ("asm", "trap;") for b in hang.values() for e in ir_events(b)) == 1
+    aborted = llvm_function(p2p_text, "ditron_aborted")
+    assert ir_events(aborted["rd"])[0] == ("asm", "ld.relaxed.sys.global.b64 $0, [$1];")
+    assert any(claim in line for line in aborted["rd"])
+    for fn in ("ditron_poll_timeout", "ditron_signal_wait_until_bounded"):
+        f = llvm_function(p2p_text, fn)
+        assert ir_events(f["leave"]) == [("call", "ditron_exit")] and ir_events(f["fail"]) == [
+            ("call", "ditron_hang"), ("br", "leave")]
+    assert ir_events(llvm_function(p2p_text, "ditron_poll_timeout")["entry"]) == [
+        ("call", "ditron_aborted"), ("br", "%ab", "leave", "test")]      # every element, pending or not
+    for coop, vote in (("block", "ditron_block_any"), ("warp", "ditron_warp_any")):
+        f = llvm_function(p2p_text, f"ditron_p2p_barrier_{coop}_bounded")
+        assert ir_events(f["done"])[0] == ("call", vote) and ir_events(f["leave"]) == [("call", "ditron_exit")]
 
 
 def test_p2p_signal_op_values_and_release(p2p_text):

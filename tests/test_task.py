@@ -204,7 +204,7 @@ def test_bounded_wait_deps_and_lint():
     kind 4 (dl.wait_deps, cmp >=); the lint knows the new ops and finds
     nothing to say about the generated kernel."""
     from ditron import lint
-    from ditron.lowering import cuda, cuda_p2p
+    from ditron.lowering import cuda, cuda_bounded
     from ditron.runtime.gpu_base import format_hang
     g, _, _ = B.chain_graph(_W())
     mk = g.compile(scheduler="dynamic", num_programs=2)
@@ -212,8 +212,8 @@ def test_bounded_wait_deps_and_lint():
         ck = ditron.compile(mk.kernel, target="sm_90a", signature=mk.signature())
     ptx = ck.asm["ptx"]
     assert "%globaltimer" in ptx and "ld.acquire.gpu.global.b32" in ptx
-    assert cuda_p2p.HANG_KINDS[4] == "dl.wait_deps"
-    rec = {k: 0 for k in cuda_p2p.HANG_WORDS}
+    assert cuda_bounded.HANG_KINDS[4] == "dl.wait_deps"
+    rec = {k: 0 for k in cuda_bounded.HANG_WORDS}
     rec.update(kind=4, cmp=5, expected=3, observed=2, addr=mk.slots.data_ptr() + 4 * 7, timeout_ns=10**9)
 
     class T:

@@ -350,7 +350,8 @@ def poll_timeout(start, ptr, expected, observed, pending=True, _semantic=None, _
     timeout and more than that has passed since ``start``, a thread holding a
     pending element writes the same hang report as a bounded wait (rank,
     program, thread, the symmetric tensor and offset of that element's
-    address, expected and observed values) and traps.
+    address, expected and observed values) and leaves the kernel (no trap;
+    every thread of the loop leaves once a report exists: docs/runtime.md).
 
     NVIDIA: without a timeout nothing at all is emitted; with one, a
     ``%globaltimer`` read and a compare per pending element and call.  AMD:
@@ -410,7 +411,7 @@ def wait_deps(slot_ptr, num_slots, epoch, _semantic=None, _generator=None):
     ``ld.relaxed.gpu.global.b32`` (``nanosleep`` 64 ns between polls) until
     ``slot >= epoch`` (signed), then ``fence.acq_rel.gpu`` (acquire) and
     ``bar.sync 0``; under ``DITRON_WAIT_TIMEOUT_S`` the bounded loop reports
-    (address, expected, observed) and traps.  AMD: the same loop with LLVM
+    (address, expected, observed) and the block leaves the kernel (no trap).  AMD: the same loop with LLVM
     ``load atomic ... syncscope("agent") acquire`` and ``s_barrier``.
     Simulator: polls the slots (the program lends its turn while it waits);
     a deadlock report names the task and tile of the slot.

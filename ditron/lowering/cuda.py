@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 
 from .. import _compat
-from . import common, cuda_p2p, devlib, provided, register, shmem_rules, shmem_table
+from . import common, cuda_bounded, cuda_p2p, devlib, provided, register, shmem_rules, shmem_table
 
 BACKEND = "cuda"
 LIB = devlib.DeviceLibrary("ditron", BACKEND, const_addrspace=4)
@@ -190,7 +190,7 @@ def _wait(ctx, barrier_ptrs, num_barriers, wait_value, scope, semantic):
     bits = common.signal_width(ctx, ctx.tensor(barrier_ptrs), "barrier_ptrs")
     if variant_of(ctx)[1]:
         # DITRON_WAIT_TIMEOUT_S: the same loop in the device library, with a
-        # %globaltimer check that reports and traps past the world's timeout
+        # %globaltimer check that reports past the world's timeout and leaves the kernel (cuda_bounded.py)
         n = _compat.cast(ctx.sem, ctx.tensor(num_barriers), tl.int32)
         vty = tl.int64 if bits == 64 else tl.int32
         val = _compat.cast(ctx.sem, ctx.tensor(wait_value), vty)
@@ -516,7 +516,7 @@ def _clock_ns(ctx):
 def _poll_timeout(ctx, start, ptr, expected, observed, pending):
     """Nothing unless the kernel is compiled bounded (DITRON_WAIT_TIMEOUT_S);
     then the device library's timer check, elementwise over ``ptr``, which
-    reports and traps for an expired pending element."""
+    reports for an expired pending element and leaves the kernel (cuda_bounded.py)."""
     if not variant_of(ctx)[1]:
         return None
     args = [_compat.cast(ctx.sem, ctx.tensor(start), tl.int64), common.ptr_to_int(ctx, ptr),
@@ -573,7 +573,8 @@ def _populate(lib):
     """Everything a ditron CUDA library defines (all variants hold the same functions)."""
     shmem_rules.define_wrappers(lib, shmem_table.NVSHMEM)
     shmem_rules.define_signal_once(lib, shmem_table.NVSHMEM, "llvm.nvvm.read.ptx.sreg.tid.x")
-    cuda_p2p.add_p2p_and_bounded(lib)
+    cuda_p2p.add_p2p(lib)
+    cuda_bounded.add_bounded(lib)
 
 
 shmem_rules.register_shmem(BACKEND, _shmem_call)

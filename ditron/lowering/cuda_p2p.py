@@ -1,4 +1,4 @@
-"""NVIDIA device-library pieces for the P2P transport and for bounded waits.
+"""NVIDIA device-library pieces for the P2P transport (bounded waits: cuda_bounded.py).
 
 * **P2P** (one node, no NVSHMEM): ``shmem.*`` calls become loads, stores and
   atomics through the symmetric-heap deltas of the world descriptor, with
@@ -10,13 +10,11 @@
   symmetric *sync area* (world word :data:`SYNC_AREA_WORD`) with a monotonically
   increasing generation, so the barrier can be reused any number of times
   without resetting anything.
-* **Bounded waits** (``DITRON_WAIT_TIMEOUT_S``): ``dl.wait``,
-  ``shmem.signal_wait_until`` and the P2P barrier poll ``%globaltimer`` and,
-  past the world's ``wait_timeout_ns``, write a report record into the world's
-  ``debug_buffer`` (pinned host memory the runtime watches) and ``trap``.
-  These functions exist in every variant of the library but are only called
-  from kernels compiled in the bounded variant, so unbounded kernels pay
-  nothing.
+* **Bounded** variants of ``shmem.signal_wait_until`` and of the P2P barrier
+  (``DITRON_WAIT_TIMEOUT_S``): the timer check (:func:`_expired`) and the
+  abort word; the report and the other bounded waits are in cuda_bounded.py.
+  The runtime *sync area* (world word :data:`SYNC_AREA_WORD`) also holds the
+  abort word (:data:`SYNC_HANG_CLAIM`).
 
 Everything here is LLVM IR text using only inline PTX and world-descriptor
 reads; no NVSHMEM symbol is referenced.
@@ -29,17 +27,9 @@ from . import devlib
 SYNC_AREA_WORD = 11          # address of this rank's sync area (in its own symmetric heap)
 #: layout of the sync area (64-bit words)
 SYNC_GEN = 0                 # barrier generation of this rank (touched only by this rank)
-SYNC_HANG_CLAIM = 1          # first timed-out waiter claims the report slot here
+SYNC_HANG_CLAIM = 1          # first timed-out waiter claims the report slot here: the abort word every bounded wait polls
 SYNC_ARRIVE = 8              # arrival word of local rank i at SYNC_ARRIVE + i
 SYNC_AREA_BYTES = 4096
-
-#: layout of the debug (hang report) record in pinned host memory, 64-bit words
-HANG_WORDS = {"valid": 0, "rank": 1, "ctaid_x": 2, "ctaid_y": 3, "ctaid_z": 4, "tid": 5, "addr": 6, "expected": 7,
-              "observed": 8, "elapsed_ns": 9, "kind": 10, "cmp": 11, "timeout_ns": 12}
-HANG_RECORD_WORDS = 16
-HANG_VALID = 0x48414E47      # "HANG"
-HANG_KINDS = {1: "dl.wait", 2: "shmem.signal_wait_until", 3: "shmem.barrier_all", 4: "dl.wait_deps",
-              5: "polling loop (dl.poll_timeout)"}
 
 #: sig_op values of the ditron_p2p_* functions
 P2P_SIGNAL = {"set": 0, "add": 1}
@@ -200,140 +190,6 @@ def _expired(prefix, t0, timeout, bounded):
   %{prefix}.exp = and i1 %{prefix}.e0, %{prefix}.b"""
 
 
-def _hang_fn():
-    f = HANG_WORDS
-    stores = []
-    fields = [("rank", "%rank"), ("ctaid_x", "%cx"), ("ctaid_y", "%cy"), ("ctaid_z", "%cz"), ("tid", "%tx"),
-              ("addr", "%addr"), ("expected", "%exp"), ("observed", "%obs"), ("elapsed_ns", "%dt"),
-              ("kind", "%kind64"), ("cmp", "%cmp64"), ("timeout_ns", "%tmo")]
-    for name, reg in fields:
-        stores.append(f"  %a.{name} = add i64 %buf, {8 * f[name]}")
-        stores.append("  " + _asm("st.relaxed.sys.global.b64 [$0], $1;", "l,l,~{memory}", args=f"i64 %a.{name}, i64 {reg}"))
-    body = "\n".join(stores)
-    return f"""
-define void @ditron_hang(i64 %addr, i64 %exp, i64 %obs, i64 %dt, i32 %kind, i32 %cmp) #0 {{
-entry:
-{_world('%buf', _W['debug_buffer'])}
-{_world('%sync', SYNC_AREA_WORD)}
-  %hb = icmp ne i64 %buf, 0
-  %hs = icmp ne i64 %sync, 0
-  %h = and i1 %hb, %hs
-  br i1 %h, label %claim, label %die
-claim:
-  %ca = add i64 %sync, {8 * SYNC_HANG_CLAIM}
-  %old = {_asm("atom.relaxed.sys.global.cas.b64 $0, [$1], 0, 1;", "=l,l,~{memory}", ret="i64", args="i64 %ca")}
-  %first = icmp eq i64 %old, 0
-  br i1 %first, label %write, label %lose
-lose:
-  ; another thread is writing the report: let it finish (at most ~0.5 s) before
-  ; this thread's trap ends the kernel
-{_globaltimer('%l0')}
-  %av = add i64 %buf, {8 * f['valid']}
-  br label %lose.spin
-lose.spin:
-  %lv = {_asm("ld.relaxed.sys.global.b64 $0, [$1];", "=l,l,~{memory}", ret="i64", args="i64 %av")}
-  %done = icmp eq i64 %lv, {HANG_VALID}
-{_globaltimer('%l1')}
-  %ldt = sub i64 %l1, %l0
-  %late = icmp ugt i64 %ldt, 500000000
-  %stop = or i1 %done, %late
-  br i1 %stop, label %die, label %lose.spin
-write:
-{_world('%rank', _W['rank'])}
-{_world('%tmo', _W['wait_timeout_ns'])}
-{_sreg('%cx32', 'ctaid.x')}
-{_sreg('%cy32', 'ctaid.y')}
-{_sreg('%cz32', 'ctaid.z')}
-{_sreg('%tx32', 'tid.x')}
-  %cx = zext i32 %cx32 to i64
-  %cy = zext i32 %cy32 to i64
-  %cz = zext i32 %cz32 to i64
-  %tx = zext i32 %tx32 to i64
-  %kind64 = zext i32 %kind to i64
-  %cmp64 = zext i32 %cmp to i64
-{body}
-  {_asm("fence.sc.sys;", "~{memory}")}
-  %a.valid = add i64 %buf, {8 * f['valid']}
-  {_asm("st.relaxed.sys.global.b64 [$0], $1;", "l,l,~{memory}", args=f"i64 %a.valid, i64 {HANG_VALID}")}
-  {_asm("fence.sc.sys;", "~{memory}")}
-  br label %die
-die:
-  {_asm("trap;", "~{memory}")}
-  unreachable
-}}"""
-
-
-def _wait_bounded_fn(semantic, scope, bits, deps=False):
-    """Bounded ``dl.wait``: the inline-PTX wait of cuda.py plus a %globaltimer
-    check.  ``deps=True``: bounded ``dl.wait_deps`` (``slot >= value``, signed;
-    reported as kind 4 with cmp ``>=``)."""
-    ty = f"i{bits}"
-    reg = "l" if bits == 64 else "r"
-    nbytes = bits // 8
-    name = "ditron_wait_deps_bounded_i32" if deps else f"ditron_wait_bounded_{semantic}_{scope}_{ty}"
-    cond, kind, cmp = ("sge", 4, 5) if deps else ("eq", 1, 0)
-    if bits == 64:
-        widen = "  %ve = add i64 %val, 0\n  %vo = add i64 %v, 0"
-    else:
-        widen = f"  %ve = zext {ty} %val to i64\n  %vo = zext {ty} %v to i64"
-    return name, f"""
-define i32 @{name}(i64 %ptr, i32 %n, {ty} %val) #1 {{
-entry:
-{_sreg('%tid', 'tid.x')}
-{_sreg('%nt', 'ntid.x')}
-{_globaltimer('%t0')}
-{_world('%tmo', _W['wait_timeout_ns'])}
-  br label %next
-next:
-  %i = phi i32 [%tid, %entry], [%i2, %adv]
-  %more = icmp ult i32 %i, %n
-  br i1 %more, label %poll, label %done
-poll:
-  %iw = zext i32 %i to i64
-  %off = mul i64 %iw, {nbytes}
-  %a = add i64 %ptr, %off
-  br label %spin
-spin:
-  %v = {_asm(f"ld.{semantic}.{scope}.global.b{bits} $0, [$1];", f"={reg},l,~{{memory}}", ret=ty, args="i64 %a")}
-  %ok = icmp {cond} {ty} %v, %val
-  br i1 %ok, label %adv, label %check
-check:
-{_expired('c', '%t0', '%tmo', '1')}
-  br i1 %c.exp, label %fail, label %spin
-fail:
-{widen}
-  call void @ditron_hang(i64 %a, i64 %ve, i64 %vo, i64 %c.dt, i32 {kind}, i32 {cmp})
-  unreachable
-adv:
-  %i2 = add i32 %i, %nt
-  br label %next
-done:
-{_BAR}
-  ret i32 0
-}}"""
-
-
-def _poll_timeout_fn():
-    """``ditron_poll_timeout(t0, addr, expected, observed, pending)``: for a
-    pending element, report and trap once the world's timeout has passed since
-    ``t0`` (dl.poll_timeout; called elementwise, so not convergent)."""
-    return f"""
-define i32 @ditron_poll_timeout(i64 %t0, i64 %addr, i64 %exp, i64 %obs, i32 %pending) #0 {{
-entry:
-  %p = icmp ne i32 %pending, 0
-  br i1 %p, label %check, label %ok
-check:
-{_world('%tmo', _W['wait_timeout_ns'])}
-{_expired('c', '%t0', '%tmo', '1')}
-  br i1 %c.exp, label %fail, label %ok
-fail:
-  call void @ditron_hang(i64 %addr, i64 %exp, i64 %obs, i64 %c.dt, i32 5, i32 0)
-  unreachable
-ok:
-  ret i32 0
-}}"""
-
-
 def _signal_wait_fn(bounded):
     """``ditron_signal_wait_until[_bounded](sig, cmp, value)``: NVSHMEM's
     signal_wait_until on a local 64-bit word (acquire, system scope); the
@@ -343,9 +199,15 @@ def _signal_wait_fn(bounded):
         pre = f"{_globaltimer('%t0')}\n{_world('%tmo', _W['wait_timeout_ns'])}"
         miss = f"""check:
 {_expired('c', '%t0', '%tmo', '1')}
-  br i1 %c.exp, label %fail, label %spin
+  br i1 %c.exp, label %fail, label %chk.ab
+chk.ab:
+  %ab = call i1 @ditron_aborted()
+  br i1 %ab, label %leave, label %spin
 fail:
   call void @ditron_hang(i64 %sig, i64 %val, i64 %v, i64 %c.dt, i32 2, i32 %cmp)
+  br label %leave
+leave:
+  call void @ditron_exit()
   unreachable"""
         target = "check"
     else:
@@ -503,18 +365,26 @@ def _barrier_fns(bounded):
     only grow, so nothing is ever reset and back-to-back barriers cannot race."""
     sfx = "_bounded" if bounded else ""
     if bounded:
+        # returns 1 when it expired (reported) or saw the abort word: the caller's group then leaves the kernel
         pre = f"{_globaltimer('%t0')}\n{_world('%tmo', _W['wait_timeout_ns'])}"
         miss = f"""w.check:
 {_expired('c', '%t0', '%tmo', '1')}
-  br i1 %c.exp, label %fail, label %w.spin
+  br i1 %c.exp, label %fail, label %w.ab
+w.ab:
+  %ab = call i1 @ditron_aborted()
+  br i1 %ab, label %quit, label %w.spin
 fail:
   call void @ditron_hang(i64 %qa, i64 %g, i64 %v, i64 %c.dt, i32 3, i32 5)
-  unreachable"""
+  br label %quit
+quit:
+  ret i32 1"""
         target = "w.check"
+        rty, ret = "i32", "ret i32 0"
     else:
         pre, miss, target = "", "", "w.spin"
+        rty, ret = "void", "ret void"
     one = f"""
-define void @ditron_p2p_barrier_one{sfx}() #0 {{
+define {rty} @ditron_p2p_barrier_one{sfx}() #0 {{
 entry:
   {_asm("fence.sc.sys;", "~{memory}")}
 {_world('%sync', SYNC_AREA_WORD)}
@@ -562,11 +432,30 @@ w.next:
   %q.n = add i64 %q, 1
   br label %w.cond
 done:
-  ret void
+  {ret}
 }}"""
     out = [one]
     for coop, (_, _, before, after) in _COOP.items():
         attr = "#0" if coop == "thread" else "#1"
+        if not bounded:
+            out.append(f"""
+define i32 @ditron_p2p_barrier_{coop}() {attr} {{
+entry:
+{before}
+{_coop_index(coop)}
+  br i1 %lead, label %do, label %done
+do:
+  call void @ditron_p2p_barrier_one()
+  br label %done
+done:
+{after}
+  ret i32 0
+}}""")
+            continue
+        # bounded: the closing sync is a vote on the leader's outcome, so the whole group leaves or none of it
+        vote = {"thread": "  %any = add i32 %mine, 0",
+                "warp": "  %any = call i32 @ditron_warp_any(i32 %mine)",
+                "block": "  %any = call i32 @ditron_block_any(i32 %mine)"}[coop]
         out.append(f"""
 define i32 @ditron_p2p_barrier_{coop}{sfx}() {attr} {{
 entry:
@@ -574,35 +463,34 @@ entry:
 {_coop_index(coop)}
   br i1 %lead, label %do, label %done
 do:
-  call void @ditron_p2p_barrier_one{sfx}()
+  %a = call i32 @ditron_p2p_barrier_one{sfx}()
   br label %done
 done:
-{after}
+  %mine = phi i32 [0, %entry], [%a, %do]
+{vote}
+  %stop = icmp ne i32 %any, 0
+  br i1 %stop, label %leave, label %out
+leave:
+  call void @ditron_exit()
+  unreachable
+out:
   ret i32 0
 }}""")
     return "\n".join(out)
 
 
-def add_p2p_and_bounded(lib):
-    """Define the P2P transport functions and the bounded waits in ``lib``
-    (which already holds the world descriptor, see devlib.add_world)."""
+def add_p2p(lib):
+    """Define the P2P transport functions (and their bounded variants) in
+    ``lib`` (which already holds the world descriptor, see devlib.add_world;
+    cuda_bounded.add_bounded defines the report and abort functions they call)."""
     lib.declare("llvm.nvvm.barrier0", "declare void @llvm.nvvm.barrier0()")
     lib.declare("llvm.nvvm.bar.warp.sync", "declare void @llvm.nvvm.bar.warp.sync(i32)")
     lib.declare("llvm.umin.i64", "declare i64 @llvm.umin.i64(i64, i64)")
     lib.define("ditron_p2p_copy", _copy_fn())
     lib.define("ditron_cmp_u64", _cmp_fn())
-    lib.define("ditron_hang", _hang_fn())
-    lib.define("ditron_poll_timeout", _poll_timeout_fn())
     for bounded in (False, True):
         name, text = _signal_wait_fn(bounded)
         lib.define(name, text)
         lib.define("ditron_p2p_barrier" + ("_bounded" if bounded else ""), _barrier_fns(bounded))
     lib.define("ditron_p2p_peer", _peer_fns())
     lib.define("ditron_p2p_mem", _mem_fns())
-    for semantic in ("acquire", "relaxed"):
-        for scope in ("gpu", "sys"):
-            for bits in (32, 64):
-                name, text = _wait_bounded_fn(semantic, scope, bits)
-                lib.define(name, text)
-    name, text = _wait_bounded_fn("acquire", "gpu", 32, deps=True)
-    lib.define(name, text)

@@ -25,9 +25,11 @@
 
 ``DITRON_WAIT_TIMEOUT_S`` bounds every ``dl.wait`` / ``shmem.signal_wait_until``
 (and the P2P device barrier): kernels are then compiled in a bounded variant
-that, past the timeout, writes a report record and traps; a watchdog thread
-prints the report (rank, program, signal tensor and offset, expected and
-observed values) as soon as the record appears.
+that, past the timeout, writes a report record and makes every program of the
+kernel leave (no trap); a watchdog thread prints the report (rank, program,
+signal tensor and offset, expected and observed values) as soon as the record
+appears, and the next launch on the world (or ``barrier_all``, or
+``check_hang()``) raises it as :class:`~ditron.errors.DitronHangError`.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ import socket
 from ..errors import DitronError
 from ..lowering.devlib import HEAP_ALIGN, MAX_LOCAL_RANKS
 from .gpu_base import _activate, _all_gather, _install_hooks, multicast_off, set_group, wait_timeout_ns
-from .gpu_base import hang_report, loaded_modules, wait_for_hang_report  # noqa: F401  (public API)
+from .gpu_base import check_hang, hang_report, loaded_modules, wait_for_hang_report  # noqa: F401  (public API)
 from .heap import heap_size_from_env, parse_size, round_up
 from . import sharing
 from .transport import World, topology_from_env
@@ -322,11 +324,6 @@ def _announce_sharing(rank, local_rank, dev, on_gpu, per_gpu):
     mps = sharing.mps_running()
     line = (f"ditron: {on_gpu} ranks share {dev} ({sharing.ENV}={per_gpu}); each sizes its grids to its share of "
             "the SMs. For correctness and debugging, not timing.")
-    if mps and wait_timeout_ns():
-        line += (" DITRON_WAIT_TIMEOUT_S is set under MPS: a bounded wait that expires traps, and MPS ends the "
-                 "kernels of every rank on this GPU on a fatal fault, so only the first rank to time out reports its "
-                 "hang (the others see a lost context). For every rank's report, bypass MPS "
-                 "(CUDA_MPS_PIPE_DIRECTORY pointing to a directory without a daemon).")
     if not mps:
         line += (" MPS is not running: the GPU time-slices between the ranks' processes, so every cross-rank wait "
                  "costs a time slice (slow, still correct). Start MPS (nvidia-cuda-mps-control -d) for speed.")

@@ -16,7 +16,7 @@ import threading
 import time
 
 from ..errors import DitronError, DitronHangError
-from ..lowering import cuda_p2p
+from ..lowering import cuda_bounded, cuda_p2p
 from ..lowering.devlib import HEAP_ALIGN, WORLD_FIELDS, WORLD_HEAP_DELTAS, WORLD_MAGIC, \
     WORLD_SYMBOL, WORLD_WORDS
 from .heap import SymmetricHeap
@@ -183,11 +183,22 @@ def loaded_modules():
 # Hang reports (bounded waits)
 # ---------------------------------------------------------------------------
 _LAST_REPORT = None
+_LAST_ENTRY = None          # the report's DitronHangError entry (device records only)
 
 
 def hang_report():
     """The last bounded-wait report of this process (text), or None."""
     return _LAST_REPORT
+
+
+def check_hang():
+    """Raise :class:`DitronHangError` with the report if a bounded wait of this process has expired (a kernel
+    that stopped on a bounded wait returns normally: the report is the only sign)."""
+    t = _ACTIVE
+    if t is not None:
+        t._check_debug()
+    if _LAST_REPORT is not None:
+        raise DitronHangError(_LAST_REPORT, [_LAST_ENTRY] if _LAST_ENTRY else [])
 
 
 def wait_for_hang_report(timeout_s: float):
@@ -206,16 +217,30 @@ def wait_for_hang_report(timeout_s: float):
 _CMP_TEXT = {0: "==", 1: "!=", 2: ">", 3: "<=", 4: "<", 5: ">="}
 
 
-def format_hang(record: dict, transport) -> str:
-    kind = cuda_p2p.HANG_KINDS.get(record["kind"], f"wait kind {record['kind']}")
+def _hang_parts(record: dict, transport):
+    kind = cuda_bounded.HANG_KINDS.get(record["kind"], f"wait kind {record['kind']}")
     cmp = "==" if record["kind"] == 1 else _CMP_TEXT.get(record["cmp"], "?")
     where = transport.describe_address(record["addr"]) if transport is not None else f"address {record['addr']:#x}"
+    return kind, cmp, where
+
+
+def format_hang(record: dict, transport) -> str:
+    kind, cmp, where = _hang_parts(record, transport)
     timeout = record["timeout_ns"] / 1e9
     return (f"ditron: bounded wait expired on rank {record['rank']} (DITRON_WAIT_TIMEOUT_S={timeout:g}): "
             f"program ({record['ctaid_x']}, {record['ctaid_y']}, {record['ctaid_z']}), thread {record['tid']}, "
             f"{kind} on {where}: expected value {cmp} {record['expected']}, observed {record['observed']} after "
-            f"{record['elapsed_ns'] / 1e9:.3f} s. The kernel was stopped with a trap; this process's CUDA context "
-            "is no longer usable (the next CUDA call reports an error).")
+            f"{record['elapsed_ns'] / 1e9:.3f} s. Every program of the kernel left at its next wait (no trap: the "
+            "CUDA context and the other processes on the GPU carry on); this world's signals are inconsistent now, "
+            "so it launches no more kernels: end it.")
+
+
+def hang_entry(record: dict, transport) -> dict:
+    """The report entry of :class:`DitronHangError` for a device record."""
+    kind, cmp, where = _hang_parts(record, transport)
+    return {"rank": record["rank"], "program": (record["ctaid_x"], record["ctaid_y"], record["ctaid_z"]),
+            "primitive": kind, "where": "device", "signal": where, "expected": f"{cmp} {record['expected']}",
+            "observed": record["observed"]}
 
 
 _GATHER_SEQ = [0]
@@ -292,7 +317,7 @@ class GpuTransport(Transport):
         # runtime sync area: barrier generations/arrivals, hang-report claim
         self.sync = self.heap.alloc((cuda_p2p.SYNC_AREA_BYTES // 8,), torch.int64, name="ditron.sync")
         self.sync.zero_()
-        self.debug = torch.zeros(cuda_p2p.HANG_RECORD_WORDS, dtype=torch.int64, pin_memory=True)
+        self.debug = torch.zeros(cuda_bounded.HANG_RECORD_WORDS, dtype=torch.int64, pin_memory=True)
         self._debug_np = self.debug.numpy()
         torch.cuda.synchronize(self.device)
         self.barrier()
@@ -379,6 +404,10 @@ class GpuTransport(Transport):
 
     def before_launch(self, kernel, args):
         import torch
+        if self.wait_timeout_ns and self._check_debug() is not None:
+            raise DitronHangError(f"rank {self.rank}: kernel {getattr(kernel, '__name__', '?')} not launched: a "
+                                  f"bounded wait expired in an earlier kernel of this world: {_LAST_REPORT}",
+                                  [_LAST_ENTRY] if _LAST_ENTRY else [])
         if torch.cuda.current_device() != self.device.index:
             raise DitronError(f"wrong device: the current CUDA device is cuda:{torch.cuda.current_device()} but "
                               f"this rank's ditron world is on {self.device}; launch on torch.cuda.set_device("
@@ -401,12 +430,13 @@ class GpuTransport(Transport):
 
     # -- bounded waits ----------------------------------------------------------------
     def _check_debug(self):
-        global _LAST_REPORT
+        global _LAST_REPORT, _LAST_ENTRY
         d = self._debug_np
-        if d is None or int(d[cuda_p2p.HANG_WORDS["valid"]]) != cuda_p2p.HANG_VALID:
+        if d is None or int(d[cuda_bounded.HANG_WORDS["valid"]]) != cuda_bounded.HANG_VALID:
             return None
         if _LAST_REPORT is None:
-            rec = {k: int(d[i]) for k, i in cuda_p2p.HANG_WORDS.items()}
+            rec = {k: int(d[i]) for k, i in cuda_bounded.HANG_WORDS.items()}
+            _LAST_ENTRY = hang_entry(rec, self)
             _LAST_REPORT = format_hang(rec, self)
             print(_LAST_REPORT, file=sys.stderr, flush=True)
         return _LAST_REPORT
@@ -463,9 +493,11 @@ class GpuTransport(Transport):
         ok = True
         try:
             torch.cuda.synchronize(self.device)
+            if self.wait_timeout_ns and self._check_debug() is not None:
+                raise DitronHangError("a bounded wait expired: no closing barrier (the peers may never arrive)")
             self.barrier()
             torch.cuda.synchronize(self.device)
-        except Exception:  # noqa: BLE001 -- a dead context (trap) must not block the exit
+        except Exception:  # noqa: BLE001 -- a dead context or a hang report must not block the exit
             ok = False
         _deactivate(self)
         from . import sharing

@@ -74,13 +74,24 @@ def main():
         print(f"rank {me}: all_reduce ll 1024 x fp16, DITRON_DEBUG={debug}: "
               f"{(time.perf_counter() - t0) / 50 * 1e6:.0f} us/call", flush=True)
     os.environ["DITRON_DEBUG"] = "1"
-    # lint at the first JIT compilation
+    # lint at the first JIT compilation.  The lint reads the ops recorded while Triton compiles the kernel; a
+    # kernel found in Triton's on-disk cache (an earlier run on this machine, e.g. at another world size) is not
+    # compiled again and not linted: compile into a fresh cache directory so that this is a first compilation
+    import tempfile
     import lint_kernels as L
     data = ditron.symm_zeros((64,), torch.float32)
     flag = ditron.symm_zeros((1,), torch.int32)
-    with warnings.catch_warnings(record=True) as rec:
-        warnings.simplefilter("always")
-        L.relaxed_flag_producer.warmup(data, flag, 64, BLOCK=64, grid=(1,))
+    cache_dir = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"ditron-lint-rank{me}-")
+    try:
+        with warnings.catch_warnings(record=True) as rec:
+            warnings.simplefilter("always")
+            L.relaxed_flag_producer.warmup(data, flag, 64, BLOCK=64, grid=(1,))
+    finally:
+        if cache_dir is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = cache_dir
     check("jit lint", any(issubclass(w.category, ditron.DitronLintWarning) and "[relaxed-signal]" in str(w.message)
                           for w in rec), str([str(w.message)[:80] for w in rec]))
     ditron.barrier_all()

@@ -19,7 +19,11 @@ program) whose task 'b' tile 2 never releases its scoreboard slot: every
 rank's ``dl.wait_deps`` must stop with a report naming the slot, the task and
 the tile (``scoreboard slot 7 = task 'b' tile 2``, expected ``>= 1``).
 
-Exits through os._exit (the hung rank's CUDA context is dead after the trap).
+No trap: the kernel of a hung rank returns (every program leaves at its next wait), its CUDA context stays
+usable (a CUDA call after it must work: no CUDA error anywhere), the report is printed by the watchdog and
+raised by ``gpu.check_hang()`` (and by the next launch on the world).  So the planted hangs run under MPS too:
+one rank's report does not end the other ranks' kernels.  Exits through os._exit (the world's signals are
+inconsistent after a report).
 """
 import argparse
 import os
@@ -47,6 +51,23 @@ def k_ring_signal(sig, nxt, skip):
     if dl.rank() != skip:
         shmem.signal_op(sig, 1, shmem.NVSHMEM_SIGNAL_SET, nxt)
     shmem.signal_wait_until(sig, shmem.NVSHMEM_CMP_EQ, 1)
+
+
+def after_report(device):
+    """(CUDA error text or None, whether gpu.check_hang() raised the report): after a report the context must still
+    work (no trap) and the host must raise the report."""
+    err = None
+    try:
+        torch.cuda.synchronize()
+        assert float(torch.ones(4, device=device).sum().item()) == 4.0        # the context works
+    except Exception as e:  # noqa: BLE001 -- a trap or a dead context: the failure this test guards against
+        err = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    try:
+        gpu.check_hang()
+        raised = False
+    except ditron.DitronHangError as e:
+        raised = "bounded wait expired" in str(e)
+    return err, raised
 
 
 def main():
@@ -91,22 +112,19 @@ def main():
     hung = (skip + 1) % n
     t0 = time.monotonic()
     kernel[(2,)](arg, nxt, skip)
-    err = None
-    try:
-        torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 -- the trap
-        err = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    err, raised = after_report(world.device)
     report = gpu.wait_for_hang_report(timeout + 5 - (time.monotonic() - t0)) if rank == hung else gpu.hang_report()
     elapsed = time.monotonic() - t0
     ok = True
     if rank == hung:
         want = [f"rank {rank}", "program (", "thread "] + want
         missing = [w for w in want if report is None or w not in report]
-        ok = report is not None and not missing and elapsed <= timeout + 5 and err is not None
+        ok = report is not None and not missing and elapsed <= timeout + 5 and err is None and raised
         print(f"planted_hang[{args.backend}/{args.kind}] rank {rank}: report after {elapsed:.2f} s "
-              f"(timeout {timeout:g} s), CUDA error: {err}; missing in report: {missing}", flush=True)
+              f"(timeout {timeout:g} s), CUDA error: {err}, raised by the host: {raised}; missing in report: "
+              f"{missing}", flush=True)
     else:
-        ok = report is None and err is None
+        ok = report is None and err is None and not raised
         print(f"planted_hang[{args.backend}/{args.kind}] rank {rank}: finished normally={err is None}, "
               f"no report={report is None}", flush=True)
     print(f"planted_hang[{args.backend}/{args.kind}] rank {rank}: {'1 passed, 0 failed' if ok else '0 passed, 1 failed'}",
@@ -126,12 +144,10 @@ def planted_ll(args, world, timeout):
     torch.distributed.barrier()
     t0 = time.monotonic()
     err = report = None
+    raised = False
     if rank != 1:                           # 2) rank 1 skips this one
         K.all_reduce(x, ctx, method="ll")
-        try:
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 -- the trap
-            err = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        err, raised = after_report(world.device)
         report = gpu.wait_for_hang_report(max(0.1, timeout + 5 - (time.monotonic() - t0)))
     elapsed = time.monotonic() - t0
     if rank == 1:
@@ -139,9 +155,9 @@ def planted_ll(args, world, timeout):
     else:
         want = [f"rank {rank}", "program (", "polling loop (dl.poll_timeout)", "'all_reduce.ll'", "expected value =="]
         missing = [w for w in want if report is None or w not in report]
-        ok = healthy and report is not None and not missing and elapsed <= timeout + 5 and err is not None
-        print(f"planted_hang[{args.backend}/ll] rank {rank}: report after {elapsed:.2f} s, CUDA error: {err}; "
-              f"missing in report: {missing}\n{report}", flush=True)
+        ok = healthy and report is not None and not missing and elapsed <= timeout + 5 and err is None and raised
+        print(f"planted_hang[{args.backend}/ll] rank {rank}: report after {elapsed:.2f} s, CUDA error: {err}, "
+              f"raised by the host: {raised}; missing in report: {missing}\n{report}", flush=True)
     print(f"planted_hang[{args.backend}/ll] rank {rank}: {'1 passed, 0 failed' if ok else '0 passed, 1 failed'}",
           flush=True)
     sys.stdout.flush()
@@ -156,20 +172,22 @@ def planted_deps(args, world, timeout):
     torch.cuda.synchronize()
     torch.distributed.barrier()
     t0 = time.monotonic()
-    err = mk = None
+    mk = None
+    early = False
     try:                                                                # 2) b[2] never releases
         mk = B.planted_missing_release(world, "b", 2, num_programs=1)
-        torch.cuda.synchronize()
-    except Exception as e:  # noqa: BLE001 -- the trap
-        err = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    except ditron.DitronHangError:          # a launch of the step after the record appeared refuses: fine
+        early = True
+    err, raised = after_report(world.device)
+    raised = raised or early
     report = gpu.wait_for_hang_report(timeout + 5 - (time.monotonic() - t0))
     elapsed = time.monotonic() - t0
     want = [f"rank {rank}", "dl.wait_deps on megakernel 'chain' scoreboard slot 7 = task 'b' tile 2",
             "expected value >= 1", "observed 0"]
     missing = [w for w in want if report is None or w not in report]
-    ok = report is not None and not missing and elapsed <= timeout + 5 and err is not None
-    print(f"planted_hang[{args.backend}/deps] rank {rank}: report after {elapsed:.2f} s, CUDA error: {err}; "
-          f"missing in report: {missing}", flush=True)
+    ok = report is not None and not missing and elapsed <= timeout + 5 and err is None and raised
+    print(f"planted_hang[{args.backend}/deps] rank {rank}: report after {elapsed:.2f} s, CUDA error: {err}, "
+          f"raised by the host: {raised}; missing in report: {missing}", flush=True)
     print(f"planted_hang[{args.backend}/deps] rank {rank}: {'1 passed, 0 failed' if ok else '0 passed, 1 failed'}",
           flush=True)
     del mk
