@@ -16,7 +16,8 @@ from ditron.kernels import attention as A
 def compile_fwd(cfg, causal, world=1, dt="bf16", head_dim=128, target="sm_90a"):
     kern = A.ring_attn_fwd_kernel
     const = {"WORLD": world, "NCH": 2 if (causal and world > 1) else 1, "CAUSAL": causal, "HEAD_D": head_dim,
-             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "NSPLIT": A.GPU_NSPLIT, "TMA": cfg.tma, "WAIT": True}
+             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "NSPLIT": A.GPU_NSPLIT, "TMA": cfg.tma, "WAIT": True,
+             "PERSISTENT": cfg.persistent}
     ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "o_ptr": f"*{dt}", "lse_ptr": "*fp32",
             "kbuf_ptr": f"*{dt}", "vbuf_ptr": f"*{dt}", "sig_ptr": "*i32", "calls_ptr": "*i64"}
     sig = {p: ptrs.get(p, "fp32" if p == "qk_scale" else "i32") for p in kern.arg_names if p not in const}
@@ -34,7 +35,8 @@ def compile_others():
          {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "po_ptr": "*fp32",
           "pl_ptr": "*fp32", "cap": "i32", "nsplit": "i32", "qk_scale": "fp32"}, FD.GPU_WARPS,
          FD.split_stages(FD.GPU_BLOCK_N, 128)),
-        (FD.flash_decode_combine_kernel, {"G": 4, "WORLD": 1, "HEAD_D": 128, "BLOCK_H": 16, "WAIT": True},
+        (FD.flash_decode_combine_kernel, {"G": 4, "WORLD": 1, "HEAD_D": 128, "BLOCK_H": 16, "DSPLIT": 4,
+                                          "SPLIT_CHUNK": 16, "WAIT": True},
          {"po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "llo_ptr": "*i64",
           "lll_ptr": "*i64", "calls_ptr": "*i64", "nitems": "i32", "nsplit": "i32", "maxitems": "i32"}, 4, 1),
         (U.ulysses_qkv_a2a_kernel, {"WORLD": 1, "HEAD_D": 128, "BLOCK_M": U.GPU_BLOCK_M, "BLOCK_K": U.GPU_BLOCK_K,
@@ -61,7 +63,7 @@ def compile_others():
 
 def main():
     bad = compile_others()
-    jobs = [(cfg, causal, 1) for cfg in A.TUNE_CONFIGS for causal in (False, True)]
+    jobs = [(cfg, causal, 1) for cfg in A.TUNE_CONFIGS + A.LEVER_CONFIGS for causal in (False, True)]
     jobs += [(A.GPU_CONFIG, causal, 2) for causal in (False, True)]       # world size > 1: the ring loop
     for cfg, causal, world in jobs:
         if True:

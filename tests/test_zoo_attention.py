@@ -21,6 +21,8 @@ from conftest import GPU_BACKEND
 
 A = importlib.import_module("ditron.kernels.attention")
 ON_GPU = GPU_BACKEND != "sim"
+#: the simulator's tiles with a persistent grid
+PERSISTENT = A.AttnConfig(16, 16, 1, 1, tma=False, persistent=True)
 
 # (B, Hq, Hkv, S per rank, D, causal, layout, dtype)
 ONE_RANK = [(1, 2, 1, 37, 16, False, "contiguous", "bf16"),      # 3 tiles, a tail of 5
@@ -32,6 +34,8 @@ def test_world_size_one(dist_world):
     cases = ONE_RANK + ([(1, 32, 8, 1000, 128, True, "zigzag", "bf16")] if ON_GPU else [])
     d = dist_world(1)
     assert d.run(B.ring_cases, cases) == [len(cases)]
+    # the persistent grid (programs loop over the tiles, longest first across heads when causal)
+    assert d.run(B.ring_cases, ONE_RANK[1:], config=PERSISTENT) == [2]
     # flash-decode: ragged lengths (some 0), GQA, several splits with tails; two calls
     assert d.run(B.flash_decode_cases, [(3, 4, 2, 37, 16, "bf16")], calls=2) == [2]
     # Ulysses: 20 rows (a tile and a tail), hidden 24 (a K tail), causal
@@ -41,6 +45,7 @@ def test_world_size_one(dist_world):
 def test_three_ranks_odd_world(dist_world):
     d = dist_world(3)
     assert d.run(B.ring_cases, [(1, 2, 1, 14, 16, True, "zigzag", "bf16")]) == [1] * 3
+    assert d.run(B.ring_cases, [(1, 4, 2, 9, 16, True, "zigzag", "bf16")], config=PERSISTENT) == [1] * 3
     # flash-decode across 3 ranks: LL partials, ragged lengths (a rank may hold none of a sequence), reuse
     assert d.run(B.flash_decode_cases, [(2, 8, 2, 20, 16, "fp16")], calls=2) == [2] * 3
     # Ulysses over 3 ranks (6 / 3 heads); heads that do not split over 3 ranks are an error
@@ -111,7 +116,8 @@ def _compile_fwd(target, cfg, world, causal, dt="bf16", head_dim=128):
     import ditron
     kern = A.ring_attn_fwd_kernel
     const = {"WORLD": world, "NCH": 2 if (causal and world > 1) else 1, "CAUSAL": causal, "HEAD_D": head_dim,
-             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "NSPLIT": A.GPU_NSPLIT, "TMA": cfg.tma, "WAIT": True}
+             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "NSPLIT": A.GPU_NSPLIT, "TMA": cfg.tma, "WAIT": True,
+             "PERSISTENT": cfg.persistent}
     ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "o_ptr": f"*{dt}", "lse_ptr": "*fp32",
             "kbuf_ptr": f"*{dt}", "vbuf_ptr": f"*{dt}", "sig_ptr": "*i32", "calls_ptr": "*i64"}
     sig = {p: ptrs.get(p, "fp32" if p == "qk_scale" else "i32") for p in kern.arg_names if p not in const}
@@ -147,7 +153,7 @@ def test_flash_decode_compiles_for_sm90a():
     ptx = ditron.compile(FD.flash_decode_split_kernel, target="sm_90a", signature=sig, constexprs=const,
                          num_warps=FD.GPU_WARPS, num_stages=FD.GPU_STAGES).asm["ptx"]
     assert "ld.global.v4" in ptx or "cp.async" in ptx
-    const = {"G": 4, "WORLD": 2, "HEAD_D": 128, "BLOCK_H": 16, "WAIT": True}
+    const = {"G": 4, "WORLD": 2, "HEAD_D": 128, "BLOCK_H": 16, "DSPLIT": 4, "SPLIT_CHUNK": 64, "WAIT": True}
     sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "llo_ptr": "*i64",
            "lll_ptr": "*i64", "calls_ptr": "*i64", "nitems": "i32", "nsplit": "i32", "maxitems": "i32"}
     ptx = ditron.compile(FD.flash_decode_combine_kernel, target="sm_90a", signature=sig, constexprs=const,
