@@ -27,6 +27,7 @@ ranks.  Results: ``--out`` (Markdown + JSON).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -209,8 +210,9 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    p.add_argument("--configs", choices=["default", "all"], default="default",
-                   help="all: time every config of kernels.attention.TUNE_CONFIGS")
+    p.add_argument("--configs", choices=["default", "all", "levers"], default="default",
+                   help="all: time every config of kernels.attention.TUNE_CONFIGS; levers: the default and "
+                        "LEVER_CONFIGS (persistent grid, two programs per SM)")
     p.add_argument("--no-small-checks", action="store_true", help="skip the correctness pass at odd shapes")
     add_run_args(p)
     args = p.parse_args(argv)
@@ -220,8 +222,10 @@ def main(argv=None):
     from .harness import _release, agree_fn
     world = ditron.init()
     sim = world.backend == "sim"
-    configs = [A.SIM_CONFIG] if sim else ([A.GPU_CONFIG] + [c for c in A.TUNE_CONFIGS if c != A.GPU_CONFIG]
-                                          if args.configs == "all" else [A.GPU_CONFIG])
+    more = {"all": A.TUNE_CONFIGS, "levers": A.LEVER_CONFIGS, "default": ()}[args.configs]
+    configs = [A.SIM_CONFIG] if sim else [A.GPU_CONFIG] + [c for c in more if c != A.GPU_CONFIG]
+    if sim and args.configs == "levers":
+        configs.append(dataclasses.replace(A.SIM_CONFIG, persistent=True))
     agree = agree_fn(world)
     fails = [] if args.no_small_checks else small_checks(world, configs, args)
     if fails:
