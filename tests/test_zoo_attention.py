@@ -45,7 +45,7 @@ def test_world_size_one(dist_world):
 def test_three_ranks_odd_world(dist_world):
     d = dist_world(3)
     assert d.run(B.ring_cases, [(1, 2, 1, 14, 16, True, "zigzag", "bf16")]) == [1] * 3
-    assert d.run(B.ring_cases, [(1, 4, 2, 9, 16, True, "zigzag", "bf16")], config=PERSISTENT) == [1] * 3
+    assert d.run(B.ring_cases, [(1, 4, 2, 10, 16, True, "zigzag", "bf16")], config=PERSISTENT) == [1] * 3
     # flash-decode across 3 ranks: LL partials, ragged lengths (a rank may hold none of a sequence), reuse
     assert d.run(B.flash_decode_cases, [(2, 8, 2, 20, 16, "fp16")], calls=2) == [2] * 3
     # Ulysses over 3 ranks (6 / 3 heads); heads that do not split over 3 ranks are an error
