@@ -1,13 +1,19 @@
-"""Compile (no GPU needed) every ring-attention config that ``ditron bench ring_attn --configs all``
-times, for sm_90a at world size 1 (bf16, head dim 128, causal and not), and print the shared memory,
-the registers and the spills where the compiled kernel reports them, and whether K / V are loaded
-by TMA.
+"""Compile (no GPU needed) every ring-attention config that ``ditron bench ring_attn --configs all`` and
+``--configs levers`` time, for sm_90a at world size 1 (bf16, head dim 128, causal and not), and print the
+shared memory, the registers and spills (``ptxas -v`` on the PTX, with Triton's ptxas), whether K / V are
+loaded by TMA, and the ``wgmma.wait_group`` counts (all 0: no wgmma in flight across the softmax).
 
     python bench/attention_compile.py
 """
+import collections
+import os
 import re
+import subprocess
 import sys
+import tempfile
 import time
+
+import triton
 
 import ditron
 from ditron.kernels import attention as A
@@ -23,6 +29,23 @@ def compile_fwd(cfg, causal, world=1, dt="bf16", head_dim=128, target="sm_90a"):
     sig = {p: ptrs.get(p, "fp32" if p == "qk_scale" else "i32") for p in kern.arg_names if p not in const}
     return ditron.compile(kern, target=target, signature=sig, constexprs=const, num_warps=cfg.num_warps,
                           num_stages=cfg.num_stages)
+
+
+def ptxas_info(ptx):
+    """``registers / spill`` lines of ``ptxas -v`` for sm_90a, or '' without Triton's ptxas."""
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    if not os.path.exists(ptxas):
+        return ""
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        r = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", f.name, "-o", os.devnull], capture_output=True,
+                           text=True, timeout=300)
+    finally:
+        os.unlink(f.name)
+    regs = re.search(r"Used (\d+) registers", r.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", r.stderr)
+    return f"regs={regs.group(1) if regs else '?'}, spill_stores={spill.group(1) if spill else '?'}"
 
 
 def compile_others():
@@ -80,8 +103,10 @@ def main():
             tma = bool(re.search(r"cp\.async\.bulk\.tensor", ptx))
             if shared is not None and shared > 232448:
                 bad += 1
+            waits = dict(collections.Counter(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", ptx)))
             print(f"{cfg.short():>16} causal={causal!s:5} world={world}: ok in {time.time() - t:.1f} s, shared={shared}, "
-                  f"mma={'wgmma' if 'wgmma' in ptx else ('mma' if 'mma' in ptx else 'none')}, tma_loads={tma}"
+                  f"{ptxas_info(ptx)}, mma={'wgmma' if 'wgmma' in ptx else ('mma' if 'mma' in ptx else 'none')}, "
+                  f"tma_loads={tma}, wgmma_wait_groups={waits}"
                   + (" -- MORE SHARED MEMORY THAN AN H100 HAS" if shared and shared > 232448 else ""),
                   flush=True)
     return 1 if bad else 0

@@ -111,14 +111,15 @@ TUNE_CONFIGS = (
 #: ``wgmma.wait_group`` is 0, so a program's tensor cores idle while it does the softmax (Triton 3.6 neither
 #: warp-specializes this loop on sm_90a -- ``tl.range(warp_specialize=True)`` compiles to the same kernel --
 #: nor keeps a score tile issued one iteration ahead in flight).  The levers: a persistent grid (one
-#: program per SM, descriptors made once, longest tiles first across heads), and 64 x 64 tiles (157
-#: registers x 128 threads, 113 / 81 KiB) so that two programs share an SM and one's softmax overlaps the
-#: other's wgmma.
+#: program per SM, descriptors made once, longest tiles first across heads), and one-warpgroup tiles that
+#: let two programs share an SM so that one's softmax overlaps the other's wgmma: 64 x 64 (157 registers x
+#: 128 threads, 113 / 81 KiB with 3 / 2 stages) and 64 x 128 without a pipeline (244 registers, 49 KiB).
 LEVER_CONFIGS = (
     AttnConfig(128, 128, 8, 3, tma=True, persistent=True),
     AttnConfig(128, 128, 8, 3, tma=False, persistent=True),
     AttnConfig(64, 64, 4, 3, tma=True),
     AttnConfig(64, 64, 4, 2, tma=True),
+    AttnConfig(64, 128, 4, 1, tma=True),
 )
 #: small tiles for the simulator (the interpreter's cost grows with the tile)
 SIM_CONFIG = AttnConfig(16, 16, 1, 1, tma=False)
