@@ -27,8 +27,9 @@ def compile_fwd(cfg, causal, world=1, dt="bf16", head_dim=128, target="sm_90a"):
     ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "o_ptr": f"*{dt}", "lse_ptr": "*fp32",
             "kbuf_ptr": f"*{dt}", "vbuf_ptr": f"*{dt}", "sig_ptr": "*i32", "calls_ptr": "*i64"}
     sig = {p: ptrs.get(p, "fp32" if p == "qk_scale" else "i32") for p in kern.arg_names if p not in const}
+    extra = {"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}
     return ditron.compile(kern, target=target, signature=sig, constexprs=const, num_warps=cfg.num_warps,
-                          num_stages=cfg.num_stages)
+                          num_stages=cfg.num_stages, **extra)
 
 
 def ptxas_info(ptx):

@@ -77,6 +77,9 @@ class AttnConfig:
     tma: bool = True
     #: a persistent grid (programs per SM x SMs) looping over the tiles, longest first when causal
     persistent: bool = False
+    #: registers per thread (Triton's ``maxnreg``; None: the compiler's choice), e.g. 128 so that two
+    #: programs of 8 warps fit an SM's register file
+    maxnreg: int | None = None
 
     def validate(self, op="ring_attention"):
         for name in ("block_m", "block_n"):
@@ -85,11 +88,13 @@ class AttnConfig:
                 raise ditron.DitronError(f"{op}: {name}={v} must be a power of two >= 16 (tl.dot)")
         if self.num_warps < 1 or self.num_stages < 1:
             raise ditron.DitronError(f"{op}: num_warps and num_stages must be >= 1 ({self})")
+        if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
+            raise ditron.DitronError(f"{op}: maxnreg={self.maxnreg} must be in [24, 255] or None")
         return self
 
     def short(self):
         return (f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}{'t' if self.tma else ''}"
-                f"{'p' if self.persistent else ''}")
+                f"{'p' if self.persistent else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}")
 
 
 #: the default on GPUs (Triton's Hopper fused-attention tiles)
@@ -113,13 +118,15 @@ TUNE_CONFIGS = (
 #: nor keeps a score tile issued one iteration ahead in flight).  The levers: a persistent grid (one
 #: program per SM, descriptors made once, longest tiles first across heads), and one-warpgroup tiles that
 #: let two programs share an SM so that one's softmax overlaps the other's wgmma: 64 x 64 (157 registers x
-#: 128 threads, 113 / 81 KiB with 3 / 2 stages) and 64 x 128 without a pipeline (244 registers, 49 KiB).
+#: 128 threads, 113 / 81 KiB with 3 / 2 stages), 64 x 128 without a pipeline (244 registers, 49 KiB), and
+#: 128 x 64 with 2 stages held to 128 registers (no spills; 96 KiB): two programs of 8 warps per SM.
 LEVER_CONFIGS = (
     AttnConfig(128, 128, 8, 3, tma=True, persistent=True),
     AttnConfig(128, 128, 8, 3, tma=False, persistent=True),
     AttnConfig(64, 64, 4, 3, tma=True),
     AttnConfig(64, 64, 4, 2, tma=True),
     AttnConfig(64, 128, 4, 1, tma=True),
+    AttnConfig(128, 64, 8, 2, tma=True, maxnreg=128),
 )
 #: small tiles for the simulator (the interpreter's cost grows with the tile)
 SIM_CONFIG = AttnConfig(16, 16, 1, 1, tma=False)
@@ -347,6 +354,11 @@ def _grid(cfg, nch, C, nbh, device, sim):
     return (min(tiles * nbh, 2 if sim else sm_count(device)),)
 
 
+def _launch_opts(cfg, sim):
+    """Backend options of the launch beyond warps and stages (GPUs only)."""
+    return {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not sim else {}
+
+
 def default_config(device) -> AttnConfig:
     return SIM_CONFIG if torch.device(device).type == "cpu" else GPU_CONFIG
 
@@ -417,7 +429,7 @@ def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None
         q, k, v, out, lse, ctx.kbuf, ctx.vbuf, ctx.sig, ctx.calls, S, C, HQ, HKV, B * HKV, ctx.maxbh, ctx.region,
         scale * 1.4426950408889634, B * HQ, WORLD=W, NCH=nch, CAUSAL=bool(causal), HEAD_D=D, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, NSPLIT=ctx.nsplit, TMA=tma, WAIT=not _plant_no_wait, PERSISTENT=cfg.persistent,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch_opts(cfg, ctx.sim))
     return (out, lse) if return_lse else out
 
 
@@ -450,7 +462,7 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
         q, k, v, out, lse, k, v, lse, lse, S, S, HQ, HKV, B * HKV, B * HKV, 0, scale * 1.4426950408889634, B * HQ,
         WORLD=1, NCH=1, CAUSAL=bool(causal), HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NSPLIT=1, TMA=tma,
         WAIT=True, PERSISTENT=cfg.persistent, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        num_stages=cfg.num_stages, **_launch_opts(cfg, sim))
     return (out, lse) if return_lse else out
 
 

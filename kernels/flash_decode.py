@@ -259,8 +259,10 @@ def split_stages(block_n, head_dim):
 
 def default_splits(ctx, items, cap, block_n):
     """Splits per (sequence, KV head), at least one tile each.  Few items (batch 1-8 of 8 KV heads): one
-    wave of programs, ``SMs // items`` splits each (the split kernel holds one program per SM: a second
-    wave would pay the pipeline fill again on a loop of a few tiles); otherwise about 4 programs per SM."""
+    program per SM, ``SMs // items`` splits each (its 4-stage pipeline keeps enough bytes in flight, and
+    more, shorter splits pay the pipeline fill again on a loop of a few tiles; the split kernel's 102 KiB
+    at 64-key tiles would also fit two per SM: bench/attention_levers.sh times 33 and 66 splits at batch 1
+    against this); otherwise about 4 programs per SM."""
     if ctx.sim:
         return max(1, min(3, triton.cdiv(cap, block_n)))
     sms = sm_count(ctx.device)
