@@ -33,6 +33,6 @@ step() {
   if [ $rc -ne 0 ]; then failed="$failed $name"; fi
 }
 step tests 80 env DITRON_TEST_BACKEND=p2p $TR -m pytest -q -p no:cacheprovider -x -k "not compiles" tests/test_zoo_attention.py
-step ring_attn 200 $TR -m ditron.bench ring_attn --seq 8192,16384 --configs levers --machine "$MACHINE" --tag levers --out "$OUT"
-step flash_decode 100 $TR -m ditron.bench flash_decode --ctx 32768,65536 --batch 1,16 --splits 0,1,33,66 --block-n 0,128 --machine "$MACHINE" --tag levers --out "$OUT"
+step ring_attn 190 $TR -m ditron.bench ring_attn --seq 8192,16384 --configs levers --machine "$MACHINE" --tag levers --out "$OUT"
+step flash_decode 90 $TR -m ditron.bench flash_decode --ctx 32768,65536 --batch 1,16 --splits 0,1,33,66 --block-n 0,128 --machine "$MACHINE" --tag levers --out "$OUT"
 if [ -z "$failed" ]; then echo "== attention_levers: all steps passed"; else echo "== attention_levers: FAILED steps:$failed"; exit 1; fi
