@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Issue 28's performance levers on one GPU, in under 6 minutes: the attention zoo's test bodies on this GPU
 # (correctness first), then side by side with torch SDPA (cuDNN and flash backends) in the same run:
-#   * ring attention forward at sequence 8192 and 16384, causal and not: the default config (128x128w8s3t,
-#     unchanged) against kernels/attention.LEVER_CONFIGS (persistent grid, with and without TMA; 64 x 64
-#     and 64 x 128 tiles, 128 x 64 held to 128 registers: two programs per SM); every config is first
-#     checked against fp32 SDPA at shapes that are not tile multiples;
+#   * ring attention forward at sequence 8192 and 16384, causal and not: the default for the length
+#     (kernels/attention.default_config: 64 x 64 tiles up to 8192 keys, 128 x 128 above), the other GPU
+#     default, and kernels/attention.LEVER_CONFIGS (128 x 64 at maxnreg 128; the persistent grid); every
+#     config is first checked against fp32 SDPA at shapes that are not tile multiples;
 #   * flash-decode at context 32768 / 65536, batch 1 and 16: the new parallel combine with the default split
 #     count (one wave of split programs for few items) and with 1 / 33 / 66 splits (66: the old batch-1
-#     default), each at the default 64-key tiles and at 128.
+#     default), each at the default 128-key tiles and at 64.
 # Results (Markdown + JSON + logs) go to $OUT (default bench/results).
 #
 #   bash bench/attention_levers.sh
@@ -34,5 +34,5 @@ step() {
 }
 step tests 80 env DITRON_TEST_BACKEND=p2p $TR -m pytest -q -p no:cacheprovider -x -k "not compiles" tests/test_zoo_attention.py
 step ring_attn 190 $TR -m ditron.bench ring_attn --seq 8192,16384 --configs levers --machine "$MACHINE" --tag levers --out "$OUT"
-step flash_decode 90 $TR -m ditron.bench flash_decode --ctx 32768,65536 --batch 1,16 --splits 0,1,33,66 --block-n 0,128 --machine "$MACHINE" --tag levers --out "$OUT"
+step flash_decode 90 $TR -m ditron.bench flash_decode --ctx 32768,65536 --batch 1,16 --splits 0,1,33,66 --block-n 0,64 --machine "$MACHINE" --tag levers --out "$OUT"
 if [ -z "$failed" ]; then echo "== attention_levers: all steps passed"; else echo "== attention_levers: FAILED steps:$failed"; exit 1; fi

@@ -99,6 +99,11 @@ class AttnConfig:
 
 #: the default on GPUs (Triton's Hopper fused-attention tiles)
 GPU_CONFIG = AttnConfig(128, 128, 8, 3, tma=True)
+#: the default on GPUs when the whole sequence has at most SHORT_SEQ keys: 64 x 64 tiles, two programs per
+#: SM (H100, 2026-11-27, bench/attention_levers.sh: at 8192 0.72 / 0.70 x cuDNN non-causal / causal against
+#: GPU_CONFIG's 0.67 / 0.66 in the same run; at 16384 the two are even, 0.79 / 0.76 against 0.79 / 0.77)
+GPU_SHORT_CONFIG = AttnConfig(64, 64, 4, 3, tma=True)
+SHORT_SEQ = 8192
 #: what ``ditron bench ring_attn --configs all`` sweeps on GPUs
 #: (shared memory per program on sm_90a, bf16, head dim 128: 225 / 161 / 129 / 161 / 224 / 128 KiB; the
 #: H100 limit is 227 KiB, so 128 x 128 with 4 stages does not fit: bench/attention_compile.py)
@@ -110,23 +115,19 @@ TUNE_CONFIGS = (
     AttnConfig(128, 128, 8, 3, tma=False),
     AttnConfig(128, 64, 4, 3, tma=False),
 )
-#: the levers of issue 28's short sequences (bench/attention_levers.sh times them against GPU_CONFIG).
+#: the levers of issue 28's short sequences that bench/attention_levers.sh times against both defaults.
 #: What the sm_90a compile of GPU_CONFIG shows (ptxas -v, bench/attention_compile.py): wgmma, K / V by TMA,
 #: 3 stages, 225 KiB of shared memory and 206 registers (no spills), so one program per SM; every
-#: ``wgmma.wait_group`` is 0, so a program's tensor cores idle while it does the softmax (Triton 3.6 neither
-#: warp-specializes this loop on sm_90a -- ``tl.range(warp_specialize=True)`` compiles to the same kernel --
-#: nor keeps a score tile issued one iteration ahead in flight).  The levers: a persistent grid (one
-#: program per SM, descriptors made once, longest tiles first across heads), and one-warpgroup tiles that
-#: let two programs share an SM so that one's softmax overlaps the other's wgmma: 64 x 64 (157 registers x
-#: 128 threads, 113 / 81 KiB with 3 / 2 stages), 64 x 128 without a pipeline (244 registers, 49 KiB), and
-#: 128 x 64 with 2 stages held to 128 registers (no spills; 96 KiB): two programs of 8 warps per SM.
+#: ``wgmma.wait_group`` is 0 and three CTA-wide bar.sync per iteration keep the warpgroups in lockstep, so
+#: a program's tensor cores idle while it does the softmax (Triton 3.6 does not warp-specialize this loop on
+#: sm_90a).  Two programs per SM overlap one's softmax with the other's wgmma: GPU_SHORT_CONFIG won at 8192
+#: (H100, 2026-11-27); 64 x 64 with 2 stages, 64 x 128 without a pipeline and the persistent grid (one
+#: program per SM, descriptors made once, longest tiles first across heads) lost or tied.  Left to time:
+#: 128 x 64 with 2 stages held to 128 registers (96 KiB, no spills: two 8-warp programs per SM); the
+#: persistent default for comparison.
 LEVER_CONFIGS = (
-    AttnConfig(128, 128, 8, 3, tma=True, persistent=True),
-    AttnConfig(128, 128, 8, 3, tma=False, persistent=True),
-    AttnConfig(64, 64, 4, 3, tma=True),
-    AttnConfig(64, 64, 4, 2, tma=True),
-    AttnConfig(64, 128, 4, 1, tma=True),
     AttnConfig(128, 64, 8, 2, tma=True, maxnreg=128),
+    AttnConfig(128, 128, 8, 3, tma=True, persistent=True),
 )
 #: small tiles for the simulator (the interpreter's cost grows with the tile)
 SIM_CONFIG = AttnConfig(16, 16, 1, 1, tma=False)
@@ -359,8 +360,12 @@ def _launch_opts(cfg, sim):
     return {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not sim else {}
 
 
-def default_config(device) -> AttnConfig:
-    return SIM_CONFIG if torch.device(device).type == "cpu" else GPU_CONFIG
+def default_config(device, seq=None) -> AttnConfig:
+    """The config for ``device`` and a whole sequence of ``seq`` keys (all ranks): the simulator's tiles,
+    GPU_SHORT_CONFIG up to SHORT_SEQ keys, else GPU_CONFIG."""
+    if torch.device(device).type == "cpu":
+        return SIM_CONFIG
+    return GPU_SHORT_CONFIG if seq is not None and seq <= SHORT_SEQ else GPU_CONFIG
 
 
 def _check_inputs(ctx, q, k, v, layout):
@@ -398,7 +403,9 @@ def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None
     or ``(out, lse)`` with the fp32 natural-log log-sum-exp ``[B, Hq, S]``."""
     if layout is None:
         layout = "zigzag" if causal else "contiguous"
-    cfg = (config or default_config(q.device)).validate()
+    seq = q.shape[2] * ctx.world_size if isinstance(q, torch.Tensor) and q.dim() == 4 and \
+        isinstance(ctx, RingAttentionContext) else None
+    cfg = (config or default_config(q.device, seq)).validate()
     enter(ctx, RingAttentionContext, "ring_attention",
           [("q.shape", tuple(q.shape) if isinstance(q, torch.Tensor) else None),
            ("k.shape", tuple(k.shape) if isinstance(k, torch.Tensor) else None),
@@ -440,7 +447,7 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
     (any tensors, symmetric or not; contiguous), fp16 / bf16.  Used by
     Ulysses (kernels/ulysses.py) on its whole-sequence head shards."""
     E = ditron.DitronError
-    cfg = (config or default_config(q.device)).validate("flash_attention")
+    cfg = (config or default_config(q.device, q.shape[2] if q.dim() == 4 else None)).validate("flash_attention")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_contiguous() or t.dtype not in _DTYPES:
             raise E(f"flash_attention: argument '{name}' must be a contiguous 4-D float16 / bfloat16 tensor")
@@ -467,4 +474,5 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
 
 
 __all__ = ["AttnConfig", "RingAttentionContext", "flash_attention", "create_ring_attention_context", "ring_attention", "shard",
-           "unshard", "LAYOUTS", "TUNE_CONFIGS", "LEVER_CONFIGS", "GPU_CONFIG", "SIM_CONFIG"]
+           "unshard", "LAYOUTS", "TUNE_CONFIGS", "LEVER_CONFIGS", "GPU_CONFIG", "GPU_SHORT_CONFIG", "SHORT_SEQ", "SIM_CONFIG",
+           "default_config"]

@@ -51,8 +51,9 @@ from .attention_core import _fadd, _fmax
 
 _DTYPES = (torch.float16, torch.bfloat16)
 EMPTY_LSE = tl.constexpr(-1.0e30)
-#: GPU tiles: keys per tile, warps, pipeline stages of the split kernel
-GPU_BLOCK_N = 64
+#: GPU tiles: keys per tile, warps, pipeline stages of the split kernel (128-key tiles, 3 stages: on one
+#: H100 as fast as 64 at batch 1 and 3-6% faster at batch 16 / 64, 2026-11-26 and -27, bench/attention_levers.sh)
+GPU_BLOCK_N = 128
 GPU_WARPS = 4
 GPU_STAGES = 4
 SIM_BLOCK_N = 16
@@ -260,9 +261,9 @@ def split_stages(block_n, head_dim):
 def default_splits(ctx, items, cap, block_n):
     """Splits per (sequence, KV head), at least one tile each.  Few items (batch 1-8 of 8 KV heads): one
     program per SM, ``SMs // items`` splits each (its 4-stage pipeline keeps enough bytes in flight, and
-    more, shorter splits pay the pipeline fill again on a loop of a few tiles; the split kernel's 102 KiB
-    at 64-key tiles would also fit two per SM: bench/attention_levers.sh times 33 and 66 splits at batch 1
-    against this); otherwise about 4 programs per SM."""
+    more, shorter splits pay the pipeline fill again on a loop of a few tiles: on one H100 at batch 1,
+    16 splits gave 0.82 / 0.91 of the copy bandwidth at 32k / 64k keys, 33 splits 0.79 / 0.89, 66 splits
+    0.75 / 0.87); otherwise about 4 programs per SM."""
     if ctx.sim:
         return max(1, min(3, triton.cdiv(cap, block_n)))
     sms = sm_count(ctx.device)

@@ -125,12 +125,15 @@ def _compile_fwd(target, cfg, world, causal, dt="bf16", head_dim=128):
                           num_stages=cfg.num_stages)
 
 
-#: shared memory per thread block on H100 / H200 (227 KiB)
+#: shared memory per thread block on H100 / H200 (227 KiB); per SM 228 KiB, of which each resident
+#: block also takes 1 KiB
 H100_SHARED = 232448
+H100_SM_SHARED = 233472
 
 
 def test_compiles_for_sm90a():
-    """The GPU default at world size 1 (TMA tensor-descriptor loads of K / V, causal) and at world size 2,
+    """The GPU defaults at world size 1 (TMA tensor-descriptor loads of K / V, causal; the short-sequence
+    tiles within half an SM's shared memory) and at world size 2,
     causal with zig-zag chunks (symm_at loads after acquire waits), both within the shared memory of an
     H100 (the loops are never inside branches, which would give each its own pipeline buffers).
     bench/attention_compile.py compiles every config the bench sweeps."""
@@ -138,6 +141,10 @@ def test_compiles_for_sm90a():
     ck = _compile_fwd("sm_90a", A.GPU_CONFIG, 1, True)
     assert "mma" in ck.asm["ptx"] and tma_loads(ck.asm["ptx"])
     assert ck.metadata.shared <= H100_SHARED, ck.metadata.shared
+    # the default up to SHORT_SEQ keys: 64 x 64 tiles, small enough for two programs per SM
+    ck = _compile_fwd("sm_90a", A.GPU_SHORT_CONFIG, 1, False)
+    assert "mma" in ck.asm["ptx"] and tma_loads(ck.asm["ptx"])
+    assert 2 * (ck.metadata.shared + 1024) <= H100_SM_SHARED, ck.metadata.shared
     ck = _compile_fwd("sm_90a", A.GPU_CONFIG, 2, True)
     assert "ld.acquire.sys.global.b32" in ck.asm["ptx"] and "mma" in ck.asm["ptx"]
     assert ck.metadata.shared <= H100_SHARED, ck.metadata.shared
@@ -151,7 +158,7 @@ def test_flash_decode_compiles_for_sm90a():
     sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "po_ptr": "*fp32",
            "pl_ptr": "*fp32", "cap": "i32", "nsplit": "i32", "qk_scale": "fp32"}
     ptx = ditron.compile(FD.flash_decode_split_kernel, target="sm_90a", signature=sig, constexprs=const,
-                         num_warps=FD.GPU_WARPS, num_stages=FD.GPU_STAGES).asm["ptx"]
+                         num_warps=FD.GPU_WARPS, num_stages=FD.split_stages(FD.GPU_BLOCK_N, 128)).asm["ptx"]
     assert "ld.global.v4" in ptx or "cp.async" in ptx
     const = {"G": 4, "WORLD": 2, "HEAD_D": 128, "BLOCK_H": 16, "DSPLIT": 4, "SPLIT_CHUNK": 64, "WAIT": True}
     sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "llo_ptr": "*i64",
