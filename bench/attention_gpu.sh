@@ -28,6 +28,6 @@ step() {
 }
 step tests 120 env DITRON_TEST_BACKEND=p2p $TR -m pytest -q -p no:cacheprovider -x -k "not compiles" tests/test_zoo_attention.py
 step ring_attn 150 $TR -m ditron.bench ring_attn --seq 8192,16384,32768 --configs all --machine "$MACHINE" --out "$OUT"
-step flash_decode 60 $TR -m ditron.bench flash_decode --ctx 32768,65536 --batch 1,16,64 --block-n 0,128 --machine "$MACHINE" --out "$OUT"
+step flash_decode 60 $TR -m ditron.bench flash_decode --ctx 32768,65536 --batch 1,16,64 --block-n 0,64 --machine "$MACHINE" --out "$OUT"
 step ulysses 45 $TR -m ditron.bench ulysses --seq 8192 --hidden 4096 --machine "$MACHINE" --out "$OUT"
 if [ -z "$failed" ]; then echo "== attention_gpu: all steps passed"; else echo "== attention_gpu: FAILED steps:$failed"; exit 1; fi

@@ -55,7 +55,7 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
-from ._common import CollectiveContext, enter, epoch_begin, epoch_end
+from ._common import CollectiveContext, enter, epoch_begin, epoch_end, sm_count
 from .attention_core import M_INIT, attend_source, chunk_id, store_rows
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -75,6 +75,11 @@ class AttnConfig:
     num_stages: int = 3
     #: this rank's K / V through TMA tensor descriptors (Hopper; not on the simulator)
     tma: bool = True
+    #: a persistent grid (programs per SM x SMs) looping over the tiles, longest first when causal
+    persistent: bool = False
+    #: registers per thread (Triton's ``maxnreg``; None: the compiler's choice), e.g. 128 so that two
+    #: programs of 8 warps fit an SM's register file
+    maxnreg: int | None = None
 
     def validate(self, op="ring_attention"):
         for name in ("block_m", "block_n"):
@@ -83,14 +88,22 @@ class AttnConfig:
                 raise ditron.DitronError(f"{op}: {name}={v} must be a power of two >= 16 (tl.dot)")
         if self.num_warps < 1 or self.num_stages < 1:
             raise ditron.DitronError(f"{op}: num_warps and num_stages must be >= 1 ({self})")
+        if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
+            raise ditron.DitronError(f"{op}: maxnreg={self.maxnreg} must be in [24, 255] or None")
         return self
 
     def short(self):
-        return f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}{'t' if self.tma else ''}"
+        return (f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}{'t' if self.tma else ''}"
+                f"{'p' if self.persistent else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}")
 
 
 #: the default on GPUs (Triton's Hopper fused-attention tiles)
 GPU_CONFIG = AttnConfig(128, 128, 8, 3, tma=True)
+#: the default on GPUs when the whole sequence has at most SHORT_SEQ keys: 64 x 64 tiles, two programs per
+#: SM (H100, 2026-11-27, bench/attention_levers.sh: at 8192 0.72 / 0.70 x cuDNN non-causal / causal against
+#: GPU_CONFIG's 0.67 / 0.66 in the same run; at 16384 the two are even, 0.79 / 0.76 against 0.79 / 0.77)
+GPU_SHORT_CONFIG = AttnConfig(64, 64, 4, 3, tma=True)
+SHORT_SEQ = 8192
 #: what ``ditron bench ring_attn --configs all`` sweeps on GPUs
 #: (shared memory per program on sm_90a, bf16, head dim 128: 225 / 161 / 129 / 161 / 224 / 128 KiB; the
 #: H100 limit is 227 KiB, so 128 x 128 with 4 stages does not fit: bench/attention_compile.py)
@@ -101,6 +114,20 @@ TUNE_CONFIGS = (
     AttnConfig(128, 128, 8, 2, tma=True),
     AttnConfig(128, 128, 8, 3, tma=False),
     AttnConfig(128, 64, 4, 3, tma=False),
+)
+#: the levers of issue 28's short sequences that bench/attention_levers.sh times against both defaults.
+#: What the sm_90a compile of GPU_CONFIG shows (ptxas -v, bench/attention_compile.py): wgmma, K / V by TMA,
+#: 3 stages, 225 KiB of shared memory and 206 registers (no spills), so one program per SM; every
+#: ``wgmma.wait_group`` is 0 and three CTA-wide bar.sync per iteration keep the warpgroups in lockstep, so
+#: a program's tensor cores idle while it does the softmax (Triton 3.6 does not warp-specialize this loop on
+#: sm_90a).  Two programs per SM overlap one's softmax with the other's wgmma: GPU_SHORT_CONFIG won at 8192
+#: (H100, 2026-11-27); 64 x 64 with 2 stages, 64 x 128 without a pipeline and the persistent grid (one
+#: program per SM, descriptors made once, longest tiles first across heads) lost or tied.  Left to time:
+#: 128 x 64 with 2 stages held to 128 registers (96 KiB, no spills: two 8-warp programs per SM); the
+#: persistent default for comparison.
+LEVER_CONFIGS = (
+    AttnConfig(128, 64, 8, 2, tma=True, maxnreg=128),
+    AttnConfig(128, 128, 8, 3, tma=True, persistent=True),
 )
 #: small tiles for the simulator (the interpreter's cost grows with the tile)
 SIM_CONFIG = AttnConfig(16, 16, 1, 1, tma=False)
@@ -139,22 +166,17 @@ def ring_attn_stage_kernel(k_ptr, v_ptr, kbuf_ptr, vbuf_ptr, sig_ptr, calls_ptr,
         dl.notify(word, (me + k) % WORLD, signal=flag, sig_op="set", comm_scope="intra_node")
 
 
-@ditron.jit
-def ring_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig_ptr, calls_ptr,
-                         S, C, HQ, HKV, nbkv, maxbh, region, qk_scale,
-                         WORLD: tl.constexpr, NCH: tl.constexpr, CAUSAL: tl.constexpr, HEAD_D: tl.constexpr,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, TMA: tl.constexpr,
-                         WAIT: tl.constexpr):
-    """Program ``(query tile, batch * Hq + head)``: the query tile's rows of
-    every source in ring order (module docstring).  ``WAIT`` is False only in
-    the planted-bug test (the peers' data are read without waiting)."""
+@triton.jit
+def _ring_attn_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig_ptr, kdesc, vdesc, t, bhq,
+                    S, C, HQ, HKV, maxbh, region, qk_scale, flag, par,
+                    WORLD: tl.constexpr, NCH: tl.constexpr, CAUSAL: tl.constexpr, HEAD_D: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, TMA: tl.constexpr,
+                    WAIT: tl.constexpr):
+    """Query tile ``t`` (over this rank's chunks) of head ``bhq`` (= batch * Hq + head): every source in
+    ring order (module docstring), then the output rows and LSE."""
     nqt = (C + BLOCK_M - 1) // BLOCK_M
-    t = tl.program_id(0)
-    if CAUSAL:
-        t = NCH * nqt - 1 - t            # the longest tiles first
     qh = t // nqt
     m0 = (t % nqt) * BLOCK_M
-    bhq = tl.program_id(1)
     b = bhq // HQ
     kvh = (bhq % HQ) // (HQ // HKV)
     bkv = b * HKV + kvh
@@ -171,21 +193,10 @@ def ring_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr
     acc = tl.full([BLOCK_M, HEAD_D], 0.0, tl.float32)
     l_i = tl.full([BLOCK_M], 0.0, tl.float32)
     m_i = tl.full([BLOCK_M], M_INIT, tl.float32)
-    if TMA:
-        kdesc = tl.make_tensor_descriptor(k_ptr, shape=[nbkv, S, HEAD_D], strides=[S * HEAD_D, HEAD_D, 1],
-                                          block_shape=[1, BLOCK_N, HEAD_D])
-        vdesc = tl.make_tensor_descriptor(v_ptr, shape=[nbkv, S, HEAD_D], strides=[S * HEAD_D, HEAD_D, 1],
-                                          block_shape=[1, BLOCK_N, HEAD_D])
-    else:
-        kdesc = 0
-        vdesc = 0
     # this rank's own K / V first (no wait: the peers stage theirs meanwhile)
     acc, l_i, m_i = attend_source(acc, l_i, m_i, q, k_ptr + head_kv, v_ptr + head_kv, kdesc, vdesc, bkv, qidx, m0,
                                   qg, me, C, qk_scale, WORLD, NCH, CAUSAL, TMA, BLOCK_M, BLOCK_N, HEAD_D)
     if WORLD > 1:
-        e = epoch_begin(calls_ptr)
-        flag = (e + 1).to(tl.int32)
-        par = e % 2
         for s in range(1, WORLD):
             src = (me + WORLD - s) % WORLD
             kb = dl.symm_at(kbuf_ptr + par * region + head_kv, src)
@@ -198,6 +209,55 @@ def ring_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr
             acc, l_i, m_i = attend_source(acc, l_i, m_i, q, kb, vb, 0, 0, bkv, qidx, m0, qg, src, C, qk_scale,
                                           WORLD, NCH, CAUSAL, False, BLOCK_M, BLOCK_N, HEAD_D)
     store_rows(o_ptr + head_q, lse_ptr + bhq.to(tl.int64) * S, acc, l_i, m_i, rows, row_ok, HEAD_D)
+
+
+@ditron.jit
+def ring_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig_ptr, calls_ptr,
+                         S, C, HQ, HKV, nbkv, maxbh, region, qk_scale, nbh,
+                         WORLD: tl.constexpr, NCH: tl.constexpr, CAUSAL: tl.constexpr, HEAD_D: tl.constexpr,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, TMA: tl.constexpr,
+                         WAIT: tl.constexpr, PERSISTENT: tl.constexpr = False):
+    """Program ``(query tile, batch * Hq + head)``, or with ``PERSISTENT`` a
+    1-D grid of programs that each take tiles ``pid, pid + P, ...`` of the
+    ``nqt * NCH * nbh`` tiles (``nbh`` = batch * Hq; TMA descriptors made once
+    per program).  Causal: the longest tiles first.  ``WAIT`` is False only in
+    the planted-bug test (the peers' data are read without waiting)."""
+    nqt = (C + BLOCK_M - 1) // BLOCK_M
+    if TMA:
+        kdesc = tl.make_tensor_descriptor(k_ptr, shape=[nbkv, S, HEAD_D], strides=[S * HEAD_D, HEAD_D, 1],
+                                          block_shape=[1, BLOCK_N, HEAD_D])
+        vdesc = tl.make_tensor_descriptor(v_ptr, shape=[nbkv, S, HEAD_D], strides=[S * HEAD_D, HEAD_D, 1],
+                                          block_shape=[1, BLOCK_N, HEAD_D])
+    else:
+        kdesc = 0
+        vdesc = 0
+    if WORLD > 1:
+        e = epoch_begin(calls_ptr)
+        flag = (e + 1).to(tl.int32)
+        par = e % 2
+    else:
+        flag = 0
+        par = 0
+    if PERSISTENT:
+        ntq = NCH * nqt
+        for i in range(tl.program_id(0), ntq * nbh, tl.num_programs(0)):
+            if CAUSAL:
+                # tile rank i // nbh over every head: the longest tiles of all heads first
+                t = ntq - 1 - i // nbh
+                bhq = i % nbh
+            else:
+                t = i % ntq
+                bhq = i // ntq
+            _ring_attn_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig_ptr, kdesc, vdesc, t, bhq,
+                            S, C, HQ, HKV, maxbh, region, qk_scale, flag, par, WORLD, NCH, CAUSAL, HEAD_D,
+                            BLOCK_M, BLOCK_N, NSPLIT, TMA, WAIT)
+    else:
+        t = tl.program_id(0)
+        if CAUSAL:
+            t = NCH * nqt - 1 - t            # the longest tiles first
+        _ring_attn_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig_ptr, kdesc, vdesc, t,
+                        tl.program_id(1), S, C, HQ, HKV, maxbh, region, qk_scale, flag, par, WORLD, NCH, CAUSAL,
+                        HEAD_D, BLOCK_M, BLOCK_N, NSPLIT, TMA, WAIT)
     if WORLD > 1:
         epoch_end(calls_ptr)
 
@@ -286,8 +346,26 @@ def create_ring_attention_context(max_batch, max_seq, kv_heads, head_dim, dtype,
     return RingAttentionContext(max_batch, max_seq, kv_heads, head_dim, dtype, world)
 
 
-def default_config(device) -> AttnConfig:
-    return SIM_CONFIG if torch.device(device).type == "cpu" else GPU_CONFIG
+def _grid(cfg, nch, C, nbh, device, sim):
+    """The launch grid: ``(query tiles, batch * Hq)``, or with ``cfg.persistent`` one program per SM (two
+    on the simulator) looping over the tiles."""
+    tiles = nch * triton.cdiv(C, cfg.block_m)
+    if not cfg.persistent:
+        return (tiles, nbh)
+    return (min(tiles * nbh, 2 if sim else sm_count(device)),)
+
+
+def _launch_opts(cfg, sim):
+    """Backend options of the launch beyond warps and stages (GPUs only)."""
+    return {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not sim else {}
+
+
+def default_config(device, seq=None) -> AttnConfig:
+    """The config for ``device`` and a whole sequence of ``seq`` keys (all ranks): the simulator's tiles,
+    GPU_SHORT_CONFIG up to SHORT_SEQ keys, else GPU_CONFIG."""
+    if torch.device(device).type == "cpu":
+        return SIM_CONFIG
+    return GPU_SHORT_CONFIG if seq is not None and seq <= SHORT_SEQ else GPU_CONFIG
 
 
 def _check_inputs(ctx, q, k, v, layout):
@@ -325,7 +403,9 @@ def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None
     or ``(out, lse)`` with the fp32 natural-log log-sum-exp ``[B, Hq, S]``."""
     if layout is None:
         layout = "zigzag" if causal else "contiguous"
-    cfg = (config or default_config(q.device)).validate()
+    seq = q.shape[2] * ctx.world_size if isinstance(q, torch.Tensor) and q.dim() == 4 and \
+        isinstance(ctx, RingAttentionContext) else None
+    cfg = (config or default_config(q.device, seq)).validate()
     enter(ctx, RingAttentionContext, "ring_attention",
           [("q.shape", tuple(q.shape) if isinstance(q, torch.Tensor) else None),
            ("k.shape", tuple(k.shape) if isinstance(k, torch.Tensor) else None),
@@ -352,12 +432,11 @@ def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None
         ring_attn_stage_kernel[(B * HKV, ctx.nsplit)](k, v, ctx.kbuf, ctx.vbuf, ctx.sig, ctx.calls, S * D,
                                                       ctx.maxbh, ctx.region, WORLD=W, NSPLIT=ctx.nsplit,
                                                       BLOCK=block, num_warps=4)
-    grid = (nch * triton.cdiv(C, cfg.block_m), B * HQ)
-    ring_attn_fwd_kernel[grid](q, k, v, out, lse, ctx.kbuf, ctx.vbuf, ctx.sig, ctx.calls,
-                               S, C, HQ, HKV, B * HKV, ctx.maxbh, ctx.region, scale * 1.4426950408889634,
-                               WORLD=W, NCH=nch, CAUSAL=bool(causal), HEAD_D=D, BLOCK_M=cfg.block_m,
-                               BLOCK_N=cfg.block_n, NSPLIT=ctx.nsplit, TMA=tma, WAIT=not _plant_no_wait,
-                               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    ring_attn_fwd_kernel[_grid(cfg, nch, C, B * HQ, q.device, ctx.sim)](
+        q, k, v, out, lse, ctx.kbuf, ctx.vbuf, ctx.sig, ctx.calls, S, C, HQ, HKV, B * HKV, ctx.maxbh, ctx.region,
+        scale * 1.4426950408889634, B * HQ, WORLD=W, NCH=nch, CAUSAL=bool(causal), HEAD_D=D, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, NSPLIT=ctx.nsplit, TMA=tma, WAIT=not _plant_no_wait, PERSISTENT=cfg.persistent,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch_opts(cfg, ctx.sim))
     return (out, lse) if return_lse else out
 
 
@@ -368,7 +447,7 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
     (any tensors, symmetric or not; contiguous), fp16 / bf16.  Used by
     Ulysses (kernels/ulysses.py) on its whole-sequence head shards."""
     E = ditron.DitronError
-    cfg = (config or default_config(q.device)).validate("flash_attention")
+    cfg = (config or default_config(q.device, q.shape[2] if q.dim() == 4 else None)).validate("flash_attention")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_contiguous() or t.dtype not in _DTYPES:
             raise E(f"flash_attention: argument '{name}' must be a contiguous 4-D float16 / bfloat16 tensor")
@@ -385,13 +464,15 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
         from .gemm import ensure_tma_allocator
         ensure_tma_allocator()
     scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
-    grid = (triton.cdiv(S, cfg.block_m), B * HQ)
-    ring_attn_fwd_kernel[grid](q, k, v, out, lse, k, v, lse, lse, S, S, HQ, HKV, B * HKV, B * HKV, 0,
-                               scale * 1.4426950408889634, WORLD=1, NCH=1, CAUSAL=bool(causal), HEAD_D=D,
-                               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NSPLIT=1, TMA=tma, WAIT=True,
-                               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    sim = q.device.type == "cpu"
+    ring_attn_fwd_kernel[_grid(cfg, 1, S, B * HQ, q.device, sim)](
+        q, k, v, out, lse, k, v, lse, lse, S, S, HQ, HKV, B * HKV, B * HKV, 0, scale * 1.4426950408889634, B * HQ,
+        WORLD=1, NCH=1, CAUSAL=bool(causal), HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NSPLIT=1, TMA=tma,
+        WAIT=True, PERSISTENT=cfg.persistent, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **_launch_opts(cfg, sim))
     return (out, lse) if return_lse else out
 
 
 __all__ = ["AttnConfig", "RingAttentionContext", "flash_attention", "create_ring_attention_context", "ring_attention", "shard",
-           "unshard", "LAYOUTS", "TUNE_CONFIGS", "GPU_CONFIG", "SIM_CONFIG"]
+           "unshard", "LAYOUTS", "TUNE_CONFIGS", "LEVER_CONFIGS", "GPU_CONFIG", "GPU_SHORT_CONFIG", "SHORT_SEQ", "SIM_CONFIG",
+           "default_config"]

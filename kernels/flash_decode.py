@@ -20,15 +20,18 @@ How:
    (GQA: every key is read once for all of them) against its split of this
    rank's keys, online softmax in exp2 with fp32 accumulation; writes the
    split's normalised output and LSE (an empty split writes LSE -1e30).
-2. ``flash_decode_combine_kernel``, persistent over the ``(b, kv head)``
-   items: combines the splits into this rank's partial (output, LSE); with
-   more than one rank it pushes the partial into every peer's LL buffer
-   (low-latency protocol: each 8-byte packet carries one fp32 value and the
-   call's flag, no separate signal; kernels/_common.py ``ll_poll``), then
-   polls the packets of every rank and combines them in rank order (the same
-   bits on every rank).  Every program pushes all its items before it polls,
-   and the grid is at most one program per SM, so no program waits for one
-   that cannot run.
+2. ``flash_decode_combine_kernel``, over units (one query-head row of one
+   ``(b, kv head)`` item, or a column slice of it when there are few rows):
+   combines the splits into this rank's partial (output, LSE) in parallel --
+   every split's LSE as one vector, the partial rows as one ``[splits,
+   columns]`` tile (no chain of dependent loads); with more than one rank it
+   pushes the partial into every peer's LL buffer (low-latency protocol: each
+   8-byte packet carries one fp32 value and the call's flag, no separate
+   signal; kernels/_common.py ``ll_poll``), then polls the packets of every
+   rank and combines them in rank order (the same bits on every rank).  With
+   several ranks the grid is persistent, at most one program per SM, and
+   every program pushes all its units before it polls, so no program waits
+   for one that cannot run.
 
 Reuse: the call counter of kernels/_common.py (LL parity ``e % 2``, flag ``e + 1``).
 """
@@ -48,8 +51,9 @@ from .attention_core import _fadd, _fmax
 
 _DTYPES = (torch.float16, torch.bfloat16)
 EMPTY_LSE = tl.constexpr(-1.0e30)
-#: GPU tiles: keys per tile, warps, pipeline stages of the split kernel
-GPU_BLOCK_N = 64
+#: GPU tiles: keys per tile, warps, pipeline stages of the split kernel (128-key tiles, 3 stages: on one
+#: H100 as fast as 64 at batch 1 and 3-6% faster at batch 16 / 64, 2026-11-26 and -27, bench/attention_levers.sh)
+GPU_BLOCK_N = 128
 GPU_WARPS = 4
 GPU_STAGES = 4
 SIM_BLOCK_N = 16
@@ -92,83 +96,112 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, pl_ptr, cap
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     lse = tl.where(l_i == 0.0, EMPTY_LSE, (m_i + tl.log2(l_safe)) * 0.6931471805599453)
     part = bkv.to(tl.int64) * nsplit + sp
-    tl.store(po_ptr + part * (BLOCK_H * HEAD_D) + offs_h[:, None] * HEAD_D + offs_d[None, :], acc / l_safe[:, None])
-    tl.store(pl_ptr + part * BLOCK_H + offs_h, lse)
+    tl.store(po_ptr + part * (BLOCK_H * HEAD_D) + offs_h[:, None] * HEAD_D + offs_d[None, :], acc / l_safe[:, None],
+             mask=h_ok[:, None])
+    tl.store(pl_ptr + part * BLOCK_H + offs_h, lse, mask=h_ok)
 
 
 @triton.jit
 def _merge(acc, s, mx, o, lse):
-    """Add a normalised partial ``o`` with log-sum-exp ``lse`` to the running
-    (``acc``, sum ``s``, max ``mx``), natural-log units."""
+    """Add a normalised partial ``o`` (a row) with log-sum-exp ``lse`` (a
+    scalar) to the running (``acc``, sum ``s``, max ``mx``), natural-log units."""
     m_new = tl.maximum(mx, lse)
     a = tl.exp(mx - m_new)
     w = tl.exp(lse - m_new)
-    return acc * a[:, None] + o * w[:, None], s * a + w, m_new
+    return acc * a + o * w, s * a + w, m_new
 
 
 @ditron.jit
 def flash_decode_combine_kernel(po_ptr, pl_ptr, out_ptr, lse_ptr, llo_ptr, lll_ptr, calls_ptr, nitems, nsplit,
                                 maxitems, G: tl.constexpr, WORLD: tl.constexpr, HEAD_D: tl.constexpr,
-                                BLOCK_H: tl.constexpr, WAIT: tl.constexpr):
-    """Items ``pid, pid + P, ...``: this rank's splits combined; with several
-    ranks, LL push of the partial to every rank, then poll and combine.
+                                BLOCK_H: tl.constexpr, DSPLIT: tl.constexpr, SPLIT_CHUNK: tl.constexpr,
+                                WAIT: tl.constexpr):
+    """Units ``pid, pid + P, ...``; a unit is one query-head row ``g`` of one
+    item (sequence, KV head) and one of ``DSPLIT`` column slices of it.  Its
+    splits are combined in parallel: the LSEs of ``SPLIT_CHUNK`` splits as one
+    vector (their maximum first), then the partial rows as ``[SPLIT_CHUNK,
+    HEAD_D / DSPLIT]`` tiles weighted and summed -- no chain of dependent
+    loads.  With several ranks: LL push of the unit's slice (and, from slice
+    0, the row's LSE) to every rank, then poll and combine in rank order.
     ``WAIT`` is False only in the planted-bug test (the packets are read
     without polling for the flag)."""
+    DCH: tl.constexpr = HEAD_D // DSPLIT
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, HEAD_D)
-    tile = offs_h[:, None] * HEAD_D + offs_d[None, :]
+    nunits = nitems * (G * DSPLIT)
+    offs_c = tl.arange(0, DCH)
+    offs_s = tl.arange(0, SPLIT_CHUNK)
     if WORLD > 1:
         e = epoch_begin(calls_ptr)
         flag = (e + 1).to(tl.int32)
         fl64 = flag.to(tl.int64) << 32
         par = e % 2
         me = dl.rank()
-    for it in range(pid, nitems, nprog):
-        acc = tl.full([BLOCK_H, HEAD_D], 0.0, tl.float32)
-        s = tl.full([BLOCK_H], 0.0, tl.float32)
-        mx = tl.full([BLOCK_H], EMPTY_LSE, tl.float32)
-        for sp in range(0, nsplit):
-            part = it * nsplit + sp
-            acc, s, mx = _merge(acc, s, mx, tl.load(po_ptr + part * (BLOCK_H * HEAD_D) + tile),
-                                tl.load(pl_ptr + part * BLOCK_H + offs_h))
-        o = acc / s[:, None]
-        lse = mx + tl.log(s)
+    for u in range(pid, nunits, nprog):
+        it = u // (G * DSPLIT)
+        g = (u // DSPLIT) % G
+        cols = (u % DSPLIT) * DCH + offs_c
+        # pass 1: the largest LSE over the splits
+        mx = tl.full([SPLIT_CHUNK], float("-inf"), tl.float32)
+        for s0 in range(0, nsplit, SPLIT_CHUNK):
+            sp = s0 + offs_s
+            lse_s = tl.load(pl_ptr + (it.to(tl.int64) * nsplit + sp) * BLOCK_H + g, mask=sp < nsplit,
+                            other=float("-inf"))
+            mx = tl.maximum(mx, lse_s)
+        m = tl.reduce(mx, 0, _fmax)
+        # pass 2: the weighted partial rows (independent loads)
+        acc = tl.full([DCH], 0.0, tl.float32)
+        wsum = tl.full([SPLIT_CHUNK], 0.0, tl.float32)
+        for s0 in range(0, nsplit, SPLIT_CHUNK):
+            sp = s0 + offs_s
+            s_ok = sp < nsplit
+            row = (it.to(tl.int64) * nsplit + sp) * BLOCK_H + g
+            w = tl.exp(tl.load(pl_ptr + row, mask=s_ok, other=float("-inf")) - m)
+            o = tl.load(po_ptr + row[:, None] * HEAD_D + cols[None, :], mask=s_ok[:, None], other=0.0)
+            acc = acc + tl.reduce(o * w[:, None], 0, _fadd)
+            wsum = wsum + w
+        ssum = tl.reduce(wsum, 0, _fadd)
+        o = acc / ssum
+        lse = m + tl.log(ssum)
+        orow = (it * G + g).to(tl.int64)
         if WORLD == 1:
-            h_ok = offs_h < G
-            tl.store(out_ptr + (it * G + offs_h)[:, None] * HEAD_D + offs_d[None, :],
-                     o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
-            tl.store(lse_ptr + it * G + offs_h, lse, mask=h_ok)
+            tl.store(out_ptr + orow * HEAD_D + cols, o.to(out_ptr.dtype.element_ty))
+            tl.store(lse_ptr + orow + offs_c, tl.full([DCH], 0.0, tl.float32) + lse, mask=(offs_c == 0) & (cols < DCH))
         else:
             po = fl64 | (o.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
-            pl = fl64 | (lse.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+            pl = fl64 | ((tl.full([DCH], 0.0, tl.float32) + lse).to(tl.int32, bitcast=True).to(tl.int64)
+                         & 0xFFFFFFFF)
             slot = (par * WORLD + me) * maxitems + it
             for k in tl.static_range(WORLD):
                 dst = (me + k) % WORLD
-                tl.store(dl.symm_at(llo_ptr + slot * (BLOCK_H * HEAD_D) + tile, dst), po)
-                tl.store(dl.symm_at(lll_ptr + slot * BLOCK_H + offs_h, dst), pl)
+                tl.store(dl.symm_at(llo_ptr + (slot * BLOCK_H + g) * HEAD_D + cols, dst), po)
+                tl.store(dl.symm_at(lll_ptr + slot * BLOCK_H + g + offs_c, dst), pl,
+                         mask=(offs_c == 0) & (cols < DCH))
     if WORLD > 1:
-        for it in range(pid, nitems, nprog):
-            acc = tl.full([BLOCK_H, HEAD_D], 0.0, tl.float32)
-            s = tl.full([BLOCK_H], 0.0, tl.float32)
-            mx = tl.full([BLOCK_H], EMPTY_LSE, tl.float32)
+        for u in range(pid, nunits, nprog):
+            it = u // (G * DSPLIT)
+            g = (u // DSPLIT) % G
+            cols = (u % DSPLIT) * DCH + offs_c
+            acc = tl.full([DCH], 0.0, tl.float32)
+            s = 0.0
+            mx = EMPTY_LSE
             for q in tl.static_range(WORLD):
                 slot = (par * WORLD + q) * maxitems + it
-                po_p = llo_ptr + slot * (BLOCK_H * HEAD_D) + tile
-                pl_p = lll_ptr + slot * BLOCK_H + offs_h
+                po_p = llo_ptr + (slot * BLOCK_H + g) * HEAD_D + cols
+                pl_p = lll_ptr + slot * BLOCK_H + g + offs_c
                 if WAIT:
-                    pko = ll_poll(po_p, offs_h[:, None] < BLOCK_H, flag)
-                    pkl = tl.reshape(ll_poll(pl_p[:, None], offs_h[:, None] < BLOCK_H, flag), [BLOCK_H])
+                    pko = tl.reshape(ll_poll(po_p[None, :], offs_c[None, :] < DCH, flag), [DCH])
+                    pkl = tl.reshape(ll_poll(pl_p[None, :], offs_c[None, :] < 1, flag), [DCH])
                 else:
                     pko = tl.load(po_p)
-                    pkl = tl.load(pl_p)
-                acc, s, mx = _merge(acc, s, mx, pko.to(tl.int32).to(tl.float32, bitcast=True),
-                                    pkl.to(tl.int32).to(tl.float32, bitcast=True))
-            h_ok = offs_h < G
-            tl.store(out_ptr + (it * G + offs_h)[:, None] * HEAD_D + offs_d[None, :],
-                     (acc / s[:, None]).to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
-            tl.store(lse_ptr + it * G + offs_h, mx + tl.log(s), mask=h_ok)
+                    pkl = tl.load(pl_p, mask=offs_c < 1, other=0)
+                lse_q = tl.reduce(tl.where(offs_c < 1, pkl.to(tl.int32).to(tl.float32, bitcast=True),
+                                           float("-inf")), 0, _fmax)
+                acc, s, mx = _merge(acc, s, mx, pko.to(tl.int32).to(tl.float32, bitcast=True), lse_q)
+            orow = (it * G + g).to(tl.int64)
+            tl.store(out_ptr + orow * HEAD_D + cols, (acc / s).to(out_ptr.dtype.element_ty))
+            tl.store(lse_ptr + orow + offs_c, tl.full([DCH], 0.0, tl.float32) + (mx + tl.log(s)),
+                     mask=(offs_c == 0) & (cols < DCH))
         epoch_end(calls_ptr)
 
 
@@ -226,10 +259,37 @@ def split_stages(block_n, head_dim):
 
 
 def default_splits(ctx, items, cap, block_n):
-    """Splits per (sequence, KV head): about 4 programs per SM, at least one tile each."""
+    """Splits per (sequence, KV head), at least one tile each.  Few items (batch 1-8 of 8 KV heads): one
+    program per SM, ``SMs // items`` splits each (its 4-stage pipeline keeps enough bytes in flight, and
+    more, shorter splits pay the pipeline fill again on a loop of a few tiles: on one H100 at batch 1,
+    16 splits gave 0.82 / 0.91 of the copy bandwidth at 32k / 64k keys, 33 splits 0.79 / 0.89, 66 splits
+    0.75 / 0.87); otherwise about 4 programs per SM."""
     if ctx.sim:
         return max(1, min(3, triton.cdiv(cap, block_n)))
-    return max(1, min(triton.cdiv(cap, block_n), triton.cdiv(4 * sm_count(ctx.device), items)))
+    sms = sm_count(ctx.device)
+    ns = sms // items if 2 * items <= sms else triton.cdiv(4 * sms, items)
+    return max(1, min(triton.cdiv(cap, block_n), ns))
+
+
+def combine_shape(ctx, items, nsplit):
+    """(``DSPLIT``, ``SPLIT_CHUNK``, programs) of the combine kernel: column slices per query-head row
+    (more units when there are few rows), splits per load, and the grid (one program per unit at world
+    size 1; at most one per SM with several ranks, whose programs push every unit before they poll)."""
+    D = ctx.head_dim
+    rows = items * ctx.group
+    if ctx.sim:
+        # two slices of a row and two splits per load: the sliced stores, the chunk loop and its masked tail
+        # all run on the simulator's tiny shapes
+        dsplit = 2 if D >= 16 else 1
+        return dsplit, 2, min(rows * dsplit, 2)
+    sms = sm_count(ctx.device)
+    dsplit = 1
+    while dsplit < 4 and D // (2 * dsplit) >= 16 and rows * dsplit < 4 * sms:
+        dsplit *= 2
+    chunk = max(2, min(64, triton.next_power_of_2(nsplit)))
+    units = rows * dsplit
+    progs = units if ctx.world_size == 1 else min(units, sms)
+    return dsplit, chunk, progs
 
 
 def flash_decode(q, k_cache, v_cache, lens, ctx: FlashDecodeContext, sm_scale=None, return_lse=False, out=None,
@@ -279,10 +339,11 @@ def flash_decode(q, k_cache, v_cache, lens, ctx: FlashDecodeContext, sm_scale=No
                                            BLOCK_H=ctx.block_h, BLOCK_N=bn,
                                            num_warps=1 if ctx.sim else GPU_WARPS,
                                            num_stages=1 if ctx.sim else split_stages(bn, D))
-    progs = min(items, 2 if ctx.sim else sm_count(ctx.device))
+    dsplit, chunk, progs = combine_shape(ctx, items, ns)
     flash_decode_combine_kernel[(progs,)](po, pl, out, lse, ctx.llo, ctx.lll, ctx.calls, items, ns, ctx.maxitems,
                                           G=G, WORLD=ctx.world_size, HEAD_D=D, BLOCK_H=ctx.block_h,
-                                          WAIT=not _plant_no_wait, num_warps=1 if ctx.sim else 4)
+                                          DSPLIT=dsplit, SPLIT_CHUNK=chunk, WAIT=not _plant_no_wait,
+                                          num_warps=1 if ctx.sim else 4)
     return (out, lse) if return_lse else out
 
 

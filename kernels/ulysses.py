@@ -51,7 +51,7 @@ import ditron
 import ditron.language as dl
 
 from ._common import CollectiveContext, enter, epoch_begin, epoch_end
-from .attention import AttnConfig, default_config, flash_attention
+from .attention import AttnConfig, flash_attention
 from .gemm import gemm_tile, tile_rows
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -208,7 +208,7 @@ def ulysses_attention(x, w_qkv, w_o, ctx: UlyssesContext, causal=False, sm_scale
     q = ctx.recv[:qreg].view(1, HL, n_all, D)
     k = ctx.recv[qreg:qreg + kreg].view(1, KL, n_all, D)
     v = ctx.recv[qreg + kreg:qreg + 2 * kreg].view(1, KL, n_all, D)
-    o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, config=attn_config or default_config(x.device))
+    o = flash_attention(q, k, v, causal=causal, sm_scale=sm_scale, config=attn_config)   # None: by length
     ulysses_a2a_back_kernel[(HL, W * mt)](o, ctx.abuf, ctx.cnt, S, HL, HQ, WORLD=W, HEAD_D=D, BLOCK_M=bm,
                                           num_warps=1 if ctx.sim else 4)
     out = torch.empty((S, ctx.hidden), dtype=x.dtype, device=x.device)

@@ -21,6 +21,8 @@ from conftest import GPU_BACKEND
 
 A = importlib.import_module("ditron.kernels.attention")
 ON_GPU = GPU_BACKEND != "sim"
+#: the simulator's tiles with a persistent grid
+PERSISTENT = A.AttnConfig(16, 16, 1, 1, tma=False, persistent=True)
 
 # (B, Hq, Hkv, S per rank, D, causal, layout, dtype)
 ONE_RANK = [(1, 2, 1, 37, 16, False, "contiguous", "bf16"),      # 3 tiles, a tail of 5
@@ -32,6 +34,8 @@ def test_world_size_one(dist_world):
     cases = ONE_RANK + ([(1, 32, 8, 1000, 128, True, "zigzag", "bf16")] if ON_GPU else [])
     d = dist_world(1)
     assert d.run(B.ring_cases, cases) == [len(cases)]
+    # the persistent grid (programs loop over the tiles, longest first across heads when causal)
+    assert d.run(B.ring_cases, ONE_RANK[1:], config=PERSISTENT) == [2]
     # flash-decode: ragged lengths (some 0), GQA, several splits with tails; two calls
     assert d.run(B.flash_decode_cases, [(3, 4, 2, 37, 16, "bf16")], calls=2) == [2]
     # Ulysses: 20 rows (a tile and a tail), hidden 24 (a K tail), causal
@@ -41,6 +45,7 @@ def test_world_size_one(dist_world):
 def test_three_ranks_odd_world(dist_world):
     d = dist_world(3)
     assert d.run(B.ring_cases, [(1, 2, 1, 14, 16, True, "zigzag", "bf16")]) == [1] * 3
+    assert d.run(B.ring_cases, [(1, 4, 2, 10, 16, True, "zigzag", "bf16")], config=PERSISTENT) == [1] * 3
     # flash-decode across 3 ranks: LL partials, ragged lengths (a rank may hold none of a sequence), reuse
     assert d.run(B.flash_decode_cases, [(2, 8, 2, 20, 16, "fp16")], calls=2) == [2] * 3
     # Ulysses over 3 ranks (6 / 3 heads); heads that do not split over 3 ranks are an error
@@ -111,7 +116,8 @@ def _compile_fwd(target, cfg, world, causal, dt="bf16", head_dim=128):
     import ditron
     kern = A.ring_attn_fwd_kernel
     const = {"WORLD": world, "NCH": 2 if (causal and world > 1) else 1, "CAUSAL": causal, "HEAD_D": head_dim,
-             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "NSPLIT": A.GPU_NSPLIT, "TMA": cfg.tma, "WAIT": True}
+             "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "NSPLIT": A.GPU_NSPLIT, "TMA": cfg.tma, "WAIT": True,
+             "PERSISTENT": cfg.persistent}
     ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "o_ptr": f"*{dt}", "lse_ptr": "*fp32",
             "kbuf_ptr": f"*{dt}", "vbuf_ptr": f"*{dt}", "sig_ptr": "*i32", "calls_ptr": "*i64"}
     sig = {p: ptrs.get(p, "fp32" if p == "qk_scale" else "i32") for p in kern.arg_names if p not in const}
@@ -119,12 +125,15 @@ def _compile_fwd(target, cfg, world, causal, dt="bf16", head_dim=128):
                           num_stages=cfg.num_stages)
 
 
-#: shared memory per thread block on H100 / H200 (227 KiB)
+#: shared memory per thread block on H100 / H200 (227 KiB); per SM 228 KiB, of which each resident
+#: block also takes 1 KiB
 H100_SHARED = 232448
+H100_SM_SHARED = 233472
 
 
 def test_compiles_for_sm90a():
-    """The GPU default at world size 1 (TMA tensor-descriptor loads of K / V, causal) and at world size 2,
+    """The GPU defaults at world size 1 (TMA tensor-descriptor loads of K / V, causal; the short-sequence
+    tiles within half an SM's shared memory) and at world size 2,
     causal with zig-zag chunks (symm_at loads after acquire waits), both within the shared memory of an
     H100 (the loops are never inside branches, which would give each its own pipeline buffers).
     bench/attention_compile.py compiles every config the bench sweeps."""
@@ -132,6 +141,10 @@ def test_compiles_for_sm90a():
     ck = _compile_fwd("sm_90a", A.GPU_CONFIG, 1, True)
     assert "mma" in ck.asm["ptx"] and tma_loads(ck.asm["ptx"])
     assert ck.metadata.shared <= H100_SHARED, ck.metadata.shared
+    # the default up to SHORT_SEQ keys: 64 x 64 tiles, small enough for two programs per SM
+    ck = _compile_fwd("sm_90a", A.GPU_SHORT_CONFIG, 1, False)
+    assert "mma" in ck.asm["ptx"] and tma_loads(ck.asm["ptx"])
+    assert 2 * (ck.metadata.shared + 1024) <= H100_SM_SHARED, ck.metadata.shared
     ck = _compile_fwd("sm_90a", A.GPU_CONFIG, 2, True)
     assert "ld.acquire.sys.global.b32" in ck.asm["ptx"] and "mma" in ck.asm["ptx"]
     assert ck.metadata.shared <= H100_SHARED, ck.metadata.shared
@@ -145,9 +158,9 @@ def test_flash_decode_compiles_for_sm90a():
     sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "po_ptr": "*fp32",
            "pl_ptr": "*fp32", "cap": "i32", "nsplit": "i32", "qk_scale": "fp32"}
     ptx = ditron.compile(FD.flash_decode_split_kernel, target="sm_90a", signature=sig, constexprs=const,
-                         num_warps=FD.GPU_WARPS, num_stages=FD.GPU_STAGES).asm["ptx"]
+                         num_warps=FD.GPU_WARPS, num_stages=FD.split_stages(FD.GPU_BLOCK_N, 128)).asm["ptx"]
     assert "ld.global.v4" in ptx or "cp.async" in ptx
-    const = {"G": 4, "WORLD": 2, "HEAD_D": 128, "BLOCK_H": 16, "WAIT": True}
+    const = {"G": 4, "WORLD": 2, "HEAD_D": 128, "BLOCK_H": 16, "DSPLIT": 4, "SPLIT_CHUNK": 64, "WAIT": True}
     sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "llo_ptr": "*i64",
            "lll_ptr": "*i64", "calls_ptr": "*i64", "nitems": "i32", "nsplit": "i32", "maxitems": "i32"}
     ptx = ditron.compile(FD.flash_decode_combine_kernel, target="sm_90a", signature=sig, constexprs=const,

@@ -11,7 +11,8 @@ config, causal and not, bf16 and fp16, against fp32 math SDPA); then per
 inputs and timed side by side (the harness's ``measure``: warm-up, median,
 slowest rank, rounds in alternating order):
 
-* ``ditron`` (the default config) and, with ``--configs all``,
+* ``ditron`` (the default config for the length: ``kernels.attention.default_config``), the two GPU
+  defaults where not the default, and with ``--configs all``,
   ``ditron[<config>]`` for each of ``TUNE_CONFIGS``;
 * ``sdpa_cudnn`` and ``sdpa_flash``: ``scaled_dot_product_attention`` with
   that backend (GQA through ``enable_gqa``) on the whole sequence at world
@@ -27,6 +28,7 @@ ranks.  Results: ``--out`` (Markdown + JSON).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -68,13 +70,13 @@ def small_checks(world, configs, args):
     from ..kernels import attention as A
     W, r, dev = world.world_size, world.rank, world.device
     sim = world.backend == "sim"
-    # (B, Hq, Hkv, rows per rank, D, dtypes, configs): the default config at odd shapes in both dtypes; the
-    # others at a shape that shares their compiled variant with the timed runs (rows a multiple of 16, not of
-    # the tile: the tail tiles run)
+    # (B, Hq, Hkv, rows per rank, D, dtypes, configs): the default config (None: by length) and GPU_CONFIG
+    # at odd shapes in both dtypes; the others at a shape that shares their compiled variant with the timed
+    # runs (rows a multiple of 16, not of the tile: the tail tiles run)
     if sim:
         shapes = [(1, 4, 2, 10, 16, (torch.bfloat16, torch.float16), configs)]
     else:
-        shapes = [(1, 8, 2, 1000, 128, (torch.bfloat16, torch.float16), configs[:1]),
+        shapes = [(1, 8, 2, 1000, 128, (torch.bfloat16, torch.float16), configs[:1] + [A.GPU_CONFIG]),
                   (2, 4, 4, 333, 64, (torch.bfloat16,), configs[:1]),
                   (1, 8, 2, 1008, 128, (torch.bfloat16,), configs[1:])]
     fails = []
@@ -90,15 +92,17 @@ def small_checks(world, configs, args):
                 ref = A.shard(_math_reference(q.to(dev), k.to(dev), v.to(dev), causal).cpu(), r, W, layout)
                 sh = [A.shard(t, r, W, layout).to(dev) for t in (q, k, v)]
                 for cfg in cfgs:
+                    # None: the default for this length (kernels.attention.default_config)
+                    label = (cfg or A.default_config(dev, S * W)).short() + ("" if cfg else " (default)")
                     try:
                         out = A.ring_attention(*sh, ctx, causal=causal, layout=layout, config=cfg)
                         err = (out.float().cpu() - ref).abs().max().item()
                         tol = 2.5e-2 if dtype == torch.bfloat16 else 5e-3
                         if not err <= tol:
-                            fails.append(f"{cfg.short()} {dtype} causal={causal} {(B, HQ, HKV, S, D)}: max abs "
+                            fails.append(f"{label} {dtype} causal={causal} {(B, HQ, HKV, S, D)}: max abs "
                                          f"error {err:.3g} > {tol}")
                     except Exception as e:  # noqa: BLE001 -- reported
-                        fails.append(f"{cfg.short()} {dtype} causal={causal} {(B, HQ, HKV, S, D)}: "
+                        fails.append(f"{label} {dtype} causal={causal} {(B, HQ, HKV, S, D)}: "
                                      f"{type(e).__name__}: {str(e)[:300]}")
             del ctx
     return fails
@@ -140,10 +144,14 @@ def ring_case(world, seq, causal, configs, args, agree):
             raise AssertionError(f"max abs error {err:.3g} > {tol} against SDPA")
 
     impls = []
-    for i, cfg in enumerate(configs):
-        name = "ditron" if i == 0 else f"ditron[{cfg.short()}]"
+    default = A.default_config(dev, seq)
+    for cfg in configs:
+        if cfg == default:
+            continue            # the "ditron" row (config None) is this config at this length
+        name = "ditron" if cfg is None else f"ditron[{cfg.short()}]"
         impls.append(Impl(name, lambda cfg=cfg: A.ring_attention(q, k, v, ctx, causal=causal, layout=layout,
-                                                                 config=cfg), check, note=cfg.short()))
+                                                                 config=cfg), check,
+                          note=(cfg or default).short()))
     backends = [("sdpa_cudnn", "CUDNN_ATTENTION"), ("sdpa_flash", "FLASH_ATTENTION")] if cuda else \
         [("sdpa_math", "MATH")]
     if W == 1:
@@ -209,8 +217,9 @@ def main(argv=None):
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    p.add_argument("--configs", choices=["default", "all"], default="default",
-                   help="all: time every config of kernels.attention.TUNE_CONFIGS")
+    p.add_argument("--configs", choices=["default", "all", "levers"], default="default",
+                   help="all: time every config of kernels.attention.TUNE_CONFIGS; levers: the default and "
+                        "LEVER_CONFIGS (persistent grid, two programs per SM)")
     p.add_argument("--no-small-checks", action="store_true", help="skip the correctness pass at odd shapes")
     add_run_args(p)
     args = p.parse_args(argv)
@@ -220,8 +229,12 @@ def main(argv=None):
     from .harness import _release, agree_fn
     world = ditron.init()
     sim = world.backend == "sim"
-    configs = [A.SIM_CONFIG] if sim else ([A.GPU_CONFIG] + [c for c in A.TUNE_CONFIGS if c != A.GPU_CONFIG]
-                                          if args.configs == "all" else [A.GPU_CONFIG])
+    more = {"all": A.TUNE_CONFIGS, "levers": A.LEVER_CONFIGS, "default": ()}[args.configs]
+    # None first: the default config for each length (kernels.attention.default_config); then both GPU
+    # defaults explicitly (each row skipped where it is the default) and the swept configs
+    configs = [None] if sim else [None] + list(dict.fromkeys((A.GPU_CONFIG, A.GPU_SHORT_CONFIG) + tuple(more)))
+    if sim and args.configs == "levers":
+        configs.append(dataclasses.replace(A.SIM_CONFIG, persistent=True))
     agree = agree_fn(world)
     fails = [] if args.no_small_checks else small_checks(world, configs, args)
     if fails:

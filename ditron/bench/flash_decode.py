@@ -68,10 +68,13 @@ def case(world, ctx_len, batch, args, agree, bw):
             raise AssertionError(f"max abs error {err:.3g} > {tol} against SDPA")
 
     impls = []
-    for i, bn in enumerate(int(b) for b in (args.block_n or "0").split(",")):
-        impls.append(Impl("ditron" if i == 0 else f"ditron[block_n={bn}]",
-                          lambda bn=bn: FD.flash_decode(q, k, v, lens, ctx, splits=args.splits or None,
-                                                        block_n=bn or None), check))
+    variants = [(bn, ns) for bn in (int(b) for b in (args.block_n or "0").split(","))
+                for ns in (int(x) for x in str(args.splits or "0").split(","))]
+    for i, (bn, ns) in enumerate(variants):
+        tag = ",".join(x for x in (f"block_n={bn}" if bn else "", f"splits={ns}" if ns else "") if x)
+        impls.append(Impl("ditron" if i == 0 else f"ditron[{tag or 'default'}]",
+                          lambda bn=bn, ns=ns: FD.flash_decode(q, k, v, lens, ctx, splits=ns or None,
+                                                               block_n=bn or None), check))
     backends = [("sdpa_flash", "FLASH_ATTENTION"), ("sdpa_cudnn", "CUDNN_ATTENTION"),
                 ("sdpa_efficient", "EFFICIENT_ATTENTION")] if cuda else [("sdpa_math", "MATH")]
     for name, be in backends:
@@ -101,7 +104,8 @@ def main(argv):
     p.add_argument("--heads", default="32/8", help="query / KV heads")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    p.add_argument("--splits", type=int, default=0, help="splits per (sequence, KV head); 0: by size")
+    p.add_argument("--splits", default="0", help="splits per (sequence, KV head) (comma list: each is timed, "
+                                                "with each --block-n; 0: by size)")
     p.add_argument("--block-n", default="0", help="keys per tile of the split kernel (comma list: each is timed; "
                                                  "0: the default)")
     add_run_args(p, warmup=5, iters=20)
