@@ -75,11 +75,12 @@ def test_ditron_demo_moe_runs_and_verifies():
 
 
 _I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "sig_ptr", "calls_ptr", "pos_ptr",
-        "eid_ptr", "slot_ptr", "lrc_ptr", "lrecv_ptr", "lcnt_ptr", "lstage_ptr", "peid_ptr", "pslot_ptr", "lcomb_ptr"}
-_CONST = {"ep_dispatch_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024),
-          "ep_combine_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024),
-          "ep_ll_dispatch_kernel": dict(EPW=2, WP=2, ELP=16, BR=4, BW=512),
-          "ep_ll_combine_kernel": dict(EPW=2, WP=2, BR=4, BW=512)}
+        "eid_ptr", "slot_ptr", "lrc_ptr", "lrecv_ptr", "lcnt_ptr", "lstage_ptr", "peid_ptr", "pslot_ptr", "lcomb_ptr",
+        "start_ptr", "trace_ptr", "idx_ptr", "key_ptr", "skey_ptr", "sslot_ptr", "dropped_ptr"}
+_CONST = {"ep_dispatch_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
+          "ep_combine_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
+          "ep_ll_dispatch_kernel": dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, TRACE=False),
+          "ep_ll_combine_kernel": dict(EPW=2, WP=2, BR=4, BW=512, TRACE=False)}
 
 
 def _compile(name, multi_node):
