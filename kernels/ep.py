@@ -53,10 +53,13 @@ counted in ``handle.dropped[0]``; in low-latency mode the pairs beyond
 
 How (normal mode)
 -----------------
-Host side, on the device and without a sync: the pairs are sorted by expert
-id (stable ``torch.sort``), which is also (destination rank, local expert)
-order; ``pos[pair]`` is the pair's position in that *staging order*, and the
-counts per (destination, local expert) come from an ``index_add``.
+Routing, on the device, one launch (``ep_route_kernel``, one program, no
+sort and no torch op): two passes over blocks of pairs give the counts per
+expert and each pair's rank among the earlier pairs of its expert, hence its
+place ``pos`` in the *staging order* (pairs by expert id, stable), which is
+also (destination rank, local expert) order, and the staging order's token
+of every place; the same pass counts the ids out of range (and, in
+low-latency mode, the pairs over the capacity) into ``handle.dropped``.
 
 Dispatch kernel (``ctx.max_programs`` programs, the same on every rank): the
 rows for each destination are split over the programs; a program gathers its
@@ -73,10 +76,13 @@ each program waits for the words of every program of every rank, reads the
 ``recv_x`` at their expert-grouped place (its own rows come from ``x``
 directly).
 
-Combine kernel: each owner copies the rows of ``y`` for source ``s`` into
-``s``'s ``cbuf[p]`` at their staging positions (the block offset came with
-the counts), signals ``s``; then every rank waits for every owner and
-computes ``out[t] = sum_j w[t, j] * cbuf[p][pos[t, j]]``.
+Combine kernel: each owner copies the rows of ``y`` for source ``s != rank``
+into ``s``'s ``cbuf[p]`` at their staging positions (the block offset came
+with the counts), signals ``s`` (itself too); then every rank waits for every
+owner and computes ``out[t] = sum_j w[t, j] * row(t, j)``: ``cbuf[p][pos[t,
+j]]`` for a peer's row, the row of ``y`` itself for a pair of this rank's own
+experts (own rows never travel: at one rank, dispatch is one gather of
+``x`` and combine one weighted gather of ``y``).
 
 Low-latency mode
 ----------------
@@ -84,16 +90,28 @@ Data and flag travel in the same 8-byte word (the LL protocol of
 kernels/all_reduce.py): low 32 bits one fp32 or two 16-bit elements, high 32
 bits ``epoch + 1``.  A pair goes straight to its slot ``lrecv[p][l][rank][slot]``
 on the owner (``slot``: its index among this rank's pairs for that expert,
-computed with the sort), and the count of each (expert, source) travels as
+computed by the routing), and the count of each (expert, source) travels as
 one flagged word ``lcnt[p][l][rank]``; the owner polls the count words, then
 the rows' words, until every flag is this call's.  Combine sends each row
 back to ``lcomb[p][owner][l][slot]`` on the token's rank, which polls the
 rows it needs.  No signal, no host read, no buffer reset: the calls can be
 captured in a CUDA graph.  Other nodes: packed rows are staged and sent with
 ``shmem.putmem_block`` (each word carries its own flag, so the order in
-which the words land does not matter).  On the simulator the LL kernels run
-one program per rank (a polling program does not lend its turn to the
-rank's other programs); on GPUs every program is resident.
+which the words land does not matter).  A pair of this rank's own experts does
+not travel: the receive units copy it from ``x`` (dispatch) and the token
+side reads it from ``y`` (combine); the count words still go to every rank,
+this one included.  On GPUs every program is resident (the grids are at
+most the SM count).
+
+Host side: no allocation, no host read (``validate=False``), two launches
+per dispatch (routing, then dispatch) and one per combine.  The routing,
+the handle's tensors and the outputs live in the context, one set per call
+parity: ``recv_x``, ``recv_counts`` and the handle stay valid until the
+second next ``ep_dispatch``, the combined output (without ``out=``) until
+the second next ``ep_combine``.  ``ctx.launches`` counts the launches;
+``ctx.trace = True`` compiles the kernels with ``TRACE`` (each program
+writes ``clock_ns`` at the end of each phase into ``ctx.trace_buf``; see
+``ditron bench ep --trace``).
 
 Reuse: device-side call counters (kernels/_common.py; separate ones for
 dispatch and combine), parity ``e % 2``, signal / flag value ``e + 1``.  A
@@ -215,6 +233,8 @@ class EpContext(CollectiveContext):
         self.launches = {}
         self.trace = False
         self.trace_buf = torch.zeros((len(TRACED), self.max_programs, 4), dtype=i64, device=dev)
+        # the combine's reduce tiles: [BR, reduce_cols] elements, k loads of them in flight per program
+        self.reduce_cols = 16 if self.sim else 256
         self.route_blk = 8 if self.sim else max(16, min(1024, 16384 // triton.next_power_of_2(self.num_experts + 1)))
         recv_shape = (W * TK, H) if mode == "normal" else (El, W * self.capacity, H)
         self.slots = []
@@ -370,14 +390,15 @@ def ep_combine(y, handle, ctx, out=None):
     tr, TR = _trace_args(ctx, 2)
     if ctx.mode == "normal":
         _launch(ctx, "combine", ep_combine_kernel, (ctx.max_programs,),
-                y, out, handle.pos, handle.weights, handle.rc, ctx.cbuf, ctx.ystage, ctx.csig, ctx.ccalls, tr, T, k,
+                y, out, handle.pos, handle.weights, handle.rc, ctx.cbuf, ctx.ystage, ctx.csig, ctx.ccalls, tr, T,
                 ctx.slot_rows, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=y.element_size(),
-                WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, TRACE=TR, num_warps=1 if ctx.sim else 4)
+                WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, KT=k, RH=ctx.reduce_cols, TRACE=TR,
+                num_warps=1 if ctx.sim else 4)
     else:
         _launch(ctx, "combine", ep_ll_combine_kernel, (ctx.max_programs,),
                 y, out, handle.peid, handle.pslot, handle.weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, tr,
-                T, k, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp, BR=br,
-                BW=bh, TRACE=TR, num_warps=1 if ctx.sim else 4)
+                T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp, BR=br,
+                BW=bh, KT=k, RW=ctx.reduce_cols // ctx.epw, TRACE=TR, num_warps=1 if ctx.sim else 4)
     return out
 
 

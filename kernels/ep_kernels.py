@@ -299,14 +299,15 @@ def ep_dispatch_kernel(x_ptr, tok_ptr, send_ptr, out_ptr, rc_ptr, rcnt_ptr, buf_
 
 @ditron.jit(do_not_specialize=["T", "TK", "slot_rows", "Eloc"])
 def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_ptr, sig_ptr, calls_ptr, trace_ptr,
-                      T, KT, TK, H, slot_rows, Eloc,
+                      T, TK, H, slot_rows, Eloc,
                       MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
-                      BR: tl.constexpr, BH: tl.constexpr, TRACE: tl.constexpr):
+                      BR: tl.constexpr, BH: tl.constexpr, KT: tl.constexpr, RH: tl.constexpr, TRACE: tl.constexpr):
     """Send ``y``'s rows back to their tokens' ranks (into ``cbuf`` at the
     staging positions), then ``out[t] = sum_j w[t, j] * row(pos[t, j])``:
     ``cbuf[pos]`` for a peer's rows, ``y`` itself for this rank's own rows
-    (they do not travel).  Trace phases: sent, every owner's signal seen,
-    reduced."""
+    (they do not travel).  The reduce works on ``[BR, RH]`` tiles, its ``KT``
+    loads unrolled (all in flight at once).  Trace phases: sent, every
+    owner's signal seen, reduced."""
     _stamp(trace_ptr, 0, TRACE)
     e = epoch_begin(calls_ptr)
     par = e % 2
@@ -365,14 +366,14 @@ def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_pt
     b_me = _pick(boff, widx, me)
     n_me = tl.reduce(c_me, 0, _add)
     # work units (token block, column block) over all programs
-    nhc = (H + BH - 1) // BH
+    nhc = (H + RH - 1) // RH
     for u in range(pid, ((T + BR - 1) // BR) * nhc, P):
         t = (u // nhc) * BR + rr
         tok_ok = t < T
-        hs = (u % nhc) * BH + tl.arange(0, BH)
+        hs = (u % nhc) * RH + tl.arange(0, RH)
         hm = hs < H
-        acc = tl.full((BR, BH), 0.0, tl.float32)
-        for j in range(0, KT):
+        acc = tl.full((BR, RH), 0.0, tl.float32)
+        for j in tl.static_range(KT):
             p = tl.load(pos_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=-1)
             wt = tl.load(w_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=0.0).to(tl.float32)
             r = p - b_me
@@ -506,14 +507,16 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, start_ptr
 
 @ditron.jit(do_not_specialize=["T", "TK", "Eloc", "cap"])
 def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lcomb_ptr, lstage_ptr, calls_ptr,
-                         trace_ptr, T, KT, TK, H, HW, Eloc, cap,
+                         trace_ptr, T, TK, H, HW, Eloc, cap,
                          MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
-                         BR: tl.constexpr, BW: tl.constexpr, TRACE: tl.constexpr):
+                         BR: tl.constexpr, BW: tl.constexpr, KT: tl.constexpr, RW: tl.constexpr,
+                         TRACE: tl.constexpr):
     """Owner side: row ``r`` of (local expert ``l``, source ``s``) goes back to
     ``lcomb[p][rank][l][r]`` on ``s``.  Token side: pair ``(t, j)`` (expert
     ``peid``, slot ``pslot``; skipped when not delivered) is polled there; a
     pair of this rank's own experts is read from ``y`` (it does not travel).
-    Trace phases: rows sent, (nothing), reduced."""
+    The token side works on ``[BR, RW]`` word tiles, its ``KT`` pairs
+    unrolled.  Trace phases: rows sent, (nothing), reduced."""
     _stamp(trace_ptr, 0, TRACE)
     e = epoch_begin(calls_ptr)
     par = e % 2
@@ -568,16 +571,16 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
     _stamp(trace_ptr, 2, TRACE)
     # ---------------- token side: poll the k rows of each token ----------------
     # token side: work units (token block, word chunk) over all programs
-    nwc = (HW + BW - 1) // BW
+    nwc = (HW + RW - 1) // RW
     for u in range(pid, ((T + BR - 1) // BR) * nwc, P):
         t = (u // nwc) * BR + rr
         tok_ok = t < T
-        w0 = (u % nwc) * BW
-        w = w0 + ww
-        cols = w0 * EPW + tl.arange(0, BW * EPW)
+        w0 = (u % nwc) * RW
+        w = w0 + tl.arange(0, RW)
+        cols = w0 * EPW + tl.arange(0, RW * EPW)
         cm = (cols < H) & (cols < HW * EPW)
-        acc = tl.full((BR, BW * EPW), 0.0, tl.float32)
-        for j in range(0, KT):
+        acc = tl.full((BR, RW * EPW), 0.0, tl.float32)
+        for j in tl.static_range(KT):
             eid = tl.load(peid_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=E)
             sl = tl.load(pslot_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=cap).to(tl.int64)
             wt = tl.load(w_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=0.0).to(tl.float32)

@@ -78,9 +78,10 @@ _I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "s
         "eid_ptr", "slot_ptr", "lrc_ptr", "lrecv_ptr", "lcnt_ptr", "lstage_ptr", "peid_ptr", "pslot_ptr", "lcomb_ptr",
         "start_ptr", "trace_ptr", "idx_ptr", "key_ptr", "skey_ptr", "sslot_ptr", "dropped_ptr"}
 _CONST = {"ep_dispatch_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
-          "ep_combine_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
+          "ep_combine_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, KT=8, RH=256, TRACE=False),
           "ep_ll_dispatch_kernel": dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, TRACE=False),
-          "ep_ll_combine_kernel": dict(EPW=2, WP=2, BR=4, BW=512, TRACE=False)}
+          "ep_ll_combine_kernel": dict(EPW=2, WP=2, BR=4, BW=512, KT=8, RW=128, TRACE=False),
+          "ep_route_kernel": dict(EP=16, BLK=1024, TRACE=False)}
 
 
 def _compile(name, multi_node):
@@ -89,7 +90,7 @@ def _compile(name, multi_node):
     import ditron
     from ditron.kernels import ep_kernels
     k = getattr(ep_kernels, name)
-    const = dict(_CONST[name], MULTI_NODE=multi_node)
+    const = dict(_CONST[name], **({} if name == "ep_route_kernel" else {"MULTI_NODE": multi_node}))
     sig = {p: ("*i64" if p in _I64 else "*fp32" if p == "w_ptr" else "*bf16") if p.endswith("_ptr") else "i32"
            for p in inspect.signature(k.fn).parameters if p not in const}
     return ditron.compile(k, target="sm_90a", signature=sig, constexprs=const, num_warps=4)
