@@ -235,7 +235,7 @@ class EpContext(CollectiveContext):
         self.trace_buf = torch.zeros((len(TRACED), self.max_programs, 4), dtype=i64, device=dev)
         # the combine's reduce tiles: [BR, reduce_cols] elements, k loads of them in flight per program
         self.reduce_cols = 16 if self.sim else 256
-        self.route_blk = 8 if self.sim else max(16, min(1024, 16384 // triton.next_power_of_2(self.num_experts + 1)))
+        self.route_blk = 8 if self.sim else max(16, min(512, 8192 // triton.next_power_of_2(self.num_experts + 1)))
         recv_shape = (W * TK, H) if mode == "normal" else (El, W * self.capacity, H)
         self.slots = []
         for _ in range(2):
