@@ -53,9 +53,11 @@ counted in ``handle.dropped[0]``; in low-latency mode the pairs beyond
 
 How (normal mode)
 -----------------
-Routing, on the device, one launch (``ep_route_kernel``, one program, no
-sort and no torch op): two passes over blocks of pairs give the counts per
-expert and each pair's rank among the earlier pairs of its expert, hence its
+Routing, on the device, one launch (``ep_route_kernel``: no sort, no torch
+op; the pairs split over up to an SM count of programs, which exchange their
+counts once through release / wait slots): two passes over blocks of pairs
+give the counts per expert and each pair's rank among the earlier pairs of
+its expert, hence its
 place ``pos`` in the *staging order* (pairs by expert id, stable), which is
 also (destination rank, local expert) order, and the staging order's token
 of every place; the same pass counts the ids out of range (and, in
@@ -134,7 +136,7 @@ MODES = ("normal", "low_latency")
 #: the kernels of one dispatch + combine, in launch order (rows of ``EpContext.trace_buf``)
 TRACED = ("route", "dispatch", "combine")
 #: trace phases per kernel (column ``i + 1`` of a program's record: ``clock_ns`` at the end of phase ``i``)
-PHASES = {"route": ("route",), "normal": {"dispatch": ("send", "wait", "receive"), "combine": ("send", "wait",
+PHASES = {"route": ("count", "rank"), "normal": {"dispatch": ("send", "wait", "receive"), "combine": ("send", "wait",
                                                                                               "reduce")},
           "low_latency": {"dispatch": ("send rows", "send counts", "receive"), "combine": ("send rows", "",
                                                                                           "reduce")}}
@@ -232,10 +234,18 @@ class EpContext(CollectiveContext):
         self.dcalls_host, self.ccalls_host = 0, 0
         self.launches = {}
         self.trace = False
-        self.trace_buf = torch.zeros((len(TRACED), self.max_programs, 4), dtype=i64, device=dev)
         # the combine's reduce tiles: [BR, reduce_cols] elements, k loads of them in flight per program
         self.reduce_cols = 16 if self.sim else 256
-        self.route_blk = 8 if self.sim else max(16, min(512, 8192 // triton.next_power_of_2(self.num_experts + 1)))
+        # the routing: blocks of route_blk pairs, at most route_programs programs (resident: they wait for each
+        # other once), their counts in route_hist, their release slots in route_slots (epochs: never reset)
+        self.route_ep = triton.next_power_of_2(self.num_experts + 1)
+        self.route_blk = 4 if self.sim else max(16, min(512, 8192 // self.route_ep))
+        self.route_programs = 4 if self.sim else max(1, sm_count(dev) // 2)      # half the SMs: resident at ease
+        self.route_hist = torch.zeros(self.route_programs * (self.route_ep + 1), dtype=torch.int32, device=dev)
+        self.route_slots = torch.zeros(self.route_programs, dtype=torch.int32, device=dev)
+        self.rcalls = torch.zeros(2, dtype=i64, device=dev)
+        self.trace_buf = torch.zeros((len(TRACED), max(self.max_programs, self.route_programs), 4), dtype=i64,
+                                     device=dev)
         recv_shape = (W * TK, H) if mode == "normal" else (El, W * self.capacity, H)
         self.slots = []
         for _ in range(2):
@@ -342,9 +352,13 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
     sim = ctx.sim
     cap = ctx.capacity if ctx.mode != "normal" else TK + 1
     tr, TR = _trace_args(ctx, 0)
-    _launch(ctx, "route", ep_route_kernel, (1,), topk_idx, b["key"], b["pos"], b["pslot"], b["tok"], b["skey"],
-            b["sslot"], b["cnt"], b["start"], b["dropped"], tr, TK, k, E, cap,
-            EP=triton.next_power_of_2(E + 1), BLK=ctx.route_blk, TRACE=TR, num_warps=1 if sim else 8)
+    blk = ctx.route_blk
+    nblk = max(1, triton.cdiv(TK, blk))
+    per = blk * triton.cdiv(nblk, min(nblk, ctx.route_programs))          # pairs per program, whole blocks
+    _launch(ctx, "route", ep_route_kernel, (triton.cdiv(max(TK, 1), per),), topk_idx, b["key"], b["pos"],
+            b["pslot"], b["tok"], b["skey"], b["sslot"], b["cnt"], b["start"], b["dropped"], ctx.route_hist,
+            ctx.route_slots, ctx.rcalls, tr, TK, k, E, cap, per, EP=ctx.route_ep, BLK=blk, QB=4 if sim else 32,
+            TRACE=TR, num_warps=1 if sim else 8)
     br, bh = ctx.blocks()
     tr, TR = _trace_args(ctx, 1)
     recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]

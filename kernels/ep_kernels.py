@@ -130,47 +130,82 @@ def _stamp(trace_ptr, i, TRACE: tl.constexpr):
 
 
 # ---------------------------------------------------------------------------
-# routing (both modes): one program, the staging order without a sort
+# routing (both modes): the staging order without a sort, over several programs
 # ---------------------------------------------------------------------------
 
-@ditron.jit(do_not_specialize=["TK", "E", "cap"])
+@triton.jit
+def _route_block(idx_ptr, i, hi, E, eidx):
+    """Keys (``E``: not sent), one-hot ``[BLK, EP]`` and the ids out of range
+    of pairs ``i`` (``< hi``)."""
+    inr = i < hi
+    ids = tl.load(idx_ptr + i, mask=inr, other=-1).to(tl.int64)
+    valid = (ids >= 0) & (ids < E)
+    key = tl.where(valid, ids, E)
+    hot = ((key[:, None] == eidx[None, :]) & inr[:, None]).to(tl.int32)
+    return inr, valid, key, hot, (inr & ~valid & (ids != -1)).to(tl.int32)
+
+
+@ditron.jit(do_not_specialize=["TK", "E", "cap", "per"])
 def ep_route_kernel(idx_ptr, key_ptr, pos_ptr, pslot_ptr, tok_ptr, skey_ptr, sslot_ptr, cnt_ptr, start_ptr,
-                    dropped_ptr, trace_ptr, TK, K, E, cap, EP: tl.constexpr, BLK: tl.constexpr,
-                    TRACE: tl.constexpr):
+                    dropped_ptr, hist_ptr, rslot_ptr, rcalls_ptr, trace_ptr, TK, K, E, cap, per,
+                    EP: tl.constexpr, BLK: tl.constexpr, QB: tl.constexpr, TRACE: tl.constexpr):
     """The routing of ``TK = T * K`` pairs ``idx_ptr`` (expert ids, natural
-    order; ``-1`` or out of range: not sent, key ``E``), in two passes over
-    blocks of ``BLK`` pairs: counts per key (``cnt_ptr[E + 1]``,
-    ``start_ptr[E + 1]``: their exclusive prefix sums), then each pair's
-    rank among the earlier pairs of its key (``pslot``), its place in the
-    staging order (stable by key: ``pos = start[key] + rank``; ``-1`` when not
-    sent) and the staging order's token, key and rank (``tok``, ``skey``,
-    ``sslot``).  ``dropped``: ids out of range, pairs at a rank ``>= cap``."""
+    order; ``-1`` or out of range: not sent, key ``E``).  Program ``q`` owns
+    pairs ``[q * per, (q + 1) * per)`` (blocks of ``BLK``): it counts them per
+    key into its row of ``hist`` (``[P, EP]`` int32, then ``P`` words of ids
+    out of range) and releases its slot (``rslot_ptr[q] = epoch``,
+    ``dl.release_tile``); once every program's slot holds this call's epoch
+    (``dl.wait_deps``) it reads the counts of all programs, hence the counts
+    per key (``cnt_ptr[E + 1]``), their exclusive prefix sums (``start_ptr``)
+    and what the programs before it counted, and ranks its pairs: ``pslot``
+    (the rank among the earlier pairs of its key), ``pos = start[key] +
+    rank`` (``-1``: not sent), and the staging order (stable by key) ``tok``,
+    ``skey``, ``sslot`` at ``pos``.  ``dropped``: ids out of range, pairs at a
+    rank ``>= cap`` (the first ``cap`` pairs of each expert are kept).  The
+    grid is resident (at most the SM count); the epochs count calls
+    (``rcalls_ptr``), so the slots are never reset."""
     _stamp(trace_ptr, 0, TRACE)
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    epoch = (epoch_begin(rcalls_ptr) + 1).to(tl.int32)
     eidx = tl.arange(0, EP)
     bb = tl.arange(0, BLK)
+    lo = pid * per
+    hi = tl.minimum(lo + per, TK)
     cnt = tl.zeros((EP,), tl.int32)
     bad = tl.zeros((BLK,), tl.int32)
-    for b0 in range(0, TK, BLK):
-        i = b0 + bb
-        inr = i < TK
-        ids = tl.load(idx_ptr + i, mask=inr, other=-1).to(tl.int64)
-        valid = (ids >= 0) & (ids < E)
-        key = tl.where(valid, ids, E)
-        hot = ((key[:, None] == eidx[None, :]) & inr[:, None]).to(tl.int32)
+    for b0 in range(lo, hi, BLK):
+        inr, valid, key, hot, b = _route_block(idx_ptr, b0 + bb, hi, E, eidx)
         cnt += tl.sum(hot, 0)
-        bad += (inr & ~valid & (ids != -1)).to(tl.int32)
-    start = tl.associative_scan(cnt, 0, _add) - cnt
-    tl.store(cnt_ptr + eidx, cnt.to(tl.int64), mask=eidx <= E)
-    tl.store(start_ptr + eidx, start.to(tl.int64), mask=eidx <= E)
-    carry = tl.zeros((EP,), tl.int32)
-    over = tl.zeros((BLK,), tl.int32)
-    for b0 in range(0, TK, BLK):
+        bad += b
+    tl.store(hist_ptr + pid * EP + eidx, cnt)
+    tl.store(hist_ptr + P * EP + pid, tl.sum(bad, 0))
+    dl.release_tile(rslot_ptr + pid, epoch)
+    tok = dl.wait_deps(rslot_ptr, P, epoch)
+    hist_ptr = dl.consume_token(hist_ptr, tok)
+    _stamp(trace_ptr, 1, TRACE)
+    # every program's counts: the totals and this program's base per key
+    tot = tl.zeros((EP,), tl.int32)
+    before = tl.zeros((EP,), tl.int32)
+    nbad = tl.zeros((QB,), tl.int32)
+    qq = tl.arange(0, QB)
+    for q0 in range(0, P, QB):
+        q = q0 + qq
+        h = tl.load(hist_ptr + q[:, None] * EP + eidx[None, :], mask=(q < P)[:, None], other=0)
+        tot += tl.sum(h, 0)
+        before += tl.sum(tl.where((q < pid)[:, None], h, 0), 0)
+        nbad += tl.load(hist_ptr + P * EP + q, mask=q < P, other=0)
+    start = tl.associative_scan(tot, 0, _add) - tot
+    if pid == 0:
+        tl.store(cnt_ptr + eidx, tot.to(tl.int64), mask=eidx <= E)
+        tl.store(start_ptr + eidx, start.to(tl.int64), mask=eidx <= E)
+        over = tl.sum(tl.where(eidx < E, tl.maximum(tot - cap, 0), 0), 0)
+        tl.store(dropped_ptr, tl.sum(nbad, 0).to(tl.int64))
+        tl.store(dropped_ptr + 1, over.to(tl.int64))
+    carry = before
+    for b0 in range(lo, hi, BLK):
         i = b0 + bb
-        inr = i < TK
-        ids = tl.load(idx_ptr + i, mask=inr, other=-1).to(tl.int64)
-        valid = (ids >= 0) & (ids < E)
-        key = tl.where(valid, ids, E)
-        hot = ((key[:, None] == eidx[None, :]) & inr[:, None]).to(tl.int32)
+        inr, valid, key, hot, b = _route_block(idx_ptr, i, hi, E, eidx)
         below = tl.associative_scan(hot, 0, _add) - hot + carry[None, :]
         rank = tl.sum(hot * below, 1)
         carry += tl.sum(hot, 0)
@@ -181,10 +216,8 @@ def ep_route_kernel(idx_ptr, key_ptr, pos_ptr, pslot_ptr, tok_ptr, skey_ptr, ssl
         tl.store(tok_ptr + p, (i // K).to(tl.int64), mask=inr)
         tl.store(skey_ptr + p, key, mask=inr)
         tl.store(sslot_ptr + p, rank.to(tl.int64), mask=inr)
-        over += (inr & valid & (rank >= cap)).to(tl.int32)
-    tl.store(dropped_ptr, tl.sum(bad, 0).to(tl.int64))
-    tl.store(dropped_ptr + 1, tl.sum(over, 0).to(tl.int64))
-    _stamp(trace_ptr, 1, TRACE)
+    _stamp(trace_ptr, 2, TRACE)
+    epoch_end(rcalls_ptr)
 
 
 # ---------------------------------------------------------------------------
