@@ -17,7 +17,9 @@ call after a warm-up call (compiles first):
 
 On the simulator the times are the interpreter's (meaningless) but every
 path runs; the counts are the real ones (the simulator's own work inside a
-launch is not counted).
+launch is not counted; with several simulated ranks the cross-rank argument
+check of every zoo op, on by default there, writes its fingerprint: two
+``copy_`` per op, absent on GPUs unless ``DITRON_DEBUG=1``).
 """
 from __future__ import annotations
 
