@@ -467,7 +467,9 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, start_ptr
         t = tl.load(tok_ptr + r, mask=ok, other=0).to(tl.int64)
         le = (eid % Eloc).to(tl.int64)
         drow = (le * W + me) * cap + sl
-        for w0 in range(0, HW, BW):
+        # no word to write when every pair of the block is this rank's own or not sent
+        whi = tl.where(tl.sum(ok.to(tl.int32), 0) > 0, HW, 0)
+        for w0 in range(0, whi, BW):
             w = w0 + ww
             pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
             for k in range(1, LW):                   # k = 0: this rank, copied from x by the receive units
@@ -621,7 +623,9 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
             own = ok & ((eid // Eloc) == me)
             src = ((eid // Eloc).to(tl.int64) * Eloc + (eid % Eloc)) * cap + sl
             m = (ok & ~own)[:, None] & (w[None, :] < HW)
-            pk = ll_poll(box + src[:, None] * rowsz + w[None, :], m, flag)
+            pk = tl.zeros((BR, RW), tl.int64)
+            if tl.sum((ok & ~own).to(tl.int32), 0) > 0:          # some pair of a peer's expert: poll its rows
+                pk = ll_poll(box + src[:, None] * rowsz + w[None, :], m, flag)
             v = _unpack_f32(pk, EPW, out_ptr.dtype.element_ty)
             # own pairs: row base + slot of y, base = rows of local expert l from the sources before this rank
             l = (eid % Eloc).to(tl.int64)
