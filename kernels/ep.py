@@ -53,10 +53,15 @@ counted in ``handle.dropped[0]``; in low-latency mode the pairs beyond
 
 How (normal mode)
 -----------------
-Host side, on the device and without a sync: the pairs are sorted by expert
-id (stable ``torch.sort``), which is also (destination rank, local expert)
-order; ``pos[pair]`` is the pair's position in that *staging order*, and the
-counts per (destination, local expert) come from an ``index_add``.
+Routing, on the device, one launch (``ep_route_kernel``: no sort, no torch
+op; the pairs split over up to an SM count of programs, which exchange their
+counts once through release / wait slots): two passes over blocks of pairs
+give the counts per expert and each pair's rank among the earlier pairs of
+its expert, hence its
+place ``pos`` in the *staging order* (pairs by expert id, stable), which is
+also (destination rank, local expert) order, and the staging order's token
+of every place; the same pass counts the ids out of range (and, in
+low-latency mode, the pairs over the capacity) into ``handle.dropped``.
 
 Dispatch kernel (``ctx.max_programs`` programs, the same on every rank): the
 rows for each destination are split over the programs; a program gathers its
@@ -73,10 +78,13 @@ each program waits for the words of every program of every rank, reads the
 ``recv_x`` at their expert-grouped place (its own rows come from ``x``
 directly).
 
-Combine kernel: each owner copies the rows of ``y`` for source ``s`` into
-``s``'s ``cbuf[p]`` at their staging positions (the block offset came with
-the counts), signals ``s``; then every rank waits for every owner and
-computes ``out[t] = sum_j w[t, j] * cbuf[p][pos[t, j]]``.
+Combine kernel: each owner copies the rows of ``y`` for source ``s != rank``
+into ``s``'s ``cbuf[p]`` at their staging positions (the block offset came
+with the counts), signals ``s`` (itself too); then every rank waits for every
+owner and computes ``out[t] = sum_j w[t, j] * row(t, j)``: ``cbuf[p][pos[t,
+j]]`` for a peer's row, the row of ``y`` itself for a pair of this rank's own
+experts (own rows never travel: at one rank, dispatch is one gather of
+``x`` and combine one weighted gather of ``y``).
 
 Low-latency mode
 ----------------
@@ -84,16 +92,28 @@ Data and flag travel in the same 8-byte word (the LL protocol of
 kernels/all_reduce.py): low 32 bits one fp32 or two 16-bit elements, high 32
 bits ``epoch + 1``.  A pair goes straight to its slot ``lrecv[p][l][rank][slot]``
 on the owner (``slot``: its index among this rank's pairs for that expert,
-computed with the sort), and the count of each (expert, source) travels as
+computed by the routing), and the count of each (expert, source) travels as
 one flagged word ``lcnt[p][l][rank]``; the owner polls the count words, then
 the rows' words, until every flag is this call's.  Combine sends each row
 back to ``lcomb[p][owner][l][slot]`` on the token's rank, which polls the
 rows it needs.  No signal, no host read, no buffer reset: the calls can be
 captured in a CUDA graph.  Other nodes: packed rows are staged and sent with
 ``shmem.putmem_block`` (each word carries its own flag, so the order in
-which the words land does not matter).  On the simulator the LL kernels run
-one program per rank (a polling program does not lend its turn to the
-rank's other programs); on GPUs every program is resident.
+which the words land does not matter).  A pair of this rank's own experts does
+not travel: the receive units copy it from ``x`` (dispatch) and the token
+side reads it from ``y`` (combine); the count words still go to every rank,
+this one included.  On GPUs every program is resident (the grids are at
+most the SM count).
+
+Host side: no allocation, no host read (``validate=False``), two launches
+per dispatch (routing, then dispatch) and one per combine.  The routing,
+the handle's tensors and the outputs live in the context, one set per call
+parity: ``recv_x``, ``recv_counts`` and the handle stay valid until the
+second next ``ep_dispatch``, the combined output (without ``out=``) until
+the second next ``ep_combine``.  ``ctx.launches`` counts the launches;
+``ctx.trace = True`` compiles the kernels with ``TRACE`` (each program
+writes ``clock_ns`` at the end of each phase into ``ctx.trace_buf``; see
+``ditron bench ep --trace``).
 
 Reuse: device-side call counters (kernels/_common.py; separate ones for
 dispatch and combine), parity ``e % 2``, signal / flag value ``e + 1``.  A
@@ -109,9 +129,19 @@ import triton
 import ditron
 
 from ._common import CollectiveContext, enter, op_fields, sm_count
-from .ep_kernels import ep_combine_kernel, ep_dispatch_kernel, ep_ll_combine_kernel, ep_ll_dispatch_kernel
+from .ep_kernels import (ep_combine_kernel, ep_dispatch_kernel, ep_ll_combine_kernel, ep_ll_dispatch_kernel,
+                         ep_route_kernel)
 
 MODES = ("normal", "low_latency")
+#: the kernels of one dispatch + combine, in launch order (rows of ``EpContext.trace_buf``)
+TRACED = ("route", "dispatch", "combine")
+#: trace phases per kernel (column ``i + 1`` of a program's record: ``clock_ns`` at the end of phase ``i``)
+PHASES = {"route": ("count", "rank"), "normal": {"dispatch": ("send", "wait", "receive"), "combine": ("send", "wait",
+                                                                                              "reduce")},
+          "low_latency": {"dispatch": ("send rows", "send counts", "receive"), "combine": ("send rows", "",
+                                                                                          "reduce")}}
+#: hooks of the bench's host account (ditron/bench/ep_trace.py): ``hook(name)`` -> a context manager around a launch
+LAUNCH_HOOKS = []
 
 
 # ---------------------------------------------------------------------------
@@ -127,6 +157,17 @@ class EpHandle:
         self.mode, self.T, self.k, self.weights, self.dropped = mode, T, k, weights, dropped
         for name, t in tensors.items():
             setattr(self, name, t)
+
+
+def _launch(ctx, name, kernel, grid, *args, **kwargs):
+    """Every EP launch goes through here: counted (``ctx.launches``), and seen
+    by the bench's host account (``LAUNCH_HOOKS``)."""
+    ctx.launches[name] = ctx.launches.get(name, 0) + 1
+    if LAUNCH_HOOKS:
+        with LAUNCH_HOOKS[-1](name):
+            kernel[grid](*args, **kwargs)
+    else:
+        kernel[grid](*args, **kwargs)
 
 
 class EpContext(CollectiveContext):
@@ -161,7 +202,7 @@ class EpContext(CollectiveContext):
         TK, H, El = self.max_tokens * self.topk, self.hidden, self.local_experts
         self.slot_rows = TK
         if mode == "normal":
-            self.max_programs = int(max_programs or (2 if self.sim else min(32, sm_count(self.device))))
+            self.max_programs = int(max_programs or (2 if self.sim else sm_count(self.device)))
             P = self.max_programs
             self.buf = self.symm((2, W, TK * H), dtype, "buf")
             self.cnt = self.symm((2, W, El + 1), torch.int64, "cnt")
@@ -179,7 +220,7 @@ class EpContext(CollectiveContext):
             self.capacity = cap
             # several programs on the simulator too (a polling load lends its turn), so that the work-unit
             # split of every phase is exercised
-            self.max_programs = int(max_programs or (3 if self.sim else min(64, sm_count(self.device))))
+            self.max_programs = int(max_programs or (3 if self.sim else sm_count(self.device)))
             self.epw = 4 // torch.empty((), dtype=dtype).element_size()
             self.hw = (H + self.epw - 1) // self.epw
             self.lrecv = self.symm((2, El, W, cap, self.hw), torch.int64, "lrecv")
@@ -187,6 +228,36 @@ class EpContext(CollectiveContext):
             self.lcomb = self.symm((2, W, El, cap, self.hw), torch.int64, "lcomb")
             words = max(2 * TK * self.hw + 2 * W * El, 2 * W * cap * self.hw) if self.multi_node else 1
             self.lstage = self.symm((words,), torch.int64, "lstage")
+        # the data path allocates nothing: per call parity (host counters), the routing, the handle's tensors and
+        # the outputs live here (an op's outputs stay valid until the second next call of that op)
+        dev, i64 = self.device, torch.int64
+        self.dcalls_host, self.ccalls_host = 0, 0
+        self.launches = {}
+        self.trace = False
+        # the combine's reduce tiles: [BR, reduce_cols] elements, k loads of them in flight per program
+        self.reduce_cols = 16 if self.sim else 256
+        # the routing: blocks of route_blk pairs, at most route_programs programs (resident: they wait for each
+        # other once), their counts in route_hist, their release slots in route_slots (epochs: never reset)
+        self.route_ep = triton.next_power_of_2(self.num_experts + 1)
+        self.route_blk = 4 if self.sim else max(16, min(512, 8192 // self.route_ep))
+        self.route_programs = 4 if self.sim else max(1, sm_count(dev) // 2)      # half the SMs: resident at ease
+        self.route_hist = torch.zeros(self.route_programs * (self.route_ep + 1), dtype=torch.int32, device=dev)
+        self.route_slots = torch.zeros(self.route_programs, dtype=torch.int32, device=dev)
+        self.rcalls = torch.zeros(2, dtype=i64, device=dev)
+        self.trace_buf = torch.zeros((len(TRACED), max(self.max_programs, self.route_programs), 4), dtype=i64,
+                                     device=dev)
+        recv_shape = (W * TK, H) if mode == "normal" else (El, W * self.capacity, H)
+        self.slots = []
+        for _ in range(2):
+            b = {n: torch.empty(TK, dtype=i64, device=dev) for n in ("key", "pos", "pslot", "tok", "skey", "sslot")}
+            b.update(cnt=torch.empty(self.num_experts + 1, dtype=i64, device=dev),
+                     start=torch.empty(self.num_experts + 1, dtype=i64, device=dev),
+                     dropped=torch.empty(2, dtype=i64, device=dev),
+                     rc=torch.empty((W, El + 1) if mode == "normal" else (El, W), dtype=i64, device=dev),
+                     recv_counts=torch.empty(El, dtype=i64, device=dev),
+                     recv_x=torch.empty(recv_shape, dtype=dtype, device=dev),
+                     out=torch.empty((self.max_tokens, H), dtype=dtype, device=dev))
+            self.slots.append(b)
         ditron.barrier_all()        # every rank's zeroed signals exist before any peer writes them
 
     def blocks(self):
@@ -240,72 +311,76 @@ def _check_inputs(ctx, x, topk_idx, topk_weights):
     return T, k
 
 
-def _route(ctx, topk_idx, T, k, validate):
-    """The staging order and the counts, on the device (no host read unless ``validate``)."""
-    E = ctx.num_experts
-    dev = topk_idx.device
-    ids = topk_idx.reshape(-1).to(torch.int64)
-    if validate and ids.numel():
+def _validate_ids(ctx, topk_idx, k):
+    """``validate=True``: the host check of the expert ids (one device-to-host read)."""
+    ids = topk_idx.reshape(-1)
+    if ids.numel():
+        E = ctx.num_experts
         bad = (ids < -1) | (ids >= E)
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
             raise ditron.DitronError(f"ep_dispatch: topk_idx[{i // k}, {i % k}] = {int(ids[i])} is not an expert "
                                      f"id in [0, {E}) (or -1: not routed); rank {ctx.rank}")
-    valid = (ids >= 0) & (ids < E)
-    key = torch.where(valid, ids, E)
-    skey, perm = torch.sort(key, stable=True)
-    counts = torch.zeros(E + 1, dtype=torch.int64, device=dev).index_add_(0, key, torch.ones_like(key))
-    return ids, valid, key, skey, perm, counts
+
+
+def _trace_args(ctx, row):
+    return (ctx.trace_buf[row] if ctx.trace else ctx.trace_buf), bool(ctx.trace)
 
 
 def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
     """Send every (token, slot) pair to its expert's rank; returns ``(recv_x,
-    recv_counts, handle)`` (see the module docstring for the layouts)."""
+    recv_counts, handle)`` (see the module docstring for the layouts).  Two
+    launches (the routing, then the dispatch kernel), no allocation, no host
+    read unless ``validate``; ``recv_x``, ``recv_counts`` and the handle are
+    the context's and stay valid until the second next ``ep_dispatch``."""
     T, k = _check_inputs(ctx, x, topk_idx, topk_weights)
     # the cross-rank check of every zoo op (token counts may differ across ranks: rows are not compared)
     enter(ctx, EpContext, "ep_dispatch", op_fields(x, rows=False) + [("topk", k), ("mode", ctx.mode)],
           x=x, topk_idx=topk_idx, topk_weights=topk_weights)
-    W, El, H = ctx.world_size, ctx.local_experts, ctx.hidden
+    if not x.is_contiguous():
+        x = x.contiguous()
+    if not topk_idx.is_contiguous():
+        topk_idx = topk_idx.contiguous()
+    if not topk_weights.is_contiguous():
+        topk_weights = topk_weights.contiguous()
+    if validate:
+        _validate_ids(ctx, topk_idx, k)
+    W, El, H, E = ctx.world_size, ctx.local_experts, ctx.hidden, ctx.num_experts
     TK = T * k
-    ids, valid, key, skey, perm, counts = _route(ctx, topk_idx, T, k, validate)
-    dev = x.device
-    dropped = torch.zeros(2, dtype=torch.int64, device=dev)
-    dropped[0] = (~valid & (ids != -1)).sum()
-    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    tok = (perm // k).contiguous()
-    send = counts[:ctx.num_experts].contiguous()
+    b = ctx.slots[ctx.dcalls_host % 2]
+    ctx.dcalls_host += 1
+    sim = ctx.sim
+    cap = ctx.capacity if ctx.mode != "normal" else TK + 1
+    tr, TR = _trace_args(ctx, 0)
+    blk = ctx.route_blk
+    nblk = max(1, triton.cdiv(TK, blk))
+    per = blk * triton.cdiv(nblk, min(nblk, ctx.route_programs))          # pairs per program, whole blocks
+    _launch(ctx, "route", ep_route_kernel, (triton.cdiv(max(TK, 1), per),), topk_idx, b["key"], b["pos"],
+            b["pslot"], b["tok"], b["skey"], b["sslot"], b["cnt"], b["start"], b["dropped"], ctx.route_hist,
+            ctx.route_slots, ctx.rcalls, tr, TK, k, E, cap, per, EP=ctx.route_ep, BLK=blk, QB=4 if sim else 32,
+            TRACE=TR, num_warps=1 if sim else 8)
     br, bh = ctx.blocks()
+    tr, TR = _trace_args(ctx, 1)
+    recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]
     if ctx.mode == "normal":
-        pos = torch.empty(TK, dtype=torch.int64, device=dev)
-        pos[perm] = torch.arange(TK, dtype=torch.int64, device=dev)
-        pos = torch.where(valid, pos, -1)
-        recv_x = torch.empty((W * ctx.slot_rows, H), dtype=x.dtype, device=dev)
-        rc = torch.empty((W, El + 1), dtype=torch.int64, device=dev)
-        recv_counts = torch.empty(El, dtype=torch.int64, device=dev)
-        ep_dispatch_kernel[(ctx.max_programs,)](
-            x, tok, send, recv_x, rc, recv_counts, ctx.buf, ctx.cnt, ctx.stage, ctx.cstage, ctx.sig, ctx.calls, TK, H,
-            ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(), WP=ctx.wp, ELP=ctx.elp,
-            BR=br, BH=bh, num_warps=1 if ctx.sim else 4)
-        return recv_x, recv_counts, EpHandle("normal", T, k, weights, dropped, pos=pos, rc=rc)
-    cap = ctx.capacity
-    starts = torch.cumsum(counts, 0) - counts
-    slot_staged = torch.arange(TK, dtype=torch.int64, device=dev) - starts[skey]
-    pslot = torch.empty(TK, dtype=torch.int64, device=dev)
-    pslot[perm] = slot_staged
-    dropped[1] = ((pslot >= cap) & valid).sum()
-    recv_x = torch.empty((El, W * cap, H), dtype=x.dtype, device=dev)
-    lrc = torch.empty((El, W), dtype=torch.int64, device=dev)
-    recv_counts = torch.empty(El, dtype=torch.int64, device=dev)
-    ep_ll_dispatch_kernel[(ctx.max_programs,)](
-        x, tok, skey, slot_staged, send, recv_x, lrc, recv_counts, ctx.lrecv, ctx.lcnt, ctx.lstage, ctx.calls, TK, H,
-        ctx.hw, El, cap, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, BR=br, BW=bh,
-        num_warps=1 if ctx.sim else 4)
-    return recv_x, recv_counts, EpHandle("low_latency", T, k, weights, dropped, peid=key, pslot=pslot, lrc=lrc)
+        _launch(ctx, "dispatch", ep_dispatch_kernel, (ctx.max_programs,),
+                x, b["tok"], b["cnt"], recv_x, rc, recv_counts, ctx.buf, ctx.cnt, ctx.stage, ctx.cstage, ctx.sig,
+                ctx.calls, tr, TK, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(),
+                WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, TRACE=TR, num_warps=1 if sim else 4)
+        return recv_x, recv_counts, EpHandle("normal", T, k, topk_weights, b["dropped"], pos=b["pos"], rc=rc)
+    _launch(ctx, "dispatch", ep_ll_dispatch_kernel, (ctx.max_programs,),
+            x, b["tok"], b["skey"], b["sslot"], b["cnt"], b["start"], recv_x, rc, recv_counts, ctx.lrecv, ctx.lcnt,
+            ctx.lstage, ctx.calls, tr, TK, H, ctx.hw, El, cap, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp,
+            ELP=ctx.elp, BR=br, BW=bh, TRACE=TR, num_warps=1 if sim else 4)
+    return recv_x, recv_counts, EpHandle("low_latency", T, k, topk_weights, b["dropped"], peid=b["key"],
+                                         pslot=b["pslot"], lrc=rc)
 
 
 def ep_combine(y, handle, ctx, out=None):
     """``out [T, H]``: for each token the ``topk_weights``-weighted sum of its
-    pairs' rows of ``y`` (``recv_x``'s layout), accumulated in fp32."""
+    pairs' rows of ``y`` (``recv_x``'s layout), accumulated in fp32.  One
+    launch; without ``out`` the result is the context's and stays valid until
+    the second next ``ep_combine``."""
     E = ditron.DitronError
     if not isinstance(handle, EpHandle) or handle.mode != ctx.mode:
         raise E(f"ep_combine: handle must come from ep_dispatch on this {ctx.mode} context")
@@ -320,21 +395,24 @@ def ep_combine(y, handle, ctx, out=None):
     enter(ctx, EpContext, "ep_combine", op_fields(y, rows=False, name="y") + [("mode", ctx.mode)], y=y, out=out)
     T, k = handle.T, handle.k
     if out is None:
-        out = torch.empty((T, H), dtype=y.dtype, device=y.device)
+        out = ctx.slots[ctx.ccalls_host % 2]["out"][:T]
     elif not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H) or out.dtype != y.dtype or \
             not out.is_contiguous():
         raise E(f"ep_combine: argument 'out' must be a contiguous ({T}, {H}) {y.dtype} tensor")
+    ctx.ccalls_host += 1
     br, bh = ctx.blocks()
+    tr, TR = _trace_args(ctx, 2)
     if ctx.mode == "normal":
-        ep_combine_kernel[(ctx.max_programs,)](
-            y, out, handle.pos, handle.weights, handle.rc, ctx.cbuf, ctx.ystage, ctx.csig, ctx.ccalls, T, k,
-            ctx.slot_rows, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=y.element_size(),
-            WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, num_warps=1 if ctx.sim else 4)
+        _launch(ctx, "combine", ep_combine_kernel, (ctx.max_programs,),
+                y, out, handle.pos, handle.weights, handle.rc, ctx.cbuf, ctx.ystage, ctx.csig, ctx.ccalls, tr, T,
+                ctx.slot_rows, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=y.element_size(),
+                WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, KT=k, RH=ctx.reduce_cols, TRACE=TR,
+                num_warps=1 if ctx.sim else 4)
     else:
-        ep_ll_combine_kernel[(ctx.max_programs,)](
-            y, out, handle.peid, handle.pslot, handle.weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, T, k,
-            T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp, BR=br, BW=bh,
-            num_warps=1 if ctx.sim else 4)
+        _launch(ctx, "combine", ep_ll_combine_kernel, (ctx.max_programs,),
+                y, out, handle.peid, handle.pslot, handle.weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, tr,
+                T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp, BR=br,
+                BW=bh, KT=k, RW=ctx.reduce_cols // ctx.epw, TRACE=TR, num_warps=1 if ctx.sim else 4)
     return out
 
 

@@ -121,20 +121,121 @@ def _unpack_f32(pk, EPW: tl.constexpr, DT: tl.constexpr):
         return tl.reshape(tl.join(lo, hi), (lo.shape[0], lo.shape[1] * 2))
 
 
+@triton.jit
+def _stamp(trace_ptr, i, TRACE: tl.constexpr):
+    """Trace (``TRACE``): this program's ``clock_ns`` at the end of phase ``i``
+    into ``trace[pid][i]`` (4 words per program; word 0: the kernel's start)."""
+    if TRACE:
+        tl.store(trace_ptr + tl.program_id(0) * 4 + i, dl.clock_ns())
+
+
+# ---------------------------------------------------------------------------
+# routing (both modes): the staging order without a sort, over several programs
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _route_block(idx_ptr, i, hi, E, eidx):
+    """Keys (``E``: not sent), one-hot ``[BLK, EP]`` and the ids out of range
+    of pairs ``i`` (``< hi``)."""
+    inr = i < hi
+    ids = tl.load(idx_ptr + i, mask=inr, other=-1).to(tl.int64)
+    valid = (ids >= 0) & (ids < E)
+    key = tl.where(valid, ids, E)
+    hot = ((key[:, None] == eidx[None, :]) & inr[:, None]).to(tl.int32)
+    return inr, valid, key, hot, (inr & ~valid & (ids != -1)).to(tl.int32)
+
+
+@ditron.jit(do_not_specialize=["TK", "E", "cap", "per"])
+def ep_route_kernel(idx_ptr, key_ptr, pos_ptr, pslot_ptr, tok_ptr, skey_ptr, sslot_ptr, cnt_ptr, start_ptr,
+                    dropped_ptr, hist_ptr, rslot_ptr, rcalls_ptr, trace_ptr, TK, K, E, cap, per,
+                    EP: tl.constexpr, BLK: tl.constexpr, QB: tl.constexpr, TRACE: tl.constexpr):
+    """The routing of ``TK = T * K`` pairs ``idx_ptr`` (expert ids, natural
+    order; ``-1`` or out of range: not sent, key ``E``).  Program ``q`` owns
+    pairs ``[q * per, (q + 1) * per)`` (blocks of ``BLK``): it counts them per
+    key into its row of ``hist`` (``[P, EP]`` int32, then ``P`` words of ids
+    out of range) and releases its slot (``rslot_ptr[q] = epoch``,
+    ``dl.release_tile``); once every program's slot holds this call's epoch
+    (``dl.wait_deps``) it reads the counts of all programs, hence the counts
+    per key (``cnt_ptr[E + 1]``), their exclusive prefix sums (``start_ptr``)
+    and what the programs before it counted, and ranks its pairs: ``pslot``
+    (the rank among the earlier pairs of its key), ``pos = start[key] +
+    rank`` (``-1``: not sent), and the staging order (stable by key) ``tok``,
+    ``skey``, ``sslot`` at ``pos``.  ``dropped``: ids out of range, pairs at a
+    rank ``>= cap`` (the first ``cap`` pairs of each expert are kept).  The
+    grid is resident (at most the SM count); the epochs count calls
+    (``rcalls_ptr``), so the slots are never reset."""
+    _stamp(trace_ptr, 0, TRACE)
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    epoch = (epoch_begin(rcalls_ptr) + 1).to(tl.int32)
+    eidx = tl.arange(0, EP)
+    bb = tl.arange(0, BLK)
+    lo = pid * per
+    hi = tl.minimum(lo + per, TK)
+    cnt = tl.zeros((EP,), tl.int32)
+    bad = tl.zeros((BLK,), tl.int32)
+    for b0 in range(lo, hi, BLK):
+        inr, valid, key, hot, b = _route_block(idx_ptr, b0 + bb, hi, E, eidx)
+        cnt += tl.sum(hot, 0)
+        bad += b
+    tl.store(hist_ptr + pid * EP + eidx, cnt)
+    tl.store(hist_ptr + P * EP + pid, tl.sum(bad, 0))
+    dl.release_tile(rslot_ptr + pid, epoch)
+    tok = dl.wait_deps(rslot_ptr, P, epoch)
+    hist_ptr = dl.consume_token(hist_ptr, tok)
+    _stamp(trace_ptr, 1, TRACE)
+    # every program's counts: the totals and this program's base per key
+    tot = tl.zeros((EP,), tl.int32)
+    before = tl.zeros((EP,), tl.int32)
+    nbad = tl.zeros((QB,), tl.int32)
+    qq = tl.arange(0, QB)
+    for q0 in range(0, P, QB):
+        q = q0 + qq
+        h = tl.load(hist_ptr + q[:, None] * EP + eidx[None, :], mask=(q < P)[:, None], other=0)
+        tot += tl.sum(h, 0)
+        before += tl.sum(tl.where((q < pid)[:, None], h, 0), 0)
+        nbad += tl.load(hist_ptr + P * EP + q, mask=q < P, other=0)
+    start = tl.associative_scan(tot, 0, _add) - tot
+    if pid == 0:
+        tl.store(cnt_ptr + eidx, tot.to(tl.int64), mask=eidx <= E)
+        tl.store(start_ptr + eidx, start.to(tl.int64), mask=eidx <= E)
+        over = tl.sum(tl.where(eidx < E, tl.maximum(tot - cap, 0), 0), 0)
+        tl.store(dropped_ptr, tl.sum(nbad, 0).to(tl.int64))
+        tl.store(dropped_ptr + 1, over.to(tl.int64))
+    carry = before
+    for b0 in range(lo, hi, BLK):
+        i = b0 + bb
+        inr, valid, key, hot, b = _route_block(idx_ptr, i, hi, E, eidx)
+        below = tl.associative_scan(hot, 0, _add) - hot + carry[None, :]
+        rank = tl.sum(hot * below, 1)
+        carry += tl.sum(hot, 0)
+        p = tl.sum(hot * start[None, :], 1) + rank
+        tl.store(key_ptr + i, key, mask=inr)
+        tl.store(pslot_ptr + i, rank.to(tl.int64), mask=inr)
+        tl.store(pos_ptr + i, tl.where(valid, p, -1).to(tl.int64), mask=inr)
+        tl.store(tok_ptr + p, (i // K).to(tl.int64), mask=inr)
+        tl.store(skey_ptr + p, key, mask=inr)
+        tl.store(sslot_ptr + p, rank.to(tl.int64), mask=inr)
+    _stamp(trace_ptr, 2, TRACE)
+    epoch_end(rcalls_ptr)
+
+
 # ---------------------------------------------------------------------------
 # normal mode
 # ---------------------------------------------------------------------------
 
 @ditron.jit(do_not_specialize=["TK", "slot_rows", "Eloc"])
 def ep_dispatch_kernel(x_ptr, tok_ptr, send_ptr, out_ptr, rc_ptr, rcnt_ptr, buf_ptr, cnt_ptr, stage_ptr, cstage_ptr,
-                       sig_ptr, calls_ptr, TK, H, slot_rows, Eloc,
+                       sig_ptr, calls_ptr, trace_ptr, TK, H, slot_rows, Eloc,
                        MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
-                       BR: tl.constexpr, BH: tl.constexpr):
+                       BR: tl.constexpr, BH: tl.constexpr, TRACE: tl.constexpr):
     """``tok_ptr[i]``: token of staged row ``i``; ``send_ptr``: ``[W, E_local]``
     counts this rank sends; ``rc_ptr`` (out): ``[W, E_local + 1]`` counts
     received from each source and the offset of this rank's block in the
     source's staging order; ``rcnt_ptr`` (out): ``[E_local]`` rows received
-    per local expert.  ``cnt`` rows are ``E_local + 1`` words apart."""
+    per local expert.  ``cnt`` rows are ``E_local + 1`` words apart.  Trace
+    phases: sent, every source's signal seen, received."""
+    _stamp(trace_ptr, 0, TRACE)
     e = epoch_begin(calls_ptr)
     par = e % 2
     val = e + 1
@@ -196,10 +297,12 @@ def ep_dispatch_kernel(x_ptr, tok_ptr, send_ptr, out_ptr, rc_ptr, rcnt_ptr, buf_
                     shmem.fence()                     # the counts land before the rows' signal
                 _put_chunk(bufp + me * slot, stg + s0 * H, lo * H, hi * H, sigp + me, val, peer, ELEM_BYTES)
 
+    _stamp(trace_ptr, 1, TRACE)
     # ---------------- receive: every source's rows, into the expert-grouped output ----------------
     tok = dl.wait(sig_ptr + par * P * W, P * W, "sys", "acquire", waitValue=val)
     cntp = dl.consume_token(cntp, tok)
     bufp = dl.consume_token(bufp, tok)
+    _stamp(trace_ptr, 2, TRACE)
     widx, cnt, so, do = _recv_layout(cntp, W, Eloc, CW, WP, ELP)
     if pid == 0:
         rcm = (widx[:, None] < W) & (lidx[None, :] < CW)
@@ -223,16 +326,22 @@ def ep_dispatch_kernel(x_ptr, tok_ptr, send_ptr, out_ptr, rc_ptr, rcnt_ptr, buf_
                 _copy_rows(x_ptr, t, out_ptr, dst, ok, H, BH)
             else:
                 _copy_rows(bufp + s * slot, r.to(tl.int64), out_ptr, dst, ok, H, BH)
+    _stamp(trace_ptr, 3, TRACE)
     epoch_end(calls_ptr)
 
 
 @ditron.jit(do_not_specialize=["T", "TK", "slot_rows", "Eloc"])
-def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_ptr, sig_ptr, calls_ptr, T, KT, TK, H,
-                      slot_rows, Eloc,
+def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_ptr, sig_ptr, calls_ptr, trace_ptr,
+                      T, TK, H, slot_rows, Eloc,
                       MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
-                      BR: tl.constexpr, BH: tl.constexpr):
+                      BR: tl.constexpr, BH: tl.constexpr, KT: tl.constexpr, RH: tl.constexpr, TRACE: tl.constexpr):
     """Send ``y``'s rows back to their tokens' ranks (into ``cbuf`` at the
-    staging positions), then ``out[t] = sum_j w[t, j] * cbuf[pos[t, j]]``."""
+    staging positions), then ``out[t] = sum_j w[t, j] * row(pos[t, j])``:
+    ``cbuf[pos]`` for a peer's rows, ``y`` itself for this rank's own rows
+    (they do not travel).  The reduce works on ``[BR, RH]`` tiles, its ``KT``
+    loads unrolled (all in flight at once).  Trace phases: sent, every
+    owner's signal seen, reduced."""
+    _stamp(trace_ptr, 0, TRACE)
     e = epoch_begin(calls_ptr)
     par = e % 2
     val = e + 1
@@ -248,16 +357,17 @@ def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_pt
     node0 = node * LW
     for k in range(0, LW):
         s = node0 + (local + k) % LW
-        c_row = _row_of(cnt, widx, s)
-        so_row = _row_of(so, widx, s)
-        do_row = _row_of(do, widx, s)
-        b = _pick(boff, widx, s)
-        lo, hi = _rows_chunk(tl.reduce(c_row, 0, _add), P)
-        for r0 in range(lo, hi, BR):
-            r = r0 + rr
-            ok = r < hi
-            src = _out_rows(r, so_row, c_row, do_row, ELP).to(tl.int64)
-            _copy_rows_to_peer(y_ptr, src, cbp, (b + r).to(tl.int64), ok, H, s, BH)
+        if k > 0:                                    # this rank's own rows are read from y by the reduce
+            c_row = _row_of(cnt, widx, s)
+            so_row = _row_of(so, widx, s)
+            do_row = _row_of(do, widx, s)
+            b = _pick(boff, widx, s)
+            lo, hi = _rows_chunk(tl.reduce(c_row, 0, _add), P)
+            for r0 in range(lo, hi, BR):
+                r = r0 + rr
+                ok = r < hi
+                src = _out_rows(r, so_row, c_row, do_row, ELP).to(tl.int64)
+                _copy_rows_to_peer(y_ptr, src, cbp, (b + r).to(tl.int64), ok, H, s, BH)
         dl.notify(sigp + me, s, signal=val, sig_op="set", comm_scope="intra_node")
     if MULTI_NODE:
         stg = stage_ptr + par * W * slot_rows.to(tl.int64) * H
@@ -276,25 +386,39 @@ def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_pt
                     src = _out_rows(r, so_row, c_row, do_row, ELP).to(tl.int64)
                     _copy_rows(y_ptr, src, sst, r.to(tl.int64), ok, H, BH)
                 _put_chunk(cbp + b * H, sst, lo * H, hi * H, sigp + me, val, s, ELEM_BYTES)
+    _stamp(trace_ptr, 1, TRACE)
 
     # ---------------- reduce the k rows of each token ----------------
     tok = dl.wait(sig_ptr + par * P * W, P * W, "sys", "acquire", waitValue=val)
     cbp = dl.consume_token(cbp, tok)
-    for t0 in range(pid * BR, T, P * BR):
-        t = t0 + rr
+    _stamp(trace_ptr, 2, TRACE)
+    # this rank's own pairs: staging positions [b_me, b_me + n_me) are rows of y
+    c_me = _row_of(cnt, widx, me)
+    so_me = _row_of(so, widx, me)
+    do_me = _row_of(do, widx, me)
+    b_me = _pick(boff, widx, me)
+    n_me = tl.reduce(c_me, 0, _add)
+    # work units (token block, column block) over all programs
+    nhc = (H + RH - 1) // RH
+    for u in range(pid, ((T + BR - 1) // BR) * nhc, P):
+        t = (u // nhc) * BR + rr
         tok_ok = t < T
-        for h0 in range(0, H, BH):
-            hs = h0 + tl.arange(0, BH)
-            hm = hs < H
-            acc = tl.full((BR, BH), 0.0, tl.float32)
-            for j in range(0, KT):
-                p = tl.load(pos_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=-1)
-                wt = tl.load(w_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=0.0)
-                m = (p >= 0)[:, None] & hm[None, :]
-                v = tl.load(cbp + p[:, None] * H + hs[None, :], mask=m, other=0.0)
-                acc += wt[:, None] * v.to(tl.float32)
-            tl.store(out_ptr + t.to(tl.int64)[:, None] * H + hs[None, :], acc.to(out_ptr.dtype.element_ty),
-                     mask=tok_ok[:, None] & hm[None, :])
+        hs = (u % nhc) * RH + tl.arange(0, RH)
+        hm = hs < H
+        acc = tl.full((BR, RH), 0.0, tl.float32)
+        for j in tl.static_range(KT):
+            p = tl.load(pos_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=-1)
+            wt = tl.load(w_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=0.0).to(tl.float32)
+            r = p - b_me
+            own = (p >= 0) & (r >= 0) & (r < n_me)
+            yrow = _out_rows(r, so_me, c_me, do_me, ELP).to(tl.int64)
+            m = (p >= 0)[:, None] & hm[None, :]
+            v = tl.load(cbp + p[:, None] * H + hs[None, :], mask=m & ~own[:, None], other=0.0).to(tl.float32)
+            v += tl.load(y_ptr + yrow[:, None] * H + hs[None, :], mask=m & own[:, None], other=0.0).to(tl.float32)
+            acc += wt[:, None] * v
+        tl.store(out_ptr + t.to(tl.int64)[:, None] * H + hs[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=tok_ok[:, None] & hm[None, :])
+    _stamp(trace_ptr, 3, TRACE)
     epoch_end(calls_ptr)
 
 
@@ -303,13 +427,17 @@ def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_pt
 # ---------------------------------------------------------------------------
 
 @ditron.jit(do_not_specialize=["TK", "Eloc", "cap"])
-def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, out_ptr, lrc_ptr, rcnt_ptr, lrecv_ptr,
-                          lcnt_ptr, lstage_ptr, calls_ptr, TK, H, HW, Eloc, cap,
+def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, start_ptr, out_ptr, lrc_ptr, rcnt_ptr,
+                          lrecv_ptr, lcnt_ptr, lstage_ptr, calls_ptr, trace_ptr, TK, H, HW, Eloc, cap,
                           MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
-                          BR: tl.constexpr, BW: tl.constexpr):
+                          BR: tl.constexpr, BW: tl.constexpr, TRACE: tl.constexpr):
     """Staged pair ``i``: token ``tok_ptr[i]``, expert ``eid_ptr[i]`` (``>= E``:
-    not sent), slot ``slot_ptr[i]`` (``>= cap``: dropped).  ``lrc_ptr`` (out):
-    ``[E_local, W]`` rows received per (local expert, source)."""
+    not sent), slot ``slot_ptr[i]`` (``>= cap``: dropped); ``start_ptr[e]``:
+    where expert ``e``'s pairs start in the staging order.  ``lrc_ptr`` (out):
+    ``[E_local, W]`` rows received per (local expert, source).  This rank's
+    own pairs do not travel: its receive units copy them from ``x``.  Trace
+    phases: rows sent, counts sent, received."""
+    _stamp(trace_ptr, 0, TRACE)
     e = epoch_begin(calls_ptr)
     par = e % 2
     val = e + 1
@@ -334,15 +462,17 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, out_ptr, 
         inr = r < TK
         eid = tl.load(eid_ptr + r, mask=inr, other=E)
         sl = tl.load(slot_ptr + r, mask=inr, other=cap).to(tl.int64)
-        ok = inr & (eid < E) & (sl < cap)
-        t = tl.load(tok_ptr + r, mask=ok, other=0).to(tl.int64)
         dst = eid // Eloc
+        ok = inr & (eid < E) & (sl < cap) & (dst != me)         # own pairs: copied by the receive units
+        t = tl.load(tok_ptr + r, mask=ok, other=0).to(tl.int64)
         le = (eid % Eloc).to(tl.int64)
         drow = (le * W + me) * cap + sl
-        for w0 in range(0, HW, BW):
+        # no word to write when every pair of the block is this rank's own or not sent
+        whi = tl.where(tl.sum(ok.to(tl.int32), 0) > 0, HW, 0)
+        for w0 in range(0, whi, BW):
             w = w0 + ww
             pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
-            for k in range(0, LW):
+            for k in range(1, LW):                   # k = 0: this rank, copied from x by the receive units
                 peer = node0 + (local + k) % LW
                 m = (ok & (dst == peer))[:, None] & (w[None, :] < HW)
                 tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
@@ -358,6 +488,7 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, out_ptr, 
                     if d_i // LW != node:
                         shmem.putmem_block(rbox + _pick(drow, rr, i) * rowsz,
                                            lstage_ptr + (par * TK + r0 + i) * rowsz, HW * 8, d_i)
+    _stamp(trace_ptr, 1, TRACE)
     # counts: one flagged word per (local expert, destination), capped at the capacity
     if pid == 0:
         for d in range(0, W):
@@ -373,6 +504,7 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, out_ptr, 
                     dl.syncthreads()
                     for l in range(0, Eloc):
                         shmem.putmem_block(cbox + l * W + me, st + l, 8, d)
+    _stamp(trace_ptr, 2, TRACE)
     # ---------------- receive: work units (row block qb, local expert l, source s) over all programs ----------------
     # row blocks outermost, so that the non-empty units (low qb) spread over every program
     nls = Eloc * W
@@ -392,24 +524,35 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, out_ptr, 
             base = _pick(_exclusive_cumsum(cnt), widx, s)
             q = q0 + rr
             qok = q < n
-            src = (l * W + s) * cap + q.to(tl.int64)
             orow = l * (W * cap) + base + q.to(tl.int64)
-            for w0 in range(0, HW, BW):
-                w = w0 + ww
-                m = qok[:, None] & (w[None, :] < HW)
-                pk = ll_poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
-                _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
+            if s == me:
+                # own pairs: slot q of expert (me, l) is staged pair start[e] + q, a row of x
+                t = tl.load(tok_ptr + tl.load(start_ptr + me * Eloc + l) + q, mask=qok, other=0).to(tl.int64)
+                _copy_rows(x_ptr, t, out_ptr, orow, qok, H, BW * EPW)
+            else:
+                src = (l * W + s) * cap + q.to(tl.int64)
+                for w0 in range(0, HW, BW):
+                    w = w0 + ww
+                    m = qok[:, None] & (w[None, :] < HW)
+                    pk = ll_poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
+                    _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
+    _stamp(trace_ptr, 3, TRACE)
     epoch_end(calls_ptr)
 
 
 @ditron.jit(do_not_specialize=["T", "TK", "Eloc", "cap"])
 def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lcomb_ptr, lstage_ptr, calls_ptr,
-                         T, KT, TK, H, HW, Eloc, cap,
+                         trace_ptr, T, TK, H, HW, Eloc, cap,
                          MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
-                         BR: tl.constexpr, BW: tl.constexpr):
+                         BR: tl.constexpr, BW: tl.constexpr, KT: tl.constexpr, RW: tl.constexpr,
+                         TRACE: tl.constexpr):
     """Owner side: row ``r`` of (local expert ``l``, source ``s``) goes back to
     ``lcomb[p][rank][l][r]`` on ``s``.  Token side: pair ``(t, j)`` (expert
-    ``peid``, slot ``pslot``; skipped when not delivered) is polled there."""
+    ``peid``, slot ``pslot``; skipped when not delivered) is polled there; a
+    pair of this rank's own experts is read from ``y`` (it does not travel).
+    The token side works on ``[BR, RW]`` word tiles, its ``KT`` pairs
+    unrolled.  Trace phases: rows sent, (nothing), reduced."""
+    _stamp(trace_ptr, 0, TRACE)
     e = epoch_begin(calls_ptr)
     par = e % 2
     val = e + 1
@@ -433,7 +576,7 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
         cnt = tl.load(lrc_ptr + l * W + widx, mask=widx < W, other=0)
         n = _pick(cnt, widx, s)
         r0 = rb * BR
-        if r0 < n:
+        if (r0 < n) & (s != me):                     # own rows: read from y by the token side
             base = _pick(_exclusive_cumsum(cnt), widx, s)
             remote = (s // LW) != node
             r = r0 + rr
@@ -459,26 +602,40 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
                     nr = tl.minimum(n - r0, BR)
                     shmem.putmem_block(box + ((me * Eloc + l) * cap + r0) * rowsz,
                                        lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
+    _stamp(trace_ptr, 1, TRACE)
+    _stamp(trace_ptr, 2, TRACE)
     # ---------------- token side: poll the k rows of each token ----------------
     # token side: work units (token block, word chunk) over all programs
-    nwc = (HW + BW - 1) // BW
+    nwc = (HW + RW - 1) // RW
     for u in range(pid, ((T + BR - 1) // BR) * nwc, P):
         t = (u // nwc) * BR + rr
         tok_ok = t < T
-        w0 = (u % nwc) * BW
-        w = w0 + ww
-        acc = tl.full((BR, BW * EPW), 0.0, tl.float32)
-        for j in range(0, KT):
+        w0 = (u % nwc) * RW
+        w = w0 + tl.arange(0, RW)
+        cols = w0 * EPW + tl.arange(0, RW * EPW)
+        cm = (cols < H) & (cols < HW * EPW)
+        acc = tl.full((BR, RW * EPW), 0.0, tl.float32)
+        for j in tl.static_range(KT):
             eid = tl.load(peid_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=E)
             sl = tl.load(pslot_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=cap).to(tl.int64)
-            wt = tl.load(w_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=0.0)
+            wt = tl.load(w_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=0.0).to(tl.float32)
             ok = tok_ok & (eid < E) & (sl < cap)
+            own = ok & ((eid // Eloc) == me)
             src = ((eid // Eloc).to(tl.int64) * Eloc + (eid % Eloc)) * cap + sl
-            m = ok[:, None] & (w[None, :] < HW)
-            pk = ll_poll(box + src[:, None] * rowsz + w[None, :], m, flag)
+            m = (ok & ~own)[:, None] & (w[None, :] < HW)
+            pk = tl.zeros((BR, RW), tl.int64)
+            if tl.sum((ok & ~own).to(tl.int32), 0) > 0:          # some pair of a peer's expert: poll its rows
+                pk = ll_poll(box + src[:, None] * rowsz + w[None, :], m, flag)
             v = _unpack_f32(pk, EPW, out_ptr.dtype.element_ty)
+            # own pairs: row base + slot of y, base = rows of local expert l from the sources before this rank
+            l = (eid % Eloc).to(tl.int64)
+            base = tl.sum(tl.load(lrc_ptr + l[:, None] * W + widx[None, :], mask=own[:, None] & (widx < me)[None, :],
+                                  other=0), 1)
+            yrow = l * (W * cap) + base + sl
+            vy = tl.load(y_ptr + yrow[:, None] * H + cols[None, :], mask=own[:, None] & cm[None, :], other=0.0)
+            v = tl.where(own[:, None], vy.to(tl.float32), v)
             acc += tl.where(ok[:, None], wt[:, None] * v, 0.0)
-        cols = w0 * EPW + tl.arange(0, BW * EPW)
         tl.store(out_ptr + t.to(tl.int64)[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=tok_ok[:, None] & (cols[None, :] < H) & (cols[None, :] < HW * EPW))
+                 mask=tok_ok[:, None] & cm[None, :])
+    _stamp(trace_ptr, 3, TRACE)
     epoch_end(calls_ptr)

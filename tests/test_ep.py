@@ -33,6 +33,17 @@ def test_ep_other_worlds(dist_world, mode, n, nnodes):
     assert len(got) == n
 
 
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_ep_routing_over_several_programs(dist_world, mode, n):
+    # the routing kernel splits the pairs over programs that exchange their counts once (release / wait slots):
+    # 9 x 3 pairs in blocks of 4 on the simulator -> 4 programs; 3 rounds reuse the slots (epochs)
+    d = dist_world(n)
+    got = d.run(B.ep_rounds, mode, "bf16", (9, 4, 7), H=8 if not ON_GPU else H, k=3, kind="dup", rounds=3,
+                capacity=5 if mode == "low_latency" else None)
+    assert len(got) == n
+
+
 def test_ep_ll_capacity_overflow_is_reported(dist):
     W = dist.world_size
     res = dist.run(B.overflow_report)
@@ -75,11 +86,14 @@ def test_ditron_demo_moe_runs_and_verifies():
 
 
 _I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "sig_ptr", "calls_ptr", "pos_ptr",
-        "eid_ptr", "slot_ptr", "lrc_ptr", "lrecv_ptr", "lcnt_ptr", "lstage_ptr", "peid_ptr", "pslot_ptr", "lcomb_ptr"}
-_CONST = {"ep_dispatch_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024),
-          "ep_combine_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024),
-          "ep_ll_dispatch_kernel": dict(EPW=2, WP=2, ELP=16, BR=4, BW=512),
-          "ep_ll_combine_kernel": dict(EPW=2, WP=2, BR=4, BW=512)}
+        "eid_ptr", "slot_ptr", "lrc_ptr", "lrecv_ptr", "lcnt_ptr", "lstage_ptr", "peid_ptr", "pslot_ptr", "lcomb_ptr",
+        "start_ptr", "trace_ptr", "idx_ptr", "key_ptr", "skey_ptr", "sslot_ptr", "dropped_ptr", "rcalls_ptr"}
+_CONST = {"ep_dispatch_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
+          "ep_combine_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, KT=8, RH=256, TRACE=False),
+          "ep_ll_dispatch_kernel": dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, TRACE=False),
+          "ep_ll_combine_kernel": dict(EPW=2, WP=2, BR=4, BW=512, KT=8, RW=128, TRACE=False),
+          "ep_route_kernel": dict(EP=16, BLK=512, QB=32, TRACE=False)}
+_I32 = {"hist_ptr", "rslot_ptr"}
 
 
 def _compile(name, multi_node):
@@ -88,8 +102,9 @@ def _compile(name, multi_node):
     import ditron
     from ditron.kernels import ep_kernels
     k = getattr(ep_kernels, name)
-    const = dict(_CONST[name], MULTI_NODE=multi_node)
-    sig = {p: ("*i64" if p in _I64 else "*fp32" if p == "w_ptr" else "*bf16") if p.endswith("_ptr") else "i32"
+    const = dict(_CONST[name], **({} if name == "ep_route_kernel" else {"MULTI_NODE": multi_node}))
+    sig = {p: ("*i64" if p in _I64 else "*i32" if p in _I32 else "*fp32" if p == "w_ptr" else "*bf16")
+           if p.endswith("_ptr") else "i32"
            for p in inspect.signature(k.fn).parameters if p not in const}
     return ditron.compile(k, target="sm_90a", signature=sig, constexprs=const, num_warps=4)
 

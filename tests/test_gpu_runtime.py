@@ -112,10 +112,11 @@ def test_poll_timeout_is_free_unbounded_and_leaves_bounded():
     assert "exit;" in bounded and "exit;" not in plain and "ditron_hang" not in plain
     comb_sig = {n: t for n, t in zip(
         ("y_ptr", "out_ptr", "peid_ptr", "pslot_ptr", "w_ptr", "lrc_ptr", "lcomb_ptr", "lstage_ptr", "calls_ptr",
-         "T", "KT", "TK", "H", "HW", "Eloc", "cap"),
-        ("*bf16", "*bf16", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*i64") + ("i32",) * 7)}
+         "trace_ptr", "T", "TK", "H", "HW", "Eloc", "cap"),
+        ("*bf16", "*bf16", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*i64", "*i64") + ("i32",) * 6)}
     plain, bounded = (_compile(ep_kernels.ep_ll_combine_kernel, comb_sig, ("p2p", b),
-                               {"MULTI_NODE": False, "EPW": 2, "WP": 2, "BR": 4, "BW": 256}).asm["ptx"]
+                               {"MULTI_NODE": False, "EPW": 2, "WP": 2, "BR": 4, "BW": 256,
+                                "KT": 8, "RW": 128, "TRACE": False}).asm["ptx"]
                       for b in (False, True))
     assert "exit;" in bounded and "exit;" not in plain
 

@@ -187,15 +187,17 @@ ZOO = [
     ("all_gather", "all_gather_kernel", dict(METHOD=0, ELEM_BYTES=2, BLOCK=1024), ["rocshmem_putmem_signal_wg"]),
     ("all_to_all", "all_to_all_kernel", dict(EQUAL=False, ELEM_BYTES=2, WP=2, BLOCK=1024),
      ["rocshmem_putmem_wg", "rocshmem_fence", "rocshmem_putmem_signal_wg"]),
-    ("ep_kernels", "ep_dispatch_kernel", dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024),
+    ("ep_kernels", "ep_dispatch_kernel", dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
      ["rocshmem_putmem_wg", "rocshmem_fence"]),
-    ("ep_kernels", "ep_ll_dispatch_kernel", dict(EPW=2, WP=2, ELP=16, BR=4, BW=512), ["rocshmem_putmem_wg"]),
-    ("ep_kernels", "ep_ll_combine_kernel", dict(EPW=2, WP=2, BR=4, BW=512), ["rocshmem_putmem_wg"]),
+    ("ep_kernels", "ep_ll_dispatch_kernel", dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, TRACE=False),
+     ["rocshmem_putmem_wg"]),
+    ("ep_kernels", "ep_ll_combine_kernel", dict(EPW=2, WP=2, BR=4, BW=512, KT=8, RW=128, TRACE=False),
+     ["rocshmem_putmem_wg"]),
 ]
 #: 64-bit index / count / signal tensors of those kernels (the rest are bf16 data, w_ptr fp32)
 _ZOO_I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "sig_ptr", "calls_ptr", "pos_ptr",
             "eid_ptr", "slot_ptr", "lrc_ptr", "lrecv_ptr", "lcnt_ptr", "lstage_ptr", "peid_ptr", "pslot_ptr",
-            "lcomb_ptr", "splits_ptr", "recv_counts_ptr"}
+            "lcomb_ptr", "splits_ptr", "recv_counts_ptr", "start_ptr", "trace_ptr"}
 
 
 @pytest.mark.parametrize("module,name,const,symbols", ZOO, ids=[z[1] for z in ZOO])

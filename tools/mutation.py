@@ -197,6 +197,12 @@ MUTANTS = [
       ".to(tl.float32)", SKEW("tests/test_zoo_all_reduce.py::test_methods_dtypes_odd_sizes"), "all_reduce (one-shot) accumulates in the data type"),
     M("zoo.gemm_rs.acc", "kernels/gemm_rs.py", "acc += v.to(tl.float32)",
       "acc = (acc + v.to(tl.float32)).to(v.dtype).to(tl.float32)", SKEW("tests/test_gemm_rs.py::test_gemm_rs_shapes"), "GEMM-RS reduction in the data type"),
+    M("zoo.ep.route.wait", "kernels/ep_kernels.py", "tok = dl.wait_deps(rslot_ptr, P, epoch)",
+      "tok = dl.wait_deps(rslot_ptr, P - 1, epoch)", ("tests/test_ep.py::test_ep_routing_over_several_programs",),
+      "EP routing reads the counts of every program but waits for one program too few"),
+    M("zoo.ep.route.epoch", "kernels/ep_kernels.py", "dl.release_tile(rslot_ptr + pid, epoch)",
+      "dl.release_tile(rslot_ptr + pid, epoch + 1)", ("tests/test_ep.py::test_ep_routing_over_several_programs",),
+      "EP routing releases its counts with the next call's epoch (the next call does not wait)"),
     # ---- task runtime ---------------------------------------------------------------------------------------------
     M("task.release.epoch", "ditron/task/codegen.py", 'dl.release_tile(slots_ptr + slot, epoch)',
       'dl.release_tile(slots_ptr + slot, epoch - 1)', TASK, "tiles released with the previous epoch"),

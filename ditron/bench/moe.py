@@ -173,6 +173,17 @@ def tp_impls(op, shape, world, dtype, gmm, seed=0):
             ptr_cfg = dataclasses.replace(moe_config(rows.shape[0], wr.shape[2], H, dtype, dev), tma=False)
             impls.append(Impl("ditron_pointer", lambda: grouped_gemm(rows, wr, counts, config=ptr_cfg), _check(ref)))
             impls.append(Impl("ditron_gather", lambda: grouped_gemm(x_all, wr, counts, gather_idx=tok), _check(ref)))
+            # gathered A rows go through pointer loads (cp.async; Hopper has no TMA gather): tiles with fewer
+            # live registers per thread than the default 128 x 256 x 64 (accumulator + A row pointers)
+            base_cfg = moe_config(tok.numel(), wr.shape[2], H, dtype, dev)
+            # (sm_90a, ptxas: default 236 registers; n128 146; n128k128 154; k32 242; no spills; A by cp.async)
+            variants = (("n128", dict(block_n=128, num_stages=4)), ("n128k128", dict(block_n=128, block_k=128,
+                                                                                     num_stages=3)),
+                        ("k32", dict(block_k=32, num_stages=5)))
+            for tag, kw in variants if world.backend != "sim" else ():
+                gcfg = dataclasses.replace(base_cfg, **kw)
+                impls.append(Impl(f"ditron_gather_{tag}", lambda gcfg=gcfg: grouped_gemm(
+                    x_all, wr, counts, gather_idx=tok, config=gcfg), _check(ref)))
             if gmm is not None:
                 impls.append(Impl("torch_grouped_mm", lambda: gmm(rows, wr, counts), _check(ref)))
             ch = counts.tolist()
@@ -230,7 +241,7 @@ def tp_impls(op, shape, world, dtype, gmm, seed=0):
     return impls, base_name
 
 
-def ep_impls(tokens, world, dtype, H, k, experts_per_rank, modes, seed=0):
+def ep_impls(tokens, world, dtype, H, k, experts_per_rank, modes, seed=0, traced=None):
     import torch
     import torch.distributed as dist
 
@@ -252,6 +263,8 @@ def ep_impls(tokens, world, dtype, H, k, experts_per_rank, modes, seed=0):
             recv_x, _, handle = ep.ep_dispatch(x, idx, w, ctx, validate=False)
             return ep.ep_combine(recv_x, handle, ctx)
         impls.append(Impl(f"ditron {mode}", run, _check(ref)))
+        if traced is not None:
+            traced.append((mode, ctx, run))
     if dist.is_available() and dist.is_initialized():
         El = experts_per_rank
 
@@ -276,6 +289,12 @@ def ep_impls(tokens, world, dtype, H, k, experts_per_rank, modes, seed=0):
             out.index_add_(0, order // k, back.float() * w.reshape(-1)[order][:, None])
             return out.to(dtype)
         impls.append(Impl("a2a_single", a2a, _check(ref)))
+    if world.backend != "sim":
+        # the memory floor at one GPU: a device copy of the dispatch + combine payload (2 * T * k rows)
+        n = 2 * tokens * k * H
+        csrc = torch.empty(n, dtype=dtype, device=dev)
+        cdst = torch.empty(n, dtype=dtype, device=dev)
+        impls.append(Impl("device_copy", lambda: cdst.copy_(csrc), None, "copy of the dispatch + combine payload"))
     if world.backend != "sim" and W > 1:
         # the NVLink copy-engine ceiling: the same payload (dispatch + combine) to the next rank, no SM
         n = 2 * tokens * k * H * (W - 1) // W
@@ -317,6 +336,10 @@ def _write(op, rows, summary, args, world, command):
         md.append(f"| {s} | " + " | ".join(cells) + " |" + bus)
     geo = ", ".join(f"{n} {v:.2f}x" for n, v in summary["geomean_speedup"].items() if v)
     md += ["", "Geomean speedup over the baseline: " + (geo or "n/a"), ""]
+    vs = summary.get("vs_torch_grouped_mm")
+    if vs:
+        md += ["Geomean vs torch_grouped_mm (its time / the impl's): " +
+               ", ".join(f"{n} {v:.2f}x" for n, v in vs.items() if v), ""]
     failed = [r for r in rows if r["status"] == "failed"]
     if failed:
         md += ["Failures:", ""] + [f"- {r['shape']} {r['impl']}: {r['error']}" for r in failed] + [""]
@@ -340,6 +363,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=25)
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replays")
+    p.add_argument("--trace", action="store_true", help="ep: the per-phase account (host work, kernel phases; "
+                   "ditron/bench/ep_trace.py), written to <out>/<tag>-ep-trace-<dtype>.md")
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--out", default="bench/results")
     p.add_argument("--tag", default=None)
@@ -354,15 +379,17 @@ def main(argv=None):
     gmm = grouped_mm_fn(world.device, dtype)
     agree = agree_fn(world)
     rows = []
+    trace_md = []
     if args.op == "ep":
         cases = [(f"{t} tok/rank", int(t)) for t in args.tokens.split(",") if t]
     else:
         cases = [(s[0], s) for s in parse_shapes(args.shapes)]
     for label, case in cases:
         with ditron.heap_scope():
+            traced = [] if args.trace else None
             if args.op == "ep":
                 impls, base = ep_impls(case, world, dtype, args.hidden, args.topk, args.experts_per_rank,
-                                       [m for m in args.mode.split(",") if m]), "a2a_single"
+                                       [m for m in args.mode.split(",") if m], traced=traced), "a2a_single"
             else:
                 shape = case
                 if args.op == "grouped_gemm" and args.tp:       # one GPU, ag_moe's per-rank GEMM at TP = --tp
@@ -378,6 +405,15 @@ def main(argv=None):
                     nbytes = 2 * case * args.topk * args.hidden * torch.empty((), dtype=dtype).element_size()
                     row["busbw_GBs"] = nbytes * (world.world_size - 1) / max(world.world_size, 1) / (r["us"] * 1e3)
                 rows.append(row)
+            for mode, ctx, run in traced or ():
+                from . import ep_trace
+                host = ep_trace.host_account(run, world.device)
+                phases = ep_trace.kernel_phases(ctx, run, world.device)
+                trace_md += ep_trace.report(label, mode, host, phases)
+                r, c = res.get(f"ditron {mode}"), res.get("device_copy")
+                if r and c and r["ok"] and c["ok"]:
+                    trace_md += [f"Graph-replay time {r['us']:.1f} us = {r['us'] / c['us']:.2f}x the device copy of "
+                                 f"the same bytes ({c['us']:.1f} us).", ""]
             base_us = res[base]["us"] if base in res and res[base]["ok"] else None
             for row in rows:
                 if row["shape"] == label and row["status"] == "ok" and row["impl"] != base and base_us:
@@ -386,10 +422,24 @@ def main(argv=None):
     summary = {"geomean_speedup": {}}
     for name in dict.fromkeys(r["impl"] for r in rows):
         summary["geomean_speedup"][name] = geomean([r.get("speedup") for r in rows if r["impl"] == name])
+    gref = {r["shape"]: r["us"] for r in rows if r["impl"] == "torch_grouped_mm" and r["status"] == "ok"}
+    if gref:
+        summary["vs_torch_grouped_mm"] = {
+            name: geomean([gref[r["shape"]] / r["us"] for r in rows
+                           if r["impl"] == name and r["status"] == "ok" and r["shape"] in gref])
+            for name in dict.fromkeys(r["impl"] for r in rows) if name != "torch_grouped_mm"}
     if world.rank == 0:
         command = "ditron bench " + " ".join(argv)
         paths = _write(args.op, rows, summary, args, world, command)
         print(open(paths[0]).read())
+        if trace_md:
+            tpath = os.path.join(args.out, f"{args.tag or args.machine.replace(' ', '-')}-ep-trace-{args.dtype}.md")
+            text = "\n".join([f"### ep per-phase account, {args.dtype}, {world.world_size} ranks ({args.machine})", "",
+                              f"Command: `{command}`", ""] + trace_md)
+            with open(tpath, "w") as f:
+                f.write(text)
+            print(text)
+            paths = paths + (tpath,)
         print("wrote " + ", ".join(paths))
     bad = [r for r in rows if r["status"] != "ok"]
     ditron.finalize()
