@@ -43,6 +43,9 @@ class TileConfig:
       path (256: 16 padded rows x 256 float32 activations fit the registers, 1024 spilled ~27 KB per thread,
       issue 26); ``dot_stream``: the ``tl.dot`` path streams the weights through Triton's software pipeliner
       (``cp.async`` into shared memory) instead of register double-buffering (a lever to measure);
+      ``gemv_stream``: the same for the FMA path of small batches (the batch-1 lever of issue 26: ``tl.range``
+      with an explicit ``num_stages`` makes Triton pipeline loads that feed no ``tl.dot``); ``stream_stages``: the
+      pipeline depth of both (chunks in shared memory: ``stream_stages - 1`` in flight);
       ``gemv_dot``: accumulate with ``tl.dot`` (batch rows padded to 16)
       instead of a broadcast multiply + sum; ``None``: ``tl.dot`` for
       batches above 2 (the broadcast product holds ``B x BLOCK_N x BLOCK_K``
@@ -67,6 +70,8 @@ class TileConfig:
     dot_block_n: int = 0
     dot_block_k: int = 256
     dot_stream: bool = False
+    gemv_stream: bool = False
+    stream_stages: int = 3
     qkv_block_n: int = 0
     o_block_n: int = 0
     gate_up_block_n: int = 0
@@ -100,6 +105,12 @@ class TileConfig:
         """Whether the GEMV tiles use ``tl.dot`` at this batch size."""
         return batch > 2 if self.gemv_dot is None else bool(self.gemv_dot)
 
+    def stream_for(self, batch: int) -> int:
+        """The GEMV tiles' ``STREAM`` constexpr at this batch size: 0 (weights double-buffered in registers) or the
+        software pipeline's ``num_stages`` (weights streamed by ``cp.async`` into shared memory)."""
+        on = self.dot_stream if self.dot_for(batch) else self.gemv_stream
+        return self.stream_stages if on else 0
+
     def __post_init__(self):
         for name in ("gemv_block_n", "gemv_block_k", "dot_block_k", "norm_block", "attn_block", "comm_block"):
             v = getattr(self, name)
@@ -113,6 +124,9 @@ class TileConfig:
         if self.prefetch_k and (self.prefetch_k < 64 or self.prefetch_k & (self.prefetch_k - 1)):
             raise DitronError(f"TileConfig.prefetch_k={self.prefetch_k}: must be 0 (off) or a power of two >= 64 "
                               "(one prefetch per 128-byte line of bf16)")
+        if self.stream_stages < 2:
+            raise DitronError(f"TileConfig.stream_stages={self.stream_stages}: must be >= 2 (one chunk in use, at "
+                              "least one in flight)")
         if self.attn_split <= 0 or self.attn_split % self.attn_block:
             raise DitronError(f"TileConfig.attn_split={self.attn_split}: must be a positive multiple of "
                               f"attn_block={self.attn_block}")

@@ -125,7 +125,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
 
     def gemv_c(proj):
         c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN[proj],
-                 BLOCK_K=tc.block_k(proj, dot), DOT=dot, STREAM=dot and tc.dot_stream)
+                 BLOCK_K=tc.block_k(proj, dot), DOT=dot, STREAM=tc.stream_for(B))
         if tc.prefetch_k:
             c["PREFETCH_K"] = tc.prefetch_k
         return c

@@ -152,9 +152,11 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
 
     One pass over ``K`` in ``[BLOCK_N, BLOCK_K]`` chunks, double-buffered in registers: the loads of chunk
     ``k + 1`` (weights and activations) are issued before chunk ``k`` is reduced, so a program always has a
-    chunk of weights in flight.  ``STREAM`` (with ``DOT``; ``TileConfig.dot_stream``): a plain loop whose loads
-    feed ``tl.dot`` directly, which Triton's software pipeliner turns into ``cp.async`` copies into shared
-    memory, ``num_stages`` chunks ahead (the weight stream held in shared memory instead of registers)."""
+    chunk of weights in flight.  ``STREAM > 0`` (``TileConfig.dot_stream`` on the ``tl.dot`` path,
+    ``TileConfig.gemv_stream`` on the FMA path of small batches): a plain loop ``tl.range(...,
+    num_stages=STREAM)`` that Triton's software pipeliner turns into ``cp.async`` copies into shared memory,
+    ``STREAM - 1`` chunks ahead (the weight stream held in shared memory instead of registers; the loop's
+    explicit ``num_stages`` makes Triton pipeline loads that do not feed a ``tl.dot``)."""
     offs_b = tl.arange(0, BLOCK_B)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mb = offs_b < B
@@ -169,13 +171,16 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
         ss = tl.zeros([BLOCK_B], tl.float32)
     else:
         ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
-    if STREAM:
-        for k0 in range(0, K, BLOCK_K):
+    if STREAM > 0:
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STREAM):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mk = offs_k < K
             a, nw = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, K, NORM)
             if NORM:
-                ss += tl.sum(a * a, axis=1)
+                if DOT:
+                    ss += tl.sum(a * a, axis=1)
+                else:
+                    ss += a * a
                 x = a * nw[None, :]
             else:
                 x = a
