@@ -147,6 +147,19 @@ def test_decoder_megakernel_with_weight_prefetch(dist_world):
     assert len(errs) == 2 and all(len(e) == 2 for e in errs)
 
 
+@pytest.mark.parametrize("ranks,batch,stages", [(1, 3, 4), (2, 1, 3), (3, 2, 2)])
+def test_decoder_megakernel_streamed_weights(dist_world, ranks, batch, stages):
+    # issue 26's levers: the GEMV weights streamed by cp.async into shared memory (tl.range num_stages) on the
+    # FMA path (batches 1 and 2: TileConfig.gemv_stream) and the tl.dot path (batch 3: dot_stream), ragged
+    # contexts, 1 / 2 / 3 ranks (3: 6 q heads, 3 kv heads); max_regs is a ptxas option (validated, no effect here)
+    from ditron.kernels.decoder import tiny
+    cfg = tiny(**(dict(n_q_heads=6, n_kv_heads=3) if ranks == 3 else {}))
+    cfg = cfg.with_tiles(gemv_stream=True, dot_stream=True, stream_stages=stages, max_regs=128)
+    assert cfg.tiles.stream_for(batch) == stages
+    errs = dist_world(ranks).run(B.decoder_steps, steps=2, B=batch, ctx=[33, 5, 17][:batch], cfg=cfg)
+    assert len(errs) == ranks and all(len(e) == 2 for e in errs)
+
+
 @pytest.mark.parametrize("scheduler,fuse", [("zigzag", True), ("dynamic", False)])
 def test_decoder_megakernel_one_rank_batch3(dist_world, scheduler, fuse):
     # world size 1 (the all-reduces are copies), batch 3 (GEMV tiles on tl.dot), the other schedulers, ragged
@@ -254,6 +267,29 @@ def test_decoder_batch_gemv_does_not_spill():
     assert c["DOT"] and c["BLOCK_B"] == 16, c
     assert "mma.sync" in ck.asm["ptx"], "the batch path's GEMV accumulates on the tensor cores"
     assert use["spill_stores"] <= 128 and use["spill_loads"] <= 128, (c, use)
+
+
+def test_decoder_gemv_stream_registers():
+    # issue 26: at batch 1 the megakernel's register budget is set by the GEMV branches (255 registers, spills in
+    # the whole step: 2 programs per SM).  With the weights streamed by cp.async into shared memory
+    # (gemv_stream) the whole step at Qwen3-8B's shapes needs at most 168 registers and spills nothing (3 programs
+    # per SM fit), and the cap of max_regs reaches ptxas.  ptxas -v on the CPU (kernels/decoder/resources.py)
+    import ditron
+    from ditron.kernels.decoder import qwen3_8b
+    from ditron.kernels.decoder import resources as RZ
+    ditron.init("sim")
+    try:
+        cfg = qwen3_8b(n_layers=1)
+        base = RZ.usage(cfg, 1, ("qkv", "gu", "down"))
+        streamed = RZ.usage(cfg.with_tiles(gemv_stream=True), 1)
+        capped = RZ.usage(cfg.with_tiles(gemv_stream=True, max_regs=128), 1, ("qkv", "gu", "down"))
+    finally:
+        ditron.finalize()
+    assert base["registers"] > 200 and not base["cp_async"], base
+    assert streamed["cp_async"] and streamed["registers"] <= 168, streamed
+    assert streamed["spill_stores"] == 0 and streamed["spill_loads"] == 0, streamed
+    assert streamed["resident_per_sm"] >= 3, streamed
+    assert capped["registers"] <= 128, capped
 
 
 @pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",

@@ -59,6 +59,9 @@ class TileConfig:
       tile's dependency wait (``register_task(prefetch=...)``,
       ``dl.prefetch_l2``), so weight reads overlap the wait for the
       activations (a power of two >= 64);
+    * ``max_regs``: 0, or the registers per thread the megakernel may use (ptxas ``maxnreg``; NVIDIA): the
+      heaviest branch sets every branch's budget, so a cap lets more programs be resident per SM at the price of
+      spills in that branch (a lever of issue 26; see ``bench/megakernel_regs.py``);
     * ``fuse_norm``: the QKV and gate/up tiles compute the RMSNorm of the
       residual stream themselves (:func:`rms_linear_tile`); the residual add is
       committed off the critical path (:func:`add_resid_tile`).  Saves two
@@ -87,6 +90,7 @@ class TileConfig:
     fuse_norm: bool = True
     num_warps: int = 4
     prefetch_k: int = 0
+    max_regs: int = 0
 
     def block_n(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
@@ -124,6 +128,8 @@ class TileConfig:
         if self.prefetch_k and (self.prefetch_k < 64 or self.prefetch_k & (self.prefetch_k - 1)):
             raise DitronError(f"TileConfig.prefetch_k={self.prefetch_k}: must be 0 (off) or a power of two >= 64 "
                               "(one prefetch per 128-byte line of bf16)")
+        if self.max_regs and not 24 <= self.max_regs <= 255:
+            raise DitronError(f"TileConfig.max_regs={self.max_regs}: must be 0 (ptxas chooses) or 24..255")
         if self.stream_stages < 2:
             raise DitronError(f"TileConfig.stream_stages={self.stream_stages}: must be >= 2 (one chunk in use, at "
                               "least one in flight)")

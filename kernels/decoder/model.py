@@ -353,7 +353,8 @@ def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, wo
     specs = decoder_tasks(cfg, world_size, weights, cache, buf)
     g = dtask.TaskGraph(name)
     register(g, specs, all_reduce)
-    mk = g.compile(scheduler=scheduler, num_programs=num_programs, num_warps=cfg.tiles.num_warps, **compile_kw)
+    mk = g.compile(scheduler=scheduler, num_programs=num_programs, num_warps=cfg.tiles.num_warps,
+                   maxnreg=cfg.tiles.max_regs or None, **compile_kw)
     dm = DecoderMegakernel(mk, g, buf, specs, cache)
     dm.check_inputs()
     return dm

@@ -31,7 +31,7 @@ def compile_step(cfg: DecoderConfig, batch: int, kinds=None, target: str = "sm_9
                  page_size: int = 16):
     """Compile the decoder step of one rank at TP=1 (``cfg`` with one layer is enough) for ``batch`` sequences and
     a block table of ``max_ctx`` positions; ``kinds``: only these task kinds (e.g. ``("attn",)``; their
-    dependencies on other kinds dropped).  Needs a ditron world (``ditron.init("sim")``: the all-reduce tasks
+    kept task then depends on the one before it).  Needs a ditron world (``ditron.init("sim")``: the all-reduce tasks
     allocate symmetric staging).  Returns the :class:`ditron.compiler.CompiledKernel`."""
     import ditron
     import ditron.task as dtask
@@ -46,13 +46,15 @@ def compile_step(cfg: DecoderConfig, batch: int, kinds=None, target: str = "sm_9
         keep = set(kinds)
         specs = [s for s in specs if (s.name.rsplit(".", 1)[0] if s.name.rsplit(".", 1)[-1].isdigit() else s.name)
                  in keep]
-        names = {s.name for s in specs}
-        for s in specs:
-            s.deps = [d for d in s.deps if d[0] in names]
-    g = dtask.TaskGraph(f"decoder_b{batch}")
-    register(g, specs)
-    mk = g.compile(num_programs=8, num_warps=cfg.tiles.num_warps)
-    return ditron.compile(mk.kernel, target=target, signature=mk.signature(), num_warps=cfg.tiles.num_warps)
+        for prev, s in zip([None] + specs, specs):     # a chain: every hazard between the kept tasks ordered
+            s.deps = [(prev.name, None)] if prev is not None else []
+    with ditron.heap_scope():           # the all-reduce staging: freed once compiled (never run)
+        g = dtask.TaskGraph(f"decoder_b{batch}")
+        register(g, specs)
+        mk = g.compile(num_programs=8, num_warps=cfg.tiles.num_warps)
+        opts = {"maxnreg": cfg.tiles.max_regs} if cfg.tiles.max_regs else {}
+        return ditron.compile(mk.kernel, target=target, signature=mk.signature(), num_warps=cfg.tiles.num_warps,
+                              **opts)
 
 
 def resident_per_sm(use: dict, num_warps: int) -> int:

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue 26, batch 1 near the HBM limit: the decoder megakernel's levers side by side on one GPU, in one run.
+#
+#   bench/megakernel_levers.sh [MACHINE]                 # e.g. bench/megakernel_levers.sh nvidia-h100
+#   LEVERS="base|stream" bench/megakernel_levers.sh      # a subset (names of the table below)
+#
+# 1. correctness once: tests/gpu/decoder_8b.py (default tiles, batch 1 and 8);
+# 2. each lever: `ditron bench megakernel --skip-eager` at batch 1 (ctx 512 and 4096) and batch 8, which checks
+#    the lever's step against torch first (the "check" column) and times torch + CUDA graph, the megakernel and the
+#    HBM limit in the same process (so every lever has its own baseline next to it);
+# 3. the GEMV probe: the decoder's GEMV tiles alone (persistent grid), registers double-buffered vs cp.async stream.
+#
+# Levers (TileConfig options, all off by default; registers / spills / shared memory of each on the CPU:
+# python bench/megakernel_regs.py):
+#   base       today's defaults
+#   stream     --gemv-stream --dot-stream: weights by cp.async into shared memory, 3 stages (batch 1: 162 registers,
+#              no spills, 68 KiB shared, 3 programs per SM fit; default grid stays 2 per SM)
+#   stream-p3  the same with 3 programs per SM (--programs 3 x SMs; batch 1 only)
+#   stream4    4 stages (102 KiB shared: 2 per SM)
+#   dot-mr168  batch 8: --dot-stream with ptxas capped at 168 registers (3 per SM; --programs 3 x SMs)
+# Each step has its own timeout; the whole script is sized for about 7 minutes on one H100.
+# Writes $OUT/levers-<name>-megakernel.{md,json}, $OUT/levers.log (summary), $OUT/gemv_probe.txt.
+set -o pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" DITRON_HEAP_SIZE=${DITRON_HEAP_SIZE:-4G}
+MACHINE=${1:-nvidia-h100}
+OUTD=${OUT:-bench/results/levers}
+mkdir -p "$OUTD"
+TR="torchrun --standalone --nproc-per-node 1"
+SMS=$(python -c "import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)")
+P3=$((3 * SMS))
+T1="--ctx 512,4096 --batch 1"
+ALL=(                      # name|timeout s|cases|flags
+  "base|90|--ctx 512,4096 --batch 1,8|"
+  "stream|90|--ctx 512,4096 --batch 1,8|--gemv-stream --dot-stream"
+  "stream-p3|60|$T1|--gemv-stream --programs $P3"
+  "stream4|60|--ctx 512 --batch 1,8|--gemv-stream --dot-stream --stream-stages 4"
+  "dot-mr168|50|--ctx 512 --batch 8|--dot-stream --max-regs 168 --programs $P3"
+)
+LEVERS=${LEVERS:-base|stream|stream-p3|stream4|dot-mr168}
+status=0
+log() { echo "$*" | tee -a "$OUTD/levers.log"; }
+log "== megakernel levers on $MACHINE ($SMS SMs), tree $(git rev-parse --short HEAD 2>/dev/null), $(date -u)"
+if [ -z "$SKIP_CHECK" ]; then
+  log "== correctness: tests/gpu/decoder_8b.py --batch 1,8"
+  timeout -k 10 120 $TR tests/gpu/decoder_8b.py --backend p2p --batch 1,8 --steps 2 --out "$OUTD/decoder_8b.txt" \
+    > "$OUTD/decoder_8b.log" 2>&1
+  rc=$?; log "   decoder_8b exit $rc"; tail -5 "$OUTD/decoder_8b.log"; [ $rc = 0 ] || status=1
+fi
+for entry in "${ALL[@]}"; do
+  IFS='|' read -r name tmo cases flags <<< "$entry"
+  case "|$LEVERS|" in *"|$name|"*) ;; *) continue ;; esac
+  log "== $name: $cases $flags"
+  t0=$(date +%s)
+  timeout -k 10 "$tmo" $TR -m ditron.bench megakernel $cases --skip-eager --warmup 3 --iters 20 --repeat 1 $flags \
+      --machine "$MACHINE" --tag "levers-$name" --out "$OUTD" > "$OUTD/levers-$name.log" 2>&1
+  rc=$?
+  grep -E "^context [0-9]+ batch" "$OUTD/levers-$name.log" | sed 's/^/   /' | tee -a "$OUTD/levers.log"
+  log "   exit $rc in $(( $(date +%s) - t0 )) s"
+  [ $rc = 0 ] || { status=1; tail -15 "$OUTD/levers-$name.log"; }
+done
+if [ -z "$SKIP_PROBE" ]; then
+  log "== GEMV probe: tiles alone, registers (stream=0) vs cp.async (stream=3)"
+  { timeout -k 10 50 python bench/gemv_probe.py --configs 16x1024x4 --programs $((2 * SMS)),$P3 --stream 0,3 \
+      --shapes qkv,down
+    timeout -k 10 30 python bench/gemv_probe.py --fused-norm 8x1024x4 --programs $((2 * SMS)) --stream 0,3
+  } > "$OUTD/gemv_probe.txt" 2>&1 || status=1
+  tee -a "$OUTD/levers.log" < "$OUTD/gemv_probe.txt"
+fi
+log "== done, exit $status"
+exit $status
