@@ -19,16 +19,20 @@
 #   stream4    4 stages (102 KiB shared: 2 per SM)
 #   dot-mr168  batch 8: --dot-stream with ptxas capped at 168 registers (3 per SM; --programs 3 x SMs)
 # Each step has its own timeout; the whole script is sized for about 7 minutes on one H100.
-# Writes $OUT/levers-<name>-megakernel.{md,json}, $OUT/levers.log (summary), $OUT/gemv_probe.txt.
+# Writes at most 5 files to $OUT (the device tool brings back few): levers.log (summary, one line per case),
+# levers.md (every lever's table, in order), levers.json (their rows), logs.txt (every step's full output),
+# gemv_probe.txt.  Per-step files stay in bench/results/levers/.
 set -o pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" DITRON_HEAP_SIZE=${DITRON_HEAP_SIZE:-4G}
 MACHINE=${1:-nvidia-h100}
-OUTD=${OUT:-bench/results/levers}
-mkdir -p "$OUTD"
-TR="torchrun --standalone --nproc-per-node 1"
-SMS=$(python -c "import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)")
+OUTD=bench/results/levers
+FINAL=${OUT:-$OUTD}
+rm -rf "$OUTD"; mkdir -p "$OUTD" "$FINAL"
+TR=${TR:-torchrun --standalone --nproc-per-node 1}
+SMS=${SMS:-$(python -c "import torch; print(torch.cuda.get_device_properties(0).multi_processor_count)")}
+EXTRA=${EXTRA:-}          # appended to every bench command (a CPU smoke run: see the end of this file)
 P3=$((3 * SMS))
 T1="--ctx 512,4096 --batch 1"
 ALL=(                      # name|timeout s|cases|flags
@@ -53,7 +57,7 @@ for entry in "${ALL[@]}"; do
   case "|$LEVERS|" in *"|$name|"*) ;; *) continue ;; esac
   log "== $name: $cases $flags"
   t0=$(date +%s)
-  timeout -k 10 "$tmo" $TR -m ditron.bench megakernel $cases --skip-eager --warmup 3 --iters 20 --repeat 1 $flags \
+  timeout -k 10 "$tmo" $TR -m ditron.bench megakernel $cases --skip-eager --warmup 3 --iters 20 --repeat 1 $flags $EXTRA \
       --machine "$MACHINE" --tag "levers-$name" --out "$OUTD" > "$OUTD/levers-$name.log" 2>&1
   rc=$?
   grep -E "^context [0-9]+ batch" "$OUTD/levers-$name.log" | sed 's/^/   /' | tee -a "$OUTD/levers.log"
@@ -69,4 +73,23 @@ if [ -z "$SKIP_PROBE" ]; then
   tee -a "$OUTD/levers.log" < "$OUTD/gemv_probe.txt"
 fi
 log "== done, exit $status"
+collect() {
+  [ "$FINAL" = "$OUTD" ] || cp "$OUTD/levers.log" "$OUTD/gemv_probe.txt" "$FINAL/" 2>/dev/null
+  for f in "$OUTD"/levers-*-megakernel.md; do [ -f "$f" ] && { echo "<!-- $(basename "$f") -->"; cat "$f"; echo; }; done \
+    > "$FINAL/levers.md"
+  python - "$OUTD" > "$FINAL/levers.json" <<'PY'
+import glob, json, os, sys
+out = {}
+for f in sorted(glob.glob(os.path.join(sys.argv[1], "levers-*-megakernel.json"))):
+    out[os.path.basename(f)[len("levers-"):-len("-megakernel.json")]] = json.load(open(f))
+print(json.dumps(out, indent=1))
+PY
+  for f in "$OUTD"/decoder_8b.log "$OUTD"/decoder_8b.txt "$OUTD"/levers-*.log; do
+    [ -f "$f" ] && { echo "===== $(basename "$f")"; cat "$f"; }
+  done > "$FINAL/logs.txt"
+}
+collect
 exit $status
+# CPU smoke run of this script's plumbing (simulator, tiny model):
+#   SKIP_CHECK=1 SKIP_PROBE=1 SMS=2 TR="python -m ditron sim -n 1" EXTRA="--config tiny --ctx 33 --iters 1" \
+#     LEVERS="base|stream" bench/megakernel_levers.sh
