@@ -18,6 +18,8 @@
 #   stream-p3  the same with 3 programs per SM (--programs 3 x SMs; batch 1 only)
 #   stream4    4 stages (102 KiB shared: 2 per SM)
 #   dot-mr168  batch 8: --dot-stream with ptxas capped at 168 registers (3 per SM; --programs 3 x SMs)
+#   stream-split3  stream + the down projection split in 3 K slices (each slice waits only for the gate/up
+#              tiles of its columns; a dsum task per all-reduce chunk adds them; batch 1)
 # Each step has its own timeout; the whole script is sized for about 7 minutes on one H100.
 # Writes at most 5 files to $OUT (the device tool brings back few): levers.log (summary, one line per case),
 # levers.md (every lever's table, in order), levers.json (their rows), logs.txt (every step's full output),
@@ -41,8 +43,9 @@ ALL=(                      # name|timeout s|cases|flags
   "stream-p3|60|$T1|--gemv-stream --programs $P3"
   "stream4|60|--ctx 512 --batch 1,8|--gemv-stream --dot-stream --stream-stages 4"
   "dot-mr168|50|--ctx 512 --batch 8|--dot-stream --max-regs 168 --programs $P3"
+  "stream-split3|60|$T1|--gemv-stream --down-split-k 3"
 )
-LEVERS=${LEVERS:-base|stream|stream-p3|stream4|dot-mr168}
+LEVERS=${LEVERS:-base|stream|stream-p3|stream4|dot-mr168|stream-split3}
 status=0
 log() { echo "$*" | tee -a "$OUTD/levers.log"; }
 log "== megakernel levers on $MACHINE ($SMS SMs), tree $(git rev-parse --short HEAD 2>/dev/null), $(date -u)"

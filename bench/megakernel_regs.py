@@ -13,11 +13,14 @@ the weights stream through shared memory (cp.async).  ``--branches`` adds each k
 """
 import argparse
 import sys
-import time
 
 #: the levers of bench/megakernel_levers.sh as TileConfig overrides (the GPU script passes the same as bench flags)
 LEVERS = {
     "base": {},
+    "stream": {"gemv_stream": True, "dot_stream": True},
+    "stream4": {"gemv_stream": True, "dot_stream": True, "stream_stages": 4},
+    "dot-mr168": {"dot_stream": True, "max_regs": 168},
+    "stream-split3": {"gemv_stream": True, "down_split_k": 3},
 }
 
 
@@ -36,7 +39,8 @@ def parse_lever(text):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--levers", default=",".join(LEVERS), help="comma list of lever names (or name:field=v;...)")
+    p.add_argument("--levers", default=",".join(LEVERS),
+                   help="comma list of lever names, or space-separated name:field=value,... items")
     p.add_argument("--batch", default="1,8")
     p.add_argument("--branches", action="store_true", help="also each task kind compiled alone")
     args = p.parse_args(argv)
@@ -54,15 +58,14 @@ def main(argv=None):
         for b in (int(v) for v in args.batch.split(",")):
             kinds = [None]
             if args.branches:
-                from ditron.kernels.decoder.model import decoder_tasks  # noqa: F401 -- kinds from a dry build
                 kinds += ["advance", "qkv", "res_a", "rope", "attn", "comb", "o", "ar_attn", "gu", "down", "final"]
+                if cfg.tiles.down_split_k > 1:
+                    kinds.append("dsum")
             for k in kinds:
-                t = time.time()
                 u = RZ.usage(cfg, b, None if k is None else (k,))
                 print(f"| {name} | {b} | {'whole step' if k is None else k} | {u['registers']} | "
                       f"{u['spill_stores']}/{u['spill_loads']} | {u['shared']} | {u['resident_per_sm']} | "
                       f"{'yes' if u['cp_async'] else 'no'} |", flush=True)
-                del t
     ditron.finalize()
     return 0
 

@@ -49,6 +49,32 @@ def test_config_split_and_errors():
         tiny().with_tiles(o_block_n=12)
     assert tiny().with_tiles(gate_up_block_n=64).tiles.block_n("gate_up") == 64
     assert tiny().tiles.block_n("gate_up") == tiny().tiles.gemv_block_n
+    # issue 26's levers: bad values are errors naming the field; the stream depth per path
+    for bad, what in ((dict(stream_stages=1), "stream_stages=1"), (dict(max_regs=300), "max_regs=300"),
+                      (dict(down_split_k=0), "down_split_k=0")):
+        with pytest.raises(DitronError, match=what):
+            tiny().with_tiles(**bad)
+    tc = tiny().with_tiles(gemv_stream=True, stream_stages=4).tiles
+    assert (tc.stream_for(1), tc.stream_for(3)) == (4, 0)
+    tc = tiny().with_tiles(dot_stream=True).tiles
+    assert (tc.stream_for(2), tc.stream_for(16)) == (0, 3)
+
+
+def test_decoder_split_k_must_divide():
+    # the intermediate per rank (96 at TP=1) must split into slices of a multiple of 8 columns
+    from ditron.kernels.decoder import tiny
+    from ditron.kernels.decoder.model import decoder_tasks, make_buffers
+    from ditron.kernels.decoder.weights import make_cache, make_weights
+    for split, ok in ((4, True), (5, False), (8, False)):
+        cfg = tiny().with_tiles(down_split_k=split)
+        cache = make_cache(cfg, 0, 1, 1, 16, 4)
+        buf = make_buffers(cfg, 1, 1, cache.max_ctx, 4, "cpu")
+        if ok:
+            names = [s.name for s in decoder_tasks(cfg, 1, make_weights(cfg, 0, 1), cache, buf)]
+            assert "dsum.0" in names and names.index("down.0") < names.index("dsum.0") < names.index("ar_mlp.0")
+        else:
+            with pytest.raises(DitronError, match=f"down_split_k={split}"):
+                decoder_tasks(cfg, 1, make_weights(cfg, 0, 1), cache, buf)
 
 
 def _ref_states(cfg, W, B, max_ctx, ctx):
@@ -147,14 +173,17 @@ def test_decoder_megakernel_with_weight_prefetch(dist_world):
     assert len(errs) == 2 and all(len(e) == 2 for e in errs)
 
 
-@pytest.mark.parametrize("ranks,batch,stages", [(1, 3, 4), (2, 1, 3), (3, 2, 2)])
-def test_decoder_megakernel_streamed_weights(dist_world, ranks, batch, stages):
+@pytest.mark.parametrize("ranks,batch,stages,split", [(1, 3, 4, 2), (2, 1, 3, 3), (3, 2, 2, 2)])
+def test_decoder_megakernel_levers(dist_world, ranks, batch, stages, split):
     # issue 26's levers: the GEMV weights streamed by cp.async into shared memory (tl.range num_stages) on the
-    # FMA path (batches 1 and 2: TileConfig.gemv_stream) and the tl.dot path (batch 3: dot_stream), ragged
-    # contexts, 1 / 2 / 3 ranks (3: 6 q heads, 3 kv heads); max_regs is a ptxas option (validated, no effect here)
+    # FMA path (batches 1 and 2: TileConfig.gemv_stream) and the tl.dot path (batch 3: dot_stream), the split-K
+    # down projection (down_split_k: slices of the intermediate per rank 96 / 48 / 32, each after the gate/up
+    # tiles of its columns, summed per all-reduce chunk; the simulator's access check verifies those tile
+    # ranges), ragged contexts, 1 / 2 / 3 ranks (3: 6 q heads, 3 kv heads); max_regs is a ptxas option
+    # (validated, no effect here)
     from ditron.kernels.decoder import tiny
     cfg = tiny(**(dict(n_q_heads=6, n_kv_heads=3) if ranks == 3 else {}))
-    cfg = cfg.with_tiles(gemv_stream=True, dot_stream=True, stream_stages=stages, max_regs=128)
+    cfg = cfg.with_tiles(gemv_stream=True, dot_stream=True, stream_stages=stages, max_regs=128, down_split_k=split)
     assert cfg.tiles.stream_for(batch) == stages
     errs = dist_world(ranks).run(B.decoder_steps, steps=2, B=batch, ctx=[33, 5, 17][:batch], cfg=cfg)
     assert len(errs) == ranks and all(len(e) == 2 for e in errs)

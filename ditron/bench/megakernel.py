@@ -34,7 +34,8 @@ Every step appends one position, so the context grows by up to
 of those positions are a fraction of a percent of the weight bytes at 8B).
 Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``--block-k`` (the same for K),
 ``--gemv-dot``, ``--dot-block-n/-k``, ``--dot-stream`` (the tl.dot GEMV path of batches above 2), ``--gemv-stream``
-(the FMA path of batches 1-2), ``--stream-stages``, ``--max-regs`` (ptxas register cap), ``--attn-split``,
+(the FMA path of batches 1-2), ``--stream-stages``, ``--max-regs`` (ptxas register cap), ``--down-split-k``,
+``--attn-split``,
 ``--attn-block``, ``--comm-block``, ``--num-warps``, ``--no-fuse-norm``,
 ``--prefetch-k`` (weight prefetch before each GEMV tile's wait), ``--scheduler``, ``--programs``.  ``--trace``
 adds a traced build's time per kind of task (``mk.profile()``).  Results: ``--out`` (Markdown + JSON).
@@ -87,7 +88,7 @@ def _config(args):
                               ("comm_block", args.comm_block), ("num_warps", args.num_warps),
                               ("prefetch_k", args.prefetch_k), ("dot_block_n", args.dot_block_n),
                               ("dot_block_k", args.dot_block_k), ("stream_stages", args.stream_stages),
-                              ("max_regs", args.max_regs)) if v}
+                              ("max_regs", args.max_regs), ("down_split_k", args.down_split_k)) if v}
     for flag, what in ((args.block_n, "n"), (args.block_k, "k")):
         for item in (flag or "").split(","):
             if item:
@@ -265,6 +266,8 @@ def main(argv=None):
                    help="software-pipeline depth of --gemv-stream / --dot-stream (default 3)")
     p.add_argument("--max-regs", type=int, default=0,
                    help="registers per thread the megakernel may use (ptxas maxnreg; 0: ptxas chooses)")
+    p.add_argument("--down-split-k", type=int, default=0,
+                   help="K slices of the down projection (split-K tiles + a sum per all-reduce chunk; 0/1: no split)")
     p.add_argument("--no-fuse-norm", action="store_true", help="separate RMSNorm tasks (TileConfig.fuse_norm=False)")
     p.add_argument("--attn-split", type=int, default=0)
     p.add_argument("--attn-block", type=int, default=0)

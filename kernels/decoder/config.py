@@ -62,6 +62,10 @@ class TileConfig:
     * ``max_regs``: 0, or the registers per thread the megakernel may use (ptxas ``maxnreg``; NVIDIA): the
       heaviest branch sets every branch's budget, so a cap lets more programs be resident per SM at the price of
       spills in that branch (a lever of issue 26; see ``bench/megakernel_regs.py``);
+    * ``down_split_k``: 1, or the number of K slices of the down projection (``K`` = the intermediate size per
+      rank, 12288 at TP=1): ``cdiv(H, BN) * down_split_k`` tiles writing float32 slices, added by ``dsum`` tiles
+      (one per all-reduce chunk) before the all-reduce; a slice waits only for the gate/up tiles of its columns
+      (a lever of issue 26);
     * ``fuse_norm``: the QKV and gate/up tiles compute the RMSNorm of the
       residual stream themselves (:func:`rms_linear_tile`); the residual add is
       committed off the critical path (:func:`add_resid_tile`).  Saves two
@@ -91,6 +95,7 @@ class TileConfig:
     num_warps: int = 4
     prefetch_k: int = 0
     max_regs: int = 0
+    down_split_k: int = 1
 
     def block_n(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
@@ -128,6 +133,8 @@ class TileConfig:
         if self.prefetch_k and (self.prefetch_k < 64 or self.prefetch_k & (self.prefetch_k - 1)):
             raise DitronError(f"TileConfig.prefetch_k={self.prefetch_k}: must be 0 (off) or a power of two >= 64 "
                               "(one prefetch per 128-byte line of bf16)")
+        if self.down_split_k < 1:
+            raise DitronError(f"TileConfig.down_split_k={self.down_split_k}: must be >= 1 (1: no split)")
         if self.max_regs and not 24 <= self.max_regs <= 255:
             raise DitronError(f"TileConfig.max_regs={self.max_regs}: must be 0 (ptxas chooses) or 24..255")
         if self.stream_stages < 2:
