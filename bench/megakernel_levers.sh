@@ -4,7 +4,7 @@
 #   bench/megakernel_levers.sh [MACHINE]                 # e.g. bench/megakernel_levers.sh nvidia-h100
 #   LEVERS="base|stream" bench/megakernel_levers.sh      # a subset (names of the table below)
 #
-# 1. correctness once: tests/gpu/decoder_8b.py (default tiles, batch 1 and 8);
+# 1. correctness once: tests/gpu/decoder_8b.py (default tiles, batch 1 and 8, ragged contexts);
 # 2. each lever: `ditron bench megakernel --skip-eager` at batch 1 (ctx 512 and 4096) and batch 8, which checks
 #    the lever's step against torch first (the "check" column) and times torch + CUDA graph, the megakernel and the
 #    HBM limit in the same process (so every lever has its own baseline next to it);
@@ -50,8 +50,8 @@ status=0
 log() { echo "$*" | tee -a "$OUTD/levers.log"; }
 log "== megakernel levers on $MACHINE ($SMS SMs), tree $(git rev-parse --short HEAD 2>/dev/null), $(date -u)"
 if [ -z "$SKIP_CHECK" ]; then
-  log "== correctness: tests/gpu/decoder_8b.py --batch 1,8"
-  timeout -k 10 120 $TR tests/gpu/decoder_8b.py --backend p2p --batch 1,8 --steps 2 --out "$OUTD/decoder_8b.txt" \
+  log "== correctness: tests/gpu/decoder_8b.py --batch 1,8 --ragged"
+  timeout -k 10 120 $TR tests/gpu/decoder_8b.py --backend p2p --batch 1,8 --ragged --steps 2 --out "$OUTD/decoder_8b.txt" \
     > "$OUTD/decoder_8b.log" 2>&1
   rc=$?; log "   decoder_8b exit $rc"; tail -5 "$OUTD/decoder_8b.log"; [ $rc = 0 ] || status=1
 fi
