@@ -20,6 +20,8 @@
 #   dot-mr168  batch 8: --dot-stream with ptxas capped at 168 registers (3 per SM; --programs 3 x SMs)
 #   stream-split3  stream + the down projection split in 3 K slices (each slice waits only for the gate/up
 #              tiles of its columns; a dsum task per all-reduce chunk adds them; batch 1)
+#   b8-nofuse  batch 8 with separate norm tasks: each fused-norm GEMV tile re-reads the float32 residual and delta
+#              ([8, 4096] x 2 = 256 KiB per qkv tile against 128 KiB of weights); unfused it reads bf16 h (64 KiB)
 # Each step has its own timeout; the whole script is sized for about 7 minutes on one H100.
 # Writes at most 5 files to $OUT (the device tool brings back few): levers.log (summary, one line per case),
 # levers.md (every lever's table, in order), levers.json (their rows), logs.txt (every step's full output),
@@ -44,8 +46,9 @@ ALL=(                      # name|timeout s|cases|flags
   "stream4|60|--ctx 512 --batch 1,8|--gemv-stream --dot-stream --stream-stages 4"
   "dot-mr168|50|--ctx 512 --batch 8|--dot-stream --max-regs 168 --programs $P3"
   "stream-split3|60|$T1|--gemv-stream --down-split-k 3"
+  "b8-nofuse|50|--ctx 512 --batch 8|--no-fuse-norm"
 )
-LEVERS=${LEVERS:-base|stream|stream-p3|stream4|dot-mr168|stream-split3}
+LEVERS=${LEVERS:-base|stream|stream-p3|stream4|dot-mr168|stream-split3|b8-nofuse}
 status=0
 log() { echo "$*" | tee -a "$OUTD/levers.log"; }
 log "== megakernel levers on $MACHINE ($SMS SMs), tree $(git rev-parse --short HEAD 2>/dev/null), $(date -u)"

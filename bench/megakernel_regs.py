@@ -21,6 +21,7 @@ LEVERS = {
     "stream4": {"gemv_stream": True, "dot_stream": True, "stream_stages": 4},
     "dot-mr168": {"dot_stream": True, "max_regs": 168},
     "stream-split3": {"gemv_stream": True, "down_split_k": 3},
+    "b8-nofuse": {"fuse_norm": False},
 }
 
 
