@@ -20,6 +20,8 @@
 #   dot-mr168  batch 8: --dot-stream with ptxas capped at 168 registers (3 per SM; --programs 3 x SMs)
 #   stream-split3  stream + the down projection split in 3 K slices (each slice waits only for the gate/up
 #              tiles of its columns; a dsum task per all-reduce chunk adds them; batch 1)
+#   stream-q8  stream with 8-column qkv tiles: 768 tiles on 2 x 132 programs (2.9 rounds) instead of 384 (1.45:
+#              the second round of the qkv phase a third busy)
 #   b8-nofuse  batch 8 with separate norm tasks: each fused-norm GEMV tile re-reads the float32 residual and delta
 #              ([8, 4096] x 2 = 256 KiB per qkv tile against 128 KiB of weights); unfused it reads bf16 h (64 KiB)
 # Each step has its own timeout; the whole script is sized for about 7 minutes on one H100.
@@ -47,8 +49,9 @@ ALL=(                      # name|timeout s|cases|flags
   "dot-mr168|50|--ctx 512 --batch 8|--dot-stream --max-regs 168 --programs $P3"
   "stream-split3|60|$T1|--gemv-stream --down-split-k 3"
   "b8-nofuse|50|--ctx 512 --batch 8|--no-fuse-norm"
+  "stream-q8|50|--ctx 512 --batch 1|--gemv-stream --block-n qkv=8"
 )
-LEVERS=${LEVERS:-base|stream|stream-p3|stream4|dot-mr168|stream-split3|b8-nofuse}
+LEVERS=${LEVERS:-base|stream|stream-p3|stream4|dot-mr168|stream-split3|b8-nofuse|stream-q8}
 status=0
 log() { echo "$*" | tee -a "$OUTD/levers.log"; }
 log "== megakernel levers on $MACHINE ($SMS SMs), tree $(git rev-parse --short HEAD 2>/dev/null), $(date -u)"
