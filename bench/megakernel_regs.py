@@ -3,6 +3,7 @@
     python bench/megakernel_regs.py                                   # every lever, batch 1 and 8, whole kernel
     python bench/megakernel_regs.py --levers base,stream --branches   # and each task kind alone
     python bench/megakernel_regs.py --levers "mine:gemv_stream=1,stream_stages=4" --batch 1
+    python bench/megakernel_regs.py --levers stream --batch 8 --kinds "o,attn;gu,o,attn"      # kinds together
 
 The whole step (Qwen3-8B shapes, one layer: the same branches as 36) compiled for sm_90a and run through
 ``ptxas -v`` (kernels/decoder/resources.py): registers per thread, spilled bytes per thread (stores / loads),
@@ -44,6 +45,7 @@ def main(argv=None):
                    help="comma list of lever names, or space-separated name:field=value,... items")
     p.add_argument("--batch", default="1,8")
     p.add_argument("--branches", action="store_true", help="also each task kind compiled alone")
+    p.add_argument("--kinds", default="", help="also these sets of task kinds together, e.g. 'o,attn;gu,o,attn'")
     args = p.parse_args(argv)
     import ditron
     from ditron.kernels.decoder import qwen3_8b
@@ -62,9 +64,11 @@ def main(argv=None):
                 kinds += ["advance", "qkv", "res_a", "rope", "attn", "comb", "o", "ar_attn", "gu", "down", "final"]
                 if cfg.tiles.down_split_k > 1:
                     kinds.append("dsum")
+            kinds += [tuple(k.split(",")) for k in args.kinds.split(";") if k]
             for k in kinds:
-                u = RZ.usage(cfg, b, None if k is None else (k,))
-                print(f"| {name} | {b} | {'whole step' if k is None else k} | {u['registers']} | "
+                u = RZ.usage(cfg, b, None if k is None else k if isinstance(k, tuple) else (k,))
+                what = "whole step" if k is None else " + ".join(k) if isinstance(k, tuple) else k
+                print(f"| {name} | {b} | {what} | {u['registers']} | "
                       f"{u['spill_stores']}/{u['spill_loads']} | {u['shared']} | {u['resident_per_sm']} | "
                       f"{'yes' if u['cp_async'] else 'no'} |", flush=True)
     ditron.finalize()
