@@ -307,6 +307,8 @@ def compile_generated(world, target, gemv_dot=False, prefetch_k=0):
             "symm_at": "dist.symm_at" in ir, "notify": "dist.notify" in ir,
             "v4_loads": len(re.findall(r"ld\.global[\w.:]*\.v4\.b32", asm)) if target.startswith("sm")
             else asm.count("global_load_dwordx4"),
+            "cp_async16": len(re.findall(r"cp\.async\.c[ga]\.shared\.global \[[^]]*\], \[[^]]*\], (?:16|0x10)\b",
+                                         asm)) if target.startswith("sm") else 0,
             "evict_first": "evict_first" in asm if target.startswith("sm") else None,
             "mma": ("mma" in asm) if target.startswith("sm") else ("v_mfma" in asm),
             "prefetch_l2": "dist.prefetch_l2" in ir,

@@ -88,7 +88,8 @@ def _config(args):
                               ("comm_block", args.comm_block), ("num_warps", args.num_warps),
                               ("prefetch_k", args.prefetch_k), ("dot_block_n", args.dot_block_n),
                               ("dot_block_k", args.dot_block_k), ("stream_stages", args.stream_stages),
-                              ("max_regs", args.max_regs), ("down_split_k", args.down_split_k)) if v}
+                              ("max_regs", args.max_regs), ("down_split_k", args.down_split_k),
+                              ("programs_per_sm", args.programs_per_sm)) if v}
     for flag, what in ((args.block_n, "n"), (args.block_k, "k")):
         for item in (flag or "").split(","):
             if item:
@@ -96,6 +97,10 @@ def _config(args):
                 over[f"{proj.strip()}_block_{what}"] = int(v)
     if args.no_fuse_norm:
         over["fuse_norm"] = False
+    if args.fuse_norm:
+        over["fuse_norm"] = True
+    if args.no_gemv_stream:
+        over["gemv_stream"] = False
     if args.dot_stream:
         over["dot_stream"] = True
     if args.gemv_stream:
@@ -269,6 +274,12 @@ def main(argv=None):
     p.add_argument("--down-split-k", type=int, default=0,
                    help="K slices of the down projection (split-K tiles + a sum per all-reduce chunk; 0/1: no split)")
     p.add_argument("--no-fuse-norm", action="store_true", help="separate RMSNorm tasks (TileConfig.fuse_norm=False)")
+    p.add_argument("--fuse-norm", action="store_true",
+                   help="RMSNorm fused into the GEMV tiles at every batch (default: batches 1-2 only)")
+    p.add_argument("--no-gemv-stream", action="store_true",
+                   help="batches 1-2: weights double-buffered in registers (8b default: streamed, --gemv-stream)")
+    p.add_argument("--programs-per-sm", type=int, default=0,
+                   help="default grid per SM, shrunk to what fits (8b: 3; --programs sets the grid exactly)")
     p.add_argument("--attn-split", type=int, default=0)
     p.add_argument("--attn-block", type=int, default=0)
     p.add_argument("--comm-block", type=int, default=0)

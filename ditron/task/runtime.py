@@ -71,7 +71,8 @@ class Megakernel:
     """
 
     def __init__(self, graph, scheduler="round_robin", num_programs: Optional[int] = None, num_warps: int = 4,
-                 trace: bool = False, maxnreg: Optional[int] = None, _plant_missing_release=None):
+                 trace: bool = False, maxnreg: Optional[int] = None, programs_per_sm: Optional[int] = None,
+                 _plant_missing_release=None):
         import torch
         if not graph.tasks:
             raise DitronError(f"TaskGraph '{graph.name}' has no tasks")
@@ -108,8 +109,12 @@ class Megakernel:
         self.trace_buf = torch.zeros(4 * len(self.items) if trace else 1, dtype=torch.int64, device=self.device)
         self.steps = 0
         self.resources = None
+        if programs_per_sm is not None and (not isinstance(programs_per_sm, int) or isinstance(programs_per_sm, bool)
+                                            or not 1 <= programs_per_sm <= 32):
+            raise DitronError(f"programs_per_sm must be an int in 1..32, got {programs_per_sm!r}")
         if num_programs is None:
-            P = DEFAULT_PROGRAMS_PER_SM * _sm_count(self.device) if _on_gpu(self.device) else _SIM_PROGRAMS
+            per_sm = programs_per_sm or DEFAULT_PROGRAMS_PER_SM
+            P = per_sm * _sm_count(self.device) if _on_gpu(self.device) else _SIM_PROGRAMS
         else:
             P = num_programs
         self._build_rows()

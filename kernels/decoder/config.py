@@ -69,7 +69,13 @@ class TileConfig:
     * ``fuse_norm``: the QKV and gate/up tiles compute the RMSNorm of the
       residual stream themselves (:func:`rms_linear_tile`); the residual add is
       committed off the critical path (:func:`add_resid_tile`).  Saves two
-      single-tile stages per layer.  ``False``: separate RMSNorm tasks.
+      single-tile stages per layer.  ``False``: separate RMSNorm tasks.  ``None`` (default): fused for batches of
+      1-2 only: every fused tile re-reads the float32 residual and delta of all rows (at batch 8 twice the
+      weight bytes of a qkv tile), and on one H100 a batch-8 step took 9.1 ms with separate norms against 12.1
+      fused (``bench/megakernel_levers.sh``, 2026-11-27);
+    * ``programs_per_sm``: 0, or the megakernel's default grid per SM (shrunk to what fits; the runtime's default
+      is 2); ``TILES_8B`` asks for 3, which fit when the weights stream through shared memory at batch 1-2
+      (``gemv_stream``: 168 registers) and shrink to 2 on the ``tl.dot`` path (255 registers);
     """
     gemv_block_n: int = 32
     gemv_block_k: int = 512
@@ -91,11 +97,12 @@ class TileConfig:
     attn_split: int = 128
     attn_block: int = 64
     comm_block: int = 1024
-    fuse_norm: bool = True
+    fuse_norm: Optional[bool] = None
     num_warps: int = 4
     prefetch_k: int = 0
     max_regs: int = 0
     down_split_k: int = 1
+    programs_per_sm: int = 0
 
     def block_n(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
@@ -113,6 +120,10 @@ class TileConfig:
     def dot_for(self, batch: int) -> bool:
         """Whether the GEMV tiles use ``tl.dot`` at this batch size."""
         return batch > 2 if self.gemv_dot is None else bool(self.gemv_dot)
+
+    def fuse_for(self, batch: int) -> bool:
+        """Whether the QKV and gate/up tiles compute the RMSNorm themselves at this batch size."""
+        return batch <= 2 if self.fuse_norm is None else bool(self.fuse_norm)
 
     def stream_for(self, batch: int) -> int:
         """The GEMV tiles' ``STREAM`` constexpr at this batch size: 0 (weights double-buffered in registers) or the
@@ -133,6 +144,9 @@ class TileConfig:
         if self.prefetch_k and (self.prefetch_k < 64 or self.prefetch_k & (self.prefetch_k - 1)):
             raise DitronError(f"TileConfig.prefetch_k={self.prefetch_k}: must be 0 (off) or a power of two >= 64 "
                               "(one prefetch per 128-byte line of bf16)")
+        if not 0 <= self.programs_per_sm <= 32:
+            raise DitronError(f"TileConfig.programs_per_sm={self.programs_per_sm}: must be 0 (the megakernel's "
+                              "default) or 1..32")
         if self.down_split_k < 1:
             raise DitronError(f"TileConfig.down_split_k={self.down_split_k}: must be >= 1 (1: no split)")
         if self.max_regs and not 24 <= self.max_regs <= 255:
@@ -223,9 +237,12 @@ class Shard:
 
 
 #: tile sizes measured best for Qwen3-8B at batch 1 on one H200 (bench/results/h200x2.md section 7): 16 x 1024
-#: weight chunks, gate/up 8 rows x 1024 (it streams gate and up: the same registers), two programs per SM (the
-#: megakernel's default grid)
-TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=8, gate_up_block_k=1024)
+#: weight chunks, gate/up 8 rows x 1024 (it streams gate and up: the same registers); issue 26 (one H100,
+#: bench/megakernel_levers.sh, 2026-11-27): at batches 1-2 the weights stream through shared memory
+#: (gemv_stream: 168 registers instead of 255) and 3 programs per SM fit: a step at batch 1 took 6234 / 6411 us at
+#: context 512 / 4096 against 6696 / 6959 with the previous defaults
+TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=8, gate_up_block_k=1024, gemv_stream=True,
+                      programs_per_sm=3)
 
 
 def qwen3_8b(**kw) -> DecoderConfig:

@@ -26,6 +26,7 @@ index the stacked norm weights)::
 preceded by ``advance`` (one tile: ``seq[b] += 1`` for every sequence).  The KV cache is paged
 (:class:`~.weights.PagedKV`: pages ``[L, num_pages, page_size, KH, D]`` and a block table ``[B, max_pages]``);
 each sequence has its own context length (``seq[b]``), so a batch may be ragged.  With ``TileConfig(fuse_norm=False)``
+(the default above batch 2)
 the norms are tasks of their own (``norm_a.l`` / ``norm_m.l``: ``add_rmsnorm_tile``,
 ``B`` tiles, ``h = rms(resid += delta)``) and qkv / gate-up read ``h``.  Activation buffers are
 shared by all layers (stacked weights + a ``layer`` scalar), so each task kind
@@ -231,7 +232,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                               {"x_ptr": buf.partial_k, "out_ptr": buf.partial, "N": B * H, "SPLITS": SK, "BLOCK": blk},
                               reads=("x_ptr",), writes=("out_ptr",), deps=[(f"down.{l}", split_tiles)]))
 
-    fuse = tc.fuse_norm
+    fuse = tc.fuse_for(B)
     for l in range(L):
         # attention block: (norm) -> qkv -> rope -> attention -> combine -> o_proj -> all-reduce
         if fuse:
@@ -392,7 +393,8 @@ def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, wo
     g = dtask.TaskGraph(name)
     register(g, specs, all_reduce)
     mk = g.compile(scheduler=scheduler, num_programs=num_programs, num_warps=cfg.tiles.num_warps,
-                   maxnreg=cfg.tiles.max_regs or None, **compile_kw)
+                   maxnreg=cfg.tiles.max_regs or None, programs_per_sm=cfg.tiles.programs_per_sm or None,
+                   **compile_kw)
     dm = DecoderMegakernel(mk, g, buf, specs, cache)
     dm.check_inputs()
     return dm
