@@ -37,6 +37,37 @@ class CompiledKernel:
     def metadata(self):
         return getattr(self.triton_kernel, "metadata", None)
 
+    def usage(self) -> dict:
+        """Resources of an NVIDIA kernel without a GPU: ``{"registers", "spill_stores", "spill_loads", "stack",
+        "shared"}`` (registers per thread and bytes per thread from ``ptxas -v`` on the PTX, as the driver reports
+        ``n_regs`` / ``n_spills`` when it loads the kernel; ``shared``: bytes per program, Triton's metadata)."""
+        if "ptx" not in self.asm:
+            raise DitronCompileError(f"{self.name}: usage() needs an NVIDIA target (PTX), not {self.target.name}")
+        use = ptxas_usage(self.asm["ptx"], self.target.name if self.target.name.startswith("sm_") else "sm_90a")
+        use["shared"] = int(getattr(self.metadata, "shared", 0) or 0)
+        return use
+
+
+def ptxas_usage(ptx: str, arch: str = "sm_90a") -> dict:
+    """``{"registers", "spill_stores", "spill_loads", "stack"}`` (bytes per thread) of ``ptx`` by Triton's bundled
+    ``ptxas -v`` (no GPU needed)."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+    with tempfile.TemporaryDirectory() as d:
+        with open(f"{d}/k.ptx", "w") as f:
+            f.write(ptx)
+        log = subprocess.run([get_ptxas(90).path, "-v", f"--gpu-name={arch}", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                             capture_output=True, text=True, check=True).stderr
+    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    r = re.search(r"Used (\d+) registers", log)
+    if not (m and r):
+        raise DitronCompileError(f"ptxas -v gave no register / spill line:\n{log}")
+    return {"registers": int(r.group(1)), "spill_stores": int(m.group(2)), "spill_loads": int(m.group(3)),
+            "stack": int(m.group(1))}
+
 
 def _as_jit_function(kernel):
     if isinstance(kernel, _compat.JITFunction):

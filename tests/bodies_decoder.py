@@ -74,8 +74,9 @@ def linear_tiles(world, B=3, N=21, K=45, BN=8, BK=16):
     w = _randn(world, (2, N, K), 6, scale=K ** -0.5)
     wgu = _randn(world, (2, 2 * N, K), 7, scale=K ** -0.5)
     checked = 0
-    # the pipelined weight stream (tl.dot only): float32 linear and fused-norm gate/up after the first layer
-    for dot, stream in ((False, False), (True, False), (True, True)):
+    # the pipelined weight stream (STREAM = num_stages of the K loop, on both paths): float32 linear and
+    # fused-norm gate/up after the first layer
+    for dot, stream in ((False, 0), (True, 0), (True, 3), (False, 2)):
         for out_dtype in (torch.float32,) if stream else (torch.float32, torch.bfloat16):
             out = torch.zeros(B, N, dtype=out_dtype, device=world.device)
             c = dict(B=B, N=N, K=K, BLOCK_B=16 if dot else next_pow2(B), BLOCK_N=BN, BLOCK_K=BK, DOT=dot,
@@ -306,6 +307,8 @@ def compile_generated(world, target, gemv_dot=False, prefetch_k=0):
             "symm_at": "dist.symm_at" in ir, "notify": "dist.notify" in ir,
             "v4_loads": len(re.findall(r"ld\.global[\w.:]*\.v4\.b32", asm)) if target.startswith("sm")
             else asm.count("global_load_dwordx4"),
+            "cp_async16": len(re.findall(r"cp\.async\.c[ga]\.shared\.global \[[^]]*\], \[[^]]*\], (?:16|0x10)\b",
+                                         asm)) if target.startswith("sm") else 0,
             "evict_first": "evict_first" in asm if target.startswith("sm") else None,
             "mma": ("mma" in asm) if target.startswith("sm") else ("v_mfma" in asm),
             "prefetch_l2": "dist.prefetch_l2" in ir,
@@ -359,21 +362,8 @@ def gloo_reference_worker(rank, world_size, init_file, queue, steps=2, B=2, max_
 def ptxas_usage(ptx, arch="sm_90a"):
     """``{"registers", "spill_stores", "spill_loads", "stack"}`` (bytes per thread) of ``ptx`` by Triton's bundled
     ``ptxas -v`` (no GPU needed): what the driver reports as ``n_regs`` / ``n_spills`` when it loads the kernel."""
-    import subprocess
-    import tempfile
-
-    from triton.backends.nvidia.compiler import get_ptxas
-    with tempfile.TemporaryDirectory() as d:
-        src = f"{d}/k.ptx"
-        with open(src, "w") as f:
-            f.write(ptx)
-        log = subprocess.run([get_ptxas(90).path, "-v", f"--gpu-name={arch}", src, "-o", f"{d}/k.cubin"],
-                             capture_output=True, text=True, check=True).stderr
-    m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    r = re.search(r"Used (\d+) registers", log)
-    assert m and r, log
-    return {"registers": int(r.group(1)), "spill_stores": int(m.group(2)), "spill_loads": int(m.group(3)),
-            "stack": int(m.group(1))}
+    from ditron.compiler import ptxas_usage as usage
+    return usage(ptx, arch)
 
 
 def gemv_branches_compiled(world, batch, target="sm_90a"):

@@ -16,9 +16,9 @@ def test_rmsnorm_tile(dist_world):
 
 
 def test_linear_and_gate_up_tiles(dist_world):
-    # plain and fused-norm GEMV tiles, both accumulation paths (tl.dot also with the pipelined weight stream),
+    # plain and fused-norm GEMV tiles, both accumulation paths, each also with the pipelined weight stream,
     # bf16 and float32 outputs
-    assert dist_world(1).run(B.linear_tiles) == [17]
+    assert dist_world(1).run(B.linear_tiles) == [20]
 
 
 def test_add_resid_tile(dist_world):
@@ -49,6 +49,32 @@ def test_config_split_and_errors():
         tiny().with_tiles(o_block_n=12)
     assert tiny().with_tiles(gate_up_block_n=64).tiles.block_n("gate_up") == 64
     assert tiny().tiles.block_n("gate_up") == tiny().tiles.gemv_block_n
+    # issue 26's levers: bad values are errors naming the field; the stream depth per path
+    for bad, what in ((dict(stream_stages=1), "stream_stages=1"), (dict(max_regs=300), "max_regs=300"),
+                      (dict(down_split_k=0), "down_split_k=0")):
+        with pytest.raises(DitronError, match=what):
+            tiny().with_tiles(**bad)
+    tc = tiny().with_tiles(gemv_stream=True, stream_stages=4).tiles
+    assert (tc.stream_for(1), tc.stream_for(3)) == (4, 0)
+    tc = tiny().with_tiles(dot_stream=True).tiles
+    assert (tc.stream_for(2), tc.stream_for(16)) == (0, 3)
+
+
+def test_decoder_split_k_must_divide():
+    # the intermediate per rank (96 at TP=1) must split into slices of a multiple of 8 columns
+    from ditron.kernels.decoder import tiny
+    from ditron.kernels.decoder.model import decoder_tasks, make_buffers
+    from ditron.kernels.decoder.weights import make_cache, make_weights
+    for split, ok in ((4, True), (5, False), (8, False)):
+        cfg = tiny().with_tiles(down_split_k=split)
+        cache = make_cache(cfg, 0, 1, 1, 16, 4)
+        buf = make_buffers(cfg, 1, 1, cache.max_ctx, 4, "cpu")
+        if ok:
+            names = [s.name for s in decoder_tasks(cfg, 1, make_weights(cfg, 0, 1), cache, buf)]
+            assert "dsum.0" in names and names.index("down.0") < names.index("dsum.0") < names.index("ar_mlp.0")
+        else:
+            with pytest.raises(DitronError, match=f"down_split_k={split}"):
+                decoder_tasks(cfg, 1, make_weights(cfg, 0, 1), cache, buf)
 
 
 def _ref_states(cfg, W, B, max_ctx, ctx):
@@ -147,6 +173,22 @@ def test_decoder_megakernel_with_weight_prefetch(dist_world):
     assert len(errs) == 2 and all(len(e) == 2 for e in errs)
 
 
+@pytest.mark.parametrize("ranks,batch,stages,split", [(1, 3, 4, 2), (2, 1, 3, 3), (3, 2, 2, 2)])
+def test_decoder_megakernel_levers(dist_world, ranks, batch, stages, split):
+    # issue 26's levers: the GEMV weights streamed by cp.async into shared memory (tl.range num_stages) on the
+    # FMA path (batches 1 and 2: TileConfig.gemv_stream) and the tl.dot path (batch 3: dot_stream), the split-K
+    # down projection (down_split_k: slices of the intermediate per rank 96 / 48 / 32, each after the gate/up
+    # tiles of its columns, summed per all-reduce chunk; the simulator's access check verifies those tile
+    # ranges), ragged contexts, 1 / 2 / 3 ranks (3: 6 q heads, 3 kv heads); max_regs is a ptxas option
+    # (validated, no effect here)
+    from ditron.kernels.decoder import tiny
+    cfg = tiny(**(dict(n_q_heads=6, n_kv_heads=3) if ranks == 3 else {}))
+    cfg = cfg.with_tiles(gemv_stream=True, dot_stream=True, stream_stages=stages, max_regs=128, down_split_k=split)
+    assert cfg.tiles.stream_for(batch) == stages
+    errs = dist_world(ranks).run(B.decoder_steps, steps=2, B=batch, ctx=[33, 5, 17][:batch], cfg=cfg)
+    assert len(errs) == ranks and all(len(e) == 2 for e in errs)
+
+
 @pytest.mark.parametrize("scheduler,fuse", [("zigzag", True), ("dynamic", False)])
 def test_decoder_megakernel_one_rank_batch3(dist_world, scheduler, fuse):
     # world size 1 (the all-reduces are copies), batch 3 (GEMV tiles on tl.dot), the other schedulers, ragged
@@ -230,8 +272,11 @@ def test_decoder_megakernel_compiles(target, gemv_dot):
     # all-reduce, final norm: one branch per kind, whatever the number of layers
     assert got["branches"] == 11, got
     assert got["wait_deps"] and got["symm_at"] and got["notify"], got
-    # the GEMV tiles stream the weights with 16-byte vector loads (5 GEMV loops: qkv, o, gate, up, down)
-    assert got["v4_loads"] >= 5, got
+    # the GEMV tiles stream the weights with 16-byte vector loads (5 GEMV loops: qkv, o, gate, up, down); at
+    # batch 1 (gemv_dot off) by default through shared memory: 16-byte cp.async on sm_90a
+    assert got["v4_loads"] + got["cp_async16"] >= 5, got
+    if target == "sm_90a" and not gemv_dot:
+        assert got["cp_async16"] >= 5, got
     assert got["evict_first"] in (True, None), got
     assert got["mma"], got                  # attention scores and P @ V on the tensor cores
     assert got["prefetch_l2"] == gemv_dot, got
@@ -254,6 +299,30 @@ def test_decoder_batch_gemv_does_not_spill():
     assert c["DOT"] and c["BLOCK_B"] == 16, c
     assert "mma.sync" in ck.asm["ptx"], "the batch path's GEMV accumulates on the tensor cores"
     assert use["spill_stores"] <= 128 and use["spill_loads"] <= 128, (c, use)
+
+
+def test_decoder_gemv_stream_registers():
+    # issue 26: at batch 1 the megakernel's register budget is set by the GEMV branches (255 registers, spills in
+    # the whole step: 2 programs per SM).  With the weights streamed by cp.async into shared memory
+    # (gemv_stream) the whole step at Qwen3-8B's shapes needs at most 168 registers and spills nothing (3 programs
+    # per SM fit), and the cap of max_regs reaches ptxas.  ptxas -v on the CPU (kernels/decoder/resources.py)
+    import ditron
+    from ditron.kernels.decoder import qwen3_8b
+    from ditron.kernels.decoder import resources as RZ
+    ditron.init("sim")
+    try:
+        cfg = qwen3_8b(n_layers=1)
+        assert cfg.tiles.gemv_stream and cfg.tiles.programs_per_sm == 3      # the 8B defaults since issue 26
+        base = RZ.usage(cfg.with_tiles(gemv_stream=False), 1, ("qkv", "gu", "down"))
+        streamed = RZ.usage(cfg, 1)
+        capped = RZ.usage(cfg.with_tiles(gemv_stream=True, max_regs=128), 1, ("qkv", "gu", "down"))
+    finally:
+        ditron.finalize()
+    assert base["registers"] > 200 and not base["cp_async"], base
+    assert streamed["cp_async"] and streamed["registers"] <= 168, streamed
+    assert streamed["spill_stores"] == 0 and streamed["spill_loads"] == 0, streamed
+    assert streamed["resident_per_sm"] >= 3, streamed
+    assert capped["registers"] <= 128, capped
 
 
 @pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",

@@ -33,7 +33,9 @@ Every step appends one position, so the context grows by up to
 ``2 * repeat * (warmup + iters)`` positions during the timing (the KV bytes
 of those positions are a fraction of a percent of the weight bytes at 8B).
 Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``--block-k`` (the same for K),
-``--gemv-dot``, ``--dot-block-n/-k``, ``--dot-stream`` (the tl.dot GEMV path of batches above 2), ``--attn-split``,
+``--gemv-dot``, ``--dot-block-n/-k``, ``--dot-stream`` (the tl.dot GEMV path of batches above 2), ``--gemv-stream``
+(the FMA path of batches 1-2), ``--stream-stages``, ``--max-regs`` (ptxas register cap), ``--down-split-k``,
+``--attn-split``,
 ``--attn-block``, ``--comm-block``, ``--num-warps``, ``--no-fuse-norm``,
 ``--prefetch-k`` (weight prefetch before each GEMV tile's wait), ``--scheduler``, ``--programs``.  ``--trace``
 adds a traced build's time per kind of task (``mk.profile()``).  Results: ``--out`` (Markdown + JSON).
@@ -85,7 +87,9 @@ def _config(args):
                               ("attn_split", args.attn_split), ("attn_block", args.attn_block),
                               ("comm_block", args.comm_block), ("num_warps", args.num_warps),
                               ("prefetch_k", args.prefetch_k), ("dot_block_n", args.dot_block_n),
-                              ("dot_block_k", args.dot_block_k)) if v}
+                              ("dot_block_k", args.dot_block_k), ("stream_stages", args.stream_stages),
+                              ("max_regs", args.max_regs), ("down_split_k", args.down_split_k),
+                              ("programs_per_sm", args.programs_per_sm)) if v}
     for flag, what in ((args.block_n, "n"), (args.block_k, "k")):
         for item in (flag or "").split(","):
             if item:
@@ -93,8 +97,14 @@ def _config(args):
                 over[f"{proj.strip()}_block_{what}"] = int(v)
     if args.no_fuse_norm:
         over["fuse_norm"] = False
+    if args.fuse_norm:
+        over["fuse_norm"] = True
+    if args.no_gemv_stream:
+        over["gemv_stream"] = False
     if args.dot_stream:
         over["dot_stream"] = True
+    if args.gemv_stream:
+        over["gemv_stream"] = True
     if args.gemv_dot != "auto":
         over["gemv_dot"] = args.gemv_dot == "on"
     return cfg.with_tiles(**over) if over else cfg
@@ -217,8 +227,10 @@ def dry_run(cfg, ctxs, batches, args) -> int:
             pages = b * cdiv(ctx + margin, args.page_size) + 1
             cache = 2 * cfg.n_layers * pages * args.page_size * sh.kv_heads * cfg.head_dim * 2
             dot = cfg.tiles.dot_for(b)
+            stream = cfg.tiles.stream_for(b)
             print(f"  context {ctx} batch {b}: contexts {cs if len(cs) <= 4 else cs[:4] + ['...']}, GEMV "
                   f"{'tl.dot (rows padded to 16), K chunk ' + str(cfg.tiles.block_k('down', True)) if dot else 'FMA'}"
+                  f"{f' streamed by cp.async ({stream} stages)' if stream else ''}"
                   f", bytes per step {(wb + kv) / 2**30:.2f} GiB, paged cache {pages} pages = {cache / 2**30:.2f} GiB "
                   f"(x2 with the reference's copy)")
     return 0
@@ -253,7 +265,21 @@ def main(argv=None):
     p.add_argument("--dot-block-k", type=int, default=0, help="K chunk of the tl.dot GEMV path (default 256)")
     p.add_argument("--dot-stream", action="store_true",
                    help="the tl.dot GEMV path streams weights by cp.async into shared memory (Triton's pipeliner)")
+    p.add_argument("--gemv-stream", action="store_true",
+                   help="the FMA GEMV path of small batches streams weights by cp.async into shared memory")
+    p.add_argument("--stream-stages", type=int, default=0,
+                   help="software-pipeline depth of --gemv-stream / --dot-stream (default 3)")
+    p.add_argument("--max-regs", type=int, default=0,
+                   help="registers per thread the megakernel may use (ptxas maxnreg; 0: ptxas chooses)")
+    p.add_argument("--down-split-k", type=int, default=0,
+                   help="K slices of the down projection (split-K tiles + a sum per all-reduce chunk; 0/1: no split)")
     p.add_argument("--no-fuse-norm", action="store_true", help="separate RMSNorm tasks (TileConfig.fuse_norm=False)")
+    p.add_argument("--fuse-norm", action="store_true",
+                   help="RMSNorm fused into the GEMV tiles at every batch (default: batches 1-2 only)")
+    p.add_argument("--no-gemv-stream", action="store_true",
+                   help="batches 1-2: weights double-buffered in registers (8b default: streamed, --gemv-stream)")
+    p.add_argument("--programs-per-sm", type=int, default=0,
+                   help="default grid per SM, shrunk to what fits (8b: 3; --programs sets the grid exactly)")
     p.add_argument("--attn-split", type=int, default=0)
     p.add_argument("--attn-block", type=int, default=0)
     p.add_argument("--comm-block", type=int, default=0)

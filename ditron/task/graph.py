@@ -241,14 +241,18 @@ class TaskGraph:
         return [WorkItem(len_before + i, t, i) for len_before, t in _bases(self.tasks) for i in range(t.num_tiles)]
 
     def compile(self, scheduler="round_robin", num_programs: Optional[int] = None, num_warps: int = 4,
-                trace: bool = False, **debug):
+                trace: bool = False, maxnreg: Optional[int] = None, programs_per_sm: Optional[int] = None,
+                **debug):
         """One persistent kernel for the whole graph; see
         :class:`ditron.task.Megakernel`.  ``trace``: record per-item
         timestamps (``mk.trace()``, ``mk.profile()``; costs three clock reads
-        and four stores per item)."""
+        and four stores per item).  ``maxnreg``: registers per thread allowed
+        to ptxas (NVIDIA GPUs; ``None``: ptxas chooses, up to 255).
+        ``programs_per_sm``: the default grid (``num_programs=None``) per SM
+        (``None``: 2), shrunk to what the compiled kernel lets be resident."""
         from .runtime import Megakernel
         return Megakernel(self, scheduler=scheduler, num_programs=num_programs, num_warps=num_warps, trace=trace,
-                          **debug)
+                          maxnreg=maxnreg, programs_per_sm=programs_per_sm, **debug)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,11 @@ def _on_gpu(device) -> bool:
     return getattr(device, "type", "cpu") == "cuda"
 
 
+def _is_hip() -> bool:
+    import torch
+    return getattr(torch.version, "hip", None) is not None
+
+
 def resident_per_sm(props, n_regs: int, shared: int, num_warps: int) -> int:
     """How many programs of a kernel using ``n_regs`` registers per thread and ``shared`` bytes of shared memory
     fit on one SM at once (``props``: ``torch.cuda.get_device_properties``).  NVIDIA's allocation rules:
@@ -66,7 +71,8 @@ class Megakernel:
     """
 
     def __init__(self, graph, scheduler="round_robin", num_programs: Optional[int] = None, num_warps: int = 4,
-                 trace: bool = False, _plant_missing_release=None):
+                 trace: bool = False, maxnreg: Optional[int] = None, programs_per_sm: Optional[int] = None,
+                 _plant_missing_release=None):
         import torch
         if not graph.tasks:
             raise DitronError(f"TaskGraph '{graph.name}' has no tasks")
@@ -79,6 +85,12 @@ class Megakernel:
                                          or num_programs < 1):
             raise DitronError(f"num_programs must be a positive int, got {num_programs!r}")
         self.num_warps = num_warps
+        if maxnreg is not None and (not isinstance(maxnreg, int) or isinstance(maxnreg, bool)
+                                    or not 24 <= maxnreg <= 255):
+            raise DitronError(f"maxnreg must be an int in 24..255 (registers per thread), got {maxnreg!r}")
+        #: register cap per thread passed to ptxas (NVIDIA; the heaviest branch sets the kernel's registers, and a
+        #: cap lets more programs be resident at the price of spills); ``None``: ptxas chooses
+        self.maxnreg = maxnreg
         self.trace_enabled = bool(trace)
         self.code = codegen.generate(graph, self.dynamic, trace=self.trace_enabled)
         self.source = self.code.source
@@ -97,8 +109,12 @@ class Megakernel:
         self.trace_buf = torch.zeros(4 * len(self.items) if trace else 1, dtype=torch.int64, device=self.device)
         self.steps = 0
         self.resources = None
+        if programs_per_sm is not None and (not isinstance(programs_per_sm, int) or isinstance(programs_per_sm, bool)
+                                            or not 1 <= programs_per_sm <= 32):
+            raise DitronError(f"programs_per_sm must be an int in 1..32, got {programs_per_sm!r}")
         if num_programs is None:
-            P = DEFAULT_PROGRAMS_PER_SM * _sm_count(self.device) if _on_gpu(self.device) else _SIM_PROGRAMS
+            per_sm = programs_per_sm or DEFAULT_PROGRAMS_PER_SM
+            P = per_sm * _sm_count(self.device) if _on_gpu(self.device) else _SIM_PROGRAMS
         else:
             P = num_programs
         self._build_rows()
@@ -151,7 +167,7 @@ class Megakernel:
         programs wait on each other deadlocks otherwise): a default grid shrinks to what fits, an explicit
         ``num_programs`` that does not fit is an error before any launch."""
         import torch
-        ck = self.kernel.warmup(*self._args, grid=(self.num_programs,), num_warps=self.num_warps)
+        ck = self.kernel.warmup(*self._args, grid=(self.num_programs,), **self._launch_options())
         init = getattr(ck, "_init_handles", None)
         if init is not None:
             init()
@@ -242,6 +258,12 @@ class Megakernel:
             sig[name] = "fp32" if isinstance(v, float) else "i32"
         return sig
 
+    def _launch_options(self) -> dict:
+        opts = {"num_warps": self.num_warps}
+        if self.maxnreg is not None and _on_gpu(self.device) and not _is_hip():
+            opts["maxnreg"] = self.maxnreg      # a ptxas option: no meaning on the simulator or AMD
+        return opts
+
     # -- running ------------------------------------------------------------------------
     def step(self):
         """Run the graph once: bump the epoch (and reset the dynamic counter)
@@ -252,7 +274,7 @@ class Megakernel:
         self.steps += 1
         try:
             with self._access_check():
-                self.kernel[(self.num_programs,)](*self._args, num_warps=self.num_warps)
+                self.kernel[(self.num_programs,)](*self._args, **self._launch_options())
         except DitronHangError as e:
             raise DitronHangError(f"megakernel '{self.graph.name}' (step {self.steps}) stopped; blocked waits:",
                                   [self._explain(dict(entry)) for entry in e.report]) from e

@@ -43,6 +43,9 @@ class TileConfig:
       path (256: 16 padded rows x 256 float32 activations fit the registers, 1024 spilled ~27 KB per thread,
       issue 26); ``dot_stream``: the ``tl.dot`` path streams the weights through Triton's software pipeliner
       (``cp.async`` into shared memory) instead of register double-buffering (a lever to measure);
+      ``gemv_stream``: the same for the FMA path of small batches (the batch-1 lever of issue 26: ``tl.range``
+      with an explicit ``num_stages`` makes Triton pipeline loads that feed no ``tl.dot``); ``stream_stages``: the
+      pipeline depth of both (chunks in shared memory: ``stream_stages - 1`` in flight);
       ``gemv_dot``: accumulate with ``tl.dot`` (batch rows padded to 16)
       instead of a broadcast multiply + sum; ``None``: ``tl.dot`` for
       batches above 2 (the broadcast product holds ``B x BLOCK_N x BLOCK_K``
@@ -56,10 +59,23 @@ class TileConfig:
       tile's dependency wait (``register_task(prefetch=...)``,
       ``dl.prefetch_l2``), so weight reads overlap the wait for the
       activations (a power of two >= 64);
+    * ``max_regs``: 0, or the registers per thread the megakernel may use (ptxas ``maxnreg``; NVIDIA): the
+      heaviest branch sets every branch's budget, so a cap lets more programs be resident per SM at the price of
+      spills in that branch (a lever of issue 26; see ``bench/megakernel_regs.py``);
+    * ``down_split_k``: 1, or the number of K slices of the down projection (``K`` = the intermediate size per
+      rank, 12288 at TP=1): ``cdiv(H, BN) * down_split_k`` tiles writing float32 slices, added by ``dsum`` tiles
+      (one per all-reduce chunk) before the all-reduce; a slice waits only for the gate/up tiles of its columns
+      (a lever of issue 26);
     * ``fuse_norm``: the QKV and gate/up tiles compute the RMSNorm of the
       residual stream themselves (:func:`rms_linear_tile`); the residual add is
       committed off the critical path (:func:`add_resid_tile`).  Saves two
-      single-tile stages per layer.  ``False``: separate RMSNorm tasks.
+      single-tile stages per layer.  ``False``: separate RMSNorm tasks.  ``None`` (default): fused for batches of
+      1-2 only: every fused tile re-reads the float32 residual and delta of all rows (at batch 8 twice the
+      weight bytes of a qkv tile), and on one H100 a batch-8 step took 9.1 ms with separate norms against 12.1
+      fused (``bench/megakernel_levers.sh``, 2026-11-27);
+    * ``programs_per_sm``: 0, or the megakernel's default grid per SM (shrunk to what fits; the runtime's default
+      is 2); ``TILES_8B`` asks for 3, which fit when the weights stream through shared memory at batch 1-2
+      (``gemv_stream``: 168 registers) and shrink to 2 on the ``tl.dot`` path (255 registers);
     """
     gemv_block_n: int = 32
     gemv_block_k: int = 512
@@ -67,6 +83,8 @@ class TileConfig:
     dot_block_n: int = 0
     dot_block_k: int = 256
     dot_stream: bool = False
+    gemv_stream: bool = False
+    stream_stages: int = 3
     qkv_block_n: int = 0
     o_block_n: int = 0
     gate_up_block_n: int = 0
@@ -79,9 +97,12 @@ class TileConfig:
     attn_split: int = 128
     attn_block: int = 64
     comm_block: int = 1024
-    fuse_norm: bool = True
+    fuse_norm: Optional[bool] = None
     num_warps: int = 4
     prefetch_k: int = 0
+    max_regs: int = 0
+    down_split_k: int = 1
+    programs_per_sm: int = 0
 
     def block_n(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
@@ -100,6 +121,16 @@ class TileConfig:
         """Whether the GEMV tiles use ``tl.dot`` at this batch size."""
         return batch > 2 if self.gemv_dot is None else bool(self.gemv_dot)
 
+    def fuse_for(self, batch: int) -> bool:
+        """Whether the QKV and gate/up tiles compute the RMSNorm themselves at this batch size."""
+        return batch <= 2 if self.fuse_norm is None else bool(self.fuse_norm)
+
+    def stream_for(self, batch: int) -> int:
+        """The GEMV tiles' ``STREAM`` constexpr at this batch size: 0 (weights double-buffered in registers) or the
+        software pipeline's ``num_stages`` (weights streamed by ``cp.async`` into shared memory)."""
+        on = self.dot_stream if self.dot_for(batch) else self.gemv_stream
+        return self.stream_stages if on else 0
+
     def __post_init__(self):
         for name in ("gemv_block_n", "gemv_block_k", "dot_block_k", "norm_block", "attn_block", "comm_block"):
             v = getattr(self, name)
@@ -113,6 +144,16 @@ class TileConfig:
         if self.prefetch_k and (self.prefetch_k < 64 or self.prefetch_k & (self.prefetch_k - 1)):
             raise DitronError(f"TileConfig.prefetch_k={self.prefetch_k}: must be 0 (off) or a power of two >= 64 "
                               "(one prefetch per 128-byte line of bf16)")
+        if not 0 <= self.programs_per_sm <= 32:
+            raise DitronError(f"TileConfig.programs_per_sm={self.programs_per_sm}: must be 0 (the megakernel's "
+                              "default) or 1..32")
+        if self.down_split_k < 1:
+            raise DitronError(f"TileConfig.down_split_k={self.down_split_k}: must be >= 1 (1: no split)")
+        if self.max_regs and not 24 <= self.max_regs <= 255:
+            raise DitronError(f"TileConfig.max_regs={self.max_regs}: must be 0 (ptxas chooses) or 24..255")
+        if self.stream_stages < 2:
+            raise DitronError(f"TileConfig.stream_stages={self.stream_stages}: must be >= 2 (one chunk in use, at "
+                              "least one in flight)")
         if self.attn_split <= 0 or self.attn_split % self.attn_block:
             raise DitronError(f"TileConfig.attn_split={self.attn_split}: must be a positive multiple of "
                               f"attn_block={self.attn_block}")
@@ -196,9 +237,12 @@ class Shard:
 
 
 #: tile sizes measured best for Qwen3-8B at batch 1 on one H200 (bench/results/h200x2.md section 7): 16 x 1024
-#: weight chunks, gate/up 8 rows x 1024 (it streams gate and up: the same registers), two programs per SM (the
-#: megakernel's default grid)
-TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=8, gate_up_block_k=1024)
+#: weight chunks, gate/up 8 rows x 1024 (it streams gate and up: the same registers); issue 26 (one H100,
+#: bench/megakernel_levers.sh, 2026-11-27): at batches 1-2 the weights stream through shared memory
+#: (gemv_stream: 168 registers instead of 255) and 3 programs per SM fit: a step at batch 1 took 6234 / 6411 us at
+#: context 512 / 4096 against 6696 / 6959 with the previous defaults
+TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=8, gate_up_block_k=1024, gemv_stream=True,
+                      programs_per_sm=3)
 
 
 def qwen3_8b(**kw) -> DecoderConfig:

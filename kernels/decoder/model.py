@@ -18,11 +18,15 @@ index the stacked norm weights)::
     res_m.l    add_resid_tile     cdiv(B*H, BLK)   resid += delta (after every gu.l tile)
     down.l     linear_tile        cdiv(H, BN)      partial = act @ Wd[l]^T (fp32)
     ar_mlp.l   all-reduce                          delta = sum over ranks of partial (after res_m.l)
+               (TileConfig.down_split_k = S > 1: down.l has cdiv(H, BN) * S split-K tiles writing partial_k[S, B, H],
+               each after the gu.l tiles of its K slice; dsum.l (sum_splits_tile, one tile per all-reduce chunk)
+               adds the slices into partial; ar_mlp.l tile i waits for dsum.l tile i)
     final      add_rmsnorm_tile   B tiles          resid += delta; out = h = rms(resid)
 
 preceded by ``advance`` (one tile: ``seq[b] += 1`` for every sequence).  The KV cache is paged
 (:class:`~.weights.PagedKV`: pages ``[L, num_pages, page_size, KH, D]`` and a block table ``[B, max_pages]``);
 each sequence has its own context length (``seq[b]``), so a batch may be ragged.  With ``TileConfig(fuse_norm=False)``
+(the default above batch 2)
 the norms are tasks of their own (``norm_a.l`` / ``norm_m.l``: ``add_rmsnorm_tile``,
 ``B`` tiles, ``h = rms(resid += delta)``) and qkv / gate-up read ``h``.  Activation buffers are
 shared by all layers (stacked weights + a ``layer`` scalar), so each task kind
@@ -72,6 +76,7 @@ class Buffers:
     attn: torch.Tensor       # [B, QH * D] bf16
     act: torch.Tensor        # [B, I_r] bf16
     seq: torch.Tensor        # [B] int32: each sequence's valid KV positions (its context length)
+    partial_k: torch.Tensor = None   # [down_split_k, B, H] fp32: the split-K slices of down_proj (split only)
 
 
 def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, ctx, device,
@@ -93,6 +98,8 @@ def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, 
                   q=z("q", (B, sh.q_heads, D), bf), o_part=z("o_part", (B, sh.q_heads, S, D), f32),
                   lse=z("lse", (B, sh.q_heads, S), f32), attn=z("attn", (B, sh.attn_cols), bf),
                   act=z("act", (B, sh.inter), bf), seq=z("seq", (B,), torch.int32))
+    if cfg.tiles.down_split_k > 1:
+        buf.partial_k = z("partial_k", (cfg.tiles.down_split_k, B, H), f32)
     buf.seq.copy_(torch.tensor(contexts(ctx, B), dtype=torch.int32))
     return buf
 
@@ -125,7 +132,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
 
     def gemv_c(proj):
         c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN[proj],
-                 BLOCK_K=tc.block_k(proj, dot), DOT=dot, STREAM=dot and tc.dot_stream)
+                 BLOCK_K=tc.block_k(proj, dot), DOT=dot, STREAM=tc.stream_for(B))
         if tc.prefetch_k:
             c["PREFETCH_K"] = tc.prefetch_k
         return c
@@ -199,7 +206,33 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                               reads=("x_ptr", "resid_ptr", "delta_ptr"), writes=("resid_ptr",), deps=deps,
                               scalars={"first": int(j == 0)}))
 
-    fuse = tc.fuse_norm
+    SK = tc.down_split_k
+    if SK > 1 and (IL % SK or (IL // SK) % 8):
+        raise DitronError(f"TileConfig.down_split_k={SK}: the down projection's K (intermediate per rank {IL}) must "
+                          f"split into slices of a multiple of 8 columns (16-byte rows)")
+
+    def down_split(l):              # split-K down_proj: slices into partial_k, added per all-reduce chunk
+        KS, BNg, BNd = IL // SK, BN["gate_up"], BN["down"]
+
+        def gu_tiles(t):            # down tile (n, s) -> the gate/up tiles writing act columns of slice s
+            s = t % SK
+            return s * KS // BNg, cdiv((s + 1) * KS, BNg)
+
+        def split_tiles(i):         # dsum tile i (elements [i * blk, +blk) of [B, H]) -> down tiles of its columns
+            if H % blk:
+                return 0, cdiv(H, BNd) * SK
+            c0 = (i * blk) % H
+            return c0 // BNd * SK, cdiv(c0 + blk, BNd) * SK
+        specs.append(TaskSpec(f"down.{l}", T.linear_split_tile, cdiv(H, BNd) * SK,
+                              {"x_ptr": buf.act, "w_ptr": w.down, "out_ptr": buf.partial_k, "B": B, "N": H, "K": IL,
+                               "SPLIT_K": SK, **{k: v for k, v in gemv_c("down").items() if k != "PREFETCH_K"}},
+                              reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=[(f"gu.{l}", gu_tiles)],
+                              scalars={"layer": l}))
+        specs.append(TaskSpec(f"dsum.{l}", T.sum_splits_tile, ar_tiles,
+                              {"x_ptr": buf.partial_k, "out_ptr": buf.partial, "N": B * H, "SPLITS": SK, "BLOCK": blk},
+                              reads=("x_ptr",), writes=("out_ptr",), deps=[(f"down.{l}", split_tiles)]))
+
+    fuse = tc.fuse_for(B)
     for l in range(L):
         # attention block: (norm) -> qkv -> rope -> attention -> combine -> o_proj -> all-reduce
         if fuse:
@@ -241,8 +274,14 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             norm(f"norm_m.{l}", 2 * l + 1, [(f"ar_attn.{l}", None)])
             linear(f"gu.{l}", "gate_up", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)],
                    fn=T.gate_up_tile)
-        linear(f"down.{l}", "down", buf.act, w.down, buf.partial, H, IL, l, [(f"gu.{l}", None)])
-        all_reduce(f"ar_mlp.{l}", f"down.{l}", "down", [(f"res_m.{l}", None)] if fuse else [])
+        if SK > 1:
+            down_split(l)
+            specs.append(TaskSpec(f"ar_mlp.{l}", None, ar_tiles, {"x": buf.partial, "out": buf.delta},
+                                  deps=[(f"dsum.{l}", "same")] + ([(f"res_m.{l}", None)] if fuse else []),
+                                  comm="all_reduce", scalars={"block": blk}))
+        else:
+            linear(f"down.{l}", "down", buf.act, w.down, buf.partial, H, IL, l, [(f"gu.{l}", None)])
+            all_reduce(f"ar_mlp.{l}", f"down.{l}", "down", [(f"res_m.{l}", None)] if fuse else [])
     norm("final", 2 * L, [(f"ar_mlp.{L - 1}", None)])
     return specs
 
@@ -353,7 +392,9 @@ def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, wo
     specs = decoder_tasks(cfg, world_size, weights, cache, buf)
     g = dtask.TaskGraph(name)
     register(g, specs, all_reduce)
-    mk = g.compile(scheduler=scheduler, num_programs=num_programs, num_warps=cfg.tiles.num_warps, **compile_kw)
+    mk = g.compile(scheduler=scheduler, num_programs=num_programs, num_warps=cfg.tiles.num_warps,
+                   maxnreg=cfg.tiles.max_regs or None, programs_per_sm=cfg.tiles.programs_per_sm or None,
+                   **compile_kw)
     dm = DecoderMegakernel(mk, g, buf, specs, cache)
     dm.check_inputs()
     return dm

@@ -143,18 +143,21 @@ def _mac(acc, x, w, DOT: tl.constexpr, BLOCK_B: tl.constexpr):
 @triton.jit
 def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr,
-              resid_ptr, delta_ptr, nw_ptr, first, eps, STREAM: tl.constexpr):
+              resid_ptr, delta_ptr, nw_ptr, first, eps, STREAM: tl.constexpr, LD: tl.constexpr):
     """``(acc, acc2)``: ``acc[b, n] = sum_k x[b, k] * w[n0 + n, k]`` in float32 (``x``: ``[B, K]``, ``w``:
-    ``[N, K]``) and the same with ``w2`` when ``TWO`` (gate and up share ``x``; else ``acc2`` is ``acc``).
+    ``[N, K]``; rows of both ``LD`` elements apart: ``K`` but for a split-K slice) and the same with ``w2`` when
+    ``TWO`` (gate and up share ``x``; else ``acc2`` is ``acc``).
     ``DOT``: ``tl.dot`` (``BLOCK_B >= 16``; rows past ``B`` are zero).  ``NORM``: ``x`` is the RMSNorm of the
     residual stream ``r`` with weights ``nw``, computed as ``rsqrt(mean(r^2) + eps) * ((r * nw) @ w^T)``: the
     sum of squares is accumulated in the same pass over ``K`` (no separate norm pass before the weights stream).
 
     One pass over ``K`` in ``[BLOCK_N, BLOCK_K]`` chunks, double-buffered in registers: the loads of chunk
     ``k + 1`` (weights and activations) are issued before chunk ``k`` is reduced, so a program always has a
-    chunk of weights in flight.  ``STREAM`` (with ``DOT``; ``TileConfig.dot_stream``): a plain loop whose loads
-    feed ``tl.dot`` directly, which Triton's software pipeliner turns into ``cp.async`` copies into shared
-    memory, ``num_stages`` chunks ahead (the weight stream held in shared memory instead of registers)."""
+    chunk of weights in flight.  ``STREAM > 0`` (``TileConfig.dot_stream`` on the ``tl.dot`` path,
+    ``TileConfig.gemv_stream`` on the FMA path of small batches): a plain loop ``tl.range(...,
+    num_stages=STREAM)`` that Triton's software pipeliner turns into ``cp.async`` copies into shared memory,
+    ``STREAM - 1`` chunks ahead (the weight stream held in shared memory instead of registers; the loop's
+    explicit ``num_stages`` makes Triton pipeline loads that do not feed a ``tl.dot``)."""
     offs_b = tl.arange(0, BLOCK_B)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mb = offs_b < B
@@ -169,22 +172,25 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
         ss = tl.zeros([BLOCK_B], tl.float32)
     else:
         ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
-    if STREAM:
-        for k0 in range(0, K, BLOCK_K):
+    if STREAM > 0:
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STREAM):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mk = offs_k < K
-            a, nw = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, K, NORM)
+            a, nw = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, LD, NORM)
             if NORM:
-                ss += tl.sum(a * a, axis=1)
+                if DOT:
+                    ss += tl.sum(a * a, axis=1)
+                else:
+                    ss += a * a
                 x = a * nw[None, :]
             else:
                 x = a
-            acc = _mac(acc, x, _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K), DOT, BLOCK_B)
+            acc = _mac(acc, x, _w_chunk(w_ptr, offs_n, mn, offs_k, mk, LD), DOT, BLOCK_B)
             if TWO:
-                acc2 = _mac(acc2, x, _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, K), DOT, BLOCK_B)
+                acc2 = _mac(acc2, x, _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, LD), DOT, BLOCK_B)
     else:
         acc, acc2, ss = _gemv_loop(x_ptr, w_ptr, w2_ptr, offs_b, mb, offs_n, mn, acc, acc2, ss, K, BLOCK_B, BLOCK_K,
-                                   DOT, NORM, TWO, resid_ptr, delta_ptr, nw_ptr, first)
+                                   DOT, NORM, TWO, resid_ptr, delta_ptr, nw_ptr, first, LD)
     if not DOT:
         acc = tl.trans(acc)
         acc2 = tl.trans(acc2)
@@ -203,15 +209,15 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
 @triton.jit
 def _gemv_loop(x_ptr, w_ptr, w2_ptr, offs_b, mb, offs_n, mn, acc, acc2, ss, K: tl.constexpr, BLOCK_B: tl.constexpr,
                BLOCK_K: tl.constexpr, DOT: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr, resid_ptr, delta_ptr,
-               nw_ptr, first):
+               nw_ptr, first, LD: tl.constexpr):
     """The register double-buffered pass over ``K`` of :func:`_gemv_acc`; returns ``(acc, acc2, ss)``."""
     offs_k = tl.arange(0, BLOCK_K)
     mk = offs_k < K
-    w_nx = _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K)
+    w_nx = _w_chunk(w_ptr, offs_n, mn, offs_k, mk, LD)
     w2_nx = w_nx
     if TWO:
-        w2_nx = _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, K)
-    a_nx, nw_nx = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, K, NORM)
+        w2_nx = _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, LD)
+    a_nx, nw_nx = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, LD, NORM)
     for k0 in range(0, K, BLOCK_K):
         w = w_nx
         w2 = w2_nx
@@ -219,12 +225,12 @@ def _gemv_loop(x_ptr, w_ptr, w2_ptr, offs_b, mb, offs_n, mn, acc, acc2, ss, K: t
         nw = nw_nx
         offs_k = k0 + BLOCK_K + tl.arange(0, BLOCK_K)         # the next chunk (all masked after the last)
         mk = offs_k < K
-        w_nx = _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K)
+        w_nx = _w_chunk(w_ptr, offs_n, mn, offs_k, mk, LD)
         if TWO:
-            w2_nx = _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, K)
+            w2_nx = _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, LD)
         else:
             w2_nx = w_nx
-        a_nx, nw_nx = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, K, NORM)
+        a_nx, nw_nx = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, LD, NORM)
         if NORM:
             if DOT:
                 ss += tl.sum(a * a, axis=1)
@@ -255,8 +261,37 @@ def linear_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.co
     wl = w_ptr + layer.to(tl.int64) * N * K
     n0 = tile * BLOCK_N
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
-                       0, 0.0, STREAM)
+                       0, 0.0, STREAM, K)
     _store_rows(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def linear_split_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.constexpr,
+                      SPLIT_K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      DOT: tl.constexpr, STREAM: tl.constexpr):
+    """Split-K :func:`linear_tile` (``TileConfig.down_split_k``): tile ``t`` is K slice ``s = t % SPLIT_K`` of
+    columns ``[(t // SPLIT_K) * BLOCK_N, +BLOCK_N)``: ``out[s, B, N] = x[:, slice] @ w[layer][:, slice]^T``
+    (float32 partial sums over ``K / SPLIT_K`` columns; :func:`sum_splits_tile` adds the slices).  A slice needs
+    only the producer tiles of its columns of ``x``, so it starts before the whole of ``x`` is written."""
+    KS: tl.constexpr = K // SPLIT_K
+    s = tile % SPLIT_K
+    wl = w_ptr + layer.to(tl.int64) * N * K + s * KS
+    n0 = (tile // SPLIT_K) * BLOCK_N
+    acc, _ = _gemv_acc(x_ptr + s * KS, wl, wl, n0, B, N, KS, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr,
+                       x_ptr, x_ptr, 0, 0.0, STREAM, K)
+    _store_rows(out_ptr + s * B * N, acc, n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def sum_splits_tile(tile, x_ptr, out_ptr, N: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """Elements ``[tile * BLOCK, +BLOCK)`` of ``out[N] = sum_s x[s, N]`` (float32; the split-K slices of
+    :func:`linear_split_tile`, added in slice order)."""
+    offs = tile * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    acc = tl.load(x_ptr + offs, mask=m, other=0.0)
+    for s in tl.static_range(1, SPLITS):
+        acc += tl.load(x_ptr + s * N + offs, mask=m, other=0.0)
+    tl.store(out_ptr + offs, acc, mask=m)
 
 
 @triton.jit
@@ -270,7 +305,7 @@ def rms_linear_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, l
     wl = w_ptr + layer.to(tl.int64) * N * K
     n0 = tile * BLOCK_N
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, False, resid_ptr, delta_ptr,
-                       nw_ptr + norm * K, first, eps, STREAM)
+                       nw_ptr + norm * K, first, eps, STREAM, K)
     _store_rows(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
 
 
@@ -282,7 +317,7 @@ def gate_up_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.c
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
     n0 = tile * BLOCK_N
     g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, True, x_ptr, x_ptr,
-                     x_ptr, 0, 0.0, STREAM)
+                     x_ptr, 0, 0.0, STREAM, K)
     _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
 
 
@@ -294,7 +329,7 @@ def rms_gate_up_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, 
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
     n0 = tile * BLOCK_N
     g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, True, True, resid_ptr,
-                     delta_ptr, nw_ptr + norm * K, first, eps, STREAM)
+                     delta_ptr, nw_ptr + norm * K, first, eps, STREAM, K)
     _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
 
 

@@ -1,0 +1,79 @@
+"""Registers, spills and shared memory of the decoder megakernel per lever, on the CPU (no GPU; issue 26).
+
+    python bench/megakernel_regs.py                                   # every lever, batch 1 and 8, whole kernel
+    python bench/megakernel_regs.py --levers base,stream --branches   # and each task kind alone
+    python bench/megakernel_regs.py --levers "mine:gemv_stream=1,stream_stages=4" --batch 1
+    python bench/megakernel_regs.py --levers stream --batch 8 --kinds "o,attn;gu,o,attn"      # kinds together
+
+The whole step (Qwen3-8B shapes, one layer: the same branches as 36) compiled for sm_90a and run through
+``ptxas -v`` (kernels/decoder/resources.py): registers per thread, spilled bytes per thread (stores / loads),
+shared memory per program, programs per SM on an H100 / H200 (2 at most 255 registers and 4 warps), and whether
+the weights stream through shared memory (cp.async).  ``--branches`` adds each kind of task compiled alone
+(what that branch needs; the kernel's budget is the largest).  A lever is ``name:field=value,...`` over
+:class:`TileConfig` (``LEVERS`` below names the ones ``bench/megakernel_levers.sh`` times on a GPU).
+"""
+import argparse
+import sys
+
+#: the levers of bench/megakernel_levers.sh as TileConfig overrides (the GPU script passes the same as bench flags)
+LEVERS = {
+    "base": {},
+    "stream": {"gemv_stream": True, "dot_stream": True},
+    "stream4": {"gemv_stream": True, "dot_stream": True, "stream_stages": 4},
+    "dot-mr168": {"dot_stream": True, "max_regs": 168},
+    "stream-split3": {"gemv_stream": True, "down_split_k": 3},
+    "b8-nofuse": {"fuse_norm": False},
+}
+
+
+def parse_lever(text):
+    name, _, rest = text.partition(":")
+    if not rest:
+        if name not in LEVERS:
+            raise SystemExit(f"unknown lever {name!r}; known: {', '.join(LEVERS)} (or name:field=value,...)")
+        return name, LEVERS[name]
+    over = {}
+    for item in rest.split(","):
+        k, _, v = item.partition("=")
+        over[k.strip()] = int(v) if v.strip().lstrip("-").isdigit() else {"true": True, "false": False}.get(v, v)
+    return name, over
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--levers", default=",".join(LEVERS),
+                   help="comma list of lever names, or space-separated name:field=value,... items")
+    p.add_argument("--batch", default="1,8")
+    p.add_argument("--branches", action="store_true", help="also each task kind compiled alone")
+    p.add_argument("--kinds", default="", help="also these sets of task kinds together, e.g. 'o,attn;gu,o,attn'")
+    args = p.parse_args(argv)
+    import ditron
+    from ditron.kernels.decoder import qwen3_8b
+    from ditron.kernels.decoder import resources as RZ
+    ditron.init("sim")
+    levers = [parse_lever(t) for t in args.levers.split(",") if t] if ":" not in args.levers else \
+        [parse_lever(t) for t in args.levers.split(" ") if t]
+    print("| lever | batch | what | registers | spill st/ld (B/thread) | shared (B) | programs/SM | cp.async |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, over in levers:
+        cfg = qwen3_8b(n_layers=1)
+        cfg = cfg.with_tiles(**over) if over else cfg
+        for b in (int(v) for v in args.batch.split(",")):
+            kinds = [None]
+            if args.branches:
+                kinds += ["advance", "qkv", "res_a", "rope", "attn", "comb", "o", "ar_attn", "gu", "down", "final"]
+                if cfg.tiles.down_split_k > 1:
+                    kinds.append("dsum")
+            kinds += [tuple(k.split(",")) for k in args.kinds.split(";") if k]
+            for k in kinds:
+                u = RZ.usage(cfg, b, None if k is None else k if isinstance(k, tuple) else (k,))
+                what = "whole step" if k is None else " + ".join(k) if isinstance(k, tuple) else k
+                print(f"| {name} | {b} | {what} | {u['registers']} | "
+                      f"{u['spill_stores']}/{u['spill_loads']} | {u['shared']} | {u['resident_per_sm']} | "
+                      f"{'yes' if u['cp_async'] else 'no'} |", flush=True)
+    ditron.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
