@@ -40,8 +40,12 @@ kernels/all_gather.py): a call's attention waits for every peer's staging of
 the same call, which a peer starts only after its previous call's attention.
 
 Tuning: :class:`AttnConfig` (tiles, warps, stages, TMA descriptors for this
-rank's K/V on Hopper); :data:`TUNE_CONFIGS` is what ``ditron bench ring_attn
---configs all`` sweeps.  The simulator uses :data:`SIM_CONFIG`.
+rank's K/V on Hopper, a persistent grid, ``maxnreg``); without one,
+:func:`default_config` takes :data:`GPU_SHORT_CONFIG` (64 x 64 tiles, two
+programs per SM) up to :data:`SHORT_SEQ` keys of the whole sequence and
+:data:`GPU_CONFIG` (128 x 128) above; :data:`TUNE_CONFIGS` /
+:data:`LEVER_CONFIGS` are what ``ditron bench ring_attn --configs all`` /
+``levers`` sweep.  The simulator uses :data:`SIM_CONFIG`.
 """
 from __future__ import annotations
 
