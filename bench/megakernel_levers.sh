@@ -2,29 +2,28 @@
 # Issue 26, batch 1 near the HBM limit: the decoder megakernel's levers side by side on one GPU, in one run.
 #
 #   bench/megakernel_levers.sh [MACHINE]                 # e.g. bench/megakernel_levers.sh nvidia-h100
-#   LEVERS="base|stream" bench/megakernel_levers.sh      # a subset (names of the table below)
+#   LEVERS="base|old" bench/megakernel_levers.sh         # a subset (names of the table below)
 #
 # 1. correctness once: tests/gpu/decoder_8b.py (default tiles, batch 1 and 8, ragged contexts);
 # 2. each lever: `ditron bench megakernel --skip-eager` at batch 1 (ctx 512 and 4096) and batch 8, which checks
 #    the lever's step against torch first (the "check" column) and times torch + CUDA graph, the megakernel and the
 #    HBM limit in the same process (so every lever has its own baseline next to it);
-# 3. the GEMV probe: the decoder's GEMV tiles alone (persistent grid), registers double-buffered vs cp.async stream.
+# 3. (PROBE=1) the GEMV probe: the decoder's GEMV tiles alone, registers double-buffered vs cp.async stream.
 #
-# Levers (TileConfig options, all off by default; registers / spills / shared memory of each on the CPU:
-# python bench/megakernel_regs.py):
-#   base       today's defaults
-#   stream     --gemv-stream --dot-stream: weights by cp.async into shared memory, 3 stages (batch 1: 162 registers,
-#              no spills, 68 KiB shared, 3 programs per SM fit; default grid stays 2 per SM)
-#   stream-p3  the same with 3 programs per SM (--programs 3 x SMs; batch 1 only)
-#   stream4    4 stages (102 KiB shared: 2 per SM)
-#   dot-mr168  batch 8: --dot-stream with ptxas capped at 168 registers (3 per SM; --programs 3 x SMs)
-#   stream-split3  stream + the down projection split in 3 K slices (each slice waits only for the gate/up
-#              tiles of its columns; a dsum task per all-reduce chunk adds them; batch 1)
-#   stream-q8  stream with 8-column qkv tiles: 768 tiles on 2 x 132 programs (2.9 rounds) instead of 384 (1.45:
-#              the second round of the qkv phase a third busy)
-#   b8-nofuse  batch 8 with separate norm tasks: each fused-norm GEMV tile re-reads the float32 residual and delta
-#              ([8, 4096] x 2 = 256 KiB per qkv tile against 128 KiB of weights); unfused it reads bf16 h (64 KiB)
-# Each step has its own timeout; the whole script is sized for about 7 minutes on one H100.
+# Levers of the next run (on top of today's defaults: qwen3_8b() streams the batch 1-2 weights through shared
+# memory with 3 programs per SM, and fuses the RMSNorm into the GEMV tiles at batches 1-2 only; the first run's
+# levers, on the defaults before that, are in bench/results/h100-megakernel-levers.md with their commands;
+# registers / spills / shared memory of each on the CPU: python bench/megakernel_regs.py):
+#   base         today's defaults at batch 1, 2 (not measured yet: streamed FMA path with 2 rows) and 8
+#   old          the defaults before issue 26's lever run (--no-gemv-stream --programs-per-sm 2 --fuse-norm)
+#   split3       + the down projection split in 3 K slices (each slice waits only for the gate/up tiles of its
+#                columns; a dsum task per all-reduce chunk adds them), batch 1
+#   b8-ds-mr168  batch 8: + --dot-stream --max-regs 168 --programs-per-sm 3 (each alone moved 12.1 -> 9.3 ms and
+#                separate norms 12.1 -> 9.1 ms in the first run; not measured together)
+#   b8-ds        batch 8: + --dot-stream
+#   trace        batch 1, ctx 512, with a traced build: time per kind of task (where the 1.33x goes)
+# PROBE=1 adds the GEMV probe (tiles alone: registers double-buffered vs cp.async stream).
+# Each step has its own timeout; the whole script is sized for about 6 minutes on one H100 (7 with PROBE=1).
 # Writes at most 5 files to $OUT (the device tool brings back few): levers.log (summary, one line per case),
 # levers.md (every lever's table, in order), levers.json (their rows), logs.txt (every step's full output),
 # gemv_probe.txt.  Per-step files stay in bench/results/levers/.
@@ -42,16 +41,14 @@ EXTRA=${EXTRA:-}          # appended to every bench command (a CPU smoke run: se
 P3=$((3 * SMS))
 T1="--ctx 512,4096 --batch 1"
 ALL=(                      # name|timeout s|cases|flags
-  "base|90|--ctx 512,4096 --batch 1,8|"
-  "stream|90|--ctx 512,4096 --batch 1,8|--gemv-stream --dot-stream"
-  "stream-p3|60|$T1|--gemv-stream --programs $P3"
-  "stream4|60|--ctx 512 --batch 1,8|--gemv-stream --dot-stream --stream-stages 4"
-  "dot-mr168|50|--ctx 512 --batch 8|--dot-stream --max-regs 168 --programs $P3"
-  "stream-split3|60|$T1|--gemv-stream --down-split-k 3"
-  "b8-nofuse|50|--ctx 512 --batch 8|--no-fuse-norm"
-  "stream-q8|50|--ctx 512 --batch 1|--gemv-stream --block-n qkv=8"
+  "base|100|--ctx 512,4096 --batch 1,2,8|"
+  "old|70|--ctx 512 --batch 1,2,8|--no-gemv-stream --programs-per-sm 2 --fuse-norm"
+  "split3|60|$T1|--down-split-k 3"
+  "b8-ds-mr168|60|--ctx 512,4096 --batch 8|--dot-stream --max-regs 168 --programs-per-sm 3"
+  "b8-ds|50|--ctx 512 --batch 8|--dot-stream"
+  "trace|60|--ctx 512 --batch 1|--trace"
 )
-LEVERS=${LEVERS:-base|stream|stream-p3|stream4|dot-mr168|stream-split3|b8-nofuse|stream-q8}
+LEVERS=${LEVERS:-base|old|split3|b8-ds-mr168|b8-ds|trace}
 status=0
 log() { echo "$*" | tee -a "$OUTD/levers.log"; }
 log "== megakernel levers on $MACHINE ($SMS SMs), tree $(git rev-parse --short HEAD 2>/dev/null), $(date -u)"
@@ -73,7 +70,7 @@ for entry in "${ALL[@]}"; do
   log "   exit $rc in $(( $(date +%s) - t0 )) s"
   [ $rc = 0 ] || { status=1; tail -15 "$OUTD/levers-$name.log"; }
 done
-if [ -z "$SKIP_PROBE" ]; then
+if [ -n "$PROBE" ]; then
   log "== GEMV probe: tiles alone, registers (stream=0) vs cp.async (stream=3)"
   { timeout -k 10 50 python bench/gemv_probe.py --configs 16x1024x4 --programs $((2 * SMS)),$P3 --stream 0,3 \
       --shapes qkv,down
@@ -100,5 +97,5 @@ PY
 collect
 exit $status
 # CPU smoke run of this script's plumbing (simulator, tiny model):
-#   SKIP_CHECK=1 SKIP_PROBE=1 SMS=2 TR="python -m ditron sim -n 1" EXTRA="--config tiny --ctx 33 --iters 1" \
-#     LEVERS="base|stream" bench/megakernel_levers.sh
+#   SKIP_CHECK=1 SMS=2 TR="python -m ditron sim -n 1" EXTRA="--config tiny --ctx 33 --batch 1 --iters 1" \
+#     LEVERS="base|split3" bench/megakernel_levers.sh

@@ -15,14 +15,14 @@ the weights stream through shared memory (cp.async).  ``--branches`` adds each k
 import argparse
 import sys
 
-#: the levers of bench/megakernel_levers.sh as TileConfig overrides (the GPU script passes the same as bench flags)
+#: the levers of bench/megakernel_levers.sh as TileConfig overrides of qwen3_8b() (the GPU script passes the same as
+#: bench flags)
 LEVERS = {
     "base": {},
-    "stream": {"gemv_stream": True, "dot_stream": True},
-    "stream4": {"gemv_stream": True, "dot_stream": True, "stream_stages": 4},
-    "dot-mr168": {"dot_stream": True, "max_regs": 168},
-    "stream-split3": {"gemv_stream": True, "down_split_k": 3},
-    "b8-nofuse": {"fuse_norm": False},
+    "old": {"gemv_stream": False, "programs_per_sm": 2, "fuse_norm": True},
+    "split3": {"down_split_k": 3},
+    "b8-ds-mr168": {"dot_stream": True, "max_regs": 168, "programs_per_sm": 3},
+    "b8-ds": {"dot_stream": True},
 }
 
 

@@ -366,16 +366,16 @@ def ptxas_usage(ptx, arch="sm_90a"):
     return usage(ptx, arch)
 
 
-def gemv_branches_compiled(world, batch, target="sm_90a"):
+def gemv_branches_compiled(world, batch, target="sm_90a", **tiles):
     """The decoder's GEMV tasks (fused-norm QKV, fused-norm gate/up, down projection) exactly as
     :func:`decoder_tasks` configures them for ``batch`` rows at Qwen3-8B's shapes (hidden 4096, intermediate
     12288, ``TILES_8B``; ``N`` and ``K`` are compile-time constants, so the real sizes matter), in one graph,
     compiled ahead of time for ``target``.  Returns ``(compiled kernel, the GEMV constexprs)``: the weights are
-    1-element placeholders (compiled, never run)."""
+    1-element placeholders (compiled, never run); ``tiles``: ``TileConfig`` overrides."""
     import ditron
     from ditron.kernels.decoder import qwen3_8b
     from ditron.kernels.decoder.weights import Weights
-    cfg = qwen3_8b(n_layers=1)
+    cfg = qwen3_8b(n_layers=1).with_tiles(**tiles)
     sh = cfg.shard(1)
     w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)])
     k = torch.empty((1, 2 * batch, 16, sh.kv_heads, cfg.head_dim), dtype=torch.bfloat16)

@@ -289,16 +289,18 @@ def test_decoder_batch_gemv_does_not_spill():
     # K chunks of batch 1 they held 16 x 1024 float32 activations (twice: double-buffered) and a 16 x 1024 sum of
     # squares in registers: ptxas spilled ~27 KB per thread (stores) and a step took 35x longer on an H100.  The
     # GEMV branches exactly as decoder_tasks configures them at batch 16 (Qwen3-8B's N and K), by ptxas -v
+    # (the default above batch 2: separate norms; and the fused-norm tiles of fuse_norm=True)
     import ditron
     world = ditron.init("sim")
     try:
-        ck, c = B.gemv_branches_compiled(world, 16, "sm_90a")
+        for fuse in (None, True):
+            ck, c = B.gemv_branches_compiled(world, 16, "sm_90a", fuse_norm=fuse)
+            use = B.ptxas_usage(ck.asm["ptx"])
+            assert c["DOT"] and c["BLOCK_B"] == 16, c
+            assert "mma.sync" in ck.asm["ptx"], "the batch path's GEMV accumulates on the tensor cores"
+            assert use["spill_stores"] <= 128 and use["spill_loads"] <= 128, (fuse, c, use)
     finally:
         ditron.finalize()
-    use = B.ptxas_usage(ck.asm["ptx"])
-    assert c["DOT"] and c["BLOCK_B"] == 16, c
-    assert "mma.sync" in ck.asm["ptx"], "the batch path's GEMV accumulates on the tensor cores"
-    assert use["spill_stores"] <= 128 and use["spill_loads"] <= 128, (c, use)
 
 
 def test_decoder_gemv_stream_registers():

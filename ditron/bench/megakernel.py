@@ -231,6 +231,7 @@ def dry_run(cfg, ctxs, batches, args) -> int:
             print(f"  context {ctx} batch {b}: contexts {cs if len(cs) <= 4 else cs[:4] + ['...']}, GEMV "
                   f"{'tl.dot (rows padded to 16), K chunk ' + str(cfg.tiles.block_k('down', True)) if dot else 'FMA'}"
                   f"{f' streamed by cp.async ({stream} stages)' if stream else ''}"
+                  f", RMSNorm {'fused into the GEMV tiles' if cfg.tiles.fuse_for(b) else 'separate tasks'}"
                   f", bytes per step {(wb + kv) / 2**30:.2f} GiB, paged cache {pages} pages = {cache / 2**30:.2f} GiB "
                   f"(x2 with the reference's copy)")
     return 0
