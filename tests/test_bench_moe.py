@@ -45,11 +45,21 @@ def test_grouped_gemm_and_ep_bench_on_the_simulator(tmp_path):
     for impl in ("ditron", "torch_loop"):
         assert rows[("T8_H16_I32_E4_k2", impl)]["status"] == "ok"
     assert rows[("T8_H16_I32_E4_k2", "ditron")]["speedup"] > 0
-    p = _sim(tmp_path, 2, "ep", "--tokens", "3", "--hidden", "24", "--topk", "2", "--experts-per-rank", "2")
+    p = _sim(tmp_path, 2, "ep", "--tokens", "3", "--hidden", "24", "--topk", "2", "--experts-per-rank", "2",
+             "--trace")
     assert p.returncode == 0, p.stdout + p.stderr
     _, rows = _rows(tmp_path / "smoke-ep-bf16.json")
     for mode in ("normal", "low_latency"):
         assert rows[("3 tok/rank", f"ditron {mode}")]["status"] == "ok"
+    # --trace: the per-phase account; the data path allocates nothing, sets no memory, reads nothing back and
+    # launches routing + dispatch + combine (the simulator's cross-rank argument check adds its copy_ ops)
+    trace = (tmp_path / "smoke-ep-trace-bf16.md").read_text()
+    for mode in ("normal", "low_latency"):
+        assert f"#### 3 tok/rank, {mode}" in trace
+    assert trace.count("allocations 0, memsets 0, host syncs 0") == 2, trace
+    assert trace.count("EP launches: route x1, dispatch x1, combine x1.") == 2, trace
+    for kernel in ("route", "dispatch", "combine"):
+        assert trace.count(f"| {kernel} | ") == 2, trace
 
 
 def test_shapes():
