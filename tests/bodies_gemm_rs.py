@@ -129,7 +129,7 @@ def errors(world):
         "b_dtype": lambda: gemm_rs(a, b.float(), ctx),
         "b_rows": lambda: gemm_rs(a, t(16, 16), ctx),
         "a_1d": lambda: gemm_rs(a.reshape(-1), b, ctx),
-        "out_shape": lambda: gemm_rs(a, b, ctx, out=t(4 * W, 16)),
+        "out_shape": lambda: gemm_rs(a, b, ctx, out=t(4 * W + 1, 16)),     # never (M / W, N) = (4, 16), W = 1 too
         "out_dtype": lambda: gemm_rs(a, b, ctx, out=t(4, 16, dtype=torch.bfloat16)),
         "ctx_dtype": lambda: create_gemm_rs_context(8 * W, 16, torch.float32),
         "ctx_method": lambda: create_gemm_rs_context(8 * W, 16, torch.float16, method="ring"),
