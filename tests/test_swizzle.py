@@ -9,13 +9,13 @@ twins through Triton's interpreter, the ditron simulator (``dl.rank()`` /
 """
 import itertools
 import os
-import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+import bodies_swizzle as B
 import ditron.language as dl
 from ditron.language import swizzle as S
 
@@ -247,46 +247,10 @@ def test_jit_matches_host_twin_in_interpreter(tmp_path):
     assert "interpreter ok 4" in p.stdout
 
 
-SIM = textwrap.dedent('''
-    import torch, triton, triton.language as tl
-    import ditron, ditron.language as dl
-    from ditron.language import swizzle as S
-
-    @ditron.jit
-    def k(out_ptr, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-        pid = tl.program_id(0)
-        rank = dl.rank()
-        world = dl.num_ranks()
-        nnodes = dl.num_ranks(1)
-        gm, gn = dl.swizzle_gather(pid, M, N, BLOCK_M, BLOCK_N, rank, world, nnodes, GROUP_M)
-        sm, sn = dl.swizzle_scatter(pid, M, N, BLOCK_M, BLOCK_N, rank, world, nnodes, GROUP_M)
-        tl.store(out_ptr + 4 * pid, gm)
-        tl.store(out_ptr + 4 * pid + 1, gn)
-        tl.store(out_ptr + 4 * pid + 2, sm)
-        tl.store(out_ptr + 4 * pid + 3, sn)
-
-    w = ditron.init()
-    M, N = w.world_size * 23 + 3, 40
-    total = triton.cdiv(M, 16) * triton.cdiv(N, 16)
-    out = torch.full((4 * total,), -1, dtype=torch.int32)
-    k[(total,)](out, M, N, BLOCK_M=16, BLOCK_N=16, GROUP_M=2)
-    got = out.view(-1, 4).tolist()
-    g = S.tile_order_py("gather", M, N, 16, 16, w.rank, w.world_size, w.nnodes, 2)
-    s = S.tile_order_py("scatter", M, N, 16, 16, w.rank, w.world_size, w.nnodes, 2)
-    assert [tuple(r[:2]) for r in got] == g, (w.rank, got, g)
-    assert [tuple(r[2:]) for r in got] == s, (w.rank, got, s)
-    print(f"rank {w.rank} ok")
-    ditron.finalize()
-''')
-
-
-def test_jit_in_simulator_with_dl_rank(tmp_path):
-    script = tmp_path / "sim_swizzle.py"
-    script.write_text(SIM)
-    p = subprocess.run([sys.executable, "-m", "ditron.sim", "-n", "4", "--nnodes", "2", "--hang-timeout", "30",
-                        str(script)], capture_output=True, text=True, timeout=180)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert sorted(re.findall(r"rank (\d) ok", p.stdout)) == ["0", "1", "2", "3"], p.stdout
+def test_jit_in_simulator_with_dl_rank(dist_world):
+    # 4 simulated ranks on 2 nodes: dl.rank() / dl.num_ranks() / dl.num_ranks(1) in the kernel equal the host twin's
+    d = dist_world(4, 2)
+    assert d.run(B.tile_order_matches_twin) == [(r, 2) for r in range(4)]
 
 
 import triton  # noqa: E402
