@@ -3,6 +3,7 @@
 hook, hang reports, backend selection and bring-up errors (with stand-ins for
 the GPU, torch.distributed and nvshmem4py).  The GPU runs themselves are in
 tests/test_dist_runtime.py and tests/gpu/ (tests/gpu/run.sh)."""
+import re
 import types
 
 import pytest
@@ -70,7 +71,8 @@ def test_bounded_waits_variant():
     # (sync area word SYNC_HANG_CLAIM) is polled while it spins.  The one trap left in the library is
     # ditron_hang's no-world path (LLVM lowers `unreachable` to trap too, after exit: never reached)
     assert "exit;" in bounded and "bar.red.or.pred" in bounded and "atom.relaxed.sys.global.cas.b64" in bounded
-    assert bounded.count("// begin inline asm\n\ttrap;") == 1
+    no_loc = re.sub(r"\n\t\.loc\t[^\n]*", "", bounded)   # Triton 3.9 puts .loc lines inside asm blocks
+    assert no_loc.count("// begin inline asm\n\ttrap;") == 1
 
 
 def test_bounded_barrier_and_signal_wait_leave_without_trap():
