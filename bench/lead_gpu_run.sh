@@ -41,7 +41,8 @@ for s in ${STEPS:-mk attn ep}; do
       step flash_decode 60 $TR -m ditron.bench flash_decode --ctx 32768,65536 --batch 1,16,64 --block-n 0,128 --machine "$MACHINE" --out "$RES"
       step ulysses 45 $TR -m ditron.bench ulysses --seq 8192 --hidden 4096 --machine "$MACHINE" --out "$RES" ;;
     ep)
-      step ep 90 $TR -m ditron.bench ep --tokens 128,4096 --graph --machine "$MACHINE" --out "$RES" ${EP_FLAGS:-}
+      # dispatch + combine at 4096 tokens need more than the 1 GiB default heap
+      DITRON_HEAP_SIZE=${DITRON_HEAP_SIZE:-4G} step ep 90 $TR -m ditron.bench ep --tokens 128,4096 --graph --machine "$MACHINE" --out "$RES" ${EP_FLAGS:-}
       step grouped_gemm 90 $TR -m ditron.bench grouped_gemm --tp 2 --graph --machine "$MACHINE" --out "$RES" ;;
     gemm_rs_shared)
       nvidia-cuda-mps-control -d && sleep 1
