@@ -21,7 +21,7 @@ kernels pay nothing.
 """
 from __future__ import annotations
 
-from .cuda_p2p import SYNC_AREA_WORD, SYNC_HANG_CLAIM, _W, _asm, _expired, _globaltimer, _sreg, _world
+from .cuda_p2p import LEAVE_IF_ANY, SYNC_AREA_WORD, SYNC_HANG_CLAIM, _W, _asm, _expired, _globaltimer, _sreg, _world
 
 #: layout of the debug (hang report) record in pinned host memory, 64-bit words
 HANG_WORDS = {"valid": 0, "rank": 1, "ctaid_x": 2, "ctaid_y": 3, "ctaid_z": 4, "tid": 5, "addr": 6, "expected": 7,
@@ -183,13 +183,7 @@ adv:
 done:
   %mine = phi i32 [0, %next], [1, %chk.ab], [1, %fail]
   %any = call i32 @ditron_block_any(i32 %mine)
-  %stop = icmp ne i32 %any, 0
-  br i1 %stop, label %leave, label %out
-leave:
-  call void @ditron_exit()
-  unreachable
-out:
-  ret i32 0
+{LEAVE_IF_ANY}
 }}"""
 
 

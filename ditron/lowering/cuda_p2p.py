@@ -23,6 +23,16 @@ from __future__ import annotations
 
 from . import devlib
 
+#: the end of a bounded function after its vote (``%any``: whether any thread of the group saw an expired
+#: wait or the abort word): then every thread leaves the kernel, else the function returns 0
+LEAVE_IF_ANY = """  %stop = icmp ne i32 %any, 0
+  br i1 %stop, label %leave, label %out
+leave:
+  call void @ditron_exit()
+  unreachable
+out:
+  ret i32 0"""
+
 #: extra world-descriptor words used by the GPU runtime (devlib reserves 11..15)
 SYNC_AREA_WORD = 11          # address of this rank's sync area (in its own symmetric heap)
 #: layout of the sync area (64-bit words)
@@ -468,13 +478,7 @@ do:
 done:
   %mine = phi i32 [0, %entry], [%a, %do]
 {vote}
-  %stop = icmp ne i32 %any, 0
-  br i1 %stop, label %leave, label %out
-leave:
-  call void @ditron_exit()
-  unreachable
-out:
-  ret i32 0
+{LEAVE_IF_ANY}
 }}""")
     return "\n".join(out)
 
