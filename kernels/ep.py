@@ -234,8 +234,10 @@ class EpContext(CollectiveContext):
         self.dcalls_host, self.ccalls_host = 0, 0
         self.launches = {}
         self.trace = False
-        # the combine's reduce tiles: [BR, reduce_cols] elements, k loads of them in flight per program
+        # the combine's reduce tiles: [BR, reduce_cols] elements (LL: [reduce_rows, reduce_cols]), k loads of them
+        # in flight per program
         self.reduce_cols = 16 if self.sim else 256
+        self.reduce_rows = 4 if self.sim else 8
         # the routing: blocks of route_blk pairs, at most route_programs programs (resident: they wait for each
         # other once), their counts in route_hist, their release slots in route_slots (epochs: never reset)
         self.route_ep = triton.next_power_of_2(self.num_experts + 1)
@@ -411,8 +413,9 @@ def ep_combine(y, handle, ctx, out=None):
     else:
         _launch(ctx, "combine", ep_ll_combine_kernel, (ctx.max_programs,),
                 y, out, handle.peid, handle.pslot, handle.weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, tr,
-                T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp, BR=br,
-                BW=bh, KT=k, RW=ctx.reduce_cols // ctx.epw, TRACE=TR, num_warps=1 if ctx.sim else 4)
+                T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp,
+                ELP=ctx.elp, BR=br, BW=bh, KT=k, RB=ctx.reduce_rows, RW=ctx.reduce_cols // ctx.epw, TRACE=TR,
+                num_warps=1 if ctx.sim else 8)
     return out
 
 

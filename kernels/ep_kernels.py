@@ -110,18 +110,6 @@ def _unpack_store(pk, out_ptr, rows, ok, w, HW, H, EPW: tl.constexpr, DT: tl.con
 
 
 @triton.jit
-def _unpack_f32(pk, EPW: tl.constexpr, DT: tl.constexpr):
-    """fp32 ``[BR, BW * EPW]`` values of packets ``[BR, BW]`` (element order as in the row)."""
-    word = pk.to(tl.int32)
-    if EPW == 1:
-        return word.to(tl.float32, bitcast=True)
-    else:
-        lo = (word & 0xFFFF).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
-        hi = ((word >> 16) & 0xFFFF).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
-        return tl.reshape(tl.join(lo, hi), (lo.shape[0], lo.shape[1] * 2))
-
-
-@triton.jit
 def _stamp(trace_ptr, i, TRACE: tl.constexpr):
     """Trace (``TRACE``): this program's ``clock_ns`` at the end of phase ``i``
     into ``trace[pid][i]`` (4 words per program; word 0: the kernel's start)."""
@@ -540,18 +528,59 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, start_ptr
     epoch_end(calls_ptr)
 
 
+@triton.jit
+def _ll_peer_sum(box, peid_ptr, pslot_ptr, w_ptr, t, tok_ok, w, wm, rowsz, Eloc, E, cap, me, flag,
+                 KT: tl.constexpr, EPW: tl.constexpr, DT: tl.constexpr, POLL: tl.constexpr):
+    """Token side of the LL combine, the pairs of peers' experts of tokens
+    ``t`` (``[RB]``), packet words ``w`` (``[RW]``): ``(lo, hi, bad)``, the
+    ``topk_weights``-weighted fp32 sums of the words' low (``EPW == 1``: the
+    only) and high elements, and the packets whose flag is not this call's.
+    ``POLL``: each pair's packets are polled (``ll_poll``) until they carry
+    the flag (``bad`` stays 0); otherwise all ``KT`` pairs are read at once
+    (volatile loads, all in flight) and the caller polls again when ``bad``
+    is not 0."""
+    lo = tl.zeros((t.shape[0], w.shape[0]), tl.float32)
+    hi = tl.zeros((t.shape[0], w.shape[0]), tl.float32)
+    bad = tl.zeros((t.shape[0], w.shape[0]), tl.int32)
+    t64 = t.to(tl.int64)
+    for j in tl.static_range(KT):
+        eid = tl.load(peid_ptr + t64 * KT + j, mask=tok_ok, other=E)
+        sl = tl.load(pslot_ptr + t64 * KT + j, mask=tok_ok, other=cap).to(tl.int64)
+        wt = tl.load(w_ptr + t64 * KT + j, mask=tok_ok, other=0.0).to(tl.float32)
+        peer = tok_ok & (eid < E) & (sl < cap) & ((eid // Eloc) != me)
+        m = peer[:, None] & wm[None, :]
+        ptrs = box + (eid.to(tl.int64) * cap + sl)[:, None] * rowsz + w[None, :]     # [owner][l][slot] = [eid][slot]
+        if POLL:
+            pk = ll_poll(ptrs, m, flag)
+        else:
+            pk = tl.load(ptrs, mask=m, other=0, volatile=True)
+            bad |= (((pk >> 32).to(tl.int32) != flag) & m).to(tl.int32)
+        word = pk.to(tl.int32)
+        if EPW == 1:
+            lo += wt[:, None] * word.to(tl.float32, bitcast=True)
+        else:
+            lo += wt[:, None] * (word & 0xFFFF).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+            hi += wt[:, None] * ((word >> 16) & 0xFFFF).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+    return lo, hi, bad
+
+
 @ditron.jit(do_not_specialize=["T", "TK", "Eloc", "cap"])
 def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lcomb_ptr, lstage_ptr, calls_ptr,
                          trace_ptr, T, TK, H, HW, Eloc, cap,
-                         MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
-                         BR: tl.constexpr, BW: tl.constexpr, KT: tl.constexpr, RW: tl.constexpr,
+                         MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
+                         BR: tl.constexpr, BW: tl.constexpr, KT: tl.constexpr, RB: tl.constexpr, RW: tl.constexpr,
                          TRACE: tl.constexpr):
     """Owner side: row ``r`` of (local expert ``l``, source ``s``) goes back to
     ``lcomb[p][rank][l][r]`` on ``s``.  Token side: pair ``(t, j)`` (expert
-    ``peid``, slot ``pslot``; skipped when not delivered) is polled there; a
+    ``peid``, slot ``pslot``; skipped when not delivered) is read there; a
     pair of this rank's own experts is read from ``y`` (it does not travel).
-    The token side works on ``[BR, RW]`` word tiles, its ``KT`` pairs
-    unrolled.  Trace phases: rows sent, (nothing), reduced."""
+    The token side works on ``[RB, RW]`` word tiles (``[RB, RW * EPW]``
+    elements), as the normal combine's reduce: the ``KT`` rows of ``y`` and
+    the ``KT`` peers' packets of a tile are all loaded at once (the metadata
+    loads depend on nothing, the packets are read without a poll); only when
+    some packet does not carry this call's flag yet are the peers' pairs
+    polled one at a time (``_ll_peer_sum``).  Trace phases: rows sent,
+    (nothing), reduced."""
     _stamp(trace_ptr, 0, TRACE)
     e = epoch_begin(calls_ptr)
     par = e % 2
@@ -567,16 +596,17 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
     rr = tl.arange(0, BR)
     ww = tl.arange(0, BW)
     widx = tl.arange(0, WP)
-    # owner side: work units (row block rb, local expert l, source s) over all programs, row blocks outermost
-    nls = Eloc * W
+    # owner side: work units (row block rb, local expert l, source s != rank) over all programs, row blocks
+    # outermost; this rank's own rows are read from y by the token side (none at world size 1)
+    nls = Eloc * (W - 1)
     for u in range(pid, nls * ((cap + BR - 1) // BR), P):
         rb = u // nls
-        l = (u % nls) // W
-        s = u % W
+        l = (u % nls) // (W - 1)
+        s = (me + 1 + u % (W - 1)) % W
         cnt = tl.load(lrc_ptr + l * W + widx, mask=widx < W, other=0)
         n = _pick(cnt, widx, s)
         r0 = rb * BR
-        if (r0 < n) & (s != me):                     # own rows: read from y by the token side
+        if r0 < n:
             base = _pick(_exclusive_cumsum(cnt), widx, s)
             remote = (s // LW) != node
             r = r0 + rr
@@ -604,38 +634,44 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
                                        lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
     _stamp(trace_ptr, 1, TRACE)
     _stamp(trace_ptr, 2, TRACE)
-    # ---------------- token side: poll the k rows of each token ----------------
-    # token side: work units (token block, word chunk) over all programs
+    # ---------------- token side: the k rows of each token ----------------
+    # own pairs: row obase[l] + slot of local expert l's block of y (obase: rows from the sources before this rank)
+    lidx = tl.arange(0, ELP)
+    obase = tl.sum(tl.load(lrc_ptr + lidx[:, None] * W + widx[None, :],
+                           mask=(lidx < Eloc)[:, None] & (widx < me)[None, :], other=0), 1).to(tl.int64)
+    tt = tl.arange(0, RB)
+    # work units (token block, word chunk) over all programs
     nwc = (HW + RW - 1) // RW
-    for u in range(pid, ((T + BR - 1) // BR) * nwc, P):
-        t = (u // nwc) * BR + rr
+    for u in range(pid, ((T + RB - 1) // RB) * nwc, P):
+        t = (u // nwc) * RB + tt
+        t64 = t.to(tl.int64)
         tok_ok = t < T
         w0 = (u % nwc) * RW
         w = w0 + tl.arange(0, RW)
+        wm = w < HW
         cols = w0 * EPW + tl.arange(0, RW * EPW)
-        cm = (cols < H) & (cols < HW * EPW)
-        acc = tl.full((BR, RW * EPW), 0.0, tl.float32)
+        cm = cols < H
+        acc = tl.zeros((RB, RW * EPW), tl.float32)
         for j in tl.static_range(KT):
-            eid = tl.load(peid_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=E)
-            sl = tl.load(pslot_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=cap).to(tl.int64)
-            wt = tl.load(w_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=0.0).to(tl.float32)
-            ok = tok_ok & (eid < E) & (sl < cap)
-            own = ok & ((eid // Eloc) == me)
-            src = ((eid // Eloc).to(tl.int64) * Eloc + (eid % Eloc)) * cap + sl
-            m = (ok & ~own)[:, None] & (w[None, :] < HW)
-            pk = tl.zeros((BR, RW), tl.int64)
-            if tl.sum((ok & ~own).to(tl.int32), 0) > 0:          # some pair of a peer's expert: poll its rows
-                pk = ll_poll(box + src[:, None] * rowsz + w[None, :], m, flag)
-            v = _unpack_f32(pk, EPW, out_ptr.dtype.element_ty)
-            # own pairs: row base + slot of y, base = rows of local expert l from the sources before this rank
+            eid = tl.load(peid_ptr + t64 * KT + j, mask=tok_ok, other=E)
+            sl = tl.load(pslot_ptr + t64 * KT + j, mask=tok_ok, other=cap).to(tl.int64)
+            wt = tl.load(w_ptr + t64 * KT + j, mask=tok_ok, other=0.0).to(tl.float32)
+            own = tok_ok & (eid < E) & (sl < cap) & ((eid // Eloc) == me)
             l = (eid % Eloc).to(tl.int64)
-            base = tl.sum(tl.load(lrc_ptr + l[:, None] * W + widx[None, :], mask=own[:, None] & (widx < me)[None, :],
-                                  other=0), 1)
-            yrow = l * (W * cap) + base + sl
+            ob = tl.sum(tl.where(l[:, None] == lidx[None, :], obase[None, :], 0), 1)
+            yrow = l * (W * cap) + ob + sl
             vy = tl.load(y_ptr + yrow[:, None] * H + cols[None, :], mask=own[:, None] & cm[None, :], other=0.0)
-            v = tl.where(own[:, None], vy.to(tl.float32), v)
-            acc += tl.where(ok[:, None], wt[:, None] * v, 0.0)
-        tl.store(out_ptr + t.to(tl.int64)[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=tok_ok[:, None] & cm[None, :])
+            acc += wt[:, None] * vy.to(tl.float32)
+        if W > 1:
+            lo, hi, bad = _ll_peer_sum(box, peid_ptr, pslot_ptr, w_ptr, t, tok_ok, w, wm, rowsz, Eloc, E, cap, me,
+                                       flag, KT, EPW, out_ptr.dtype.element_ty, False)
+            if tl.sum(tl.sum(bad, 1), 0) > 0:          # some peer's row not here yet: poll pair by pair
+                lo, hi, bad = _ll_peer_sum(box, peid_ptr, pslot_ptr, w_ptr, t, tok_ok, w, wm, rowsz, Eloc, E, cap,
+                                           me, flag, KT, EPW, out_ptr.dtype.element_ty, True)
+            if EPW == 1:
+                acc += lo
+            else:
+                acc += tl.reshape(tl.join(lo, hi), (RB, RW * 2))
+        tl.store(out_ptr + t64[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=tok_ok[:, None] & cm[None, :])
     _stamp(trace_ptr, 3, TRACE)
     epoch_end(calls_ptr)

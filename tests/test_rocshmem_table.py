@@ -191,7 +191,8 @@ ZOO = [
      ["rocshmem_putmem_wg", "rocshmem_fence"]),
     ("ep_kernels", "ep_ll_dispatch_kernel", dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, TRACE=False),
      ["rocshmem_putmem_wg"]),
-    ("ep_kernels", "ep_ll_combine_kernel", dict(EPW=2, WP=2, BR=4, BW=512, KT=8, RW=128, TRACE=False),
+    ("ep_kernels", "ep_ll_combine_kernel", dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, KT=8, RB=8, RW=128,
+                                                     TRACE=False),
      ["rocshmem_putmem_wg"]),
 ]
 #: 64-bit index / count / signal tensors of those kernels (the rest are bf16 data, w_ptr fp32)
