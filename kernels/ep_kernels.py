@@ -70,6 +70,21 @@ def _copy_rows(src_ptr, src_rows, dst_ptr, dst_rows, ok, H, BH: tl.constexpr):
 
 
 @triton.jit
+def _copy_rows_x2(src_ptr, src_rows, dst_ptr, dst_rows, ok, H, BH: tl.constexpr):
+    """``_copy_rows`` with two column blocks per step, both loaded before either is stored (twice the bytes in
+    flight per program, half the dependent steps)."""
+    for h0 in range(0, H, 2 * BH):
+        ha = h0 + tl.arange(0, BH)
+        hb = ha + BH
+        ma = ok[:, None] & (ha[None, :] < H)
+        mb = ok[:, None] & (hb[None, :] < H)
+        va = tl.load(src_ptr + src_rows[:, None] * H + ha[None, :], mask=ma)
+        vb = tl.load(src_ptr + src_rows[:, None] * H + hb[None, :], mask=mb)
+        tl.store(dst_ptr + dst_rows[:, None] * H + ha[None, :], va, mask=ma)
+        tl.store(dst_ptr + dst_rows[:, None] * H + hb[None, :], vb, mask=mb)
+
+
+@triton.jit
 def _copy_rows_to_peer(src_ptr, src_rows, dst_ptr, dst_rows, ok, H, peer, BH: tl.constexpr):
     """The same into ``peer``'s copy of the symmetric ``dst``."""
     for h0 in range(0, H, BH):
@@ -516,7 +531,7 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, start_ptr
             if s == me:
                 # own pairs: slot q of expert (me, l) is staged pair start[e] + q, a row of x
                 t = tl.load(tok_ptr + tl.load(start_ptr + me * Eloc + l) + q, mask=qok, other=0).to(tl.int64)
-                _copy_rows(x_ptr, t, out_ptr, orow, qok, H, BW * EPW)
+                _copy_rows_x2(x_ptr, t, out_ptr, orow, qok, H, BW * EPW)
             else:
                 src = (l * W + s) * cap + q.to(tl.int64)
                 for w0 in range(0, HW, BW):
