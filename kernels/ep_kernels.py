@@ -429,17 +429,29 @@ def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_pt
 # low-latency mode
 # ---------------------------------------------------------------------------
 
-@ditron.jit(do_not_specialize=["TK", "Eloc", "cap"])
-def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, start_ptr, out_ptr, lrc_ptr, rcnt_ptr,
-                          lrecv_ptr, lcnt_ptr, lstage_ptr, calls_ptr, trace_ptr, TK, H, HW, Eloc, cap,
-                          MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
+@ditron.jit(do_not_specialize=["TK", "Eloc", "cap", "per", "RP"])
+def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, hist_ptr, rslot_ptr, out_ptr, lrc_ptr,
+                          rcnt_ptr, lrecv_ptr, lcnt_ptr, lstage_ptr, calls_ptr, trace_ptr, TK, K, H, HW, Eloc, cap,
+                          per, RP, MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
+                          ELP: tl.constexpr, EP: tl.constexpr, BLK: tl.constexpr, QB: tl.constexpr,
                           BR: tl.constexpr, BW: tl.constexpr, TRACE: tl.constexpr):
-    """Staged pair ``i``: token ``tok_ptr[i]``, expert ``eid_ptr[i]`` (``>= E``:
-    not sent), slot ``slot_ptr[i]`` (``>= cap``: dropped); ``start_ptr[e]``:
-    where expert ``e``'s pairs start in the staging order.  ``lrc_ptr`` (out):
-    ``[E_local, W]`` rows received per (local expert, source).  This rank's
-    own pairs do not travel: its receive units copy them from ``x``.  Trace
-    phases: rows sent, counts sent, received."""
+    """The LL dispatch with its routing, one launch.  ``idx_ptr``: the ``TK =
+    T * K`` expert ids (natural order).  Routing (programs ``q < RP``, pairs
+    ``[q * per, (q + 1) * per)`` in blocks of ``BLK``, as ``ep_route_kernel``):
+    counts per key into ``hist``, release ``rslot[q]``, wait for the ``RP``
+    slots, then each pair's slot (rank among the earlier pairs of its expert)
+    into ``key_ptr`` / ``pslot_ptr`` (natural order: the combine's handle);
+    program 0 writes ``dropped`` and sends the count words (one flagged word
+    per (local expert, destination), capped at the capacity) to every rank,
+    this one included.  The routing programs release ``rslot[P + q]``; every
+    program waits for them, then sends its share of the pairs: a peer's pair
+    as packets into its slot on the owner, an own pair straight into
+    ``recv_x`` (row base per local expert: the count words of the sources
+    before this rank).  Receive: the count words give ``lrc`` (``[E_local,
+    W]``) and ``recv_counts``; work units (row block, local expert, source
+    ``!= rank``) poll and unpack the peers' rows.  The epochs (``e + 1`` of
+    ``calls_ptr``) make the slots never need a reset; the grid is resident
+    (at most the SM count).  Trace phases: routed, rows sent, received."""
     _stamp(trace_ptr, 0, TRACE)
     e = epoch_begin(calls_ptr)
     par = e % 2
@@ -459,23 +471,91 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, start_ptr
     lidx = tl.arange(0, ELP)
     lmask = lidx < Eloc
     node0 = node * LW
-    # ---------------- send the pairs (each program a share of the staging order) ----------------
+    # ---------------- routing (programs < RP) ----------------
+    if pid < RP:
+        eidx = tl.arange(0, EP)
+        bb = tl.arange(0, BLK)
+        lo = pid * per
+        hi = tl.minimum(lo + per, TK)
+        hcnt = tl.zeros((EP,), tl.int32)
+        bad = tl.zeros((BLK,), tl.int32)
+        for b0 in range(lo, hi, BLK):
+            inr, valid, key, hot, b = _route_block(idx_ptr, b0 + bb, hi, E, eidx)
+            hcnt += tl.sum(hot, 0)
+            bad += b
+        tl.store(hist_ptr + pid * EP + eidx, hcnt)
+        tl.store(hist_ptr + RP * EP + pid, tl.sum(bad, 0))
+        dl.release_tile(rslot_ptr + pid, flag)
+        htok = dl.wait_deps(rslot_ptr, RP, flag)
+        hist_ptr = dl.consume_token(hist_ptr, htok)
+        tot = tl.zeros((EP,), tl.int32)
+        before = tl.zeros((EP,), tl.int32)
+        nbad = tl.zeros((QB,), tl.int32)
+        qq = tl.arange(0, QB)
+        for q0 in range(0, RP, QB):
+            q = q0 + qq
+            h = tl.load(hist_ptr + q[:, None] * EP + eidx[None, :], mask=(q < RP)[:, None], other=0)
+            tot += tl.sum(h, 0)
+            before += tl.sum(tl.where((q < pid)[:, None], h, 0), 0)
+            nbad += tl.load(hist_ptr + RP * EP + q, mask=q < RP, other=0)
+        if pid == 0:
+            over = tl.sum(tl.where(eidx < E, tl.maximum(tot - cap, 0), 0), 0)
+            tl.store(dropped_ptr, tl.sum(nbad, 0).to(tl.int64))
+            tl.store(dropped_ptr + 1, over.to(tl.int64))
+            # counts: one flagged word per (local expert, destination), capped at the capacity
+            for d in range(0, W):
+                c = tl.sum(tl.where(eidx[None, :] == (d * Eloc + lidx)[:, None], tot[None, :], 0), 1)
+                word = fl64 | tl.minimum(c, cap).to(tl.int64)
+                if d // LW == node:
+                    tl.store(dl.symm_at(cbox + lidx * W + me, d), word, mask=lmask)
+                else:
+                    if MULTI_NODE:
+                        st = lstage_ptr + (2 * TK) * rowsz + par * W * Eloc + d * Eloc
+                        tl.store(st + lidx, word, mask=lmask)
+                        dl.fence("release", "sys")
+                        dl.syncthreads()
+                        for l in range(0, Eloc):
+                            shmem.putmem_block(cbox + l * W + me, st + l, 8, d)
+        carry = before
+        for b0 in range(lo, hi, BLK):
+            i = b0 + bb
+            inr, valid, key, hot, b = _route_block(idx_ptr, i, hi, E, eidx)
+            below = tl.associative_scan(hot, 0, _add) - hot + carry[None, :]
+            rank = tl.sum(hot * below, 1)
+            carry += tl.sum(hot, 0)
+            tl.store(key_ptr + i, key, mask=inr)
+            tl.store(pslot_ptr + i, rank.to(tl.int64), mask=inr)
+        dl.release_tile(rslot_ptr + P + pid, flag)
+    tok = dl.wait_deps(rslot_ptr + P, RP, flag)
+    key_ptr = dl.consume_token(key_ptr, tok)
+    pslot_ptr = dl.consume_token(pslot_ptr, tok)
+    _stamp(trace_ptr, 1, TRACE)
+    # ---------------- send the pairs (each program a share of the natural order) ----------------
+    # own pairs go to recv_x at row obase[l] + slot of local expert l's block (obase: the sources before this rank)
+    cm = lmask[:, None] & (widx < me)[None, :]
+    cwb = ll_poll(cbox + lidx[:, None] * W + widx[None, :], cm, flag)
+    obase = tl.sum(tl.where(cm, cwb & 0xFFFFFFFF, 0), 1)
     for r0 in range(pid * BR, TK, P * BR):
         r = r0 + rr
         inr = r < TK
-        eid = tl.load(eid_ptr + r, mask=inr, other=E)
-        sl = tl.load(slot_ptr + r, mask=inr, other=cap).to(tl.int64)
+        eid = tl.load(key_ptr + r, mask=inr, other=E)
+        sl = tl.load(pslot_ptr + r, mask=inr, other=cap).to(tl.int64)
         dst = eid // Eloc
-        ok = inr & (eid < E) & (sl < cap) & (dst != me)         # own pairs: copied by the receive units
-        t = tl.load(tok_ptr + r, mask=ok, other=0).to(tl.int64)
+        ok = inr & (eid < E) & (sl < cap)
+        t = (r // K).to(tl.int64)
         le = (eid % Eloc).to(tl.int64)
+        own = ok & (dst == me)
+        if tl.sum(own.to(tl.int32), 0) > 0:
+            ob = tl.sum(tl.where(le[:, None] == lidx[None, :], obase[None, :], 0), 1)
+            _copy_rows_x2(x_ptr, t, out_ptr, le * (W * cap) + ob + sl, own, H, BW * EPW)
+        ok = ok & (dst != me)
         drow = (le * W + me) * cap + sl
         # no word to write when every pair of the block is this rank's own or not sent
         whi = tl.where(tl.sum(ok.to(tl.int32), 0) > 0, HW, 0)
         for w0 in range(0, whi, BW):
             w = w0 + ww
             pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
-            for k in range(1, LW):                   # k = 0: this rank, copied from x by the receive units
+            for k in range(1, LW):                   # k = 0: this rank, copied above
                 peer = node0 + (local + k) % LW
                 m = (ok & (dst == peer))[:, None] & (w[None, :] < HW)
                 tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
@@ -491,54 +571,36 @@ def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, start_ptr
                     if d_i // LW != node:
                         shmem.putmem_block(rbox + _pick(drow, rr, i) * rowsz,
                                            lstage_ptr + (par * TK + r0 + i) * rowsz, HW * 8, d_i)
-    _stamp(trace_ptr, 1, TRACE)
-    # counts: one flagged word per (local expert, destination), capped at the capacity
-    if pid == 0:
-        for d in range(0, W):
-            c = tl.load(send_ptr + d * Eloc + lidx, mask=lmask, other=0)
-            word = fl64 | tl.minimum(c, cap).to(tl.int64)
-            if d // LW == node:
-                tl.store(dl.symm_at(cbox + lidx * W + me, d), word, mask=lmask)
-            else:
-                if MULTI_NODE:
-                    st = lstage_ptr + (2 * TK) * rowsz + par * W * Eloc + d * Eloc
-                    tl.store(st + lidx, word, mask=lmask)
-                    dl.fence("release", "sys")
-                    dl.syncthreads()
-                    for l in range(0, Eloc):
-                        shmem.putmem_block(cbox + l * W + me, st + l, 8, d)
     _stamp(trace_ptr, 2, TRACE)
-    # ---------------- receive: work units (row block qb, local expert l, source s) over all programs ----------------
-    # row blocks outermost, so that the non-empty units (low qb) spread over every program
-    nls = Eloc * W
+    # ---------------- receive ----------------
+    # every count word (every source, this rank included): lrc and recv_counts
+    for l in range(pid, Eloc, P):
+        cw = ll_poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
+        cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
+        tl.store(lrc_ptr + l * W + widx, cnt, mask=widx < W)
+        tl.store(rcnt_ptr + l, tl.reduce(cnt, 0, _add))
+    # the peers' rows: work units (row block qb, local expert l, source s != rank) over all programs, row blocks
+    # outermost, so that the non-empty units (low qb) spread over every program
+    nls = Eloc * (W - 1)
     for u in range(pid, nls * ((cap + BR - 1) // BR), P):
         qb = u // nls
-        l = (u % nls) // W
-        s = u % W
+        l = (u % nls) // (W - 1)
+        s = (me + 1 + u % (W - 1)) % W
         cw = ll_poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
         cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
         n = _pick(cnt, widx, s)
-        if qb == 0:
-            tl.store(lrc_ptr + l * W + s, n)
-            if s == 0:
-                tl.store(rcnt_ptr + l, tl.reduce(cnt, 0, _add))
         q0 = qb * BR
         if q0 < n:
             base = _pick(_exclusive_cumsum(cnt), widx, s)
             q = q0 + rr
             qok = q < n
             orow = l * (W * cap) + base + q.to(tl.int64)
-            if s == me:
-                # own pairs: slot q of expert (me, l) is staged pair start[e] + q, a row of x
-                t = tl.load(tok_ptr + tl.load(start_ptr + me * Eloc + l) + q, mask=qok, other=0).to(tl.int64)
-                _copy_rows_x2(x_ptr, t, out_ptr, orow, qok, H, BW * EPW)
-            else:
-                src = (l * W + s) * cap + q.to(tl.int64)
-                for w0 in range(0, HW, BW):
-                    w = w0 + ww
-                    m = qok[:, None] & (w[None, :] < HW)
-                    pk = ll_poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
-                    _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
+            src = (l * W + s) * cap + q.to(tl.int64)
+            for w0 in range(0, HW, BW):
+                w = w0 + ww
+                m = qok[:, None] & (w[None, :] < HW)
+                pk = ll_poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
+                _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
     _stamp(trace_ptr, 3, TRACE)
     epoch_end(calls_ptr)
 
@@ -687,6 +749,7 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
                 acc += lo
             else:
                 acc += tl.reshape(tl.join(lo, hi), (RB, RW * 2))
-        tl.store(out_ptr + t64[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=tok_ok[:, None] & cm[None, :])
+        tl.store(out_ptr + t64[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=tok_ok[:, None] & cm[None, :])
     _stamp(trace_ptr, 3, TRACE)
     epoch_end(calls_ptr)
