@@ -11,7 +11,8 @@ low-latency (decode: fixed capacity, no host sync, CUDA-graph capturable).
     recv_x, recv_counts, handle = ep_dispatch(x, topk_idx, topk_weights, ll)     # recv_x: [E_local, W * cap, H]
     out = ep_combine(y, handle, ll)
 
-The kernels are in kernels/ep_kernels.py.
+The kernels are in kernels/ep_kernels.py (routing, normal mode) and
+kernels/ep_ll_kernels.py (low-latency mode).
 
 Contract
 --------
@@ -139,8 +140,8 @@ import triton
 import ditron
 
 from ._common import CollectiveContext, enter, op_fields, sm_count
-from .ep_kernels import (ep_combine_kernel, ep_dispatch_kernel, ep_ll_combine_kernel, ep_ll_dispatch_kernel,
-                         ep_route_kernel)
+from .ep_kernels import ep_combine_kernel, ep_dispatch_kernel, ep_route_kernel
+from .ep_ll_kernels import ep_ll_combine_kernel, ep_ll_dispatch_kernel
 
 MODES = ("normal", "low_latency")
 #: the kernels of one dispatch + combine, in launch order (rows of ``EpContext.trace_buf``)

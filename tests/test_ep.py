@@ -100,8 +100,8 @@ def _compile(name, multi_node):
     import inspect
 
     import ditron
-    from ditron.kernels import ep_kernels
-    k = getattr(ep_kernels, name)
+    from ditron.kernels import ep_kernels, ep_ll_kernels
+    k = getattr(ep_ll_kernels if name.startswith("ep_ll_") else ep_kernels, name)
     const = dict(_CONST[name], **({} if name == "ep_route_kernel" else {"MULTI_NODE": multi_node}))
     sig = {p: ("*i64" if p in _I64 else "*i32" if p in _I32 else "*fp32" if p == "w_ptr" else "*bf16")
            if p.endswith("_ptr") else "i32"
