@@ -10,6 +10,7 @@
 # timeout and the last line says which steps failed.
 #
 #   OUT=/some/dir bash bench/ep_gpu.sh
+#   STEPS=tests,bench-ep OUT=/some/dir bash bench/ep_gpu.sh      # EP only (about 4 minutes at most)
 set -o pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -23,8 +24,11 @@ TR="torchrun --standalone --nproc-per-node 1"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>&1 | tee "$OUT/ep-gpu-info.log"
 git log -1 --format='commit %H %s' 2>/dev/null | tee -a "$OUT/ep-gpu-info.log"
 failed=""
+# STEPS: the steps to run, comma-separated (default all: tests,bench-ep,bench-grouped-gemm)
+STEPS=${STEPS:-tests,bench-ep,bench-grouped-gemm}
 step() {
   local name=$1 t=$2; shift 2
+  case ",$STEPS," in *",$name,"*) ;; *) echo "== skipped: $name (STEPS=$STEPS)"; return 0 ;; esac
   echo "== $name: $*"
   timeout -k 10 "$t" "$@" 2>&1 | tee "$OUT/ep-$name.log"
   local rc=$?

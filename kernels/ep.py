@@ -11,7 +11,8 @@ low-latency (decode: fixed capacity, no host sync, CUDA-graph capturable).
     recv_x, recv_counts, handle = ep_dispatch(x, topk_idx, topk_weights, ll)     # recv_x: [E_local, W * cap, H]
     out = ep_combine(y, handle, ll)
 
-The kernels are in kernels/ep_kernels.py.
+The kernels are in kernels/ep_kernels.py (routing, normal mode) and
+kernels/ep_ll_kernels.py (low-latency mode).
 
 Contract
 --------
@@ -53,7 +54,8 @@ counted in ``handle.dropped[0]``; in low-latency mode the pairs beyond
 
 How (normal mode)
 -----------------
-Routing, on the device, one launch (``ep_route_kernel``: no sort, no torch
+Routing, on the device, one launch (``ep_route_kernel``; in low-latency
+mode the same steps are the dispatch kernel's first phase; no sort, no torch
 op; the pairs split over up to an SM count of programs, which exchange their
 counts once through release / wait slots): two passes over blocks of pairs
 give the counts per expert and each pair's rank among the earlier pairs of
@@ -94,19 +96,28 @@ bits ``epoch + 1``.  A pair goes straight to its slot ``lrecv[p][l][rank][slot]`
 on the owner (``slot``: its index among this rank's pairs for that expert,
 computed by the routing), and the count of each (expert, source) travels as
 one flagged word ``lcnt[p][l][rank]``; the owner polls the count words, then
-the rows' words, until every flag is this call's.  Combine sends each row
-back to ``lcomb[p][owner][l][slot]`` on the token's rank, which polls the
-rows it needs.  No signal, no host read, no buffer reset: the calls can be
-captured in a CUDA graph.  Other nodes: packed rows are staged and sent with
+the rows' words, until every flag is this call's.  The routing is the LL
+dispatch kernel's first phase (one launch): its programs count, release /
+wait once, rank their pairs and send the count words (program 0) at once;
+they release a second round of slots, which every program waits for
+before sending its share of the pairs (own pairs straight into ``recv_x``,
+at a row base per local expert from the count words of the sources before
+this rank).  Combine sends each row
+back to ``lcomb[p][owner][l][slot]`` on the token's rank, which reads the
+rows it needs: per tile of tokens and columns all ``k`` packets at once,
+their flags checked once, and only when some packet is not this call's yet
+are the tile's peers' pairs polled one at a time.  No signal, no host
+read, no buffer reset: the calls can be captured in a CUDA graph.  Other nodes: packed rows are staged and sent with
 ``shmem.putmem_block`` (each word carries its own flag, so the order in
 which the words land does not matter).  A pair of this rank's own experts does
-not travel: the receive units copy it from ``x`` (dispatch) and the token
-side reads it from ``y`` (combine); the count words still go to every rank,
+not travel: the sending program copies it from ``x`` into ``recv_x``
+(dispatch) and the token side reads it from ``y`` (combine); the count words still go to every rank,
 this one included.  On GPUs every program is resident (the grids are at
 most the SM count).
 
 Host side: no allocation, no host read (``validate=False``), two launches
-per dispatch (routing, then dispatch) and one per combine.  The routing,
+per normal dispatch (routing, then dispatch), one per LL dispatch and one
+per combine.  The routing,
 the handle's tensors and the outputs live in the context, one set per call
 parity: ``recv_x``, ``recv_counts`` and the handle stay valid until the
 second next ``ep_dispatch``, the combined output (without ``out=``) until
@@ -129,8 +140,8 @@ import triton
 import ditron
 
 from ._common import CollectiveContext, enter, op_fields, sm_count
-from .ep_kernels import (ep_combine_kernel, ep_dispatch_kernel, ep_ll_combine_kernel, ep_ll_dispatch_kernel,
-                         ep_route_kernel)
+from .ep_kernels import ep_combine_kernel, ep_dispatch_kernel, ep_route_kernel
+from .ep_ll_kernels import ep_ll_combine_kernel, ep_ll_dispatch_kernel
 
 MODES = ("normal", "low_latency")
 #: the kernels of one dispatch + combine, in launch order (rows of ``EpContext.trace_buf``)
@@ -138,7 +149,7 @@ TRACED = ("route", "dispatch", "combine")
 #: trace phases per kernel (column ``i + 1`` of a program's record: ``clock_ns`` at the end of phase ``i``)
 PHASES = {"route": ("count", "rank"), "normal": {"dispatch": ("send", "wait", "receive"), "combine": ("send", "wait",
                                                                                               "reduce")},
-          "low_latency": {"dispatch": ("send rows", "send counts", "receive"), "combine": ("send rows", "",
+          "low_latency": {"dispatch": ("route", "send rows", "receive"), "combine": ("send rows", "",
                                                                                           "reduce")}}
 #: hooks of the bench's host account (ditron/bench/ep_trace.py): ``hook(name)`` -> a context manager around a launch
 LAUNCH_HOOKS = []
@@ -234,8 +245,10 @@ class EpContext(CollectiveContext):
         self.dcalls_host, self.ccalls_host = 0, 0
         self.launches = {}
         self.trace = False
-        # the combine's reduce tiles: [BR, reduce_cols] elements, k loads of them in flight per program
+        # the combine's reduce tiles: [BR, reduce_cols] elements (LL: [reduce_rows, reduce_cols]), k loads of them
+        # in flight per program
         self.reduce_cols = 16 if self.sim else 256
+        self.reduce_rows = 4 if self.sim else 8
         # the routing: blocks of route_blk pairs, at most route_programs programs (resident: they wait for each
         # other once), their counts in route_hist, their release slots in route_slots (epochs: never reset)
         self.route_ep = triton.next_power_of_2(self.num_experts + 1)
@@ -244,6 +257,9 @@ class EpContext(CollectiveContext):
         self.route_hist = torch.zeros(self.route_programs * (self.route_ep + 1), dtype=torch.int32, device=dev)
         self.route_slots = torch.zeros(self.route_programs, dtype=torch.int32, device=dev)
         self.rcalls = torch.zeros(2, dtype=i64, device=dev)
+        # low latency: the routing runs inside the dispatch kernel, its two release rounds in these slots (epoch: the
+        # dispatch's call count + 1)
+        self.ll_slots = torch.zeros(2 * self.max_programs if mode != "normal" else 1, dtype=torch.int32, device=dev)
         self.trace_buf = torch.zeros((len(TRACED), max(self.max_programs, self.route_programs), 4), dtype=i64,
                                      device=dev)
         recv_shape = (W * TK, H) if mode == "normal" else (El, W * self.capacity, H)
@@ -330,7 +346,7 @@ def _trace_args(ctx, row):
 def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
     """Send every (token, slot) pair to its expert's rank; returns ``(recv_x,
     recv_counts, handle)`` (see the module docstring for the layouts).  Two
-    launches (the routing, then the dispatch kernel), no allocation, no host
+    launches (the routing, then the dispatch kernel; low latency: one), no allocation, no host
     read unless ``validate``; ``recv_x``, ``recv_counts`` and the handle are
     the context's and stay valid until the second next ``ep_dispatch``."""
     T, k = _check_inputs(ctx, x, topk_idx, topk_weights)
@@ -351,29 +367,38 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
     ctx.dcalls_host += 1
     sim = ctx.sim
     cap = ctx.capacity if ctx.mode != "normal" else TK + 1
-    tr, TR = _trace_args(ctx, 0)
-    blk = ctx.route_blk
+    # blocks no larger than needed to give every routing program one (a [BLK, EP] scan per block: at 128 x 8
+    # pairs one block of 512 per program on 2 programs took 5 us on an H200, blocks of 32 spread them over 32)
+    nprog = ctx.route_programs if ctx.mode == "normal" else min(ctx.route_programs, ctx.max_programs)
+    blk = ctx.route_blk if sim else max(32, min(ctx.route_blk, triton.next_power_of_2(triton.cdiv(max(TK, 1),
+                                                                                                 nprog))))
     nblk = max(1, triton.cdiv(TK, blk))
-    per = blk * triton.cdiv(nblk, min(nblk, ctx.route_programs))          # pairs per program, whole blocks
-    _launch(ctx, "route", ep_route_kernel, (triton.cdiv(max(TK, 1), per),), topk_idx, b["key"], b["pos"],
+    per = blk * triton.cdiv(nblk, min(nblk, nprog))          # pairs per program, whole blocks
+    rp = triton.cdiv(max(TK, 1), per)                         # routing programs
+    br, bh = ctx.blocks()
+    if ctx.mode != "normal":
+        # low latency: the routing is the dispatch kernel's first phase (one launch)
+        tr, TR = _trace_args(ctx, 1)
+        recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]
+        _launch(ctx, "dispatch", ep_ll_dispatch_kernel, (ctx.max_programs,),
+                x, topk_idx, b["key"], b["pslot"], b["dropped"], ctx.route_hist, ctx.ll_slots, recv_x, rc,
+                recv_counts, ctx.lrecv, ctx.lcnt, ctx.lstage, ctx.calls, tr, TK, k, H, ctx.hw, El, cap, per, rp,
+                MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, EP=ctx.route_ep, BLK=blk,
+                QB=4 if sim else 32, BR=br, BW=bh, TRACE=TR, num_warps=1 if sim else 4)
+        return recv_x, recv_counts, EpHandle("low_latency", T, k, topk_weights, b["dropped"], peid=b["key"],
+                                             pslot=b["pslot"], lrc=rc)
+    tr, TR = _trace_args(ctx, 0)
+    _launch(ctx, "route", ep_route_kernel, (rp,), topk_idx, b["key"], b["pos"],
             b["pslot"], b["tok"], b["skey"], b["sslot"], b["cnt"], b["start"], b["dropped"], ctx.route_hist,
             ctx.route_slots, ctx.rcalls, tr, TK, k, E, cap, per, EP=ctx.route_ep, BLK=blk, QB=4 if sim else 32,
             TRACE=TR, num_warps=1 if sim else 8)
-    br, bh = ctx.blocks()
     tr, TR = _trace_args(ctx, 1)
     recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]
-    if ctx.mode == "normal":
-        _launch(ctx, "dispatch", ep_dispatch_kernel, (ctx.max_programs,),
-                x, b["tok"], b["cnt"], recv_x, rc, recv_counts, ctx.buf, ctx.cnt, ctx.stage, ctx.cstage, ctx.sig,
-                ctx.calls, tr, TK, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(),
-                WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, TRACE=TR, num_warps=1 if sim else 4)
-        return recv_x, recv_counts, EpHandle("normal", T, k, topk_weights, b["dropped"], pos=b["pos"], rc=rc)
-    _launch(ctx, "dispatch", ep_ll_dispatch_kernel, (ctx.max_programs,),
-            x, b["tok"], b["skey"], b["sslot"], b["cnt"], b["start"], recv_x, rc, recv_counts, ctx.lrecv, ctx.lcnt,
-            ctx.lstage, ctx.calls, tr, TK, H, ctx.hw, El, cap, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp,
-            ELP=ctx.elp, BR=br, BW=bh, TRACE=TR, num_warps=1 if sim else 4)
-    return recv_x, recv_counts, EpHandle("low_latency", T, k, topk_weights, b["dropped"], peid=b["key"],
-                                         pslot=b["pslot"], lrc=rc)
+    _launch(ctx, "dispatch", ep_dispatch_kernel, (ctx.max_programs,),
+            x, b["tok"], b["cnt"], recv_x, rc, recv_counts, ctx.buf, ctx.cnt, ctx.stage, ctx.cstage, ctx.sig,
+            ctx.calls, tr, TK, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(),
+            WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, TRACE=TR, num_warps=1 if sim else 4)
+    return recv_x, recv_counts, EpHandle("normal", T, k, topk_weights, b["dropped"], pos=b["pos"], rc=rc)
 
 
 def ep_combine(y, handle, ctx, out=None):
@@ -411,8 +436,9 @@ def ep_combine(y, handle, ctx, out=None):
     else:
         _launch(ctx, "combine", ep_ll_combine_kernel, (ctx.max_programs,),
                 y, out, handle.peid, handle.pslot, handle.weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, tr,
-                T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp, BR=br,
-                BW=bh, KT=k, RW=ctx.reduce_cols // ctx.epw, TRACE=TR, num_warps=1 if ctx.sim else 4)
+                T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp,
+                ELP=ctx.elp, BR=br, BW=bh, KT=k, RB=ctx.reduce_rows, RW=ctx.reduce_cols // ctx.epw, TRACE=TR,
+                num_warps=1 if ctx.sim else 8)
     return out
 
 

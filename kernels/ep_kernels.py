@@ -1,6 +1,6 @@
 """Device code of EP dispatch / combine (kernels/ep.py has the protocol,
-the layouts and the host API): helpers, the normal-mode kernels and the
-low-latency (LL) kernels."""
+the layouts and the host API): helpers, the routing and the normal-mode
+kernels (the low-latency kernels are in kernels/ep_ll_kernels.py)."""
 from __future__ import annotations
 
 import triton
@@ -10,7 +10,7 @@ import ditron
 import ditron.language as dl
 from ditron.language import shmem
 
-from ._common import epoch_begin, epoch_end, ll_poll, topology
+from ._common import epoch_begin, epoch_end, topology
 from .all_gather import _put_chunk
 from .all_to_all import _add, _exclusive_cumsum, _pick
 
@@ -70,6 +70,21 @@ def _copy_rows(src_ptr, src_rows, dst_ptr, dst_rows, ok, H, BH: tl.constexpr):
 
 
 @triton.jit
+def _copy_rows_x2(src_ptr, src_rows, dst_ptr, dst_rows, ok, H, BH: tl.constexpr):
+    """``_copy_rows`` with two column blocks per step, both loaded before either is stored (twice the bytes in
+    flight per program, half the dependent steps)."""
+    for h0 in range(0, H, 2 * BH):
+        ha = h0 + tl.arange(0, BH)
+        hb = ha + BH
+        ma = ok[:, None] & (ha[None, :] < H)
+        mb = ok[:, None] & (hb[None, :] < H)
+        va = tl.load(src_ptr + src_rows[:, None] * H + ha[None, :], mask=ma)
+        vb = tl.load(src_ptr + src_rows[:, None] * H + hb[None, :], mask=mb)
+        tl.store(dst_ptr + dst_rows[:, None] * H + ha[None, :], va, mask=ma)
+        tl.store(dst_ptr + dst_rows[:, None] * H + hb[None, :], vb, mask=mb)
+
+
+@triton.jit
 def _copy_rows_to_peer(src_ptr, src_rows, dst_ptr, dst_rows, ok, H, peer, BH: tl.constexpr):
     """The same into ``peer``'s copy of the symmetric ``dst``."""
     for h0 in range(0, H, BH):
@@ -77,48 +92,6 @@ def _copy_rows_to_peer(src_ptr, src_rows, dst_ptr, dst_rows, ok, H, peer, BH: tl
         m = ok[:, None] & (hs[None, :] < H)
         v = tl.load(src_ptr + src_rows[:, None] * H + hs[None, :], mask=m)
         tl.store(dl.symm_at(dst_ptr + dst_rows[:, None] * H + hs[None, :], peer), v, mask=m)
-
-
-@triton.jit
-def _pack(x_ptr, rows, ok, w, HW, H, flag64, EPW: tl.constexpr):
-    """LL packets ``[BR, BW]`` of words ``w`` of rows ``rows`` of ``x``."""
-    m = ok[:, None] & (w[None, :] < HW)
-    if EPW == 1:
-        word = tl.load(x_ptr + rows[:, None] * H + w[None, :], mask=m, other=0.0).to(tl.int32, bitcast=True)
-    else:
-        c = w[None, :] * 2
-        lo = tl.load(x_ptr + rows[:, None] * H + c, mask=m & (c < H), other=0.0)
-        hi = tl.load(x_ptr + rows[:, None] * H + c + 1, mask=m & (c + 1 < H), other=0.0)
-        lo = lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        hi = hi.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        word = lo | (hi << 16)
-    return flag64 | (word.to(tl.int64) & 0xFFFFFFFF)
-
-
-@triton.jit
-def _unpack_store(pk, out_ptr, rows, ok, w, HW, H, EPW: tl.constexpr, DT: tl.constexpr):
-    m = ok[:, None] & (w[None, :] < HW)
-    word = pk.to(tl.int32)
-    if EPW == 1:
-        tl.store(out_ptr + rows[:, None] * H + w[None, :], word.to(tl.float32, bitcast=True).to(DT), mask=m)
-    else:
-        c = w[None, :] * 2
-        lo = (word & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
-        hi = ((word >> 16) & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
-        tl.store(out_ptr + rows[:, None] * H + c, lo, mask=m & (c < H))
-        tl.store(out_ptr + rows[:, None] * H + c + 1, hi, mask=m & (c + 1 < H))
-
-
-@triton.jit
-def _unpack_f32(pk, EPW: tl.constexpr, DT: tl.constexpr):
-    """fp32 ``[BR, BW * EPW]`` values of packets ``[BR, BW]`` (element order as in the row)."""
-    word = pk.to(tl.int32)
-    if EPW == 1:
-        return word.to(tl.float32, bitcast=True)
-    else:
-        lo = (word & 0xFFFF).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
-        hi = ((word >> 16) & 0xFFFF).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
-        return tl.reshape(tl.join(lo, hi), (lo.shape[0], lo.shape[1] * 2))
 
 
 @triton.jit
@@ -418,224 +391,5 @@ def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_pt
             acc += wt[:, None] * v
         tl.store(out_ptr + t.to(tl.int64)[:, None] * H + hs[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=tok_ok[:, None] & hm[None, :])
-    _stamp(trace_ptr, 3, TRACE)
-    epoch_end(calls_ptr)
-
-
-# ---------------------------------------------------------------------------
-# low-latency mode
-# ---------------------------------------------------------------------------
-
-@ditron.jit(do_not_specialize=["TK", "Eloc", "cap"])
-def ep_ll_dispatch_kernel(x_ptr, tok_ptr, eid_ptr, slot_ptr, send_ptr, start_ptr, out_ptr, lrc_ptr, rcnt_ptr,
-                          lrecv_ptr, lcnt_ptr, lstage_ptr, calls_ptr, trace_ptr, TK, H, HW, Eloc, cap,
-                          MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
-                          BR: tl.constexpr, BW: tl.constexpr, TRACE: tl.constexpr):
-    """Staged pair ``i``: token ``tok_ptr[i]``, expert ``eid_ptr[i]`` (``>= E``:
-    not sent), slot ``slot_ptr[i]`` (``>= cap``: dropped); ``start_ptr[e]``:
-    where expert ``e``'s pairs start in the staging order.  ``lrc_ptr`` (out):
-    ``[E_local, W]`` rows received per (local expert, source).  This rank's
-    own pairs do not travel: its receive units copy them from ``x``.  Trace
-    phases: rows sent, counts sent, received."""
-    _stamp(trace_ptr, 0, TRACE)
-    e = epoch_begin(calls_ptr)
-    par = e % 2
-    val = e + 1
-    flag = val.to(tl.int32)
-    fl64 = flag.to(tl.int64) << 32
-    pid = tl.program_id(0)
-    P = tl.num_programs(0)
-    me, W, LW, node, NN, local = topology()
-    E = Eloc * W
-    rowsz = HW.to(tl.int64)
-    rbox = lrecv_ptr + par * (Eloc * W * cap) * rowsz          # [E_local][W][cap][HW]
-    cbox = lcnt_ptr + par * Eloc * W                         # [E_local][W]
-    rr = tl.arange(0, BR)
-    ww = tl.arange(0, BW)
-    widx = tl.arange(0, WP)
-    lidx = tl.arange(0, ELP)
-    lmask = lidx < Eloc
-    node0 = node * LW
-    # ---------------- send the pairs (each program a share of the staging order) ----------------
-    for r0 in range(pid * BR, TK, P * BR):
-        r = r0 + rr
-        inr = r < TK
-        eid = tl.load(eid_ptr + r, mask=inr, other=E)
-        sl = tl.load(slot_ptr + r, mask=inr, other=cap).to(tl.int64)
-        dst = eid // Eloc
-        ok = inr & (eid < E) & (sl < cap) & (dst != me)         # own pairs: copied by the receive units
-        t = tl.load(tok_ptr + r, mask=ok, other=0).to(tl.int64)
-        le = (eid % Eloc).to(tl.int64)
-        drow = (le * W + me) * cap + sl
-        # no word to write when every pair of the block is this rank's own or not sent
-        whi = tl.where(tl.sum(ok.to(tl.int32), 0) > 0, HW, 0)
-        for w0 in range(0, whi, BW):
-            w = w0 + ww
-            pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
-            for k in range(1, LW):                   # k = 0: this rank, copied from x by the receive units
-                peer = node0 + (local + k) % LW
-                m = (ok & (dst == peer))[:, None] & (w[None, :] < HW)
-                tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
-            if MULTI_NODE:
-                sm = ok[:, None] & (w[None, :] < HW)
-                tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt, mask=sm)
-        if MULTI_NODE:
-            dl.fence("release", "sys")
-            dl.syncthreads()
-            for i in range(0, BR):
-                d_i = _pick(dst, rr, i)
-                if _pick(ok.to(tl.int32), rr, i) != 0:
-                    if d_i // LW != node:
-                        shmem.putmem_block(rbox + _pick(drow, rr, i) * rowsz,
-                                           lstage_ptr + (par * TK + r0 + i) * rowsz, HW * 8, d_i)
-    _stamp(trace_ptr, 1, TRACE)
-    # counts: one flagged word per (local expert, destination), capped at the capacity
-    if pid == 0:
-        for d in range(0, W):
-            c = tl.load(send_ptr + d * Eloc + lidx, mask=lmask, other=0)
-            word = fl64 | tl.minimum(c, cap).to(tl.int64)
-            if d // LW == node:
-                tl.store(dl.symm_at(cbox + lidx * W + me, d), word, mask=lmask)
-            else:
-                if MULTI_NODE:
-                    st = lstage_ptr + (2 * TK) * rowsz + par * W * Eloc + d * Eloc
-                    tl.store(st + lidx, word, mask=lmask)
-                    dl.fence("release", "sys")
-                    dl.syncthreads()
-                    for l in range(0, Eloc):
-                        shmem.putmem_block(cbox + l * W + me, st + l, 8, d)
-    _stamp(trace_ptr, 2, TRACE)
-    # ---------------- receive: work units (row block qb, local expert l, source s) over all programs ----------------
-    # row blocks outermost, so that the non-empty units (low qb) spread over every program
-    nls = Eloc * W
-    for u in range(pid, nls * ((cap + BR - 1) // BR), P):
-        qb = u // nls
-        l = (u % nls) // W
-        s = u % W
-        cw = ll_poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
-        cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
-        n = _pick(cnt, widx, s)
-        if qb == 0:
-            tl.store(lrc_ptr + l * W + s, n)
-            if s == 0:
-                tl.store(rcnt_ptr + l, tl.reduce(cnt, 0, _add))
-        q0 = qb * BR
-        if q0 < n:
-            base = _pick(_exclusive_cumsum(cnt), widx, s)
-            q = q0 + rr
-            qok = q < n
-            orow = l * (W * cap) + base + q.to(tl.int64)
-            if s == me:
-                # own pairs: slot q of expert (me, l) is staged pair start[e] + q, a row of x
-                t = tl.load(tok_ptr + tl.load(start_ptr + me * Eloc + l) + q, mask=qok, other=0).to(tl.int64)
-                _copy_rows(x_ptr, t, out_ptr, orow, qok, H, BW * EPW)
-            else:
-                src = (l * W + s) * cap + q.to(tl.int64)
-                for w0 in range(0, HW, BW):
-                    w = w0 + ww
-                    m = qok[:, None] & (w[None, :] < HW)
-                    pk = ll_poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
-                    _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
-    _stamp(trace_ptr, 3, TRACE)
-    epoch_end(calls_ptr)
-
-
-@ditron.jit(do_not_specialize=["T", "TK", "Eloc", "cap"])
-def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lcomb_ptr, lstage_ptr, calls_ptr,
-                         trace_ptr, T, TK, H, HW, Eloc, cap,
-                         MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
-                         BR: tl.constexpr, BW: tl.constexpr, KT: tl.constexpr, RW: tl.constexpr,
-                         TRACE: tl.constexpr):
-    """Owner side: row ``r`` of (local expert ``l``, source ``s``) goes back to
-    ``lcomb[p][rank][l][r]`` on ``s``.  Token side: pair ``(t, j)`` (expert
-    ``peid``, slot ``pslot``; skipped when not delivered) is polled there; a
-    pair of this rank's own experts is read from ``y`` (it does not travel).
-    The token side works on ``[BR, RW]`` word tiles, its ``KT`` pairs
-    unrolled.  Trace phases: rows sent, (nothing), reduced."""
-    _stamp(trace_ptr, 0, TRACE)
-    e = epoch_begin(calls_ptr)
-    par = e % 2
-    val = e + 1
-    flag = val.to(tl.int32)
-    fl64 = flag.to(tl.int64) << 32
-    pid = tl.program_id(0)
-    P = tl.num_programs(0)
-    me, W, LW, node, NN, local = topology()
-    E = Eloc * W
-    rowsz = HW.to(tl.int64)
-    box = lcomb_ptr + par * (W * Eloc * cap) * rowsz           # [W owners][E_local][cap][HW]
-    rr = tl.arange(0, BR)
-    ww = tl.arange(0, BW)
-    widx = tl.arange(0, WP)
-    # owner side: work units (row block rb, local expert l, source s) over all programs, row blocks outermost
-    nls = Eloc * W
-    for u in range(pid, nls * ((cap + BR - 1) // BR), P):
-        rb = u // nls
-        l = (u % nls) // W
-        s = u % W
-        cnt = tl.load(lrc_ptr + l * W + widx, mask=widx < W, other=0)
-        n = _pick(cnt, widx, s)
-        r0 = rb * BR
-        if (r0 < n) & (s != me):                     # own rows: read from y by the token side
-            base = _pick(_exclusive_cumsum(cnt), widx, s)
-            remote = (s // LW) != node
-            r = r0 + rr
-            ok = r < n
-            yrow = l * (W * cap) + base + r.to(tl.int64)
-            drow = (me * Eloc + l) * cap + r.to(tl.int64)
-            for w0 in range(0, HW, BW):
-                w = w0 + ww
-                pkt = _pack(y_ptr, yrow, ok, w, HW, H, fl64, EPW)
-                m = ok[:, None] & (w[None, :] < HW)
-                if MULTI_NODE:
-                    if remote:
-                        tl.store(lstage_ptr + (par * W * cap + s * cap + r.to(tl.int64))[:, None] * rowsz
-                                 + w[None, :], pkt, mask=m)
-                    else:
-                        tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
-                else:
-                    tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
-            if MULTI_NODE:
-                if remote:
-                    dl.fence("release", "sys")
-                    dl.syncthreads()
-                    nr = tl.minimum(n - r0, BR)
-                    shmem.putmem_block(box + ((me * Eloc + l) * cap + r0) * rowsz,
-                                       lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
-    _stamp(trace_ptr, 1, TRACE)
-    _stamp(trace_ptr, 2, TRACE)
-    # ---------------- token side: poll the k rows of each token ----------------
-    # token side: work units (token block, word chunk) over all programs
-    nwc = (HW + RW - 1) // RW
-    for u in range(pid, ((T + BR - 1) // BR) * nwc, P):
-        t = (u // nwc) * BR + rr
-        tok_ok = t < T
-        w0 = (u % nwc) * RW
-        w = w0 + tl.arange(0, RW)
-        cols = w0 * EPW + tl.arange(0, RW * EPW)
-        cm = (cols < H) & (cols < HW * EPW)
-        acc = tl.full((BR, RW * EPW), 0.0, tl.float32)
-        for j in tl.static_range(KT):
-            eid = tl.load(peid_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=E)
-            sl = tl.load(pslot_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=cap).to(tl.int64)
-            wt = tl.load(w_ptr + t.to(tl.int64) * KT + j, mask=tok_ok, other=0.0).to(tl.float32)
-            ok = tok_ok & (eid < E) & (sl < cap)
-            own = ok & ((eid // Eloc) == me)
-            src = ((eid // Eloc).to(tl.int64) * Eloc + (eid % Eloc)) * cap + sl
-            m = (ok & ~own)[:, None] & (w[None, :] < HW)
-            pk = tl.zeros((BR, RW), tl.int64)
-            if tl.sum((ok & ~own).to(tl.int32), 0) > 0:          # some pair of a peer's expert: poll its rows
-                pk = ll_poll(box + src[:, None] * rowsz + w[None, :], m, flag)
-            v = _unpack_f32(pk, EPW, out_ptr.dtype.element_ty)
-            # own pairs: row base + slot of y, base = rows of local expert l from the sources before this rank
-            l = (eid % Eloc).to(tl.int64)
-            base = tl.sum(tl.load(lrc_ptr + l[:, None] * W + widx[None, :], mask=own[:, None] & (widx < me)[None, :],
-                                  other=0), 1)
-            yrow = l * (W * cap) + base + sl
-            vy = tl.load(y_ptr + yrow[:, None] * H + cols[None, :], mask=own[:, None] & cm[None, :], other=0.0)
-            v = tl.where(own[:, None], vy.to(tl.float32), v)
-            acc += tl.where(ok[:, None], wt[:, None] * v, 0.0)
-        tl.store(out_ptr + t.to(tl.int64)[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=tok_ok[:, None] & cm[None, :])
     _stamp(trace_ptr, 3, TRACE)
     epoch_end(calls_ptr)

@@ -52,13 +52,17 @@ def test_grouped_gemm_and_ep_bench_on_the_simulator(tmp_path):
     for mode in ("normal", "low_latency"):
         assert rows[("3 tok/rank", f"ditron {mode}")]["status"] == "ok"
     # --trace: the per-phase account; the data path allocates nothing, sets no memory, reads nothing back and
-    # launches routing + dispatch + combine (the simulator's cross-rank argument check adds its copy_ ops)
+    # launches routing + dispatch + combine (LL: dispatch + combine); the simulator's cross-rank argument check
+    # adds its copy_ ops
     trace = (tmp_path / "smoke-ep-trace-bf16.md").read_text()
     for mode in ("normal", "low_latency"):
         assert f"#### 3 tok/rank, {mode}" in trace
     assert trace.count("allocations 0, memsets 0, host syncs 0") == 2, trace
-    assert trace.count("EP launches: route x1, dispatch x1, combine x1.") == 2, trace
-    for kernel in ("route", "dispatch", "combine"):
+    # normal: routing + dispatch + combine; low latency: the routing is the dispatch kernel's first phase
+    assert trace.count("EP launches: route x1, dispatch x1, combine x1.") == 1, trace
+    assert trace.count("EP launches: dispatch x1, combine x1.") == 1, trace
+    assert trace.count("| route | ") == 1, trace
+    for kernel in ("dispatch", "combine"):
         assert trace.count(f"| {kernel} | ") == 2, trace
 
 

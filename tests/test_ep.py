@@ -90,8 +90,8 @@ _I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "s
         "start_ptr", "trace_ptr", "idx_ptr", "key_ptr", "skey_ptr", "sslot_ptr", "dropped_ptr", "rcalls_ptr"}
 _CONST = {"ep_dispatch_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
           "ep_combine_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, KT=8, RH=256, TRACE=False),
-          "ep_ll_dispatch_kernel": dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, TRACE=False),
-          "ep_ll_combine_kernel": dict(EPW=2, WP=2, BR=4, BW=512, KT=8, RW=128, TRACE=False),
+          "ep_ll_dispatch_kernel": dict(EPW=2, WP=2, ELP=16, EP=16, BLK=32, QB=32, BR=4, BW=512, TRACE=False),
+          "ep_ll_combine_kernel": dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, KT=8, RB=8, RW=128, TRACE=False),
           "ep_route_kernel": dict(EP=16, BLK=512, QB=32, TRACE=False)}
 _I32 = {"hist_ptr", "rslot_ptr"}
 
@@ -100,8 +100,8 @@ def _compile(name, multi_node):
     import inspect
 
     import ditron
-    from ditron.kernels import ep_kernels
-    k = getattr(ep_kernels, name)
+    from ditron.kernels import ep_kernels, ep_ll_kernels
+    k = getattr(ep_ll_kernels if name.startswith("ep_ll_") else ep_kernels, name)
     const = dict(_CONST[name], **({} if name == "ep_route_kernel" else {"MULTI_NODE": multi_node}))
     sig = {p: ("*i64" if p in _I64 else "*i32" if p in _I32 else "*fp32" if p == "w_ptr" else "*bf16")
            if p.endswith("_ptr") else "i32"

@@ -100,7 +100,7 @@ def test_poll_timeout_is_free_unbounded_and_leaves_bounded():
     (all_reduce ll, EP low-latency) are bounded the same way."""
     import importlib
     ar = importlib.import_module("ditron.kernels.all_reduce")
-    ep_kernels = importlib.import_module("ditron.kernels.ep_kernels")
+    ep_ll_kernels = importlib.import_module("ditron.kernels.ep_ll_kernels")
     sig = {"flags": "*i64", "out": "*i64", "flag": "i64"}
     plain = _compile(K.k_poll_bounded, sig, ("p2p", False), {"BLOCK": 64}).asm["ptx"]
     bounded = _compile(K.k_poll_bounded, sig, ("p2p", True), {"BLOCK": 64}).asm["ptx"]
@@ -116,8 +116,8 @@ def test_poll_timeout_is_free_unbounded_and_leaves_bounded():
         ("y_ptr", "out_ptr", "peid_ptr", "pslot_ptr", "w_ptr", "lrc_ptr", "lcomb_ptr", "lstage_ptr", "calls_ptr",
          "trace_ptr", "T", "TK", "H", "HW", "Eloc", "cap"),
         ("*bf16", "*bf16", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*i64", "*i64") + ("i32",) * 6)}
-    plain, bounded = (_compile(ep_kernels.ep_ll_combine_kernel, comb_sig, ("p2p", b),
-                               {"MULTI_NODE": False, "EPW": 2, "WP": 2, "BR": 4, "BW": 256,
+    plain, bounded = (_compile(ep_ll_kernels.ep_ll_combine_kernel, comb_sig, ("p2p", b),
+                               {"MULTI_NODE": False, "EPW": 2, "WP": 2, "ELP": 16, "BR": 4, "BW": 256, "RB": 8,
                                 "KT": 8, "RW": 128, "TRACE": False}).asm["ptx"]
                       for b in (False, True))
     assert "exit;" in bounded and "exit;" not in plain

@@ -189,15 +189,19 @@ ZOO = [
      ["rocshmem_putmem_wg", "rocshmem_fence", "rocshmem_putmem_signal_wg"]),
     ("ep_kernels", "ep_dispatch_kernel", dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
      ["rocshmem_putmem_wg", "rocshmem_fence"]),
-    ("ep_kernels", "ep_ll_dispatch_kernel", dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, TRACE=False),
+    ("ep_ll_kernels", "ep_ll_dispatch_kernel", dict(EPW=2, WP=2, ELP=16, EP=16, BLK=32, QB=32, BR=4, BW=512,
+                                                     TRACE=False),
      ["rocshmem_putmem_wg"]),
-    ("ep_kernels", "ep_ll_combine_kernel", dict(EPW=2, WP=2, BR=4, BW=512, KT=8, RW=128, TRACE=False),
+    ("ep_ll_kernels", "ep_ll_combine_kernel", dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, KT=8, RB=8, RW=128,
+                                                     TRACE=False),
      ["rocshmem_putmem_wg"]),
 ]
 #: 64-bit index / count / signal tensors of those kernels (the rest are bf16 data, w_ptr fp32)
 _ZOO_I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "sig_ptr", "calls_ptr", "pos_ptr",
             "eid_ptr", "slot_ptr", "lrc_ptr", "lrecv_ptr", "lcnt_ptr", "lstage_ptr", "peid_ptr", "pslot_ptr",
-            "lcomb_ptr", "splits_ptr", "recv_counts_ptr", "start_ptr", "trace_ptr"}
+            "lcomb_ptr", "splits_ptr", "recv_counts_ptr", "start_ptr", "trace_ptr", "idx_ptr", "key_ptr",
+            "dropped_ptr"}
+_ZOO_I32 = {"hist_ptr", "rslot_ptr"}
 
 
 @pytest.mark.parametrize("module,name,const,symbols", ZOO, ids=[z[1] for z in ZOO])
@@ -207,7 +211,8 @@ def test_zoo_shmem_kernels_compile_for_gfx942(fake_rocshmem, module, name, const
     import importlib
     kernel = getattr(importlib.import_module(f"ditron.kernels.{module}"), name)
     const = dict(const, MULTI_NODE=True)
-    sig = {p: ("*i64" if p in _ZOO_I64 else "*fp32" if p == "w_ptr" else "*bf16") if p.endswith("_ptr") else "i32"
+    sig = {p: ("*i64" if p in _ZOO_I64 else "*i32" if p in _ZOO_I32 else "*fp32" if p == "w_ptr" else "*bf16")
+           if p.endswith("_ptr") else "i32"
            for p in inspect.signature(kernel.fn).parameters if p not in const}
     ck = ditron.compile(kernel, target="gfx942", signature=sig, constexprs=const, num_warps=4)
     assert ck.libraries == ["rocshmem"]

@@ -1,0 +1,379 @@
+"""Device code of EP's low-latency (LL) mode (kernels/ep.py has the
+protocol, the layouts and the host API): the dispatch kernel with its
+routing, and the combine kernel; data and flag travel in one 8-byte word."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+import ditron
+import ditron.language as dl
+from ditron.language import shmem
+
+from ._common import epoch_begin, epoch_end, ll_poll, topology
+from .all_to_all import _add, _exclusive_cumsum, _pick
+from .ep_kernels import _copy_rows_x2, _route_block, _stamp
+
+
+# ---------------------------------------------------------------------------
+# LL packets
+# ---------------------------------------------------------------------------
+
+@triton.jit
+def _pack(x_ptr, rows, ok, w, HW, H, flag64, EPW: tl.constexpr):
+    """LL packets ``[BR, BW]`` of words ``w`` of rows ``rows`` of ``x``."""
+    m = ok[:, None] & (w[None, :] < HW)
+    if EPW == 1:
+        word = tl.load(x_ptr + rows[:, None] * H + w[None, :], mask=m, other=0.0).to(tl.int32, bitcast=True)
+    else:
+        c = w[None, :] * 2
+        lo = tl.load(x_ptr + rows[:, None] * H + c, mask=m & (c < H), other=0.0)
+        hi = tl.load(x_ptr + rows[:, None] * H + c + 1, mask=m & (c + 1 < H), other=0.0)
+        lo = lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        hi = hi.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        word = lo | (hi << 16)
+    return flag64 | (word.to(tl.int64) & 0xFFFFFFFF)
+
+
+@triton.jit
+def _unpack_store(pk, out_ptr, rows, ok, w, HW, H, EPW: tl.constexpr, DT: tl.constexpr):
+    m = ok[:, None] & (w[None, :] < HW)
+    word = pk.to(tl.int32)
+    if EPW == 1:
+        tl.store(out_ptr + rows[:, None] * H + w[None, :], word.to(tl.float32, bitcast=True).to(DT), mask=m)
+    else:
+        c = w[None, :] * 2
+        lo = (word & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+        hi = ((word >> 16) & 0xFFFF).to(tl.int16).to(DT, bitcast=True)
+        tl.store(out_ptr + rows[:, None] * H + c, lo, mask=m & (c < H))
+        tl.store(out_ptr + rows[:, None] * H + c + 1, hi, mask=m & (c + 1 < H))
+
+
+# ---------------------------------------------------------------------------
+# kernels
+# ---------------------------------------------------------------------------
+
+@ditron.jit(do_not_specialize=["TK", "Eloc", "cap", "per", "RP"])
+def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, hist_ptr, rslot_ptr, out_ptr, lrc_ptr,
+                          rcnt_ptr, lrecv_ptr, lcnt_ptr, lstage_ptr, calls_ptr, trace_ptr, TK, K, H, HW, Eloc, cap,
+                          per, RP, MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
+                          ELP: tl.constexpr, EP: tl.constexpr, BLK: tl.constexpr, QB: tl.constexpr,
+                          BR: tl.constexpr, BW: tl.constexpr, TRACE: tl.constexpr):
+    """The LL dispatch with its routing, one launch.  ``idx_ptr``: the ``TK =
+    T * K`` expert ids (natural order).  Routing (programs ``q < RP``, pairs
+    ``[q * per, (q + 1) * per)`` in blocks of ``BLK``, as ``ep_route_kernel``):
+    counts per key into ``hist``, release ``rslot[q]``, wait for the ``RP``
+    slots, then each pair's slot (rank among the earlier pairs of its expert)
+    into ``key_ptr`` / ``pslot_ptr`` (natural order: the combine's handle);
+    program 0 writes ``dropped`` and sends the count words (one flagged word
+    per (local expert, destination), capped at the capacity) to every rank,
+    this one included.  The routing programs release ``rslot[P + q]``; every
+    program waits for them, then sends its share of the pairs: a peer's pair
+    as packets into its slot on the owner, an own pair straight into
+    ``recv_x`` (row base per local expert: the count words of the sources
+    before this rank).  Receive: the count words give ``lrc`` (``[E_local,
+    W]``) and ``recv_counts``; work units (row block, local expert, source
+    ``!= rank``) poll and unpack the peers' rows.  The epochs (``e + 1`` of
+    ``calls_ptr``) make the slots never need a reset; the grid is resident
+    (at most the SM count).  Trace phases: routed, rows sent, received."""
+    _stamp(trace_ptr, 0, TRACE)
+    e = epoch_begin(calls_ptr)
+    par = e % 2
+    val = e + 1
+    flag = val.to(tl.int32)
+    fl64 = flag.to(tl.int64) << 32
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    me, W, LW, node, NN, local = topology()
+    E = Eloc * W
+    rowsz = HW.to(tl.int64)
+    rbox = lrecv_ptr + par * (Eloc * W * cap) * rowsz          # [E_local][W][cap][HW]
+    cbox = lcnt_ptr + par * Eloc * W                         # [E_local][W]
+    rr = tl.arange(0, BR)
+    ww = tl.arange(0, BW)
+    widx = tl.arange(0, WP)
+    lidx = tl.arange(0, ELP)
+    lmask = lidx < Eloc
+    node0 = node * LW
+    # ---------------- routing (programs < RP) ----------------
+    if pid < RP:
+        eidx = tl.arange(0, EP)
+        bb = tl.arange(0, BLK)
+        lo = pid * per
+        hi = tl.minimum(lo + per, TK)
+        hcnt = tl.zeros((EP,), tl.int32)
+        bad = tl.zeros((BLK,), tl.int32)
+        for b0 in range(lo, hi, BLK):
+            inr, valid, key, hot, b = _route_block(idx_ptr, b0 + bb, hi, E, eidx)
+            hcnt += tl.sum(hot, 0)
+            bad += b
+        tl.store(hist_ptr + pid * EP + eidx, hcnt)
+        tl.store(hist_ptr + RP * EP + pid, tl.sum(bad, 0))
+        dl.release_tile(rslot_ptr + pid, flag)
+        htok = dl.wait_deps(rslot_ptr, RP, flag)
+        hist_ptr = dl.consume_token(hist_ptr, htok)
+        tot = tl.zeros((EP,), tl.int32)
+        before = tl.zeros((EP,), tl.int32)
+        nbad = tl.zeros((QB,), tl.int32)
+        qq = tl.arange(0, QB)
+        for q0 in range(0, RP, QB):
+            q = q0 + qq
+            h = tl.load(hist_ptr + q[:, None] * EP + eidx[None, :], mask=(q < RP)[:, None], other=0)
+            tot += tl.sum(h, 0)
+            before += tl.sum(tl.where((q < pid)[:, None], h, 0), 0)
+            nbad += tl.load(hist_ptr + RP * EP + q, mask=q < RP, other=0)
+        if pid == 0:
+            over = tl.sum(tl.where(eidx < E, tl.maximum(tot - cap, 0), 0), 0)
+            tl.store(dropped_ptr, tl.sum(nbad, 0).to(tl.int64))
+            tl.store(dropped_ptr + 1, over.to(tl.int64))
+            # counts: one flagged word per (local expert, destination), capped at the capacity
+            for d in range(0, W):
+                c = tl.sum(tl.where(eidx[None, :] == (d * Eloc + lidx)[:, None], tot[None, :], 0), 1)
+                word = fl64 | tl.minimum(c, cap).to(tl.int64)
+                if d // LW == node:
+                    tl.store(dl.symm_at(cbox + lidx * W + me, d), word, mask=lmask)
+                else:
+                    if MULTI_NODE:
+                        st = lstage_ptr + (2 * TK) * rowsz + par * W * Eloc + d * Eloc
+                        tl.store(st + lidx, word, mask=lmask)
+                        dl.fence("release", "sys")
+                        dl.syncthreads()
+                        for l in range(0, Eloc):
+                            shmem.putmem_block(cbox + l * W + me, st + l, 8, d)
+        carry = before
+        for b0 in range(lo, hi, BLK):
+            i = b0 + bb
+            inr, valid, key, hot, b = _route_block(idx_ptr, i, hi, E, eidx)
+            below = tl.associative_scan(hot, 0, _add) - hot + carry[None, :]
+            rank = tl.sum(hot * below, 1)
+            carry += tl.sum(hot, 0)
+            tl.store(key_ptr + i, key, mask=inr)
+            tl.store(pslot_ptr + i, rank.to(tl.int64), mask=inr)
+        dl.release_tile(rslot_ptr + P + pid, flag)
+    tok = dl.wait_deps(rslot_ptr + P, RP, flag)
+    key_ptr = dl.consume_token(key_ptr, tok)
+    pslot_ptr = dl.consume_token(pslot_ptr, tok)
+    _stamp(trace_ptr, 1, TRACE)
+    # ---------------- send the pairs (each program a share of the natural order) ----------------
+    # own pairs go to recv_x at row obase[l] + slot of local expert l's block (obase: the sources before this rank)
+    cm = lmask[:, None] & (widx < me)[None, :]
+    cwb = ll_poll(cbox + lidx[:, None] * W + widx[None, :], cm, flag)
+    obase = tl.sum(tl.where(cm, cwb & 0xFFFFFFFF, 0), 1)
+    for r0 in range(pid * BR, TK, P * BR):
+        r = r0 + rr
+        inr = r < TK
+        eid = tl.load(key_ptr + r, mask=inr, other=E)
+        sl = tl.load(pslot_ptr + r, mask=inr, other=cap).to(tl.int64)
+        dst = eid // Eloc
+        ok = inr & (eid < E) & (sl < cap)
+        t = (r // K).to(tl.int64)
+        le = (eid % Eloc).to(tl.int64)
+        own = ok & (dst == me)
+        if tl.sum(own.to(tl.int32), 0) > 0:
+            ob = tl.sum(tl.where(le[:, None] == lidx[None, :], obase[None, :], 0), 1)
+            _copy_rows_x2(x_ptr, t, out_ptr, le * (W * cap) + ob + sl, own, H, BW * EPW)
+        ok = ok & (dst != me)
+        drow = (le * W + me) * cap + sl
+        # no word to write when every pair of the block is this rank's own or not sent
+        whi = tl.where(tl.sum(ok.to(tl.int32), 0) > 0, HW, 0)
+        for w0 in range(0, whi, BW):
+            w = w0 + ww
+            pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
+            for k in range(1, LW):                   # k = 0: this rank, copied above
+                peer = node0 + (local + k) % LW
+                m = (ok & (dst == peer))[:, None] & (w[None, :] < HW)
+                tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
+            if MULTI_NODE:
+                sm = ok[:, None] & (w[None, :] < HW)
+                tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt, mask=sm)
+        if MULTI_NODE:
+            dl.fence("release", "sys")
+            dl.syncthreads()
+            for i in range(0, BR):
+                d_i = _pick(dst, rr, i)
+                if _pick(ok.to(tl.int32), rr, i) != 0:
+                    if d_i // LW != node:
+                        shmem.putmem_block(rbox + _pick(drow, rr, i) * rowsz,
+                                           lstage_ptr + (par * TK + r0 + i) * rowsz, HW * 8, d_i)
+    _stamp(trace_ptr, 2, TRACE)
+    # ---------------- receive ----------------
+    # every count word (every source, this rank included): lrc and recv_counts
+    for l in range(pid, Eloc, P):
+        cw = ll_poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
+        cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
+        tl.store(lrc_ptr + l * W + widx, cnt, mask=widx < W)
+        tl.store(rcnt_ptr + l, tl.reduce(cnt, 0, _add))
+    # the peers' rows: work units (row block qb, local expert l, source s != rank) over all programs, row blocks
+    # outermost, so that the non-empty units (low qb) spread over every program
+    nls = Eloc * (W - 1)
+    for u in range(pid, nls * ((cap + BR - 1) // BR), P):
+        qb = u // nls
+        l = (u % nls) // (W - 1)
+        s = (me + 1 + u % (W - 1)) % W
+        cw = ll_poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
+        cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
+        n = _pick(cnt, widx, s)
+        q0 = qb * BR
+        if q0 < n:
+            base = _pick(_exclusive_cumsum(cnt), widx, s)
+            q = q0 + rr
+            qok = q < n
+            orow = l * (W * cap) + base + q.to(tl.int64)
+            src = (l * W + s) * cap + q.to(tl.int64)
+            for w0 in range(0, HW, BW):
+                w = w0 + ww
+                m = qok[:, None] & (w[None, :] < HW)
+                pk = ll_poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
+                _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
+    _stamp(trace_ptr, 3, TRACE)
+    epoch_end(calls_ptr)
+
+
+@triton.jit
+def _ll_peer_sum(box, peid_ptr, pslot_ptr, w_ptr, t, tok_ok, w, wm, rowsz, Eloc, E, cap, me, flag,
+                 KT: tl.constexpr, EPW: tl.constexpr, DT: tl.constexpr, POLL: tl.constexpr):
+    """Token side of the LL combine, the pairs of peers' experts of tokens
+    ``t`` (``[RB]``), packet words ``w`` (``[RW]``): ``(lo, hi, bad)``, the
+    ``topk_weights``-weighted fp32 sums of the words' low (``EPW == 1``: the
+    only) and high elements, and the packets whose flag is not this call's.
+    ``POLL``: each pair's packets are polled (``ll_poll``) until they carry
+    the flag (``bad`` stays 0); otherwise all ``KT`` pairs are read at once
+    (volatile loads, all in flight) and the caller polls again when ``bad``
+    is not 0."""
+    lo = tl.zeros((t.shape[0], w.shape[0]), tl.float32)
+    hi = tl.zeros((t.shape[0], w.shape[0]), tl.float32)
+    bad = tl.zeros((t.shape[0], w.shape[0]), tl.int32)
+    t64 = t.to(tl.int64)
+    for j in tl.static_range(KT):
+        eid = tl.load(peid_ptr + t64 * KT + j, mask=tok_ok, other=E)
+        sl = tl.load(pslot_ptr + t64 * KT + j, mask=tok_ok, other=cap).to(tl.int64)
+        wt = tl.load(w_ptr + t64 * KT + j, mask=tok_ok, other=0.0).to(tl.float32)
+        peer = tok_ok & (eid < E) & (sl < cap) & ((eid // Eloc) != me)
+        m = peer[:, None] & wm[None, :]
+        ptrs = box + (eid.to(tl.int64) * cap + sl)[:, None] * rowsz + w[None, :]     # [owner][l][slot] = [eid][slot]
+        if POLL:
+            pk = ll_poll(ptrs, m, flag)
+        else:
+            pk = tl.load(ptrs, mask=m, other=0, volatile=True)
+            bad |= (((pk >> 32).to(tl.int32) != flag) & m).to(tl.int32)
+        word = pk.to(tl.int32)
+        if EPW == 1:
+            lo += wt[:, None] * word.to(tl.float32, bitcast=True)
+        else:
+            lo += wt[:, None] * (word & 0xFFFF).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+            hi += wt[:, None] * ((word >> 16) & 0xFFFF).to(tl.int16).to(DT, bitcast=True).to(tl.float32)
+    return lo, hi, bad
+
+
+@ditron.jit(do_not_specialize=["T", "TK", "Eloc", "cap"])
+def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lcomb_ptr, lstage_ptr, calls_ptr,
+                         trace_ptr, T, TK, H, HW, Eloc, cap,
+                         MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
+                         BR: tl.constexpr, BW: tl.constexpr, KT: tl.constexpr, RB: tl.constexpr, RW: tl.constexpr,
+                         TRACE: tl.constexpr):
+    """Owner side: row ``r`` of (local expert ``l``, source ``s``) goes back to
+    ``lcomb[p][rank][l][r]`` on ``s``.  Token side: pair ``(t, j)`` (expert
+    ``peid``, slot ``pslot``; skipped when not delivered) is read there; a
+    pair of this rank's own experts is read from ``y`` (it does not travel).
+    The token side works on ``[RB, RW]`` word tiles (``[RB, RW * EPW]``
+    elements), as the normal combine's reduce: the ``KT`` rows of ``y`` and
+    the ``KT`` peers' packets of a tile are all loaded at once (the metadata
+    loads depend on nothing, the packets are read without a poll); only when
+    some packet does not carry this call's flag yet are the peers' pairs
+    polled one at a time (``_ll_peer_sum``).  Trace phases: rows sent,
+    (nothing), reduced."""
+    _stamp(trace_ptr, 0, TRACE)
+    e = epoch_begin(calls_ptr)
+    par = e % 2
+    val = e + 1
+    flag = val.to(tl.int32)
+    fl64 = flag.to(tl.int64) << 32
+    pid = tl.program_id(0)
+    P = tl.num_programs(0)
+    me, W, LW, node, NN, local = topology()
+    E = Eloc * W
+    rowsz = HW.to(tl.int64)
+    box = lcomb_ptr + par * (W * Eloc * cap) * rowsz           # [W owners][E_local][cap][HW]
+    rr = tl.arange(0, BR)
+    ww = tl.arange(0, BW)
+    widx = tl.arange(0, WP)
+    # owner side: work units (row block rb, local expert l, source s != rank) over all programs, row blocks
+    # outermost; this rank's own rows are read from y by the token side (none at world size 1)
+    nls = Eloc * (W - 1)
+    for u in range(pid, nls * ((cap + BR - 1) // BR), P):
+        rb = u // nls
+        l = (u % nls) // (W - 1)
+        s = (me + 1 + u % (W - 1)) % W
+        cnt = tl.load(lrc_ptr + l * W + widx, mask=widx < W, other=0)
+        n = _pick(cnt, widx, s)
+        r0 = rb * BR
+        if r0 < n:
+            base = _pick(_exclusive_cumsum(cnt), widx, s)
+            remote = (s // LW) != node
+            r = r0 + rr
+            ok = r < n
+            yrow = l * (W * cap) + base + r.to(tl.int64)
+            drow = (me * Eloc + l) * cap + r.to(tl.int64)
+            for w0 in range(0, HW, BW):
+                w = w0 + ww
+                pkt = _pack(y_ptr, yrow, ok, w, HW, H, fl64, EPW)
+                m = ok[:, None] & (w[None, :] < HW)
+                if MULTI_NODE:
+                    if remote:
+                        tl.store(lstage_ptr + (par * W * cap + s * cap + r.to(tl.int64))[:, None] * rowsz
+                                 + w[None, :], pkt, mask=m)
+                    else:
+                        tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
+                else:
+                    tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
+            if MULTI_NODE:
+                if remote:
+                    dl.fence("release", "sys")
+                    dl.syncthreads()
+                    nr = tl.minimum(n - r0, BR)
+                    shmem.putmem_block(box + ((me * Eloc + l) * cap + r0) * rowsz,
+                                       lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
+    _stamp(trace_ptr, 1, TRACE)
+    _stamp(trace_ptr, 2, TRACE)
+    # ---------------- token side: the k rows of each token ----------------
+    # own pairs: row obase[l] + slot of local expert l's block of y (obase: rows from the sources before this rank)
+    lidx = tl.arange(0, ELP)
+    obase = tl.sum(tl.load(lrc_ptr + lidx[:, None] * W + widx[None, :],
+                           mask=(lidx < Eloc)[:, None] & (widx < me)[None, :], other=0), 1).to(tl.int64)
+    tt = tl.arange(0, RB)
+    # work units (token block, word chunk) over all programs
+    nwc = (HW + RW - 1) // RW
+    for u in range(pid, ((T + RB - 1) // RB) * nwc, P):
+        t = (u // nwc) * RB + tt
+        t64 = t.to(tl.int64)
+        tok_ok = t < T
+        w0 = (u % nwc) * RW
+        w = w0 + tl.arange(0, RW)
+        wm = w < HW
+        cols = w0 * EPW + tl.arange(0, RW * EPW)
+        cm = cols < H
+        acc = tl.zeros((RB, RW * EPW), tl.float32)
+        for j in tl.static_range(KT):
+            eid = tl.load(peid_ptr + t64 * KT + j, mask=tok_ok, other=E)
+            sl = tl.load(pslot_ptr + t64 * KT + j, mask=tok_ok, other=cap).to(tl.int64)
+            wt = tl.load(w_ptr + t64 * KT + j, mask=tok_ok, other=0.0).to(tl.float32)
+            own = tok_ok & (eid < E) & (sl < cap) & ((eid // Eloc) == me)
+            l = (eid % Eloc).to(tl.int64)
+            ob = tl.sum(tl.where(l[:, None] == lidx[None, :], obase[None, :], 0), 1)
+            yrow = l * (W * cap) + ob + sl
+            vy = tl.load(y_ptr + yrow[:, None] * H + cols[None, :], mask=own[:, None] & cm[None, :], other=0.0)
+            acc += wt[:, None] * vy.to(tl.float32)
+        if W > 1:
+            lo, hi, bad = _ll_peer_sum(box, peid_ptr, pslot_ptr, w_ptr, t, tok_ok, w, wm, rowsz, Eloc, E, cap, me,
+                                       flag, KT, EPW, out_ptr.dtype.element_ty, False)
+            if tl.sum(tl.sum(bad, 1), 0) > 0:          # some peer's row not here yet: poll pair by pair
+                lo, hi, bad = _ll_peer_sum(box, peid_ptr, pslot_ptr, w_ptr, t, tok_ok, w, wm, rowsz, Eloc, E, cap,
+                                           me, flag, KT, EPW, out_ptr.dtype.element_ty, True)
+            if EPW == 1:
+                acc += lo
+            else:
+                acc += tl.reshape(tl.join(lo, hi), (RB, RW * 2))
+        tl.store(out_ptr + t64[:, None] * H + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=tok_ok[:, None] & cm[None, :])
+    _stamp(trace_ptr, 3, TRACE)
+    epoch_end(calls_ptr)
