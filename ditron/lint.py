@@ -46,6 +46,7 @@ from __future__ import annotations
 import ast
 import os
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 from . import analysis as A
@@ -133,6 +134,60 @@ class _Func(A._Analysis):
         return super().call_taint(call)
 
 
+_PARSED = weakref.WeakKeyDictionary()    # function -> (its code object, (fdef, file, taint) or None)
+
+
+def _parsed(fn):
+    """``(fdef, file, analysis)`` of ``fn``: its source parsed and its taint propagated (which depend on the
+    function alone: a call site's arguments are substituted afterwards, in :meth:`_Walker.taint`), once per
+    function and code object (as :func:`ditron.analysis._analyse` caches); None when it has no source.  A helper
+    is inlined at every call site, so without this it was parsed again at each one."""
+    code = getattr(fn, "__code__", None)
+    try:
+        hit = _PARSED.get(fn)
+    except TypeError:
+        hit = None
+    if hit is not None and hit[0] is code:
+        return hit[1]
+    try:
+        import inspect
+        import textwrap
+        lines, start = inspect.getsourcelines(fn)
+        file = inspect.getsourcefile(fn) or fn.__code__.co_filename
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+        ast.increment_lineno(tree, max(start, 1) - 1)
+        fdef = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    except Exception:  # noqa: BLE001 -- no source: nothing to say
+        out = None
+    else:
+        fa = _Func(fn, fdef, file, (fn,))      # (an error here reaches lint()'s guard, as before)
+        fa.propagate()
+        out = (fdef, file, fa)
+    try:
+        _PARSED[fn] = (code, out)
+    except TypeError:  # pragma: no cover -- not weak-referenceable
+        pass
+    return out
+
+
+def _calls_in(node):
+    """The ``ast.Call`` nodes under ``node`` (itself included) in post-order: a call after its sub-expressions,
+    left to right.  Computed once per node and kept on it: the parsed functions are cached (:func:`_parsed`) and a
+    helper's body is walked at every call site."""
+    calls = getattr(node, "_ditron_calls", None)
+    if calls is None:
+        calls = []
+
+        def visit(n):
+            for child in ast.iter_child_nodes(n):
+                visit(child)
+            if isinstance(n, ast.Call):
+                calls.append(n)
+        visit(node)
+        node._ditron_calls = calls
+    return calls
+
+
 class _Walker:
     def __init__(self, module=None, constexprs=None):
         self.events: list[_Event] = []
@@ -171,18 +226,10 @@ class _Walker:
     def walk_function(self, fn, subst, stack=()):
         if fn in stack or len(stack) > 8:
             return
-        try:
-            import inspect
-            import textwrap
-            lines, start = inspect.getsourcelines(fn)
-            file = inspect.getsourcefile(fn) or fn.__code__.co_filename
-            tree = ast.parse(textwrap.dedent("".join(lines)))
-            ast.increment_lineno(tree, max(start, 1) - 1)
-            fdef = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
-        except Exception:  # noqa: BLE001 -- no source: nothing to say
+        parsed = _parsed(fn)
+        if parsed is None:             # no source: nothing to say
             return
-        fa = _Func(fn, fdef, file, (fn,))
-        fa.propagate()
+        fdef, file, fa = parsed
         ctx = (fa, subst, file, stack + (fn,))
         for stmt in fdef.body:
             self.walk_stmt(stmt, ctx)
@@ -214,15 +261,11 @@ class _Walker:
                 self.walk_expr(child, ctx)
 
     def walk_expr(self, node, ctx):
+        # the calls under ``node``, each after its own sub-expressions (arguments before the call), left to right
         if node is None:
             return
-        if isinstance(node, ast.Call):
-            for child in ast.iter_child_nodes(node):
-                self.walk_expr(child, ctx)
-            self.call(node, ctx)
-            return
-        for child in ast.iter_child_nodes(node):
-            self.walk_expr(child, ctx)
+        for call in _calls_in(node):
+            self.call(call, ctx)
 
     def taint(self, expr, ctx):
         fa, subst, _, _ = ctx
@@ -392,12 +435,32 @@ def lint(kernel, module=None, constexprs=None) -> list:
     if fn is None:
         return []
     try:
-        w = _Walker(module, constexprs)
-        params = A._param_names(fn) or ()
-        w.walk_function(fn, {p: {p} for p in params})
-        return _check(w.events)
+        return _check(_events(fn, module, constexprs))
     except Exception:  # noqa: BLE001 -- a lint must never break a compilation
         return []
+
+
+_WALKS: dict = {}       # (id(fn), constexprs) -> (fn, events) of walks without IR (the simulator's launches)
+
+
+def _events(fn, module=None, constexprs=None):
+    """The events of ``fn`` walked with ``module``'s attribute values and ``constexprs``.  Without IR the walk
+    depends on the function and the constexprs alone: kept, so that a simulated launch's lint and
+    across-kernels summary (:func:`_summary`) walk the kernel once, not twice."""
+    key = None
+    if module is None:
+        items = sorted((constexprs or {}).items(), key=lambda kv: str(kv[0]))
+        if all(isinstance(v, (str, int, float, bool, type(None))) for _, v in items):
+            key = (id(fn), repr([(k, type(v).__name__, v) for k, v in items]))
+            hit = _WALKS.get(key)
+            if hit is not None and hit[0] is fn:
+                return hit[1]
+    w = _Walker(module, constexprs)
+    params = A._param_names(fn) or ()
+    w.walk_function(fn, {p: {p} for p in params})
+    if key is not None:
+        _WALKS[key] = (fn, w.events)
+    return w.events
 
 
 # ---------------------------------------------------------------------------
@@ -424,10 +487,7 @@ def _summary(kernel, constexprs=None):
     fn = A._python_function(kernel)
     if fn is not None:
         try:
-            w = _Walker(None, constexprs)
-            params = A._param_names(fn) or ()
-            w.walk_function(fn, {p: {p} for p in params})
-            for e in w.events:
+            for e in _events(fn, None, constexprs):
                 if e.kind == "peer_write" or (e.kind == "store" and (e.remote or e.extra.get("remote"))) or \
                         (e.kind == "signal" and (e.remote or e.extra.get("remote"))):
                     for b in e.bases:

@@ -71,13 +71,23 @@ def all_gather_shapes(world, method):
     return int(ctx.calls[0])
 
 
-def all_gather_reuse(world, iters, max_n=160, dtype="bf16"):
+def reuse_sizes(iters, largest, seed):
+    """The sizes of the reuse bodies' calls: seeded draws from 0..largest (a longer run's first ``iters`` draws
+    are these)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, largest + 1, (iters,), generator=g).tolist()
+
+
+AG_REUSE = dict(max_n=160, seed=5)      # all_gather_reuse: sizes 0..max_n from this seed
+RS_REUSE = dict(max_m=40, seed=6)       # reduce_scatter_reuse: shards 0..max_m from this seed
+
+
+def all_gather_reuse(world, iters, max_n=AG_REUSE["max_n"], dtype="bf16"):
     """``iters`` calls of one context: methods cycle, sizes vary, fresh data;
     every call is queued before any result is checked."""
     dtype = DTYPES[dtype]
     ctx = create_all_gather_context(max_n, dtype)
-    g = torch.Generator().manual_seed(5)
-    sizes = torch.randint(0, max_n + 1, (iters,), generator=g).tolist()
+    sizes = reuse_sizes(iters, max_n, AG_REUSE["seed"])
     xs = [_dev(world, _rand_of(world.rank, (n,), dtype, 100 + i)) for i, n in enumerate(sizes)]
     outs = [all_gather(x, ctx, method=AG_METHODS[i % 4]) for i, x in enumerate(xs)]
     for i, (n, out) in enumerate(zip(sizes, outs)):
@@ -124,12 +134,11 @@ def reduce_scatter_shapes(world, method):
     return int(ctx.calls[0])
 
 
-def reduce_scatter_reuse(world, iters, max_m=40, dtype="fp16"):
+def reduce_scatter_reuse(world, iters, max_m=RS_REUSE["max_m"], dtype="fp16"):
     dtype = DTYPES[dtype]
     W = world.world_size
     ctx = create_reduce_scatter_context(W * max_m, dtype)
-    g = torch.Generator().manual_seed(6)
-    sizes = torch.randint(0, max_m + 1, (iters,), generator=g).tolist()
+    sizes = reuse_sizes(iters, max_m, RS_REUSE["seed"])
     xs = [_dev(world, _rand_of(world.rank, (W * m,), dtype, 200 + i)) for i, m in enumerate(sizes)]
     outs = [reduce_scatter(x, ctx, method=RS_METHODS[i % 2]) for i, x in enumerate(xs)]
     for i, (m, out) in enumerate(zip(sizes, outs)):

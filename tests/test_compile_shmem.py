@@ -70,9 +70,21 @@ CASES = [
 ]
 
 
+_COMPILED = {}
+
+
+def _compiled(kernel, sig):
+    """``kernel`` compiled for sm_90a with ``sig`` (NVSHMEM linked: ~5 CPU-s), once per test process: two tests
+    read the same k_shmem_signal compilation (the checks only read the result)."""
+    key = (kernel.fn.__name__, tuple(sig.items()))
+    if key not in _COMPILED:
+        _COMPILED[key] = compile_for(kernel, "sm_90a", sig)
+    return _COMPILED[key]
+
+
 @pytest.mark.parametrize("kernel,sig,symbols", CASES, ids=[c[0].__name__ for c in CASES])
 def test_shmem_calls_nvshmem(nvshmem_bc, kernel, sig, symbols):
-    ck = compile_for(kernel, "sm_90a", sig)
+    ck = _compiled(kernel, sig)
     ttir, ptx = ck.asm["ttir"], ck.asm["ptx"]
     for sym in symbols:
         assert f'symbol = "ditron_{sym}"' in ttir, sym      # the op called the right NVSHMEM entry point
@@ -85,8 +97,8 @@ def test_shmem_calls_nvshmem(nvshmem_bc, kernel, sig, symbols):
 
 
 def test_signal_constants_reach_nvshmem(nvshmem_bc):
-    ck = compile_for(K.k_shmem_signal, "sm_90a", {"dst": "*i8", "src": "*i8", "nbytes": "i64", "sig": "*u64",
-                                                  "pe": "i32", "out": "*u64"})
+    ck = _compiled(K.k_shmem_signal, {"dst": "*i8", "src": "*i8", "nbytes": "i64", "sig": "*u64", "pe": "i32",
+                                      "out": "*u64"})
     ops = [o for o in ck.dist_ir.ops if o.kind == "shmem.putmem_signal"]
     assert [o.attrs["sig_op"] for o in ops] == ["set", "add", "set", "add", "set", "set"]
     assert [(o.attrs["nbi"], o.attrs["coop"]) for o in ops] == [

@@ -12,7 +12,10 @@ ON_GPU = GPU_BACKEND != "sim"
 #: size that spans many programs and full 32 KiB tiles
 AG_SIZES = (1, 37, 1000) + (((1 << 20) + 3,) if ON_GPU else ())
 RS_SHARDS = (1, 37, 250, 0) + (((1 << 18) + 5,) if ON_GPU else ())
-REUSE_ITERS = 1000 if ON_GPU else 100
+#: calls per reuse test.  Simulator: 48, which crosses every periodic pattern of the reuse bodies several times
+#: (methods x buffer parity: 4 for all_gather, 2 for reduce_scatter; all_to_all's equal-split sizes x parity: 6)
+#: and holds the edge cases of their seeded draws (test_reuse_calls_hold_the_edge_cases); GPUs: 1000
+REUSE_ITERS = 1000 if ON_GPU else 48
 
 
 @pytest.mark.parametrize("method,dtype", [(m, d) for m in ("push", "pull", "ring", "ce") for d in ("fp32", "fp16", "bf16")]
@@ -60,6 +63,23 @@ def test_reduce_scatter_reuse(dist):
 
 def test_all_to_all_reuse(dist):
     assert dist.run(B.all_to_all_reuse, REUSE_ITERS) == [REUSE_ITERS] * dist.world_size
+
+
+def test_reuse_calls_hold_the_edge_cases():
+    """What the reuse tests' REUSE_ITERS calls must contain, checked on the bodies' own draws: all_gather a call
+    of the context's full size (and one of at most 2 elements); reduce_scatter an empty call and a full one;
+    all_to_all_v (every other call, 4 ranks) a rank sending nothing, a rank sending a full context, and a rank
+    sending everything to one peer; the equal-split calls every size 0..max_tokens / W."""
+    ag = B.reuse_sizes(REUSE_ITERS, B.AG_REUSE["max_n"], B.AG_REUSE["seed"])
+    assert max(ag) == B.AG_REUSE["max_n"] and min(ag) <= 2, ag
+    rs = B.reuse_sizes(REUSE_ITERS, B.RS_REUSE["max_m"], B.RS_REUSE["seed"])
+    assert 0 in rs and B.RS_REUSE["max_m"] in rs, rs
+    W, max_tokens = 4, 8                                       # all_to_all_reuse's defaults on 4 ranks
+    splits = [B._splits_of(r, W, max_tokens, 300 + i) for i in range(1, REUSE_ITERS, 2) for r in range(W)]
+    totals = [int(sp.sum()) for sp in splits]
+    assert 0 in totals and max_tokens in totals, totals
+    assert any(t > 0 and (sp == t).any() for sp, t in zip(splits, totals))
+    assert {(i // 2) % (max_tokens // W + 1) for i in range(0, REUSE_ITERS, 2)} == set(range(max_tokens // W + 1))
 
 
 @pytest.mark.parametrize("n,nnodes", [(1, 1), (3, 1), (8, 1), (4, 2)])

@@ -4,6 +4,7 @@ same bodies run on GPUs under torchrun with DITRON_TEST_BACKEND=p2p|nvshmem),
 odd sizes, world sizes 1, 3 and 8, reuse of a context, errors, and the
 multimem PTX (multicast is off on the lent GPUs: those variants are
 compile-verified here and run on the simulator)."""
+import math
 import re
 
 import pytest
@@ -70,11 +71,14 @@ def test_auto_choice_with_multicast_on_the_simulator(dist):
     _same_everywhere(dist.run(B.check_methods, ["auto"], [1, 300], "bfloat16", multicast=True))
 
 
-def test_reuse_100_iterations(dist):
-    # every method on one context, cycled (the buffers and signals are shared
-    # between methods); GPUs: 1000 iterations
-    iters = 100 if dist.backend == "sim" else 1000
-    res = dist.run(B.reuse, iters, _methods(dist, PLAIN + MULTIMEM), 120, "bfloat16")
+def test_reuse_iterations(dist):
+    # every method on one context, cycled (the buffers and signals are shared between methods; B.reuse cycles
+    # 3 sizes); GPUs: 1000 iterations.  Simulator: twice the period of (method, size, buffer parity), 60 for 5
+    # methods: every combination, and every method after the one before it, runs twice, the second time over
+    # the buffers and flags that earlier calls left (the epoch only grows; nothing wraps)
+    methods = _methods(dist, PLAIN + MULTIMEM)
+    iters = 2 * math.lcm(len(methods), 3, 2) if dist.backend == "sim" else 1000
+    res = dist.run(B.reuse, iters, methods, 120, "bfloat16")
     assert res == [(iters, 0)] * dist.world_size
 
 
