@@ -538,6 +538,42 @@ def _patch_libdevice(_interp, scope):
             _interp._patch_builtin(mod, _interp.interpreter_builder, scope)
 
 
+_LAUNCHES = 0                # ditron launches in progress in this process (triton.language patched by their scope)
+_NESTED_SKIP_INSTALLED = False
+
+
+def _install_nested_patch_skip():
+    """Triton's interpreter re-patches ``triton.language`` at *every* call of a ``@triton.jit`` helper from a
+    kernel (``InterpretedFunction.__call__`` -> ``_patch_lang``: ``inspect.getmembers`` of ``tl``, ``tl.core``,
+    ``tl.tensor``, ``tl.math``, ... and a new wrapper per builtin, about 2 ms a call; ``tl.sum``, ``tl.max`` and
+    ``tl.cdiv`` are such helpers).  Inside a ditron launch :func:`interpreter_launch` has already patched
+    ``tl`` and ``tl.core`` (a superset of what a helper's patch touches: it only patches the ``tl`` / ``tl.core``
+    modules its globals hold) with the same wrappers of the same builder, so the helper's patch changes nothing
+    and is skipped.  A helper whose module holds neither still gets Triton's own patch (and its error)."""
+    global _NESTED_SKIP_INSTALLED
+    if _NESTED_SKIP_INSTALLED:
+        return
+    from triton.runtime import interpreter as _interp
+    scope_cls = getattr(_interp, "_LangPatchScope", None)
+    orig = getattr(_interp, "_patch_lang", None)
+    if scope_cls is not None and orig is not None:
+
+        def _patch_lang(fn, _orig=orig, _scope=scope_cls):
+            if _LAUNCHES > 0 and any(v is tl or v is _core for v in list(fn.__globals__.values())):
+                return _scope()      # nothing patched, nothing to restore
+            return _orig(fn)
+
+        _patch_lang.__wrapped__ = orig
+        _interp._patch_lang = _patch_lang
+    _NESTED_SKIP_INSTALLED = True
+
+
+def _patch_lang_now(_interp, fn):
+    """Triton's own ``_patch_lang`` (not the helper-call skip of :func:`_install_nested_patch_skip`)."""
+    patch = _interp._patch_lang
+    return getattr(patch, "__wrapped__", patch)(fn)
+
+
 @contextlib.contextmanager
 def interpreter_launch(grid):
     """Patch ``triton.language`` for the interpreter (as Triton's own
@@ -549,19 +585,23 @@ def interpreter_launch(grid):
     _install_bf16_dot()
     _install_rne_casts()
     _install_access_hooks()
+    _install_nested_patch_skip()
 
     class _Scope:
         pass
 
+    global _LAUNCHES
     holder = _Scope()
     holder.__globals__ = {"tl": tl, "core": _core}
-    scope = _interp._patch_lang(holder)
+    scope = _patch_lang_now(_interp, holder)
     _patch_libdevice(_interp, scope)
     builder = _interp.interpreter_builder
     builder.set_grid_dim(*grid)
+    _LAUNCHES += 1
     try:
         yield builder
     finally:
+        _LAUNCHES -= 1
         scope.restore()
 
 
