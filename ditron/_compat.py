@@ -569,11 +569,11 @@ def _install_overflow_check_skip():
     except Exception:  # noqa: BLE001 -- the assert fired, or this Triton differs: keep its check
         return
 
-    def binary_op_sanitize_overflow_impl(self, lhs, rhs, binary_op, _orig=orig, _cls=builder_cls):
+    def binary_op_sanitize_overflow_impl(self, *args, _orig=orig, _cls=builder_cls, **kwargs):
         b = self.builder
         if isinstance(b, _cls) and not b.options.debug:
             return None       # device_assert would ignore the condition (see above)
-        return _orig(self, lhs, rhs, binary_op)
+        return _orig(self, *args, **kwargs)
 
     TritonSemantic.binary_op_sanitize_overflow_impl = binary_op_sanitize_overflow_impl
 
@@ -598,10 +598,11 @@ def _install_nested_patch_skip():
     orig = getattr(_interp, "_patch_lang", None)
     if scope_cls is not None and orig is not None:
 
-        def _patch_lang(fn, _orig=orig, _scope=scope_cls):
-            if _LAUNCHES > 0 and any(v is tl or v is _core for v in list(fn.__globals__.values())):
+        def _patch_lang(fn, *args, _orig=orig, _scope=scope_cls, **kwargs):
+            if _LAUNCHES > 0 and not args and not kwargs and \
+                    any(v is tl or v is _core for v in list(fn.__globals__.values())):
                 return _scope()      # nothing patched, nothing to restore
-            return _orig(fn)
+            return _orig(fn, *args, **kwargs)
 
         _patch_lang.__wrapped__ = orig
         _interp._patch_lang = _patch_lang
