@@ -538,6 +538,83 @@ def _patch_libdevice(_interp, scope):
             _interp._patch_builtin(mod, _interp.interpreter_builder, scope)
 
 
+_OVERFLOW_SKIP_INSTALLED = False
+
+
+def _install_overflow_check_skip():
+    """Skip the interpreter's dead integer-overflow check.
+
+    With ``sanitize_overflow`` on (the interpreter's default), every int32 ``+``, ``-`` and ``*`` first
+    computes the result again in int64, compares it with both bounds and hands the condition to
+    ``device_assert`` -- which, with the interpreter's ``debug=False``, returns without looking at it.  So
+    the check changes nothing but costs four extra interpreted ops per integer op (a quarter of the CPU of
+    the simulated tile-index arithmetic).  It is skipped only for the interpreter's builder, only while its
+    options say ``debug=False``, and only if this Triton's ``device_assert`` is verified (once, here) to
+    ignore a false condition then; with ``debug=True`` the check runs as before.  Compiled code is untouched."""
+    global _OVERFLOW_SKIP_INSTALLED
+    if _OVERFLOW_SKIP_INSTALLED:
+        return
+    _OVERFLOW_SKIP_INSTALLED = True
+    try:
+        import numpy as np
+        from triton.runtime import interpreter as _interp
+        from triton.language.semantic import TritonSemantic
+        builder_cls = _interp.InterpreterBuilder
+        orig = TritonSemantic.binary_op_sanitize_overflow_impl
+        builder = _interp.interpreter_builder
+        if getattr(builder.options, "debug", True):
+            return
+        probe = tl.tensor(_interp.TensorHandle(np.array([False]), tl.int1), tl.int1)
+        TritonSemantic(builder).device_assert(probe, "ditron probe: device_assert is off", None)
+    except Exception:  # noqa: BLE001 -- the assert fired, or this Triton differs: keep its check
+        return
+
+    def binary_op_sanitize_overflow_impl(self, *args, _orig=orig, _cls=builder_cls, **kwargs):
+        b = self.builder
+        if isinstance(b, _cls) and not b.options.debug:
+            return None       # device_assert would ignore the condition (see above)
+        return _orig(self, *args, **kwargs)
+
+    TritonSemantic.binary_op_sanitize_overflow_impl = binary_op_sanitize_overflow_impl
+
+
+_LAUNCHES = 0                # ditron launches in progress in this process (triton.language patched by their scope)
+_NESTED_SKIP_INSTALLED = False
+
+
+def _install_nested_patch_skip():
+    """Triton's interpreter re-patches ``triton.language`` at *every* call of a ``@triton.jit`` helper from a
+    kernel (``InterpretedFunction.__call__`` -> ``_patch_lang``: ``inspect.getmembers`` of ``tl``, ``tl.core``,
+    ``tl.tensor``, ``tl.math``, ... and a new wrapper per builtin, about 2 ms a call; ``tl.sum``, ``tl.max`` and
+    ``tl.cdiv`` are such helpers).  Inside a ditron launch :func:`interpreter_launch` has already patched
+    ``tl`` and ``tl.core`` (a superset of what a helper's patch touches: it only patches the ``tl`` / ``tl.core``
+    modules its globals hold) with the same wrappers of the same builder, so the helper's patch changes nothing
+    and is skipped.  A helper whose module holds neither still gets Triton's own patch (and its error)."""
+    global _NESTED_SKIP_INSTALLED
+    if _NESTED_SKIP_INSTALLED:
+        return
+    from triton.runtime import interpreter as _interp
+    scope_cls = getattr(_interp, "_LangPatchScope", None)
+    orig = getattr(_interp, "_patch_lang", None)
+    if scope_cls is not None and orig is not None:
+
+        def _patch_lang(fn, *args, _orig=orig, _scope=scope_cls, **kwargs):
+            if _LAUNCHES > 0 and not args and not kwargs and \
+                    any(v is tl or v is _core for v in list(fn.__globals__.values())):
+                return _scope()      # nothing patched, nothing to restore
+            return _orig(fn, *args, **kwargs)
+
+        _patch_lang.__wrapped__ = orig
+        _interp._patch_lang = _patch_lang
+    _NESTED_SKIP_INSTALLED = True
+
+
+def _patch_lang_now(_interp, fn):
+    """Triton's own ``_patch_lang`` (not the helper-call skip of :func:`_install_nested_patch_skip`)."""
+    patch = _interp._patch_lang
+    return getattr(patch, "__wrapped__", patch)(fn)
+
+
 @contextlib.contextmanager
 def interpreter_launch(grid):
     """Patch ``triton.language`` for the interpreter (as Triton's own
@@ -549,19 +626,24 @@ def interpreter_launch(grid):
     _install_bf16_dot()
     _install_rne_casts()
     _install_access_hooks()
+    _install_nested_patch_skip()
+    _install_overflow_check_skip()
 
     class _Scope:
         pass
 
+    global _LAUNCHES
     holder = _Scope()
     holder.__globals__ = {"tl": tl, "core": _core}
-    scope = _interp._patch_lang(holder)
+    scope = _patch_lang_now(_interp, holder)
     _patch_libdevice(_interp, scope)
     builder = _interp.interpreter_builder
     builder.set_grid_dim(*grid)
+    _LAUNCHES += 1
     try:
         yield builder
     finally:
+        _LAUNCHES -= 1
         scope.restore()
 
 

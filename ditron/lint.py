@@ -195,6 +195,7 @@ class _Walker:
         for op in getattr(module, "ops", None) or ():
             self.ir.setdefault((os.path.basename(op.file or ""), op.line, op.kind), []).append(op.attrs)
         self.constexprs = dict(constexprs or {})
+        self.consulted = {}       # constexpr name -> (present, value): what the findings depend on
 
     # -- attributes -------------------------------------------------------------------
     def attrs(self, what, call, bound, file):
@@ -214,13 +215,18 @@ class _Walker:
             node = bound.get(k)
             if isinstance(node, ast.Constant):
                 out[k] = {node.value}
-            elif isinstance(node, ast.Name) and node.id in self.constexprs:
+            elif isinstance(node, ast.Name) and self._constexpr(node.id):
                 out[k] = {self.constexprs[node.id]}
             elif node is None:
                 out[k] = {default}
             else:
                 out[k] = set()            # unknown: no finding depends on it
         return out
+
+    def _constexpr(self, name):
+        present = name in self.constexprs
+        self.consulted[name] = (present, self.constexprs.get(name))
+        return present
 
     # -- walking ----------------------------------------------------------------------
     def walk_function(self, fn, subst, stack=()):
@@ -435,32 +441,47 @@ def lint(kernel, module=None, constexprs=None) -> list:
     if fn is None:
         return []
     try:
-        return _check(_events(fn, module, constexprs))
+        if module is None:
+            return _check(_walk(fn, constexprs or {})[0])
+        w = _Walker(module, constexprs)
+        params = A._param_names(fn) or ()
+        w.walk_function(fn, {p: {p} for p in params})
+        return _check(w.events)
     except Exception:  # noqa: BLE001 -- a lint must never break a compilation
         return []
 
 
-_WALKS: dict = {}       # (id(fn), constexprs) -> (fn, events) of walks without IR (the simulator's launches)
+_WALKS: dict = {}    # id(fn) -> (fn, [(consulted constexprs, events)]): walks without IR, shared by lint/_summary
 
 
-def _events(fn, module=None, constexprs=None):
-    """The events of ``fn`` walked with ``module``'s attribute values and ``constexprs``.  Without IR the walk
-    depends on the function and the constexprs alone: kept, so that a simulated launch's lint and
-    across-kernels summary (:func:`_summary`) walk the kernel once, not twice."""
-    key = None
-    if module is None:
-        items = sorted((constexprs or {}).items(), key=lambda kv: str(kv[0]))
-        if all(isinstance(v, (str, int, float, bool, type(None))) for _, v in items):
-            key = (id(fn), repr([(k, type(v).__name__, v) for k, v in items]))
-            hit = _WALKS.get(key)
-            if hit is not None and hit[0] is fn:
-                return hit[1]
-    w = _Walker(module, constexprs)
+def _same(a, b):
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 -- not comparable: not the same
+        return False
+
+
+def _matches(consulted, consts):
+    return all((name in consts) == present and (not present or _same(consts[name], value))
+               for name, (present, value) in consulted.items())
+
+
+def _walk(fn, consts):
+    """(events, consulted constexprs) of walking ``fn`` without IR; cached per function and per value of the
+    constexprs the walk looked at (the only input besides the source).  Raises what the walk raises."""
+    hit = _WALKS.get(id(fn))
+    if hit is not None and hit[0] is fn:
+        for consulted, events in hit[1]:
+            if _matches(consulted, consts):
+                return events, consulted
+    else:
+        hit = _WALKS[id(fn)] = (fn, [])
+    w = _Walker(None, consts)
     params = A._param_names(fn) or ()
     w.walk_function(fn, {p: {p} for p in params})
-    if key is not None:
-        _WALKS[key] = (fn, w.events)
-    return w.events
+    if len(hit[1]) < 64:
+        hit[1].append((w.consulted, w.events))
+    return w.events, w.consulted
 
 
 # ---------------------------------------------------------------------------
@@ -474,20 +495,24 @@ _REPORTED: set = set()
 
 
 def _summary(kernel, constexprs=None):
-    """(peer-written parameters, GPU-scope-waited parameters) of ``kernel``: {param: event}; cached."""
-    try:
-        key = (id(kernel), repr(sorted((k, v) for k, v in (constexprs or {}).items()
-                                       if isinstance(v, (str, int, float, bool)))))
-    except TypeError:
-        key = (id(kernel), None)
-    hit = _SUMMARIES.get(key)
+    """(peer-written parameters, GPU-scope-waited parameters) of ``kernel``: {param: event}; cached per
+    kernel and per value of the constexprs the walk looked at (a launch's other keyword arguments, such as
+    a step counter, change nothing and cost no new walk)."""
+    consts = constexprs or {}
+    hit = _SUMMARIES.get(id(kernel))
     if hit is not None and hit[0] is kernel:
-        return hit[1]
+        for consulted, out in hit[1]:
+            if _matches(consulted, consts):
+                return out
+    else:
+        hit = _SUMMARIES[id(kernel)] = (kernel, [])
     out = ({}, {})
+    consulted = {}
     fn = A._python_function(kernel)
     if fn is not None:
         try:
-            for e in _events(fn, None, constexprs):
+            events, consulted = _walk(fn, consts)
+            for e in events:
                 if e.kind == "peer_write" or (e.kind == "store" and (e.remote or e.extra.get("remote"))) or \
                         (e.kind == "signal" and (e.remote or e.extra.get("remote"))):
                     for b in e.bases:
@@ -496,8 +521,9 @@ def _summary(kernel, constexprs=None):
                     for b in e.bases:
                         out[1].setdefault(b, e)
         except Exception:  # noqa: BLE001 -- a lint must never break a launch
-            out = ({}, {})
-    _SUMMARIES[key] = (kernel, out)
+            out, consulted = ({}, {}), None
+    if consulted is not None and len(hit[1]) < 64:
+        hit[1].append((consulted, out))
     return out
 
 

@@ -29,9 +29,11 @@ from . import memory as M
 from .launcher import GRACE_S, check_topology, make_job, rank_env
 
 
-#: what the fork server imports once for every rank it forks: torch, and ditron (with Triton and numpy);
-#: nothing that reads a setting of the job at import time (ditron.sim.skew reads DITRON_SIM_SKEW: not here)
-PRELOAD = ("torch", "ditron")
+#: what the fork server imports once for every rank it forks: torch, and ditron (with Triton and numpy), and
+#: torch.distributed.tensor, which torch.testing.assert_close imports at its first call (about 0.8 CPU-s in
+#: every rank that compares tensors); nothing that reads a setting of the job at import time
+#: (ditron.sim.skew reads DITRON_SIM_SKEW: not here)
+PRELOAD = ("torch", "ditron", "torch.distributed.tensor")
 
 
 def _rank_context():

@@ -55,11 +55,32 @@ def _span(t):
     return t.data_ptr(), t.data_ptr() + extent * t.element_size()
 
 
-def _covered(a, spans):
-    out = np.zeros(a.shape, dtype=bool)
-    for lo, hi in spans:
-        out |= (a >= np.uint64(lo)) & (a < np.uint64(hi))
-    return out
+class _Spans:
+    """A union of byte ranges ``[lo, hi)``, merged and sorted once, so membership of a tile's addresses is
+    one binary search each (``covered``) instead of a pass per range; ``index`` tells which of the given
+    (disjoint, sorted) ranges holds each address."""
+
+    def __init__(self, spans, merge=True):
+        merged = []
+        for lo, hi in sorted((int(lo), int(hi)) for lo, hi in spans if hi > lo):
+            if merge and merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        self.lo = np.array([m[0] for m in merged], dtype=np.uint64)
+        self.hi = np.array([m[1] for m in merged], dtype=np.uint64)
+
+    def index(self, a):
+        """Per address: the position of the range holding it, -1 if none."""
+        if self.lo.size == 0:
+            return np.full(a.shape, -1, dtype=np.int64)
+        i = np.searchsorted(self.lo, a, side="right").astype(np.int64) - 1
+        inside = i >= 0
+        inside[inside] = a[inside] < self.hi[i[inside]]
+        return np.where(inside, i, -1)
+
+    def covered(self, a):
+        return self.index(a) >= 0
 
 
 class _Region:
@@ -120,6 +141,10 @@ class Checker:
             else:
                 self.regions.append([lo, hi, g])
         self.regions = [_Region(lo, hi, g) for lo, hi, g in self.regions]
+        self._read_sets = [_Spans(sp) for sp in self.read_spans]
+        self._write_sets = [_Spans(sp) for sp in self.write_spans]
+        self._written_set = _Spans(self.written)
+        self._region_set = _Spans([(r.lo, r.hi) for r in self.regions], merge=False)   # disjoint, sorted: index = region
         self.lo = min((r.lo for r in self.regions), default=0)
         self.hi = max((r.hi for r in self.regions), default=0)
 
@@ -193,30 +218,27 @@ class Checker:
     def check(self, item, kind, a, itemsize, where, prog, rank):
         task = item.task
         i = item.index
+        region = self._region_set.index(a)
         if kind == "write":
-            own = _covered(a, self.write_spans[task.index])
-            graph = np.zeros(a.shape, dtype=bool)
-            for r in self.regions:
-                graph |= (a >= np.uint64(r.lo)) & (a < np.uint64(r.hi))
-            bad = graph & ~own
+            own = self._write_sets[task.index].covered(a)
+            bad = (region >= 0) & ~own
             if bad.any():
                 addr = int(a[np.flatnonzero(bad)[0]])
                 name, el = self._tensor(task, addr)
                 raise self._error(item, f"stores to tensor {name} {el}, but that tensor is not in its writes=: "
                                   f"declare it (register_task('{task.name}', ..., writes=(...)))", where, prog, rank)
         else:
-            own = _covered(a, self.read_spans[task.index])
-            bad = _covered(a, self.written) & ~own
+            own = self._read_sets[task.index].covered(a)
+            bad = self._written_set.covered(a) & ~own
             if bad.any():
                 addr = int(a[np.flatnonzero(bad)[0]])
                 name, el = self._tensor(task, addr)
                 raise self._error(item, f"loads tensor {name} {el}, which tasks of the graph write, but that tensor "
                                   f"is not in its reads=: declare it (register_task('{task.name}', ..., "
                                   "reads=(...))) so the graph can order it", where, prog, rank)
-        for r in self.regions:
-            sel = (a >= np.uint64(r.lo)) & (a < np.uint64(r.hi))
-            if not sel.any():
-                continue
+        for ri in np.unique(region[region >= 0]):          # ascending: the regions' order
+            r = self.regions[int(ri)]
+            sel = region == ri
             aa = a[sel]
             g = ((aa - np.uint64(r.lo)) // np.uint64(r.gran)).astype(np.int64)
             per = max(1, itemsize // r.gran)
