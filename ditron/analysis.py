@@ -404,17 +404,22 @@ class _Analysis:
         return _Result(self.all_params, ordered, frozenset(p for p in returns if p in self.params))
 
 
+def function_source(fn):
+    """``(fdef, file)``: ``fn``'s source parsed, line numbers as in its file.  Raises when it has no source."""
+    lines, start = inspect.getsourcelines(fn)
+    file = inspect.getsourcefile(fn) or fn.__code__.co_filename
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    ast.increment_lineno(tree, max(start, 1) - 1)
+    return next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), file
+
+
 def _analyse(fn, stack=()) -> _Result:
     src_key = getattr(fn, "__code__", None)
     hit = _cache.get(fn)
     if hit is not None and hit[0] is src_key:
         return hit[1]
     try:
-        lines, start = inspect.getsourcelines(fn)
-        file = inspect.getsourcefile(fn) or fn.__code__.co_filename
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-        ast.increment_lineno(tree, max(start, 1) - 1)
-        fdef = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        fdef, file = function_source(fn)
         result = _Analysis(fn, fdef, file, stack + (fn,)).run()
     except Exception:  # noqa: BLE001 -- no source, odd source: report nothing, never fail a launch
         result = _EMPTY

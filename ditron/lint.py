@@ -150,13 +150,7 @@ def _parsed(fn):
     if hit is not None and hit[0] is code:
         return hit[1]
     try:
-        import inspect
-        import textwrap
-        lines, start = inspect.getsourcelines(fn)
-        file = inspect.getsourcefile(fn) or fn.__code__.co_filename
-        tree = ast.parse(textwrap.dedent("".join(lines)))
-        ast.increment_lineno(tree, max(start, 1) - 1)
-        fdef = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        fdef, file = A.function_source(fn)
     except Exception:  # noqa: BLE001 -- no source: nothing to say
         out = None
     else:
