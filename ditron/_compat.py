@@ -761,3 +761,29 @@ def metadata_extern_libs(metadata_group):
             except (OSError, ValueError):
                 return []
     return []
+
+
+def link_needed_functions(library_path: str, symbols) -> str:
+    """LLVM IR text of the functions (and the globals they use) that
+    ``symbols`` need from the device library ``library_path``: Triton's own
+    link step (LinkOnlyNeeded) run once against a module that only declares
+    ``symbols``.  Triton marks linked functions internal; they are made
+    external again so that the text links like the original library."""
+    import re
+    import tempfile
+    from triton._C.libtriton import ir, llvm
+    decls = "".join(f"  llvm.func @{s}()\n" for s in sorted(symbols))
+    with tempfile.NamedTemporaryFile("w", suffix=".mlir", delete=False) as f:
+        f.write("module {\n" + decls + "}\n")
+    try:
+        ctx = ir.context()
+        ir.load_dialects(ctx)
+        mod = ir.parse_mlir_module(f.name, ctx)
+    finally:
+        os.unlink(f.name)
+    llvm.init_targets()
+    lctx = llvm.context()
+    lmod = llvm.to_module(mod, lctx)
+    llvm.link_extern_libs(lmod, [library_path])
+    text = str(lmod)
+    return re.sub(r"^define internal ", "define ", text, flags=re.M)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from . import _compat
 from .ir import recording
-from .libs import NeedLibrary, explain_link_failure, shmem_library
+from .libs import NeedLibrary, explain_link_failure
+from .lowering.common import link_library
 from .target import parse_target
 
 _MAX_LIBRARY_RETRIES = 4
@@ -33,7 +34,7 @@ def devlib_for(target):
     return {"hip": hip.LIB}[target.backend]
 
 
-_LIB_ENV = ("DITRON_CACHE_DIR", "DITRON_NVSHMEM_BC", "NVSHMEM_HOME", "DITRON_ROCSHMEM_BC", "ROCSHMEM_HOME",
+_LIB_ENV = ("DITRON_CACHE_DIR", "DITRON_NVSHMEM_BC", "DITRON_NVSHMEM_FULL", "NVSHMEM_HOME", "DITRON_ROCSHMEM_BC", "ROCSHMEM_HOME",
             "ROCM_PATH")
 _LIB_CACHE: dict = {}
 
@@ -59,7 +60,7 @@ def _library_options(lib, target, needs, user_libs):
     libs = {}
     libs[lib.name] = lib.path()
     for need in sorted(needs):
-        name, path = shmem_library(target) if need in ("libnvshmem_device", "rocshmem") else (need, None)
+        name, path = link_library(target) if need in ("libnvshmem_device", "rocshmem") else (need, None)
         if path is not None:
             libs[name] = path
     for k, v in dict(user_libs or {}).items():

@@ -205,6 +205,50 @@ def rocshmem_report(symbols, arch: str = "gfx942"):
     return path, f"{path} ({arch}): " + "; ".join(notes)
 
 
+_LINKABLE: dict = {}
+#: bump when the reduction below changes (the file name carries it)
+_REDUCED_FORMAT = 1
+
+
+def nvshmem_linkable(path: str, symbols) -> str:
+    """The library to link for NVSHMEM's bitcode ``path``: the functions
+    ``symbols`` (those ditron's NVSHMEM table can call), with everything they use, cut out of the
+    31 MB bitcode once and kept under ``$DITRON_CACHE_DIR/devlib``.  Triton
+    parses the whole library on every compilation that links it (about 5
+    CPU-seconds for the full bitcode); linking only what a kernel needs gives
+    the same module either way (tests/test_compile_shmem.py compares the PTX).
+    ``DITRON_NVSHMEM_FULL=1`` links the full bitcode; so does any failure to
+    cut it (the compilation then reports the bitcode itself)."""
+    if os.environ.get("DITRON_NVSHMEM_FULL") == "1":
+        return path
+    try:
+        st = os.stat(path)
+    except OSError:
+        return path
+    symbols = tuple(sorted(symbols))
+    key = repr((os.path.realpath(path), st.st_size, st.st_mtime_ns, _compat.triton.__version__, symbols,
+                _REDUCED_FORMAT))
+    out = _LINKABLE.get((key, _compat.ditron_cache_dir()))
+    if out is not None and os.path.exists(out):
+        return out
+    import hashlib
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    directory = os.path.join(_compat.ditron_cache_dir(), "devlib")
+    out = os.path.join(directory, f"libnvshmem_device_needed_{digest}.ll")
+    if not os.path.exists(out):
+        try:
+            text = _compat.link_needed_functions(path, symbols)
+        except Exception:  # noqa: BLE001 -- an unreadable bitcode is reported by the compilation that links it
+            return path
+        os.makedirs(directory, exist_ok=True)
+        tmp = f"{out}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, out)
+    _LINKABLE[(key, _compat.ditron_cache_dir())] = out
+    return out
+
+
 def shmem_library(target):
     """(name, path) of the OpenSHMEM device library for ``target``; raises a
     :class:`DitronCompileError` that says how to get it when it is missing."""
@@ -272,4 +316,4 @@ def compatibility_report():
 
 __all__ = ["NVSHMEM_LIB", "ROCSHMEM_LIB", "NeedLibrary", "nvshmem_bitcode", "nvshmem_version", "rocshmem_bitcode",
            "rocshmem_version", "rocshmem_report",
-           "shmem_library", "explain_link_failure", "compatibility_report", "DitronCompileError"]
+           "shmem_library", "nvshmem_linkable", "explain_link_failure", "compatibility_report", "DitronCompileError"]

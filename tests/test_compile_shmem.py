@@ -1,5 +1,6 @@
 """shmem.* on NVIDIA: calls NVSHMEM's device functions with their exact
 prototypes (so they inline), and the library is attached only when used."""
+import os
 import re
 
 import pytest
@@ -93,7 +94,29 @@ def test_shmem_calls_nvshmem(nvshmem_bc, kernel, sig, symbols):
     assert "nvshmemi_device_state_d" in ptx or "nvshmemi_" in ptx  # NVSHMEM's device code is linked in
     assert ck.libraries == ["libnvshmem_device"]
     libs = dict(ck.triton_kernel.metadata.extern_libs)
-    assert libs["libnvshmem_device"] == nvshmem_bc
+    assert libs["libnvshmem_device"] == _needed_library(nvshmem_bc)
+
+
+def _needed_library(nvshmem_bc):
+    from ditron.libs import nvshmem_linkable
+    path = nvshmem_linkable(nvshmem_bc, {entry[0] for entry in shmem_table.NVSHMEM.values()})
+    assert path != nvshmem_bc and os.path.basename(path).startswith("libnvshmem_device_needed_"), path
+    return path
+
+
+def test_needed_part_of_nvshmem_links_to_the_same_ptx_as_the_whole_bitcode(nvshmem_bc, monkeypatch):
+    """Kernels link the part of NVSHMEM's bitcode that the table reaches (cut once, cached), not the 31 MB
+    file: the PTX must not change (put + signal + wait in every cooperation level: the largest closure)."""
+    sig = {"dst": "*i8", "src": "*i8", "nbytes": "i64", "sig": "*u64", "pe": "i32", "out": "*u64"}
+    needed = _compiled(K.k_shmem_signal, sig)
+    path = _needed_library(nvshmem_bc)
+    assert dict(needed.triton_kernel.metadata.extern_libs)["libnvshmem_device"] == path
+    monkeypatch.setenv("DITRON_NVSHMEM_FULL", "1")
+    full = compile_for(K.k_shmem_signal, "sm_90a", sig)
+    assert dict(full.triton_kernel.metadata.extern_libs)["libnvshmem_device"] == nvshmem_bc
+    assert full.asm["ptx"] == needed.asm["ptx"]
+    text = open(path).read()
+    assert "define internal" not in text and "@nvshmemi_device_state_d = " in text   # links like the original
 
 
 def test_signal_constants_reach_nvshmem(nvshmem_bc):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import triton.language as tl
 
 from .. import _compat
-from ..libs import NeedLibrary, shmem_library
-from . import devlib
+from ..libs import NeedLibrary, nvshmem_linkable, shmem_library
+from . import devlib, shmem_table
 
 RANK_FIELD = {-1: "rank", 0: "local_rank", 1: "node"}
 SIZE_FIELD = {-1: "world_size", 0: "local_world_size", 1: "nnodes"}
@@ -80,10 +80,20 @@ def signal_width(ctx, ptr, arg):
     return elem.primitive_bitwidth
 
 
+def link_library(target):
+    """(name, path) of the SHMEM library to link for ``target``: on NVIDIA, the
+    part of NVSHMEM's bitcode that ditron's NVSHMEM table can reach
+    (:func:`ditron.libs.nvshmem_linkable`)."""
+    name, path = shmem_library(target)
+    if target.backend == "cuda":
+        path = nvshmem_linkable(path, {entry[0] for entry in shmem_table.NVSHMEM.values()})
+    return name, path
+
+
 def require_shmem(ctx):
     """(name, path) of the SHMEM library; raises NeedLibrary when this
     compilation has not attached it (the driver then attaches it and retries)."""
-    name, path = shmem_library(ctx.target)
+    name, path = link_library(ctx.target)
     if not ctx.has_library(name):
         raise NeedLibrary(name)
     return name, path
