@@ -3,8 +3,10 @@ simulated ranks, like ``torchrun --nproc-per-node N``.
 
 Each rank is a process with torchrun's variables (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``) plus
-``TRITON_INTERPRET=1`` and the simulated job's shared files.  The launcher
-watches the job:
+``TRITON_INTERPRET=1`` and the simulated job's shared files, forked from the
+job's fork server (:mod:`ditron.sim.forkserver`: torch, Triton and ditron
+imported once) or, with ``DITRON_SIM_FORK=0`` or when the server declines,
+started as ``python -m ditron.sim.rank``.  The launcher watches the job:
 
 * a rank that fails stops the others promptly (their waits abort) and its
   traceback is printed; the exit code is the failing rank's;
