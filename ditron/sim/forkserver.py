@@ -147,8 +147,8 @@ def _serve(fd, argv):
     if reason:
         conn.send(("unavailable", reason))
         return None
-    # the preloaded objects move out of the collector's sight: a rank's collections and its exit then leave
-    # their pages shared instead of writing to every one of them (about 0.5 CPU-s a rank)
+    # the preloaded objects move out of the collector's sight while a rank runs: its collections leave their
+    # pages shared instead of writing to every one of them; its shutdown sees them again (_become_rank)
     import gc
     gc.freeze()
     wake_r, wake_w = os.pipe()
@@ -230,6 +230,12 @@ def _become_rank(rank, env, argv, server):
     if np_random is not None:
         np_random.seed()                               # seeded from the OS, as at its import in a started rank
     sys.orig_argv = [sys.executable, "-m", "ditron.sim.rank", *argv]
+    # registered before the script's handlers, so it runs after them: the interpreter's shutdown then
+    # collects every object, preloaded ones included, as in a started rank (nanobind's leak check in Triton
+    # >= 3.7 reports the objects a shutdown left alive)
+    import atexit
+    import gc
+    atexit.register(gc.unfreeze)
     from . import rank as R
     return R.main(list(argv))
 
