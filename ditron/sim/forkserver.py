@@ -135,8 +135,11 @@ def _serve(fd, argv):
     elif _threads() != 1:
         # NumPy's OpenBLAS starts a thread pool at import and stops it before a fork (pthread_atfork), to
         # start it again at its next use; a first fork (of a child that exits at once) shows whether every
-        # other thread is of that kind
-        pid = os.fork()
+        # other thread is of that kind (Python >= 3.12 warns about forking with threads: this child runs nothing)
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
         if pid == 0:
             os._exit(0)
         os.waitpid(pid, 0)
