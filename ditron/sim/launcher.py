@@ -3,8 +3,10 @@ simulated ranks, like ``torchrun --nproc-per-node N``.
 
 Each rank is a process with torchrun's variables (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``) plus
-``TRITON_INTERPRET=1`` and the simulated job's shared files.  The launcher
-watches the job:
+``TRITON_INTERPRET=1`` and the simulated job's shared files, forked from the
+job's fork server (:mod:`ditron.sim.forkserver`: torch, Triton and ditron
+imported once) or, with ``DITRON_SIM_FORK=0`` or when the server declines,
+started as ``python -m ditron.sim.rank``.  The launcher watches the job:
 
 * a rank that fails stops the others promptly (their waits abort) and its
   traceback is printed; the exit code is the failing rank's;
@@ -29,6 +31,7 @@ import time
 
 from ..errors import format_report_entry
 from ..runtime.heap import HEAP_ALIGN, parse_size, round_up
+from . import forkserver as F
 from . import memory as M
 
 EXIT_DEADLOCK = 3
@@ -93,14 +96,25 @@ def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, ou
     sim_dir = make_job(nprocs, heap_size, race)
     control = M.Control(M.sim_dir_paths(sim_dir)[0], nprocs)
     procs = []
+    server = None
     try:
+        envs = []
         for r in range(nprocs):
             env = rank_env(os.environ, r, nprocs, nnodes, sim_dir, heap_size, hang_timeout)
             env[R.ENV] = "1" if race else "0"
             if seed is not None:
                 env[R.SEED_ENV] = str(int(seed))
-            procs.append(subprocess.Popen([sys.executable, "-m", "ditron.sim.rank", *argv], env=env,
-                                          preexec_fn=_rank_preexec))
+            envs.append(env)
+        if F.enabled():
+            # one process imports torch, Triton and ditron with the job's settings; every rank is forked from it
+            server = F.ForkServer.start({k: v for k, v in envs[0].items() if k not in F.PER_RANK}, argv,
+                                        preexec_fn=_rank_preexec)
+        for r in range(nprocs):
+            if server is not None:
+                procs.append(server.fork(r, envs[r], argv))
+            else:
+                procs.append(subprocess.Popen([sys.executable, "-m", "ditron.sim.rank", *argv], env=envs[r],
+                                              preexec_fn=_rank_preexec))
         dog = Watchdog(control, hang_timeout, alive=lambda r: procs[r].poll() is None)
         first_failure = None
         deadline = None
@@ -143,6 +157,8 @@ def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, ou
         return 130
     finally:
         stop_ranks(procs)
+        if server is not None:
+            server.close()
         control.close()
         if not os.environ.get("DITRON_SIM_KEEP"):
             shutil.rmtree(sim_dir, ignore_errors=True)
