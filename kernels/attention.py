@@ -84,6 +84,9 @@ class AttnConfig:
     #: registers per thread (Triton's ``maxnreg``; None: the compiler's choice), e.g. 128 so that two
     #: programs of 8 warps fit an SM's register file
     maxnreg: int | None = None
+    #: Triton's warp specialization of the key loop over this rank's K / V (``tl.range(warp_specialize=True)``;
+    #: needs ``tma``; GPUs only)
+    ws: bool = False
 
     def validate(self, op="ring_attention"):
         for name in ("block_m", "block_n"):
@@ -92,13 +95,16 @@ class AttnConfig:
                 raise ditron.DitronError(f"{op}: {name}={v} must be a power of two >= 16 (tl.dot)")
         if self.num_warps < 1 or self.num_stages < 1:
             raise ditron.DitronError(f"{op}: num_warps and num_stages must be >= 1 ({self})")
+        if self.ws and not self.tma:
+            raise ditron.DitronError(f"{op}: ws=True (warp specialization) needs tma=True ({self})")
         if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
             raise ditron.DitronError(f"{op}: maxnreg={self.maxnreg} must be in [24, 255] or None")
         return self
 
     def short(self):
         return (f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}{'t' if self.tma else ''}"
-                f"{'p' if self.persistent else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}")
+                f"{'p' if self.persistent else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}"
+                f"{'ws' if self.ws else ''}")
 
 
 #: the default on GPUs (Triton's Hopper fused-attention tiles)
@@ -108,6 +114,12 @@ GPU_CONFIG = AttnConfig(128, 128, 8, 3, tma=True)
 #: GPU_CONFIG's 0.67 / 0.66 in the same run; at 16384 the two are even, 0.79 / 0.76 against 0.79 / 0.77)
 GPU_SHORT_CONFIG = AttnConfig(64, 64, 4, 3, tma=True)
 SHORT_SEQ = 8192
+#: the GPU default per shape: ``(max whole sequence, causal or None for both, config)``, the first entry
+#: that covers a call wins (kernels/attention.default_config); set from bench/attention_sweep.py
+RING_TABLE = (
+    (SHORT_SEQ, None, GPU_SHORT_CONFIG),
+    (1 << 62, None, GPU_CONFIG),
+)
 #: what ``ditron bench ring_attn --configs all`` sweeps on GPUs
 #: (shared memory per program on sm_90a, bf16, head dim 128: 225 / 161 / 129 / 161 / 224 / 128 KiB; the
 #: H100 limit is 227 KiB, so 128 x 128 with 4 stages does not fit: bench/attention_compile.py)
@@ -175,7 +187,7 @@ def _ring_attn_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig
                     S, C, HQ, HKV, maxbh, region, qk_scale, flag, par,
                     WORLD: tl.constexpr, NCH: tl.constexpr, CAUSAL: tl.constexpr, HEAD_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, TMA: tl.constexpr,
-                    WAIT: tl.constexpr):
+                    WAIT: tl.constexpr, WS: tl.constexpr = False):
     """Query tile ``t`` (over this rank's chunks) of head ``bhq`` (= batch * Hq + head): every source in
     ring order (module docstring), then the output rows and LSE."""
     nqt = (C + BLOCK_M - 1) // BLOCK_M
@@ -199,7 +211,7 @@ def _ring_attn_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig
     m_i = tl.full([BLOCK_M], M_INIT, tl.float32)
     # this rank's own K / V first (no wait: the peers stage theirs meanwhile)
     acc, l_i, m_i = attend_source(acc, l_i, m_i, q, k_ptr + head_kv, v_ptr + head_kv, kdesc, vdesc, bkv, qidx, m0,
-                                  qg, me, C, qk_scale, WORLD, NCH, CAUSAL, TMA, BLOCK_M, BLOCK_N, HEAD_D)
+                                  qg, me, C, qk_scale, WORLD, NCH, CAUSAL, TMA, BLOCK_M, BLOCK_N, HEAD_D, WS)
     if WORLD > 1:
         for s in range(1, WORLD):
             src = (me + WORLD - s) % WORLD
@@ -220,7 +232,7 @@ def ring_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr
                          S, C, HQ, HKV, nbkv, maxbh, region, qk_scale, nbh,
                          WORLD: tl.constexpr, NCH: tl.constexpr, CAUSAL: tl.constexpr, HEAD_D: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, TMA: tl.constexpr,
-                         WAIT: tl.constexpr, PERSISTENT: tl.constexpr = False):
+                         WAIT: tl.constexpr, PERSISTENT: tl.constexpr = False, WS: tl.constexpr = False):
     """Program ``(query tile, batch * Hq + head)``, or with ``PERSISTENT`` a
     1-D grid of programs that each take tiles ``pid, pid + P, ...`` of the
     ``nqt * NCH * nbh`` tiles (``nbh`` = batch * Hq; TMA descriptors made once
@@ -254,14 +266,14 @@ def ring_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr
                 bhq = i // ntq
             _ring_attn_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig_ptr, kdesc, vdesc, t, bhq,
                             S, C, HQ, HKV, maxbh, region, qk_scale, flag, par, WORLD, NCH, CAUSAL, HEAD_D,
-                            BLOCK_M, BLOCK_N, NSPLIT, TMA, WAIT)
+                            BLOCK_M, BLOCK_N, NSPLIT, TMA, WAIT, WS)
     else:
         t = tl.program_id(0)
         if CAUSAL:
             t = NCH * nqt - 1 - t            # the longest tiles first
         _ring_attn_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig_ptr, kdesc, vdesc, t,
                         tl.program_id(1), S, C, HQ, HKV, maxbh, region, qk_scale, flag, par, WORLD, NCH, CAUSAL,
-                        HEAD_D, BLOCK_M, BLOCK_N, NSPLIT, TMA, WAIT)
+                        HEAD_D, BLOCK_M, BLOCK_N, NSPLIT, TMA, WAIT, WS)
     if WORLD > 1:
         epoch_end(calls_ptr)
 
@@ -364,12 +376,18 @@ def _launch_opts(cfg, sim):
     return {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not sim else {}
 
 
-def default_config(device, seq=None) -> AttnConfig:
-    """The config for ``device`` and a whole sequence of ``seq`` keys (all ranks): the simulator's tiles,
-    GPU_SHORT_CONFIG up to SHORT_SEQ keys, else GPU_CONFIG."""
+def default_config(device, seq=None, causal=False) -> AttnConfig:
+    """The config for ``device``, a whole sequence of ``seq`` keys (all ranks) and ``causal``: the
+    simulator's tiles, else the first :data:`RING_TABLE` entry that covers the shape (GPU_CONFIG when
+    ``seq`` is unknown)."""
     if torch.device(device).type == "cpu":
         return SIM_CONFIG
-    return GPU_SHORT_CONFIG if seq is not None and seq <= SHORT_SEQ else GPU_CONFIG
+    if seq is None:
+        return GPU_CONFIG
+    for max_seq, c, cfg in RING_TABLE:
+        if seq <= max_seq and (c is None or c == bool(causal)):
+            return cfg
+    return GPU_CONFIG
 
 
 def _check_inputs(ctx, q, k, v, layout):
@@ -409,7 +427,7 @@ def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None
         layout = "zigzag" if causal else "contiguous"
     seq = q.shape[2] * ctx.world_size if isinstance(q, torch.Tensor) and q.dim() == 4 and \
         isinstance(ctx, RingAttentionContext) else None
-    cfg = (config or default_config(q.device, seq)).validate()
+    cfg = (config or default_config(q.device, seq, causal)).validate()
     enter(ctx, RingAttentionContext, "ring_attention",
           [("q.shape", tuple(q.shape) if isinstance(q, torch.Tensor) else None),
            ("k.shape", tuple(k.shape) if isinstance(k, torch.Tensor) else None),
@@ -440,6 +458,7 @@ def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None
         q, k, v, out, lse, ctx.kbuf, ctx.vbuf, ctx.sig, ctx.calls, S, C, HQ, HKV, B * HKV, ctx.maxbh, ctx.region,
         scale * 1.4426950408889634, B * HQ, WORLD=W, NCH=nch, CAUSAL=bool(causal), HEAD_D=D, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, NSPLIT=ctx.nsplit, TMA=tma, WAIT=not _plant_no_wait, PERSISTENT=cfg.persistent,
+        WS=cfg.ws and tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch_opts(cfg, ctx.sim))
     return (out, lse) if return_lse else out
 
@@ -451,7 +470,8 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
     (any tensors, symmetric or not; contiguous), fp16 / bf16.  Used by
     Ulysses (kernels/ulysses.py) on its whole-sequence head shards."""
     E = ditron.DitronError
-    cfg = (config or default_config(q.device, q.shape[2] if q.dim() == 4 else None)).validate("flash_attention")
+    cfg = (config or default_config(q.device, q.shape[2] if q.dim() == 4 else None, causal)).validate(
+        "flash_attention")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_contiguous() or t.dtype not in _DTYPES:
             raise E(f"flash_attention: argument '{name}' must be a contiguous 4-D float16 / bfloat16 tensor")
@@ -472,11 +492,11 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
     ring_attn_fwd_kernel[_grid(cfg, 1, S, B * HQ, q.device, sim)](
         q, k, v, out, lse, k, v, lse, lse, S, S, HQ, HKV, B * HKV, B * HKV, 0, scale * 1.4426950408889634, B * HQ,
         WORLD=1, NCH=1, CAUSAL=bool(causal), HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NSPLIT=1, TMA=tma,
-        WAIT=True, PERSISTENT=cfg.persistent, num_warps=cfg.num_warps,
+        WAIT=True, PERSISTENT=cfg.persistent, WS=cfg.ws and tma, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **_launch_opts(cfg, sim))
     return (out, lse) if return_lse else out
 
 
 __all__ = ["AttnConfig", "RingAttentionContext", "flash_attention", "create_ring_attention_context", "ring_attention", "shard",
            "unshard", "LAYOUTS", "TUNE_CONFIGS", "LEVER_CONFIGS", "GPU_CONFIG", "GPU_SHORT_CONFIG", "SHORT_SEQ", "SIM_CONFIG",
-           "default_config"]
+           "default_config", "RING_TABLE"]
