@@ -84,9 +84,6 @@ class AttnConfig:
     #: registers per thread (Triton's ``maxnreg``; None: the compiler's choice), e.g. 128 so that two
     #: programs of 8 warps fit an SM's register file
     maxnreg: int | None = None
-    #: Triton's warp specialization of the key loop over this rank's K / V (``tl.range(warp_specialize=True)``;
-    #: needs ``tma``; GPUs only)
-    ws: bool = False
 
     def validate(self, op="ring_attention"):
         for name in ("block_m", "block_n"):
@@ -95,16 +92,13 @@ class AttnConfig:
                 raise ditron.DitronError(f"{op}: {name}={v} must be a power of two >= 16 (tl.dot)")
         if self.num_warps < 1 or self.num_stages < 1:
             raise ditron.DitronError(f"{op}: num_warps and num_stages must be >= 1 ({self})")
-        if self.ws and not self.tma:
-            raise ditron.DitronError(f"{op}: ws=True (warp specialization) needs tma=True ({self})")
         if self.maxnreg is not None and not 24 <= self.maxnreg <= 255:
             raise ditron.DitronError(f"{op}: maxnreg={self.maxnreg} must be in [24, 255] or None")
         return self
 
     def short(self):
         return (f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}{'t' if self.tma else ''}"
-                f"{'p' if self.persistent else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}"
-                f"{'ws' if self.ws else ''}")
+                f"{'p' if self.persistent else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}")
 
 
 #: the default on GPUs (Triton's Hopper fused-attention tiles)
@@ -187,7 +181,7 @@ def _ring_attn_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig
                     S, C, HQ, HKV, maxbh, region, qk_scale, flag, par,
                     WORLD: tl.constexpr, NCH: tl.constexpr, CAUSAL: tl.constexpr, HEAD_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, TMA: tl.constexpr,
-                    WAIT: tl.constexpr, WS: tl.constexpr = False):
+                    WAIT: tl.constexpr):
     """Query tile ``t`` (over this rank's chunks) of head ``bhq`` (= batch * Hq + head): every source in
     ring order (module docstring), then the output rows and LSE."""
     nqt = (C + BLOCK_M - 1) // BLOCK_M
@@ -211,7 +205,7 @@ def _ring_attn_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig
     m_i = tl.full([BLOCK_M], M_INIT, tl.float32)
     # this rank's own K / V first (no wait: the peers stage theirs meanwhile)
     acc, l_i, m_i = attend_source(acc, l_i, m_i, q, k_ptr + head_kv, v_ptr + head_kv, kdesc, vdesc, bkv, qidx, m0,
-                                  qg, me, C, qk_scale, WORLD, NCH, CAUSAL, TMA, BLOCK_M, BLOCK_N, HEAD_D, WS)
+                                  qg, me, C, qk_scale, WORLD, NCH, CAUSAL, TMA, BLOCK_M, BLOCK_N, HEAD_D)
     if WORLD > 1:
         for s in range(1, WORLD):
             src = (me + WORLD - s) % WORLD
@@ -232,7 +226,7 @@ def ring_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr
                          S, C, HQ, HKV, nbkv, maxbh, region, qk_scale, nbh,
                          WORLD: tl.constexpr, NCH: tl.constexpr, CAUSAL: tl.constexpr, HEAD_D: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, TMA: tl.constexpr,
-                         WAIT: tl.constexpr, PERSISTENT: tl.constexpr = False, WS: tl.constexpr = False):
+                         WAIT: tl.constexpr, PERSISTENT: tl.constexpr = False):
     """Program ``(query tile, batch * Hq + head)``, or with ``PERSISTENT`` a
     1-D grid of programs that each take tiles ``pid, pid + P, ...`` of the
     ``nqt * NCH * nbh`` tiles (``nbh`` = batch * Hq; TMA descriptors made once
@@ -266,14 +260,14 @@ def ring_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr
                 bhq = i // ntq
             _ring_attn_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig_ptr, kdesc, vdesc, t, bhq,
                             S, C, HQ, HKV, maxbh, region, qk_scale, flag, par, WORLD, NCH, CAUSAL, HEAD_D,
-                            BLOCK_M, BLOCK_N, NSPLIT, TMA, WAIT, WS)
+                            BLOCK_M, BLOCK_N, NSPLIT, TMA, WAIT)
     else:
         t = tl.program_id(0)
         if CAUSAL:
             t = NCH * nqt - 1 - t            # the longest tiles first
         _ring_attn_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig_ptr, kdesc, vdesc, t,
                         tl.program_id(1), S, C, HQ, HKV, maxbh, region, qk_scale, flag, par, WORLD, NCH, CAUSAL,
-                        HEAD_D, BLOCK_M, BLOCK_N, NSPLIT, TMA, WAIT, WS)
+                        HEAD_D, BLOCK_M, BLOCK_N, NSPLIT, TMA, WAIT)
     if WORLD > 1:
         epoch_end(calls_ptr)
 
@@ -458,7 +452,6 @@ def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None
         q, k, v, out, lse, ctx.kbuf, ctx.vbuf, ctx.sig, ctx.calls, S, C, HQ, HKV, B * HKV, ctx.maxbh, ctx.region,
         scale * 1.4426950408889634, B * HQ, WORLD=W, NCH=nch, CAUSAL=bool(causal), HEAD_D=D, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, NSPLIT=ctx.nsplit, TMA=tma, WAIT=not _plant_no_wait, PERSISTENT=cfg.persistent,
-        WS=cfg.ws and tma,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch_opts(cfg, ctx.sim))
     return (out, lse) if return_lse else out
 
@@ -492,7 +485,7 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
     ring_attn_fwd_kernel[_grid(cfg, 1, S, B * HQ, q.device, sim)](
         q, k, v, out, lse, k, v, lse, lse, S, S, HQ, HKV, B * HKV, B * HKV, 0, scale * 1.4426950408889634, B * HQ,
         WORLD=1, NCH=1, CAUSAL=bool(causal), HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NSPLIT=1, TMA=tma,
-        WAIT=True, PERSISTENT=cfg.persistent, WS=cfg.ws and tma, num_warps=cfg.num_warps,
+        WAIT=True, PERSISTENT=cfg.persistent, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **_launch_opts(cfg, sim))
     return (out, lse) if return_lse else out
 

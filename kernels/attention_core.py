@@ -52,99 +52,54 @@ def chunk_id(r, h, WORLD: tl.constexpr, NCH: tl.constexpr):
 
 
 @triton.jit
-def _attend_tile(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, n0, C, qk_scale, allvis,
-                 MODE: tl.constexpr, TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr):
-    """One ``BLOCK_N`` tile of keys at ``n0`` (see :func:`attend_tiles`)."""
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_D)
-    kidx = n0 + offs_n
-    if TMA:
-        k = tl.reshape(kdesc.load([drow, dcol + n0, 0]), [BLOCK_N, HEAD_D])
-    else:
-        kp = kb + kidx[:, None] * HEAD_D + offs_d[None, :]
-        if MODE == 0:
-            k = tl.load(kp)
-        else:
-            k = tl.load(kp, mask=(kidx < C)[:, None], other=0.0)
-    qk = tl.dot(q, tl.trans(k))
-    if MODE == 1:
-        qk = tl.where((kidx < C)[None, :], qk, float("-inf"))
-    if MODE == 2:
-        qk = tl.where(((kidx[None, :] <= qidx[:, None]) | allvis) & (kidx < C)[None, :], qk, float("-inf"))
-    m_new = tl.maximum(m_i, tl.reduce(qk, 1, _fmax) * qk_scale)
-    p = tl.exp2(qk * qk_scale - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.reduce(p, 1, _fadd)
-    acc = acc * alpha[:, None]
-    if TMA:
-        v = tl.reshape(vdesc.load([drow, dcol + n0, 0]), [BLOCK_N, HEAD_D])
-    else:
-        vp = vb + kidx[:, None] * HEAD_D + offs_d[None, :]
-        if MODE == 0:
-            v = tl.load(vp)
-        else:
-            v = tl.load(vp, mask=(kidx < C)[:, None], other=0.0)
-    acc = tl.dot(p.to(v.dtype), v, acc)
-    return acc, l_i, m_new
-
-
-@triton.jit
 def attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, lo, hi, C, qk_scale, allvis,
-                 MODE: tl.constexpr, TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr,
-                 WS: tl.constexpr = False):
+                 MODE: tl.constexpr, TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr):
     """Keys ``[lo, hi)`` of one chunk (indices within the chunk).  ``kb`` /
     ``vb``: the chunk's first row (pointer loads), or ``kdesc`` / ``vdesc``
     with the chunk at row ``dcol`` of descriptor row ``drow`` (TMA; out-of-range
     rows read zeros or the next chunk's rows, masked like the tail).
     ``MODE`` 0: no mask (every key < C visible), 1: keys >= C masked (tail),
     2: keys >= C masked and, unless ``allvis``, the causal mask (key index <=
-    query index, within the same chunk).  ``WS``: Triton's warp
-    specialization of the loop (``tl.range(warp_specialize=True)``; GPUs
-    only, with TMA: a producer warp issues the loads, the others compute)."""
-    if WS:
-        for n0 in tl.range(lo, hi, BLOCK_N, warp_specialize=True):
-            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, n0, C, qk_scale,
-                                         allvis, MODE, TMA, BLOCK_N, HEAD_D)
-    else:
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, HEAD_D)
-        for n0 in range(lo, hi, BLOCK_N):
-            kidx = n0 + offs_n
-            if TMA:
-                k = tl.reshape(kdesc.load([drow, dcol + n0, 0]), [BLOCK_N, HEAD_D])
+    query index, within the same chunk)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_D)
+    for n0 in range(lo, hi, BLOCK_N):
+        kidx = n0 + offs_n
+        if TMA:
+            k = tl.reshape(kdesc.load([drow, dcol + n0, 0]), [BLOCK_N, HEAD_D])
+        else:
+            kp = kb + kidx[:, None] * HEAD_D + offs_d[None, :]
+            if MODE == 0:
+                k = tl.load(kp)
             else:
-                kp = kb + kidx[:, None] * HEAD_D + offs_d[None, :]
-                if MODE == 0:
-                    k = tl.load(kp)
-                else:
-                    k = tl.load(kp, mask=(kidx < C)[:, None], other=0.0)
-            qk = tl.dot(q, tl.trans(k))
-            if MODE == 1:
-                qk = tl.where((kidx < C)[None, :], qk, float("-inf"))
-            if MODE == 2:
-                qk = tl.where(((kidx[None, :] <= qidx[:, None]) | allvis) & (kidx < C)[None, :], qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.reduce(qk, 1, _fmax) * qk_scale)
-            p = tl.exp2(qk * qk_scale - m_new[:, None])
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.reduce(p, 1, _fadd)
-            acc = acc * alpha[:, None]
-            if TMA:
-                v = tl.reshape(vdesc.load([drow, dcol + n0, 0]), [BLOCK_N, HEAD_D])
+                k = tl.load(kp, mask=(kidx < C)[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(k))
+        if MODE == 1:
+            qk = tl.where((kidx < C)[None, :], qk, float("-inf"))
+        if MODE == 2:
+            qk = tl.where(((kidx[None, :] <= qidx[:, None]) | allvis) & (kidx < C)[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.reduce(qk, 1, _fmax) * qk_scale)
+        p = tl.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.reduce(p, 1, _fadd)
+        acc = acc * alpha[:, None]
+        if TMA:
+            v = tl.reshape(vdesc.load([drow, dcol + n0, 0]), [BLOCK_N, HEAD_D])
+        else:
+            vp = vb + kidx[:, None] * HEAD_D + offs_d[None, :]
+            if MODE == 0:
+                v = tl.load(vp)
             else:
-                vp = vb + kidx[:, None] * HEAD_D + offs_d[None, :]
-                if MODE == 0:
-                    v = tl.load(vp)
-                else:
-                    v = tl.load(vp, mask=(kidx < C)[:, None], other=0.0)
-            acc = tl.dot(p.to(v.dtype), v, acc)
-            m_i = m_new
+                v = tl.load(vp, mask=(kidx < C)[:, None], other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
 def attend_chunk(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, m0, qg, kg, C, qk_scale,
                  CAUSAL: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 HEAD_D: tl.constexpr, SAME: tl.constexpr, WS: tl.constexpr = False):
+                 HEAD_D: tl.constexpr, SAME: tl.constexpr):
     """One key chunk (global index ``kg``, ``C`` keys) against the query tile
     at row ``m0`` of query chunk ``qg``: all of it, its diagonal part, or
     nothing (see the module docstring) -- always as one unmasked and one
@@ -168,27 +123,27 @@ def attend_chunk(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, m0, q
             lo1 = tl.where(allvis, n_full, lo_d)
             hi1 = tl.where(allvis, C, tl.where(same, hi_d, lo1))
         acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, 0, hi0, C,
-                                     qk_scale, allvis, 0, TMA, BLOCK_N, HEAD_D, WS)
+                                     qk_scale, allvis, 0, TMA, BLOCK_N, HEAD_D)
         acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, lo1, hi1, C,
-                                     qk_scale, allvis, 2, TMA, BLOCK_N, HEAD_D, WS)
+                                     qk_scale, allvis, 2, TMA, BLOCK_N, HEAD_D)
     else:
         acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, 0, n_full, C,
-                                     qk_scale, True, 0, TMA, BLOCK_N, HEAD_D, WS)
+                                     qk_scale, True, 0, TMA, BLOCK_N, HEAD_D)
         acc, l_i, m_i = attend_tiles(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, dcol, qidx, n_full, C, C,
-                                     qk_scale, True, 1, TMA, BLOCK_N, HEAD_D, WS)
+                                     qk_scale, True, 1, TMA, BLOCK_N, HEAD_D)
     return acc, l_i, m_i
 
 
 @triton.jit
 def attend_source(acc, l_i, m_i, q, kb, vb, kdesc, vdesc, drow, qidx, m0, qg, src, C, qk_scale,
                   WORLD: tl.constexpr, NCH: tl.constexpr, CAUSAL: tl.constexpr, TMA: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, WS: tl.constexpr = False):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr):
     """Every chunk of rank ``src``'s K/V of one head (``kb`` / ``vb``: its
     first row; chunk ``h`` starts ``h * C`` rows later)."""
     for h in tl.static_range(NCH):
         acc, l_i, m_i = attend_chunk(acc, l_i, m_i, q, kb + h * C * HEAD_D, vb + h * C * HEAD_D, kdesc, vdesc,
                                      drow, h * C, qidx, m0, qg, chunk_id(src, h, WORLD, NCH), C, qk_scale,
-                                     CAUSAL, TMA, BLOCK_M, BLOCK_N, HEAD_D, WORLD == 1 and NCH == 1, WS)
+                                     CAUSAL, TMA, BLOCK_M, BLOCK_N, HEAD_D, WORLD == 1 and NCH == 1)
     return acc, l_i, m_i
 
 
