@@ -107,6 +107,38 @@ def kernel_us(fn, n=3):
     return out
 
 
+def host_profile(dev, log, out_dir, seq=8192, calls=30):
+    """Where the host time of one ``ring_attention`` call goes (cProfile over ``calls`` eager calls of the
+    default config; the device is kept busy, so the host is not waiting on it): top functions by cumulative
+    time into the log and $OUT/attention_sweep_host.txt."""
+    import cProfile
+    import io
+    import pstats
+    B, HQ, HKV, D, dt = 1, 32, 8, 128, torch.bfloat16
+    q = torch.randn(B, HQ, seq, D, device=dev).to(dt)
+    k = torch.randn(B, HKV, seq, D, device=dev).to(dt)
+    v = torch.randn(B, HKV, seq, D, device=dev).to(dt)
+    ctx = A.create_ring_attention_context(B, seq, HKV, D, dt)
+    for _ in range(3):
+        A.ring_attention(q, k, v, ctx)
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.enable()
+    for _ in range(calls):
+        A.ring_attention(q, k, v, ctx)
+    prof.disable()
+    host = (time.perf_counter() - t) / calls * 1e6
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(25)
+    with open(os.path.join(out_dir, "attention_sweep_host.txt"), "w") as f:
+        f.write(f"ring_attention seq {seq}: {host:.0f} us of host time per call under cProfile\n" + buf.getvalue())
+    log(f"host profile: {host:.0f} us per ring_attention call under cProfile (top entries in "
+        f"attention_sweep_host.txt):\n" + "\n".join(buf.getvalue().splitlines()[:40]))
+    del ctx, q, k, v
+
+
 def ring_sweep(dev, log, budget, seqs, candidates, tag):
     t0 = time.time()
     B, HQ, HKV, D, dt = 1, 32, 8, 128, torch.bfloat16
@@ -300,6 +332,10 @@ def main():
     if "ring" not in args.skip:
         seqs = [int(s) for s in args.seq.split(",")]
         res["ring"], res["ring_skipped"] = ring_sweep(dev, log, args.budget, seqs, RING_CANDIDATES, 1)
+        try:
+            host_profile(dev, log, args.out)
+        except Exception as e:  # noqa: BLE001 -- reported
+            log(f"host profile FAILED: {type(e).__name__}: {e}")
     with open(os.path.join(args.out, "attention_sweep.json"), "w") as f:
         json.dump(res, f, indent=1, default=str)
     # summary: the best per shape
