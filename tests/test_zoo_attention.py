@@ -69,6 +69,7 @@ def test_errors_before_launch(dist_world):
     assert "unknown layout 'striped'" in msgs["layout"]
     assert "head_dim=24 must be a power of two" in msgs["head_dim"]
     assert "must be [batch=1, kv_heads, seq=8" in msgs["shape"]
+    assert "fuse_combine needs world size 1 and at most 64 splits" in msgs["fuse_splits"]
 
 
 @pytest.fixture(scope="module")
