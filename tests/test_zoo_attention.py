@@ -23,6 +23,7 @@ A = importlib.import_module("ditron.kernels.attention")
 ON_GPU = GPU_BACKEND != "sim"
 #: the simulator's tiles with a persistent grid
 PERSISTENT = A.AttnConfig(16, 16, 1, 1, tma=False, persistent=True)
+HEADS_FIRST = A.AttnConfig(16, 16, 1, 1, tma=False, heads_first=True)
 
 # (B, Hq, Hkv, S per rank, D, causal, layout, dtype)
 ONE_RANK = [(1, 2, 1, 37, 16, False, "contiguous", "bf16"),      # 3 tiles, a tail of 5
@@ -36,6 +37,8 @@ def test_world_size_one(dist_world):
     assert d.run(B.ring_cases, cases) == [len(cases)]
     # the persistent grid (programs loop over the tiles, longest first across heads when causal)
     assert d.run(B.ring_cases, ONE_RANK[1:], config=PERSISTENT) == [2]
+    # causal with the grid (heads, tiles): the longest tiles of every head first
+    assert d.run(B.ring_cases, ONE_RANK[1:], config=HEADS_FIRST) == [2]
     # flash-decode: ragged lengths (some 0), GQA, several splits with tails; two calls
     assert d.run(B.flash_decode_cases, [(3, 4, 2, 37, 16, "bf16")], calls=2) == [2]
     # the fused combine (the last split program of an item combines; its counter reset for the second call)
@@ -59,6 +62,8 @@ def test_four_ranks_zigzag(dist):
     # (context reuse -- the other parity of the buffers and signals -- runs on 2 ranks under the race finder)
     cases = [(1, 2, 1, 6, 16, True, "zigzag", "bf16")]
     assert dist.run(B.ring_cases, cases) == [1] * dist.world_size
+    # two chunks per rank with the (heads, tiles) grid: the longest tiles (of the later chunk) first
+    assert dist.run(B.ring_cases, cases, config=HEADS_FIRST) == [1] * dist.world_size
 
 
 def test_errors_before_launch(dist_world):
@@ -120,7 +125,8 @@ def _compile_fwd(target, cfg, world, causal, dt="bf16", head_dim=128):
     kern = A.ring_attn_fwd_kernel
     const = {"WORLD": world, "NCH": 2 if (causal and world > 1) else 1, "CAUSAL": causal, "HEAD_D": head_dim,
              "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "NSPLIT": A.GPU_NSPLIT, "TMA": cfg.tma, "WAIT": True,
-             "PERSISTENT": cfg.persistent}
+             "PERSISTENT": cfg.persistent,
+             "HEADS_FIRST": bool(cfg.heads_first and causal and not cfg.persistent)}
     ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "o_ptr": f"*{dt}", "lse_ptr": "*fp32",
             "kbuf_ptr": f"*{dt}", "vbuf_ptr": f"*{dt}", "sig_ptr": "*i32", "calls_ptr": "*i64"}
     sig = {p: ptrs.get(p, "fp32" if p == "qk_scale" else "i32") for p in kern.arg_names if p not in const}
