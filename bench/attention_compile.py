@@ -90,7 +90,7 @@ def compile_others():
 
 def main():
     bad = compile_others()
-    jobs = [(cfg, causal, 1) for cfg in A.TUNE_CONFIGS + (A.GPU_SHORT_CONFIG,) + A.LEVER_CONFIGS
+    jobs = [(cfg, causal, 1) for cfg in (A.GPU_CONFIG, A.GPU_SHORT_CONFIG) + A.TUNE_CONFIGS + A.LEVER_CONFIGS
             for causal in (False, True)]
     jobs += [(A.GPU_CONFIG, causal, 2) for causal in (False, True)]       # world size > 1: the ring loop
     for cfg, causal, world in jobs:

@@ -43,9 +43,9 @@ import importlib
 FD = importlib.import_module("ditron.kernels.flash_decode")
 C = A.AttnConfig
 #: what the ring sweep times (the current defaults first)
-RING_CANDIDATES = (
-    A.GPU_CONFIG, A.GPU_SHORT_CONFIG,
-    C(128, 128, 8, 3, tma=True, heads_first=True),   # causal: the longest tiles of every head first
+RING_CANDIDATES = tuple(dict.fromkeys((
+    A.GPU_CONFIG, A.GPU_SHORT_CONFIG, A.HOPPER_CONFIG,
+    C(128, 64, 4, 2, tma=True, heads_first=True),     # causal: the longest tiles of every head first
     C(64, 64, 4, 3, tma=True, heads_first=True),
     C(128, 64, 4, 2, tma=True),                     # one warpgroup, 128 rows, 96 KiB: two programs per SM
     C(128, 64, 8, 2, tma=True, maxnreg=128),        # two 8-warp programs per SM
@@ -55,7 +55,7 @@ RING_CANDIDATES = (
     C(64, 128, 4, 2, tma=True),
     C(64, 64, 4, 4, tma=True),
     C(128, 128, 8, 3, tma=True, persistent=True),
-)
+)))
 #: flash-decode: (splits, block_n, warps, stages, fused combine); splits 0: the default rule
 DECODE_CANDIDATES = tuple((ns, bn, w, st, fu) for bn, w, st in ((128, 4, 3), (64, 4, 4), (64, 4, 3), (64, 4, 2),
                                                                  (128, 8, 3), (128, 4, 2))

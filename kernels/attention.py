@@ -40,12 +40,14 @@ kernels/all_gather.py): a call's attention waits for every peer's staging of
 the same call, which a peer starts only after its previous call's attention.
 
 Tuning: :class:`AttnConfig` (tiles, warps, stages, TMA descriptors for this
-rank's K/V on Hopper, a persistent grid, ``maxnreg``); without one,
-:func:`default_config` takes :data:`GPU_SHORT_CONFIG` (64 x 64 tiles, two
-programs per SM) up to :data:`SHORT_SEQ` keys of the whole sequence and
-:data:`GPU_CONFIG` (128 x 128) above; :data:`TUNE_CONFIGS` /
-:data:`LEVER_CONFIGS` are what ``ditron bench ring_attn --configs all`` /
-``levers`` sweep.  The simulator uses :data:`SIM_CONFIG`.
+rank's K/V on Hopper, a persistent grid, ``maxnreg``, ``heads_first``); without
+one, :func:`default_config` looks the shape up in :data:`RING_TABLE` (set from
+``bench/attention_sweep.py``: :data:`GPU_SHORT_CONFIG`, 64 x 64 tiles, for
+causal up to :data:`SHORT_SEQ` keys of the whole sequence, else
+:data:`GPU_CONFIG`, 128 x 64 tiles on one warpgroup; both two programs per SM);
+:data:`TUNE_CONFIGS` / :data:`LEVER_CONFIGS` are what ``ditron bench ring_attn
+--configs all`` / ``levers`` time beside them.  The simulator uses
+:data:`SIM_CONFIG`.
 """
 from __future__ import annotations
 
@@ -106,43 +108,52 @@ class AttnConfig:
                 f"{'h' if self.heads_first else ''}")
 
 
-#: the default on GPUs (Triton's Hopper fused-attention tiles)
-GPU_CONFIG = AttnConfig(128, 128, 8, 3, tma=True)
-#: the default on GPUs when the whole sequence has at most SHORT_SEQ keys: 64 x 64 tiles, two programs per
-#: SM (H100, 2026-11-27, bench/attention_levers.sh: at 8192 0.72 / 0.70 x cuDNN non-causal / causal against
-#: GPU_CONFIG's 0.67 / 0.66 in the same run; at 16384 the two are even, 0.79 / 0.76 against 0.79 / 0.77)
+#: the default on GPUs: 128 query rows on one warpgroup (4 warps) against 64-key tiles, 2 stages: 96 KiB of
+#: shared memory and 255 registers (100 bytes of spill stores), so two programs per SM, one's softmax beside
+#: the other's wgmma.  bench/attention_sweep.py on one H200 (2026-11-27, bench/results/h200-2026-11-27-attn4/,
+#: x cuDNN back to back / kernel time from the profiler): non-causal 0.76 / 0.79 at 8192, 0.83 at 16384,
+#: 0.88 / 0.89 at 32768, causal 0.88 / 0.87 at 32768 -- the best of 10 configs at all of these; Triton's
+#: Hopper tiles (128 x 128, 8 warps, 3 stages, the default before) 0.67, 0.80, 0.81, 0.83 there.
+GPU_CONFIG = AttnConfig(128, 64, 4, 2, tma=True)
+#: causal up to SHORT_SEQ keys of the whole sequence: 64 x 64 tiles, 3 stages, two programs per SM (same run:
+#: 0.80 / 0.82 at 8192 against GPU_CONFIG's 0.77; at 16384 0.76 / 0.82 and 0.77 one call at a time against
+#: 0.78 / - / 0.70: within the run's noise of a few %, the better on the average of the three timings)
 GPU_SHORT_CONFIG = AttnConfig(64, 64, 4, 3, tma=True)
-SHORT_SEQ = 8192
+SHORT_SEQ = 16384
+#: Triton's Hopper fused-attention tiles, the GPU default before the sweep
+HOPPER_CONFIG = AttnConfig(128, 128, 8, 3, tma=True)
 #: the GPU default per shape: ``(max whole sequence, causal or None for both, config)``, the first entry
 #: that covers a call wins (kernels/attention.default_config); set from bench/attention_sweep.py
 RING_TABLE = (
-    (SHORT_SEQ, None, GPU_SHORT_CONFIG),
+    (SHORT_SEQ, True, GPU_SHORT_CONFIG),
     (1 << 62, None, GPU_CONFIG),
 )
-#: what ``ditron bench ring_attn --configs all`` sweeps on GPUs
-#: (shared memory per program on sm_90a, bf16, head dim 128: 225 / 161 / 129 / 161 / 224 / 128 KiB; the
-#: H100 limit is 227 KiB, so 128 x 128 with 4 stages does not fit: bench/attention_compile.py)
-TUNE_CONFIGS = (
-    AttnConfig(128, 128, 8, 3, tma=True),
-    AttnConfig(128, 64, 8, 4, tma=True),
-    AttnConfig(128, 64, 8, 3, tma=True),
-    AttnConfig(128, 128, 8, 2, tma=True),
-    AttnConfig(128, 128, 8, 3, tma=False),
-    AttnConfig(128, 64, 4, 3, tma=False),
+#: world size > 1 (not timed yet: one GPU so far): the defaults from before the sweep, since GPU_CONFIG's ring
+#: loop over the peers' copies spills 1.6 KB there (255 registers; none at world size 1 but 100 bytes)
+RING_TABLE_MULTI = (
+    (8192, None, GPU_SHORT_CONFIG),
+    (1 << 62, None, HOPPER_CONFIG),
 )
-#: the levers of issue 28's short sequences that bench/attention_levers.sh times against both defaults.
-#: What the sm_90a compile of GPU_CONFIG shows (ptxas -v, bench/attention_compile.py): wgmma, K / V by TMA,
-#: 3 stages, 225 KiB of shared memory and 206 registers (no spills), so one program per SM; every
-#: ``wgmma.wait_group`` is 0 and three CTA-wide bar.sync per iteration keep the warpgroups in lockstep, so
-#: a program's tensor cores idle while it does the softmax (Triton 3.6 does not warp-specialize this loop on
-#: sm_90a).  Two programs per SM overlap one's softmax with the other's wgmma: GPU_SHORT_CONFIG won at 8192
-#: (H100, 2026-11-27); 64 x 64 with 2 stages, 64 x 128 without a pipeline and the persistent grid (one
-#: program per SM, descriptors made once, longest tiles first across heads) lost or tied.  Left to time:
-#: 128 x 64 with 2 stages held to 128 registers (96 KiB, no spills: two 8-warp programs per SM); the
-#: persistent default for comparison.
-LEVER_CONFIGS = (
+#: what ``ditron bench ring_attn --configs all`` sweeps on GPUs beside the defaults: the runners-up of the
+#: sweep and the causal grid that dispatches the longest tiles of every head first (heads_first, not yet
+#: timed on a GPU)
+TUNE_CONFIGS = (
+    HOPPER_CONFIG,
     AttnConfig(128, 64, 8, 2, tma=True, maxnreg=128),
-    AttnConfig(128, 128, 8, 3, tma=True, persistent=True),
+    AttnConfig(64, 64, 4, 3, tma=True, heads_first=True),
+    AttnConfig(128, 64, 4, 2, tma=True, heads_first=True),
+)
+#: the levers bench/attention_levers.sh times against the defaults: the causal grid that dispatches the
+#: longest tiles of every head first (heads_first; not yet timed on a GPU).  What the sm_90a compile of
+#: HOPPER_CONFIG shows (ptxas -v, bench/attention_compile.py): wgmma, K / V by TMA, 3 stages, 225 KiB of
+#: shared memory and 206 registers, so one program per SM; every ``wgmma.wait_group`` is 0 and CTA-wide
+#: bar.sync keep its two warpgroups in lockstep, so its tensor cores idle during the softmax (Triton 3.6 does
+#: not warp-specialize this loop on sm_90a).  Two programs per SM overlap one's softmax with the other's
+#: wgmma: hence GPU_CONFIG / GPU_SHORT_CONFIG.  Lost in the sweep: 64 x 128 and 64 x 64 with 2 or 4 stages,
+#: 64 x 64 without TMA, 128 x 64 with 8 warps and 3 stages, 128 x 128 with 2 stages, the persistent grid.
+LEVER_CONFIGS = (
+    AttnConfig(64, 64, 4, 3, tma=True, heads_first=True),
+    AttnConfig(128, 64, 4, 2, tma=True, heads_first=True),
 )
 #: small tiles for the simulator (the interpreter's cost grows with the tile)
 SIM_CONFIG = AttnConfig(16, 16, 1, 1, tma=False)
@@ -388,15 +399,15 @@ def _launch_opts(cfg, sim):
     return {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not sim else {}
 
 
-def default_config(device, seq=None, causal=False) -> AttnConfig:
-    """The config for ``device``, a whole sequence of ``seq`` keys (all ranks) and ``causal``: the
-    simulator's tiles, else the first :data:`RING_TABLE` entry that covers the shape (GPU_CONFIG when
-    ``seq`` is unknown)."""
+def default_config(device, seq=None, causal=False, world_size=1) -> AttnConfig:
+    """The config for ``device``, a whole sequence of ``seq`` keys (all ranks), ``causal`` and the world
+    size: the simulator's tiles, else the first entry of :data:`RING_TABLE` (:data:`RING_TABLE_MULTI`
+    with several ranks) that covers the shape (GPU_CONFIG when ``seq`` is unknown)."""
     if torch.device(device).type == "cpu":
         return SIM_CONFIG
     if seq is None:
         return GPU_CONFIG
-    for max_seq, c, cfg in RING_TABLE:
+    for max_seq, c, cfg in (RING_TABLE if world_size == 1 else RING_TABLE_MULTI):
         if seq <= max_seq and (c is None or c == bool(causal)):
             return cfg
     return GPU_CONFIG
@@ -439,7 +450,8 @@ def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None
         layout = "zigzag" if causal else "contiguous"
     seq = q.shape[2] * ctx.world_size if isinstance(q, torch.Tensor) and q.dim() == 4 and \
         isinstance(ctx, RingAttentionContext) else None
-    cfg = (config or default_config(q.device, seq, causal)).validate()
+    cfg = (config or default_config(q.device, seq, causal, ctx.world_size if isinstance(ctx, RingAttentionContext)
+                                    else 1)).validate()
     enter(ctx, RingAttentionContext, "ring_attention",
           [("q.shape", tuple(q.shape) if isinstance(q, torch.Tensor) else None),
            ("k.shape", tuple(k.shape) if isinstance(k, torch.Tensor) else None),
@@ -511,4 +523,4 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
 
 __all__ = ["AttnConfig", "RingAttentionContext", "flash_attention", "create_ring_attention_context", "ring_attention", "shard",
            "unshard", "LAYOUTS", "TUNE_CONFIGS", "LEVER_CONFIGS", "GPU_CONFIG", "GPU_SHORT_CONFIG", "SHORT_SEQ", "SIM_CONFIG",
-           "default_config", "RING_TABLE"]
+           "default_config", "RING_TABLE", "RING_TABLE_MULTI", "HOPPER_CONFIG"]

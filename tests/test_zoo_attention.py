@@ -149,8 +149,8 @@ def test_compiles_for_sm90a():
     from conftest import tma_loads
     ck = _compile_fwd("sm_90a", A.GPU_CONFIG, 1, True)
     assert "mma" in ck.asm["ptx"] and tma_loads(ck.asm["ptx"])
-    assert ck.metadata.shared <= H100_SHARED, ck.metadata.shared
-    # the default up to SHORT_SEQ keys: 64 x 64 tiles, small enough for two programs per SM
+    # both GPU defaults (kernels/attention.RING_TABLE) are small enough for two programs per SM
+    assert 2 * (ck.metadata.shared + 1024) <= H100_SM_SHARED, ck.metadata.shared
     ck = _compile_fwd("sm_90a", A.GPU_SHORT_CONFIG, 1, False)
     assert "mma" in ck.asm["ptx"] and tma_loads(ck.asm["ptx"])
     assert 2 * (ck.metadata.shared + 1024) <= H100_SM_SHARED, ck.metadata.shared

@@ -93,7 +93,7 @@ def small_checks(world, configs, args):
                 sh = [A.shard(t, r, W, layout).to(dev) for t in (q, k, v)]
                 for cfg in cfgs:
                     # None: the default for this length (kernels.attention.default_config)
-                    label = (cfg or A.default_config(dev, S * W, causal)).short() + ("" if cfg else " (default)")
+                    label = (cfg or A.default_config(dev, S * W, causal, W)).short() + ("" if cfg else " (default)")
                     try:
                         out = A.ring_attention(*sh, ctx, causal=causal, layout=layout, config=cfg)
                         err = (out.float().cpu() - ref).abs().max().item()
@@ -144,7 +144,7 @@ def ring_case(world, seq, causal, configs, args, agree):
             raise AssertionError(f"max abs error {err:.3g} > {tol} against SDPA")
 
     impls = []
-    default = A.default_config(dev, seq, causal)
+    default = A.default_config(dev, seq, causal, W)
     for cfg in configs:
         if cfg == default:
             continue            # the "ditron" row (config None) is this config at this length
@@ -236,7 +236,8 @@ def main(argv=None):
     more = {"all": A.TUNE_CONFIGS, "levers": A.LEVER_CONFIGS, "default": ()}[args.configs]
     # None first: the default config for each length (kernels.attention.default_config); then both GPU
     # defaults explicitly (each row skipped where it is the default) and the swept configs
-    configs = [None] if sim else [None] + list(dict.fromkeys((A.GPU_CONFIG, A.GPU_SHORT_CONFIG) + tuple(more)))
+    configs = [None] if sim else [None] + list(dict.fromkeys((A.GPU_CONFIG, A.GPU_SHORT_CONFIG, A.HOPPER_CONFIG)
+                                                                + tuple(more)))
     if sim and args.configs == "levers":
         configs.append(dataclasses.replace(A.SIM_CONFIG, persistent=True))
     agree = agree_fn(world)
