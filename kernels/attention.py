@@ -143,8 +143,9 @@ TUNE_CONFIGS = (
     AttnConfig(64, 64, 4, 3, tma=True, heads_first=True),
     AttnConfig(128, 64, 4, 2, tma=True, heads_first=True),
 )
-#: the levers bench/attention_levers.sh times against the defaults: the causal grid that dispatches the
-#: longest tiles of every head first (heads_first; not yet timed on a GPU).  What the sm_90a compile of
+#: the levers bench/attention_levers.sh times against the defaults (none timed on a GPU yet): the causal
+#: grid that dispatches the longest tiles of every head first (heads_first), and GPU_CONFIG's one-warpgroup
+#: layout on 32-key tiles (fewer registers per program).  What the sm_90a compile of
 #: HOPPER_CONFIG shows (ptxas -v, bench/attention_compile.py): wgmma, K / V by TMA, 3 stages, 225 KiB of
 #: shared memory and 206 registers, so one program per SM; every ``wgmma.wait_group`` is 0 and CTA-wide
 #: bar.sync keep its two warpgroups in lockstep, so its tensor cores idle during the softmax (Triton 3.6 does
@@ -154,6 +155,8 @@ TUNE_CONFIGS = (
 LEVER_CONFIGS = (
     AttnConfig(64, 64, 4, 3, tma=True, heads_first=True),
     AttnConfig(128, 64, 4, 2, tma=True, heads_first=True),
+    AttnConfig(128, 32, 4, 3, tma=True),        # GPU_CONFIG's warpgroup on 32-key tiles: 80 KiB, 32 B of spills
+    AttnConfig(128, 32, 4, 4, tma=True),        # 96 KiB, 28 B of spills: still two programs per SM
 )
 #: small tiles for the simulator (the interpreter's cost grows with the tile)
 SIM_CONFIG = AttnConfig(16, 16, 1, 1, tma=False)
