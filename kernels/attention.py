@@ -42,9 +42,10 @@ the same call, which a peer starts only after its previous call's attention.
 Tuning: :class:`AttnConfig` (tiles, warps, stages, TMA descriptors for this
 rank's K/V on Hopper, a persistent grid, ``maxnreg``, ``heads_first``); without
 one, :func:`default_config` looks the shape up in :data:`RING_TABLE` (set from
-``bench/attention_sweep.py``: :data:`GPU_SHORT_CONFIG`, 64 x 64 tiles, for
-causal up to :data:`SHORT_SEQ` keys of the whole sequence, else
-:data:`GPU_CONFIG`, 128 x 64 tiles on one warpgroup; both two programs per SM);
+``bench/attention_sweep.py``: :data:`GPU_CONFIG`, 128 x 64 tiles on one
+warpgroup, with the longest-tiles-first grid for causal up to 8192 keys of the
+whole sequence, :data:`GPU_SHORT_CONFIG`, 64 x 64 tiles, for causal up to
+:data:`SHORT_SEQ`; both two programs per SM);
 :data:`TUNE_CONFIGS` / :data:`LEVER_CONFIGS` are what ``ditron bench ring_attn
 --configs all`` / ``levers`` time beside them.  The simulator uses
 :data:`SIM_CONFIG`.
@@ -110,21 +111,26 @@ class AttnConfig:
 
 #: the default on GPUs: 128 query rows on one warpgroup (4 warps) against 64-key tiles, 2 stages: 96 KiB of
 #: shared memory and 255 registers (100 bytes of spill stores), so two programs per SM, one's softmax beside
-#: the other's wgmma.  bench/attention_sweep.py on one H200 (2026-11-27, bench/results/h200-2026-11-27-attn4/,
-#: x cuDNN back to back / kernel time from the profiler): non-causal 0.76 / 0.79 at 8192, 0.83 at 16384,
-#: 0.88 / 0.89 at 32768, causal 0.88 / 0.87 at 32768 -- the best of 10 configs at all of these; Triton's
-#: Hopper tiles (128 x 128, 8 warps, 3 stages, the default before) 0.67, 0.80, 0.81, 0.83 there.
+#: the other's wgmma.  bench/attention_sweep.py on one H200 (2026-11-27, bench/results/h200-2026-11-27-attn4/)
+#: found it the best of 10 configs non-causal at 8192-32768 and causal at 32768; `ditron bench ring_attn
+#: --configs levers` on the same H200 (CUDA-graph replays, x cuDNN): non-causal 0.81 / 0.90 / 0.89 at 8192 /
+#: 16384 / 32768, causal 0.93 at 32768, against 0.72 / 0.81 / 0.85 and 0.88 for Triton's Hopper tiles
+#: (HOPPER_CONFIG, the default before).
 GPU_CONFIG = AttnConfig(128, 64, 4, 2, tma=True)
-#: causal up to SHORT_SEQ keys of the whole sequence: 64 x 64 tiles, 3 stages, two programs per SM (same run:
-#: 0.80 / 0.82 at 8192 against GPU_CONFIG's 0.77; at 16384 0.76 / 0.82 and 0.77 one call at a time against
-#: 0.78 / - / 0.70: within the run's noise of a few %, the better on the average of the three timings)
+#: causal from 8192 up to SHORT_SEQ keys of the whole sequence: 64 x 64 tiles, 3 stages, two programs per SM
+#: (same run: 0.83 at 16384 against GPU_CONFIG's 0.81; with heads_first 0.78)
 GPU_SHORT_CONFIG = AttnConfig(64, 64, 4, 3, tma=True)
 SHORT_SEQ = 16384
+#: causal up to 8192 keys: GPU_CONFIG with the grid (heads, tiles), the longest tiles of every head first
+#: (same run: 0.84 against 0.79 in the (tiles, heads) order and GPU_SHORT_CONFIG's 0.82; at 32768 the
+#: order costs L2 reuse: 0.91 against 0.93)
+GPU_CAUSAL_SHORT_CONFIG = AttnConfig(128, 64, 4, 2, tma=True, heads_first=True)
 #: Triton's Hopper fused-attention tiles, the GPU default before the sweep
 HOPPER_CONFIG = AttnConfig(128, 128, 8, 3, tma=True)
 #: the GPU default per shape: ``(max whole sequence, causal or None for both, config)``, the first entry
 #: that covers a call wins (kernels/attention.default_config); set from bench/attention_sweep.py
 RING_TABLE = (
+    (8192, True, GPU_CAUSAL_SHORT_CONFIG),
     (SHORT_SEQ, True, GPU_SHORT_CONFIG),
     (1 << 62, None, GPU_CONFIG),
 )
@@ -141,11 +147,11 @@ TUNE_CONFIGS = (
     HOPPER_CONFIG,
     AttnConfig(128, 64, 8, 2, tma=True, maxnreg=128),
     AttnConfig(64, 64, 4, 3, tma=True, heads_first=True),
-    AttnConfig(128, 64, 4, 2, tma=True, heads_first=True),
+    GPU_CAUSAL_SHORT_CONFIG,
 )
-#: the levers bench/attention_levers.sh times against the defaults (none timed on a GPU yet): the causal
-#: grid that dispatches the longest tiles of every head first (heads_first), and GPU_CONFIG's one-warpgroup
-#: layout on 32-key tiles (fewer registers per program).  What the sm_90a compile of
+#: the levers bench/attention_levers.sh times against the defaults: the 64 x 64 tiles with the causal grid
+#: that dispatches the longest tiles of every head first (0.83 at 8192, 0.78 at 16384 on one H200; GPU_CONFIG
+#: on 32-key tiles, 3 or 4 stages, lost everywhere: 0.62-0.75).  What the sm_90a compile of
 #: HOPPER_CONFIG shows (ptxas -v, bench/attention_compile.py): wgmma, K / V by TMA, 3 stages, 225 KiB of
 #: shared memory and 206 registers, so one program per SM; every ``wgmma.wait_group`` is 0 and CTA-wide
 #: bar.sync keep its two warpgroups in lockstep, so its tensor cores idle during the softmax (Triton 3.6 does
@@ -154,9 +160,6 @@ TUNE_CONFIGS = (
 #: 64 x 64 without TMA, 128 x 64 with 8 warps and 3 stages, 128 x 128 with 2 stages, the persistent grid.
 LEVER_CONFIGS = (
     AttnConfig(64, 64, 4, 3, tma=True, heads_first=True),
-    AttnConfig(128, 64, 4, 2, tma=True, heads_first=True),
-    AttnConfig(128, 32, 4, 3, tma=True),        # GPU_CONFIG's warpgroup on 32-key tiles: 80 KiB, 32 B of spills
-    AttnConfig(128, 32, 4, 4, tma=True),        # 96 KiB, 28 B of spills: still two programs per SM
 )
 #: small tiles for the simulator (the interpreter's cost grows with the tile)
 SIM_CONFIG = AttnConfig(16, 16, 1, 1, tma=False)
@@ -526,4 +529,4 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
 
 __all__ = ["AttnConfig", "RingAttentionContext", "flash_attention", "create_ring_attention_context", "ring_attention", "shard",
            "unshard", "LAYOUTS", "TUNE_CONFIGS", "LEVER_CONFIGS", "GPU_CONFIG", "GPU_SHORT_CONFIG", "SHORT_SEQ", "SIM_CONFIG",
-           "default_config", "RING_TABLE", "RING_TABLE_MULTI", "HOPPER_CONFIG"]
+           "default_config", "RING_TABLE", "RING_TABLE_MULTI", "HOPPER_CONFIG", "GPU_CAUSAL_SHORT_CONFIG"]
