@@ -23,7 +23,8 @@ def compile_fwd(cfg, causal, world=1, dt="bf16", head_dim=128, target="sm_90a"):
     kern = A.ring_attn_fwd_kernel
     const = {"WORLD": world, "NCH": 2 if (causal and world > 1) else 1, "CAUSAL": causal, "HEAD_D": head_dim,
              "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "NSPLIT": A.GPU_NSPLIT, "TMA": cfg.tma, "WAIT": True,
-             "PERSISTENT": cfg.persistent}
+             "PERSISTENT": cfg.persistent,
+             "HEADS_FIRST": bool(cfg.heads_first and causal and not cfg.persistent)}
     ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "o_ptr": f"*{dt}", "lse_ptr": "*fp32",
             "kbuf_ptr": f"*{dt}", "vbuf_ptr": f"*{dt}", "sig_ptr": "*i32", "calls_ptr": "*i64"}
     sig = {p: ptrs.get(p, "fp32" if p == "qk_scale" else "i32") for p in kern.arg_names if p not in const}
@@ -55,9 +56,11 @@ def compile_others():
     FD = importlib.import_module("ditron.kernels.flash_decode")
     from ditron.kernels import ulysses as U
     jobs = [
-        (FD.flash_decode_split_kernel, {"G": 4, "HKV": 8, "HEAD_D": 128, "BLOCK_H": 16, "BLOCK_N": FD.GPU_BLOCK_N},
+        (FD.flash_decode_split_kernel, {"G": 4, "HKV": 8, "HEAD_D": 128, "BLOCK_H": 16, "BLOCK_N": FD.GPU_BLOCK_N,
+                                        "FUSE": False, "SPLIT_CHUNK": 16},
          {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "po_ptr": "*fp32",
-          "pl_ptr": "*fp32", "cap": "i32", "nsplit": "i32", "qk_scale": "fp32"}, FD.GPU_WARPS,
+          "pl_ptr": "*fp32", "cap": "i32", "nsplit": "i32", "qk_scale": "fp32", "out_ptr": "*bf16",
+          "lse_ptr": "*fp32", "cnt_ptr": "*i32"}, FD.GPU_WARPS,
          FD.split_stages(FD.GPU_BLOCK_N, 128)),
         (FD.flash_decode_combine_kernel, {"G": 4, "WORLD": 1, "HEAD_D": 128, "BLOCK_H": 16, "DSPLIT": 4,
                                           "SPLIT_CHUNK": 16, "WAIT": True},
@@ -87,7 +90,7 @@ def compile_others():
 
 def main():
     bad = compile_others()
-    jobs = [(cfg, causal, 1) for cfg in A.TUNE_CONFIGS + (A.GPU_SHORT_CONFIG,) + A.LEVER_CONFIGS
+    jobs = [(cfg, causal, 1) for cfg in (A.GPU_CONFIG, A.GPU_SHORT_CONFIG) + A.TUNE_CONFIGS + A.LEVER_CONFIGS
             for causal in (False, True)]
     jobs += [(A.GPU_CONFIG, causal, 2) for causal in (False, True)]       # world size > 1: the ring loop
     for cfg, causal, world in jobs:

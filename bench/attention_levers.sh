@@ -2,7 +2,7 @@
 # Issue 28's performance levers on one GPU, in under 6 minutes: the attention zoo's test bodies on this GPU
 # (correctness first), then side by side with torch SDPA (cuDNN and flash backends) in the same run:
 #   * ring attention forward at sequence 8192 and 16384, causal and not: the default for the length
-#     (kernels/attention.default_config: 64 x 64 tiles up to 8192 keys, 128 x 128 above), the other GPU
+#     (kernels/attention.RING_TABLE: 128 x 64 tiles on one warpgroup; 64 x 64 causal up to 16384), the other GPU
 #     default, and kernels/attention.LEVER_CONFIGS (128 x 64 at maxnreg 128; the persistent grid); every
 #     config is first checked against fp32 SDPA at shapes that are not tile multiples;
 #   * flash-decode at context 32768 / 65536, batch 1 and 16: the new parallel combine with the default split

@@ -40,12 +40,15 @@ kernels/all_gather.py): a call's attention waits for every peer's staging of
 the same call, which a peer starts only after its previous call's attention.
 
 Tuning: :class:`AttnConfig` (tiles, warps, stages, TMA descriptors for this
-rank's K/V on Hopper, a persistent grid, ``maxnreg``); without one,
-:func:`default_config` takes :data:`GPU_SHORT_CONFIG` (64 x 64 tiles, two
-programs per SM) up to :data:`SHORT_SEQ` keys of the whole sequence and
-:data:`GPU_CONFIG` (128 x 128) above; :data:`TUNE_CONFIGS` /
-:data:`LEVER_CONFIGS` are what ``ditron bench ring_attn --configs all`` /
-``levers`` sweep.  The simulator uses :data:`SIM_CONFIG`.
+rank's K/V on Hopper, a persistent grid, ``maxnreg``, ``heads_first``); without
+one, :func:`default_config` looks the shape up in :data:`RING_TABLE` (set from
+``bench/attention_sweep.py``: :data:`GPU_CONFIG`, 128 x 64 tiles on one
+warpgroup, with the longest-tiles-first grid for causal up to 8192 keys of the
+whole sequence, :data:`GPU_SHORT_CONFIG`, 64 x 64 tiles, for causal up to
+:data:`SHORT_SEQ`; both two programs per SM);
+:data:`TUNE_CONFIGS` / :data:`LEVER_CONFIGS` are what ``ditron bench ring_attn
+--configs all`` / ``levers`` time beside them.  The simulator uses
+:data:`SIM_CONFIG`.
 """
 from __future__ import annotations
 
@@ -84,6 +87,10 @@ class AttnConfig:
     #: registers per thread (Triton's ``maxnreg``; None: the compiler's choice), e.g. 128 so that two
     #: programs of 8 warps fit an SM's register file
     maxnreg: int | None = None
+    #: causal, non-persistent grid: ``(heads, tiles)`` instead of ``(tiles, heads)``, so that the hardware
+    #: dispatches the longest tiles of every head first (the tail at 8192 keys: ~6% -> ~0.2% in a schedule
+    #: model; the tiles that run together then span every head, not one)
+    heads_first: bool = False
 
     def validate(self, op="ring_attention"):
         for name in ("block_m", "block_n"):
@@ -98,40 +105,61 @@ class AttnConfig:
 
     def short(self):
         return (f"{self.block_m}x{self.block_n}w{self.num_warps}s{self.num_stages}{'t' if self.tma else ''}"
-                f"{'p' if self.persistent else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}")
+                f"{'p' if self.persistent else ''}{f'r{self.maxnreg}' if self.maxnreg else ''}"
+                f"{'h' if self.heads_first else ''}")
 
 
-#: the default on GPUs (Triton's Hopper fused-attention tiles)
-GPU_CONFIG = AttnConfig(128, 128, 8, 3, tma=True)
-#: the default on GPUs when the whole sequence has at most SHORT_SEQ keys: 64 x 64 tiles, two programs per
-#: SM (H100, 2026-11-27, bench/attention_levers.sh: at 8192 0.72 / 0.70 x cuDNN non-causal / causal against
-#: GPU_CONFIG's 0.67 / 0.66 in the same run; at 16384 the two are even, 0.79 / 0.76 against 0.79 / 0.77)
+#: the default on GPUs: 128 query rows on one warpgroup (4 warps) against 64-key tiles, 2 stages: 96 KiB of
+#: shared memory and 255 registers (100 bytes of spill stores), so two programs per SM, one's softmax beside
+#: the other's wgmma.  bench/attention_sweep.py on one H200 (2026-11-27, bench/results/h200-2026-11-27-attn4/)
+#: found it the best of 10 configs non-causal at 8192-32768 and causal at 32768; `ditron bench ring_attn
+#: --configs levers` on the same H200 (CUDA-graph replays, x cuDNN): non-causal 0.81 / 0.90 / 0.89 at 8192 /
+#: 16384 / 32768, causal 0.93 at 32768, against 0.72 / 0.81 / 0.85 and 0.88 for Triton's Hopper tiles
+#: (HOPPER_CONFIG, the default before).
+GPU_CONFIG = AttnConfig(128, 64, 4, 2, tma=True)
+#: causal from 8192 up to SHORT_SEQ keys of the whole sequence: 64 x 64 tiles, 3 stages, two programs per SM
+#: (same run: 0.83 at 16384 against GPU_CONFIG's 0.81; with heads_first 0.78)
 GPU_SHORT_CONFIG = AttnConfig(64, 64, 4, 3, tma=True)
-SHORT_SEQ = 8192
-#: what ``ditron bench ring_attn --configs all`` sweeps on GPUs
-#: (shared memory per program on sm_90a, bf16, head dim 128: 225 / 161 / 129 / 161 / 224 / 128 KiB; the
-#: H100 limit is 227 KiB, so 128 x 128 with 4 stages does not fit: bench/attention_compile.py)
-TUNE_CONFIGS = (
-    AttnConfig(128, 128, 8, 3, tma=True),
-    AttnConfig(128, 64, 8, 4, tma=True),
-    AttnConfig(128, 64, 8, 3, tma=True),
-    AttnConfig(128, 128, 8, 2, tma=True),
-    AttnConfig(128, 128, 8, 3, tma=False),
-    AttnConfig(128, 64, 4, 3, tma=False),
+SHORT_SEQ = 16384
+#: causal up to 8192 keys: GPU_CONFIG with the grid (heads, tiles), the longest tiles of every head first
+#: (same run: 0.84 against 0.79 in the (tiles, heads) order and GPU_SHORT_CONFIG's 0.82; at 32768 the
+#: order costs L2 reuse: 0.91 against 0.93)
+GPU_CAUSAL_SHORT_CONFIG = AttnConfig(128, 64, 4, 2, tma=True, heads_first=True)
+#: Triton's Hopper fused-attention tiles, the GPU default before the sweep
+HOPPER_CONFIG = AttnConfig(128, 128, 8, 3, tma=True)
+#: the GPU default per shape: ``(max whole sequence, causal or None for both, config)``, the first entry
+#: that covers a call wins (kernels/attention.default_config); set from bench/attention_sweep.py
+RING_TABLE = (
+    (8192, True, GPU_CAUSAL_SHORT_CONFIG),
+    (SHORT_SEQ, True, GPU_SHORT_CONFIG),
+    (1 << 62, None, GPU_CONFIG),
 )
-#: the levers of issue 28's short sequences that bench/attention_levers.sh times against both defaults.
-#: What the sm_90a compile of GPU_CONFIG shows (ptxas -v, bench/attention_compile.py): wgmma, K / V by TMA,
-#: 3 stages, 225 KiB of shared memory and 206 registers (no spills), so one program per SM; every
-#: ``wgmma.wait_group`` is 0 and three CTA-wide bar.sync per iteration keep the warpgroups in lockstep, so
-#: a program's tensor cores idle while it does the softmax (Triton 3.6 does not warp-specialize this loop on
-#: sm_90a).  Two programs per SM overlap one's softmax with the other's wgmma: GPU_SHORT_CONFIG won at 8192
-#: (H100, 2026-11-27); 64 x 64 with 2 stages, 64 x 128 without a pipeline and the persistent grid (one
-#: program per SM, descriptors made once, longest tiles first across heads) lost or tied.  Left to time:
-#: 128 x 64 with 2 stages held to 128 registers (96 KiB, no spills: two 8-warp programs per SM); the
-#: persistent default for comparison.
-LEVER_CONFIGS = (
+#: world size > 1 (not timed yet: one GPU so far): the defaults from before the sweep, since GPU_CONFIG's ring
+#: loop over the peers' copies spills 1.6 KB there (255 registers; none at world size 1 but 100 bytes)
+RING_TABLE_MULTI = (
+    (8192, None, GPU_SHORT_CONFIG),
+    (1 << 62, None, HOPPER_CONFIG),
+)
+#: what ``ditron bench ring_attn --configs all`` sweeps on GPUs beside the defaults: the runners-up of the
+#: sweep and the causal grid that dispatches the longest tiles of every head first (heads_first, not yet
+#: timed on a GPU)
+TUNE_CONFIGS = (
+    HOPPER_CONFIG,
     AttnConfig(128, 64, 8, 2, tma=True, maxnreg=128),
-    AttnConfig(128, 128, 8, 3, tma=True, persistent=True),
+    AttnConfig(64, 64, 4, 3, tma=True, heads_first=True),
+    GPU_CAUSAL_SHORT_CONFIG,
+)
+#: the levers bench/attention_levers.sh times against the defaults: the 64 x 64 tiles with the causal grid
+#: that dispatches the longest tiles of every head first (0.83 at 8192, 0.78 at 16384 on one H200; GPU_CONFIG
+#: on 32-key tiles, 3 or 4 stages, lost everywhere: 0.62-0.75).  What the sm_90a compile of
+#: HOPPER_CONFIG shows (ptxas -v, bench/attention_compile.py): wgmma, K / V by TMA, 3 stages, 225 KiB of
+#: shared memory and 206 registers, so one program per SM; every ``wgmma.wait_group`` is 0 and CTA-wide
+#: bar.sync keep its two warpgroups in lockstep, so its tensor cores idle during the softmax (Triton 3.6 does
+#: not warp-specialize this loop on sm_90a).  Two programs per SM overlap one's softmax with the other's
+#: wgmma: hence GPU_CONFIG / GPU_SHORT_CONFIG.  Lost in the sweep: 64 x 128 and 64 x 64 with 2 or 4 stages,
+#: 64 x 64 without TMA, 128 x 64 with 8 warps and 3 stages, 128 x 128 with 2 stages, the persistent grid.
+LEVER_CONFIGS = (
+    AttnConfig(64, 64, 4, 3, tma=True, heads_first=True),
 )
 #: small tiles for the simulator (the interpreter's cost grows with the tile)
 SIM_CONFIG = AttnConfig(16, 16, 1, 1, tma=False)
@@ -220,12 +248,14 @@ def ring_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr
                          S, C, HQ, HKV, nbkv, maxbh, region, qk_scale, nbh,
                          WORLD: tl.constexpr, NCH: tl.constexpr, CAUSAL: tl.constexpr, HEAD_D: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NSPLIT: tl.constexpr, TMA: tl.constexpr,
-                         WAIT: tl.constexpr, PERSISTENT: tl.constexpr = False):
+                         WAIT: tl.constexpr, PERSISTENT: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False):
     """Program ``(query tile, batch * Hq + head)``, or with ``PERSISTENT`` a
     1-D grid of programs that each take tiles ``pid, pid + P, ...`` of the
     ``nqt * NCH * nbh`` tiles (``nbh`` = batch * Hq; TMA descriptors made once
-    per program).  Causal: the longest tiles first.  ``WAIT`` is False only in
-    the planted-bug test (the peers' data are read without waiting)."""
+    per program).  Causal: the longest tiles first (with ``HEADS_FIRST`` the
+    grid is ``(batch * Hq, query tiles)``: those of every head first).
+    ``WAIT`` is False only in the planted-bug test (the peers' data are read
+    without waiting)."""
     nqt = (C + BLOCK_M - 1) // BLOCK_M
     if TMA:
         kdesc = tl.make_tensor_descriptor(k_ptr, shape=[nbkv, S, HEAD_D], strides=[S * HEAD_D, HEAD_D, 1],
@@ -256,11 +286,16 @@ def ring_attn_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr
                             S, C, HQ, HKV, maxbh, region, qk_scale, flag, par, WORLD, NCH, CAUSAL, HEAD_D,
                             BLOCK_M, BLOCK_N, NSPLIT, TMA, WAIT)
     else:
-        t = tl.program_id(0)
+        if HEADS_FIRST:
+            t = tl.program_id(1)
+            bhq = tl.program_id(0)
+        else:
+            t = tl.program_id(0)
+            bhq = tl.program_id(1)
         if CAUSAL:
             t = NCH * nqt - 1 - t            # the longest tiles first
         _ring_attn_tile(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, kbuf_ptr, vbuf_ptr, sig_ptr, kdesc, vdesc, t,
-                        tl.program_id(1), S, C, HQ, HKV, maxbh, region, qk_scale, flag, par, WORLD, NCH, CAUSAL,
+                        bhq, S, C, HQ, HKV, maxbh, region, qk_scale, flag, par, WORLD, NCH, CAUSAL,
                         HEAD_D, BLOCK_M, BLOCK_N, NSPLIT, TMA, WAIT)
     if WORLD > 1:
         epoch_end(calls_ptr)
@@ -350,12 +385,18 @@ def create_ring_attention_context(max_batch, max_seq, kv_heads, head_dim, dtype,
     return RingAttentionContext(max_batch, max_seq, kv_heads, head_dim, dtype, world)
 
 
-def _grid(cfg, nch, C, nbh, device, sim):
-    """The launch grid: ``(query tiles, batch * Hq)``, or with ``cfg.persistent`` one program per SM (two
-    on the simulator) looping over the tiles."""
+def _heads_first(cfg, causal):
+    """The ``HEADS_FIRST`` of a launch: only a causal, non-persistent grid orders by tile length."""
+    return bool(cfg.heads_first and causal and not cfg.persistent)
+
+
+def _grid(cfg, nch, C, nbh, device, sim, causal=False):
+    """The launch grid: ``(query tiles, batch * Hq)`` (``(batch * Hq, query tiles)`` with
+    :func:`_heads_first`), or with ``cfg.persistent`` one program per SM (two on the simulator) looping
+    over the tiles."""
     tiles = nch * triton.cdiv(C, cfg.block_m)
     if not cfg.persistent:
-        return (tiles, nbh)
+        return (nbh, tiles) if _heads_first(cfg, causal) else (tiles, nbh)
     return (min(tiles * nbh, 2 if sim else sm_count(device)),)
 
 
@@ -364,12 +405,18 @@ def _launch_opts(cfg, sim):
     return {"maxnreg": cfg.maxnreg} if cfg.maxnreg and not sim else {}
 
 
-def default_config(device, seq=None) -> AttnConfig:
-    """The config for ``device`` and a whole sequence of ``seq`` keys (all ranks): the simulator's tiles,
-    GPU_SHORT_CONFIG up to SHORT_SEQ keys, else GPU_CONFIG."""
+def default_config(device, seq=None, causal=False, world_size=1) -> AttnConfig:
+    """The config for ``device``, a whole sequence of ``seq`` keys (all ranks), ``causal`` and the world
+    size: the simulator's tiles, else the first entry of :data:`RING_TABLE` (:data:`RING_TABLE_MULTI`
+    with several ranks) that covers the shape (GPU_CONFIG when ``seq`` is unknown)."""
     if torch.device(device).type == "cpu":
         return SIM_CONFIG
-    return GPU_SHORT_CONFIG if seq is not None and seq <= SHORT_SEQ else GPU_CONFIG
+    if seq is None:
+        return GPU_CONFIG
+    for max_seq, c, cfg in (RING_TABLE if world_size == 1 else RING_TABLE_MULTI):
+        if seq <= max_seq and (c is None or c == bool(causal)):
+            return cfg
+    return GPU_CONFIG
 
 
 def _check_inputs(ctx, q, k, v, layout):
@@ -409,7 +456,8 @@ def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None
         layout = "zigzag" if causal else "contiguous"
     seq = q.shape[2] * ctx.world_size if isinstance(q, torch.Tensor) and q.dim() == 4 and \
         isinstance(ctx, RingAttentionContext) else None
-    cfg = (config or default_config(q.device, seq)).validate()
+    cfg = (config or default_config(q.device, seq, causal, ctx.world_size if isinstance(ctx, RingAttentionContext)
+                                    else 1)).validate()
     enter(ctx, RingAttentionContext, "ring_attention",
           [("q.shape", tuple(q.shape) if isinstance(q, torch.Tensor) else None),
            ("k.shape", tuple(k.shape) if isinstance(k, torch.Tensor) else None),
@@ -436,10 +484,11 @@ def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None
         ring_attn_stage_kernel[(B * HKV, ctx.nsplit)](k, v, ctx.kbuf, ctx.vbuf, ctx.sig, ctx.calls, S * D,
                                                       ctx.maxbh, ctx.region, WORLD=W, NSPLIT=ctx.nsplit,
                                                       BLOCK=block, num_warps=4)
-    ring_attn_fwd_kernel[_grid(cfg, nch, C, B * HQ, q.device, ctx.sim)](
+    ring_attn_fwd_kernel[_grid(cfg, nch, C, B * HQ, q.device, ctx.sim, causal)](
         q, k, v, out, lse, ctx.kbuf, ctx.vbuf, ctx.sig, ctx.calls, S, C, HQ, HKV, B * HKV, ctx.maxbh, ctx.region,
         scale * 1.4426950408889634, B * HQ, WORLD=W, NCH=nch, CAUSAL=bool(causal), HEAD_D=D, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, NSPLIT=ctx.nsplit, TMA=tma, WAIT=not _plant_no_wait, PERSISTENT=cfg.persistent,
+        HEADS_FIRST=_heads_first(cfg, causal),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_launch_opts(cfg, ctx.sim))
     return (out, lse) if return_lse else out
 
@@ -451,7 +500,8 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
     (any tensors, symmetric or not; contiguous), fp16 / bf16.  Used by
     Ulysses (kernels/ulysses.py) on its whole-sequence head shards."""
     E = ditron.DitronError
-    cfg = (config or default_config(q.device, q.shape[2] if q.dim() == 4 else None)).validate("flash_attention")
+    cfg = (config or default_config(q.device, q.shape[2] if q.dim() == 4 else None, causal)).validate(
+        "flash_attention")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4 or not t.is_contiguous() or t.dtype not in _DTYPES:
             raise E(f"flash_attention: argument '{name}' must be a contiguous 4-D float16 / bfloat16 tensor")
@@ -469,14 +519,14 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
         ensure_tma_allocator()
     scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
     sim = q.device.type == "cpu"
-    ring_attn_fwd_kernel[_grid(cfg, 1, S, B * HQ, q.device, sim)](
+    ring_attn_fwd_kernel[_grid(cfg, 1, S, B * HQ, q.device, sim, causal)](
         q, k, v, out, lse, k, v, lse, lse, S, S, HQ, HKV, B * HKV, B * HKV, 0, scale * 1.4426950408889634, B * HQ,
         WORLD=1, NCH=1, CAUSAL=bool(causal), HEAD_D=D, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, NSPLIT=1, TMA=tma,
-        WAIT=True, PERSISTENT=cfg.persistent, num_warps=cfg.num_warps,
+        WAIT=True, PERSISTENT=cfg.persistent, HEADS_FIRST=_heads_first(cfg, causal), num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **_launch_opts(cfg, sim))
     return (out, lse) if return_lse else out
 
 
 __all__ = ["AttnConfig", "RingAttentionContext", "flash_attention", "create_ring_attention_context", "ring_attention", "shard",
            "unshard", "LAYOUTS", "TUNE_CONFIGS", "LEVER_CONFIGS", "GPU_CONFIG", "GPU_SHORT_CONFIG", "SHORT_SEQ", "SIM_CONFIG",
-           "default_config"]
+           "default_config", "RING_TABLE", "RING_TABLE_MULTI", "HOPPER_CONFIG", "GPU_CAUSAL_SHORT_CONFIG"]

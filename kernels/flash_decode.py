@@ -57,13 +57,21 @@ GPU_BLOCK_N = 128
 GPU_WARPS = 4
 GPU_STAGES = 4
 SIM_BLOCK_N = 16
+#: world size 1: the split kernel's last program per item combines (no combine launch), up to this many splits
+GPU_FUSE_COMBINE = False
+FUSE_MAX_SPLITS = 64
 
 
 @ditron.jit
 def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, pl_ptr, cap, nsplit, qk_scale,
+                              out_ptr, lse_ptr, cnt_ptr,
                               G: tl.constexpr, HKV: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_H: tl.constexpr,
-                              BLOCK_N: tl.constexpr):
-    """Split ``sp`` of this rank's keys of one (sequence, KV head)."""
+                              BLOCK_N: tl.constexpr, FUSE: tl.constexpr = False, SPLIT_CHUNK: tl.constexpr = 16):
+    """Split ``sp`` of this rank's keys of one (sequence, KV head).  ``FUSE``
+    (world size 1, ``nsplit <= SPLIT_CHUNK``): the last split program of the
+    item to finish (a per-item counter, ``cnt_ptr``, reset by that program)
+    combines the item's splits into ``out_ptr`` / ``lse_ptr`` -- no second
+    launch."""
     sp = tl.program_id(0)
     bkv = tl.program_id(1)
     b = bkv // HKV
@@ -99,6 +107,39 @@ def flash_decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, po_ptr, pl_ptr, cap
     tl.store(po_ptr + part * (BLOCK_H * HEAD_D) + offs_h[:, None] * HEAD_D + offs_d[None, :], acc / l_safe[:, None],
              mask=h_ok[:, None])
     tl.store(pl_ptr + part * BLOCK_H + offs_h, lse, mask=h_ok)
+    if FUSE:
+        tl.debug_barrier()              # every thread's partial stores before the release below
+        done = tl.atomic_add(cnt_ptr + bkv, 1, sem="acq_rel", scope="gpu")
+        if done == nsplit - 1:
+            _combine_item(po_ptr, pl_ptr, out_ptr, lse_ptr, bkv, nsplit, G, HEAD_D, BLOCK_H, SPLIT_CHUNK)
+            tl.store(cnt_ptr + bkv, 0)
+
+
+@triton.jit
+def _combine_item(po_ptr, pl_ptr, out_ptr, lse_ptr, bkv, nsplit, G: tl.constexpr, HEAD_D: tl.constexpr,
+                  BLOCK_H: tl.constexpr, SPLIT_CHUNK: tl.constexpr):
+    """The ``nsplit <= SPLIT_CHUNK`` partials of item ``bkv`` (every query-head row at once: no loop, every
+    load independent) into its output rows and LSE (natural log)."""
+    offs_s = tl.arange(0, SPLIT_CHUNK)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, HEAD_D)
+    s_ok = offs_s < nsplit
+    rows = bkv.to(tl.int64) * nsplit + offs_s
+    lse2 = tl.load(pl_ptr + rows[:, None] * BLOCK_H + offs_h[None, :], mask=s_ok[:, None] & (offs_h < G)[None, :],
+                   other=float("-inf"), cache_modifier=".cg")
+    m = tl.maximum(tl.reduce(lse2, 0, _fmax), EMPTY_LSE)
+    w2 = tl.exp(lse2 - m[None, :])
+    ssum = tl.reduce(w2, 0, _fadd)
+    for g in tl.static_range(G):
+        o = tl.load(po_ptr + (rows * BLOCK_H + g)[:, None] * HEAD_D + offs_d[None, :], mask=s_ok[:, None], other=0.0,
+                    cache_modifier=".cg")
+        w = tl.reduce(tl.where(offs_h[None, :] == g, w2, 0.0), 1, _fadd)
+        sg = tl.reduce(tl.where(offs_h == g, ssum, 0.0), 0, _fadd)
+        mg = tl.reduce(tl.where(offs_h == g, m, EMPTY_LSE), 0, _fmax)
+        orow = (bkv * G + g).to(tl.int64)
+        tl.store(out_ptr + orow * HEAD_D + offs_d, (tl.reduce(o * w[:, None], 0, _fadd) / sg).to(
+            out_ptr.dtype.element_ty))
+        tl.store(lse_ptr + orow + offs_d, tl.full([HEAD_D], 0.0, tl.float32) + (mg + tl.log(sg)), mask=offs_d == 0)
 
 
 @triton.jit
@@ -238,6 +279,8 @@ class FlashDecodeContext(CollectiveContext):
         n = 2 * W * self.maxitems if W > 1 else 1
         self.llo = self.symm((n * self.block_h * head_dim,), torch.int64, "llo")
         self.lll = self.symm((n * self.block_h,), torch.int64, "lll")
+        # world size 1, fused combine: one arrival counter per item (each call's last program resets its item's)
+        self.cnt = torch.zeros((self.maxitems,), dtype=torch.int32, device=self.device)
         ditron.barrier_all()
 
     def __repr__(self):
@@ -293,15 +336,22 @@ def combine_shape(ctx, items, nsplit):
 
 
 def flash_decode(q, k_cache, v_cache, lens, ctx: FlashDecodeContext, sm_scale=None, return_lse=False, out=None,
-                 splits=None, block_n=None, _plant_no_wait=False):
+                 splits=None, block_n=None, num_warps=None, num_stages=None, fuse_combine=None,
+                 _plant_no_wait=False):
     """Attention of one query token per sequence over the KV cache of every
     rank (module docstring).  Collective: every rank calls it with the same
     ``q`` shape and tuning arguments (``lens`` and the cache capacity may
-    differ).  Returns ``out`` ``[B, Hq, D]`` or ``(out, lse)``."""
+    differ).  Tuning (GPUs; None: the defaults): ``splits`` per (sequence,
+    KV head), ``block_n`` keys per tile, ``num_warps`` / ``num_stages`` of
+    the split kernel, ``fuse_combine`` (world size 1, at most
+    :data:`FUSE_MAX_SPLITS` splits: the split kernel's last program per item
+    combines, no second launch; None: :data:`GPU_FUSE_COMBINE` on GPUs, off on
+    the simulator).  Returns ``out`` ``[B, Hq, D]`` or ``(out, lse)``."""
     E = ditron.DitronError
     enter(ctx, FlashDecodeContext, "flash_decode",
           [("q.shape", tuple(q.shape) if isinstance(q, torch.Tensor) else None), ("splits", splits),
-           ("block_n", block_n)], q=q, k_cache=k_cache, v_cache=v_cache, out=out)
+           ("block_n", block_n), ("num_warps", num_warps), ("num_stages", num_stages),
+           ("fuse_combine", fuse_combine)], q=q, k_cache=k_cache, v_cache=v_cache, out=out)
     if not isinstance(q, torch.Tensor) or q.dim() != 3:
         raise E("flash_decode: argument 'q' must be a 3-D tensor [batch, q_heads, head_dim]")
     B, HQ, D = q.shape
@@ -326,6 +376,11 @@ def flash_decode(q, k_cache, v_cache, lens, ctx: FlashDecodeContext, sm_scale=No
     ns = int(splits or default_splits(ctx, items, max(cap, 1), bn))
     if ns < 1:
         raise E("flash_decode: splits must be >= 1")
+    fuse = (GPU_FUSE_COMBINE and not ctx.sim and ctx.world_size == 1 and ns <= FUSE_MAX_SPLITS) \
+        if fuse_combine is None else bool(fuse_combine)
+    if fuse and (ctx.world_size > 1 or ns > FUSE_MAX_SPLITS):
+        raise E(f"flash_decode: fuse_combine needs world size 1 and at most {FUSE_MAX_SPLITS} splits "
+                f"(world size {ctx.world_size}, {ns} splits)")
     if out is None:
         out = torch.empty_like(q)
     else:
@@ -335,10 +390,13 @@ def flash_decode(q, k_cache, v_cache, lens, ctx: FlashDecodeContext, sm_scale=No
     pl = torch.empty((items * ns * ctx.block_h,), dtype=torch.float32, device=q.device)
     scale = (1.0 / math.sqrt(D)) if sm_scale is None else float(sm_scale)
     flash_decode_split_kernel[(ns, items)](q, k_cache, v_cache, lens, po, pl, max(cap, 1), ns,
-                                           scale * 1.4426950408889634, G=G, HKV=HKV, HEAD_D=D,
-                                           BLOCK_H=ctx.block_h, BLOCK_N=bn,
-                                           num_warps=1 if ctx.sim else GPU_WARPS,
-                                           num_stages=1 if ctx.sim else split_stages(bn, D))
+                                           scale * 1.4426950408889634, out, lse, ctx.cnt, G=G, HKV=HKV, HEAD_D=D,
+                                           BLOCK_H=ctx.block_h, BLOCK_N=bn, FUSE=fuse,
+                                           SPLIT_CHUNK=max(2, triton.next_power_of_2(ns)) if fuse else 16,
+                                           num_warps=1 if ctx.sim else (num_warps or GPU_WARPS),
+                                           num_stages=1 if ctx.sim else (num_stages or split_stages(bn, D)))
+    if fuse:
+        return (out, lse) if return_lse else out
     dsplit, chunk, progs = combine_shape(ctx, items, ns)
     flash_decode_combine_kernel[(progs,)](po, pl, out, lse, ctx.llo, ctx.lll, ctx.calls, items, ns, ctx.maxitems,
                                           G=G, WORLD=ctx.world_size, HEAD_D=D, BLOCK_H=ctx.block_h,

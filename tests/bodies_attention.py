@@ -87,6 +87,10 @@ def errors(world):
     grab("layout", lambda: A.ring_attention(q, k, k, ctx, layout="striped"))
     grab("head_dim", lambda: A.create_ring_attention_context(1, 8, 2, 24, torch.float16))
     grab("shape", lambda: A.ring_attention(q, k[:, :, :4].contiguous(), k[:, :, :4].contiguous(), ctx))
+    fctx = FD.create_flash_decode_context(1, 4, 2, 16, torch.float16)
+    lens = torch.full((1,), 8, dtype=torch.int32, device=dev)
+    grab("fuse_splits", lambda: FD.flash_decode(q[:, :, 0].contiguous(), k, k, lens, fctx,
+                                                splits=FD.FUSE_MAX_SPLITS + 1, fuse_combine=True))
     return msgs
 
 

@@ -23,6 +23,7 @@ A = importlib.import_module("ditron.kernels.attention")
 ON_GPU = GPU_BACKEND != "sim"
 #: the simulator's tiles with a persistent grid
 PERSISTENT = A.AttnConfig(16, 16, 1, 1, tma=False, persistent=True)
+HEADS_FIRST = A.AttnConfig(16, 16, 1, 1, tma=False, heads_first=True)
 
 # (B, Hq, Hkv, S per rank, D, causal, layout, dtype)
 ONE_RANK = [(1, 2, 1, 37, 16, False, "contiguous", "bf16"),      # 3 tiles, a tail of 5
@@ -36,8 +37,12 @@ def test_world_size_one(dist_world):
     assert d.run(B.ring_cases, cases) == [len(cases)]
     # the persistent grid (programs loop over the tiles, longest first across heads when causal)
     assert d.run(B.ring_cases, ONE_RANK[1:], config=PERSISTENT) == [2]
+    # causal with the grid (heads, tiles): the longest tiles of every head first
+    assert d.run(B.ring_cases, ONE_RANK[1:], config=HEADS_FIRST) == [2]
     # flash-decode: ragged lengths (some 0), GQA, several splits with tails; two calls
     assert d.run(B.flash_decode_cases, [(3, 4, 2, 37, 16, "bf16")], calls=2) == [2]
+    # the fused combine (the last split program of an item combines; its counter reset for the second call)
+    assert d.run(B.flash_decode_cases, [(3, 4, 2, 37, 16, "bf16")], calls=2, fuse_combine=True) == [2]
     # Ulysses: 20 rows (a tile and a tail), hidden 24 (a K tail), causal
     assert d.run(B.ulysses_check, 20, 24, 2, 1, 16, True, "bf16") == [1]
 
@@ -57,6 +62,8 @@ def test_four_ranks_zigzag(dist):
     # (context reuse -- the other parity of the buffers and signals -- runs on 2 ranks under the race finder)
     cases = [(1, 2, 1, 6, 16, True, "zigzag", "bf16")]
     assert dist.run(B.ring_cases, cases) == [1] * dist.world_size
+    # two chunks per rank with the (heads, tiles) grid: the longest tiles (of the later chunk) first
+    assert dist.run(B.ring_cases, cases, config=HEADS_FIRST) == [1] * dist.world_size
 
 
 def test_errors_before_launch(dist_world):
@@ -67,6 +74,7 @@ def test_errors_before_launch(dist_world):
     assert "unknown layout 'striped'" in msgs["layout"]
     assert "head_dim=24 must be a power of two" in msgs["head_dim"]
     assert "must be [batch=1, kv_heads, seq=8" in msgs["shape"]
+    assert "fuse_combine needs world size 1 and at most 64 splits" in msgs["fuse_splits"]
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +125,8 @@ def _compile_fwd(target, cfg, world, causal, dt="bf16", head_dim=128):
     kern = A.ring_attn_fwd_kernel
     const = {"WORLD": world, "NCH": 2 if (causal and world > 1) else 1, "CAUSAL": causal, "HEAD_D": head_dim,
              "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "NSPLIT": A.GPU_NSPLIT, "TMA": cfg.tma, "WAIT": True,
-             "PERSISTENT": cfg.persistent}
+             "PERSISTENT": cfg.persistent,
+             "HEADS_FIRST": bool(cfg.heads_first and causal and not cfg.persistent)}
     ptrs = {"q_ptr": f"*{dt}", "k_ptr": f"*{dt}", "v_ptr": f"*{dt}", "o_ptr": f"*{dt}", "lse_ptr": "*fp32",
             "kbuf_ptr": f"*{dt}", "vbuf_ptr": f"*{dt}", "sig_ptr": "*i32", "calls_ptr": "*i64"}
     sig = {p: ptrs.get(p, "fp32" if p == "qk_scale" else "i32") for p in kern.arg_names if p not in const}
@@ -140,8 +149,8 @@ def test_compiles_for_sm90a():
     from conftest import tma_loads
     ck = _compile_fwd("sm_90a", A.GPU_CONFIG, 1, True)
     assert "mma" in ck.asm["ptx"] and tma_loads(ck.asm["ptx"])
-    assert ck.metadata.shared <= H100_SHARED, ck.metadata.shared
-    # the default up to SHORT_SEQ keys: 64 x 64 tiles, small enough for two programs per SM
+    # both GPU defaults (kernels/attention.RING_TABLE) are small enough for two programs per SM
+    assert 2 * (ck.metadata.shared + 1024) <= H100_SM_SHARED, ck.metadata.shared
     ck = _compile_fwd("sm_90a", A.GPU_SHORT_CONFIG, 1, False)
     assert "mma" in ck.asm["ptx"] and tma_loads(ck.asm["ptx"])
     assert 2 * (ck.metadata.shared + 1024) <= H100_SM_SHARED, ck.metadata.shared
@@ -154,12 +163,18 @@ def test_compiles_for_sm90a():
 def test_flash_decode_compiles_for_sm90a():
     import ditron
     FD = importlib.import_module("ditron.kernels.flash_decode")
-    const = {"G": 4, "HKV": 8, "HEAD_D": 128, "BLOCK_H": 16, "BLOCK_N": FD.GPU_BLOCK_N}
+    const = {"G": 4, "HKV": 8, "HEAD_D": 128, "BLOCK_H": 16, "BLOCK_N": FD.GPU_BLOCK_N, "FUSE": False,
+             "SPLIT_CHUNK": 16}
     sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "lens_ptr": "*i32", "po_ptr": "*fp32",
-           "pl_ptr": "*fp32", "cap": "i32", "nsplit": "i32", "qk_scale": "fp32"}
+           "pl_ptr": "*fp32", "cap": "i32", "nsplit": "i32", "qk_scale": "fp32", "out_ptr": "*bf16",
+           "lse_ptr": "*fp32", "cnt_ptr": "*i32"}
     ptx = ditron.compile(FD.flash_decode_split_kernel, target="sm_90a", signature=sig, constexprs=const,
                          num_warps=FD.GPU_WARPS, num_stages=FD.split_stages(FD.GPU_BLOCK_N, 128)).asm["ptx"]
     assert "ld.global.v4" in ptx or "cp.async" in ptx
+    ptx = ditron.compile(FD.flash_decode_split_kernel, target="sm_90a", signature=sig,
+                         constexprs=dict(const, FUSE=True, SPLIT_CHUNK=32), num_warps=FD.GPU_WARPS,
+                         num_stages=FD.split_stages(FD.GPU_BLOCK_N, 128)).asm["ptx"]
+    assert re.search(r"atom\.[\w.]*acq_rel[\w.]*\.add", ptx), "fused: the arrival counter (acq_rel)"
     const = {"G": 4, "WORLD": 2, "HEAD_D": 128, "BLOCK_H": 16, "DSPLIT": 4, "SPLIT_CHUNK": 64, "WAIT": True}
     sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "llo_ptr": "*i64",
            "lll_ptr": "*i64", "calls_ptr": "*i64", "nitems": "i32", "nsplit": "i32", "maxitems": "i32"}

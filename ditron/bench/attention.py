@@ -93,7 +93,7 @@ def small_checks(world, configs, args):
                 sh = [A.shard(t, r, W, layout).to(dev) for t in (q, k, v)]
                 for cfg in cfgs:
                     # None: the default for this length (kernels.attention.default_config)
-                    label = (cfg or A.default_config(dev, S * W)).short() + ("" if cfg else " (default)")
+                    label = (cfg or A.default_config(dev, S * W, causal, W)).short() + ("" if cfg else " (default)")
                     try:
                         out = A.ring_attention(*sh, ctx, causal=causal, layout=layout, config=cfg)
                         err = (out.float().cpu() - ref).abs().max().item()
@@ -144,7 +144,7 @@ def ring_case(world, seq, causal, configs, args, agree):
             raise AssertionError(f"max abs error {err:.3g} > {tol} against SDPA")
 
     impls = []
-    default = A.default_config(dev, seq)
+    default = A.default_config(dev, seq, causal, W)
     for cfg in configs:
         if cfg == default:
             continue            # the "ditron" row (config None) is this config at this length
@@ -178,7 +178,8 @@ def ring_case(world, seq, causal, configs, args, agree):
         for name, be in backends:
             impls.append(Impl(f"nccl_ag+{name}", lambda be=be: ag_sdpa(be), check_c))
         impls.append(Impl("nccl_all_gather_kv", lambda: (_gather(kc, world), _gather(vc, world))[0]))
-    res = measure(impls, dev, warmup=args.warmup, iters=args.iters, barrier=ditron.barrier_all,
+    graph = cuda and W == 1 and args.graph != "off" or args.graph == "on"
+    res = measure(impls, dev, warmup=args.warmup, iters=args.iters, graph=graph, barrier=ditron.barrier_all,
                   repeat=args.repeat, agree=agree)
     flops = 4.0 * B * HQ * seq * seq * D * (0.5 if causal else 1.0)
     rows = []
@@ -221,6 +222,9 @@ def main(argv=None):
                    help="all: time every config of kernels.attention.TUNE_CONFIGS; levers: the default and "
                         "LEVER_CONFIGS (persistent grid, two programs per SM)")
     p.add_argument("--no-small-checks", action="store_true", help="skip the correctness pass at odd shapes")
+    p.add_argument("--graph", choices=["auto", "on", "off"], default="auto",
+                   help="time CUDA-graph replays (auto: at world size 1 on GPUs, as `ditron bench flash_decode`; "
+                        "off: eager calls, the host's launch time included)")
     add_run_args(p)
     args = p.parse_args(argv)
 
@@ -232,7 +236,8 @@ def main(argv=None):
     more = {"all": A.TUNE_CONFIGS, "levers": A.LEVER_CONFIGS, "default": ()}[args.configs]
     # None first: the default config for each length (kernels.attention.default_config); then both GPU
     # defaults explicitly (each row skipped where it is the default) and the swept configs
-    configs = [None] if sim else [None] + list(dict.fromkeys((A.GPU_CONFIG, A.GPU_SHORT_CONFIG) + tuple(more)))
+    configs = [None] if sim else [None] + list(dict.fromkeys((A.GPU_CONFIG, A.GPU_SHORT_CONFIG, A.HOPPER_CONFIG)
+                                                                + tuple(more)))
     if sim and args.configs == "levers":
         configs.append(dataclasses.replace(A.SIM_CONFIG, persistent=True))
     agree = agree_fn(world)
@@ -259,7 +264,10 @@ def main(argv=None):
                                    ("FAILED: " + "; ".join(fails)) if fails else "every config matches fp32 SDPA "
                                    "at shapes that are not tile multiples (causal and not; bf16 and fp16 for the "
                                    "default)") + ". "
-              "Each row checked against SDPA (flash backend) on fresh random inputs before timing.", "",
+              "Each row checked against SDPA (flash backend) on fresh random inputs before timing. Timed as "
+              + ("CUDA-graph replays (every row alike; host launch time excluded)."
+                 if (args.graph == "on" or args.graph == "auto" and world.world_size == 1 and not sim)
+                 else "eager calls (host launch time included)."), "",
               _table(rows), ""]
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, f"{args.tag or args.machine.replace(' ', '_')}-ring_attn-w{world.world_size}")
