@@ -237,3 +237,16 @@ def test_use_after_finalize():
     for what in ("old-tensor ditron.peer_tensor", "old-tensor-op all_reduce"):
         assert f"{what}: argument " in out and "'t' (float32[8]" in out and "was freed: ditron.finalize() was called" \
             in out, out
+
+
+def test_call_site_names_the_callers_line_outside_ditron():
+    """Fingerprints (and the disagreement reports) name the user's line: the first frame outside ditron, the zoo,
+    torch and triton, also when the check runs inside ditron's own frames."""
+    import inspect
+    import types
+    from ditron.runtime.consistency import CallBoard, call_site
+    here = inspect.currentframe().f_lineno
+    assert call_site() == f"test_reliability_api.py:{here + 1}"
+    board = CallBoard(types.SimpleNamespace(backend="p2p", world_size=1), "op")
+    board.check("op", [("n", 4)])
+    assert board.last["site"] == f"test_reliability_api.py:{here + 4}"

@@ -64,14 +64,26 @@ def _library_dirs():
     return tuple(dirs)
 
 
+_LIBRARY_FILE: dict = {}
+
+
+def _is_library_file(filename) -> bool:
+    hit = _LIBRARY_FILE.get(filename)
+    if hit is None:          # (torch / triton frames exist only once they are imported: a cached answer stays right)
+        hit = _LIBRARY_FILE[filename] = os.path.abspath(filename).startswith(_library_dirs())
+    return hit
+
+
 def call_site() -> str:
-    """file:line of the first frame outside ditron, the kernel zoo, torch and triton."""
-    import traceback
-    skip = _library_dirs()
-    for frame in traceback.extract_stack()[::-1]:
-        path = os.path.abspath(frame.filename)
-        if not path.startswith(skip):
-            return f"{os.path.basename(frame.filename)}:{frame.lineno}"
+    """file:line of the first frame outside ditron, the kernel zoo, torch and triton.  Runs on every
+    collective call: a walk over the frames (no source lines read), each file classified once."""
+    import sys
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_library_file(filename):
+            return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        frame = frame.f_back
     return "?"
 
 
