@@ -203,13 +203,9 @@ MUTANTS = [
     M("zoo.ep.route.epoch", "kernels/ep_kernels.py", "dl.release_tile(rslot_ptr + pid, epoch)",
       "dl.release_tile(rslot_ptr + pid, epoch + 1)", ("tests/test_ep.py::test_ep_routing_over_several_programs",),
       "EP routing releases its counts with the next call's epoch (the next call does not wait)"),
-    M("zoo.ep.ll.route.wait", "kernels/ep_ll_kernels.py", "htok = dl.wait_deps(rslot_ptr, RP, flag)",
-      "htok = dl.wait_deps(rslot_ptr, RP - 1, flag)", ("tests/test_ep.py::test_ep_routing_over_several_programs",),
-      "EP LL dispatch's routing reads the counts of every routing program but waits for one too few"),
-    M("zoo.ep.ll.send.wait", "kernels/ep_ll_kernels.py", "tok = dl.wait_deps(rslot_ptr + P, RP, flag)",
-      "tok = dl.wait_deps(rslot_ptr + P, 0, flag)", ("tests/test_ep.py::test_ep_routing_over_several_programs",),
-      "EP LL dispatch sends pairs without waiting for the routing programs' ranks (one program too few survives "
-      "on the simulator)"),
+    M("zoo.ep.ll.route.before", "kernels/ep_ll_kernels.py", "before, _ = _route_count(idx_ptr, 0, lo, E, EP, BLK)",
+      "before, _ = _route_count(idx_ptr, 1, lo, E, EP, BLK)", ("tests/test_ep.py::test_ep_routing_over_several_programs",),
+      "EP LL dispatch's routing misses the first pair when counting the pairs before a program's share"),
     # ---- task runtime ---------------------------------------------------------------------------------------------
     M("task.release.epoch", "ditron/task/codegen.py", 'dl.release_tile(slots_ptr + slot, epoch)',
       'dl.release_tile(slots_ptr + slot, epoch - 1)', TASK, "tiles released with the previous epoch"),
