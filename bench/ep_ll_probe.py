@@ -23,8 +23,8 @@ from ditron.kernels import ep
 #: configuration keys -> EpContext attributes
 KEYS = {"rc": "reduce_cols", "rr": "reduce_rows", "cw": "combine_warps", "br": "ll_rows", "cc": "ll_copy_cols",
         "dw": "dispatch_warps"}
-DEFAULT = ";".join(["default", "rc=256,cw=8", "rc=512,cw=8", "rc=512,cw=16", "rc=1024,rr=4,cw=8",
-                    "rc=2048,rr=4,cw=16", "cc=1024,dw=4", "cc=1024,dw=8", "cc=4096,dw=16", "br=4"])
+DEFAULT = ";".join(["default", "rr=8,cw=16", "rc=512,rr=8,cw=8", "rc=512,rr=4,cw=4", "rc=256,rr=8,cw=8",
+                    "rc=2048,rr=2,cw=8", "cc=1024,dw=4", "cc=1024,dw=8", "cc=2048,dw=16", "br=4"])
 
 
 def _graph(fn):

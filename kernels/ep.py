@@ -114,7 +114,9 @@ which the words land does not matter).  A pair of this rank's own experts does
 not travel: the sending program copies it from ``x`` into ``recv_x``
 (dispatch) and the token side reads it from ``y`` (combine); the count words still go to every rank,
 this one included.  On GPUs every program is resident (the grids are at
-most the SM count).
+most the SM count).  At one rank the LL kernels are compiled without their
+packet paths (``PEERS=False``: no peer, every pair copied or read directly),
+which frees the registers for wider copy and reduce tiles.
 
 Host side: no allocation, no host read (``validate=False``), two launches
 per normal dispatch (routing, then dispatch), one per LL dispatch and one
@@ -247,17 +249,19 @@ class EpContext(CollectiveContext):
         self.launches = {}
         self.trace = False
         # the combine's reduce tiles: [BR, reduce_cols] elements (LL: [reduce_rows, reduce_cols]), k loads of them
-        # in flight per program.  LL at one rank (every pair its own, no packets): 4x wider tiles on 16 warps, so
-        # that 128 tokens are one round of work units (16 x 7 at hidden 7168) with 128 KB in flight per program
+        # in flight per program.  LL at one rank (every pair its own, no packet path compiled: PEERS=False): tiles
+        # of 4 x 1024 16-bit elements on 8 warps, 64 KB in flight per program and no spill (ptxas, sm_90a: 222
+        # registers; 8 x 1024 on 16 warps spills)
+        esize = torch.empty((), dtype=dtype).element_size()
         ll1 = mode != "normal" and W == 1
-        self.reduce_cols = 16 if self.sim else (1024 if ll1 else 256)
-        self.reduce_rows = 4 if self.sim else 8
-        self.combine_warps = 1 if self.sim else (16 if ll1 else 8)
-        # the LL dispatch: at most ll_rows pairs per step, own rows copied ll_copy_cols columns at a time (two in
-        # flight), on dispatch_warps warps
-        self.ll_rows = 4 if self.sim else 8
-        self.ll_copy_cols = 32 if self.sim else 4096 // torch.empty((), dtype=dtype).element_size()
-        self.dispatch_warps = 1 if self.sim else (8 if mode != "normal" else 4)
+        self.reduce_cols = 16 if self.sim else (2048 // esize if ll1 else 256)
+        self.reduce_rows = 4 if self.sim or ll1 else 8
+        self.combine_warps = 1 if self.sim else 8
+        # the LL dispatch: at most ll_rows pairs per step, own rows copied ll_copy_cols columns at a time (two steps
+        # in flight), on dispatch_warps warps (one rank: 2 x [8, 2048] 16-bit tiles on 8 warps, no spill)
+        self.ll_rows = 4 if self.sim else (8 if ll1 else 4)
+        self.ll_copy_cols = 32 if self.sim else (4096 if ll1 else 2048) // esize
+        self.dispatch_warps = 1 if self.sim else (8 if ll1 else 4)
         # the routing: blocks of route_blk pairs, at most route_programs programs (resident: they wait for each
         # other once), their counts in route_hist, their release slots in route_slots (epochs: never reset)
         self.route_ep = triton.next_power_of_2(self.num_experts + 1)
@@ -386,7 +390,8 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
         _launch(ctx, "dispatch", ep_ll_dispatch_kernel, (P,),
                 x, topk_idx, b["key"], b["pslot"], b["dropped"], recv_x, rc, recv_counts, ctx.lrecv, ctx.lcnt,
                 ctx.lstage, ctx.calls, tr, TK, k, H, ctx.hw, El, cap, lper,
-                MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, EP=ctx.route_ep, BLK=ll_blk, BR=ll_br,
+                MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, EP=ctx.route_ep,
+                BLK=ll_blk, BR=ll_br,
                 BW=bh, CB=ctx.ll_copy_cols, TRACE=TR, num_warps=ctx.dispatch_warps)
         return recv_x, recv_counts, EpHandle("low_latency", T, k, topk_weights, b["dropped"], peid=b["key"],
                                              pslot=b["pslot"], lrc=rc)
@@ -447,8 +452,8 @@ def ep_combine(y, handle, ctx, out=None):
     else:
         _launch(ctx, "combine", ep_ll_combine_kernel, (ctx.max_programs,),
                 y, out, handle.peid, handle.pslot, handle.weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, tr,
-                T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp,
-                ELP=ctx.elp, BR=br, BW=bh, KT=k, RB=ctx.reduce_rows, RW=ctx.reduce_cols // ctx.epw, TRACE=TR,
+                T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw,
+                WP=ctx.wp, ELP=ctx.elp, BR=br, BW=bh, KT=k, RB=ctx.reduce_rows, RW=ctx.reduce_cols // ctx.epw, TRACE=TR,
                 num_warps=ctx.combine_warps)
     return out
 

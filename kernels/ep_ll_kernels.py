@@ -69,8 +69,8 @@ def _ll_prologue(calls_ptr, Eloc, HW):
 @ditron.jit(do_not_specialize=["TK", "Eloc", "cap", "per"])
 def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_ptr, lrc_ptr, rcnt_ptr, lrecv_ptr,
                           lcnt_ptr, lstage_ptr, calls_ptr, trace_ptr, TK, K, H, HW, Eloc, cap, per,
-                          MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
-                          EP: tl.constexpr, BLK: tl.constexpr, BR: tl.constexpr, BW: tl.constexpr,
+                          MULTI_NODE: tl.constexpr, PEERS: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
+                          ELP: tl.constexpr, EP: tl.constexpr, BLK: tl.constexpr, BR: tl.constexpr, BW: tl.constexpr,
                           CB: tl.constexpr, TRACE: tl.constexpr):
     """The LL dispatch with its routing, one launch, no exchange between its
     programs.  ``idx_ptr``: the ``TK = T * K`` expert ids (natural order).
@@ -144,29 +144,30 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
         if tl.sum(own.to(tl.int32), 0) > 0:
             ob = tl.sum(tl.where(le[:, None] == lidx[None, :], obase[None, :], 0), 1)
             _copy_rows_x2(x_ptr, t, out_ptr, le * (W * cap) + ob + sl, own, H, CB)
-        ok = ok & (dst != me)
-        drow = (le * W + me) * cap + sl
-        # no word to write when every pair of the block is this rank's own or not sent
-        whi = tl.where(tl.sum(ok.to(tl.int32), 0) > 0, HW, 0)
-        for w0 in range(0, whi, BW):
-            w = w0 + ww
-            pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
-            for k in range(1, LW):                   # k = 0: this rank, copied above
-                peer = node0 + (local + k) % LW
-                m = (ok & (dst == peer))[:, None] & (w[None, :] < HW)
-                tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
+        if PEERS:
+            ok = ok & (dst != me)
+            drow = (le * W + me) * cap + sl
+            # no word to write when every pair of the block is this rank's own or not sent
+            whi = tl.where(tl.sum(ok.to(tl.int32), 0) > 0, HW, 0)
+            for w0 in range(0, whi, BW):
+                w = w0 + ww
+                pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
+                for k in range(1, LW):                   # k = 0: this rank, copied above
+                    peer = node0 + (local + k) % LW
+                    m = (ok & (dst == peer))[:, None] & (w[None, :] < HW)
+                    tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
+                if MULTI_NODE:
+                    sm = ok[:, None] & (w[None, :] < HW)
+                    tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt, mask=sm)
             if MULTI_NODE:
-                sm = ok[:, None] & (w[None, :] < HW)
-                tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt, mask=sm)
-        if MULTI_NODE:
-            dl.fence("release", "sys")
-            dl.syncthreads()
-            for i in range(0, BR):
-                d_i = _pick(dst, rr, i)
-                if _pick(ok.to(tl.int32), rr, i) != 0:
-                    if d_i // LW != node:
-                        shmem.putmem_block(rbox + _pick(drow, rr, i) * rowsz,
-                                           lstage_ptr + (par * TK + r0 + i) * rowsz, HW * 8, d_i)
+                dl.fence("release", "sys")
+                dl.syncthreads()
+                for i in range(0, BR):
+                    d_i = _pick(dst, rr, i)
+                    if _pick(ok.to(tl.int32), rr, i) != 0:
+                        if d_i // LW != node:
+                            shmem.putmem_block(rbox + _pick(drow, rr, i) * rowsz,
+                                               lstage_ptr + (par * TK + r0 + i) * rowsz, HW * 8, d_i)
     _stamp(trace_ptr, 2, TRACE)
     # ---------------- receive ----------------
     # every count word (every source, this rank included): lrc and recv_counts
@@ -175,28 +176,29 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
         cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
         tl.store(lrc_ptr + l * W + widx, cnt, mask=widx < W)
         tl.store(rcnt_ptr + l, tl.reduce(cnt, 0, _add))
-    # the peers' rows: work units (row block qb, local expert l, source s != rank) over all programs, row blocks
-    # outermost, so that the non-empty units (low qb) spread over every program
-    nls = Eloc * (W - 1)
-    for u in range(pid, nls * ((cap + BR - 1) // BR), P):
-        qb = u // nls
-        l = (u % nls) // (W - 1)
-        s = (me + 1 + u % (W - 1)) % W
-        cw = ll_poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
-        cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
-        n = _pick(cnt, widx, s)
-        q0 = qb * BR
-        if q0 < n:
-            base = _pick(_exclusive_cumsum(cnt), widx, s)
-            q = q0 + rr
-            qok = q < n
-            orow = l * (W * cap) + base + q.to(tl.int64)
-            src = (l * W + s) * cap + q.to(tl.int64)
-            for w0 in range(0, HW, BW):
-                w = w0 + ww
-                m = qok[:, None] & (w[None, :] < HW)
-                pk = ll_poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
-                _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
+    if PEERS:
+        # the peers' rows: work units (row block qb, local expert l, source s != rank) over all programs, row blocks
+        # outermost, so that the non-empty units (low qb) spread over every program
+        nls = Eloc * (W - 1)
+        for u in range(pid, nls * ((cap + BR - 1) // BR), P):
+            qb = u // nls
+            l = (u % nls) // (W - 1)
+            s = (me + 1 + u % (W - 1)) % W
+            cw = ll_poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
+            cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
+            n = _pick(cnt, widx, s)
+            q0 = qb * BR
+            if q0 < n:
+                base = _pick(_exclusive_cumsum(cnt), widx, s)
+                q = q0 + rr
+                qok = q < n
+                orow = l * (W * cap) + base + q.to(tl.int64)
+                src = (l * W + s) * cap + q.to(tl.int64)
+                for w0 in range(0, HW, BW):
+                    w = w0 + ww
+                    m = qok[:, None] & (w[None, :] < HW)
+                    pk = ll_poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
+                    _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
     _stamp(trace_ptr, 3, TRACE)
     epoch_end(calls_ptr)
 
@@ -240,8 +242,9 @@ def _ll_peer_sum(box, peid_ptr, pslot_ptr, w_ptr, t, tok_ok, w, wm, rowsz, Eloc,
 @ditron.jit(do_not_specialize=["T", "TK", "Eloc", "cap"])
 def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lcomb_ptr, lstage_ptr, calls_ptr,
                          trace_ptr, T, TK, H, HW, Eloc, cap,
-                         MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
-                         BR: tl.constexpr, BW: tl.constexpr, KT: tl.constexpr, RB: tl.constexpr, RW: tl.constexpr,
+                         MULTI_NODE: tl.constexpr, PEERS: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
+                         ELP: tl.constexpr, BR: tl.constexpr, BW: tl.constexpr, KT: tl.constexpr, RB: tl.constexpr,
+                         RW: tl.constexpr,
                          TRACE: tl.constexpr):
     """Owner side: row ``r`` of (local expert ``l``, source ``s``) goes back to
     ``lcomb[p][rank][l][r]`` on ``s``.  Token side: pair ``(t, j)`` (expert
@@ -262,40 +265,41 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
     widx = tl.arange(0, WP)
     # owner side: work units (row block rb, local expert l, source s != rank) over all programs, row blocks
     # outermost; this rank's own rows are read from y by the token side (none at world size 1)
-    nls = Eloc * (W - 1)
-    for u in range(pid, nls * ((cap + BR - 1) // BR), P):
-        rb = u // nls
-        l = (u % nls) // (W - 1)
-        s = (me + 1 + u % (W - 1)) % W
-        cnt = tl.load(lrc_ptr + l * W + widx, mask=widx < W, other=0)
-        n = _pick(cnt, widx, s)
-        r0 = rb * BR
-        if r0 < n:
-            base = _pick(_exclusive_cumsum(cnt), widx, s)
-            remote = (s // LW) != node
-            r = r0 + rr
-            ok = r < n
-            yrow = l * (W * cap) + base + r.to(tl.int64)
-            drow = (me * Eloc + l) * cap + r.to(tl.int64)
-            for w0 in range(0, HW, BW):
-                w = w0 + ww
-                pkt = _pack(y_ptr, yrow, ok, w, HW, H, fl64, EPW)
-                m = ok[:, None] & (w[None, :] < HW)
-                if MULTI_NODE:
-                    if remote:
-                        tl.store(lstage_ptr + (par * W * cap + s * cap + r.to(tl.int64))[:, None] * rowsz
-                                 + w[None, :], pkt, mask=m)
+    if PEERS:
+        nls = Eloc * (W - 1)
+        for u in range(pid, nls * ((cap + BR - 1) // BR), P):
+            rb = u // nls
+            l = (u % nls) // (W - 1)
+            s = (me + 1 + u % (W - 1)) % W
+            cnt = tl.load(lrc_ptr + l * W + widx, mask=widx < W, other=0)
+            n = _pick(cnt, widx, s)
+            r0 = rb * BR
+            if r0 < n:
+                base = _pick(_exclusive_cumsum(cnt), widx, s)
+                remote = (s // LW) != node
+                r = r0 + rr
+                ok = r < n
+                yrow = l * (W * cap) + base + r.to(tl.int64)
+                drow = (me * Eloc + l) * cap + r.to(tl.int64)
+                for w0 in range(0, HW, BW):
+                    w = w0 + ww
+                    pkt = _pack(y_ptr, yrow, ok, w, HW, H, fl64, EPW)
+                    m = ok[:, None] & (w[None, :] < HW)
+                    if MULTI_NODE:
+                        if remote:
+                            tl.store(lstage_ptr + (par * W * cap + s * cap + r.to(tl.int64))[:, None] * rowsz
+                                     + w[None, :], pkt, mask=m)
+                        else:
+                            tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
                     else:
                         tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
-                else:
-                    tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
-            if MULTI_NODE:
-                if remote:
-                    dl.fence("release", "sys")
-                    dl.syncthreads()
-                    nr = tl.minimum(n - r0, BR)
-                    shmem.putmem_block(box + ((me * Eloc + l) * cap + r0) * rowsz,
-                                       lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
+                if MULTI_NODE:
+                    if remote:
+                        dl.fence("release", "sys")
+                        dl.syncthreads()
+                        nr = tl.minimum(n - r0, BR)
+                        shmem.putmem_block(box + ((me * Eloc + l) * cap + r0) * rowsz,
+                                           lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
     _stamp(trace_ptr, 1, TRACE)
     _stamp(trace_ptr, 2, TRACE)
     # ---------------- token side: the k rows of each token ----------------
@@ -326,7 +330,7 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
             yrow = l * (W * cap) + ob + sl
             vy = tl.load(y_ptr + yrow[:, None] * H + cols[None, :], mask=own[:, None] & cm[None, :], other=0.0)
             acc += wt[:, None] * vy.to(tl.float32)
-        if W > 1:
+        if PEERS:
             lo, hi, bad = _ll_peer_sum(box, peid_ptr, pslot_ptr, w_ptr, t, tok_ok, w, wm, rowsz, Eloc, E, cap, me,
                                        flag, KT, EPW, out_ptr.dtype.element_ty, False)
             if tl.sum(tl.sum(bad, 1), 0) > 0:          # some peer's row not here yet: poll pair by pair

@@ -92,9 +92,9 @@ _I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "s
         "start_ptr", "trace_ptr", "idx_ptr", "key_ptr", "skey_ptr", "sslot_ptr", "dropped_ptr", "rcalls_ptr"}
 _CONST = {"ep_dispatch_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
           "ep_combine_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, KT=8, RH=256, TRACE=False),
-          "ep_ll_dispatch_kernel": dict(EPW=2, WP=2, ELP=16, EP=16, BLK=32, BR=4, BW=512, CB=2048,
+          "ep_ll_dispatch_kernel": dict(PEERS=True, EPW=2, WP=2, ELP=16, EP=16, BLK=32, BR=4, BW=512, CB=2048,
                                        TRACE=False),
-          "ep_ll_combine_kernel": dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, KT=8, RB=8, RW=128, TRACE=False),
+          "ep_ll_combine_kernel": dict(PEERS=True, EPW=2, WP=2, ELP=16, BR=4, BW=512, KT=8, RB=8, RW=128, TRACE=False),
           "ep_route_kernel": dict(EP=16, BLK=512, QB=32, TRACE=False)}
 _I32 = {"hist_ptr", "rslot_ptr"}
 
