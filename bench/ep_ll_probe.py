@@ -96,6 +96,20 @@ def main():
     cgr = _graph(lambda: cdst.copy_(csrc))
     copy_us = _time(cgr)
     copy_kernel_us = sum(_kernel_us(cgr).values())
+    # the dispatch's copy pattern done by torch (graph replay): x[token of pair] into recv_x's rows, in natural pair
+    # order (the LL dispatch's order: a token's k rows land in k experts' blocks) and grouped by expert (contiguous
+    # destination rows, as the normal mode's receive)
+    flat = idx.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    cnt = torch.bincount(flat, minlength=E)
+    slot = torch.empty_like(flat)
+    slot[order] = torch.arange(flat.numel(), device=dev) - torch.repeat_interleave(torch.cumsum(cnt, 0) - cnt, cnt)
+    drow = flat * a.tokens + slot                          # recv_x[e, slot] (capacity = tokens, one rank)
+    tok = torch.arange(flat.numel(), device=dev) // a.topk
+    rx = torch.empty((E * a.tokens, a.hidden), dtype=torch.bfloat16, device=dev)
+    scatter_us = _time(_graph(lambda: rx.index_copy_(0, drow, x[tok])))
+    tok_sorted, drow_sorted = tok[order], drow[order]
+    grouped_us = _time(_graph(lambda: rx.index_copy_(0, drow_sorted, x[tok_sorted])))
     rows = []
     for cfg in [c.strip() for c in a.configs.split(";") if c.strip()]:
         for k, v in base.items():
@@ -132,7 +146,9 @@ def main():
             f"bf16, W={W} ({torch.cuda.get_device_name()})", "",
             f"Defaults: {', '.join(f'{k}={base[v]}' for k, v in KEYS.items())}; device copy of the dispatch + "
             f"combine payload ({n * 2 / 1e6:.1f} MB): {copy_us:.1f} us (graph replay, same run; its kernel "
-            f"{copy_kernel_us:.1f} us by the profiler).", "",
+            f"{copy_kernel_us:.1f} us by the profiler).  The dispatch's copy by torch (gather x, index_copy_ into "
+            f"recv_x, graph replay): pairs in natural order {scatter_us:.1f} us, grouped by expert {grouped_us:.1f} us.",
+            "",
             "| config | dispatch + combine, graph (us) | dispatch alone (us) | combine alone (us) | "
             "dispatch kernel (profiler, us) | combine kernel (profiler, us) | max err |",
             "| --- | --- | --- | --- | --- | --- | --- |", *rows, ""])
