@@ -22,9 +22,10 @@ from ditron.kernels import ep
 
 #: configuration keys -> EpContext attributes
 KEYS = {"rc": "reduce_cols", "rr": "reduce_rows", "cw": "combine_warps", "br": "ll_rows", "cc": "ll_copy_cols",
-        "dw": "dispatch_warps"}
+        "dw": "dispatch_warps", "st": "ll_strided"}
 DEFAULT = ";".join(["default", "rr=8,cw=16", "rc=512,rr=8,cw=8", "rc=512,rr=4,cw=4", "rc=256,rr=8,cw=8",
-                    "rc=2048,rr=2,cw=8", "cc=1024,dw=4", "cc=1024,dw=8", "cc=512,dw=4", "br=4", "br=2,cc=1024,dw=4"])
+                    "rc=2048,rr=2,cw=8", "cc=1024,dw=4", "cc=1024,dw=8", "cc=512,dw=4", "br=4", "st=1",
+                    "st=1,cc=1024,dw=4", "st=1,br=4"])
 
 
 def _graph(fn):
@@ -147,7 +148,8 @@ def main():
             f"Defaults: {', '.join(f'{k}={base[v]}' for k, v in KEYS.items())}; device copy of the dispatch + "
             f"combine payload ({n * 2 / 1e6:.1f} MB): {copy_us:.1f} us (graph replay, same run; its kernel "
             f"{copy_kernel_us:.1f} us by the profiler).  The dispatch's copy by torch (gather x, index_copy_ into "
-            f"recv_x, graph replay): pairs in natural order {scatter_us:.1f} us, grouped by expert {grouped_us:.1f} us.",
+            f"recv_x, graph replay): pairs in natural order {scatter_us:.1f} us, grouped by expert "
+            f"{grouped_us:.1f} us.",
             "",
             "| config | dispatch + combine, graph (us) | dispatch alone (us) | combine alone (us) | "
             "dispatch kernel (profiler, us) | combine kernel (profiler, us) | max err |",

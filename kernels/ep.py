@@ -103,7 +103,10 @@ per expert the pairs before them (one histogram over a few blocks of ids:
 decode sizes), ranks its own pairs on top of those counts and sends them at
 once (own pairs straight into ``recv_x``, at a row base per local expert
 from the count words of the sources before this rank); program 0 counts all
-the pairs (``dropped``, the count words).  Combine sends each row
+the pairs (``dropped``, the count words).  ``ctx.ll_strided = True`` gives
+each program every ``P``-th pair instead (each ranked by a direct count of
+the earlier pairs of its expert), so that a copy tile's rows are different
+tokens.  Combine sends each row
 back to ``lcomb[p][owner][l][slot]`` on the token's rank, which reads the
 rows it needs: per tile of tokens and columns all ``k`` packets at once,
 their flags checked once, and only when some packet is not this call's yet
@@ -262,6 +265,9 @@ class EpContext(CollectiveContext):
         self.ll_rows = 4 if self.sim else (8 if ll1 else 4)
         self.ll_copy_cols = 32 if self.sim else (4096 if ll1 else 2048) // esize
         self.dispatch_warps = 1 if self.sim else (8 if ll1 else 4)
+        # the LL dispatch's pairs per program: a contiguous share (False) or every P-th pair (True: a copy tile's rows
+        # are different tokens; each pair ranked by a direct count)
+        self.ll_strided = False
         # the routing: blocks of route_blk pairs, at most route_programs programs (resident: they wait for each
         # other once), their counts in route_hist, their release slots in route_slots (epochs: never reset)
         self.route_ep = triton.next_power_of_2(self.num_experts + 1)
@@ -392,7 +398,7 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
                 ctx.lstage, ctx.calls, tr, TK, k, H, ctx.hw, El, cap, lper,
                 MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, EP=ctx.route_ep,
                 BLK=ll_blk, BR=ll_br,
-                BW=bh, CB=ctx.ll_copy_cols, TRACE=TR, num_warps=ctx.dispatch_warps)
+                BW=bh, CB=ctx.ll_copy_cols, STRIDED=bool(ctx.ll_strided), TRACE=TR, num_warps=ctx.dispatch_warps)
         return recv_x, recv_counts, EpHandle("low_latency", T, k, topk_weights, b["dropped"], peid=b["key"],
                                              pslot=b["pslot"], lrc=rc)
     # blocks no larger than needed to give every routing program one (a [BLK, EP] scan per block: at 128 x 8

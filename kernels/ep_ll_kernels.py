@@ -66,16 +66,39 @@ def _ll_prologue(calls_ptr, Eloc, HW):
             Eloc * W, HW.to(tl.int64))
 
 
+@triton.jit
+def _route_rank_direct(idx_ptr, r, TK, E, BLK: tl.constexpr):
+    """The routing of pairs ``r`` (any set, ``< TK``) counted directly:
+    ``(inr, valid, key, rank)``, ``rank`` the number of pairs before each one
+    with its key (a ``[BR, BLK]`` comparison per block of the ids before the
+    last of them)."""
+    inr = r < TK
+    ids = tl.load(idx_ptr + r, mask=inr, other=-1).to(tl.int64)
+    valid = (ids >= 0) & (ids < E)
+    key = tl.where(valid, ids, E)
+    bb = tl.arange(0, BLK)
+    rank = tl.zeros_like(r).to(tl.int32)
+    rmax = tl.max(tl.where(inr, r, 0), 0)
+    for b0 in range(0, rmax, BLK):
+        j = b0 + bb
+        jid = tl.load(idx_ptr + j, mask=j < rmax, other=-1).to(tl.int64)
+        jkey = tl.where((jid >= 0) & (jid < E), jid, E)
+        rank += tl.sum(((jkey[None, :] == key[:, None]) & (j[None, :] < r[:, None])).to(tl.int32), 1)
+    return inr, valid, key, rank
+
+
 @ditron.jit(do_not_specialize=["TK", "Eloc", "cap", "per"])
 def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_ptr, lrc_ptr, rcnt_ptr, lrecv_ptr,
                           lcnt_ptr, lstage_ptr, calls_ptr, trace_ptr, TK, K, H, HW, Eloc, cap, per,
                           MULTI_NODE: tl.constexpr, PEERS: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
                           ELP: tl.constexpr, EP: tl.constexpr, BLK: tl.constexpr, BR: tl.constexpr, BW: tl.constexpr,
-                          CB: tl.constexpr, TRACE: tl.constexpr):
+                          CB: tl.constexpr, STRIDED: tl.constexpr, TRACE: tl.constexpr):
     """The LL dispatch with its routing, one launch, no exchange between its
     programs.  ``idx_ptr``: the ``TK = T * K`` expert ids (natural order).
-    Program ``q`` owns pairs ``[q * per, (q + 1) * per)``: it counts the
-    pairs before them per key (``_route_count``; program 0 counts them all:
+    Program ``q`` owns pairs ``[q * per, (q + 1) * per)`` (``STRIDED``: pairs
+    ``q, q + P, q + 2 P, ...``, each ranked by a direct count,
+    ``_route_rank_direct``, so that a block's rows are different tokens): it
+    counts the pairs before them per key (``_route_count``; program 0 counts them all:
     ``dropped`` and the count words, one flagged word per (local expert,
     destination), capped at the capacity, to every rank, this one included),
     then in blocks of ``BR`` ranks its pairs (slot: rank among the earlier
@@ -103,7 +126,10 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
     # ---------------- routing: the counts before this program's pairs (program 0: all of them) ----------------
     lo = tl.minimum(pid * per, TK)
     hi = tl.minimum(lo + per, TK)
-    before, _ = _route_count(idx_ptr, 0, lo, E, EP, BLK)
+    if STRIDED:
+        before = tl.zeros((EP,), tl.int32)
+    else:
+        before, _ = _route_count(idx_ptr, 0, lo, E, EP, BLK)
     if pid == 0:
         tot, nbad = _route_count(idx_ptr, 0, TK, E, EP, BLK)
         over = tl.sum(tl.where(eidx < E, tl.maximum(tot - cap, 0), 0), 0)
@@ -130,9 +156,19 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
     cwb = ll_poll(cbox + lidx[:, None] * W + widx[None, :], cm, flag)
     obase = tl.sum(tl.where(cm, cwb & 0xFFFFFFFF, 0), 1)
     carry = before
-    for r0 in range(lo, hi, BR):
-        r = r0 + rr
-        inr, valid, eid, hot, sl, carry = _route_rank(idx_ptr, r, hi, E, eidx, carry)
+    # STRIDED: the program's pairs are pid, pid + P, pid + 2 P, ... (a block's rows: tokens P / k apart), each
+    # ranked directly; otherwise [lo, hi) (a block's rows: consecutive pairs, mostly one token's)
+    if STRIDED:
+        npairs = (TK - pid + P - 1) // P
+    else:
+        npairs = hi - lo
+    for b in range(0, (npairs + BR - 1) // BR):
+        if STRIDED:
+            r = (b * BR + rr) * P + pid
+            inr, valid, eid, sl = _route_rank_direct(idx_ptr, r, TK, E, BLK)
+        else:
+            r = lo + b * BR + rr
+            inr, valid, eid, hot, sl, carry = _route_rank(idx_ptr, r, hi, E, eidx, carry)
         tl.store(key_ptr + r, eid, mask=inr)
         tl.store(pslot_ptr + r, sl.to(tl.int64), mask=inr)
         sl = sl.to(tl.int64)
@@ -167,7 +203,7 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
                     if _pick(ok.to(tl.int32), rr, i) != 0:
                         if d_i // LW != node:
                             shmem.putmem_block(rbox + _pick(drow, rr, i) * rowsz,
-                                               lstage_ptr + (par * TK + r0 + i) * rowsz, HW * 8, d_i)
+                                               lstage_ptr + (par * TK + _pick(r, rr, i)) * rowsz, HW * 8, d_i)
     _stamp(trace_ptr, 2, TRACE)
     # ---------------- receive ----------------
     # every count word (every source, this rank included): lrc and recv_counts

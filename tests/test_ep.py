@@ -46,6 +46,16 @@ def test_ep_routing_over_several_programs(dist_world, mode, n):
     assert len(got) == n
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_ep_ll_strided_pairs(dist_world, n):
+    # the LL dispatch with every P-th pair per program (each ranked by a direct count), repeated experts, capacity
+    # overflow and a rank that sends nothing
+    d = dist_world(n)
+    got = d.run(B.ep_rounds, "low_latency", "bf16", (9, 0, 7), H=8 if not ON_GPU else H, k=3, kind="dup", rounds=2,
+                capacity=5, tune={"ll_strided": True})
+    assert len(got) == n
+
+
 def test_ep_ll_capacity_overflow_is_reported(dist):
     W = dist.world_size
     res = dist.run(B.overflow_report)
@@ -93,7 +103,7 @@ _I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "s
 _CONST = {"ep_dispatch_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
           "ep_combine_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, KT=8, RH=256, TRACE=False),
           "ep_ll_dispatch_kernel": dict(PEERS=True, EPW=2, WP=2, ELP=16, EP=16, BLK=32, BR=4, BW=512, CB=2048,
-                                       TRACE=False),
+                                       STRIDED=False, TRACE=False),
           "ep_ll_combine_kernel": dict(PEERS=True, EPW=2, WP=2, ELP=16, BR=4, BW=512, KT=8, RB=8, RW=128, TRACE=False),
           "ep_route_kernel": dict(EP=16, BLK=512, QB=32, TRACE=False)}
 _I32 = {"hist_ptr", "rslot_ptr"}

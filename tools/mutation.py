@@ -206,6 +206,9 @@ MUTANTS = [
     M("zoo.ep.ll.route.before", "kernels/ep_ll_kernels.py", "before, _ = _route_count(idx_ptr, 0, lo, E, EP, BLK)",
       "before, _ = _route_count(idx_ptr, 1, lo, E, EP, BLK)", ("tests/test_ep.py::test_ep_routing_over_several_programs",),
       "EP LL dispatch's routing misses the first pair when counting the pairs before a program's share"),
+    M("zoo.ep.ll.rank.direct", "kernels/ep_ll_kernels.py", "(j[None, :] < r[:, None])",
+      "(j[None, :] <= r[:, None])", ("tests/test_ep.py::test_ep_ll_strided_pairs",),
+      "EP LL dispatch's direct rank (strided pairs) counts the pair itself among the earlier pairs of its expert"),
     # ---- task runtime ---------------------------------------------------------------------------------------------
     M("task.release.epoch", "ditron/task/codegen.py", 'dl.release_tile(slots_ptr + slot, epoch)',
       'dl.release_tile(slots_ptr + slot, epoch - 1)', TASK, "tiles released with the previous epoch"),
