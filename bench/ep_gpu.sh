@@ -39,6 +39,6 @@ step() {
 }
 step tests 170 env DITRON_TEST_BACKEND=p2p DITRON_TEST_GPU_ONLY=1 $TR -m pytest -q -p no:cacheprovider tests/test_ep.py
 step bench-ep 150 $TR -m ditron.bench ep --tokens 128,4096 --graph --trace --repeat 2 --machine "$MACHINE" --tag "$TAG" --out "$OUT"
-step probe-ll 200 $TR bench/ep_ll_probe.py --tokens 128 --out "$OUT/ep-ll-probe.md"
+step probe-ll 300 $TR bench/ep_ll_probe.py --tokens 128 --out "$OUT/ep-ll-probe.md"
 step bench-grouped-gemm 120 $TR -m ditron.bench grouped_gemm --tp 2 --graph --repeat 2 --machine "$MACHINE" --tag "$TAG" --out "$OUT"
 if [ -z "$failed" ]; then echo "== ep_gpu: all steps passed"; else echo "== ep_gpu: FAILED steps:$failed"; exit 1; fi
