@@ -261,10 +261,11 @@ class EpContext(CollectiveContext):
         self.reduce_rows = 4 if self.sim or ll1 else 8
         self.combine_warps = 1 if self.sim else 8
         # the LL dispatch: at most ll_rows pairs per step, own rows copied ll_copy_cols columns at a time (two steps
-        # in flight), on dispatch_warps warps (one rank: 2 x [8, 2048] 16-bit tiles on 8 warps, 173 registers)
+        # in flight), on dispatch_warps warps.  One rank, H200, 128 tokens (bench/results/h200-2026-11-27): 2 x
+        # [8, 512] 16-bit tiles on 4 warps 9.9 us (kernel), [8, 1024] on 8 warps 10.4, [8, 2048] on 8 warps 12.3
         self.ll_rows = 4 if self.sim else (8 if ll1 else 4)
-        self.ll_copy_cols = 32 if self.sim else (4096 if ll1 else 2048) // esize
-        self.dispatch_warps = 1 if self.sim else (8 if ll1 else 4)
+        self.ll_copy_cols = 32 if self.sim else (1024 if ll1 else 2048) // esize
+        self.dispatch_warps = 1 if self.sim else 4
         # the LL dispatch's pairs per program: a contiguous share (False) or every P-th pair (True: a copy tile's rows
         # are different tokens; each pair ranked by a direct count)
         self.ll_strided = False
