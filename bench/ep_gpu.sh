@@ -4,7 +4,10 @@
 #   2. `ditron bench ep --tokens 128,4096 --graph --trace`: ditron normal and low-latency vs a2a_single, with
 #      `device_copy` (a device copy of the same dispatch + combine bytes) in the same run, and the per-phase
 #      account (host work, kernel phases from %globaltimer stamps) in <tag>-ep-trace-bf16.md;
-#   3. `ditron bench grouped_gemm --tp 2 --graph`: the grouped GEMM with gathered A rows (ditron_gather) vs
+#   3. (STEPS=probe-ll, not in the default) bench/ep_ll_probe.py: LL dispatch + combine at 128 tokens under a few
+#      tile configurations, each timed (graph replay, dispatch and combine alone, profiler kernel times) next to a
+#      device copy of the same bytes, in ep-ll-probe.md;
+#   4. `ditron bench grouped_gemm --tp 2 --graph`: the grouped GEMM with gathered A rows (ditron_gather) vs
 #      torch._grouped_mm on the pre-gathered rows, at the 4 moe_h800 per-rank shapes.
 # Logs, Markdown and JSON go to $OUT (default bench/results).  About 3-4 minutes on one H100; every step has a
 # timeout and the last line says which steps failed.
@@ -36,5 +39,6 @@ step() {
 }
 step tests 170 env DITRON_TEST_BACKEND=p2p DITRON_TEST_GPU_ONLY=1 $TR -m pytest -q -p no:cacheprovider tests/test_ep.py
 step bench-ep 150 $TR -m ditron.bench ep --tokens 128,4096 --graph --trace --repeat 2 --machine "$MACHINE" --tag "$TAG" --out "$OUT"
+step probe-ll 300 $TR bench/ep_ll_probe.py --tokens 128 --out "$OUT/ep-ll-probe.md"
 step bench-grouped-gemm 120 $TR -m ditron.bench grouped_gemm --tp 2 --graph --repeat 2 --machine "$MACHINE" --tag "$TAG" --out "$OUT"
 if [ -z "$failed" ]; then echo "== ep_gpu: all steps passed"; else echo "== ep_gpu: FAILED steps:$failed"; exit 1; fi

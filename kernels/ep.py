@@ -97,12 +97,16 @@ on the owner (``slot``: its index among this rank's pairs for that expert,
 computed by the routing), and the count of each (expert, source) travels as
 one flagged word ``lcnt[p][l][rank]``; the owner polls the count words, then
 the rows' words, until every flag is this call's.  The routing is the LL
-dispatch kernel's first phase (one launch): its programs count, release /
-wait once, rank their pairs and send the count words (program 0) at once;
-they release a second round of slots, which every program waits for
-before sending its share of the pairs (own pairs straight into ``recv_x``,
-at a row base per local expert from the count words of the sources before
-this rank).  Combine sends each row
+dispatch kernel's first phase (one launch) and needs no exchange between
+its programs: program ``q`` owns pairs ``[q * per, (q + 1) * per)``, counts
+per expert the pairs before them (one histogram over a few blocks of ids:
+decode sizes), ranks its own pairs on top of those counts and sends them at
+once (own pairs straight into ``recv_x``, at a row base per local expert
+from the count words of the sources before this rank); program 0 counts all
+the pairs (``dropped``, the count words).  ``ctx.ll_strided = True`` gives
+each program every ``P``-th pair instead (each ranked by a direct count of
+the earlier pairs of its expert), so that a copy tile's rows are different
+tokens.  Combine sends each row
 back to ``lcomb[p][owner][l][slot]`` on the token's rank, which reads the
 rows it needs: per tile of tokens and columns all ``k`` packets at once,
 their flags checked once, and only when some packet is not this call's yet
@@ -113,7 +117,9 @@ which the words land does not matter).  A pair of this rank's own experts does
 not travel: the sending program copies it from ``x`` into ``recv_x``
 (dispatch) and the token side reads it from ``y`` (combine); the count words still go to every rank,
 this one included.  On GPUs every program is resident (the grids are at
-most the SM count).
+most the SM count).  At one rank the LL kernels are compiled without their
+packet paths (``PEERS=False``: no peer, every pair copied or read directly),
+which frees the registers for wider copy and reduce tiles.
 
 Host side: no allocation, no host read (``validate=False``), two launches
 per normal dispatch (routing, then dispatch), one per LL dispatch and one
@@ -149,7 +155,7 @@ TRACED = ("route", "dispatch", "combine")
 #: trace phases per kernel (column ``i + 1`` of a program's record: ``clock_ns`` at the end of phase ``i``)
 PHASES = {"route": ("count", "rank"), "normal": {"dispatch": ("send", "wait", "receive"), "combine": ("send", "wait",
                                                                                               "reduce")},
-          "low_latency": {"dispatch": ("route", "send rows", "receive"), "combine": ("send rows", "",
+          "low_latency": {"dispatch": ("count", "rank, send rows", "receive"), "combine": ("send rows", "",
                                                                                           "reduce")}}
 #: hooks of the bench's host account (ditron/bench/ep_trace.py): ``hook(name)`` -> a context manager around a launch
 LAUNCH_HOOKS = []
@@ -246,9 +252,23 @@ class EpContext(CollectiveContext):
         self.launches = {}
         self.trace = False
         # the combine's reduce tiles: [BR, reduce_cols] elements (LL: [reduce_rows, reduce_cols]), k loads of them
-        # in flight per program
-        self.reduce_cols = 16 if self.sim else 256
-        self.reduce_rows = 4 if self.sim else 8
+        # in flight per program.  LL at one rank (every pair its own, no packet path compiled: PEERS=False): tiles
+        # of 4 x 1024 16-bit elements on 8 warps, 64 KB in flight per program and no spill (ptxas, sm_90a: 165
+        # registers; with the packet paths compiled in, it spilled 340 B and 8 x 1024 on 16 warps 3.7 KB)
+        esize = torch.empty((), dtype=dtype).element_size()
+        ll1 = mode != "normal" and W == 1
+        self.reduce_cols = 16 if self.sim else (2048 // esize if ll1 else 256)
+        self.reduce_rows = 4 if self.sim or ll1 else 8
+        self.combine_warps = 1 if self.sim else 8
+        # the LL dispatch: at most ll_rows pairs per step, own rows copied ll_copy_cols columns at a time (two steps
+        # in flight), on dispatch_warps warps.  One rank, H200, 128 tokens (bench/results/h200-2026-11-27): 2 x
+        # [8, 512] 16-bit tiles on 4 warps 9.9 us (kernel), [8, 1024] on 8 warps 10.4, [8, 2048] on 8 warps 12.3
+        self.ll_rows = 4 if self.sim else (8 if ll1 else 4)
+        self.ll_copy_cols = 32 if self.sim else (1024 if ll1 else 2048) // esize
+        self.dispatch_warps = 1 if self.sim else 4
+        # the LL dispatch's pairs per program: a contiguous share (False) or every P-th pair (True: a copy tile's rows
+        # are different tokens; each pair ranked by a direct count)
+        self.ll_strided = False
         # the routing: blocks of route_blk pairs, at most route_programs programs (resident: they wait for each
         # other once), their counts in route_hist, their release slots in route_slots (epochs: never reset)
         self.route_ep = triton.next_power_of_2(self.num_experts + 1)
@@ -257,9 +277,6 @@ class EpContext(CollectiveContext):
         self.route_hist = torch.zeros(self.route_programs * (self.route_ep + 1), dtype=torch.int32, device=dev)
         self.route_slots = torch.zeros(self.route_programs, dtype=torch.int32, device=dev)
         self.rcalls = torch.zeros(2, dtype=i64, device=dev)
-        # low latency: the routing runs inside the dispatch kernel, its two release rounds in these slots (epoch: the
-        # dispatch's call count + 1)
-        self.ll_slots = torch.zeros(2 * self.max_programs if mode != "normal" else 1, dtype=torch.int32, device=dev)
         self.trace_buf = torch.zeros((len(TRACED), max(self.max_programs, self.route_programs), 4), dtype=i64,
                                      device=dev)
         recv_shape = (W * TK, H) if mode == "normal" else (El, W * self.capacity, H)
@@ -367,26 +384,32 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
     ctx.dcalls_host += 1
     sim = ctx.sim
     cap = ctx.capacity if ctx.mode != "normal" else TK + 1
+    br, bh = ctx.blocks()
+    if ctx.mode != "normal":
+        # low latency: the routing is the dispatch kernel's first phase (one launch): program q ranks and sends pairs
+        # [q * lper, (q + 1) * lper), in blocks of ll_br, after counting the pairs before them (blocks of ll_blk)
+        P = ctx.max_programs
+        lper = triton.cdiv(max(TK, 1), P)
+        ll_br = ctx.ll_rows if sim else min(ctx.ll_rows, max(2, triton.next_power_of_2(lper)))
+        ll_blk = 4 if sim else max(32, min(4096, triton.next_power_of_2(max(TK, 1))))
+        tr, TR = _trace_args(ctx, 1)
+        recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]
+        _launch(ctx, "dispatch", ep_ll_dispatch_kernel, (P,),
+                x, topk_idx, b["key"], b["pslot"], b["dropped"], recv_x, rc, recv_counts, ctx.lrecv, ctx.lcnt,
+                ctx.lstage, ctx.calls, tr, TK, k, H, ctx.hw, El, cap, lper,
+                MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, EP=ctx.route_ep,
+                BLK=ll_blk, BR=ll_br,
+                BW=bh, CB=ctx.ll_copy_cols, STRIDED=bool(ctx.ll_strided), TRACE=TR, num_warps=ctx.dispatch_warps)
+        return recv_x, recv_counts, EpHandle("low_latency", T, k, topk_weights, b["dropped"], peid=b["key"],
+                                             pslot=b["pslot"], lrc=rc)
     # blocks no larger than needed to give every routing program one (a [BLK, EP] scan per block: at 128 x 8
     # pairs one block of 512 per program on 2 programs took 5 us on an H200, blocks of 32 spread them over 32)
-    nprog = ctx.route_programs if ctx.mode == "normal" else min(ctx.route_programs, ctx.max_programs)
+    nprog = ctx.route_programs
     blk = ctx.route_blk if sim else max(32, min(ctx.route_blk, triton.next_power_of_2(triton.cdiv(max(TK, 1),
                                                                                                  nprog))))
     nblk = max(1, triton.cdiv(TK, blk))
     per = blk * triton.cdiv(nblk, min(nblk, nprog))          # pairs per program, whole blocks
     rp = triton.cdiv(max(TK, 1), per)                         # routing programs
-    br, bh = ctx.blocks()
-    if ctx.mode != "normal":
-        # low latency: the routing is the dispatch kernel's first phase (one launch)
-        tr, TR = _trace_args(ctx, 1)
-        recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]
-        _launch(ctx, "dispatch", ep_ll_dispatch_kernel, (ctx.max_programs,),
-                x, topk_idx, b["key"], b["pslot"], b["dropped"], ctx.route_hist, ctx.ll_slots, recv_x, rc,
-                recv_counts, ctx.lrecv, ctx.lcnt, ctx.lstage, ctx.calls, tr, TK, k, H, ctx.hw, El, cap, per, rp,
-                MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, EP=ctx.route_ep, BLK=blk,
-                QB=4 if sim else 32, BR=br, BW=bh, TRACE=TR, num_warps=1 if sim else 4)
-        return recv_x, recv_counts, EpHandle("low_latency", T, k, topk_weights, b["dropped"], peid=b["key"],
-                                             pslot=b["pslot"], lrc=rc)
     tr, TR = _trace_args(ctx, 0)
     _launch(ctx, "route", ep_route_kernel, (rp,), topk_idx, b["key"], b["pos"],
             b["pslot"], b["tok"], b["skey"], b["sslot"], b["cnt"], b["start"], b["dropped"], ctx.route_hist,
@@ -397,7 +420,7 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
     _launch(ctx, "dispatch", ep_dispatch_kernel, (ctx.max_programs,),
             x, b["tok"], b["cnt"], recv_x, rc, recv_counts, ctx.buf, ctx.cnt, ctx.stage, ctx.cstage, ctx.sig,
             ctx.calls, tr, TK, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(),
-            WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, TRACE=TR, num_warps=1 if sim else 4)
+            WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, TRACE=TR, num_warps=ctx.dispatch_warps)
     return recv_x, recv_counts, EpHandle("normal", T, k, topk_weights, b["dropped"], pos=b["pos"], rc=rc)
 
 
@@ -436,9 +459,9 @@ def ep_combine(y, handle, ctx, out=None):
     else:
         _launch(ctx, "combine", ep_ll_combine_kernel, (ctx.max_programs,),
                 y, out, handle.peid, handle.pslot, handle.weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, tr,
-                T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, EPW=ctx.epw, WP=ctx.wp,
-                ELP=ctx.elp, BR=br, BW=bh, KT=k, RB=ctx.reduce_rows, RW=ctx.reduce_cols // ctx.epw, TRACE=TR,
-                num_warps=1 if ctx.sim else 8)
+                T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw,
+                WP=ctx.wp, ELP=ctx.elp, BR=br, BW=bh, KT=k, RB=ctx.reduce_rows, RW=ctx.reduce_cols // ctx.epw, TRACE=TR,
+                num_warps=ctx.combine_warps)
     return out
 
 

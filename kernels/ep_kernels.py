@@ -118,6 +118,36 @@ def _route_block(idx_ptr, i, hi, E, eidx):
     return inr, valid, key, hot, (inr & ~valid & (ids != -1)).to(tl.int32)
 
 
+@triton.jit
+def _route_count(idx_ptr, lo, hi, E, EP: tl.constexpr, BLK: tl.constexpr):
+    """The count phase of the routing (both modes): ``(cnt, bad)``, the pairs
+    ``[lo, hi)`` per key (``[EP]`` int32; key ``E``: not sent) and how many
+    of them hold an id out of range (not ``-1``), in blocks of ``BLK``."""
+    bb = tl.arange(0, BLK)
+    cnt = tl.zeros((EP,), tl.int32)
+    bad = tl.zeros((BLK,), tl.int32)
+    for b0 in range(lo, hi, BLK):
+        i = b0 + bb
+        inr = i < hi
+        ids = tl.load(idx_ptr + i, mask=inr, other=-1).to(tl.int64)
+        valid = (ids >= 0) & (ids < E)
+        cnt += tl.histogram(tl.where(valid, ids, E).to(tl.int32), EP, mask=inr)
+        bad += (inr & ~valid & (ids != -1)).to(tl.int32)
+    return cnt, tl.sum(bad, 0)
+
+
+@triton.jit
+def _route_rank(idx_ptr, i, hi, E, eidx, carry):
+    """The rank phase of the routing (both modes), pairs ``i`` (``< hi``):
+    ``(inr, valid, key, hot, rank, carry)``, ``rank`` the number of earlier
+    pairs of the same key, ``carry`` (``[EP]``: the pairs of each key before
+    ``i[0]``) moved past the block."""
+    inr, valid, key, hot, b = _route_block(idx_ptr, i, hi, E, eidx)
+    below = tl.associative_scan(hot, 0, _add) - hot + carry[None, :]
+    rank = tl.sum(hot * below, 1)
+    return inr, valid, key, hot, rank, carry + tl.sum(hot, 0)
+
+
 @ditron.jit(do_not_specialize=["TK", "E", "cap", "per"])
 def ep_route_kernel(idx_ptr, key_ptr, pos_ptr, pslot_ptr, tok_ptr, skey_ptr, sslot_ptr, cnt_ptr, start_ptr,
                     dropped_ptr, hist_ptr, rslot_ptr, rcalls_ptr, trace_ptr, TK, K, E, cap, per,
@@ -145,14 +175,9 @@ def ep_route_kernel(idx_ptr, key_ptr, pos_ptr, pslot_ptr, tok_ptr, skey_ptr, ssl
     bb = tl.arange(0, BLK)
     lo = pid * per
     hi = tl.minimum(lo + per, TK)
-    cnt = tl.zeros((EP,), tl.int32)
-    bad = tl.zeros((BLK,), tl.int32)
-    for b0 in range(lo, hi, BLK):
-        inr, valid, key, hot, b = _route_block(idx_ptr, b0 + bb, hi, E, eidx)
-        cnt += tl.sum(hot, 0)
-        bad += b
+    cnt, bad = _route_count(idx_ptr, lo, hi, E, EP, BLK)
     tl.store(hist_ptr + pid * EP + eidx, cnt)
-    tl.store(hist_ptr + P * EP + pid, tl.sum(bad, 0))
+    tl.store(hist_ptr + P * EP + pid, bad)
     dl.release_tile(rslot_ptr + pid, epoch)
     tok = dl.wait_deps(rslot_ptr, P, epoch)
     hist_ptr = dl.consume_token(hist_ptr, tok)
@@ -178,10 +203,7 @@ def ep_route_kernel(idx_ptr, key_ptr, pos_ptr, pslot_ptr, tok_ptr, skey_ptr, ssl
     carry = before
     for b0 in range(lo, hi, BLK):
         i = b0 + bb
-        inr, valid, key, hot, b = _route_block(idx_ptr, i, hi, E, eidx)
-        below = tl.associative_scan(hot, 0, _add) - hot + carry[None, :]
-        rank = tl.sum(hot * below, 1)
-        carry += tl.sum(hot, 0)
+        inr, valid, key, hot, rank, carry = _route_rank(idx_ptr, i, hi, E, eidx, carry)
         p = tl.sum(hot * start[None, :], 1) + rank
         tl.store(key_ptr + i, key, mask=inr)
         tl.store(pslot_ptr + i, rank.to(tl.int64), mask=inr)

@@ -12,7 +12,7 @@ from ditron.language import shmem
 
 from ._common import epoch_begin, epoch_end, ll_poll, topology
 from .all_to_all import _add, _exclusive_cumsum, _pick
-from .ep_kernels import _copy_rows_x2, _route_block, _stamp
+from .ep_kernels import _copy_rows_x2, _route_count, _route_rank, _stamp
 
 
 # ---------------------------------------------------------------------------
@@ -53,40 +53,67 @@ def _unpack_store(pk, out_ptr, rows, ok, w, HW, H, EPW: tl.constexpr, DT: tl.con
 # kernels
 # ---------------------------------------------------------------------------
 
-@ditron.jit(do_not_specialize=["TK", "Eloc", "cap", "per", "RP"])
-def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, hist_ptr, rslot_ptr, out_ptr, lrc_ptr,
-                          rcnt_ptr, lrecv_ptr, lcnt_ptr, lstage_ptr, calls_ptr, trace_ptr, TK, K, H, HW, Eloc, cap,
-                          per, RP, MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
-                          ELP: tl.constexpr, EP: tl.constexpr, BLK: tl.constexpr, QB: tl.constexpr,
-                          BR: tl.constexpr, BW: tl.constexpr, TRACE: tl.constexpr):
-    """The LL dispatch with its routing, one launch.  ``idx_ptr``: the ``TK =
-    T * K`` expert ids (natural order).  Routing (programs ``q < RP``, pairs
-    ``[q * per, (q + 1) * per)`` in blocks of ``BLK``, as ``ep_route_kernel``):
-    counts per key into ``hist``, release ``rslot[q]``, wait for the ``RP``
-    slots, then each pair's slot (rank among the earlier pairs of its expert)
-    into ``key_ptr`` / ``pslot_ptr`` (natural order: the combine's handle);
-    program 0 writes ``dropped`` and sends the count words (one flagged word
-    per (local expert, destination), capped at the capacity) to every rank,
-    this one included.  The routing programs release ``rslot[P + q]``; every
-    program waits for them, then sends its share of the pairs: a peer's pair
-    as packets into its slot on the owner, an own pair straight into
-    ``recv_x`` (row base per local expert: the count words of the sources
-    before this rank).  Receive: the count words give ``lrc`` (``[E_local,
-    W]``) and ``recv_counts``; work units (row block, local expert, source
-    ``!= rank``) poll and unpack the peers' rows.  The epochs (``e + 1`` of
-    ``calls_ptr``) make the slots never need a reset; the grid is resident
-    (at most the SM count).  Trace phases: routed, rows sent, received."""
-    _stamp(trace_ptr, 0, TRACE)
+@triton.jit
+def _ll_prologue(calls_ptr, Eloc, HW):
+    """The start of both LL kernels: ``(par, flag, fl64, pid, P, me, W, LW,
+    node, local, E, rowsz)`` -- the call's buffer parity, its flag (``epoch +
+    1``; ``fl64``: in a packet's high 32 bits), the program, the topology,
+    the expert count and the words per row."""
     e = epoch_begin(calls_ptr)
-    par = e % 2
-    val = e + 1
-    flag = val.to(tl.int32)
-    fl64 = flag.to(tl.int64) << 32
-    pid = tl.program_id(0)
-    P = tl.num_programs(0)
+    flag = (e + 1).to(tl.int32)
     me, W, LW, node, NN, local = topology()
-    E = Eloc * W
-    rowsz = HW.to(tl.int64)
+    return (e % 2, flag, flag.to(tl.int64) << 32, tl.program_id(0), tl.num_programs(0), me, W, LW, node, local,
+            Eloc * W, HW.to(tl.int64))
+
+
+@triton.jit
+def _route_rank_direct(idx_ptr, r, TK, E, BLK: tl.constexpr):
+    """The routing of pairs ``r`` (any set, ``< TK``) counted directly:
+    ``(inr, valid, key, rank)``, ``rank`` the number of pairs before each one
+    with its key (a ``[BR, BLK]`` comparison per block of the ids before the
+    last of them)."""
+    inr = r < TK
+    ids = tl.load(idx_ptr + r, mask=inr, other=-1).to(tl.int64)
+    valid = (ids >= 0) & (ids < E)
+    key = tl.where(valid, ids, E)
+    bb = tl.arange(0, BLK)
+    rank = tl.zeros_like(r).to(tl.int32)
+    rmax = tl.max(tl.where(inr, r, 0), 0)
+    for b0 in range(0, rmax, BLK):
+        j = b0 + bb
+        jid = tl.load(idx_ptr + j, mask=j < rmax, other=-1).to(tl.int64)
+        jkey = tl.where((jid >= 0) & (jid < E), jid, E)
+        rank += tl.sum(((jkey[None, :] == key[:, None]) & (j[None, :] < r[:, None])).to(tl.int32), 1)
+    return inr, valid, key, rank
+
+
+@ditron.jit(do_not_specialize=["TK", "Eloc", "cap", "per"])
+def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_ptr, lrc_ptr, rcnt_ptr, lrecv_ptr,
+                          lcnt_ptr, lstage_ptr, calls_ptr, trace_ptr, TK, K, H, HW, Eloc, cap, per,
+                          MULTI_NODE: tl.constexpr, PEERS: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
+                          ELP: tl.constexpr, EP: tl.constexpr, BLK: tl.constexpr, BR: tl.constexpr, BW: tl.constexpr,
+                          CB: tl.constexpr, STRIDED: tl.constexpr, TRACE: tl.constexpr):
+    """The LL dispatch with its routing, one launch, no exchange between its
+    programs.  ``idx_ptr``: the ``TK = T * K`` expert ids (natural order).
+    Program ``q`` owns pairs ``[q * per, (q + 1) * per)`` (``STRIDED``: pairs
+    ``q, q + P, q + 2 P, ...``, each ranked by a direct count,
+    ``_route_rank_direct``, so that a block's rows are different tokens): it
+    counts the pairs before them per key (``_route_count``; program 0 counts them all:
+    ``dropped`` and the count words, one flagged word per (local expert,
+    destination), capped at the capacity, to every rank, this one included),
+    then in blocks of ``BR`` ranks its pairs (slot: rank among the earlier
+    pairs of its expert; ``key_ptr`` / ``pslot_ptr``, natural order: the
+    combine's handle) and sends them at once: a peer's pair as packets into
+    its slot on the owner, an own pair straight into ``recv_x`` (row base per
+    local expert: the count words of the sources before this rank; ``CB``
+    columns per copy step, two steps in flight).  Receive: the count words
+    give ``lrc`` (``[E_local, W]``) and ``recv_counts``; work units (row
+    block, local expert, source ``!= rank``) poll and unpack the peers' rows.
+    The epochs (``e + 1`` of ``calls_ptr``) make the slots never need a
+    reset; the grid is resident (at most the SM count).  Trace phases:
+    counted, rows sent, received."""
+    _stamp(trace_ptr, 0, TRACE)
+    par, flag, fl64, pid, P, me, W, LW, node, local, E, rowsz = _ll_prologue(calls_ptr, Eloc, HW)
     rbox = lrecv_ptr + par * (Eloc * W * cap) * rowsz          # [E_local][W][cap][HW]
     cbox = lcnt_ptr + par * Eloc * W                         # [E_local][W]
     rr = tl.arange(0, BR)
@@ -95,106 +122,88 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, hist_
     lidx = tl.arange(0, ELP)
     lmask = lidx < Eloc
     node0 = node * LW
-    # ---------------- routing (programs < RP) ----------------
-    if pid < RP:
-        eidx = tl.arange(0, EP)
-        bb = tl.arange(0, BLK)
-        lo = pid * per
-        hi = tl.minimum(lo + per, TK)
-        hcnt = tl.zeros((EP,), tl.int32)
-        bad = tl.zeros((BLK,), tl.int32)
-        for b0 in range(lo, hi, BLK):
-            inr, valid, key, hot, b = _route_block(idx_ptr, b0 + bb, hi, E, eidx)
-            hcnt += tl.sum(hot, 0)
-            bad += b
-        tl.store(hist_ptr + pid * EP + eidx, hcnt)
-        tl.store(hist_ptr + RP * EP + pid, tl.sum(bad, 0))
-        dl.release_tile(rslot_ptr + pid, flag)
-        htok = dl.wait_deps(rslot_ptr, RP, flag)
-        hist_ptr = dl.consume_token(hist_ptr, htok)
-        tot = tl.zeros((EP,), tl.int32)
+    eidx = tl.arange(0, EP)
+    # ---------------- routing: the counts before this program's pairs (program 0: all of them) ----------------
+    lo = tl.minimum(pid * per, TK)
+    hi = tl.minimum(lo + per, TK)
+    if STRIDED:
         before = tl.zeros((EP,), tl.int32)
-        nbad = tl.zeros((QB,), tl.int32)
-        qq = tl.arange(0, QB)
-        for q0 in range(0, RP, QB):
-            q = q0 + qq
-            h = tl.load(hist_ptr + q[:, None] * EP + eidx[None, :], mask=(q < RP)[:, None], other=0)
-            tot += tl.sum(h, 0)
-            before += tl.sum(tl.where((q < pid)[:, None], h, 0), 0)
-            nbad += tl.load(hist_ptr + RP * EP + q, mask=q < RP, other=0)
-        if pid == 0:
-            over = tl.sum(tl.where(eidx < E, tl.maximum(tot - cap, 0), 0), 0)
-            tl.store(dropped_ptr, tl.sum(nbad, 0).to(tl.int64))
-            tl.store(dropped_ptr + 1, over.to(tl.int64))
-            # counts: one flagged word per (local expert, destination), capped at the capacity
-            for d in range(0, W):
-                c = tl.sum(tl.where(eidx[None, :] == (d * Eloc + lidx)[:, None], tot[None, :], 0), 1)
-                word = fl64 | tl.minimum(c, cap).to(tl.int64)
-                if d // LW == node:
-                    tl.store(dl.symm_at(cbox + lidx * W + me, d), word, mask=lmask)
-                else:
-                    if MULTI_NODE:
-                        st = lstage_ptr + (2 * TK) * rowsz + par * W * Eloc + d * Eloc
-                        tl.store(st + lidx, word, mask=lmask)
-                        dl.fence("release", "sys")
-                        dl.syncthreads()
-                        for l in range(0, Eloc):
-                            shmem.putmem_block(cbox + l * W + me, st + l, 8, d)
-        carry = before
-        for b0 in range(lo, hi, BLK):
-            i = b0 + bb
-            inr, valid, key, hot, b = _route_block(idx_ptr, i, hi, E, eidx)
-            below = tl.associative_scan(hot, 0, _add) - hot + carry[None, :]
-            rank = tl.sum(hot * below, 1)
-            carry += tl.sum(hot, 0)
-            tl.store(key_ptr + i, key, mask=inr)
-            tl.store(pslot_ptr + i, rank.to(tl.int64), mask=inr)
-        dl.release_tile(rslot_ptr + P + pid, flag)
-    tok = dl.wait_deps(rslot_ptr + P, RP, flag)
-    key_ptr = dl.consume_token(key_ptr, tok)
-    pslot_ptr = dl.consume_token(pslot_ptr, tok)
+    else:
+        before, _ = _route_count(idx_ptr, 0, lo, E, EP, BLK)
+    if pid == 0:
+        tot, nbad = _route_count(idx_ptr, 0, TK, E, EP, BLK)
+        over = tl.sum(tl.where(eidx < E, tl.maximum(tot - cap, 0), 0), 0)
+        tl.store(dropped_ptr, nbad.to(tl.int64))
+        tl.store(dropped_ptr + 1, over.to(tl.int64))
+        # counts: one flagged word per (local expert, destination), capped at the capacity
+        for d in range(0, W):
+            c = tl.sum(tl.where(eidx[None, :] == (d * Eloc + lidx)[:, None], tot[None, :], 0), 1)
+            word = fl64 | tl.minimum(c, cap).to(tl.int64)
+            if d // LW == node:
+                tl.store(dl.symm_at(cbox + lidx * W + me, d), word, mask=lmask)
+            else:
+                if MULTI_NODE:
+                    st = lstage_ptr + (2 * TK) * rowsz + par * W * Eloc + d * Eloc
+                    tl.store(st + lidx, word, mask=lmask)
+                    dl.fence("release", "sys")
+                    dl.syncthreads()
+                    for l in range(0, Eloc):
+                        shmem.putmem_block(cbox + l * W + me, st + l, 8, d)
     _stamp(trace_ptr, 1, TRACE)
-    # ---------------- send the pairs (each program a share of the natural order) ----------------
+    # ---------------- rank this program's pairs and send them ----------------
     # own pairs go to recv_x at row obase[l] + slot of local expert l's block (obase: the sources before this rank)
     cm = lmask[:, None] & (widx < me)[None, :]
     cwb = ll_poll(cbox + lidx[:, None] * W + widx[None, :], cm, flag)
     obase = tl.sum(tl.where(cm, cwb & 0xFFFFFFFF, 0), 1)
-    for r0 in range(pid * BR, TK, P * BR):
-        r = r0 + rr
-        inr = r < TK
-        eid = tl.load(key_ptr + r, mask=inr, other=E)
-        sl = tl.load(pslot_ptr + r, mask=inr, other=cap).to(tl.int64)
+    carry = before
+    # STRIDED: the program's pairs are pid, pid + P, pid + 2 P, ... (a block's rows: tokens P / k apart), each
+    # ranked directly; otherwise [lo, hi) (a block's rows: consecutive pairs, mostly one token's)
+    if STRIDED:
+        npairs = (TK - pid + P - 1) // P
+    else:
+        npairs = hi - lo
+    for b in range(0, (npairs + BR - 1) // BR):
+        if STRIDED:
+            r = (b * BR + rr) * P + pid
+            inr, valid, eid, sl = _route_rank_direct(idx_ptr, r, TK, E, BLK)
+        else:
+            r = lo + b * BR + rr
+            inr, valid, eid, hot, sl, carry = _route_rank(idx_ptr, r, hi, E, eidx, carry)
+        tl.store(key_ptr + r, eid, mask=inr)
+        tl.store(pslot_ptr + r, sl.to(tl.int64), mask=inr)
+        sl = sl.to(tl.int64)
         dst = eid // Eloc
-        ok = inr & (eid < E) & (sl < cap)
+        ok = inr & valid & (sl < cap)
         t = (r // K).to(tl.int64)
         le = (eid % Eloc).to(tl.int64)
         own = ok & (dst == me)
         if tl.sum(own.to(tl.int32), 0) > 0:
             ob = tl.sum(tl.where(le[:, None] == lidx[None, :], obase[None, :], 0), 1)
-            _copy_rows_x2(x_ptr, t, out_ptr, le * (W * cap) + ob + sl, own, H, BW * EPW)
-        ok = ok & (dst != me)
-        drow = (le * W + me) * cap + sl
-        # no word to write when every pair of the block is this rank's own or not sent
-        whi = tl.where(tl.sum(ok.to(tl.int32), 0) > 0, HW, 0)
-        for w0 in range(0, whi, BW):
-            w = w0 + ww
-            pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
-            for k in range(1, LW):                   # k = 0: this rank, copied above
-                peer = node0 + (local + k) % LW
-                m = (ok & (dst == peer))[:, None] & (w[None, :] < HW)
-                tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
+            _copy_rows_x2(x_ptr, t, out_ptr, le * (W * cap) + ob + sl, own, H, CB)
+        if PEERS:
+            ok = ok & (dst != me)
+            drow = (le * W + me) * cap + sl
+            # no word to write when every pair of the block is this rank's own or not sent
+            whi = tl.where(tl.sum(ok.to(tl.int32), 0) > 0, HW, 0)
+            for w0 in range(0, whi, BW):
+                w = w0 + ww
+                pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
+                for k in range(1, LW):                   # k = 0: this rank, copied above
+                    peer = node0 + (local + k) % LW
+                    m = (ok & (dst == peer))[:, None] & (w[None, :] < HW)
+                    tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
+                if MULTI_NODE:
+                    sm = ok[:, None] & (w[None, :] < HW)
+                    tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt, mask=sm)
             if MULTI_NODE:
-                sm = ok[:, None] & (w[None, :] < HW)
-                tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt, mask=sm)
-        if MULTI_NODE:
-            dl.fence("release", "sys")
-            dl.syncthreads()
-            for i in range(0, BR):
-                d_i = _pick(dst, rr, i)
-                if _pick(ok.to(tl.int32), rr, i) != 0:
-                    if d_i // LW != node:
-                        shmem.putmem_block(rbox + _pick(drow, rr, i) * rowsz,
-                                           lstage_ptr + (par * TK + r0 + i) * rowsz, HW * 8, d_i)
+                dl.fence("release", "sys")
+                dl.syncthreads()
+                for i in range(0, BR):
+                    d_i = _pick(dst, rr, i)
+                    if _pick(ok.to(tl.int32), rr, i) != 0:
+                        if d_i // LW != node:
+                            shmem.putmem_block(rbox + _pick(drow, rr, i) * rowsz,
+                                               lstage_ptr + (par * TK + _pick(r, rr, i)) * rowsz, HW * 8, d_i)
     _stamp(trace_ptr, 2, TRACE)
     # ---------------- receive ----------------
     # every count word (every source, this rank included): lrc and recv_counts
@@ -203,28 +212,29 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, hist_
         cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
         tl.store(lrc_ptr + l * W + widx, cnt, mask=widx < W)
         tl.store(rcnt_ptr + l, tl.reduce(cnt, 0, _add))
-    # the peers' rows: work units (row block qb, local expert l, source s != rank) over all programs, row blocks
-    # outermost, so that the non-empty units (low qb) spread over every program
-    nls = Eloc * (W - 1)
-    for u in range(pid, nls * ((cap + BR - 1) // BR), P):
-        qb = u // nls
-        l = (u % nls) // (W - 1)
-        s = (me + 1 + u % (W - 1)) % W
-        cw = ll_poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
-        cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
-        n = _pick(cnt, widx, s)
-        q0 = qb * BR
-        if q0 < n:
-            base = _pick(_exclusive_cumsum(cnt), widx, s)
-            q = q0 + rr
-            qok = q < n
-            orow = l * (W * cap) + base + q.to(tl.int64)
-            src = (l * W + s) * cap + q.to(tl.int64)
-            for w0 in range(0, HW, BW):
-                w = w0 + ww
-                m = qok[:, None] & (w[None, :] < HW)
-                pk = ll_poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
-                _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
+    if PEERS:
+        # the peers' rows: work units (row block qb, local expert l, source s != rank) over all programs, row blocks
+        # outermost, so that the non-empty units (low qb) spread over every program
+        nls = Eloc * (W - 1)
+        for u in range(pid, nls * ((cap + BR - 1) // BR), P):
+            qb = u // nls
+            l = (u % nls) // (W - 1)
+            s = (me + 1 + u % (W - 1)) % W
+            cw = ll_poll((cbox + l * W + widx)[:, None], (widx < W)[:, None], flag)
+            cnt = tl.reduce((cw & 0xFFFFFFFF), 1, _add)
+            n = _pick(cnt, widx, s)
+            q0 = qb * BR
+            if q0 < n:
+                base = _pick(_exclusive_cumsum(cnt), widx, s)
+                q = q0 + rr
+                qok = q < n
+                orow = l * (W * cap) + base + q.to(tl.int64)
+                src = (l * W + s) * cap + q.to(tl.int64)
+                for w0 in range(0, HW, BW):
+                    w = w0 + ww
+                    m = qok[:, None] & (w[None, :] < HW)
+                    pk = ll_poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
+                    _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
     _stamp(trace_ptr, 3, TRACE)
     epoch_end(calls_ptr)
 
@@ -268,8 +278,9 @@ def _ll_peer_sum(box, peid_ptr, pslot_ptr, w_ptr, t, tok_ok, w, wm, rowsz, Eloc,
 @ditron.jit(do_not_specialize=["T", "TK", "Eloc", "cap"])
 def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lcomb_ptr, lstage_ptr, calls_ptr,
                          trace_ptr, T, TK, H, HW, Eloc, cap,
-                         MULTI_NODE: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr, ELP: tl.constexpr,
-                         BR: tl.constexpr, BW: tl.constexpr, KT: tl.constexpr, RB: tl.constexpr, RW: tl.constexpr,
+                         MULTI_NODE: tl.constexpr, PEERS: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
+                         ELP: tl.constexpr, BR: tl.constexpr, BW: tl.constexpr, KT: tl.constexpr, RB: tl.constexpr,
+                         RW: tl.constexpr,
                          TRACE: tl.constexpr):
     """Owner side: row ``r`` of (local expert ``l``, source ``s``) goes back to
     ``lcomb[p][rank][l][r]`` on ``s``.  Token side: pair ``(t, j)`` (expert
@@ -283,56 +294,48 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
     polled one at a time (``_ll_peer_sum``).  Trace phases: rows sent,
     (nothing), reduced."""
     _stamp(trace_ptr, 0, TRACE)
-    e = epoch_begin(calls_ptr)
-    par = e % 2
-    val = e + 1
-    flag = val.to(tl.int32)
-    fl64 = flag.to(tl.int64) << 32
-    pid = tl.program_id(0)
-    P = tl.num_programs(0)
-    me, W, LW, node, NN, local = topology()
-    E = Eloc * W
-    rowsz = HW.to(tl.int64)
+    par, flag, fl64, pid, P, me, W, LW, node, local, E, rowsz = _ll_prologue(calls_ptr, Eloc, HW)
     box = lcomb_ptr + par * (W * Eloc * cap) * rowsz           # [W owners][E_local][cap][HW]
     rr = tl.arange(0, BR)
     ww = tl.arange(0, BW)
     widx = tl.arange(0, WP)
     # owner side: work units (row block rb, local expert l, source s != rank) over all programs, row blocks
     # outermost; this rank's own rows are read from y by the token side (none at world size 1)
-    nls = Eloc * (W - 1)
-    for u in range(pid, nls * ((cap + BR - 1) // BR), P):
-        rb = u // nls
-        l = (u % nls) // (W - 1)
-        s = (me + 1 + u % (W - 1)) % W
-        cnt = tl.load(lrc_ptr + l * W + widx, mask=widx < W, other=0)
-        n = _pick(cnt, widx, s)
-        r0 = rb * BR
-        if r0 < n:
-            base = _pick(_exclusive_cumsum(cnt), widx, s)
-            remote = (s // LW) != node
-            r = r0 + rr
-            ok = r < n
-            yrow = l * (W * cap) + base + r.to(tl.int64)
-            drow = (me * Eloc + l) * cap + r.to(tl.int64)
-            for w0 in range(0, HW, BW):
-                w = w0 + ww
-                pkt = _pack(y_ptr, yrow, ok, w, HW, H, fl64, EPW)
-                m = ok[:, None] & (w[None, :] < HW)
-                if MULTI_NODE:
-                    if remote:
-                        tl.store(lstage_ptr + (par * W * cap + s * cap + r.to(tl.int64))[:, None] * rowsz
-                                 + w[None, :], pkt, mask=m)
+    if PEERS:
+        nls = Eloc * (W - 1)
+        for u in range(pid, nls * ((cap + BR - 1) // BR), P):
+            rb = u // nls
+            l = (u % nls) // (W - 1)
+            s = (me + 1 + u % (W - 1)) % W
+            cnt = tl.load(lrc_ptr + l * W + widx, mask=widx < W, other=0)
+            n = _pick(cnt, widx, s)
+            r0 = rb * BR
+            if r0 < n:
+                base = _pick(_exclusive_cumsum(cnt), widx, s)
+                remote = (s // LW) != node
+                r = r0 + rr
+                ok = r < n
+                yrow = l * (W * cap) + base + r.to(tl.int64)
+                drow = (me * Eloc + l) * cap + r.to(tl.int64)
+                for w0 in range(0, HW, BW):
+                    w = w0 + ww
+                    pkt = _pack(y_ptr, yrow, ok, w, HW, H, fl64, EPW)
+                    m = ok[:, None] & (w[None, :] < HW)
+                    if MULTI_NODE:
+                        if remote:
+                            tl.store(lstage_ptr + (par * W * cap + s * cap + r.to(tl.int64))[:, None] * rowsz
+                                     + w[None, :], pkt, mask=m)
+                        else:
+                            tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
                     else:
                         tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
-                else:
-                    tl.store(dl.symm_at(box + drow[:, None] * rowsz + w[None, :], s), pkt, mask=m)
-            if MULTI_NODE:
-                if remote:
-                    dl.fence("release", "sys")
-                    dl.syncthreads()
-                    nr = tl.minimum(n - r0, BR)
-                    shmem.putmem_block(box + ((me * Eloc + l) * cap + r0) * rowsz,
-                                       lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
+                if MULTI_NODE:
+                    if remote:
+                        dl.fence("release", "sys")
+                        dl.syncthreads()
+                        nr = tl.minimum(n - r0, BR)
+                        shmem.putmem_block(box + ((me * Eloc + l) * cap + r0) * rowsz,
+                                           lstage_ptr + (par * W * cap + s * cap + r0) * rowsz, nr * HW * 8, s)
     _stamp(trace_ptr, 1, TRACE)
     _stamp(trace_ptr, 2, TRACE)
     # ---------------- token side: the k rows of each token ----------------
@@ -363,7 +366,7 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
             yrow = l * (W * cap) + ob + sl
             vy = tl.load(y_ptr + yrow[:, None] * H + cols[None, :], mask=own[:, None] & cm[None, :], other=0.0)
             acc += wt[:, None] * vy.to(tl.float32)
-        if W > 1:
+        if PEERS:
             lo, hi, bad = _ll_peer_sum(box, peid_ptr, pslot_ptr, w_ptr, t, tok_ok, w, wm, rowsz, Eloc, E, cap, me,
                                        flag, KT, EPW, out_ptr.dtype.element_ty, False)
             if tl.sum(tl.sum(bad, 1), 0) > 0:          # some peer's row not here yet: poll pair by pair

@@ -83,7 +83,7 @@ def _expert_outputs(recv_x, recv_counts, rank, El, mode):
 
 
 def ep_rounds(world, mode, dtype, tokens, H=24, k=2, experts_per_rank=2, seed=0, kind="uniform", rounds=2,
-              capacity=None, validate=True):
+              capacity=None, validate=True, tune=None):
     """``rounds`` dispatch -> expert -> combine rounds on one context (reuse),
     with fresh inputs per round; rank ``r`` has ``tokens[r % len(tokens)]``
     tokens (0: a rank that sends nothing).  Returns the pairs delivered to
@@ -93,6 +93,8 @@ def ep_rounds(world, mode, dtype, tokens, H=24, k=2, experts_per_rank=2, seed=0,
     E = experts_per_rank * W
     El = experts_per_rank
     ctx = create_ep_context(max(max(tokens), 1), H, E, k, dtype, mode=mode, capacity=capacity)
+    for name, v in (tune or {}).items():          # the context's tuning attributes (e.g. ll_strided)
+        setattr(ctx, name, v)
     received = 0
     for rnd in range(rounds):
         sd = seed + 101 * rnd

@@ -36,11 +36,23 @@ def test_ep_other_worlds(dist_world, mode, n, nnodes):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_ep_routing_over_several_programs(dist_world, mode, n):
-    # the routing kernel splits the pairs over programs that exchange their counts once (release / wait slots):
-    # 9 x 3 pairs in blocks of 4 on the simulator -> 4 programs; 3 rounds reuse the slots (epochs)
+    # normal: the routing kernel splits the pairs over programs that exchange their counts once (release / wait
+    # slots): 9 x 3 pairs in blocks of 4 on the simulator -> 4 programs; 3 rounds reuse the slots (epochs).
+    # low latency: each of the dispatch's 3 programs counts the pairs before its share (blocks of 4), then ranks
+    # its own in blocks of 4 (9 pairs each)
     d = dist_world(n)
     got = d.run(B.ep_rounds, mode, "bf16", (9, 4, 7), H=8 if not ON_GPU else H, k=3, kind="dup", rounds=3,
                 capacity=5 if mode == "low_latency" else None)
+    assert len(got) == n
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_ep_ll_strided_pairs(dist_world, n):
+    # the LL dispatch with every P-th pair per program (each ranked by a direct count), repeated experts, capacity
+    # overflow and a rank that sends nothing
+    d = dist_world(n)
+    got = d.run(B.ep_rounds, "low_latency", "bf16", (9, 0, 7), H=8 if not ON_GPU else H, k=3, kind="dup", rounds=2,
+                capacity=5, tune={"ll_strided": True})
     assert len(got) == n
 
 
@@ -90,8 +102,9 @@ _I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "s
         "start_ptr", "trace_ptr", "idx_ptr", "key_ptr", "skey_ptr", "sslot_ptr", "dropped_ptr", "rcalls_ptr"}
 _CONST = {"ep_dispatch_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
           "ep_combine_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, KT=8, RH=256, TRACE=False),
-          "ep_ll_dispatch_kernel": dict(EPW=2, WP=2, ELP=16, EP=16, BLK=32, QB=32, BR=4, BW=512, TRACE=False),
-          "ep_ll_combine_kernel": dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, KT=8, RB=8, RW=128, TRACE=False),
+          "ep_ll_dispatch_kernel": dict(PEERS=True, EPW=2, WP=2, ELP=16, EP=16, BLK=32, BR=4, BW=512, CB=2048,
+                                       STRIDED=False, TRACE=False),
+          "ep_ll_combine_kernel": dict(PEERS=True, EPW=2, WP=2, ELP=16, BR=4, BW=512, KT=8, RB=8, RW=128, TRACE=False),
           "ep_route_kernel": dict(EP=16, BLK=512, QB=32, TRACE=False)}
 _I32 = {"hist_ptr", "rslot_ptr"}
 

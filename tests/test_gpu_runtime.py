@@ -117,8 +117,8 @@ def test_poll_timeout_is_free_unbounded_and_leaves_bounded():
          "trace_ptr", "T", "TK", "H", "HW", "Eloc", "cap"),
         ("*bf16", "*bf16", "*i64", "*i64", "*fp32", "*i64", "*i64", "*i64", "*i64", "*i64") + ("i32",) * 6)}
     plain, bounded = (_compile(ep_ll_kernels.ep_ll_combine_kernel, comb_sig, ("p2p", b),
-                               {"MULTI_NODE": False, "EPW": 2, "WP": 2, "ELP": 16, "BR": 4, "BW": 256, "RB": 8,
-                                "KT": 8, "RW": 128, "TRACE": False}).asm["ptx"]
+                               {"MULTI_NODE": False, "PEERS": True, "EPW": 2, "WP": 2, "ELP": 16, "BR": 4, "BW": 256,
+                                "RB": 8, "KT": 8, "RW": 128, "TRACE": False}).asm["ptx"]
                       for b in (False, True))
     assert "exit;" in bounded and "exit;" not in plain
 

@@ -189,10 +189,10 @@ ZOO = [
      ["rocshmem_putmem_wg", "rocshmem_fence", "rocshmem_putmem_signal_wg"]),
     ("ep_kernels", "ep_dispatch_kernel", dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
      ["rocshmem_putmem_wg", "rocshmem_fence"]),
-    ("ep_ll_kernels", "ep_ll_dispatch_kernel", dict(EPW=2, WP=2, ELP=16, EP=16, BLK=32, QB=32, BR=4, BW=512,
-                                                     TRACE=False),
+    ("ep_ll_kernels", "ep_ll_dispatch_kernel", dict(PEERS=True, EPW=2, WP=2, ELP=16, EP=16, BLK=32, BR=4, BW=512,
+                                                     CB=2048, STRIDED=False, TRACE=False),
      ["rocshmem_putmem_wg"]),
-    ("ep_ll_kernels", "ep_ll_combine_kernel", dict(EPW=2, WP=2, ELP=16, BR=4, BW=512, KT=8, RB=8, RW=128,
+    ("ep_ll_kernels", "ep_ll_combine_kernel", dict(PEERS=True, EPW=2, WP=2, ELP=16, BR=4, BW=512, KT=8, RB=8, RW=128,
                                                      TRACE=False),
      ["rocshmem_putmem_wg"]),
 ]
