@@ -58,6 +58,15 @@ def test_config_split_and_errors():
     assert (tc.stream_for(1), tc.stream_for(3)) == (4, 0)
     tc = tiny().with_tiles(dot_stream=True).tiles
     assert (tc.stream_for(2), tc.stream_for(16)) == (0, 3)
+    # the 8B defaults: batch 1 on the streamed FMA path with the norm fused in, from batch 2 the streamed tl.dot
+    # path with separate norms; the thresholds are fields (tiny keeps tl.dot from 3, fused norms up to 2)
+    tc = qwen3_8b().tiles
+    assert [(tc.dot_for(b), tc.fuse_for(b), tc.stream_for(b)) for b in (1, 2, 16)] == [
+        (False, True, 3), (True, False, 3), (True, False, 3)]
+    assert [(tiny().tiles.dot_for(b), tiny().tiles.fuse_for(b)) for b in (2, 3)] == [(False, True), (True, False)]
+    for bad in (dict(dot_from=0), dict(fuse_upto=-1)):
+        with pytest.raises(DitronError, match=f"{next(iter(bad))}={next(iter(bad.values()))}"):
+            tiny().with_tiles(**bad)
 
 
 def test_decoder_split_k_must_divide():
@@ -333,6 +342,32 @@ def test_decoder_gemv_stream_registers():
     else:
         assert streamed["resident_per_sm"] >= 1, streamed
     assert capped["registers"] <= 128, capped
+
+
+def test_decoder_batch_step_fits_three_programs_per_sm():
+    # issue 26: on one H200 batch 2 took 1.32x batch 1 and batch 8 1.77x: their whole steps needed 239 / 233
+    # registers (the FMA path holds the float32 weight chunk once per batch row; the tl.dot path double-buffered
+    # its weights in registers), so 2 programs per SM ran where batch 1 runs 3.  From batch 2 the 8B defaults
+    # stream the tl.dot path's weights through shared memory (cp.async) under a 168-register cap: the whole step
+    # (every branch, Qwen3-8B's shapes) spills nothing and 3 programs fit per SM.  ptxas -v on the CPU
+    import ditron
+    from ditron.kernels.decoder import qwen3_8b
+    from ditron.kernels.decoder import resources as RZ
+    from ditron._compat import TRITON_VERSION
+    ditron.init("sim")
+    try:
+        cfg = qwen3_8b(n_layers=1)
+        got = {b: RZ.usage(cfg, b) for b in (2, 16)}
+        old = RZ.usage(cfg.with_tiles(dot_stream=False, dot_block_k=256, max_regs=0), 16)
+    finally:
+        ditron.finalize()
+    for b, use in got.items():
+        assert cfg.tiles.dot_for(b) and use["cp_async"], (b, use)
+        assert use["registers"] <= 168 and use["spill_stores"] <= 16 and use["spill_loads"] <= 16, (b, use)
+        if TRITON_VERSION[:2] == (3, 6):
+            assert use["resident_per_sm"] >= 3, (b, use)
+    # the register-buffered tl.dot path (the default before) is what the cap and the stream replaced
+    assert old["registers"] > 168, old
 
 
 @pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",
