@@ -23,9 +23,11 @@
 #   nocap        batch 2, 8: no register cap (the streamed tl.dot path at ~255 registers, 2 programs per SM)
 #   k256         batch 8: 256-deep tl.dot chunks (half the bytes in flight per program)
 #   split3       batch 1: + the down projection split in 3 K slices (not yet measured with 3 programs per SM)
+#   pf2k         batch 1: + each GEMV tile prefetches the first 2048 columns of its rows into L2 before its
+#                dependency wait (the weight stream keeps going through the small stages; 168 registers, 3 per SM)
 #   trace        batch 1 and 8, ctx 512, with a traced build: time per kind of task
 # Each step has its own timeout; the default levers are sized for about 4 minutes on one H200 (8 at most;
-# LEVERS="curve|old|nocap|k256|split3|trace" about 2 more).
+# SKIP_CHECK=1 LEVERS="split3|pf2k|trace": about 2.5 minutes more).
 # Writes at most 5 files to $OUT (the device tool brings back few): levers.log (summary, one line per case),
 # levers.md (every lever's table, in order), levers.json (their rows), logs.txt (every step's full output),
 # gemv_probe.txt.  Per-step files stay in bench/results/levers/.
@@ -48,6 +50,7 @@ ALL=(                      # name|timeout s|cases|flags
   "nocap|50|--ctx 512 --batch 2,8|--max-regs 255"
   "k256|40|--ctx 512 --batch 8|--dot-block-k 256"
   "split3|40|--ctx 512 --batch 1|--down-split-k 3"
+  "pf2k|40|--ctx 512 --batch 1|--prefetch-k 2048"
   "trace|80|--ctx 512 --batch 1,8|--trace"
 )
 LEVERS=${LEVERS:-curve|old|nocap|k256}

@@ -324,7 +324,7 @@ def test_decoder_gemv_stream_registers():
     try:
         cfg = qwen3_8b(n_layers=1)
         assert cfg.tiles.gemv_stream and cfg.tiles.programs_per_sm == 3      # the 8B defaults since issue 26
-        base = RZ.usage(cfg.with_tiles(gemv_stream=False), 1, ("qkv", "gu", "down"))
+        base = RZ.usage(cfg.with_tiles(gemv_stream=False, max_regs=0), 1, ("qkv", "gu", "down"))
         streamed = RZ.usage(cfg, 1)
         capped = RZ.usage(cfg.with_tiles(gemv_stream=True, max_regs=128), 1, ("qkv", "gu", "down"))
     finally:
@@ -363,8 +363,11 @@ def test_decoder_batch_step_fits_three_programs_per_sm():
         ditron.finalize()
     for b, use in got.items():
         assert cfg.tiles.dot_for(b) and use["cp_async"], (b, use)
-        assert use["registers"] <= 168 and use["spill_stores"] <= 16 and use["spill_loads"] <= 16, (b, use)
+        assert use["registers"] <= 168, (b, use)
         if TRITON_VERSION[:2] == (3, 6):
+            # the GPU machines' version (what was tuned; docs/megakernel.md "Triton versions"): no spills, 64 KiB
+            # of shared memory; other versions lay out shared memory differently and are not tuned
+            assert use["spill_stores"] <= 16 and use["spill_loads"] <= 16, (b, use)
             assert use["resident_per_sm"] >= 3, (b, use)
     # the register-buffered tl.dot path (the default before) is what the cap and the stream replaced
     assert old["registers"] > 168, old
