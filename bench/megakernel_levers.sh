@@ -19,14 +19,17 @@
 # python bench/megakernel_regs.py --levers ...):
 #   curve        today's defaults, batch 1, 2, 4, 8, 16 at context 512 and 4096 (the table)
 #   old          the defaults before (FMA path with fused norms at batch 2 at 239 registers, tl.dot register-buffered
-#                with 256-deep chunks from batch 3 at 233 registers; both 2 programs per SM), batch 2 and 8
+#                with 256-deep chunks from batch 3 at 233 registers; both 2 programs per SM; all-reduce tasks at
+#                one rank), batch 1, 2 and 8
+#   ar           batch 1, 8: today's defaults but the all-reduce tasks kept at one rank (--tp1-all-reduce; the
+#                default now has o_proj / down_proj write the delta directly: two stages fewer per layer)
 #   nocap        batch 2, 8: no register cap (the streamed tl.dot path at ~255 registers, 2 programs per SM)
 #   k256         batch 8: 256-deep tl.dot chunks (half the bytes in flight per program)
 #   split3       batch 1: + the down projection split in 3 K slices (not yet measured with 3 programs per SM)
 #   pf2k         batch 1: + each GEMV tile prefetches the first 2048 columns of its rows into L2 before its
 #                dependency wait (the weight stream keeps going through the small stages; 168 registers, 3 per SM)
 #   trace        batch 1 and 8, ctx 512, with a traced build: time per kind of task
-# Each step has its own timeout; the default levers are sized for about 4 minutes on one H200 (8 at most;
+# Each step has its own timeout; the default levers are sized for about 4.5 minutes on one H200 (8 at most;
 # SKIP_CHECK=1 LEVERS="split3|pf2k|trace": about 2.5 minutes more).
 # Writes at most 5 files to $OUT (the device tool brings back few): levers.log (summary, one line per case),
 # levers.md (every lever's table, in order), levers.json (their rows), logs.txt (every step's full output),
@@ -46,14 +49,15 @@ P3=$((3 * SMS))
 T1="--ctx 512,4096 --batch 1"
 ALL=(                      # name|timeout s|cases|flags
   "curve|170|--ctx 512,4096 --batch 1,2,4,8,16|"
-  "old|60|--ctx 512 --batch 2,8|--dot-from 3 --fuse-upto 2 --no-dot-stream --dot-block-k 256 --max-regs 255"
+  "old|60|--ctx 512 --batch 1,2,8|--dot-from 3 --fuse-upto 2 --no-dot-stream --dot-block-k 256 --max-regs 255 --tp1-all-reduce"
+  "ar|40|--ctx 512 --batch 1,8|--tp1-all-reduce"
   "nocap|50|--ctx 512 --batch 2,8|--max-regs 255"
   "k256|40|--ctx 512 --batch 8|--dot-block-k 256"
   "split3|40|--ctx 512 --batch 1|--down-split-k 3"
   "pf2k|40|--ctx 512 --batch 1|--prefetch-k 2048"
   "trace|80|--ctx 512 --batch 1,8|--trace"
 )
-LEVERS=${LEVERS:-curve|old|nocap|k256}
+LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
 status=0
 log() { echo "$*" | tee -a "$OUTD/levers.log"; }
 log "== megakernel levers on $MACHINE ($SMS SMs), tree $(git rev-parse --short HEAD 2>/dev/null), $(date -u)"

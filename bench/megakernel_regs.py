@@ -65,6 +65,8 @@ def main(argv=None):
                 if cfg.tiles.down_split_k > 1:
                     kinds.append("dsum")
             kinds += [tuple(k.split(",")) for k in args.kinds.split(";") if k]
+            present = set(RZ.kinds_of(RZ.step_specs(cfg, b)))
+            kinds = [k for k in kinds if k is None or set((k,) if isinstance(k, str) else k) <= present]
             for k in kinds:
                 u = RZ.usage(cfg, b, None if k is None else k if isinstance(k, tuple) else (k,))
                 what = "whole step" if k is None else " + ".join(k) if isinstance(k, tuple) else k

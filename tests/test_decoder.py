@@ -189,10 +189,11 @@ def test_decoder_megakernel_levers(dist_world, ranks, batch, stages, split):
     # down projection (down_split_k: slices of the intermediate per rank 96 / 48 / 32, each after the gate/up
     # tiles of its columns, summed per all-reduce chunk; the simulator's access check verifies those tile
     # ranges), ragged contexts, 1 / 2 / 3 ranks (3: 6 q heads, 3 kv heads); max_regs is a ptxas option
-    # (validated, no effect here)
+    # (validated, no effect here); direct_tp1: at one rank the split-K sums write the delta (no all-reduce task)
     from ditron.kernels.decoder import tiny
     cfg = tiny(**(dict(n_q_heads=6, n_kv_heads=3) if ranks == 3 else {}))
-    cfg = cfg.with_tiles(gemv_stream=True, dot_stream=True, stream_stages=stages, max_regs=128, down_split_k=split)
+    cfg = cfg.with_tiles(gemv_stream=True, dot_stream=True, stream_stages=stages, max_regs=128, down_split_k=split,
+                         direct_tp1=True)
     assert cfg.tiles.stream_for(batch) == stages
     errs = dist_world(ranks).run(B.decoder_steps, steps=2, B=batch, ctx=[33, 5, 17][:batch], cfg=cfg)
     assert len(errs) == ranks and all(len(e) == 2 for e in errs)
@@ -303,7 +304,7 @@ def test_decoder_batch_gemv_does_not_spill():
     world = ditron.init("sim")
     try:
         for fuse in (None, True):
-            ck, c = B.gemv_branches_compiled(world, 16, "sm_90a", fuse_norm=fuse)
+            ck, c = B.gemv_branches_compiled(world, 16, "sm_90a", fuse_norm=fuse, direct_tp1=False)
             use = B.ptxas_usage(ck.asm["ptx"])
             assert c["DOT"] and c["BLOCK_B"] == 16, c
             assert "mma.sync" in ck.asm["ptx"], "the batch path's GEMV accumulates on the tensor cores"
@@ -375,16 +376,18 @@ def test_decoder_batch_step_fits_three_programs_per_sm():
 
 @pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",
                     reason="simulator race finder")
-@pytest.mark.parametrize("fuse", [True, False])
-def test_decoder_megakernel_is_race_free(fuse):
+@pytest.mark.parametrize("fuse,ranks", [(True, 2), (False, 2), (True, 1)])
+def test_decoder_megakernel_is_race_free(fuse, ranks):
     # every buffer on the symmetric heap: the race finder checks that the tile-range dependencies (rope <- qkv
     # heads, attention <- rope group, combine <- attention splits, all-reduce chunk <- GEMV columns, residual
     # commits) order every write before every read of each tile, under random program interleavings
     from ditron.kernels.decoder import tiny
     from ditron.sim.pool import SimCluster
-    with SimCluster(2, race=True, hang_timeout=30) as cluster:
+    with SimCluster(ranks, race=True, hang_timeout=30) as cluster:
         # fused: per-projection tile widths (qkv 8 columns: a head spans 2 tiles; o_proj 32: an all-reduce chunk
-        # of 32 elements needs one o tile, down 16: two)
-        cfg = tiny().with_tiles(fuse_norm=fuse, **(dict(qkv_block_n=8, o_block_n=32) if fuse else {}))
+        # of 32 elements needs one o tile, down 16: two).  One rank with direct_tp1: o_proj and down_proj
+        # overwrite the delta that the fused-norm GEMVs and the residual commits read (no all-reduce between)
+        cfg = tiny().with_tiles(fuse_norm=fuse, direct_tp1=ranks == 1,
+                                **(dict(qkv_block_n=8, o_block_n=32) if fuse else {}))
         errs = cluster.run(B.decoder_steps_symmetric, steps=2, cfg=cfg)
-    assert len(errs) == 2 and all(len(e) == 2 for e in errs)
+    assert len(errs) == ranks and all(len(e) == 2 for e in errs)

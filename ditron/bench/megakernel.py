@@ -107,6 +107,8 @@ def _config(args):
         over["dot_stream"] = True
     if args.no_dot_stream:
         over["dot_stream"] = False
+    if args.tp1_all_reduce:
+        over["direct_tp1"] = False
     if args.gemv_stream:
         over["gemv_stream"] = True
     if args.gemv_dot != "auto":
@@ -272,6 +274,8 @@ def main(argv=None):
                    help="the tl.dot GEMV path streams weights by cp.async into shared memory (Triton's pipeliner)")
     p.add_argument("--no-dot-stream", action="store_true",
                    help="the tl.dot GEMV path double-buffers the weights in registers (8b default: streamed)")
+    p.add_argument("--tp1-all-reduce", action="store_true",
+                   help="keep the all-reduce tasks on one rank (8b default: o / down write the delta directly)")
     p.add_argument("--dot-from", type=int, default=0,
                    help="smallest batch on the tl.dot path when --gemv-dot is auto (8b default: 2)")
     p.add_argument("--fuse-upto", type=int, default=-1,

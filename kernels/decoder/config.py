@@ -79,7 +79,9 @@ class TileConfig:
       otherwise (233-255 registers);
     * ``dot_from``: the smallest batch that takes the ``tl.dot`` path when ``gemv_dot`` is ``None``;
       ``fuse_upto``: the largest batch whose GEMV tiles fuse the RMSNorm when ``fuse_norm`` is ``None`` (the
-      fused ``tl.dot`` tiles hold the residual rows too: 168 registers spilled ~0.5 KB per thread at batch 2).
+      fused ``tl.dot`` tiles hold the residual rows too: 168 registers spilled ~0.5 KB per thread at batch 2);
+    * ``direct_tp1``: on one rank (no tensor parallelism) o_proj and down_proj write the residual delta
+      themselves: no all-reduce tasks (at one rank a copy), two stages fewer per layer; no effect at 2+ ranks.
     """
     gemv_block_n: int = 32
     gemv_block_k: int = 512
@@ -109,6 +111,7 @@ class TileConfig:
     programs_per_sm: int = 0
     dot_from: int = 3
     fuse_upto: int = 2
+    direct_tp1: bool = False
 
     def block_n(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
@@ -252,9 +255,11 @@ class Shard:
 #: context 512 / 4096 against 6696 / 6959 with the previous defaults.  From batch 2 on (issue 26, H200 of
 #: 2026-11-27: batch 2 1.32x batch 1 on the FMA path at 239 registers, batch 8 1.77x on the register-buffered
 #: tl.dot path at 233): the tl.dot path streams 16 x 512 chunks through shared memory under a 168-register cap
-#: (no spills, 3 programs per SM; bench/megakernel_regs.py) with separate RMSNorm tasks
+#: (no spills, 3 programs per SM; bench/megakernel_regs.py) with separate RMSNorm tasks; on one rank no all-reduce
+#: tasks (direct_tp1)
 TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=8, gate_up_block_k=1024, gemv_stream=True,
-                      programs_per_sm=3, dot_from=2, fuse_upto=1, dot_stream=True, dot_block_k=512, max_regs=168)
+                      programs_per_sm=3, dot_from=2, fuse_upto=1, dot_stream=True, dot_block_k=512, max_regs=168,
+                      direct_tp1=True)
 
 
 def qwen3_8b(**kw) -> DecoderConfig:
