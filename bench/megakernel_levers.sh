@@ -49,8 +49,8 @@ P3=$((3 * SMS))
 T1="--ctx 512,4096 --batch 1"
 ALL=(                      # name|timeout s|cases|flags
   "curve|170|--ctx 512,4096 --batch 1,2,4,8,16|"
-  "old|60|--ctx 512 --batch 1,2,8|--dot-from 3 --fuse-upto 2 --no-dot-stream --dot-block-k 256 --max-regs 255 --tp1-all-reduce"
-  "ar|40|--ctx 512 --batch 1,8|--tp1-all-reduce"
+  "old|75|--ctx 512 --batch 1,2,8|--dot-from 3 --fuse-upto 2 --no-dot-stream --dot-block-k 256 --max-regs 255 --tp1-all-reduce"
+  "ar|50|--ctx 512 --batch 1,8|--tp1-all-reduce"
   "nocap|50|--ctx 512 --batch 2,8|--max-regs 255"
   "k256|40|--ctx 512 --batch 8|--dot-block-k 256"
   "split3|40|--ctx 512 --batch 1|--down-split-k 3"
