@@ -28,9 +28,11 @@
 #   split3       batch 1: + the down projection split in 3 K slices (not yet measured with 3 programs per SM)
 #   pf2k         batch 1: + each GEMV tile prefetches the first 2048 columns of its rows into L2 before its
 #                dependency wait (the weight stream keeps going through the small stages; 168 registers, 3 per SM)
+#   as64         batch 1: 64-position flash-decoding splits (twice the attention tiles, each half as long: the
+#                attention stage is latency-bound at batch 1)
 #   trace        batch 1 and 8, ctx 512, with a traced build: time per kind of task
 # Each step has its own timeout; the default levers are sized for about 4.5 minutes on one H200 (8 at most;
-# SKIP_CHECK=1 LEVERS="split3|pf2k|trace": about 2.5 minutes more).
+# SKIP_CHECK=1 LEVERS="split3|pf2k|as64|trace": about 3.5 minutes more).
 # Writes at most 5 files to $OUT (the device tool brings back few): levers.log (summary, one line per case),
 # levers.md (every lever's table, in order), levers.json (their rows), logs.txt (every step's full output),
 # gemv_probe.txt.  Per-step files stay in bench/results/levers/.
@@ -55,6 +57,7 @@ ALL=(                      # name|timeout s|cases|flags
   "k256|40|--ctx 512 --batch 8|--dot-block-k 256"
   "split3|40|--ctx 512 --batch 1|--down-split-k 3"
   "pf2k|40|--ctx 512 --batch 1|--prefetch-k 2048"
+  "as64|60|--ctx 512,4096 --batch 1|--attn-split 64"
   "trace|80|--ctx 512 --batch 1,8|--trace"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
