@@ -102,6 +102,21 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "levers-*-megakernel.json"))
     out[os.path.basename(f)[len("levers-"):-len("-megakernel.json")]] = json.load(open(f))
 print(json.dumps(out, indent=1))
 PY
+  # the cost curve: every case against batch 1 of the same lever and context (issue 26: batch 8 <= 1.3x batch 1)
+  python - "$FINAL/levers.json" <<'PY' | tee -a "$FINAL/levers.log"
+import json, sys
+data = json.load(open(sys.argv[1]))
+print("== summary: lever | ctx | batch | megakernel us | mk / HBM limit | mk / graph | mk / batch 1 (same lever, ctx)")
+for lever, d in data.items():
+    rows = d.get("rows", [])
+    b1 = {r["ctx"]: r["megakernel_us"] for r in rows if r.get("batch") == 1 and r.get("megakernel_us")}
+    for r in rows:
+        mk, g = r.get("megakernel_us"), r.get("graph_us") or r.get("torch_graph_us")
+        rel = f"{mk / b1[r['ctx']]:.2f}x" if mk and r["ctx"] in b1 else "-"
+        lim = f"{r['mk_over_hbm_limit']:.2f}x" if r.get("mk_over_hbm_limit") else "-"
+        print(f"   {lever} | {r['ctx']} | {r['batch']} | {mk and round(mk, 1)} | {lim} | "
+              f"{f'{mk / g:.2f}x' if mk and g else '-'} | {rel}")
+PY
   for f in "$OUTD"/decoder_8b.log "$OUTD"/decoder_8b.txt "$OUTD"/levers-*.log; do
     [ -f "$f" ] && { echo "===== $(basename "$f")"; cat "$f"; }
   done > "$FINAL/logs.txt"
