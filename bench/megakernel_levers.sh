@@ -23,6 +23,10 @@
 #                one rank), batch 1, 2 and 8
 #   ar           batch 1, 8: today's defaults but the all-reduce tasks kept at one rank (--tp1-all-reduce; the
 #                default now has o_proj / down_proj write the delta directly: two stages fewer per layer)
+#   ring         batch 2, 8, 16 at both contexts: the activation rows padded to 8 instead of 16 (Triton pads the
+#                MMA operand in registers) and the pipeline depth from a 72 KiB ring per program: 4 stages of
+#                16 x 512 weight chunks at batch 2-8 (48 KiB of weights in flight per program instead of 32; 3 per
+#                SM, 168 registers, no spills on the CPU's ptxas), 3 at batch 16 as before
 #   nocap        batch 2, 8: no register cap (the streamed tl.dot path at ~255 registers, 2 programs per SM)
 #   k256         batch 8: 256-deep tl.dot chunks (half the bytes in flight per program)
 #   split3       batch 1: + the down projection split in 3 K slices (not yet measured with 3 programs per SM)
@@ -53,6 +57,7 @@ ALL=(                      # name|timeout s|cases|flags
   "curve|170|--ctx 512,4096 --batch 1,2,4,8,16|"
   "old|75|--ctx 512 --batch 1,2,8|--dot-from 3 --fuse-upto 2 --no-dot-stream --dot-block-k 256 --max-regs 255 --tp1-all-reduce"
   "ar|50|--ctx 512 --batch 1,8|--tp1-all-reduce"
+  "ring|75|--ctx 512,4096 --batch 2,8,16|--dot-pad 8 --dot-ring 73728"
   "nocap|50|--ctx 512 --batch 2,8|--max-regs 255"
   "k256|40|--ctx 512 --batch 8|--dot-block-k 256"
   "split3|40|--ctx 512 --batch 1|--down-split-k 3"

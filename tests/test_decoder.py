@@ -189,11 +189,12 @@ def test_decoder_megakernel_levers(dist_world, ranks, batch, stages, split):
     # down projection (down_split_k: slices of the intermediate per rank 96 / 48 / 32, each after the gate/up
     # tiles of its columns, summed per all-reduce chunk; the simulator's access check verifies those tile
     # ranges), ragged contexts, 1 / 2 / 3 ranks (3: 6 q heads, 3 kv heads); max_regs is a ptxas option
-    # (validated, no effect here); direct_tp1: at one rank the split-K sums write the delta (no all-reduce task)
+    # (validated, no effect here); direct_tp1: at one rank the split-K sums write the delta (no all-reduce task);
+    # dot_pad: batch 3 on tl.dot with 4 rows (not 16), its depth from a ring budget
     from ditron.kernels.decoder import tiny
     cfg = tiny(**(dict(n_q_heads=6, n_kv_heads=3) if ranks == 3 else {}))
     cfg = cfg.with_tiles(gemv_stream=True, dot_stream=True, stream_stages=stages, max_regs=128, down_split_k=split,
-                         direct_tp1=True)
+                         direct_tp1=True, dot_pad=4, dot_ring=4096)
     assert cfg.tiles.stream_for(batch) == stages
     errs = dist_world(ranks).run(B.decoder_steps, steps=2, B=batch, ctx=[33, 5, 17][:batch], cfg=cfg)
     assert len(errs) == ranks and all(len(e) == 2 for e in errs)
@@ -359,6 +360,8 @@ def test_decoder_batch_step_fits_three_programs_per_sm():
     try:
         cfg = qwen3_8b(n_layers=1)
         got = {b: RZ.usage(cfg, b) for b in (2, 16)}
+        # the lever of a deeper ring (activation rows padded to 8, 72 KiB per program): 4 stages at batch 8
+        ring = RZ.usage(cfg.with_tiles(dot_pad=8, dot_ring=73728), 8)
         old = RZ.usage(cfg.with_tiles(dot_stream=False, dot_block_k=256, max_regs=0), 16)
     finally:
         ditron.finalize()
@@ -370,6 +373,9 @@ def test_decoder_batch_step_fits_three_programs_per_sm():
             # of shared memory; other versions lay out shared memory differently and are not tuned
             assert use["spill_stores"] <= 16 and use["spill_loads"] <= 16, (b, use)
             assert use["resident_per_sm"] >= 3, (b, use)
+    assert ring["registers"] <= 168 and 65536 < ring["shared"] <= 73728, ring
+    if TRITON_VERSION[:2] == (3, 6):
+        assert ring["spill_stores"] <= 16 and ring["resident_per_sm"] >= 3, ring
     # the register-buffered tl.dot path (the default before) is what the cap and the stream replaced
     assert old["registers"] > 168, old
 

@@ -89,7 +89,8 @@ def _config(args):
                               ("prefetch_k", args.prefetch_k), ("dot_block_n", args.dot_block_n),
                               ("dot_block_k", args.dot_block_k), ("stream_stages", args.stream_stages),
                               ("max_regs", args.max_regs), ("down_split_k", args.down_split_k),
-                              ("programs_per_sm", args.programs_per_sm), ("dot_from", args.dot_from)) if v}
+                              ("programs_per_sm", args.programs_per_sm), ("dot_from", args.dot_from),
+                              ("dot_pad", args.dot_pad), ("dot_ring", args.dot_ring)) if v}
     if args.fuse_upto >= 0:
         over["fuse_upto"] = args.fuse_upto
     for flag, what in ((args.block_n, "n"), (args.block_k, "k")):
@@ -276,6 +277,11 @@ def main(argv=None):
                    help="the tl.dot GEMV path double-buffers the weights in registers (8b default: streamed)")
     p.add_argument("--tp1-all-reduce", action="store_true",
                    help="keep the all-reduce tasks on one rank (8b default: o / down write the delta directly)")
+    p.add_argument("--dot-pad", type=int, default=0,
+                   help="the tl.dot path pads the batch rows to at least this many (default 16)")
+    p.add_argument("--dot-ring", type=int, default=0,
+                   help="shared-memory bytes per program for the streamed tl.dot path's ring: its depth per projection "
+                        "(default 0: --stream-stages)")
     p.add_argument("--dot-from", type=int, default=0,
                    help="smallest batch on the tl.dot path when --gemv-dot is auto (8b default: 2)")
     p.add_argument("--fuse-upto", type=int, default=-1,

@@ -80,6 +80,13 @@ class TileConfig:
     * ``dot_from``: the smallest batch that takes the ``tl.dot`` path when ``gemv_dot`` is ``None``;
       ``fuse_upto``: the largest batch whose GEMV tiles fuse the RMSNorm when ``fuse_norm`` is ``None`` (the
       fused ``tl.dot`` tiles hold the residual rows too: 168 registers spilled ~0.5 KB per thread at batch 2);
+    * ``dot_pad``: the ``tl.dot`` path pads the batch rows to at least this many (a power of two; 16: the MMA's
+      rows; NVIDIA's Triton pads smaller operands itself in registers, so 1 keeps the activation chunks that stream
+      through shared memory at ``next_pow2(B)`` rows: room for deeper weight chunks at small batches);
+    * ``dot_ring``: 0, or the shared-memory bytes per program that the streamed ``tl.dot`` path's ring may take:
+      its pipeline depth is then ``1 + dot_ring // stage`` (at least 2; a stage is one K chunk of the weight rows
+      and the activation rows), per projection and batch, instead of ``stream_stages`` (more chunks in flight
+      where the rows are few, the same ring where they are many);
     * ``direct_tp1``: on one rank (no tensor parallelism) o_proj and down_proj write the residual delta
       themselves: no all-reduce tasks (at one rank a copy), two stages fewer per layer; no effect at 2+ ranks.
     """
@@ -112,6 +119,8 @@ class TileConfig:
     dot_from: int = 3
     fuse_upto: int = 2
     direct_tp1: bool = False
+    dot_pad: int = 16
+    dot_ring: int = 0
 
     def block_n(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
@@ -141,7 +150,8 @@ class TileConfig:
         return self.stream_stages if on else 0
 
     def __post_init__(self):
-        for name in ("gemv_block_n", "gemv_block_k", "dot_block_k", "norm_block", "attn_block", "comm_block"):
+        for name in ("gemv_block_n", "gemv_block_k", "dot_block_k", "norm_block", "attn_block", "comm_block",
+                     "dot_pad"):
             v = getattr(self, name)
             if v <= 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be a power of two")
@@ -159,6 +169,8 @@ class TileConfig:
         if self.dot_from < 1 or self.fuse_upto < 0:
             raise DitronError(f"TileConfig: dot_from={self.dot_from} must be >= 1 and fuse_upto={self.fuse_upto} "
                               ">= 0 (batch sizes)")
+        if self.dot_ring < 0:
+            raise DitronError(f"TileConfig.dot_ring={self.dot_ring}: must be 0 (stream_stages) or a byte count")
         if self.down_split_k < 1:
             raise DitronError(f"TileConfig.down_split_k={self.down_split_k}: must be >= 1 (1: no split)")
         if self.max_regs and not 24 <= self.max_regs <= 255:

@@ -132,11 +132,18 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     P, NP, MP = cache.page_size, cache.num_pages, cache.max_pages
     S = sh.splits(cache.max_ctx)
     dot = tc.dot_for(B)
+    fuse = tc.fuse_for(B)
     BN = {p: tc.block_n(p, dot) for p in ("qkv", "o", "gate_up", "down")}
 
     def gemv_c(proj):
-        c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN[proj],
-                 BLOCK_K=tc.block_k(proj, dot), DOT=dot, STREAM=tc.stream_for(B))
+        BB, BK, stream = max(tc.dot_pad, next_pow2(B)) if dot else next_pow2(B), tc.block_k(proj, dot), tc.stream_for(B)
+        if dot and stream and tc.dot_ring:
+            # pipeline depth from the ring's budget: a stage holds the weight rows (gate and up: twice) and the
+            # activation rows of one K chunk (bf16; float32 resid and delta when the norm is fused in)
+            stage = BK * (2 * BN[proj] * (2 if proj == "gate_up" else 1)
+                          + BB * (8 if fuse and proj in ("qkv", "gate_up") else 2))
+            stream = max(2, 1 + tc.dot_ring // stage)
+        c = dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, DOT=dot, STREAM=stream)
         if tc.prefetch_k:
             c["PREFETCH_K"] = tc.prefetch_k
         return c
@@ -237,7 +244,6 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                               reads=("x_ptr",), writes=("out_ptr",),
                               deps=[(f"down.{l}", split_tiles)] + ([(f"res_m.{l}", None)] if direct and fuse else [])))
 
-    fuse = tc.fuse_for(B)
     # one rank (TileConfig.direct_tp1): the sum over one rank is a copy, so o_proj and down_proj (dsum with split-K)
     # write delta themselves and there is no all-reduce task: two stages fewer per layer.  They then overwrite
     # delta, so they also wait for its readers (the residual commits; the fused-norm GEMVs read it before them)
