@@ -111,10 +111,13 @@ PY
   python - "$FINAL/levers.json" <<'PY' | tee -a "$FINAL/levers.log"
 import json, sys
 data = json.load(open(sys.argv[1]))
-print("== summary: lever | ctx | batch | megakernel us | mk / HBM limit | mk / graph | mk / batch 1 (same lever, ctx)")
+print("== summary: lever | ctx | batch | megakernel us | mk / HBM limit | mk / graph | mk / batch 1 (same ctx; of the "
+      "same lever, else of 'curve')")
+base = {r["ctx"]: r["megakernel_us"] for r in data.get("curve", {}).get("rows", [])
+        if r.get("batch") == 1 and r.get("megakernel_us")}
 for lever, d in data.items():
     rows = d.get("rows", [])
-    b1 = {r["ctx"]: r["megakernel_us"] for r in rows if r.get("batch") == 1 and r.get("megakernel_us")}
+    b1 = {**base, **{r["ctx"]: r["megakernel_us"] for r in rows if r.get("batch") == 1 and r.get("megakernel_us")}}
     for r in rows:
         mk, g = r.get("megakernel_us"), r.get("graph_us") or r.get("torch_graph_us")
         rel = f"{mk / b1[r['ctx']]:.2f}x" if mk and r["ctx"] in b1 else "-"
