@@ -34,6 +34,8 @@
 #                dependency wait (the weight stream keeps going through the small stages; 168 registers, 3 per SM)
 #   as64         batch 1: 64-position flash-decoding splits (twice the attention tiles, each half as long: the
 #                attention stage is latency-bound at batch 1)
+#   as256        batch 8, 16 at context 4096: 256-position splits (each attention tile's pipelined K/V loop runs 4
+#                iterations of 64 positions instead of 2; half the tiles and combine partials)
 #   trace        batch 1 and 8, ctx 512, with a traced build: time per kind of task
 # Each step has its own timeout; the default levers are sized for about 4.5 minutes on one H200 (8 at most;
 # SKIP_CHECK=1 LEVERS="split3|pf2k|as64|trace": about 3.5 minutes more).
@@ -63,6 +65,7 @@ ALL=(                      # name|timeout s|cases|flags
   "split3|40|--ctx 512 --batch 1|--down-split-k 3"
   "pf2k|40|--ctx 512 --batch 1|--prefetch-k 2048"
   "as64|60|--ctx 512,4096 --batch 1|--attn-split 64"
+  "as256|60|--ctx 4096 --batch 8,16|--attn-split 256"
   "trace|80|--ctx 512 --batch 1,8|--trace"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
