@@ -1,29 +1,44 @@
 #!/usr/bin/env bash
-# Issue 26, batch 1 near the HBM limit: the decoder megakernel's levers side by side on one GPU, in one run.
+# Issue 26, one cost curve over batch and batch 1 near the HBM limit: the decoder megakernel's levers side by side on
+# one GPU, in one run.
 #
 #   bench/megakernel_levers.sh [MACHINE]                 # e.g. bench/megakernel_levers.sh nvidia-h100
 #   LEVERS="base|old" bench/megakernel_levers.sh         # a subset (names of the table below)
 #
-# 1. correctness once: tests/gpu/decoder_8b.py (default tiles, batch 1 and 8, ragged contexts);
-# 2. each lever: `ditron bench megakernel --skip-eager` at batch 1 (ctx 512 and 4096) and batch 8, which checks
+# 1. correctness once: tests/gpu/decoder_8b.py (default tiles, batch 1, 4 and 16, ragged paged contexts);
+# 2. each lever: `ditron bench megakernel --skip-eager` at its cases, which checks
 #    the lever's step against torch first (the "check" column) and times torch + CUDA graph, the megakernel and the
 #    HBM limit in the same process (so every lever has its own baseline next to it);
 # 3. (PROBE=1) the GEMV probe: the decoder's GEMV tiles alone, registers double-buffered vs cp.async stream.
 #
-# Levers of the next run (on top of today's defaults: qwen3_8b() streams the batch 1-2 weights through shared
-# memory with 3 programs per SM, and fuses the RMSNorm into the GEMV tiles at batches 1-2 only; the first run's
-# levers, on the defaults before that, are in bench/results/h100-megakernel-levers.md with their commands;
-# registers / spills / shared memory of each on the CPU: python bench/megakernel_regs.py):
-#   base         today's defaults at batch 1, 2 (not measured yet: streamed FMA path with 2 rows) and 8
-#   old          the defaults before issue 26's lever run (--no-gemv-stream --programs-per-sm 2 --fuse-norm)
-#   split3       + the down projection split in 3 K slices (each slice waits only for the gate/up tiles of its
-#                columns; a dsum task per all-reduce chunk adds them), batch 1
-#   b8-ds-mr168  batch 8: + --dot-stream --max-regs 168 --programs-per-sm 3 (each alone moved 12.1 -> 9.3 ms and
-#                separate norms 12.1 -> 9.1 ms in the first run; not measured together)
-#   b8-ds        batch 8: + --dot-stream
-#   trace        batch 1, ctx 512, with a traced build: time per kind of task (where the 1.33x goes)
-# PROBE=1 adds the GEMV probe (tiles alone: registers double-buffered vs cp.async stream).
-# Each step has its own timeout; the whole script is sized for about 6 minutes on one H100 (7 with PROBE=1).
+# Levers of this run (issue 26, the cost curve over batch; on top of today's defaults: qwen3_8b() streams the batch-1
+# weights through shared memory on the FMA path, and from batch 2 on takes the tl.dot path with 16 x 512 chunks
+# streamed through shared memory (--dot-stream), a 168-register cap and separate RMSNorm tasks, 3 programs per SM;
+# the runs before, on the defaults before that, are in bench/results/h100-megakernel-levers.md and
+# bench/results/h200-2026-11-27/; registers / spills / shared memory of each on the CPU:
+# python bench/megakernel_regs.py --levers ...):
+#   curve        today's defaults, batch 1, 2, 4, 8, 16 at context 512 and 4096 (the issue's table)
+#   old          the defaults before (FMA path with fused norms at batch 2 at 239 registers, tl.dot register-buffered
+#                with 256-deep chunks from batch 3 at 233 registers; both 2 programs per SM; all-reduce tasks at
+#                one rank), batch 1, 2 and 8
+#   ar           batch 1, 8: today's defaults but the all-reduce tasks kept at one rank (--tp1-all-reduce; the
+#                default now has o_proj / down_proj write the delta directly: two stages fewer per layer)
+#   ring         batch 2, 8, 16 at both contexts: the activation rows padded to 8 instead of 16 (Triton pads the
+#                MMA operand in registers) and the pipeline depth from a 72 KiB ring per program: 4 stages of
+#                16 x 512 weight chunks at batch 2-8 (48 KiB of weights in flight per program instead of 32; 3 per
+#                SM, 168 registers, no spills on the CPU's ptxas), 3 at batch 16 as before
+#   nocap        batch 2, 8: no register cap (the streamed tl.dot path at ~255 registers, 2 programs per SM)
+#   k256         batch 8: 256-deep tl.dot chunks (half the bytes in flight per program)
+#   split3       batch 1: + the down projection split in 3 K slices (not yet measured with 3 programs per SM)
+#   pf2k         batch 1: + each GEMV tile prefetches the first 2048 columns of its rows into L2 before its
+#                dependency wait (the weight stream keeps going through the small stages; 168 registers, 3 per SM)
+#   as64         batch 1: 64-position flash-decoding splits (twice the attention tiles, each half as long: the
+#                attention stage is latency-bound at batch 1)
+#   as256        batch 8, 16 at context 4096: 256-position splits (each attention tile's pipelined K/V loop runs 4
+#                iterations of 64 positions instead of 2; half the tiles and combine partials)
+#   trace        batch 1 and 8, ctx 512, with a traced build: time per kind of task
+# Each step has its own timeout; the default levers are sized for about 4.5 minutes on one H200 (8 at most;
+# SKIP_CHECK=1 LEVERS="split3|pf2k|as64|trace": about 3.5 minutes more).
 # Writes at most 5 files to $OUT (the device tool brings back few): levers.log (summary, one line per case),
 # levers.md (every lever's table, in order), levers.json (their rows), logs.txt (every step's full output),
 # gemv_probe.txt.  Per-step files stay in bench/results/levers/.
@@ -41,20 +56,25 @@ EXTRA=${EXTRA:-}          # appended to every bench command (a CPU smoke run: se
 P3=$((3 * SMS))
 T1="--ctx 512,4096 --batch 1"
 ALL=(                      # name|timeout s|cases|flags
-  "base|100|--ctx 512,4096 --batch 1,2,8|"
-  "old|70|--ctx 512 --batch 1,2,8|--no-gemv-stream --programs-per-sm 2 --fuse-norm"
-  "split3|60|$T1|--down-split-k 3"
-  "b8-ds-mr168|60|--ctx 512,4096 --batch 8|--dot-stream --max-regs 168 --programs-per-sm 3"
-  "b8-ds|50|--ctx 512 --batch 8|--dot-stream"
-  "trace|60|--ctx 512 --batch 1|--trace"
+  "curve|170|--ctx 512,4096 --batch 1,2,4,8,16|"
+  "old|75|--ctx 512 --batch 1,2,8|--dot-from 3 --fuse-upto 2 --no-dot-stream --dot-block-k 256 --max-regs 255 --tp1-all-reduce"
+  "ar|50|--ctx 512 --batch 1,8|--tp1-all-reduce"
+  "ring|75|--ctx 512,4096 --batch 2,8,16|--dot-pad 8 --dot-ring 73728"
+  "nocap|50|--ctx 512 --batch 2,8|--max-regs 255"
+  "k256|40|--ctx 512 --batch 8|--dot-block-k 256"
+  "split3|40|--ctx 512 --batch 1|--down-split-k 3"
+  "pf2k|40|--ctx 512 --batch 1|--prefetch-k 2048"
+  "as64|60|--ctx 512,4096 --batch 1|--attn-split 64"
+  "as256|60|--ctx 4096 --batch 8,16|--attn-split 256"
+  "trace|80|--ctx 512 --batch 1,8|--trace"
 )
-LEVERS=${LEVERS:-base|old|split3|b8-ds-mr168|b8-ds|trace}
+LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
 status=0
 log() { echo "$*" | tee -a "$OUTD/levers.log"; }
 log "== megakernel levers on $MACHINE ($SMS SMs), tree $(git rev-parse --short HEAD 2>/dev/null), $(date -u)"
 if [ -z "$SKIP_CHECK" ]; then
-  log "== correctness: tests/gpu/decoder_8b.py --batch 1,8 --ragged"
-  timeout -k 10 120 $TR tests/gpu/decoder_8b.py --backend p2p --batch 1,8 --ragged --steps 2 --out "$OUTD/decoder_8b.txt" \
+  log "== correctness: tests/gpu/decoder_8b.py --batch 1,4,16 --ragged"
+  timeout -k 10 120 $TR tests/gpu/decoder_8b.py --backend p2p --batch 1,4,16 --ragged --steps 2 --out "$OUTD/decoder_8b.txt" \
     > "$OUTD/decoder_8b.log" 2>&1
   rc=$?; log "   decoder_8b exit $rc"; tail -5 "$OUTD/decoder_8b.log"; [ $rc = 0 ] || status=1
 fi
@@ -89,6 +109,24 @@ out = {}
 for f in sorted(glob.glob(os.path.join(sys.argv[1], "levers-*-megakernel.json"))):
     out[os.path.basename(f)[len("levers-"):-len("-megakernel.json")]] = json.load(open(f))
 print(json.dumps(out, indent=1))
+PY
+  # the cost curve: every case against batch 1 of the same lever and context (issue 26: batch 8 <= 1.3x batch 1)
+  python - "$FINAL/levers.json" <<'PY' | tee -a "$FINAL/levers.log"
+import json, sys
+data = json.load(open(sys.argv[1]))
+print("== summary: lever | ctx | batch | megakernel us | mk / HBM limit | mk / graph | mk / batch 1 (same ctx; of the "
+      "same lever, else of 'curve')")
+base = {r["ctx"]: r["megakernel_us"] for r in data.get("curve", {}).get("rows", [])
+        if r.get("batch") == 1 and r.get("megakernel_us")}
+for lever, d in data.items():
+    rows = d.get("rows", [])
+    b1 = {**base, **{r["ctx"]: r["megakernel_us"] for r in rows if r.get("batch") == 1 and r.get("megakernel_us")}}
+    for r in rows:
+        mk, g = r.get("megakernel_us"), r.get("graph_us") or r.get("torch_graph_us")
+        rel = f"{mk / b1[r['ctx']]:.2f}x" if mk and r["ctx"] in b1 else "-"
+        lim = f"{r['mk_over_hbm_limit']:.2f}x" if r.get("mk_over_hbm_limit") else "-"
+        print(f"   {lever} | {r['ctx']} | {r['batch']} | {mk and round(mk, 1)} | {lim} | "
+              f"{f'{mk / g:.2f}x' if mk and g else '-'} | {rel}")
 PY
   for f in "$OUTD"/decoder_8b.log "$OUTD"/decoder_8b.txt "$OUTD"/levers-*.log; do
     [ -f "$f" ] && { echo "===== $(basename "$f")"; cat "$f"; }

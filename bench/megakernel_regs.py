@@ -1,7 +1,7 @@
 """Registers, spills and shared memory of the decoder megakernel per lever, on the CPU (no GPU; issue 26).
 
     python bench/megakernel_regs.py                                   # every lever, batch 1 and 8, whole kernel
-    python bench/megakernel_regs.py --levers base,stream --branches   # and each task kind alone
+    python bench/megakernel_regs.py --levers curve,old --branches   # and each task kind alone
     python bench/megakernel_regs.py --levers "mine:gemv_stream=1,stream_stages=4" --batch 1
     python bench/megakernel_regs.py --levers stream --batch 8 --kinds "o,attn;gu,o,attn"      # kinds together
 
@@ -18,11 +18,11 @@ import sys
 #: the levers of bench/megakernel_levers.sh as TileConfig overrides of qwen3_8b() (the GPU script passes the same as
 #: bench flags)
 LEVERS = {
-    "base": {},
-    "old": {"gemv_stream": False, "programs_per_sm": 2, "fuse_norm": True},
+    "curve": {},
+    "old": {"dot_from": 3, "fuse_upto": 2, "dot_stream": False, "dot_block_k": 256, "max_regs": 0},
+    "nocap": {"max_regs": 0},
+    "k256": {"dot_block_k": 256},
     "split3": {"down_split_k": 3},
-    "b8-ds-mr168": {"dot_stream": True, "max_regs": 168, "programs_per_sm": 3},
-    "b8-ds": {"dot_stream": True},
 }
 
 
@@ -65,6 +65,8 @@ def main(argv=None):
                 if cfg.tiles.down_split_k > 1:
                     kinds.append("dsum")
             kinds += [tuple(k.split(",")) for k in args.kinds.split(";") if k]
+            present = set(RZ.kinds_of(RZ.step_specs(cfg, b)))
+            kinds = [k for k in kinds if k is None or set((k,) if isinstance(k, str) else k) <= present]
             for k in kinds:
                 u = RZ.usage(cfg, b, None if k is None else k if isinstance(k, tuple) else (k,))
                 what = "whole step" if k is None else " + ".join(k) if isinstance(k, tuple) else k

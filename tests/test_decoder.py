@@ -58,6 +58,15 @@ def test_config_split_and_errors():
     assert (tc.stream_for(1), tc.stream_for(3)) == (4, 0)
     tc = tiny().with_tiles(dot_stream=True).tiles
     assert (tc.stream_for(2), tc.stream_for(16)) == (0, 3)
+    # the 8B defaults: batch 1 on the streamed FMA path with the norm fused in, from batch 2 the streamed tl.dot
+    # path with separate norms; the thresholds are fields (tiny keeps tl.dot from 3, fused norms up to 2)
+    tc = qwen3_8b().tiles
+    assert [(tc.dot_for(b), tc.fuse_for(b), tc.stream_for(b)) for b in (1, 2, 16)] == [
+        (False, True, 3), (True, False, 3), (True, False, 3)]
+    assert [(tiny().tiles.dot_for(b), tiny().tiles.fuse_for(b)) for b in (2, 3)] == [(False, True), (True, False)]
+    for bad in (dict(dot_from=0), dict(fuse_upto=-1)):
+        with pytest.raises(DitronError, match=f"{next(iter(bad))}={next(iter(bad.values()))}"):
+            tiny().with_tiles(**bad)
 
 
 def test_decoder_split_k_must_divide():
@@ -180,10 +189,12 @@ def test_decoder_megakernel_levers(dist_world, ranks, batch, stages, split):
     # down projection (down_split_k: slices of the intermediate per rank 96 / 48 / 32, each after the gate/up
     # tiles of its columns, summed per all-reduce chunk; the simulator's access check verifies those tile
     # ranges), ragged contexts, 1 / 2 / 3 ranks (3: 6 q heads, 3 kv heads); max_regs is a ptxas option
-    # (validated, no effect here)
+    # (validated, no effect here); direct_tp1: at one rank the split-K sums write the delta (no all-reduce task);
+    # dot_pad: batch 3 on tl.dot with 4 rows (not 16), its depth from a ring budget
     from ditron.kernels.decoder import tiny
     cfg = tiny(**(dict(n_q_heads=6, n_kv_heads=3) if ranks == 3 else {}))
-    cfg = cfg.with_tiles(gemv_stream=True, dot_stream=True, stream_stages=stages, max_regs=128, down_split_k=split)
+    cfg = cfg.with_tiles(gemv_stream=True, dot_stream=True, stream_stages=stages, max_regs=128, down_split_k=split,
+                         direct_tp1=True, dot_pad=4, dot_ring=4096)
     assert cfg.tiles.stream_for(batch) == stages
     errs = dist_world(ranks).run(B.decoder_steps, steps=2, B=batch, ctx=[33, 5, 17][:batch], cfg=cfg)
     assert len(errs) == ranks and all(len(e) == 2 for e in errs)
@@ -294,7 +305,7 @@ def test_decoder_batch_gemv_does_not_spill():
     world = ditron.init("sim")
     try:
         for fuse in (None, True):
-            ck, c = B.gemv_branches_compiled(world, 16, "sm_90a", fuse_norm=fuse)
+            ck, c = B.gemv_branches_compiled(world, 16, "sm_90a", fuse_norm=fuse, direct_tp1=False)
             use = B.ptxas_usage(ck.asm["ptx"])
             assert c["DOT"] and c["BLOCK_B"] == 16, c
             assert "mma.sync" in ck.asm["ptx"], "the batch path's GEMV accumulates on the tensor cores"
@@ -315,7 +326,7 @@ def test_decoder_gemv_stream_registers():
     try:
         cfg = qwen3_8b(n_layers=1)
         assert cfg.tiles.gemv_stream and cfg.tiles.programs_per_sm == 3      # the 8B defaults since issue 26
-        base = RZ.usage(cfg.with_tiles(gemv_stream=False), 1, ("qkv", "gu", "down"))
+        base = RZ.usage(cfg.with_tiles(gemv_stream=False, max_regs=0), 1, ("qkv", "gu", "down"))
         streamed = RZ.usage(cfg, 1)
         capped = RZ.usage(cfg.with_tiles(gemv_stream=True, max_regs=128), 1, ("qkv", "gu", "down"))
     finally:
@@ -335,18 +346,54 @@ def test_decoder_gemv_stream_registers():
     assert capped["registers"] <= 128, capped
 
 
+def test_decoder_batch_step_fits_three_programs_per_sm():
+    # issue 26: on one H200 batch 2 took 1.32x batch 1 and batch 8 1.77x: their whole steps needed 239 / 233
+    # registers (the FMA path holds the float32 weight chunk once per batch row; the tl.dot path double-buffered
+    # its weights in registers), so 2 programs per SM ran where batch 1 runs 3.  From batch 2 the 8B defaults
+    # stream the tl.dot path's weights through shared memory (cp.async) under a 168-register cap: the whole step
+    # (every branch, Qwen3-8B's shapes) spills nothing and 3 programs fit per SM.  ptxas -v on the CPU
+    import ditron
+    from ditron.kernels.decoder import qwen3_8b
+    from ditron.kernels.decoder import resources as RZ
+    from ditron._compat import TRITON_VERSION
+    ditron.init("sim")
+    try:
+        cfg = qwen3_8b(n_layers=1)
+        got = {b: RZ.usage(cfg, b) for b in (2, 16)}
+        # the lever of a deeper ring (activation rows padded to 8, 72 KiB per program): 4 stages at batch 8
+        ring = RZ.usage(cfg.with_tiles(dot_pad=8, dot_ring=73728), 8)
+        old = RZ.usage(cfg.with_tiles(dot_stream=False, dot_block_k=256, max_regs=0), 16)
+    finally:
+        ditron.finalize()
+    for b, use in got.items():
+        assert cfg.tiles.dot_for(b) and use["cp_async"], (b, use)
+        assert use["registers"] <= 168, (b, use)
+        if TRITON_VERSION[:2] == (3, 6):
+            # the GPU machines' version (what was tuned; docs/megakernel.md "Triton versions"): no spills, 64 KiB
+            # of shared memory; other versions lay out shared memory differently and are not tuned
+            assert use["spill_stores"] <= 16 and use["spill_loads"] <= 16, (b, use)
+            assert use["resident_per_sm"] >= 3, (b, use)
+    assert ring["registers"] <= 168 and 65536 < ring["shared"] <= 73728, ring
+    if TRITON_VERSION[:2] == (3, 6):
+        assert ring["spill_stores"] <= 16 and ring["resident_per_sm"] >= 3, ring
+    # the register-buffered tl.dot path (the default before) is what the cap and the stream replaced
+    assert old["registers"] > 168, old
+
+
 @pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",
                     reason="simulator race finder")
-@pytest.mark.parametrize("fuse", [True, False])
-def test_decoder_megakernel_is_race_free(fuse):
+@pytest.mark.parametrize("fuse,ranks", [(True, 2), (False, 2), (True, 1)])
+def test_decoder_megakernel_is_race_free(fuse, ranks):
     # every buffer on the symmetric heap: the race finder checks that the tile-range dependencies (rope <- qkv
     # heads, attention <- rope group, combine <- attention splits, all-reduce chunk <- GEMV columns, residual
     # commits) order every write before every read of each tile, under random program interleavings
     from ditron.kernels.decoder import tiny
     from ditron.sim.pool import SimCluster
-    with SimCluster(2, race=True, hang_timeout=30) as cluster:
+    with SimCluster(ranks, race=True, hang_timeout=30) as cluster:
         # fused: per-projection tile widths (qkv 8 columns: a head spans 2 tiles; o_proj 32: an all-reduce chunk
-        # of 32 elements needs one o tile, down 16: two)
-        cfg = tiny().with_tiles(fuse_norm=fuse, **(dict(qkv_block_n=8, o_block_n=32) if fuse else {}))
+        # of 32 elements needs one o tile, down 16: two).  One rank with direct_tp1: o_proj and down_proj
+        # overwrite the delta that the fused-norm GEMVs and the residual commits read (no all-reduce between)
+        cfg = tiny().with_tiles(fuse_norm=fuse, direct_tp1=ranks == 1,
+                                **(dict(qkv_block_n=8, o_block_n=32) if fuse else {}))
         errs = cluster.run(B.decoder_steps_symmetric, steps=2, cfg=cfg)
-    assert len(errs) == 2 and all(len(e) == 2 for e in errs)
+    assert len(errs) == ranks and all(len(e) == 2 for e in errs)

@@ -89,7 +89,10 @@ def _config(args):
                               ("prefetch_k", args.prefetch_k), ("dot_block_n", args.dot_block_n),
                               ("dot_block_k", args.dot_block_k), ("stream_stages", args.stream_stages),
                               ("max_regs", args.max_regs), ("down_split_k", args.down_split_k),
-                              ("programs_per_sm", args.programs_per_sm)) if v}
+                              ("programs_per_sm", args.programs_per_sm), ("dot_from", args.dot_from),
+                              ("dot_pad", args.dot_pad), ("dot_ring", args.dot_ring)) if v}
+    if args.fuse_upto >= 0:
+        over["fuse_upto"] = args.fuse_upto
     for flag, what in ((args.block_n, "n"), (args.block_k, "k")):
         for item in (flag or "").split(","):
             if item:
@@ -103,6 +106,10 @@ def _config(args):
         over["gemv_stream"] = False
     if args.dot_stream:
         over["dot_stream"] = True
+    if args.no_dot_stream:
+        over["dot_stream"] = False
+    if args.tp1_all_reduce:
+        over["direct_tp1"] = False
     if args.gemv_stream:
         over["gemv_stream"] = True
     if args.gemv_dot != "auto":
@@ -260,12 +267,25 @@ def main(argv=None):
     p.add_argument("--block-n", default="", help="per-projection columns per tile, e.g. 'qkv=32,gate_up=16'")
     p.add_argument("--block-k", default="", help="per-projection K chunk, e.g. 'gate_up=512,down=2048'")
     p.add_argument("--gemv-dot", choices=["auto", "on", "off"], default="auto",
-                   help="GEMV tiles accumulate with tl.dot (auto: for batches above 2)")
+                   help="GEMV tiles accumulate with tl.dot (auto: from batch --dot-from on)")
     p.add_argument("--dot-block-n", type=int, default=0,
                    help="columns per GEMV tile on the tl.dot path (0: the projection's width)")
-    p.add_argument("--dot-block-k", type=int, default=0, help="K chunk of the tl.dot GEMV path (default 256)")
+    p.add_argument("--dot-block-k", type=int, default=0, help="K chunk of the tl.dot GEMV path (8b default 512)")
     p.add_argument("--dot-stream", action="store_true",
                    help="the tl.dot GEMV path streams weights by cp.async into shared memory (Triton's pipeliner)")
+    p.add_argument("--no-dot-stream", action="store_true",
+                   help="the tl.dot GEMV path double-buffers the weights in registers (8b default: streamed)")
+    p.add_argument("--tp1-all-reduce", action="store_true",
+                   help="keep the all-reduce tasks on one rank (8b default: o / down write the delta directly)")
+    p.add_argument("--dot-pad", type=int, default=0,
+                   help="the tl.dot path pads the batch rows to at least this many (default 16)")
+    p.add_argument("--dot-ring", type=int, default=0,
+                   help="shared-memory bytes per program for the streamed tl.dot path's ring: its depth per projection "
+                        "(default 0: --stream-stages)")
+    p.add_argument("--dot-from", type=int, default=0,
+                   help="smallest batch on the tl.dot path when --gemv-dot is auto (8b default: 2)")
+    p.add_argument("--fuse-upto", type=int, default=-1,
+                   help="largest batch whose GEMV tiles fuse the RMSNorm (8b default: 1; 0: none)")
     p.add_argument("--gemv-stream", action="store_true",
                    help="the FMA GEMV path of small batches streams weights by cp.async into shared memory")
     p.add_argument("--stream-stages", type=int, default=0,
@@ -276,7 +296,7 @@ def main(argv=None):
                    help="K slices of the down projection (split-K tiles + a sum per all-reduce chunk; 0/1: no split)")
     p.add_argument("--no-fuse-norm", action="store_true", help="separate RMSNorm tasks (TileConfig.fuse_norm=False)")
     p.add_argument("--fuse-norm", action="store_true",
-                   help="RMSNorm fused into the GEMV tiles at every batch (default: batches 1-2 only)")
+                   help="RMSNorm fused into the GEMV tiles at every batch (default: up to --fuse-upto)")
     p.add_argument("--no-gemv-stream", action="store_true",
                    help="batches 1-2: weights double-buffered in registers (8b default: streamed, --gemv-stream)")
     p.add_argument("--programs-per-sm", type=int, default=0,

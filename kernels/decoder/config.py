@@ -47,9 +47,9 @@ class TileConfig:
       with an explicit ``num_stages`` makes Triton pipeline loads that feed no ``tl.dot``); ``stream_stages``: the
       pipeline depth of both (chunks in shared memory: ``stream_stages - 1`` in flight);
       ``gemv_dot``: accumulate with ``tl.dot`` (batch rows padded to 16)
-      instead of a broadcast multiply + sum; ``None``: ``tl.dot`` for
-      batches above 2 (the broadcast product holds ``B x BLOCK_N x BLOCK_K``
-      values in registers);
+      instead of a broadcast multiply + sum; ``None``: ``tl.dot`` from batch ``dot_from`` on (the FMA path
+      holds the float32 weight chunk once per batch row: at batch 2 the whole step needed 255 registers,
+      2 programs per SM; issue 26);
     * ``norm_block``: elements per loop iteration of RMSNorm;
     * ``attn_split``: KV positions per flash-decoding tile (a multiple of
       ``attn_block``), ``attn_block``: positions per inner iteration;
@@ -69,13 +69,26 @@ class TileConfig:
     * ``fuse_norm``: the QKV and gate/up tiles compute the RMSNorm of the
       residual stream themselves (:func:`rms_linear_tile`); the residual add is
       committed off the critical path (:func:`add_resid_tile`).  Saves two
-      single-tile stages per layer.  ``False``: separate RMSNorm tasks.  ``None`` (default): fused for batches of
-      1-2 only: every fused tile re-reads the float32 residual and delta of all rows (at batch 8 twice the
+      single-tile stages per layer.  ``False``: separate RMSNorm tasks.  ``None`` (default): fused for batches up
+      to ``fuse_upto`` only: every fused tile re-reads the float32 residual and delta of all rows (at batch 8 twice the
       weight bytes of a qkv tile), and on one H100 a batch-8 step took 9.1 ms with separate norms against 12.1
       fused (``bench/megakernel_levers.sh``, 2026-11-27);
     * ``programs_per_sm``: 0, or the megakernel's default grid per SM (shrunk to what fits; the runtime's default
-      is 2); ``TILES_8B`` asks for 3, which fit when the weights stream through shared memory at batch 1-2
-      (``gemv_stream``: 168 registers) and shrink to 2 on the ``tl.dot`` path (255 registers);
+      is 2); ``TILES_8B`` asks for 3, which fit when the weights stream through shared memory (``gemv_stream`` at
+      batch 1: 162-168 registers; ``dot_stream`` with ``max_regs=168`` from batch 2 on, no spills) and shrink to 2
+      otherwise (233-255 registers);
+    * ``dot_from``: the smallest batch that takes the ``tl.dot`` path when ``gemv_dot`` is ``None``;
+      ``fuse_upto``: the largest batch whose GEMV tiles fuse the RMSNorm when ``fuse_norm`` is ``None`` (the
+      fused ``tl.dot`` tiles hold the residual rows too: 168 registers spilled ~0.5 KB per thread at batch 2);
+    * ``dot_pad``: the ``tl.dot`` path pads the batch rows to at least this many (a power of two; 16: the MMA's
+      rows; NVIDIA's Triton pads smaller operands itself in registers, so 1 keeps the activation chunks that stream
+      through shared memory at ``next_pow2(B)`` rows: room for deeper weight chunks at small batches);
+    * ``dot_ring``: 0, or the shared-memory bytes per program that the streamed ``tl.dot`` path's ring may take:
+      its pipeline depth is then ``1 + dot_ring // stage`` (at least 2; a stage is one K chunk of the weight rows
+      and the activation rows), per projection and batch, instead of ``stream_stages`` (more chunks in flight
+      where the rows are few, the same ring where they are many);
+    * ``direct_tp1``: on one rank (no tensor parallelism) o_proj and down_proj write the residual delta
+      themselves: no all-reduce tasks (at one rank a copy), two stages fewer per layer; no effect at 2+ ranks.
     """
     gemv_block_n: int = 32
     gemv_block_k: int = 512
@@ -103,6 +116,11 @@ class TileConfig:
     max_regs: int = 0
     down_split_k: int = 1
     programs_per_sm: int = 0
+    dot_from: int = 3
+    fuse_upto: int = 2
+    direct_tp1: bool = False
+    dot_pad: int = 16
+    dot_ring: int = 0
 
     def block_n(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
@@ -119,11 +137,11 @@ class TileConfig:
 
     def dot_for(self, batch: int) -> bool:
         """Whether the GEMV tiles use ``tl.dot`` at this batch size."""
-        return batch > 2 if self.gemv_dot is None else bool(self.gemv_dot)
+        return batch >= self.dot_from if self.gemv_dot is None else bool(self.gemv_dot)
 
     def fuse_for(self, batch: int) -> bool:
         """Whether the QKV and gate/up tiles compute the RMSNorm themselves at this batch size."""
-        return batch <= 2 if self.fuse_norm is None else bool(self.fuse_norm)
+        return batch <= self.fuse_upto if self.fuse_norm is None else bool(self.fuse_norm)
 
     def stream_for(self, batch: int) -> int:
         """The GEMV tiles' ``STREAM`` constexpr at this batch size: 0 (weights double-buffered in registers) or the
@@ -132,7 +150,8 @@ class TileConfig:
         return self.stream_stages if on else 0
 
     def __post_init__(self):
-        for name in ("gemv_block_n", "gemv_block_k", "dot_block_k", "norm_block", "attn_block", "comm_block"):
+        for name in ("gemv_block_n", "gemv_block_k", "dot_block_k", "norm_block", "attn_block", "comm_block",
+                     "dot_pad"):
             v = getattr(self, name)
             if v <= 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be a power of two")
@@ -147,6 +166,11 @@ class TileConfig:
         if not 0 <= self.programs_per_sm <= 32:
             raise DitronError(f"TileConfig.programs_per_sm={self.programs_per_sm}: must be 0 (the megakernel's "
                               "default) or 1..32")
+        if self.dot_from < 1 or self.fuse_upto < 0:
+            raise DitronError(f"TileConfig: dot_from={self.dot_from} must be >= 1 and fuse_upto={self.fuse_upto} "
+                              ">= 0 (batch sizes)")
+        if self.dot_ring < 0:
+            raise DitronError(f"TileConfig.dot_ring={self.dot_ring}: must be 0 (stream_stages) or a byte count")
         if self.down_split_k < 1:
             raise DitronError(f"TileConfig.down_split_k={self.down_split_k}: must be >= 1 (1: no split)")
         if self.max_regs and not 24 <= self.max_regs <= 255:
@@ -238,11 +262,16 @@ class Shard:
 
 #: tile sizes measured best for Qwen3-8B at batch 1 on one H200 (bench/results/h200x2.md section 7): 16 x 1024
 #: weight chunks, gate/up 8 rows x 1024 (it streams gate and up: the same registers); issue 26 (one H100,
-#: bench/megakernel_levers.sh, 2026-11-27): at batches 1-2 the weights stream through shared memory
+#: bench/megakernel_levers.sh, 2026-11-27): at batch 1 the weights stream through shared memory
 #: (gemv_stream: 168 registers instead of 255) and 3 programs per SM fit: a step at batch 1 took 6234 / 6411 us at
-#: context 512 / 4096 against 6696 / 6959 with the previous defaults
+#: context 512 / 4096 against 6696 / 6959 with the previous defaults.  From batch 2 on (issue 26, H200 of
+#: 2026-11-27: batch 2 1.32x batch 1 on the FMA path at 239 registers, batch 8 1.77x on the register-buffered
+#: tl.dot path at 233): the tl.dot path streams 16 x 512 chunks through shared memory under a 168-register cap
+#: (no spills, 3 programs per SM; bench/megakernel_regs.py) with separate RMSNorm tasks; on one rank no all-reduce
+#: tasks (direct_tp1)
 TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=8, gate_up_block_k=1024, gemv_stream=True,
-                      programs_per_sm=3)
+                      programs_per_sm=3, dot_from=2, fuse_upto=1, dot_stream=True, dot_block_k=512, max_regs=168,
+                      direct_tp1=True)
 
 
 def qwen3_8b(**kw) -> DecoderConfig:

@@ -23,6 +23,10 @@ index the stacked norm weights)::
                adds the slices into partial; ar_mlp.l tile i waits for dsum.l tile i)
     final      add_rmsnorm_tile   B tiles          resid += delta; out = h = rms(resid)
 
+On one rank with ``TileConfig(direct_tp1=True)`` (``qwen3_8b()``'s default) there are no ``ar_attn.l`` / ``ar_mlp.l``
+tasks: ``o.l`` and ``down.l`` (``dsum.l`` with split-K) write ``delta`` themselves, after the residual commit that
+reads it (``res_a.l`` / ``res_m.l``), and the consumers wait for them instead.
+
 preceded by ``advance`` (one tile: ``seq[b] += 1`` for every sequence).  The KV cache is paged
 (:class:`~.weights.PagedKV`: pages ``[L, num_pages, page_size, KH, D]`` and a block table ``[B, max_pages]``);
 each sequence has its own context length (``seq[b]``), so a batch may be ragged.  With ``TileConfig(fuse_norm=False)``
@@ -128,11 +132,18 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     P, NP, MP = cache.page_size, cache.num_pages, cache.max_pages
     S = sh.splits(cache.max_ctx)
     dot = tc.dot_for(B)
+    fuse = tc.fuse_for(B)
     BN = {p: tc.block_n(p, dot) for p in ("qkv", "o", "gate_up", "down")}
 
     def gemv_c(proj):
-        c = dict(BLOCK_B=max(16, next_pow2(B)) if dot else next_pow2(B), BLOCK_N=BN[proj],
-                 BLOCK_K=tc.block_k(proj, dot), DOT=dot, STREAM=tc.stream_for(B))
+        BB, BK, stream = max(tc.dot_pad, next_pow2(B)) if dot else next_pow2(B), tc.block_k(proj, dot), tc.stream_for(B)
+        if dot and stream and tc.dot_ring:
+            # pipeline depth from the ring's budget: a stage holds the weight rows (gate and up: twice) and the
+            # activation rows of one K chunk (bf16; float32 resid and delta when the norm is fused in)
+            stage = BK * (2 * BN[proj] * (2 if proj == "gate_up" else 1)
+                          + BB * (8 if fuse and proj in ("qkv", "gate_up") else 2))
+            stream = max(2, 1 + tc.dot_ring // stage)
+        c = dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, DOT=dot, STREAM=stream)
         if tc.prefetch_k:
             c["PREFETCH_K"] = tc.prefetch_k
         return c
@@ -229,18 +240,29 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                               reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=[(f"gu.{l}", gu_tiles)],
                               scalars={"layer": l}))
         specs.append(TaskSpec(f"dsum.{l}", T.sum_splits_tile, ar_tiles,
-                              {"x_ptr": buf.partial_k, "out_ptr": buf.partial, "N": B * H, "SPLITS": SK, "BLOCK": blk},
-                              reads=("x_ptr",), writes=("out_ptr",), deps=[(f"down.{l}", split_tiles)]))
+                              {"x_ptr": buf.partial_k, "out_ptr": red, "N": B * H, "SPLITS": SK, "BLOCK": blk},
+                              reads=("x_ptr",), writes=("out_ptr",),
+                              deps=[(f"down.{l}", split_tiles)] + ([(f"res_m.{l}", None)] if direct and fuse else [])))
 
-    fuse = tc.fuse_for(B)
+    # one rank (TileConfig.direct_tp1): the sum over one rank is a copy, so o_proj and down_proj (dsum with split-K)
+    # write delta themselves and there is no all-reduce task: two stages fewer per layer.  They then overwrite
+    # delta, so they also wait for its readers (the residual commits; the fused-norm GEMVs read it before them)
+    direct = world_size == 1 and tc.direct_tp1
+    red = buf.delta if direct else buf.partial
+
+    def after_attn(l):              # the task whose completion puts layer l's attention output in delta
+        return f"o.{l}" if direct else f"ar_attn.{l}"
+
+    def after_mlp(l):               # ... and its MLP output
+        return (f"dsum.{l}" if SK > 1 else f"down.{l}") if direct else f"ar_mlp.{l}"
     for l in range(L):
         # attention block: (norm) -> qkv -> rope -> attention -> combine -> o_proj -> all-reduce
         if fuse:
             rms_linear(f"qkv.{l}", "qkv", T.rms_linear_tile, w.qkv, buf.qkv, sh.qkv_cols, l, 2 * l,
-                       [(f"ar_mlp.{l - 1}", None), (f"res_m.{l - 1}", None)] if l else [("advance", None)])
+                       [(after_mlp(l - 1), None), (f"res_m.{l - 1}", None)] if l else [("advance", None)])
             commit(f"res_a.{l}", 2 * l, [(f"qkv.{l}", None)])        # after every qkv tile read the old resid
         else:
-            norm(f"norm_a.{l}", 2 * l, [(f"ar_mlp.{l - 1}", None)] if l else [("advance", None)])
+            norm(f"norm_a.{l}", 2 * l, [(after_mlp(l - 1), None)] if l else [("advance", None)])
             linear(f"qkv.{l}", "qkv", buf.h, w.qkv, buf.qkv, sh.qkv_cols, H, l, [(f"norm_a.{l}", None)])
         specs.append(TaskSpec(
             f"rope.{l}", T.qk_norm_rope_tile, B * KH * (G + 2),
@@ -263,26 +285,31 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             {"o_ptr": buf.o_part, "lse_ptr": buf.lse, "out_ptr": buf.attn, "nsplit": S, "HEAD_D": D,
              "BLOCK_D": next_pow2(D), "BLOCK_S": next_pow2(S)},
             reads=("o_ptr", "lse_ptr"), writes=("out_ptr",), deps=[(f"attn.{l}", comb_attn_tiles)]))
-        linear(f"o.{l}", "o", buf.attn, w.o, buf.partial, H, sh.attn_cols, l, [(f"comb.{l}", None)])
-        all_reduce(f"ar_attn.{l}", f"o.{l}", "o", [(f"res_a.{l}", None)] if fuse else [])
+        linear(f"o.{l}", "o", buf.attn, w.o, red, H, sh.attn_cols, l,
+               [(f"comb.{l}", None)] + ([(f"res_a.{l}", None)] if direct and fuse else []))
+        if not direct:
+            all_reduce(f"ar_attn.{l}", f"o.{l}", "o", [(f"res_a.{l}", None)] if fuse else [])
         # MLP block: (norm) -> gate/up -> down -> all-reduce
         if fuse:
             rms_linear(f"gu.{l}", "gate_up", T.rms_gate_up_tile, w.gate_up, buf.act, IL, l, 2 * l + 1,
-                       [(f"ar_attn.{l}", None), (f"res_a.{l}", None)])
+                       [(after_attn(l), None), (f"res_a.{l}", None)])
             commit(f"res_m.{l}", 2 * l + 1, [(f"gu.{l}", None)])
         else:
-            norm(f"norm_m.{l}", 2 * l + 1, [(f"ar_attn.{l}", None)])
+            norm(f"norm_m.{l}", 2 * l + 1, [(after_attn(l), None)])
             linear(f"gu.{l}", "gate_up", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)],
                    fn=T.gate_up_tile)
         if SK > 1:
             down_split(l)
-            specs.append(TaskSpec(f"ar_mlp.{l}", None, ar_tiles, {"x": buf.partial, "out": buf.delta},
-                                  deps=[(f"dsum.{l}", "same")] + ([(f"res_m.{l}", None)] if fuse else []),
-                                  comm="all_reduce", scalars={"block": blk}))
+            if not direct:
+                specs.append(TaskSpec(f"ar_mlp.{l}", None, ar_tiles, {"x": buf.partial, "out": buf.delta},
+                                      deps=[(f"dsum.{l}", "same")] + ([(f"res_m.{l}", None)] if fuse else []),
+                                      comm="all_reduce", scalars={"block": blk}))
         else:
-            linear(f"down.{l}", "down", buf.act, w.down, buf.partial, H, IL, l, [(f"gu.{l}", None)])
-            all_reduce(f"ar_mlp.{l}", f"down.{l}", "down", [(f"res_m.{l}", None)] if fuse else [])
-    norm("final", 2 * L, [(f"ar_mlp.{L - 1}", None)])
+            linear(f"down.{l}", "down", buf.act, w.down, red, H, IL, l,
+                   [(f"gu.{l}", None)] + ([(f"res_m.{l}", None)] if direct and fuse else []))
+            if not direct:
+                all_reduce(f"ar_mlp.{l}", f"down.{l}", "down", [(f"res_m.{l}", None)] if fuse else [])
+    norm("final", 2 * L, [(after_mlp(L - 1), None)])
     return specs
 
 

@@ -27,6 +27,17 @@ def kinds_of(specs) -> list:
                               for s in specs))
 
 
+def step_specs(cfg: DecoderConfig, batch: int, max_ctx: int = 4272, page_size: int = 16) -> list:
+    """The step's task specs at TP=1 (:func:`~.model.decoder_tasks`) on placeholder weights and cache."""
+    sh = cfg.shard(1)
+    w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)])
+    pages = -(-max_ctx // page_size)
+    k = torch.empty((1, 1, page_size, sh.kv_heads, cfg.head_dim), dtype=torch.bfloat16)
+    cache = PagedKV(k, k, torch.zeros((batch, pages), dtype=torch.int32))
+    buf = make_buffers(cfg, 1, batch, cache.max_ctx, 1, "cpu")
+    return decoder_tasks(cfg, 1, w, cache, buf)
+
+
 def compile_step(cfg: DecoderConfig, batch: int, kinds=None, target: str = "sm_90a", max_ctx: int = 4272,
                  page_size: int = 16):
     """Compile the decoder step of one rank at TP=1 (``cfg`` with one layer is enough) for ``batch`` sequences and
@@ -35,13 +46,7 @@ def compile_step(cfg: DecoderConfig, batch: int, kinds=None, target: str = "sm_9
     allocate symmetric staging).  Returns the :class:`ditron.compiler.CompiledKernel`."""
     import ditron
     import ditron.task as dtask
-    sh = cfg.shard(1)
-    w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)])
-    pages = -(-max_ctx // page_size)
-    k = torch.empty((1, 1, page_size, sh.kv_heads, cfg.head_dim), dtype=torch.bfloat16)
-    cache = PagedKV(k, k, torch.zeros((batch, pages), dtype=torch.int32))
-    buf = make_buffers(cfg, 1, batch, cache.max_ctx, 1, "cpu")
-    specs = decoder_tasks(cfg, 1, w, cache, buf)
+    specs = step_specs(cfg, batch, max_ctx, page_size)
     if kinds is not None:
         keep = set(kinds)
         specs = [s for s in specs if (s.name.rsplit(".", 1)[0] if s.name.rsplit(".", 1)[-1].isdigit() else s.name)
