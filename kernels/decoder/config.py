@@ -271,7 +271,7 @@ class Shard:
 #: tasks (direct_tp1)
 TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=8, gate_up_block_k=1024, gemv_stream=True,
                       programs_per_sm=3, dot_from=2, fuse_upto=1, dot_stream=True, dot_block_k=512, max_regs=168,
-                      direct_tp1=True)
+                      direct_tp1=True, dot_pad=8, dot_ring=73728)
 
 
 def qwen3_8b(**kw) -> DecoderConfig:
