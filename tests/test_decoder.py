@@ -373,8 +373,10 @@ def test_decoder_batch_step_fits_three_programs_per_sm():
             # of shared memory; other versions lay out shared memory differently and are not tuned
             assert use["spill_stores"] <= 16 and use["spill_loads"] <= 16, (b, use)
             assert use["resident_per_sm"] >= 3, (b, use)
-    assert ring["registers"] <= 168 and 65536 < ring["shared"] <= 73728, ring
+    assert ring["registers"] <= 168, ring
     if TRITON_VERSION[:2] == (3, 6):
+        # the ring's budget is Triton 3.6's layout (Triton 3.9 gave the same ring 144 KiB: untuned there)
+        assert 65536 < ring["shared"] <= 73728, ring
         assert ring["spill_stores"] <= 16 and ring["resident_per_sm"] >= 3, ring
     # the register-buffered tl.dot path (the default before) is what the cap and the stream replaced
     assert old["registers"] > 168, old
