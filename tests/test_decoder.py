@@ -360,8 +360,9 @@ def test_decoder_batch_step_fits_three_programs_per_sm():
     try:
         cfg = qwen3_8b(n_layers=1)
         got = {b: RZ.usage(cfg, b) for b in (2, 16)}
-        # the lever of a deeper ring (activation rows padded to 8, 72 KiB per program): 4 stages at batch 8
-        ring = RZ.usage(cfg.with_tiles(dot_pad=8, dot_ring=73728), 8)
+        # the default's deeper ring (activation rows padded to 8, 72 KiB per program): 4 stages at batch 2
+        assert cfg.tiles.dot_pad == 8 and cfg.tiles.dot_ring == 73728, cfg.tiles
+        ring = got[2]
         old = RZ.usage(cfg.with_tiles(dot_stream=False, dot_block_k=256, max_regs=0), 16)
     finally:
         ditron.finalize()
