@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import ditron
+from ditron.bench.harness import capture_graph
 from ditron.kernels import attention as A
 import importlib
 
@@ -277,15 +278,7 @@ def decode_sweep(dev, log, bw):
                 err = (out.float() - ref.float()).abs().max().item()
                 if not err <= 2e-2:
                     raise AssertionError(f"max abs error {err:.3g} against SDPA flash")
-                g = torch.cuda.CUDAGraph()
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
-                    fn()
-                    torch.cuda.synchronize()
-                    with torch.cuda.graph(g):
-                        fn()
-                torch.cuda.current_stream().wait_stream(s)
+                g = capture_graph(fn)
                 g.replay()
                 torch.cuda.synchronize()
                 sy, stv, _ = timings(g.replay, n_sync=30, n_stream=30, warmup=5)

@@ -26,22 +26,14 @@ import math
 import os
 import sys
 
-from .harness import Impl, add_run_args, measure, result_meta
+from .harness import Impl, add_run_args, capture_graph, measure, result_meta
 
 
 def queued_us(fn, n=50):
     """Microseconds per call of ``fn`` captured in a CUDA graph and replayed ``n`` times back to back
     between two events (device time per call: no host launch latency between the replays)."""
     import torch
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
+    g = capture_graph(fn)
     for _ in range(5):
         g.replay()
     torch.cuda.synchronize()

@@ -80,6 +80,21 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+def capture_graph(fn):
+    """``fn`` (run once first, on a side stream) captured in a CUDA graph; returns the graph."""
+    import torch
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    return g
+
+
 def time_impl(fn, device, warmup=5, iters=25, graph=False):
     """Median time of ``fn()`` in microseconds on this rank."""
     import torch
@@ -98,15 +113,7 @@ def time_impl(fn, device, warmup=5, iters=25, graph=False):
         fn()
     torch.cuda.synchronize()
     if graph:
-        g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()
-            torch.cuda.synchronize()
-            with torch.cuda.graph(g):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
+        g = capture_graph(fn)
         g.replay()
         torch.cuda.synchronize()
         run = g.replay
