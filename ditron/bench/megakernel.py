@@ -278,10 +278,10 @@ def main(argv=None):
     p.add_argument("--tp1-all-reduce", action="store_true",
                    help="keep the all-reduce tasks on one rank (8b default: o / down write the delta directly)")
     p.add_argument("--dot-pad", type=int, default=0,
-                   help="the tl.dot path pads the batch rows to at least this many (default 16)")
+                   help="the tl.dot path pads the batch rows to at least this many (8b default 8; TileConfig default 16)")
     p.add_argument("--dot-ring", type=int, default=0,
                    help="shared-memory bytes per program for the streamed tl.dot path's ring: its depth per projection "
-                        "(default 0: --stream-stages)")
+                        "(8b default 73728; 0: --stream-stages)")
     p.add_argument("--dot-from", type=int, default=0,
                    help="smallest batch on the tl.dot path when --gemv-dot is auto (8b default: 2)")
     p.add_argument("--fuse-upto", type=int, default=-1,
