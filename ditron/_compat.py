@@ -171,7 +171,7 @@ def ast_source(fn, signature, constexprs, attrs):
     return triton.compiler.ASTSource(fn, signature=signature, constexprs=constexprs, attrs=attrs)
 
 
-def compile_source(src, target, options):
+def _compile_options(options):
     options = dict(options or {})
     if TRITON_VERSION >= (3, 9) and "enable_fp_fusion" not in options:
         # Triton >= 3.9 warns on every compile that leaves enable_fp_fusion
@@ -180,7 +180,43 @@ def compile_source(src, target, options):
         # it unset (TRITON_DEFAULT_FP_FUSION / TRITON_FORCE_DISABLE_FP_FUSION
         # still apply), exactly as on 3.6, without the per-compile warning.
         options["enable_fp_fusion"] = bool(triton.knobs.language.default_fp_fusion)
-    return triton.compile(src, target=target, options=options)
+    return options
+
+
+def compile_source(src, target, options):
+    return triton.compile(src, target=target, options=_compile_options(options))
+
+
+class FrontEnd:
+    """The front end of ``triton.compile`` alone (Python AST -> Triton IR), as
+    ``triton.compile`` runs it: ``module`` is the TTIR before any pass,
+    ``text`` its printed form (what :func:`compile_front_end` keys the cache
+    with).  Holds the MLIR context the module lives in."""
+
+    def __init__(self, src, target, options):
+        from triton._C.libtriton import ir
+        from triton.compiler.compiler import make_backend
+        backend = make_backend(target)
+        opts = backend.parse_options(dict(_compile_options(options), **src.parse_options()))
+        self.context = ir.context()
+        ir.load_dialects(self.context)
+        backend.load_dialects(self.context)
+        self.module = src.make_ir(target, opts, backend.get_codegen_implementation(opts), backend.get_module_map(),
+                                  self.context)
+        self.text = str(self.module)
+
+
+def compile_front_end(src, target, options, front: FrontEnd, key: str):
+    """``triton.compile(src)`` whose front end already ran (``front``): Triton
+    takes ``front.module`` instead of running its front end again, and its
+    on-disk cache key gets ``key`` added (with Triton's own cache-invalidating
+    environment).  A cache hit skips the backend stages (TTIR passes, LLVM,
+    ptxas / lld); a miss runs them and stores the result, as any Triton compile."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    env = dict(get_cache_invalidating_env_vars())
+    env["DITRON_KEY"] = key
+    src.make_ir = lambda *args, **kwargs: front.module   # this ASTSource only
+    return triton.compile(src, target=target, options=_compile_options(options), _env_vars=env)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,8 @@ with no GPU and no ROCm.
 """
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass, field
 
 from . import _compat
@@ -105,6 +107,43 @@ def normalize_signature(fn, signature, constexprs):
     return ordered, {(params.index(k),): v for k, v in constexprs.items()}
 
 
+def compile_cache_enabled() -> bool:
+    """``ditron.compile`` reuses Triton's on-disk cache (``TRITON_CACHE_DIR``) for the backend stages unless
+    ``DITRON_COMPILE_CACHE=0`` (or Triton's ``TRITON_ALWAYS_COMPILE=1``)."""
+    return os.environ.get("DITRON_COMPILE_CACHE", "1") != "0"
+
+
+_SOURCE_DIGEST = []
+
+
+def _source_digest() -> str:
+    """Digest of ditron's own Python sources (read once per process): a cached backend result is only reused by
+    the ditron that produced it."""
+    if not _SOURCE_DIGEST:
+        root = os.path.dirname(os.path.abspath(__file__))
+        h = hashlib.sha256()
+        for dirpath, dirnames, files in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    path = os.path.join(dirpath, f)
+                    h.update(os.path.relpath(path, root).encode() + b"\0")
+                    with open(path, "rb") as fh:
+                        h.update(fh.read())
+        _SOURCE_DIGEST.append(h.hexdigest())
+    return _SOURCE_DIGEST[0]
+
+
+def _cache_key(ttir_text: str) -> str:
+    """What ditron adds to Triton's cache key, which already covers the kernel's source, signature, constants,
+    options (device libraries included, by path: ditron's cut of a library carries a digest in its file name) and
+    Triton's own environment: the Triton IR the front end produced, so whatever ditron's lowering, its
+    configuration or its environment changed in the kernel is part of the key, and ditron's sources."""
+    h = hashlib.sha256(ttir_text.encode())
+    h.update(_source_digest().encode())
+    return h.hexdigest()
+
+
 def compile(kernel, target="sm_90a", signature=None, constexprs=None, attrs=None, *, aligned=True,
             extern_libs=None, **options):
     """Compile ``kernel`` for ``target`` without launching it.
@@ -140,8 +179,16 @@ def compile(kernel, target="sm_90a", signature=None, constexprs=None, attrs=None
 
     def once(libs):
         src = _compat.ast_source(fn, sig, cexprs, attrs)
-        with recording(name, tgt.name) as module, _compat.always_compile():
-            ck = _compat.compile_source(src, tgt.to_triton(), dict(options, extern_libs=libs))
+        opts = dict(options, extern_libs=libs)
+        if not compile_cache_enabled():
+            with recording(name, tgt.name) as module, _compat.always_compile():
+                ck = _compat.compile_source(src, tgt.to_triton(), opts)
+            return ck, module
+        # the front end always runs (it records the distributed IR and says which device libraries the kernel
+        # needs); the backend stages come from Triton's cache when the same Triton IR was compiled before
+        with recording(name, tgt.name) as module:
+            front = _compat.FrontEnd(src, tgt.to_triton(), opts)
+        ck = _compat.compile_front_end(src, tgt.to_triton(), opts, front, _cache_key(front.text))
         return ck, module
 
     ck, module = compile_with_libraries(once, tgt, needs, extern_libs)

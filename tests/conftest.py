@@ -42,8 +42,11 @@ def nvshmem_bc():
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    # device libraries are written under DITRON_CACHE_DIR; keep tests off ~/.cache
-    d = tmp_path_factory.getbasetemp() / "ditron-cache"
+    # device libraries are written under DITRON_CACHE_DIR; keep tests off ~/.cache (one directory for all
+    # xdist workers of the run: the library files are written atomically, and kernels that link the same cut of
+    # a library then have the same compile options, so Triton's cache serves every worker)
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "ditron-cache"
     monkeypatch.setenv("DITRON_CACHE_DIR", str(d))
     yield
 
