@@ -14,6 +14,8 @@ from conftest import compile_for
 def backend_runs(tmp_path, monkeypatch):
     """A fresh Triton cache; the list of (kernel name, cache hit) of every ``triton.compile`` that follows."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    monkeypatch.delenv("DITRON_COMPILE_CACHE", raising=False)     # whatever the environment of the run says
+    monkeypatch.setattr(triton.knobs.compilation, "always_compile", False)
     seen = []
 
     def listener(src, metadata, metadata_group, times, cache_hit):
