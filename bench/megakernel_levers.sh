@@ -37,6 +37,17 @@
 #   as256        batch 8, 16 at context 4096: 256-position splits (each attention tile's pipelined K/V loop runs 4
 #                iterations of 64 positions instead of 2; half the tiles and combine partials)
 #   trace        batch 1 and 8, ctx 512, with a traced build: time per kind of task
+#   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
+#   base4k       today's defaults at context 4096, batch 1 and 8 (the baseline of the levers below, same run)
+#   trace4k      batch 8 at context 4096, traced: time per kind of task
+#   at1w         --attn-tiles 3 x SMs: the split length per batch and context so that an attention stage is about one
+#                wave of tiles over the 3-per-SM programs (batch 8: 6 splits of 704 positions, 384 tiles, instead of
+#                32 splits of 128: 2048 tiles; 6 partials per head to combine instead of 32)
+#   at2w         the same aiming at two waves (batch 8: 12 splits of 384)
+#   ap3          the attention loop as tl.range(num_stages=3) with each block's V load issued with its K load
+#   ap3b32       the same with 32-position blocks
+#   grp          one rope tile per (sequence, kv head) (6 heads) and one combine tile per (sequence, kv head) (4 heads)
+#   attn         at1w + ap3 + grp, batch 1 and 8 at both contexts;  attntr: the same at 4096 batch 8, traced
 # Each step has its own timeout; the default levers are sized for about 4.5 minutes on one H200 (8 at most;
 # SKIP_CHECK=1 LEVERS="split3|pf2k|as64|trace": about 3.5 minutes more).
 # Writes at most 5 files to $OUT (the device tool brings back few): levers.log (summary, one line per case),
@@ -66,6 +77,15 @@ ALL=(                      # name|timeout s|cases|flags
   "pf2k|40|--ctx 512 --batch 1|--prefetch-k 2048"
   "as64|60|--ctx 512,4096 --batch 1|--attn-split 64"
   "as256|60|--ctx 4096 --batch 8,16|--attn-split 256"
+  "base4k|60|--ctx 4096 --batch 1,8|"
+  "trace4k|80|--ctx 4096 --batch 8|--trace"
+  "at1w|60|--ctx 4096 --batch 1,8|--attn-tiles $P3"
+  "at2w|50|--ctx 4096 --batch 8|--attn-tiles $((2 * P3))"
+  "ap3|50|--ctx 4096 --batch 8|--attn-stages 3"
+  "ap3b32|50|--ctx 4096 --batch 8|--attn-stages 3 --attn-block 32"
+  "grp|60|--ctx 512,4096 --batch 8|--rope-group --comb-group"
+  "attn|80|--ctx 512,4096 --batch 1,8|--attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
+  "attntr|80|--ctx 4096 --batch 8|--trace --attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
   "trace|80|--ctx 512 --batch 1,8|--trace"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
