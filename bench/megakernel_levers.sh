@@ -46,6 +46,8 @@
 #   at2w         the same aiming at two waves (batch 8: 12 splits of 384)
 #   ap3          the attention loop as tl.range(num_stages=3) with each block's V load issued with its K load
 #   ap3b32       the same with 32-position blocks
+#   apv          the next block's V loaded into registers while the current block is reduced (Triton pipelines only K)
+#   apvb32       apv + ap3 with 32-position blocks
 #   grp          one rope tile per (sequence, kv head) (6 heads) and one combine tile per (sequence, kv head) (4 heads)
 #   attn         at1w + ap3 + grp, batch 1 and 8 at both contexts;  attntr: the same at 4096 batch 8, traced
 # Each step has its own timeout; the default levers are sized for about 4.5 minutes on one H200 (8 at most;
@@ -83,6 +85,8 @@ ALL=(                      # name|timeout s|cases|flags
   "at2w|50|--ctx 4096 --batch 8|--attn-tiles $((2 * P3))"
   "ap3|50|--ctx 4096 --batch 8|--attn-stages 3"
   "ap3b32|50|--ctx 4096 --batch 8|--attn-stages 3 --attn-block 32"
+  "apv|50|--ctx 4096 --batch 8|--attn-prefetch-v"
+  "apvb32|50|--ctx 4096 --batch 8|--attn-prefetch-v --attn-stages 3 --attn-block 32"
   "grp|60|--ctx 512,4096 --batch 8|--rope-group --comb-group"
   "attn|80|--ctx 512,4096 --batch 1,8|--attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
   "attntr|80|--ctx 4096 --batch 8|--trace --attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"

@@ -61,8 +61,8 @@ def test_attention_task_shapes():
 
 
 def attention_levers_body(world, B_=3, QH=4, KH=2, D=12, max_ctx=37, seqs=(29, 5, 37), split=16, block=8, page=8,
-                          stages=3):
-    """The pipelined attention tile (``STAGES``) + the grouped combine over a paged cache with ragged contexts
+                          stages=3, prefetch_v=False):
+    """The pipelined attention tile (``STAGES``, ``PREFETCH_V``) + the grouped combine over a paged cache with ragged contexts
     (sequence 0: splits 0 full, 1 partial; sequence 1: one partial split, the rest empty; sequence 2: the whole
     block table, a partial last page), GQA G=2, D not a power of two, against SDPA; positions past a context
     hold 1000 (never read)."""
@@ -89,7 +89,8 @@ def attention_levers_body(world, B_=3, QH=4, KH=2, D=12, max_ctx=37, seqs=(29, 5
                         args={"q_ptr": q, "kc_ptr": kc, "vc_ptr": vc, "bt_ptr": bt, "seq_ptr": seq_t, "o_ptr": o_part,
                               "lse_ptr": lse, "B": B_, "QH": QH, "KH": KH, "num_pages": kc.shape[1], "max_pages": MP,
                               "nsplit": S, "sm_scale": D ** -0.5, "PAGE": page, "HEAD_D": D, "BLOCK_D": 16,
-                              "BLOCK_G": 16, "SPLIT": split, "BLOCK_P": block, "STAGES": stages},
+                              "BLOCK_G": 16, "SPLIT": split, "BLOCK_P": block, "STAGES": stages,
+                              "PREFETCH_V": prefetch_v},
                         reads=("q_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"), writes=("o_ptr", "lse_ptr"),
                         scalars={"layer": layer})
     g.register_task(T.attn_combine_group_tile, name="comb", num_tiles=B_ * KH,
@@ -139,6 +140,9 @@ def rope_group_body(world, B_=3, QH=6, KH=2, D=12, max_ctx=9, seqs=(6, 1, 9), L=
 def test_pipelined_attention_and_grouped_combine_tiles(dist_world):
     assert dist_world(1).run(attention_levers_body) == [3]
     assert dist_world(1).run(attention_levers_body, stages=2, split=32, block=16) == [2]
+    # V of the next block loaded ahead (with and without the pipelined loop; past a split's end: masked)
+    assert dist_world(1).run(attention_levers_body, stages=0, prefetch_v=True) == [3]
+    assert dist_world(1).run(attention_levers_body, stages=3, split=24, prefetch_v=True) == [2]
 
 
 def test_grouped_rope_tile_equals_per_head_tile(dist_world):
@@ -150,6 +154,7 @@ def test_grouped_rope_tile_equals_per_head_tile(dist_world):
     (2, 2, dict(attn_stages=3, rope_group=True)),                  # splits of 32 (tiny's attn_split), 3 stages
     (3, 2, dict(attn_stages=2, attn_tiles=6, comb_group=True)),    # 3 splits of 16 positions per sequence
     (1, 1, dict(attn_tiles=8, rope_group=True, comb_group=True)),  # plain loop, 3 splits of 16
+    (2, 3, dict(attn_prefetch_v=True, attn_tiles=12)),             # V one block ahead, 3 splits of 16
 ])
 def test_decoder_step_with_attention_levers(dist_world, ranks, batch, levers):
     # the whole step (2 layers, 2 steps: every context grows by one position per step, so the last split and the
@@ -183,7 +188,8 @@ def _levers_8b(**kw):
 
 @pytest.mark.parametrize("batch,levers", [
     (8, dict(attn_stages=2)), (8, dict(attn_stages=3, attn_block=32, attn_tiles=396)),
-    (1, dict(attn_stages=2, rope_group=True, comb_group=True)),
+    (1, dict(attn_stages=2, rope_group=True, comb_group=True)), (8, dict(attn_prefetch_v=True)),
+    (8, dict(attn_prefetch_v=True, attn_stages=3, attn_block=32, attn_tiles=396)),
 ])
 def test_attention_levers_registers_sm90(batch, levers):
     # the attention branches alone at Qwen3-8B's shapes (head_dim 128, G = 4, context 4096): within the batch
@@ -204,18 +210,19 @@ def test_attention_levers_registers_sm90(batch, levers):
         assert use["shared"] <= 73728 and use["resident_per_sm"] >= 3, use
 
 
-def test_attention_levers_compile_gfx942():
+@pytest.mark.parametrize("levers", [dict(attn_stages=2, attn_tiles=396, rope_group=True, comb_group=True),
+                                    dict(attn_prefetch_v=True, attn_stages=3, attn_block=32)])
+def test_attention_levers_compile_gfx942(levers):
     # the same branches for AMD's gfx942 (MI300; no ptxas register cap there): compiled, on the matrix cores, no
-    # scratch spills
+    # vector-register spills and no scratch (SGPR spills go to VGPR lanes: 22 without the levers)
     import ditron
     from ditron.kernels.decoder import resources as RZ
     ditron.init("sim")
     try:
-        ck = RZ.compile_step(_levers_8b(attn_stages=2, attn_tiles=396, rope_group=True, comb_group=True, max_regs=0), 8,
-                             ("rope", "attn", "comb"), target="gfx942")
+        ck = RZ.compile_step(_levers_8b(max_regs=0, **levers), 8, ("rope", "attn", "comb"), target="gfx942")
     finally:
         ditron.finalize()
     asm = ck.asm["amdgcn"]
     assert "v_mfma" in asm
-    spills = [int(v) for v in re.findall(r"\.(?:vgpr|sgpr)_spill_count:\s*(\d+)", asm)]
-    assert spills and max(spills) == 0, spills
+    meta = dict(re.findall(r"\.(vgpr_spill_count|private_segment_fixed_size):\s*(\d+)", asm))
+    assert meta == {"vgpr_spill_count": "0", "private_segment_fixed_size": "0"}, meta

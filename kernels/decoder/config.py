@@ -99,6 +99,8 @@ class TileConfig:
       have: the split length is chosen per batch and context so that ``batch x kv heads x splits`` is at most
       about this (e.g. the megakernel's programs: one wave of long tiles instead of several waves of short ones,
       and fewer partials to combine);
+    * ``attn_prefetch_v``: the attention tile loads the next block's V rows into registers while it reduces the
+      current block (:func:`~.tiles.attn_split_pipe_tile`; Triton 3.6 pipelines only K into shared memory);
     * ``rope_group``: one q/k-norm + RoPE tile per (sequence, kv head), doing its ``G + 2`` heads
       (:func:`~.tiles.qk_norm_rope_group_tile`) instead of one tile per head;
     * ``comb_group``: one combine tile per (sequence, kv head), combining its ``G`` q heads
@@ -139,6 +141,7 @@ class TileConfig:
     attn_tiles: int = 0
     rope_group: bool = False
     comb_group: bool = False
+    attn_prefetch_v: bool = False
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences

@@ -201,6 +201,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     rope_group_deps = [heads_qkv_tiles(lambda kvh: kvh * G, G), heads_qkv_tiles(lambda kvh: QH + kvh, 1),
                        heads_qkv_tiles(lambda kvh: QH + KH + kvh, 1)]
     rope_per = 1 if tc.rope_group else G + 2         # rope tiles per (b, kvh)
+    pipe_attn = bool(tc.attn_stages or tc.attn_prefetch_v)     # attn_split_pipe_tile
 
     def attn_rope_tiles(t):         # attention tile (b, kvh, s) -> rope tiles of (b, kvh, *)
         bh = t // S
@@ -287,12 +288,12 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             deps=([(f"qkv.{l}", f) for f in rope_group_deps] if tc.rope_group else [(f"qkv.{l}", rope_qkv_tiles)]),
             scalars={"layer": l}))
         specs.append(TaskSpec(
-            f"attn.{l}", T.attn_split_pipe_tile if tc.attn_stages else T.attn_split_tile, B * KH * S,
+            f"attn.{l}", T.attn_split_pipe_tile if pipe_attn else T.attn_split_tile, B * KH * S,
             {"q_ptr": buf.q, "kc_ptr": k_cache, "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq,
              "o_ptr": buf.o_part, "lse_ptr": buf.lse, "B": B, "QH": QH, "KH": KH, "num_pages": NP, "max_pages": MP,
              "nsplit": S, "sm_scale": 1.0 / math.sqrt(D), "PAGE": P, "HEAD_D": D, "BLOCK_D": max(16, next_pow2(D)),
              "BLOCK_G": max(16, next_pow2(G)), "SPLIT": sh.attn_split(cache.max_ctx, B), "BLOCK_P": tc.attn_block,
-             **({"STAGES": tc.attn_stages} if tc.attn_stages else {})},
+             **({"STAGES": tc.attn_stages, "PREFETCH_V": tc.attn_prefetch_v} if pipe_attn else {})},
             reads=("q_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"), writes=("o_ptr", "lse_ptr"),
             deps=[(f"rope.{l}", attn_rope_tiles)], scalars={"layer": l}))
         specs.append(TaskSpec(

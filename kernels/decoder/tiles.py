@@ -479,6 +479,34 @@ def _attn_block(p0, q, m_i, l_i, acc, kc_ptr, vc_ptr, bt_ptr, b, layer, num_page
 
 
 @triton.jit
+def _v_block(p0, vc_ptr, bt_ptr, b, layer, num_pages, max_pages, KH, kvh, stop, offs_d, md, PAGE: tl.constexpr,
+             HEAD_D: tl.constexpr, BLOCK_P: tl.constexpr):
+    """The V rows of positions ``[p0, p0 + BLOCK_P)`` (``< stop``; zeros past it) of :func:`attn_split_tile`."""
+    offs_p = p0 + tl.arange(0, BLOCK_P)
+    mp = offs_p < stop
+    rows = _kv_rows(bt_ptr, b, offs_p, layer, num_pages, max_pages, KH, kvh, PAGE, mp)
+    return tl.load(vc_ptr + rows[:, None] * HEAD_D + offs_d[None, :], mask=mp[:, None] & md[None, :], other=0.0)
+
+
+@triton.jit
+def _attn_block_v(p0, v, q, m_i, l_i, acc, kc_ptr, bt_ptr, b, layer, num_pages, max_pages, KH, kvh, stop, sm_scale,
+                  offs_d, md, PAGE: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_P: tl.constexpr):
+    """:func:`_attn_block` with the block's V rows ``v`` loaded before (one block ahead, in registers)."""
+    offs_p = p0 + tl.arange(0, BLOCK_P)
+    mp = offs_p < stop
+    rows = _kv_rows(bt_ptr, b, offs_p, layer, num_pages, max_pages, KH, kvh, PAGE, mp)
+    k = tl.load(kc_ptr + rows[:, None] * HEAD_D + offs_d[None, :], mask=mp[:, None] & md[None, :], other=0.0)
+    sc = tl.dot(q, tl.trans(k)) * sm_scale
+    sc = tl.where(mp[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def attn_split_tile(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, B, QH, KH, num_pages,
                     max_pages, nsplit, sm_scale, PAGE: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr):
@@ -489,25 +517,29 @@ def attn_split_tile(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr
     output ``o[b, h, s, :]`` (float32) and its log-sum-exp ``lse[b, h, s]`` (``-inf`` for an empty split).
     :func:`attn_split_pipe_tile`: the same with the loop over positions software-pipelined."""
     _attn_split(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, QH, KH, num_pages, max_pages,
-                nsplit, sm_scale, PAGE, HEAD_D, BLOCK_D, BLOCK_G, SPLIT, BLOCK_P, 0)
+                nsplit, sm_scale, PAGE, HEAD_D, BLOCK_D, BLOCK_G, SPLIT, BLOCK_P, 0, False)
 
 
 @triton.jit
 def attn_split_pipe_tile(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, B, QH, KH, num_pages,
                          max_pages, nsplit, sm_scale, PAGE: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr):
+                         BLOCK_G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
+                         PREFETCH_V: tl.constexpr):
     """:func:`attn_split_tile` with the loop over ``BLOCK_P`` positions as ``tl.range(..., num_stages=STAGES)``
-    (``TileConfig.attn_stages``): Triton's software pipeliner copies the next blocks' K / V (and their page
-    indices) into shared memory (``cp.async``) while the current block is reduced, and each block's V load is
-    issued with its K load (before the scores), so both are in flight at once."""
+    (``TileConfig.attn_stages``; 0: a plain loop): Triton's software pipeliner copies the next blocks' K (and
+    their page indices) into shared memory (``cp.async``) while the current block is reduced, and each block's V
+    load is issued with its K load (before the scores), so both are in flight at once.  ``PREFETCH_V``
+    (``TileConfig.attn_prefetch_v``): the next block's V rows are loaded into registers while the current block
+    is reduced (Triton 3.6 does not pipeline V, the second product's operand, into shared memory)."""
     _attn_split(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, QH, KH, num_pages, max_pages,
-                nsplit, sm_scale, PAGE, HEAD_D, BLOCK_D, BLOCK_G, SPLIT, BLOCK_P, STAGES)
+                nsplit, sm_scale, PAGE, HEAD_D, BLOCK_D, BLOCK_G, SPLIT, BLOCK_P, STAGES, PREFETCH_V)
 
 
 @triton.jit
 def _attn_split(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, QH, KH, num_pages, max_pages,
                 nsplit, sm_scale, PAGE: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
-                BLOCK_G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr):
+                BLOCK_G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
+                PREFETCH_V: tl.constexpr):
     s = tile % nsplit
     bh = tile // nsplit
     b = bh // KH
@@ -525,7 +557,24 @@ def _attn_split(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, la
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     start = s * SPLIT
     stop = tl.minimum(start + SPLIT, seq)
-    if STAGES > 0:
+    if PREFETCH_V:
+        v_nx = _v_block(start, vc_ptr, bt_ptr, b, layer, num_pages, max_pages, KH, kvh, stop, offs_d, md, PAGE,
+                        HEAD_D, BLOCK_P)
+        if STAGES > 0:
+            for p0 in tl.range(start, stop, BLOCK_P, num_stages=STAGES):
+                v = v_nx
+                v_nx = _v_block(p0 + BLOCK_P, vc_ptr, bt_ptr, b, layer, num_pages, max_pages, KH, kvh, stop, offs_d,
+                                md, PAGE, HEAD_D, BLOCK_P)
+                m_i, l_i, acc = _attn_block_v(p0, v, q, m_i, l_i, acc, kc_ptr, bt_ptr, b, layer, num_pages,
+                                              max_pages, KH, kvh, stop, sm_scale, offs_d, md, PAGE, HEAD_D, BLOCK_P)
+        else:
+            for p0 in range(start, stop, BLOCK_P):
+                v = v_nx
+                v_nx = _v_block(p0 + BLOCK_P, vc_ptr, bt_ptr, b, layer, num_pages, max_pages, KH, kvh, stop, offs_d,
+                                md, PAGE, HEAD_D, BLOCK_P)
+                m_i, l_i, acc = _attn_block_v(p0, v, q, m_i, l_i, acc, kc_ptr, bt_ptr, b, layer, num_pages,
+                                              max_pages, KH, kvh, stop, sm_scale, offs_d, md, PAGE, HEAD_D, BLOCK_P)
+    elif STAGES > 0:
         for p0 in tl.range(start, stop, BLOCK_P, num_stages=STAGES):
             m_i, l_i, acc = _attn_block(p0, q, m_i, l_i, acc, kc_ptr, vc_ptr, bt_ptr, b, layer, num_pages, max_pages,
                                         KH, kvh, stop, sm_scale, offs_d, md, PAGE, HEAD_D, BLOCK_P, True)
