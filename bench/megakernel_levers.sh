@@ -49,6 +49,9 @@
 #   apv          the next block's V loaded into registers while the current block is reduced (Triton pipelines only K)
 #   apvb32       apv + ap3 with 32-position blocks
 #   grp          one rope tile per (sequence, kv head) (6 heads) and one combine tile per (sequence, kv head) (4 heads)
+#   fr           the rope stage fused into the attention tiles (q norm + RoPE in registers; the split of the new
+#                position appends k and v): one stage fewer per layer
+#   fr2          fr + comb-group + at1w + ap3, batch 1 and 8 at both contexts;  fr2tr: the same at 4096 batch 8, traced
 #   attn         at1w + ap3 + grp, batch 1 and 8 at both contexts;  attntr: the same at 4096 batch 8, traced
 # Each step has its own timeout; the default levers are sized for about 4.5 minutes on one H200 (8 at most;
 # SKIP_CHECK=1 LEVERS="split3|pf2k|as64|trace": about 3.5 minutes more).
@@ -88,6 +91,9 @@ ALL=(                      # name|timeout s|cases|flags
   "apv|50|--ctx 4096 --batch 8|--attn-prefetch-v"
   "apvb32|50|--ctx 4096 --batch 8|--attn-prefetch-v --attn-stages 3 --attn-block 32"
   "grp|60|--ctx 512,4096 --batch 8|--rope-group --comb-group"
+  "fr|60|--ctx 512,4096 --batch 8|--attn-fuse-rope"
+  "fr2|80|--ctx 512,4096 --batch 1,8|--attn-fuse-rope --comb-group --attn-tiles $P3 --attn-stages 3"
+  "fr2tr|80|--ctx 4096 --batch 8|--trace --attn-fuse-rope --comb-group --attn-tiles $P3 --attn-stages 3"
   "attn|80|--ctx 512,4096 --batch 1,8|--attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
   "attntr|80|--ctx 4096 --batch 8|--trace --attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
   "trace|80|--ctx 512 --batch 1,8|--trace"

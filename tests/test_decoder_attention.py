@@ -58,12 +58,24 @@ def test_attention_task_shapes():
         if tc:
             assert attn.args["STAGES"] == 2 and comb.args["GROUP"] == 2 and len(rope.deps) == 3
             assert S == 1                              # 6 tiles for 3 sequences x 2 kv heads: one split each
+    # attn_fuse_rope: no rope task, the attention tiles wait on the qkv tiles of their group's q, k and v heads
+    cfg = tiny().with_tiles(attn_fuse_rope=True, qkv_block_n=8)
+    cache = make_cache(cfg, 0, 1, 3, 40, [33, 1, 17], page_size=8)
+    buf = make_buffers(cfg, 1, 3, cache.max_ctx, [33, 1, 17], "cpu")
+    specs = {s.name: s for s in decoder_tasks(cfg, 1, make_weights(cfg, 0, 1), cache, buf)}
+    attn, S = specs["attn.0"], cfg.shard(1).splits(cache.max_ctx, 3)
+    assert "rope.0" not in specs and attn.fn is T.attn_rope_split_tile and attn.num_tiles == 3 * 2 * S
+    assert [d[0] for d in attn.deps] == ["qkv.0"] * 3
+    # tile (b=1, kvh=1, s=1): q heads 2-3 (qkv columns 32..63: tiles 4..7), k head 4 + 1 (tiles 10, 11), v head
+    # 4 + 2 + 1 (tiles 14, 15); D = 16, 8 columns per qkv tile
+    t = (1 * 2 + 1) * S + 1
+    assert [f(t) for _, f in attn.deps] == [(4, 8), (10, 12), (14, 16)]
 
 
 def attention_levers_body(world, B_=3, QH=4, KH=2, D=12, max_ctx=37, seqs=(29, 5, 37), split=16, block=8, page=8,
                           stages=3, prefetch_v=False):
-    """The pipelined attention tile (``STAGES``, ``PREFETCH_V``) + the grouped combine over a paged cache with ragged contexts
-    (sequence 0: splits 0 full, 1 partial; sequence 1: one partial split, the rest empty; sequence 2: the whole
+    """The pipelined attention tile (``STAGES``, ``PREFETCH_V``) + the grouped combine over a paged cache with
+    ragged contexts (sequence 0: splits 0 full, 1 partial; sequence 1: one partial split, the rest empty; sequence 2: the whole
     block table, a partial last page), GQA G=2, D not a power of two, against SDPA; positions past a context
     hold 1000 (never read)."""
     import ditron.task as dtask
@@ -155,6 +167,11 @@ def test_grouped_rope_tile_equals_per_head_tile(dist_world):
     (3, 2, dict(attn_stages=2, attn_tiles=6, comb_group=True)),    # 3 splits of 16 positions per sequence
     (1, 1, dict(attn_tiles=8, rope_group=True, comb_group=True)),  # plain loop, 3 splits of 16
     (2, 3, dict(attn_prefetch_v=True, attn_tiles=12)),             # V one block ahead, 3 splits of 16
+    # the rope stage fused into the attention tiles: at 1 rank 2 splits of 32 (the new position of sequence 0 moves
+    # from split 0 to split 1 between the steps), at 3 ranks with V ahead, at 2 ranks pipelined
+    (1, 3, dict(attn_fuse_rope=True, attn_tiles=12, comb_group=True)),
+    (3, 2, dict(attn_fuse_rope=True, attn_prefetch_v=True)),
+    (2, 2, dict(attn_fuse_rope=True, attn_stages=2, attn_tiles=8)),
 ])
 def test_decoder_step_with_attention_levers(dist_world, ranks, batch, levers):
     # the whole step (2 layers, 2 steps: every context grows by one position per step, so the last split and the
@@ -168,14 +185,15 @@ def test_decoder_step_with_attention_levers(dist_world, ranks, batch, levers):
 
 @pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",
                     reason="simulator race finder")
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_attention_levers_are_race_free(ranks):
+@pytest.mark.parametrize("ranks,fuse", [(1, False), (2, False), (2, True)])
+def test_attention_levers_are_race_free(ranks, fuse):
     # the grouped rope tile's three qkv ranges (q heads, k head, v head of its group; qkv tiles of 8 columns: a
-    # head spans 2 tiles), the attention tiles' one rope tile, the grouped combine's row of attention tiles: every
-    # write ordered before every read under random program interleavings
+    # head spans 2 tiles), the attention tiles' one rope tile, the grouped combine's row of attention tiles; fused
+    # rope: the attention tiles' own three qkv ranges and the appended k / v row read back by the other splits'
+    # tiles of the next step only: every write ordered before every read under random program interleavings
     from ditron.kernels.decoder import tiny
     from ditron.sim.pool import SimCluster
-    cfg = tiny().with_tiles(qkv_block_n=8, direct_tp1=ranks == 1, **LEVERS)
+    cfg = tiny().with_tiles(qkv_block_n=8, direct_tp1=ranks == 1, **LEVERS, attn_fuse_rope=fuse)
     with SimCluster(ranks, race=True, hang_timeout=30) as cluster:
         errs = cluster.run(B.decoder_steps_symmetric, steps=2, B=2, ctx=[33, 4], cfg=cfg)
     assert len(errs) == ranks and all(len(e) == 2 for e in errs)
@@ -190,6 +208,7 @@ def _levers_8b(**kw):
     (8, dict(attn_stages=2)), (8, dict(attn_stages=3, attn_block=32, attn_tiles=396)),
     (1, dict(attn_stages=2, rope_group=True, comb_group=True)), (8, dict(attn_prefetch_v=True)),
     (8, dict(attn_prefetch_v=True, attn_stages=3, attn_block=32, attn_tiles=396)),
+    (8, dict(attn_fuse_rope=True, attn_stages=3, attn_tiles=396, comb_group=True)), (1, dict(attn_fuse_rope=True)),
 ])
 def test_attention_levers_registers_sm90(batch, levers):
     # the attention branches alone at Qwen3-8B's shapes (head_dim 128, G = 4, context 4096): within the batch
@@ -211,7 +230,8 @@ def test_attention_levers_registers_sm90(batch, levers):
 
 
 @pytest.mark.parametrize("levers", [dict(attn_stages=2, attn_tiles=396, rope_group=True, comb_group=True),
-                                    dict(attn_prefetch_v=True, attn_stages=3, attn_block=32)])
+                                    dict(attn_prefetch_v=True, attn_stages=3, attn_block=32),
+                                    dict(attn_fuse_rope=True, attn_stages=3, attn_tiles=396)])
 def test_attention_levers_compile_gfx942(levers):
     # the same branches for AMD's gfx942 (MI300; no ptxas register cap there): compiled, on the matrix cores, no
     # vector-register spills and no scratch (SGPR spills go to VGPR lanes: 22 without the levers)

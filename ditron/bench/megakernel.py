@@ -37,8 +37,8 @@ Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``-
 (the FMA path of batches 1-2), ``--stream-stages``, ``--max-regs`` (ptxas register cap), ``--down-split-k``,
 ``--attn-split``,
 ``--attn-block``, ``--comm-block``, ``--num-warps``, ``--no-fuse-norm``,
-``--attn-stages``, ``--attn-tiles``, ``--attn-prefetch-v``, ``--rope-group``, ``--comb-group`` (the attention
-levers),
+``--attn-stages``, ``--attn-tiles``, ``--attn-prefetch-v``, ``--attn-fuse-rope``, ``--rope-group``,
+``--comb-group`` (the attention levers),
 ``--prefetch-k`` (weight prefetch before each GEMV tile's wait), ``--scheduler``, ``--programs``.  ``--trace``
 adds a traced build's time per kind of task (``mk.profile()``).  Results: ``--out`` (Markdown + JSON).
 """
@@ -119,7 +119,8 @@ def _config(args):
     # the attention levers (issue 26 at context 4096: TileConfig.attn_stages / attn_tiles / rope_group / comb_group)
     over.update({k: v for k, v in (("attn_stages", args.attn_stages), ("attn_tiles", args.attn_tiles)) if v})
     over.update({k: True for k, v in (("rope_group", args.rope_group), ("comb_group", args.comb_group),
-                                      ("attn_prefetch_v", args.attn_prefetch_v)) if v})
+                                      ("attn_prefetch_v", args.attn_prefetch_v),
+                                      ("attn_fuse_rope", args.attn_fuse_rope)) if v})
     return cfg.with_tiles(**over) if over else cfg
 
 
@@ -316,6 +317,9 @@ def main(argv=None):
                         "--attn-split positions per tile)")
     p.add_argument("--attn-prefetch-v", action="store_true",
                    help="attention tiles load the next block's V rows into registers while reducing the current one")
+    p.add_argument("--attn-fuse-rope", action="store_true",
+                   help="no rope stage: attention tiles norm / rotate q themselves, the split of the new position "
+                        "appends k and v")
     p.add_argument("--rope-group", action="store_true",
                    help="one q/k-norm + RoPE tile per (sequence, kv head) instead of one per head")
     p.add_argument("--comb-group", action="store_true",

@@ -101,6 +101,9 @@ class TileConfig:
       and fewer partials to combine);
     * ``attn_prefetch_v``: the attention tile loads the next block's V rows into registers while it reduces the
       current block (:func:`~.tiles.attn_split_pipe_tile`; Triton 3.6 pipelines only K into shared memory);
+    * ``attn_fuse_rope``: no rope stage: each attention tile norms and rotates its q heads in registers and the
+      split holding the new position appends k and v (:func:`~.tiles.attn_rope_split_tile`; one stage fewer per
+      layer, the attention tiles wait on the QKV tiles of their group);
     * ``rope_group``: one q/k-norm + RoPE tile per (sequence, kv head), doing its ``G + 2`` heads
       (:func:`~.tiles.qk_norm_rope_group_tile`) instead of one tile per head;
     * ``comb_group``: one combine tile per (sequence, kv head), combining its ``G`` q heads
@@ -142,6 +145,7 @@ class TileConfig:
     rope_group: bool = False
     comb_group: bool = False
     attn_prefetch_v: bool = False
+    attn_fuse_rope: bool = False
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences

@@ -11,6 +11,7 @@ index the stacked norm weights)::
     res_a.l    add_resid_tile     cdiv(B*H, BLK)   resid += delta (after every qkv.l tile read resid)
     rope.l     qk_norm_rope_tile  B*KH*(G+2)       q / k norm, RoPE, paged KV append <- the qkv tiles of its head
     attn.l     attn_split_tile    B*KH*S           flash-decoding split             <- rope tiles of its kv group
+               (TileConfig.attn_fuse_rope: no rope.l; attn_rope_split_tile does its work <- the qkv tiles of its group)
     comb.l     attn_combine_tile  B*QH             combine the S splits             <- attn tiles of its head
     o.l        linear_tile        cdiv(H, BN)      partial = attn @ Wo[l]^T (fp32)  <- all of comb.l
     ar_attn.l  all-reduce                          delta = sum over ranks of partial (after res_a.l)
@@ -192,16 +193,19 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         head = kvh * G + j if j < G else QH + kvh if j == G else QH + KH + kvh
         return head * D // BN["qkv"], cdiv((head + 1) * D, BN["qkv"])
 
-    def heads_qkv_tiles(first, n):  # -> the qkv tiles holding the columns of heads [first, first + n)
-        def tiles(t):
-            h0 = first(t % KH)
+    def heads_qkv_tiles(first, n, per=1):   # tile t of kv head (t // per) % KH -> the qkv tiles of heads
+        def tiles(t):                       # [first(kvh), first(kvh) + n)
+            h0 = first((t // per) % KH)
             return h0 * D // BN["qkv"], cdiv((h0 + n) * D, BN["qkv"])
         return tiles
-    # TileConfig.rope_group: rope tile (b, kvh) does the group's G q heads, its k head and its v head
-    rope_group_deps = [heads_qkv_tiles(lambda kvh: kvh * G, G), heads_qkv_tiles(lambda kvh: QH + kvh, 1),
-                       heads_qkv_tiles(lambda kvh: QH + KH + kvh, 1)]
+
+    def group_qkv_deps(per):        # a tile of kv group (t // per) % KH needs its G q heads, its k and v head
+        return [heads_qkv_tiles(lambda kvh: kvh * G, G, per), heads_qkv_tiles(lambda kvh: QH + kvh, 1, per),
+                heads_qkv_tiles(lambda kvh: QH + KH + kvh, 1, per)]
+    rope_group_deps = group_qkv_deps(1)             # TileConfig.rope_group: rope tile (b, kvh)
+    attn_qkv_deps = group_qkv_deps(S)               # TileConfig.attn_fuse_rope: attention tile (b, kvh, s)
     rope_per = 1 if tc.rope_group else G + 2         # rope tiles per (b, kvh)
-    pipe_attn = bool(tc.attn_stages or tc.attn_prefetch_v)     # attn_split_pipe_tile
+    pipe_attn = bool(tc.attn_stages or tc.attn_prefetch_v)     # attn_split_pipe_tile (attn_rope_split_tile: always)
 
     def attn_rope_tiles(t):         # attention tile (b, kvh, s) -> rope tiles of (b, kvh, *)
         bh = t // S
@@ -278,24 +282,39 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         else:
             norm(f"norm_a.{l}", 2 * l, [(after_mlp(l - 1), None)] if l else [("advance", None)])
             linear(f"qkv.{l}", "qkv", buf.h, w.qkv, buf.qkv, sh.qkv_cols, H, l, [(f"norm_a.{l}", None)])
-        specs.append(TaskSpec(
-            f"rope.{l}", T.qk_norm_rope_group_tile if tc.rope_group else T.qk_norm_rope_tile, B * KH * rope_per,
-            {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "q_ptr": buf.q, "kc_ptr": k_cache,
-             "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq, "B": B, "QH": QH, "KH": KH, "num_pages": NP,
-             "max_pages": MP, "eps": cfg.rms_eps, "log2_theta": math.log2(cfg.rope_theta), "PAGE": P, "HEAD_D": D,
-             "BLOCK_H": next_pow2(D // 2)},
-            reads=("qkv_ptr", "qn_ptr", "kn_ptr", "bt_ptr", "seq_ptr"), writes=("q_ptr", "kc_ptr", "vc_ptr"),
-            deps=([(f"qkv.{l}", f) for f in rope_group_deps] if tc.rope_group else [(f"qkv.{l}", rope_qkv_tiles)]),
-            scalars={"layer": l}))
-        specs.append(TaskSpec(
-            f"attn.{l}", T.attn_split_pipe_tile if pipe_attn else T.attn_split_tile, B * KH * S,
-            {"q_ptr": buf.q, "kc_ptr": k_cache, "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq,
-             "o_ptr": buf.o_part, "lse_ptr": buf.lse, "B": B, "QH": QH, "KH": KH, "num_pages": NP, "max_pages": MP,
-             "nsplit": S, "sm_scale": 1.0 / math.sqrt(D), "PAGE": P, "HEAD_D": D, "BLOCK_D": max(16, next_pow2(D)),
-             "BLOCK_G": max(16, next_pow2(G)), "SPLIT": sh.attn_split(cache.max_ctx, B), "BLOCK_P": tc.attn_block,
-             **({"STAGES": tc.attn_stages, "PREFETCH_V": tc.attn_prefetch_v} if pipe_attn else {})},
-            reads=("q_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"), writes=("o_ptr", "lse_ptr"),
-            deps=[(f"rope.{l}", attn_rope_tiles)], scalars={"layer": l}))
+        attn_c = {"kc_ptr": k_cache, "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq, "o_ptr": buf.o_part,
+                  "lse_ptr": buf.lse, "B": B, "QH": QH, "KH": KH, "num_pages": NP, "max_pages": MP, "nsplit": S,
+                  "sm_scale": 1.0 / math.sqrt(D), "PAGE": P, "HEAD_D": D, "BLOCK_D": max(16, next_pow2(D)),
+                  "BLOCK_G": max(16, next_pow2(G)), "SPLIT": sh.attn_split(cache.max_ctx, B),
+                  "BLOCK_P": tc.attn_block}
+        pipe_c = {"STAGES": tc.attn_stages, "PREFETCH_V": tc.attn_prefetch_v}
+        if tc.attn_fuse_rope:
+            # TileConfig.attn_fuse_rope: no rope task; each attention tile norms / rotates its q heads itself and
+            # the split holding the new position appends k and v (attn_rope_split_tile)
+            specs.append(TaskSpec(
+                f"attn.{l}", T.attn_rope_split_tile, B * KH * S,
+                {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "eps": cfg.rms_eps,
+                 "log2_theta": math.log2(cfg.rope_theta), **attn_c, **pipe_c},
+                reads=("qkv_ptr", "qn_ptr", "kn_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"),
+                writes=("kc_ptr", "vc_ptr", "o_ptr", "lse_ptr"),
+                deps=[(f"qkv.{l}", f) for f in attn_qkv_deps], scalars={"layer": l}))
+        else:
+            specs.append(TaskSpec(
+                f"rope.{l}", T.qk_norm_rope_group_tile if tc.rope_group else T.qk_norm_rope_tile,
+                B * KH * rope_per,
+                {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "q_ptr": buf.q, "kc_ptr": k_cache,
+                 "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq, "B": B, "QH": QH, "KH": KH, "num_pages": NP,
+                 "max_pages": MP, "eps": cfg.rms_eps, "log2_theta": math.log2(cfg.rope_theta), "PAGE": P,
+                 "HEAD_D": D, "BLOCK_H": next_pow2(D // 2)},
+                reads=("qkv_ptr", "qn_ptr", "kn_ptr", "bt_ptr", "seq_ptr"), writes=("q_ptr", "kc_ptr", "vc_ptr"),
+                deps=([(f"qkv.{l}", f) for f in rope_group_deps] if tc.rope_group
+                      else [(f"qkv.{l}", rope_qkv_tiles)]),
+                scalars={"layer": l}))
+            specs.append(TaskSpec(
+                f"attn.{l}", T.attn_split_pipe_tile if pipe_attn else T.attn_split_tile, B * KH * S,
+                {"q_ptr": buf.q, **attn_c, **(pipe_c if pipe_attn else {})},
+                reads=("q_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"), writes=("o_ptr", "lse_ptr"),
+                deps=[(f"rope.{l}", attn_rope_tiles)], scalars={"layer": l}))
         specs.append(TaskSpec(
             f"comb.{l}", T.attn_combine_group_tile if tc.comb_group else T.attn_combine_tile,
             B * KH if tc.comb_group else B * QH,

@@ -517,7 +517,8 @@ def attn_split_tile(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr
     output ``o[b, h, s, :]`` (float32) and its log-sum-exp ``lse[b, h, s]`` (``-inf`` for an empty split).
     :func:`attn_split_pipe_tile`: the same with the loop over positions software-pipelined."""
     _attn_split(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, QH, KH, num_pages, max_pages,
-                nsplit, sm_scale, PAGE, HEAD_D, BLOCK_D, BLOCK_G, SPLIT, BLOCK_P, 0, False)
+                nsplit, sm_scale, PAGE, HEAD_D, BLOCK_D, BLOCK_G, SPLIT, BLOCK_P, 0, False, False, q_ptr, q_ptr, 0.0,
+                0.0)
 
 
 @triton.jit
@@ -532,14 +533,56 @@ def attn_split_pipe_tile(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, ls
     (``TileConfig.attn_prefetch_v``): the next block's V rows are loaded into registers while the current block
     is reduced (Triton 3.6 does not pipeline V, the second product's operand, into shared memory)."""
     _attn_split(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, QH, KH, num_pages, max_pages,
-                nsplit, sm_scale, PAGE, HEAD_D, BLOCK_D, BLOCK_G, SPLIT, BLOCK_P, STAGES, PREFETCH_V)
+                nsplit, sm_scale, PAGE, HEAD_D, BLOCK_D, BLOCK_G, SPLIT, BLOCK_P, STAGES, PREFETCH_V, False, q_ptr,
+                q_ptr, 0.0, 0.0)
+
+
+@triton.jit
+def attn_rope_split_tile(tile, qkv_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, B, QH,
+                         KH, num_pages, max_pages, nsplit, sm_scale, eps, log2_theta, PAGE: tl.constexpr,
+                         HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, SPLIT: tl.constexpr,
+                         BLOCK_P: tl.constexpr, STAGES: tl.constexpr, PREFETCH_V: tl.constexpr):
+    """:func:`attn_split_pipe_tile` with the rope stage fused in (``TileConfig.attn_fuse_rope``): tile ``(b, kvh,
+    s)`` reads its ``G`` q heads from the QKV output ``[B, (QH + 2 KH) * D]`` and applies q_norm and RoPE in
+    registers (as :func:`qk_norm_rope_tile` does, bf16-rounded the same way); the one split whose positions hold
+    the new token's (``seq[b] - 1``) also normalises / rotates k and appends k and v to the paged cache before its
+    loop reads them.  No rope tiles and no ``q`` buffer: the attention tiles wait on the QKV tiles of their group's
+    q, k and v heads."""
+    _attn_split(tile, qkv_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, QH, KH, num_pages, max_pages,
+                nsplit, sm_scale, PAGE, HEAD_D, BLOCK_D, BLOCK_G, SPLIT, BLOCK_P, STAGES, PREFETCH_V, True, qn_ptr,
+                kn_ptr, eps, log2_theta)
+
+
+@triton.jit
+def _qk_norm_rope(src_ptr, rows, mr, w_ptr, pos, eps, log2_theta, offs_d, HEAD_D: tl.constexpr):
+    """float32 ``[R, BLOCK_D]``: RMSNorm (weights ``w[HEAD_D]``, rounded to bf16) and RoPE at position ``pos`` of the
+    heads starting at elements ``rows`` (``[R]``, masked by ``mr``) of ``src``: :func:`qk_norm_rope_tile`'s maths
+    on whole rows (element ``d``'s rotate-half partner ``d +- D/2`` loaded alongside)."""
+    HALF: tl.constexpr = HEAD_D // 2
+    md = offs_d < HEAD_D
+    lo = offs_d < HALF
+    dp = tl.where(lo, offs_d + HALF, offs_d - HALF)
+    m = mr[:, None] & md[None, :]
+    x = tl.load(src_ptr + rows[:, None] + offs_d[None, :], mask=m, other=0.0).to(tl.float32)
+    xp = tl.load(src_ptr + rows[:, None] + dp[None, :], mask=m, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs_d, mask=md, other=0.0).to(tl.float32)
+    wp = tl.load(w_ptr + dp, mask=md, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HEAD_D + eps)
+    y = (x * rstd[:, None] * w[None, :]).to(tl.bfloat16).to(tl.float32)
+    yp = (xp * rstd[:, None] * wp[None, :]).to(tl.bfloat16).to(tl.float32)
+    i = tl.where(lo, offs_d, offs_d - HALF)
+    ang = pos.to(tl.float32) * tl.exp2(-(2.0 * i.to(tl.float32) / HEAD_D) * log2_theta)
+    sign = tl.where(lo, -1.0, 1.0)
+    return y * tl.cos(ang)[None, :] + sign[None, :] * yp * tl.sin(ang)[None, :]
 
 
 @triton.jit
 def _attn_split(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, QH, KH, num_pages, max_pages,
                 nsplit, sm_scale, PAGE: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
-                PREFETCH_V: tl.constexpr):
+                PREFETCH_V: tl.constexpr, FUSE_ROPE: tl.constexpr, qn_ptr, kn_ptr, eps, log2_theta):
+    """The flash-decoding tiles' body; ``FUSE_ROPE``: ``q_ptr`` is the QKV output and the tile does the rope
+    stage's work itself (:func:`attn_rope_split_tile`)."""
     s = tile % nsplit
     bh = tile // nsplit
     b = bh // KH
@@ -551,12 +594,29 @@ def _attn_split(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, la
     mg = offs_g < G
     md = offs_d < HEAD_D
     heads = b * QH + kvh * G + offs_g
-    q = tl.load(q_ptr + heads[:, None] * HEAD_D + offs_d[None, :], mask=mg[:, None] & md[None, :], other=0.0)
+    start = s * SPLIT
+    stop = tl.minimum(start + SPLIT, seq)
+    if FUSE_ROPE:
+        pos = seq - 1
+        row0 = (b * (QH + 2 * KH) + kvh * G) * HEAD_D                # q head kvh * G of row b of the QKV output
+        q = _qk_norm_rope(q_ptr, row0 + offs_g * HEAD_D, mg, qn_ptr + layer * HEAD_D, pos, eps, log2_theta, offs_d,
+                          HEAD_D).to(kc_ptr.dtype.element_ty)
+        if (pos >= start) & (pos < start + SPLIT):                  # this split appends the new position's k, v
+            krow = (b * (QH + 2 * KH) + QH + kvh) * HEAD_D
+            one = offs_g == 0
+            k_new = _qk_norm_rope(q_ptr, krow + offs_g * 0, one, kn_ptr + layer * HEAD_D, pos, eps, log2_theta,
+                                  offs_d, HEAD_D)
+            cache = _kv_rows(bt_ptr, b, pos, layer, num_pages, max_pages, KH, kvh, PAGE, pos >= 0) * HEAD_D
+            tl.store(kc_ptr + cache + offs_g[:, None] * 0 + offs_d[None, :], k_new.to(kc_ptr.dtype.element_ty),
+                     mask=one[:, None] & md[None, :])
+            v_new = tl.load(q_ptr + krow + KH * HEAD_D + offs_d, mask=md, other=0.0)
+            tl.store(vc_ptr + cache + offs_d, v_new.to(vc_ptr.dtype.element_ty), mask=md)
+            tl.debug_barrier()              # the loop below reads the appended row (other threads of this program)
+    else:
+        q = tl.load(q_ptr + heads[:, None] * HEAD_D + offs_d[None, :], mask=mg[:, None] & md[None, :], other=0.0)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    start = s * SPLIT
-    stop = tl.minimum(start + SPLIT, seq)
     if PREFETCH_V:
         v_nx = _v_block(start, vc_ptr, bt_ptr, b, layer, num_pages, max_pages, KH, kvh, stop, offs_d, md, PAGE,
                         HEAD_D, BLOCK_P)
