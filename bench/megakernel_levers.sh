@@ -52,6 +52,11 @@
 #   fr           the rope stage fused into the attention tiles (q norm + RoPE in registers; the split of the new
 #                position appends k and v): one stage fewer per layer
 #   fr2          fr + comb-group + at1w + ap3, batch 1 and 8 at both contexts;  fr2tr: the same at 4096 batch 8, traced
+#   (round 2: the default attn_tiles=396 since the H200 run of 2026-11-27, bench/results/h200-2026-11-27-attn5.md)
+#   a5old        batch 1, 8, 16 at both contexts with --attn-tiles 0 (splits of 128 positions: the default before)
+#   a5new        the same cases at today's defaults (attn_tiles 396)
+#   a5w2         batch 8 at 4096: --attn-tiles 2 x 3 x SMs (two waves)
+#   a5tr         batch 8 at 4096, today's defaults, traced
 #   attn         at1w + ap3 + grp, batch 1 and 8 at both contexts;  attntr: the same at 4096 batch 8, traced
 # Each step has its own timeout; the default levers are sized for about 4.5 minutes on one H200 (8 at most;
 # SKIP_CHECK=1 LEVERS="split3|pf2k|as64|trace": about 3.5 minutes more).
@@ -94,6 +99,10 @@ ALL=(                      # name|timeout s|cases|flags
   "fr|60|--ctx 512,4096 --batch 8|--attn-fuse-rope"
   "fr2|80|--ctx 512,4096 --batch 1,8|--attn-fuse-rope --comb-group --attn-tiles $P3 --attn-stages 3"
   "fr2tr|80|--ctx 4096 --batch 8|--trace --attn-fuse-rope --comb-group --attn-tiles $P3 --attn-stages 3"
+  "a5old|100|--ctx 512,4096 --batch 1,8,16|--attn-tiles 0"
+  "a5new|100|--ctx 512,4096 --batch 1,8,16|"
+  "a5w2|45|--ctx 4096 --batch 8|--attn-tiles $((2 * P3))"
+  "a5tr|60|--ctx 4096 --batch 8|--trace"
   "attn|80|--ctx 512,4096 --batch 1,8|--attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
   "attntr|80|--ctx 4096 --batch 8|--trace --attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
   "trace|80|--ctx 512 --batch 1,8|--trace"

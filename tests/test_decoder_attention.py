@@ -19,9 +19,10 @@ LEVERS = dict(attn_stages=2, attn_tiles=6, rope_group=True, comb_group=True)
 
 def test_attention_split_follows_batch_and_context():
     from ditron.kernels.decoder import qwen3_8b, tiny
+    sh = qwen3_8b().with_tiles(attn_tiles=0).shard(1)
+    assert (sh.attn_split(4096, 8), sh.splits(4096, 8)) == (128, 32)          # attn_tiles off: 128 positions
+    assert qwen3_8b().tiles.attn_tiles == 396                                   # the 8B default (H200, issue 26)
     sh = qwen3_8b().shard(1)
-    assert (sh.attn_split(4096, 8), sh.splits(4096, 8)) == (128, 32)          # the default: 128 positions
-    sh = qwen3_8b().with_tiles(attn_tiles=396).shard(1)
     # 8 kv heads: batch 8 -> 64 rows, 6 splits of 704 positions (384 tiles: one wave on 396 programs); batch 1 ->
     # 8 rows, 49 parts of 84 -> 128 positions (32 splits); a short context: splits of one attn_block at least
     assert [(sh.attn_split(c, b), sh.splits(c, b)) for c, b in ((4096, 8), (4096, 1), (4096, 16), (512, 8), (40, 1))
@@ -75,9 +76,9 @@ def test_attention_task_shapes():
 def attention_levers_body(world, B_=3, QH=4, KH=2, D=12, max_ctx=37, seqs=(29, 5, 37), split=16, block=8, page=8,
                           stages=3, prefetch_v=False):
     """The pipelined attention tile (``STAGES``, ``PREFETCH_V``) + the grouped combine over a paged cache with
-    ragged contexts (sequence 0: splits 0 full, 1 partial; sequence 1: one partial split, the rest empty; sequence 2: the whole
-    block table, a partial last page), GQA G=2, D not a power of two, against SDPA; positions past a context
-    hold 1000 (never read)."""
+    ragged contexts (sequence 0: splits 0 full, 1 partial; sequence 1: one partial split, the rest empty;
+    sequence 2: the whole block table, a partial last page), GQA G=2, D not a power of two, against SDPA;
+    positions past a context hold 1000 (never read)."""
     import ditron.task as dtask
     from ditron.kernels.decoder import tiles as T
     from ditron.kernels.decoder.config import next_pow2

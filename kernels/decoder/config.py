@@ -311,10 +311,14 @@ class Shard:
 #: 2026-11-27: batch 2 1.32x batch 1 on the FMA path at 239 registers, batch 8 1.77x on the register-buffered
 #: tl.dot path at 233): the tl.dot path streams 16 x 512 chunks through shared memory under a 168-register cap
 #: (no spills, 3 programs per SM; bench/megakernel_regs.py) with separate RMSNorm tasks; on one rank no all-reduce
-#: tasks (direct_tp1)
+#: tasks (direct_tp1).  Attention (issue 26 at context 4096, H200 of 2026-11-27,
+#: bench/results/h200-2026-11-27-attn5.md): the flash-decoding split follows batch and context so that a layer has
+#: at most ~396 attention tiles (3 programs on 132 SMs, H100 SXM and H200: one wave; attn_tiles): batch 8 at context
+#: 4096 took 6715 us against 7413 with splits of 128 positions (2112 tiles, 33 partials per head to combine), batch 1
+#: unchanged (5115 / 5098)
 TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=8, gate_up_block_k=1024, gemv_stream=True,
                       programs_per_sm=3, dot_from=2, fuse_upto=1, dot_stream=True, dot_block_k=512, max_regs=168,
-                      direct_tp1=True, dot_pad=8, dot_ring=73728)
+                      direct_tp1=True, dot_pad=8, dot_ring=73728, attn_tiles=396)
 
 
 def qwen3_8b(**kw) -> DecoderConfig:
