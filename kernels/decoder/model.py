@@ -315,11 +315,13 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                 {"q_ptr": buf.q, **attn_c, **(pipe_c if pipe_attn else {})},
                 reads=("q_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"), writes=("o_ptr", "lse_ptr"),
                 deps=[(f"rope.{l}", attn_rope_tiles)], scalars={"layer": l}))
+        # BLOCK_S at least 16: with attn_tiles a few splits (batch 16 at 4096: 3 -> 4 rows) made ptxas spill 60-64
+        # bytes elsewhere in the 168-register batch-16 step (16 rows: none; tests/test_decoder.py)
         specs.append(TaskSpec(
             f"comb.{l}", T.attn_combine_group_tile if tc.comb_group else T.attn_combine_tile,
             B * KH if tc.comb_group else B * QH,
             {"o_ptr": buf.o_part, "lse_ptr": buf.lse, "out_ptr": buf.attn, "nsplit": S, "HEAD_D": D,
-             "BLOCK_D": next_pow2(D), "BLOCK_S": next_pow2(S), **({"GROUP": G} if tc.comb_group else {})},
+             "BLOCK_D": next_pow2(D), "BLOCK_S": max(16, next_pow2(S)), **({"GROUP": G} if tc.comb_group else {})},
             reads=("o_ptr", "lse_ptr"), writes=("out_ptr",),
             deps=[(f"attn.{l}", comb_group_attn_tiles if tc.comb_group else comb_attn_tiles)]))
         linear(f"o.{l}", "o", buf.attn, w.o, red, H, sh.attn_cols, l,
