@@ -37,6 +37,27 @@
 #   as256        batch 8, 16 at context 4096: 256-position splits (each attention tile's pipelined K/V loop runs 4
 #                iterations of 64 positions instead of 2; half the tiles and combine partials)
 #   trace        batch 1 and 8, ctx 512, with a traced build: time per kind of task
+#   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
+#   base4k       today's defaults at context 4096, batch 1 and 8 (the baseline of the levers below, same run)
+#   trace4k      batch 8 at context 4096, traced: time per kind of task
+#   at1w         --attn-tiles 3 x SMs: the split length per batch and context so that an attention stage is about one
+#                wave of tiles over the 3-per-SM programs (batch 8: 6 splits of 704 positions, 384 tiles, instead of
+#                32 splits of 128: 2048 tiles; 6 partials per head to combine instead of 32)
+#   at2w         the same aiming at two waves (batch 8: 12 splits of 384)
+#   ap3          the attention loop as tl.range(num_stages=3) with each block's V load issued with its K load
+#   ap3b32       the same with 32-position blocks
+#   apv          the next block's V loaded into registers while the current block is reduced (Triton pipelines only K)
+#   apvb32       apv + ap3 with 32-position blocks
+#   grp          one rope tile per (sequence, kv head) (6 heads) and one combine tile per (sequence, kv head) (4 heads)
+#   fr           the rope stage fused into the attention tiles (q norm + RoPE in registers; the split of the new
+#                position appends k and v): one stage fewer per layer
+#   fr2          fr + comb-group + at1w + ap3, batch 1 and 8 at both contexts;  fr2tr: the same at 4096 batch 8, traced
+#   (round 2: the default attn_tiles=396 since the H200 run of 2026-11-27, bench/results/h200-2026-11-27-attn5.md)
+#   a5old        batch 1, 8, 16 at both contexts with --attn-tiles 0 (splits of 128 positions: the default before)
+#   a5new        the same cases at today's defaults (attn_tiles 396)
+#   a5w2         batch 8 at 4096: --attn-tiles 2 x 3 x SMs (two waves)
+#   a5tr         batch 8 at 4096, today's defaults, traced
+#   attn         at1w + ap3 + grp, batch 1 and 8 at both contexts;  attntr: the same at 4096 batch 8, traced
 # Each step has its own timeout; the default levers are sized for about 4.5 minutes on one H200 (8 at most;
 # SKIP_CHECK=1 LEVERS="split3|pf2k|as64|trace": about 3.5 minutes more).
 # Writes at most 5 files to $OUT (the device tool brings back few): levers.log (summary, one line per case),
@@ -66,6 +87,24 @@ ALL=(                      # name|timeout s|cases|flags
   "pf2k|40|--ctx 512 --batch 1|--prefetch-k 2048"
   "as64|60|--ctx 512,4096 --batch 1|--attn-split 64"
   "as256|60|--ctx 4096 --batch 8,16|--attn-split 256"
+  "base4k|60|--ctx 4096 --batch 1,8|"
+  "trace4k|80|--ctx 4096 --batch 8|--trace"
+  "at1w|60|--ctx 4096 --batch 1,8|--attn-tiles $P3"
+  "at2w|50|--ctx 4096 --batch 8|--attn-tiles $((2 * P3))"
+  "ap3|50|--ctx 4096 --batch 8|--attn-stages 3"
+  "ap3b32|50|--ctx 4096 --batch 8|--attn-stages 3 --attn-block 32"
+  "apv|50|--ctx 4096 --batch 8|--attn-prefetch-v"
+  "apvb32|50|--ctx 4096 --batch 8|--attn-prefetch-v --attn-stages 3 --attn-block 32"
+  "grp|60|--ctx 512,4096 --batch 8|--rope-group --comb-group"
+  "fr|60|--ctx 512,4096 --batch 8|--attn-fuse-rope"
+  "fr2|80|--ctx 512,4096 --batch 1,8|--attn-fuse-rope --comb-group --attn-tiles $P3 --attn-stages 3"
+  "fr2tr|80|--ctx 4096 --batch 8|--trace --attn-fuse-rope --comb-group --attn-tiles $P3 --attn-stages 3"
+  "a5old|100|--ctx 512,4096 --batch 1,8,16|--attn-tiles 0"
+  "a5new|100|--ctx 512,4096 --batch 1,8,16|"
+  "a5w2|45|--ctx 4096 --batch 8|--attn-tiles $((2 * P3))"
+  "a5tr|60|--ctx 4096 --batch 8|--trace"
+  "attn|80|--ctx 512,4096 --batch 1,8|--attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
+  "attntr|80|--ctx 4096 --batch 8|--trace --attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
   "trace|80|--ctx 512 --batch 1,8|--trace"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}

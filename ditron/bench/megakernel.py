@@ -37,6 +37,8 @@ Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``-
 (the FMA path of batches 1-2), ``--stream-stages``, ``--max-regs`` (ptxas register cap), ``--down-split-k``,
 ``--attn-split``,
 ``--attn-block``, ``--comm-block``, ``--num-warps``, ``--no-fuse-norm``,
+``--attn-stages``, ``--attn-tiles``, ``--attn-prefetch-v``, ``--attn-fuse-rope``, ``--rope-group``,
+``--comb-group`` (the attention levers),
 ``--prefetch-k`` (weight prefetch before each GEMV tile's wait), ``--scheduler``, ``--programs``.  ``--trace``
 adds a traced build's time per kind of task (``mk.profile()``).  Results: ``--out`` (Markdown + JSON).
 """
@@ -114,6 +116,12 @@ def _config(args):
         over["gemv_stream"] = True
     if args.gemv_dot != "auto":
         over["gemv_dot"] = args.gemv_dot == "on"
+    # the attention levers (issue 26 at context 4096: TileConfig.attn_stages / attn_tiles / rope_group / comb_group)
+    over.update({k: v for k, v in (("attn_stages", args.attn_stages), ("attn_tiles", args.attn_tiles))
+                 if v is not None})
+    over.update({k: True for k, v in (("rope_group", args.rope_group), ("comb_group", args.comb_group),
+                                      ("attn_prefetch_v", args.attn_prefetch_v),
+                                      ("attn_fuse_rope", args.attn_fuse_rope)) if v})
     return cfg.with_tiles(**over) if over else cfg
 
 
@@ -303,6 +311,20 @@ def main(argv=None):
                    help="default grid per SM, shrunk to what fits (8b: 3; --programs sets the grid exactly)")
     p.add_argument("--attn-split", type=int, default=0)
     p.add_argument("--attn-block", type=int, default=0)
+    p.add_argument("--attn-stages", type=int, default=None,
+                   help="software pipeline depth of each attention tile's loop over K/V blocks (0: a plain loop)")
+    p.add_argument("--attn-tiles", type=int, default=None,
+                   help="attention tiles per layer to aim for (the split length follows batch and context; 0: "
+                        "--attn-split positions per tile; 8b default 396: one wave on 3 programs x 132 SMs)")
+    p.add_argument("--attn-prefetch-v", action="store_true",
+                   help="attention tiles load the next block's V rows into registers while reducing the current one")
+    p.add_argument("--attn-fuse-rope", action="store_true",
+                   help="no rope stage: attention tiles norm / rotate q themselves, the split of the new position "
+                        "appends k and v")
+    p.add_argument("--rope-group", action="store_true",
+                   help="one q/k-norm + RoPE tile per (sequence, kv head) instead of one per head")
+    p.add_argument("--comb-group", action="store_true",
+                   help="one flash-decoding combine tile per (sequence, kv head) instead of one per q head")
     p.add_argument("--comm-block", type=int, default=0)
     p.add_argument("--num-warps", type=int, default=0)
     p.add_argument("--prefetch-k", type=int, default=0,

@@ -89,6 +89,25 @@ class TileConfig:
       where the rows are few, the same ring where they are many);
     * ``direct_tp1``: on one rank (no tensor parallelism) o_proj and down_proj write the residual delta
       themselves: no all-reduce tasks (at one rank a copy), two stages fewer per layer; no effect at 2+ ranks.
+
+    Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
+
+    * ``attn_stages``: 0, or the software pipeline depth (``tl.range(num_stages=...)``, >= 2) of each attention
+      tile's loop over ``attn_block`` positions (:func:`~.tiles.attn_split_pipe_tile`: K / V blocks copied into
+      shared memory ahead, ``(attn_stages) x 2 x attn_block x head_dim`` bf16 of it);
+    * ``attn_tiles``: 0 (splits of ``attn_split`` positions), or about how many attention tiles a layer should
+      have: the split length is chosen per batch and context so that ``batch x kv heads x splits`` is at most
+      about this (e.g. the megakernel's programs: one wave of long tiles instead of several waves of short ones,
+      and fewer partials to combine);
+    * ``attn_prefetch_v``: the attention tile loads the next block's V rows into registers while it reduces the
+      current block (:func:`~.tiles.attn_split_pipe_tile`; Triton 3.6 pipelines only K into shared memory);
+    * ``attn_fuse_rope``: no rope stage: each attention tile norms and rotates its q heads in registers and the
+      split holding the new position appends k and v (:func:`~.tiles.attn_rope_split_tile`; one stage fewer per
+      layer, the attention tiles wait on the QKV tiles of their group);
+    * ``rope_group``: one q/k-norm + RoPE tile per (sequence, kv head), doing its ``G + 2`` heads
+      (:func:`~.tiles.qk_norm_rope_group_tile`) instead of one tile per head;
+    * ``comb_group``: one combine tile per (sequence, kv head), combining its ``G`` q heads
+      (:func:`~.tiles.attn_combine_group_tile`) instead of one tile per q head.
     """
     gemv_block_n: int = 32
     gemv_block_k: int = 512
@@ -121,6 +140,21 @@ class TileConfig:
     direct_tp1: bool = False
     dot_pad: int = 16
     dot_ring: int = 0
+    attn_stages: int = 0
+    attn_tiles: int = 0
+    rope_group: bool = False
+    comb_group: bool = False
+    attn_prefetch_v: bool = False
+    attn_fuse_rope: bool = False
+
+    def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
+        """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences
+        x kv heads per rank) attention rows: ``attn_split``, or with ``attn_tiles`` the multiple of ``attn_block``
+        that splits ``max_ctx`` into at most ``max(1, attn_tiles // rows)`` parts."""
+        if not self.attn_tiles:
+            return self.attn_split
+        parts = max(1, self.attn_tiles // max(1, rows))
+        return max(1, cdiv(cdiv(max_ctx, parts), self.attn_block)) * self.attn_block
 
     def block_n(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
@@ -178,6 +212,11 @@ class TileConfig:
         if self.stream_stages < 2:
             raise DitronError(f"TileConfig.stream_stages={self.stream_stages}: must be >= 2 (one chunk in use, at "
                               "least one in flight)")
+        if self.attn_stages and not 2 <= self.attn_stages <= 8:
+            raise DitronError(f"TileConfig.attn_stages={self.attn_stages}: must be 0 (a plain loop) or 2..8 "
+                              "(software pipeline depth)")
+        if self.attn_tiles < 0:
+            raise DitronError(f"TileConfig.attn_tiles={self.attn_tiles}: must be 0 (attn_split) or a tile count")
         if self.attn_split <= 0 or self.attn_split % self.attn_block:
             raise DitronError(f"TileConfig.attn_split={self.attn_split}: must be a positive multiple of "
                               f"attn_block={self.attn_block}")
@@ -244,9 +283,13 @@ class Shard:
     def attn_cols(self) -> int:
         return self.q_heads * self.cfg.head_dim
 
-    def splits(self, max_ctx: int) -> int:
-        """Flash-decoding splits of a KV cache of ``max_ctx`` positions."""
-        return cdiv(max_ctx, self.cfg.tiles.attn_split)
+    def attn_split(self, max_ctx: int, batch: int = 1) -> int:
+        """KV positions per flash-decoding tile (:meth:`TileConfig.attn_split_for` of this rank's kv heads)."""
+        return self.cfg.tiles.attn_split_for(max_ctx, batch * self.kv_heads)
+
+    def splits(self, max_ctx: int, batch: int = 1) -> int:
+        """Flash-decoding splits of a KV cache of ``max_ctx`` positions (per sequence and kv head)."""
+        return cdiv(max_ctx, self.attn_split(max_ctx, batch))
 
     def weight_bytes(self) -> int:
         """bf16 weight bytes one decoder step reads on this rank (norm weights included)."""
@@ -268,10 +311,14 @@ class Shard:
 #: 2026-11-27: batch 2 1.32x batch 1 on the FMA path at 239 registers, batch 8 1.77x on the register-buffered
 #: tl.dot path at 233): the tl.dot path streams 16 x 512 chunks through shared memory under a 168-register cap
 #: (no spills, 3 programs per SM; bench/megakernel_regs.py) with separate RMSNorm tasks; on one rank no all-reduce
-#: tasks (direct_tp1)
+#: tasks (direct_tp1).  Attention (issue 26 at context 4096, H200 of 2026-11-27,
+#: bench/results/h200-2026-11-27-attn5.md): the flash-decoding split follows batch and context so that a layer has
+#: at most ~396 attention tiles (3 programs on 132 SMs, H100 SXM and H200: one wave; attn_tiles): batch 8 at context
+#: 4096 took 6715 us against 7413 with splits of 128 positions (2112 tiles, 33 partials per head to combine), batch 1
+#: unchanged (5115 / 5098)
 TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=8, gate_up_block_k=1024, gemv_stream=True,
                       programs_per_sm=3, dot_from=2, fuse_upto=1, dot_stream=True, dot_block_k=512, max_regs=168,
-                      direct_tp1=True, dot_pad=8, dot_ring=73728)
+                      direct_tp1=True, dot_pad=8, dot_ring=73728, attn_tiles=396)
 
 
 def qwen3_8b(**kw) -> DecoderConfig:

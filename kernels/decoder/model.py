@@ -11,6 +11,7 @@ index the stacked norm weights)::
     res_a.l    add_resid_tile     cdiv(B*H, BLK)   resid += delta (after every qkv.l tile read resid)
     rope.l     qk_norm_rope_tile  B*KH*(G+2)       q / k norm, RoPE, paged KV append <- the qkv tiles of its head
     attn.l     attn_split_tile    B*KH*S           flash-decoding split             <- rope tiles of its kv group
+               (TileConfig.attn_fuse_rope: no rope.l; attn_rope_split_tile does its work <- the qkv tiles of its group)
     comb.l     attn_combine_tile  B*QH             combine the S splits             <- attn tiles of its head
     o.l        linear_tile        cdiv(H, BN)      partial = attn @ Wo[l]^T (fp32)  <- all of comb.l
     ar_attn.l  all-reduce                          delta = sum over ranks of partial (after res_a.l)
@@ -89,7 +90,7 @@ def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, 
     ``max_ctx``: positions a block table can hold); ``symmetric``: on the symmetric heap (``ditron.symm_zeros``),
     where the simulator's race finder checks every access (tests)."""
     sh = cfg.shard(world_size)
-    B, H, D, S = batch, cfg.hidden, cfg.head_dim, sh.splits(max_ctx)
+    B, H, D, S = batch, cfg.hidden, cfg.head_dim, sh.splits(max_ctx, batch)
     bf, f32 = torch.bfloat16, torch.float32
 
     def z(name, shape, dtype):
@@ -130,7 +131,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     QH, KH, G, IL = sh.q_heads, sh.kv_heads, cfg.group, sh.inter
     k_cache, v_cache, bt = cache
     P, NP, MP = cache.page_size, cache.num_pages, cache.max_pages
-    S = sh.splits(cache.max_ctx)
+    S = sh.splits(cache.max_ctx, B)
     dot = tc.dot_for(B)
     fuse = tc.fuse_for(B)
     BN = {p: tc.block_n(p, dot) for p in ("qkv", "o", "gate_up", "down")}
@@ -192,14 +193,31 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         head = kvh * G + j if j < G else QH + kvh if j == G else QH + KH + kvh
         return head * D // BN["qkv"], cdiv((head + 1) * D, BN["qkv"])
 
+    def heads_qkv_tiles(first, n, per=1):   # tile t of kv head (t // per) % KH -> the qkv tiles of heads
+        def tiles(t):                       # [first(kvh), first(kvh) + n)
+            h0 = first((t // per) % KH)
+            return h0 * D // BN["qkv"], cdiv((h0 + n) * D, BN["qkv"])
+        return tiles
+
+    def group_qkv_deps(per):        # a tile of kv group (t // per) % KH needs its G q heads, its k and v head
+        return [heads_qkv_tiles(lambda kvh: kvh * G, G, per), heads_qkv_tiles(lambda kvh: QH + kvh, 1, per),
+                heads_qkv_tiles(lambda kvh: QH + KH + kvh, 1, per)]
+    rope_group_deps = group_qkv_deps(1)             # TileConfig.rope_group: rope tile (b, kvh)
+    attn_qkv_deps = group_qkv_deps(S)               # TileConfig.attn_fuse_rope: attention tile (b, kvh, s)
+    rope_per = 1 if tc.rope_group else G + 2         # rope tiles per (b, kvh)
+    pipe_attn = bool(tc.attn_stages or tc.attn_prefetch_v)     # attn_split_pipe_tile (attn_rope_split_tile: always)
+
     def attn_rope_tiles(t):         # attention tile (b, kvh, s) -> rope tiles of (b, kvh, *)
         bh = t // S
-        return bh * (G + 2), (bh + 1) * (G + 2)
+        return bh * rope_per, (bh + 1) * rope_per
 
     def comb_attn_tiles(t):         # combine tile (b, h) -> attention tiles of (b, h // G, *)
         b, hq = divmod(t, QH)
         bh = b * KH + hq // G
         return bh * S, (bh + 1) * S
+
+    def comb_group_attn_tiles(t):   # TileConfig.comb_group: combine tile (b, kvh) -> attention tiles of (b, kvh, *)
+        return t * S, (t + 1) * S
 
     def rms_linear(name, proj, fn, wt, out, N, l, j, deps):      # the fused-norm GEMV over the residual stream
         specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
@@ -264,27 +282,48 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         else:
             norm(f"norm_a.{l}", 2 * l, [(after_mlp(l - 1), None)] if l else [("advance", None)])
             linear(f"qkv.{l}", "qkv", buf.h, w.qkv, buf.qkv, sh.qkv_cols, H, l, [(f"norm_a.{l}", None)])
+        attn_c = {"kc_ptr": k_cache, "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq, "o_ptr": buf.o_part,
+                  "lse_ptr": buf.lse, "B": B, "QH": QH, "KH": KH, "num_pages": NP, "max_pages": MP, "nsplit": S,
+                  "sm_scale": 1.0 / math.sqrt(D), "PAGE": P, "HEAD_D": D, "BLOCK_D": max(16, next_pow2(D)),
+                  "BLOCK_G": max(16, next_pow2(G)), "SPLIT": sh.attn_split(cache.max_ctx, B),
+                  "BLOCK_P": tc.attn_block}
+        pipe_c = {"STAGES": tc.attn_stages, "PREFETCH_V": tc.attn_prefetch_v}
+        if tc.attn_fuse_rope:
+            # TileConfig.attn_fuse_rope: no rope task; each attention tile norms / rotates its q heads itself and
+            # the split holding the new position appends k and v (attn_rope_split_tile)
+            specs.append(TaskSpec(
+                f"attn.{l}", T.attn_rope_split_tile, B * KH * S,
+                {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "eps": cfg.rms_eps,
+                 "log2_theta": math.log2(cfg.rope_theta), **attn_c, **pipe_c},
+                reads=("qkv_ptr", "qn_ptr", "kn_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"),
+                writes=("kc_ptr", "vc_ptr", "o_ptr", "lse_ptr"),
+                deps=[(f"qkv.{l}", f) for f in attn_qkv_deps], scalars={"layer": l}))
+        else:
+            specs.append(TaskSpec(
+                f"rope.{l}", T.qk_norm_rope_group_tile if tc.rope_group else T.qk_norm_rope_tile,
+                B * KH * rope_per,
+                {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "q_ptr": buf.q, "kc_ptr": k_cache,
+                 "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq, "B": B, "QH": QH, "KH": KH, "num_pages": NP,
+                 "max_pages": MP, "eps": cfg.rms_eps, "log2_theta": math.log2(cfg.rope_theta), "PAGE": P,
+                 "HEAD_D": D, "BLOCK_H": next_pow2(D // 2)},
+                reads=("qkv_ptr", "qn_ptr", "kn_ptr", "bt_ptr", "seq_ptr"), writes=("q_ptr", "kc_ptr", "vc_ptr"),
+                deps=([(f"qkv.{l}", f) for f in rope_group_deps] if tc.rope_group
+                      else [(f"qkv.{l}", rope_qkv_tiles)]),
+                scalars={"layer": l}))
+            specs.append(TaskSpec(
+                f"attn.{l}", T.attn_split_pipe_tile if pipe_attn else T.attn_split_tile, B * KH * S,
+                {"q_ptr": buf.q, **attn_c, **(pipe_c if pipe_attn else {})},
+                reads=("q_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"), writes=("o_ptr", "lse_ptr"),
+                deps=[(f"rope.{l}", attn_rope_tiles)], scalars={"layer": l}))
+        # BLOCK_S at least 16: with attn_tiles a few splits (batch 16 at 4096: 3 -> 4 rows) made ptxas spill 60-64
+        # bytes elsewhere in the 168-register batch-16 step (16 rows: none; tests/test_decoder.py)
         specs.append(TaskSpec(
-            f"rope.{l}", T.qk_norm_rope_tile, B * KH * (G + 2),
-            {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "q_ptr": buf.q, "kc_ptr": k_cache,
-             "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq, "B": B, "QH": QH, "KH": KH, "num_pages": NP,
-             "max_pages": MP, "eps": cfg.rms_eps, "log2_theta": math.log2(cfg.rope_theta), "PAGE": P, "HEAD_D": D,
-             "BLOCK_H": next_pow2(D // 2)},
-            reads=("qkv_ptr", "qn_ptr", "kn_ptr", "bt_ptr", "seq_ptr"), writes=("q_ptr", "kc_ptr", "vc_ptr"),
-            deps=[(f"qkv.{l}", rope_qkv_tiles)], scalars={"layer": l}))
-        specs.append(TaskSpec(
-            f"attn.{l}", T.attn_split_tile, B * KH * S,
-            {"q_ptr": buf.q, "kc_ptr": k_cache, "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq,
-             "o_ptr": buf.o_part, "lse_ptr": buf.lse, "B": B, "QH": QH, "KH": KH, "num_pages": NP, "max_pages": MP,
-             "nsplit": S, "sm_scale": 1.0 / math.sqrt(D), "PAGE": P, "HEAD_D": D, "BLOCK_D": max(16, next_pow2(D)),
-             "BLOCK_G": max(16, next_pow2(G)), "SPLIT": tc.attn_split, "BLOCK_P": tc.attn_block},
-            reads=("q_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"), writes=("o_ptr", "lse_ptr"),
-            deps=[(f"rope.{l}", attn_rope_tiles)], scalars={"layer": l}))
-        specs.append(TaskSpec(
-            f"comb.{l}", T.attn_combine_tile, B * QH,
+            f"comb.{l}", T.attn_combine_group_tile if tc.comb_group else T.attn_combine_tile,
+            B * KH if tc.comb_group else B * QH,
             {"o_ptr": buf.o_part, "lse_ptr": buf.lse, "out_ptr": buf.attn, "nsplit": S, "HEAD_D": D,
-             "BLOCK_D": next_pow2(D), "BLOCK_S": next_pow2(S)},
-            reads=("o_ptr", "lse_ptr"), writes=("out_ptr",), deps=[(f"attn.{l}", comb_attn_tiles)]))
+             "BLOCK_D": next_pow2(D), "BLOCK_S": max(16, next_pow2(S)), **({"GROUP": G} if tc.comb_group else {})},
+            reads=("o_ptr", "lse_ptr"), writes=("out_ptr",),
+            deps=[(f"attn.{l}", comb_group_attn_tiles if tc.comb_group else comb_attn_tiles)]))
         linear(f"o.{l}", "o", buf.attn, w.o, red, H, sh.attn_cols, l,
                [(f"comb.{l}", None)] + ([(f"res_a.{l}", None)] if direct and fuse else []))
         if not direct:
