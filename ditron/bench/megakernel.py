@@ -110,6 +110,10 @@ def _config(args):
         over["dot_stream"] = False
     if args.tp1_all_reduce:
         over["direct_tp1"] = False
+    if args.fold_resid:
+        over["fold_resid"] = True
+    if args.prenorm:
+        over["prenorm"] = True
     if args.gemv_stream:
         over["gemv_stream"] = True
     if args.gemv_dot != "auto":
@@ -277,6 +281,12 @@ def main(argv=None):
                    help="the tl.dot GEMV path double-buffers the weights in registers (8b default: streamed)")
     p.add_argument("--tp1-all-reduce", action="store_true",
                    help="keep the all-reduce tasks on one rank (8b default: o / down write the delta directly)")
+    p.add_argument("--fold-resid", action="store_true",
+                   help="one rank, fused norms (batch 1): o_proj / down_proj commit the residual add of their columns "
+                        "(no res_a / res_m tasks)")
+    p.add_argument("--prenorm", action="store_true",
+                   help="as --fold-resid, and o_proj / down_proj write the next norm's bf16 input and sums of squares: "
+                        "qkv / gate-up tiles are plain GEMVs scaled by rstd")
     p.add_argument("--dot-pad", type=int, default=0,
                    help="the tl.dot path pads the batch rows to at least this many (8b default 8; TileConfig default 16)")
     p.add_argument("--dot-ring", type=int, default=0,

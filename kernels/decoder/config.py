@@ -89,6 +89,18 @@ class TileConfig:
       where the rows are few, the same ring where they are many);
     * ``direct_tp1``: on one rank (no tensor parallelism) o_proj and down_proj write the residual delta
       themselves: no all-reduce tasks (at one rank a copy), two stages fewer per layer; no effect at 2+ ranks.
+    * ``fold_resid``: where ``direct_tp1`` applies and the RMSNorm is fused into the GEMV tiles (batch 1 of the
+      8B defaults), o_proj and down_proj also commit the pending residual add for their own columns
+      (``linear_resid_tile``: ``resid += delta``, then ``delta = x @ w^T``) instead of the ``res_a`` / ``res_m``
+      tasks: two stages fewer per layer, and down_proj no longer waits for a residual commit after gate/up (a
+      lever of issue 26); not with ``down_split_k > 1``; no effect elsewhere.
+    * ``prenorm``: on one rank with ``direct_tp1``, at every batch (it implies ``fold_resid``), o_proj and down_proj
+      tiles add their output to the residual stream at once (``linear_resnorm_tile``: no delta) and write the next
+      RMSNorm's input without its ``rstd`` (``hn = bf16(r * w_norm)``) and their columns' sums of squares; the next
+      qkv and gate/up tiles are plain GEMVs over ``hn`` scaled by ``rstd`` (``linear_rstd_tile``,
+      ``gate_up_rstd_tile``) instead of re-reading the float32 residual and delta with every chunk (fused norms) or
+      waiting for a separate norm task (batches above ``fuse_upto``: no ``norm_a`` / ``norm_m`` tasks but layer 0's;
+      layer 0's qkv normalises the step's input as before).
     """
     gemv_block_n: int = 32
     gemv_block_k: int = 512
@@ -121,6 +133,8 @@ class TileConfig:
     direct_tp1: bool = False
     dot_pad: int = 16
     dot_ring: int = 0
+    fold_resid: bool = False
+    prenorm: bool = False
 
     def block_n(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
@@ -171,6 +185,9 @@ class TileConfig:
                               ">= 0 (batch sizes)")
         if self.dot_ring < 0:
             raise DitronError(f"TileConfig.dot_ring={self.dot_ring}: must be 0 (stream_stages) or a byte count")
+        if (self.fold_resid or self.prenorm) and self.down_split_k > 1:
+            raise DitronError("TileConfig: fold_resid / prenorm fold the residual add into the down projection's "
+                              f"tiles; with down_split_k={self.down_split_k} those are K slices (use one or the other)")
         if self.down_split_k < 1:
             raise DitronError(f"TileConfig.down_split_k={self.down_split_k}: must be >= 1 (1: no split)")
         if self.max_regs and not 24 <= self.max_regs <= 255:
