@@ -86,8 +86,8 @@ class Buffers:
     seq: torch.Tensor        # [B] int32: each sequence's valid KV positions (its context length)
     partial_k: torch.Tensor = None   # [down_split_k, B, H] fp32: the split-K slices of down_proj (split only)
     hn: torch.Tensor = None          # [B, H] bf16: r * norm weight, the next GEMV's input (TileConfig.prenorm)
-    ss_a: torch.Tensor = None        # [o tiles, B] fp32: o_proj tiles' partial sums of r^2 (prenorm)
-    ss_m: torch.Tensor = None        # [down tiles, B] fp32: down_proj tiles' partial sums of r^2 (prenorm)
+    ss_a: torch.Tensor = None        # [B, o tiles] fp32: o_proj tiles' partial sums of r^2 (prenorm)
+    ss_m: torch.Tensor = None        # [B, down tiles] fp32: down_proj tiles' partial sums of r^2 (prenorm)
 
 
 def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, ctx, device,
@@ -114,8 +114,8 @@ def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, 
     if cfg.tiles.prenorm:
         dot = cfg.tiles.dot_for(B)
         buf.hn = z("hn", (B, H), bf)
-        buf.ss_a = z("ss_a", (-(-H // cfg.tiles.block_n("o", dot)), B), f32)
-        buf.ss_m = z("ss_m", (-(-H // cfg.tiles.block_n("down", dot)), B), f32)
+        buf.ss_a = z("ss_a", (B, -(-H // cfg.tiles.block_n("o", dot))), f32)
+        buf.ss_m = z("ss_m", (B, -(-H // cfg.tiles.block_n("down", dot))), f32)
     buf.seq.copy_(torch.tensor(contexts(ctx, B), dtype=torch.int32))
     return buf
 
@@ -279,7 +279,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                               scalars={"layer": l, "norm": j, "first": first}, prefetch=prefetch_of(T.linear_tile)))
 
     def rstd_gemv(name, proj, fn, wt, out, N, l, ss, deps):     # rstd(ss) * (hn @ wt^T) (gate/up: then silu * up)
-        nt = ss.shape[0]
+        nt = ss.shape[1]
         specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
                               {"x_ptr": buf.hn, "ss_ptr": ss, "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps,
                                "N": N, "K": H, "NT": nt, "BLOCK_T": next_pow2(nt), **gemv_c(proj)},

@@ -300,7 +300,7 @@ def linear_resnorm_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr, s
     """o_proj / down_proj tile of ``TileConfig.prenorm`` (one rank, batch 1): for columns ``cols = [tile * BLOCK_N,
     +BLOCK_N)``, ``r = (x0 if first else resid) + x @ w[layer]^T`` (the residual add done at once: no delta),
     ``resid = r``, the next RMSNorm's input without its ``rstd``: ``hn = bf16(r * nw[norm])``, and the tile's share
-    of the rows' sum of squares: ``ss[tile, b] = sum over cols of r^2`` (float32 ``[tiles, B]``).  The consumer
+    of the rows' sum of squares: ``ss[b, tile] = sum over cols of r^2`` (float32 ``[B, tiles]``).  The consumer
     (:func:`linear_rstd_tile`, :func:`gate_up_rstd_tile`) adds the ``tiles`` partial sums of its row: a plain GEMV
     over ``hn`` scaled by ``rstd`` at the end, instead of re-reading the float32 residual and delta per chunk."""
     wl = w_ptr + layer.to(tl.int64) * N * K
@@ -322,18 +322,19 @@ def linear_resnorm_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr, s
     tl.debug_barrier()              # every thread's read of the old resid before any thread overwrites it
     tl.store(resid_ptr + off, r, mask=m)
     tl.store(hn_ptr + off, (r * nw[None, :]).to(hn_ptr.dtype.element_ty), mask=m)
-    tl.store(ss_ptr + tile * B + offs_b, tl.sum(r * r, axis=1), mask=mb)
+    NTILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    tl.store(ss_ptr + offs_b * NTILES + tile, tl.sum(r * r, axis=1), mask=mb)
 
 
 @triton.jit
 def _rstd_rows(ss_ptr, B, eps, K: tl.constexpr, NT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr):
-    """``rsqrt(mean(r^2) + eps)`` per batch row from the ``NT`` partial sums of squares ``ss[NT, B]`` of
+    """``rsqrt(mean(r^2) + eps)`` per batch row from the ``NT`` partial sums of squares ``ss[B, NT]`` of
     :func:`linear_resnorm_tile` (``K``: the row length), as ``[BLOCK_B]`` float32."""
     offs_t = tl.arange(0, BLOCK_T)
     offs_b = tl.arange(0, BLOCK_B)
-    s = tl.load(ss_ptr + offs_t[:, None] * B + offs_b[None, :], mask=(offs_t < NT)[:, None] & (offs_b < B)[None, :],
+    s = tl.load(ss_ptr + offs_b[:, None] * NT + offs_t[None, :], mask=(offs_b < B)[:, None] & (offs_t < NT)[None, :],
                 other=0.0)
-    return 1.0 / tl.sqrt(tl.sum(s, axis=0) / K + eps)
+    return 1.0 / tl.sqrt(tl.sum(s, axis=1) / K + eps)
 
 
 @triton.jit
