@@ -46,6 +46,8 @@
 #                of four)
 #   nofuse1      batch 1: separate RMSNorm tasks (plain GEMV tiles; what the fused norm costs per tile)
 #   pntrace      batch 1, ctx 512: --prenorm with a traced build (time per kind of task)
+#   pngu32       batch 1: --prenorm and gu32 together
+#   pnk512       batch 1: --prenorm and k512s5 together
 #   base8, pn8   batch 2 and 8 at ctx 512: today's defaults and --prenorm (at batches above fuse_upto it replaces the
 #                separate norm tasks of layers 1-35: o_proj / down_proj write the norm's input, no norm stage)
 #   as64         batch 1: 64-position flash-decoding splits (twice the attention tiles, each half as long: the
@@ -88,6 +90,8 @@ ALL=(                      # name|timeout s|cases|flags
   "gu32|45|--ctx 512 --batch 1|--block-n gate_up=32 --block-k gate_up=256"
   "nofuse1|45|--ctx 512 --batch 1|--fuse-upto 0"
   "pntrace|80|--ctx 512 --batch 1|--prenorm --trace"
+  "pngu32|45|--ctx 512 --batch 1|--prenorm --block-n gate_up=32 --block-k gate_up=256"
+  "pnk512|45|--ctx 512 --batch 1|--prenorm --gemv-block-k 512 --block-k gate_up=512 --stream-stages 5"
   "base8|60|--ctx 512 --batch 2,8|"
   "pn8|60|--ctx 512 --batch 2,8|--prenorm"
   "as64|60|--ctx 512,4096 --batch 1|--attn-split 64"

@@ -27,6 +27,8 @@ LEVERS = {
     "prenorm": {"prenorm": True},
     "k512s5": {"gemv_block_k": 512, "gate_up_block_k": 512, "stream_stages": 5},
     "gu32": {"gate_up_block_n": 32, "gate_up_block_k": 256},
+    "pngu32": {"prenorm": True, "gate_up_block_n": 32, "gate_up_block_k": 256},
+    "pnk512": {"prenorm": True, "gemv_block_k": 512, "gate_up_block_k": 512, "stream_stages": 5},
 }
 
 
