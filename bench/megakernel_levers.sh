@@ -45,7 +45,7 @@
 #   gu32         batch 1: gate/up tiles of 32 x 256 (384 tiles: one per program, one pipeline fill per phase instead
 #                of four)
 #   nofuse1      batch 1: separate RMSNorm tasks (plain GEMV tiles; what the fused norm costs per tile)
-#   pntrace      batch 1, ctx 512: --prenorm with a traced build (time per kind of task)
+#   pntrace      batch 1, ctx 512: --prenorm with a traced build (time per kind of task); trace1: today's defaults
 #   pngu32       batch 1: --prenorm and gu32 together
 #   pnk512       batch 1: --prenorm and k512s5 together
 #   base8, pn8   batch 2 and 8 at ctx 512: today's defaults and --prenorm (at batches above fuse_upto it replaces the
@@ -90,6 +90,7 @@ ALL=(                      # name|timeout s|cases|flags
   "gu32|45|--ctx 512 --batch 1|--block-n gate_up=32 --block-k gate_up=256"
   "nofuse1|45|--ctx 512 --batch 1|--fuse-upto 0"
   "pntrace|80|--ctx 512 --batch 1|--prenorm --trace"
+  "trace1|80|--ctx 512 --batch 1|--trace"
   "pngu32|45|--ctx 512 --batch 1|--prenorm --block-n gate_up=32 --block-k gate_up=256"
   "pnk512|45|--ctx 512 --batch 1|--prenorm --gemv-block-k 512 --block-k gate_up=512 --stream-stages 5"
   "base8|60|--ctx 512 --batch 2,8|"
