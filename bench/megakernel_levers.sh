@@ -48,8 +48,11 @@
 #   pntrace      batch 1, ctx 512: --prenorm with a traced build (time per kind of task); trace1: today's defaults
 #   pngu32       batch 1: --prenorm and gu32 together
 #   pnk512       batch 1: --prenorm and k512s5 together
-#   base8, pn8   batch 2 and 8 at ctx 512: today's defaults and --prenorm (at batches above fuse_upto it replaces the
-#                separate norm tasks of layers 1-35: o_proj / down_proj write the norm's input, no norm stage)
+#   base8        batch 2 and 8 at ctx 512: today's defaults
+#   pn8          batch 8 at ctx 512 and 4096 with --prenorm (at batches above fuse_upto it replaces the separate norm
+#                tasks of layers 1-35: o_proj / down_proj write the norm's input, no norm stage)
+#   main, new    batch 1 and 8 at ctx 512 and 4096: main's defaults of 2026-11-27 (before prenorm and the 32 x 256
+#                gate/up tiles of batch 1) and today's defaults
 #   as64         batch 1: 64-position flash-decoding splits (twice the attention tiles, each half as long: the
 #                attention stage is latency-bound at batch 1)
 #   as256        batch 8, 16 at context 4096: 256-position splits (each attention tile's pipelined K/V loop runs 4
@@ -94,7 +97,9 @@ ALL=(                      # name|timeout s|cases|flags
   "pngu32|45|--ctx 512 --batch 1|--prenorm --block-n gate_up=32 --block-k gate_up=256"
   "pnk512|45|--ctx 512 --batch 1|--prenorm --gemv-block-k 512 --block-k gate_up=512 --stream-stages 5"
   "base8|60|--ctx 512 --batch 2,8|"
-  "pn8|60|--ctx 512 --batch 2,8|--prenorm"
+  "pn8|60|--ctx 512,4096 --batch 8|--prenorm"
+  "main|90|--ctx 512,4096 --batch 1,8|--no-prenorm --block-n gate_up=8 --block-k gate_up=1024"
+  "new|90|--ctx 512,4096 --batch 1,8|"
   "as64|60|--ctx 512,4096 --batch 1|--attn-split 64"
   "as256|60|--ctx 4096 --batch 8,16|--attn-split 256"
   "trace|80|--ctx 512 --batch 1,8|--trace"
@@ -146,8 +151,8 @@ PY
 import json, sys
 data = json.load(open(sys.argv[1]))
 print("== summary: lever | ctx | batch | megakernel us | mk / HBM limit | mk / graph | mk / batch 1 (same ctx; of the "
-      "same lever, else of 'curve' or 'base1')")
-base = {r["ctx"]: r["megakernel_us"] for k in ("base1", "curve") for r in data.get(k, {}).get("rows", [])
+      "same lever, else of 'new', 'curve' or 'base1')")
+base = {r["ctx"]: r["megakernel_us"] for k in ("base1", "curve", "new") for r in data.get(k, {}).get("rows", [])
         if r.get("batch") == 1 and r.get("megakernel_us")}
 for lever, d in data.items():
     rows = d.get("rows", [])

@@ -36,7 +36,8 @@ def test_fold_resid_removes_the_commit_stages(lever):
     from ditron.errors import DitronError
     from ditron.kernels.decoder import qwen3_8b, tiny
     from ditron.kernels.decoder import resources as RZ
-    cfg = qwen3_8b(n_layers=1).with_tiles(**{lever: True})
+    old = qwen3_8b(n_layers=1).with_tiles(prenorm=False)      # the 8B tiles before these levers
+    cfg = old.with_tiles(**{lever: True})
     kinds = _names(cfg, 1, 1)
     assert "res_a" not in kinds and "res_m" not in kinds and {"o", "down", "gu", "qkv"} <= set(kinds), kinds
     fns = {s.name: s.fn.fn.__name__ for s in RZ.step_specs(cfg, 1)}
@@ -45,18 +46,35 @@ def test_fold_resid_removes_the_commit_stages(lever):
         assert fns["qkv.0"] == "rms_linear_tile", fns          # layer 0 normalises the step's input itself
     else:
         assert fns["o.0"] == fns["down.0"] == "linear_resid_tile" and fns["gu.0"] == "rms_gate_up_tile", fns
-    assert "res_m" in _names(qwen3_8b(n_layers=1), 1, 1)
+    assert "res_m" in _names(old, 1, 1)
     b8 = _names(cfg, 1, 8)
     if lever == "prenorm":      # the batch path: no separate norm tasks but layer 0's (it normalises the input)
         fns = {s.name: s.fn.fn.__name__ for s in RZ.step_specs(cfg, 8)}
         assert "norm_a.0" in fns and "norm_m" not in b8 and fns["gu.0"] == "gate_up_rstd_tile", fns
     else:                       # the batch path (separate norm tasks) is unchanged
-        assert b8 == _names(qwen3_8b(n_layers=1), 1, 8)
+        assert b8 == _names(old, 1, 8)
     # at 2 ranks the all-reduce writes the delta: the commits stay
     t = tiny().with_tiles(fold_resid=True, direct_tp1=True)
     assert "res_m" in _names(t, 2, 1) and "ar_mlp" in _names(t, 2, 1)
     with pytest.raises(DitronError, match="fold_resid"):
         tiny().with_tiles(down_split_k=2, **{lever: True})
+
+
+def test_8b_defaults_take_prenorm_at_batch_1_only():
+    # measured on one H200 (bench/megakernel_levers.sh, 2026-11-27): prenorm and 32 x 256 gate/up tiles at batch 1
+    # are qwen3_8b()'s defaults; the batch path keeps its separate norms and 8-wide gate/up tiles (not measured
+    # with prenorm yet); split-K turns the automatic prenorm off
+    from ditron.kernels.decoder import qwen3_8b
+    from ditron.kernels.decoder import resources as RZ
+    cfg = qwen3_8b(n_layers=1)
+    t = cfg.tiles
+    assert t.prenorm is None and t.prenorm_for(1) and not t.prenorm_for(2)
+    assert not cfg.with_tiles(down_split_k=3).tiles.prenorm_for(1)
+    b1 = {s.name: s for s in RZ.step_specs(cfg, 1)}
+    assert b1["gu.0"].fn.fn.__name__ == "gate_up_rstd_tile" and b1["gu.0"].num_tiles == 12288 // 32
+    assert b1["gu.0"].args["BLOCK_N"] == 32 and b1["gu.0"].args["BLOCK_K"] == 256
+    b8 = {s.name: s for s in RZ.step_specs(cfg, 8)}
+    assert "norm_m.0" in b8 and b8["gu.0"].fn.fn.__name__ == "gate_up_tile" and b8["gu.0"].args["BLOCK_N"] == 8
 
 
 @pytest.mark.parametrize("ranks,batch,lever", [(1, 1, "fold_resid"), (1, 2, "fold_resid"), (2, 1, "fold_resid"),
@@ -99,7 +117,9 @@ def test_fold_resid_compiles(target, lever):
     from ditron.kernels.decoder import resources as RZ
     ditron.init("sim")
     try:
-        cfg = qwen3_8b(n_layers=1).with_tiles(**{lever: True})
+        # fold_resid as measured: with the fused-norm gate/up tiles of 8 x 1024 (32 x 256 fused ones spill 64 bytes)
+        old = dict(gate_up_block_n=8, gate_up_block_k=1024) if lever == "fold_resid" else {}
+        cfg = qwen3_8b(n_layers=1).with_tiles(**{"prenorm": False, **old, lever: True})
         if target == "gfx942":                  # (max_regs is a ptxas option)
             from conftest import device_asm
             asm = device_asm(RZ.compile_step(cfg.with_tiles(max_regs=0), 1, target=target))

@@ -114,6 +114,8 @@ def _config(args):
         over["fold_resid"] = True
     if args.prenorm:
         over["prenorm"] = True
+    if args.no_prenorm:
+        over["prenorm"] = False
     if args.gemv_stream:
         over["gemv_stream"] = True
     if args.gemv_dot != "auto":
@@ -285,8 +287,10 @@ def main(argv=None):
                    help="one rank, fused norms (batch 1): o_proj / down_proj commit the residual add of their columns "
                         "(no res_a / res_m tasks)")
     p.add_argument("--prenorm", action="store_true",
-                   help="as --fold-resid, and o_proj / down_proj write the next norm's bf16 input and sums of squares: "
-                        "qkv / gate-up tiles are plain GEMVs scaled by rstd")
+                   help="at every batch (8b default: batch 1): o_proj / down_proj add their output to the residual "
+                        "and write the next norm's bf16 input and sums of squares; qkv / gate-up tiles are plain GEMVs "
+                        "scaled by rstd (no fused-norm re-reads, no norm tasks)")
+    p.add_argument("--no-prenorm", action="store_true", help="off at every batch (the fused / separate norms)")
     p.add_argument("--dot-pad", type=int, default=0,
                    help="the tl.dot path pads the batch rows to at least this many (8b default 8; TileConfig default 16)")
     p.add_argument("--dot-ring", type=int, default=0,

@@ -39,6 +39,8 @@ class TileConfig:
       per-projection overrides of ``gemv_block_k`` (0: use it; gate/up
       streams two chunks, gate and up, per step, so half the chunk fits the
       same registers);
+      ``dot_gate_up_block_n``: the gate/up tile width of the ``tl.dot`` path (0: ``dot_block_n``, else
+      ``gate_up_block_n``), so batch 1's FMA path and the batch path can have different gate/up tiles;
       ``dot_block_n`` / ``dot_block_k``: the tile width (0: the projection's) and K chunk of the ``tl.dot``
       path (256: 16 padded rows x 256 float32 activations fit the registers, 1024 spilled ~27 KB per thread,
       issue 26); ``dot_stream``: the ``tl.dot`` path streams the weights through Triton's software pipeliner
@@ -94,7 +96,8 @@ class TileConfig:
       (``linear_resid_tile``: ``resid += delta``, then ``delta = x @ w^T``) instead of the ``res_a`` / ``res_m``
       tasks: two stages fewer per layer, and down_proj no longer waits for a residual commit after gate/up (a
       lever of issue 26); not with ``down_split_k > 1``; no effect elsewhere.
-    * ``prenorm``: on one rank with ``direct_tp1``, at every batch (it implies ``fold_resid``), o_proj and down_proj
+    * ``prenorm``: on one rank with ``direct_tp1`` (it implies ``fold_resid``; ``None``: at batches up to
+      ``fuse_upto``, where the norms would be fused, without split-K; ``True``: every batch), o_proj and down_proj
       tiles add their output to the residual stream at once (``linear_resnorm_tile``: no delta) and write the next
       RMSNorm's input without its ``rstd`` (``hn = bf16(r * w_norm)``) and their columns' sums of squares; the next
       qkv and gate/up tiles are plain GEMVs over ``hn`` scaled by ``rstd`` (``linear_rstd_tile``,
@@ -134,11 +137,14 @@ class TileConfig:
     dot_pad: int = 16
     dot_ring: int = 0
     fold_resid: bool = False
-    prenorm: bool = False
+    prenorm: Optional[bool] = False
+    dot_gate_up_block_n: int = 0
 
     def block_n(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
-        ``tl.dot`` path (``dot_block_n`` when set)."""
+        ``tl.dot`` path (``dot_gate_up_block_n`` for gate/up, else ``dot_block_n``, when set)."""
+        if dot and proj == "gate_up" and self.dot_gate_up_block_n:
+            return self.dot_gate_up_block_n
         if dot and self.dot_block_n:
             return self.dot_block_n
         return getattr(self, f"{proj}_block_n") or self.gemv_block_n
@@ -157,6 +163,12 @@ class TileConfig:
         """Whether the QKV and gate/up tiles compute the RMSNorm themselves at this batch size."""
         return batch <= self.fuse_upto if self.fuse_norm is None else bool(self.fuse_norm)
 
+    def prenorm_for(self, batch: int) -> bool:
+        """Whether o_proj / down_proj write the next norm's input at this batch size (one rank, ``direct_tp1``)."""
+        if self.prenorm is None:            # auto: where the norms would be fused, and not with split-K
+            return batch <= self.fuse_upto and self.down_split_k == 1
+        return bool(self.prenorm)
+
     def stream_for(self, batch: int) -> int:
         """The GEMV tiles' ``STREAM`` constexpr at this batch size: 0 (weights double-buffered in registers) or the
         software pipeline's ``num_stages`` (weights streamed by ``cp.async`` into shared memory)."""
@@ -170,7 +182,7 @@ class TileConfig:
             if v <= 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be a power of two")
         for name in ("dot_block_n", "qkv_block_n", "o_block_n", "gate_up_block_n", "down_block_n", "qkv_block_k",
-                     "o_block_k", "gate_up_block_k", "down_block_k"):
+                     "o_block_k", "gate_up_block_k", "down_block_k", "dot_gate_up_block_n"):
             v = getattr(self, name)
             if v < 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be 0 (gemv_block_{name[-1]}) or a power of two")
@@ -285,10 +297,13 @@ class Shard:
 #: 2026-11-27: batch 2 1.32x batch 1 on the FMA path at 239 registers, batch 8 1.77x on the register-buffered
 #: tl.dot path at 233): the tl.dot path streams 16 x 512 chunks through shared memory under a 168-register cap
 #: (no spills, 3 programs per SM; bench/megakernel_regs.py) with separate RMSNorm tasks; on one rank no all-reduce
-#: tasks (direct_tp1)
-TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=8, gate_up_block_k=1024, gemv_stream=True,
+#: tasks (direct_tp1).  Batch 1 (H200, 2026-11-27, bench/megakernel_levers.sh levers base1 / prenorm / pngu32):
+#: o_proj / down_proj write the next norm's input (prenorm: 4959 -> 4694 us at context 512, 5132 -> 4793 at 4096)
+#: and gate/up tiles of 32 x 256 (384 tiles, one per program: 4556 us with prenorm); the batch path keeps its 8-wide
+#: gate/up tiles (dot_gate_up_block_n)
+TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=32, gate_up_block_k=256, gemv_stream=True,
                       programs_per_sm=3, dot_from=2, fuse_upto=1, dot_stream=True, dot_block_k=512, max_regs=168,
-                      direct_tp1=True, dot_pad=8, dot_ring=73728)
+                      direct_tp1=True, dot_pad=8, dot_ring=73728, prenorm=None, dot_gate_up_block_n=8)
 
 
 def qwen3_8b(**kw) -> DecoderConfig:

@@ -111,7 +111,7 @@ def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, 
                   act=z("act", (B, sh.inter), bf), seq=z("seq", (B,), torch.int32))
     if cfg.tiles.down_split_k > 1:
         buf.partial_k = z("partial_k", (cfg.tiles.down_split_k, B, H), f32)
-    if cfg.tiles.prenorm:
+    if cfg.tiles.prenorm_for(B):
         dot = cfg.tiles.dot_for(B)
         buf.hn = z("hn", (B, H), bf)
         buf.ss_a = z("ss_a", (B, -(-H // cfg.tiles.block_n("o", dot))), f32)
@@ -267,7 +267,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     # TileConfig.prenorm (on top of the fold): o / down write r itself (no delta), hn = bf16(r * w_norm) and their
     # tiles' partial sums of r^2; the next qkv / gate-up tiles are plain GEMVs over hn scaled by rstd
     # (at every batch: above fuse_upto it also replaces the separate norm tasks but layer 0's)
-    pre = direct and tc.prenorm
+    pre = direct and tc.prenorm_for(B)
     fold = pre or (direct and fuse and tc.fold_resid)
 
     def resnorm(name, proj, x, wt, K, l, j, first, ss, deps):   # r = x0 | resid + x @ wt^T; hn, ss for norm j
