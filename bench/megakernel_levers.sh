@@ -53,6 +53,8 @@
 #                tasks of layers 1-35: o_proj / down_proj write the norm's input, no norm stage)
 #   main, new    batch 1 and 8 at ctx 512 and 4096: main's defaults of 2026-11-27 (before prenorm and the 32 x 256
 #                gate/up tiles of batch 1) and today's defaults
+#   cols11       batch 1: o_proj / down_proj tiles of 11 columns (masked 16-row tiles): 373 tiles each for 396
+#                programs instead of 256 (--cols o=11,down=11)
 #   as64         batch 1: 64-position flash-decoding splits (twice the attention tiles, each half as long: the
 #                attention stage is latency-bound at batch 1)
 #   as256        batch 8, 16 at context 4096: 256-position splits (each attention tile's pipelined K/V loop runs 4
@@ -100,6 +102,7 @@ ALL=(                      # name|timeout s|cases|flags
   "pn8|60|--ctx 512,4096 --batch 8|--prenorm"
   "main|90|--ctx 512,4096 --batch 1,8|--no-prenorm --block-n gate_up=8 --block-k gate_up=1024"
   "new|90|--ctx 512,4096 --batch 1,8|"
+  "cols11|60|--ctx 512,4096 --batch 1|--cols o=11,down=11"
   "as64|60|--ctx 512,4096 --batch 1|--attn-split 64"
   "as256|60|--ctx 4096 --batch 8,16|--attn-split 256"
   "trace|80|--ctx 512 --batch 1,8|--trace"

@@ -29,6 +29,7 @@ LEVERS = {
     "gu32": {"gate_up_block_n": 32, "gate_up_block_k": 256},
     "pngu32": {"prenorm": True, "gate_up_block_n": 32, "gate_up_block_k": 256},
     "pnk512": {"prenorm": True, "gemv_block_k": 512, "gate_up_block_k": 512, "stream_stages": 5},
+    "cols11": {"o_cols": 11, "down_cols": 11},
 }
 
 

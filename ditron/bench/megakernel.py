@@ -93,11 +93,11 @@ def _config(args):
                               ("dot_pad", args.dot_pad), ("dot_ring", args.dot_ring)) if v}
     if args.fuse_upto >= 0:
         over["fuse_upto"] = args.fuse_upto
-    for flag, what in ((args.block_n, "n"), (args.block_k, "k")):
+    for flag, what in ((args.block_n, "block_n"), (args.block_k, "block_k"), (args.cols, "cols")):
         for item in (flag or "").split(","):
             if item:
                 proj, _, v = item.partition("=")
-                over[f"{proj.strip()}_block_{what}"] = int(v)
+                over[f"{proj.strip()}_{what}"] = int(v)
     if args.no_fuse_norm:
         over["fuse_norm"] = False
     if args.fuse_norm:
@@ -272,6 +272,8 @@ def main(argv=None):
     p.add_argument("--gemv-block-k", type=int, default=0)
     p.add_argument("--block-n", default="", help="per-projection columns per tile, e.g. 'qkv=32,gate_up=16'")
     p.add_argument("--block-k", default="", help="per-projection K chunk, e.g. 'gate_up=512,down=2048'")
+    p.add_argument("--cols", default="",
+                   help="with prenorm: output columns per o_proj / down_proj tile (masked tiles), e.g. 'o=11,down=11'")
     p.add_argument("--gemv-dot", choices=["auto", "on", "off"], default="auto",
                    help="GEMV tiles accumulate with tl.dot (auto: from batch --dot-from on)")
     p.add_argument("--dot-block-n", type=int, default=0,

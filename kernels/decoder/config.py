@@ -103,7 +103,11 @@ class TileConfig:
       qkv and gate/up tiles are plain GEMVs over ``hn`` scaled by ``rstd`` (``linear_rstd_tile``,
       ``gate_up_rstd_tile``) instead of re-reading the float32 residual and delta with every chunk (fused norms) or
       waiting for a separate norm task (batches above ``fuse_upto``: no ``norm_a`` / ``norm_m`` tasks but layer 0's;
-      layer 0's qkv normalises the step's input as before).
+      layer 0's qkv normalises the step's input as before);
+    * ``o_cols`` / ``down_cols``: 0, or the output columns per o_proj / down_proj tile where ``prenorm`` applies (at
+      most the tile width; any count: a tile of ``block_n`` rows with the rest masked), so that a projection of
+      fewer tiles than programs can use them all (e.g. 11: 373 tiles of the 4096 columns for 396 programs, against
+      256 tiles of 16; a lever of issue 26).
     """
     gemv_block_n: int = 32
     gemv_block_k: int = 512
@@ -139,6 +143,8 @@ class TileConfig:
     fold_resid: bool = False
     prenorm: Optional[bool] = False
     dot_gate_up_block_n: int = 0
+    o_cols: int = 0
+    down_cols: int = 0
 
     def block_n(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
@@ -162,6 +168,15 @@ class TileConfig:
     def fuse_for(self, batch: int) -> bool:
         """Whether the QKV and gate/up tiles compute the RMSNorm themselves at this batch size."""
         return batch <= self.fuse_upto if self.fuse_norm is None else bool(self.fuse_norm)
+
+    def cols(self, proj: str, dot: bool = False) -> int:
+        """Output columns per tile of o_proj / down_proj under ``prenorm`` (``o_cols`` / ``down_cols``, else the
+        tile width)."""
+        c = getattr(self, f"{proj}_cols", 0) or 0
+        bn = self.block_n(proj, dot)
+        if c > bn:
+            raise DitronError(f"TileConfig.{proj}_cols={c}: more than the {proj} tile width {bn}")
+        return c or bn
 
     def prenorm_for(self, batch: int) -> bool:
         """Whether o_proj / down_proj write the next norm's input at this batch size (one rank, ``direct_tp1``)."""
@@ -195,6 +210,9 @@ class TileConfig:
         if self.dot_from < 1 or self.fuse_upto < 0:
             raise DitronError(f"TileConfig: dot_from={self.dot_from} must be >= 1 and fuse_upto={self.fuse_upto} "
                               ">= 0 (batch sizes)")
+        if self.o_cols < 0 or self.down_cols < 0:
+            raise DitronError(f"TileConfig: o_cols={self.o_cols}, down_cols={self.down_cols} must be >= 0 (0: the "
+                              "tile width)")
         if self.dot_ring < 0:
             raise DitronError(f"TileConfig.dot_ring={self.dot_ring}: must be 0 (stream_stages) or a byte count")
         if (self.fold_resid or self.prenorm) and self.down_split_k > 1:

@@ -114,8 +114,8 @@ def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, 
     if cfg.tiles.prenorm_for(B):
         dot = cfg.tiles.dot_for(B)
         buf.hn = z("hn", (B, H), bf)
-        buf.ss_a = z("ss_a", (B, -(-H // cfg.tiles.block_n("o", dot))), f32)
-        buf.ss_m = z("ss_m", (B, -(-H // cfg.tiles.block_n("down", dot))), f32)
+        buf.ss_a = z("ss_a", (B, -(-H // cfg.tiles.cols("o", dot))), f32)
+        buf.ss_m = z("ss_m", (B, -(-H // cfg.tiles.cols("down", dot))), f32)
     buf.seq.copy_(torch.tensor(contexts(ctx, B), dtype=torch.int32))
     return buf
 
@@ -271,9 +271,11 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     fold = pre or (direct and fuse and tc.fold_resid)
 
     def resnorm(name, proj, x, wt, K, l, j, first, ss, deps):   # r = x0 | resid + x @ wt^T; hn, ss for norm j
-        specs.append(TaskSpec(name, T.linear_resnorm_tile, cdiv(H, BN[proj]),
+        cols = tc.cols(proj, dot)              # columns per tile (o_cols / down_cols: a masked tile)
+        specs.append(TaskSpec(name, T.linear_resnorm_tile, cdiv(H, cols),
                               {"x_ptr": x, "w_ptr": wt, "x0_ptr": buf.x, "resid_ptr": buf.resid, "nw_ptr": w.norm,
-                               "hn_ptr": buf.hn, "ss_ptr": ss, "B": B, "N": H, "K": K, **gemv_c(proj)},
+                               "hn_ptr": buf.hn, "ss_ptr": ss, "B": B, "N": H, "K": K, "COLS": cols,
+                               **gemv_c(proj)},
                               reads=("x_ptr", "w_ptr", "x0_ptr", "resid_ptr", "nw_ptr"),
                               writes=("resid_ptr", "hn_ptr", "ss_ptr"), deps=deps,
                               scalars={"layer": l, "norm": j, "first": first}, prefetch=prefetch_of(T.linear_tile)))
