@@ -32,6 +32,29 @@
 #   split3       batch 1: + the down projection split in 3 K slices (not yet measured with 3 programs per SM)
 #   pf2k         batch 1: + each GEMV tile prefetches the first 2048 columns of its rows into L2 before its
 #                dependency wait (the weight stream keeps going through the small stages; 168 registers, 3 per SM)
+#   base1        batch 1 at context 512 and 4096 with today's defaults (the baseline of the batch-1 levers below)
+#   fold         batch 1: o_proj / down_proj commit the pending residual add of their own columns (--fold-resid): no
+#                res_a / res_m tasks, down no longer waits for a residual commit after gate/up
+#   prenorm      batch 1: as fold, and o_proj / down_proj write the next norm's input bf16(r * w) and their columns'
+#                sums of squares (--prenorm): qkv / gate-up tiles are plain GEMVs over it, scaled by rstd, instead
+#                of re-reading the float32 residual and delta with every chunk
+#   dyn1         batch 1: the dynamic scheduler (an atomic ticket per item: a program that finishes early takes the
+#                next item instead of its static queue's)
+#   k512s5       batch 1: 512-deep weight chunks, 5 pipeline stages (4 chunks of 16 KiB in flight instead of 2 of 32:
+#                the same shared memory, a smoother stream)
+#   gu32         batch 1: gate/up tiles of 32 x 256 (384 tiles: one per program, one pipeline fill per phase instead
+#                of four)
+#   nofuse1      batch 1: separate RMSNorm tasks (plain GEMV tiles; what the fused norm costs per tile)
+#   pntrace      batch 1, ctx 512: --prenorm with a traced build (time per kind of task); trace1: today's defaults
+#   pngu32       batch 1: --prenorm and gu32 together
+#   pnk512       batch 1: --prenorm and k512s5 together
+#   base8        batch 2 and 8 at ctx 512: today's defaults
+#   pn8          batch 8 at ctx 512 and 4096 with --prenorm (at batches above fuse_upto it replaces the separate norm
+#                tasks of layers 1-35: o_proj / down_proj write the norm's input, no norm stage)
+#   main, new    batch 1 and 8 at ctx 512 and 4096: main's defaults of 2026-11-27 (before prenorm and the 32 x 256
+#                gate/up tiles of batch 1) and today's defaults
+#   cols11       batch 1: o_proj / down_proj tiles of 11 columns (masked 16-row tiles): 373 tiles each for 396
+#                programs instead of 256 (--cols o=11,down=11)
 #   as64         batch 1: 64-position flash-decoding splits (twice the attention tiles, each half as long: the
 #                attention stage is latency-bound at batch 1)
 #   as256        batch 8, 16 at context 4096: 256-position splits (each attention tile's pipelined K/V loop runs 4
@@ -85,6 +108,22 @@ ALL=(                      # name|timeout s|cases|flags
   "k256|40|--ctx 512 --batch 8|--dot-block-k 256"
   "split3|40|--ctx 512 --batch 1|--down-split-k 3"
   "pf2k|40|--ctx 512 --batch 1|--prefetch-k 2048"
+  "base1|70|--ctx 512,4096 --batch 1|"
+  "fold|45|--ctx 512 --batch 1|--fold-resid"
+  "prenorm|70|--ctx 512,4096 --batch 1|--prenorm"
+  "dyn1|45|--ctx 512 --batch 1|--scheduler dynamic"
+  "k512s5|45|--ctx 512 --batch 1|--gemv-block-k 512 --block-k gate_up=512 --stream-stages 5"
+  "gu32|45|--ctx 512 --batch 1|--block-n gate_up=32 --block-k gate_up=256"
+  "nofuse1|45|--ctx 512 --batch 1|--fuse-upto 0"
+  "pntrace|80|--ctx 512 --batch 1|--prenorm --trace"
+  "trace1|80|--ctx 512 --batch 1|--trace"
+  "pngu32|45|--ctx 512 --batch 1|--prenorm --block-n gate_up=32 --block-k gate_up=256"
+  "pnk512|45|--ctx 512 --batch 1|--prenorm --gemv-block-k 512 --block-k gate_up=512 --stream-stages 5"
+  "base8|60|--ctx 512 --batch 2,8|"
+  "pn8|60|--ctx 512,4096 --batch 8|--prenorm"
+  "main|90|--ctx 512,4096 --batch 1,8|--no-prenorm --block-n gate_up=8 --block-k gate_up=1024"
+  "new|90|--ctx 512,4096 --batch 1,8|"
+  "cols11|60|--ctx 512,4096 --batch 1|--cols o=11,down=11"
   "as64|60|--ctx 512,4096 --batch 1|--attn-split 64"
   "as256|60|--ctx 4096 --batch 8,16|--attn-split 256"
   "base4k|60|--ctx 4096 --batch 1,8|"
@@ -154,8 +193,8 @@ PY
 import json, sys
 data = json.load(open(sys.argv[1]))
 print("== summary: lever | ctx | batch | megakernel us | mk / HBM limit | mk / graph | mk / batch 1 (same ctx; of the "
-      "same lever, else of 'curve')")
-base = {r["ctx"]: r["megakernel_us"] for r in data.get("curve", {}).get("rows", [])
+      "same lever, else of 'new', 'curve' or 'base1')")
+base = {r["ctx"]: r["megakernel_us"] for k in ("base1", "curve", "new") for r in data.get(k, {}).get("rows", [])
         if r.get("batch") == 1 and r.get("megakernel_us")}
 for lever, d in data.items():
     rows = d.get("rows", [])

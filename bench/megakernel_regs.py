@@ -23,6 +23,13 @@ LEVERS = {
     "nocap": {"max_regs": 0},
     "k256": {"dot_block_k": 256},
     "split3": {"down_split_k": 3},
+    "fold": {"fold_resid": True},
+    "prenorm": {"prenorm": True},
+    "k512s5": {"gemv_block_k": 512, "gate_up_block_k": 512, "stream_stages": 5},
+    "gu32": {"gate_up_block_n": 32, "gate_up_block_k": 256},
+    "pngu32": {"prenorm": True, "gate_up_block_n": 32, "gate_up_block_k": 256},
+    "pnk512": {"prenorm": True, "gemv_block_k": 512, "gate_up_block_k": 512, "stream_stages": 5},
+    "cols11": {"o_cols": 11, "down_cols": 11},
 }
 
 

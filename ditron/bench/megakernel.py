@@ -95,11 +95,11 @@ def _config(args):
                               ("dot_pad", args.dot_pad), ("dot_ring", args.dot_ring)) if v}
     if args.fuse_upto >= 0:
         over["fuse_upto"] = args.fuse_upto
-    for flag, what in ((args.block_n, "n"), (args.block_k, "k")):
+    for flag, what in ((args.block_n, "block_n"), (args.block_k, "block_k"), (args.cols, "cols")):
         for item in (flag or "").split(","):
             if item:
                 proj, _, v = item.partition("=")
-                over[f"{proj.strip()}_block_{what}"] = int(v)
+                over[f"{proj.strip()}_{what}"] = int(v)
     if args.no_fuse_norm:
         over["fuse_norm"] = False
     if args.fuse_norm:
@@ -112,6 +112,12 @@ def _config(args):
         over["dot_stream"] = False
     if args.tp1_all_reduce:
         over["direct_tp1"] = False
+    if args.fold_resid:
+        over["fold_resid"] = True
+    if args.prenorm:
+        over["prenorm"] = True
+    if args.no_prenorm:
+        over["prenorm"] = False
     if args.gemv_stream:
         over["gemv_stream"] = True
     if args.gemv_dot != "auto":
@@ -274,6 +280,8 @@ def main(argv=None):
     p.add_argument("--gemv-block-k", type=int, default=0)
     p.add_argument("--block-n", default="", help="per-projection columns per tile, e.g. 'qkv=32,gate_up=16'")
     p.add_argument("--block-k", default="", help="per-projection K chunk, e.g. 'gate_up=512,down=2048'")
+    p.add_argument("--cols", default="",
+                   help="with prenorm: output columns per o_proj / down_proj tile (masked tiles), e.g. 'o=11,down=11'")
     p.add_argument("--gemv-dot", choices=["auto", "on", "off"], default="auto",
                    help="GEMV tiles accumulate with tl.dot (auto: from batch --dot-from on)")
     p.add_argument("--dot-block-n", type=int, default=0,
@@ -285,6 +293,14 @@ def main(argv=None):
                    help="the tl.dot GEMV path double-buffers the weights in registers (8b default: streamed)")
     p.add_argument("--tp1-all-reduce", action="store_true",
                    help="keep the all-reduce tasks on one rank (8b default: o / down write the delta directly)")
+    p.add_argument("--fold-resid", action="store_true",
+                   help="one rank, fused norms (batch 1): o_proj / down_proj commit the residual add of their columns "
+                        "(no res_a / res_m tasks)")
+    p.add_argument("--prenorm", action="store_true",
+                   help="at every batch (8b default: batch 1): o_proj / down_proj add their output to the residual "
+                        "and write the next norm's bf16 input and sums of squares; qkv / gate-up tiles are plain GEMVs "
+                        "scaled by rstd (no fused-norm re-reads, no norm tasks)")
+    p.add_argument("--no-prenorm", action="store_true", help="off at every batch (the fused / separate norms)")
     p.add_argument("--dot-pad", type=int, default=0,
                    help="the tl.dot path pads the batch rows to at least this many (8b default 8; TileConfig default 16)")
     p.add_argument("--dot-ring", type=int, default=0,

@@ -39,6 +39,8 @@ class TileConfig:
       per-projection overrides of ``gemv_block_k`` (0: use it; gate/up
       streams two chunks, gate and up, per step, so half the chunk fits the
       same registers);
+      ``dot_gate_up_block_n``: the gate/up tile width of the ``tl.dot`` path (0: ``dot_block_n``, else
+      ``gate_up_block_n``), so batch 1's FMA path and the batch path can have different gate/up tiles;
       ``dot_block_n`` / ``dot_block_k``: the tile width (0: the projection's) and K chunk of the ``tl.dot``
       path (256: 16 padded rows x 256 float32 activations fit the registers, 1024 spilled ~27 KB per thread,
       issue 26); ``dot_stream``: the ``tl.dot`` path streams the weights through Triton's software pipeliner
@@ -89,6 +91,23 @@ class TileConfig:
       where the rows are few, the same ring where they are many);
     * ``direct_tp1``: on one rank (no tensor parallelism) o_proj and down_proj write the residual delta
       themselves: no all-reduce tasks (at one rank a copy), two stages fewer per layer; no effect at 2+ ranks.
+    * ``fold_resid``: where ``direct_tp1`` applies and the RMSNorm is fused into the GEMV tiles (batch 1 of the
+      8B defaults), o_proj and down_proj also commit the pending residual add for their own columns
+      (``linear_resid_tile``: ``resid += delta``, then ``delta = x @ w^T``) instead of the ``res_a`` / ``res_m``
+      tasks: two stages fewer per layer, and down_proj no longer waits for a residual commit after gate/up (a
+      lever of issue 26); not with ``down_split_k > 1``; no effect elsewhere.
+    * ``prenorm``: on one rank with ``direct_tp1`` (it implies ``fold_resid``; ``None``: at batches up to
+      ``fuse_upto``, where the norms would be fused, without split-K; ``True``: every batch), o_proj and down_proj
+      tiles add their output to the residual stream at once (``linear_resnorm_tile``: no delta) and write the next
+      RMSNorm's input without its ``rstd`` (``hn = bf16(r * w_norm)``) and their columns' sums of squares; the next
+      qkv and gate/up tiles are plain GEMVs over ``hn`` scaled by ``rstd`` (``linear_rstd_tile``,
+      ``gate_up_rstd_tile``) instead of re-reading the float32 residual and delta with every chunk (fused norms) or
+      waiting for a separate norm task (batches above ``fuse_upto``: no ``norm_a`` / ``norm_m`` tasks but layer 0's;
+      layer 0's qkv normalises the step's input as before);
+    * ``o_cols`` / ``down_cols``: 0, or the output columns per o_proj / down_proj tile where ``prenorm`` applies (at
+      most the tile width; any count: a tile of ``block_n`` rows with the rest masked), so that a projection of
+      fewer tiles than programs can use them all (e.g. 11: 373 tiles of the 4096 columns for 396 programs, against
+      256 tiles of 16; a lever of issue 26).
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
@@ -146,6 +165,11 @@ class TileConfig:
     comb_group: bool = False
     attn_prefetch_v: bool = False
     attn_fuse_rope: bool = False
+    fold_resid: bool = False
+    prenorm: Optional[bool] = False
+    dot_gate_up_block_n: int = 0
+    o_cols: int = 0
+    down_cols: int = 0
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences
@@ -158,7 +182,9 @@ class TileConfig:
 
     def block_n(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of projection ``proj`` (``qkv``, ``o``, ``gate_up``, ``down``); ``dot``: of the
-        ``tl.dot`` path (``dot_block_n`` when set)."""
+        ``tl.dot`` path (``dot_gate_up_block_n`` for gate/up, else ``dot_block_n``, when set)."""
+        if dot and proj == "gate_up" and self.dot_gate_up_block_n:
+            return self.dot_gate_up_block_n
         if dot and self.dot_block_n:
             return self.dot_block_n
         return getattr(self, f"{proj}_block_n") or self.gemv_block_n
@@ -177,6 +203,21 @@ class TileConfig:
         """Whether the QKV and gate/up tiles compute the RMSNorm themselves at this batch size."""
         return batch <= self.fuse_upto if self.fuse_norm is None else bool(self.fuse_norm)
 
+    def cols(self, proj: str, dot: bool = False) -> int:
+        """Output columns per tile of o_proj / down_proj under ``prenorm`` (``o_cols`` / ``down_cols``, else the
+        tile width)."""
+        c = getattr(self, f"{proj}_cols", 0) or 0
+        bn = self.block_n(proj, dot)
+        if c > bn:
+            raise DitronError(f"TileConfig.{proj}_cols={c}: more than the {proj} tile width {bn}")
+        return c or bn
+
+    def prenorm_for(self, batch: int) -> bool:
+        """Whether o_proj / down_proj write the next norm's input at this batch size (one rank, ``direct_tp1``)."""
+        if self.prenorm is None:            # auto: where the norms would be fused, and not with split-K
+            return batch <= self.fuse_upto and self.down_split_k == 1
+        return bool(self.prenorm)
+
     def stream_for(self, batch: int) -> int:
         """The GEMV tiles' ``STREAM`` constexpr at this batch size: 0 (weights double-buffered in registers) or the
         software pipeline's ``num_stages`` (weights streamed by ``cp.async`` into shared memory)."""
@@ -190,7 +231,7 @@ class TileConfig:
             if v <= 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be a power of two")
         for name in ("dot_block_n", "qkv_block_n", "o_block_n", "gate_up_block_n", "down_block_n", "qkv_block_k",
-                     "o_block_k", "gate_up_block_k", "down_block_k"):
+                     "o_block_k", "gate_up_block_k", "down_block_k", "dot_gate_up_block_n"):
             v = getattr(self, name)
             if v < 0 or v & (v - 1):
                 raise DitronError(f"TileConfig.{name}={v}: must be 0 (gemv_block_{name[-1]}) or a power of two")
@@ -203,8 +244,14 @@ class TileConfig:
         if self.dot_from < 1 or self.fuse_upto < 0:
             raise DitronError(f"TileConfig: dot_from={self.dot_from} must be >= 1 and fuse_upto={self.fuse_upto} "
                               ">= 0 (batch sizes)")
+        if self.o_cols < 0 or self.down_cols < 0:
+            raise DitronError(f"TileConfig: o_cols={self.o_cols}, down_cols={self.down_cols} must be >= 0 (0: the "
+                              "tile width)")
         if self.dot_ring < 0:
             raise DitronError(f"TileConfig.dot_ring={self.dot_ring}: must be 0 (stream_stages) or a byte count")
+        if (self.fold_resid or self.prenorm) and self.down_split_k > 1:
+            raise DitronError("TileConfig: fold_resid / prenorm fold the residual add into the down projection's "
+                              f"tiles; with down_split_k={self.down_split_k} those are K slices (use one or the other)")
         if self.down_split_k < 1:
             raise DitronError(f"TileConfig.down_split_k={self.down_split_k}: must be >= 1 (1: no split)")
         if self.max_regs and not 24 <= self.max_regs <= 255:
@@ -311,14 +358,17 @@ class Shard:
 #: 2026-11-27: batch 2 1.32x batch 1 on the FMA path at 239 registers, batch 8 1.77x on the register-buffered
 #: tl.dot path at 233): the tl.dot path streams 16 x 512 chunks through shared memory under a 168-register cap
 #: (no spills, 3 programs per SM; bench/megakernel_regs.py) with separate RMSNorm tasks; on one rank no all-reduce
-#: tasks (direct_tp1).  Attention (issue 26 at context 4096, H200 of 2026-11-27,
+#: tasks (direct_tp1).  Batch 1 (H200, 2026-11-27, bench/megakernel_levers.sh levers base1 / prenorm / pngu32):
+#: o_proj / down_proj write the next norm's input (prenorm: 4959 -> 4694 us at context 512, 5132 -> 4793 at 4096)
+#: and gate/up tiles of 32 x 256 (384 tiles, one per program: 4556 us with prenorm); the batch path keeps its 8-wide
+#: gate/up tiles (dot_gate_up_block_n).  Attention (issue 26 at context 4096, H200 of 2026-11-27,
 #: bench/results/h200-2026-11-27-attn5.md): the flash-decoding split follows batch and context so that a layer has
 #: at most ~396 attention tiles (3 programs on 132 SMs, H100 SXM and H200: one wave; attn_tiles): batch 8 at context
 #: 4096 took 6715 us against 7413 with splits of 128 positions (2112 tiles, 33 partials per head to combine), batch 1
 #: unchanged (5115 / 5098)
-TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=8, gate_up_block_k=1024, gemv_stream=True,
+TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=32, gate_up_block_k=256, gemv_stream=True,
                       programs_per_sm=3, dot_from=2, fuse_upto=1, dot_stream=True, dot_block_k=512, max_regs=168,
-                      direct_tp1=True, dot_pad=8, dot_ring=73728, attn_tiles=396)
+                      direct_tp1=True, dot_pad=8, dot_ring=73728, prenorm=None, dot_gate_up_block_n=8, attn_tiles=396)
 
 
 def qwen3_8b(**kw) -> DecoderConfig:

@@ -26,7 +26,11 @@ index the stacked norm weights)::
 
 On one rank with ``TileConfig(direct_tp1=True)`` (``qwen3_8b()``'s default) there are no ``ar_attn.l`` / ``ar_mlp.l``
 tasks: ``o.l`` and ``down.l`` (``dsum.l`` with split-K) write ``delta`` themselves, after the residual commit that
-reads it (``res_a.l`` / ``res_m.l``), and the consumers wait for them instead.
+reads it (``res_a.l`` / ``res_m.l``), and the consumers wait for them instead.  With the norms fused in as well,
+``TileConfig.fold_resid`` moves the residual commit into ``o.l`` / ``down.l`` (``linear_resid_tile``: no ``res_a`` /
+``res_m`` tasks), and ``TileConfig.prenorm`` has them add their output to ``resid`` at once and write the next
+norm's input ``hn = bf16(r * w)`` with per-tile sums of squares (``linear_resnorm_tile``), read by plain GEMV tiles
+scaled by ``rstd`` (``linear_rstd_tile`` for ``qkv.l``, ``l > 0``; ``gate_up_rstd_tile``).
 
 preceded by ``advance`` (one tile: ``seq[b] += 1`` for every sequence).  The KV cache is paged
 (:class:`~.weights.PagedKV`: pages ``[L, num_pages, page_size, KH, D]`` and a block table ``[B, max_pages]``);
@@ -82,6 +86,9 @@ class Buffers:
     act: torch.Tensor        # [B, I_r] bf16
     seq: torch.Tensor        # [B] int32: each sequence's valid KV positions (its context length)
     partial_k: torch.Tensor = None   # [down_split_k, B, H] fp32: the split-K slices of down_proj (split only)
+    hn: torch.Tensor = None          # [B, H] bf16: r * norm weight, the next GEMV's input (TileConfig.prenorm)
+    ss_a: torch.Tensor = None        # [B, o tiles] fp32: o_proj tiles' partial sums of r^2 (prenorm)
+    ss_m: torch.Tensor = None        # [B, down tiles] fp32: down_proj tiles' partial sums of r^2 (prenorm)
 
 
 def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, ctx, device,
@@ -105,6 +112,11 @@ def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, 
                   act=z("act", (B, sh.inter), bf), seq=z("seq", (B,), torch.int32))
     if cfg.tiles.down_split_k > 1:
         buf.partial_k = z("partial_k", (cfg.tiles.down_split_k, B, H), f32)
+    if cfg.tiles.prenorm_for(B):
+        dot = cfg.tiles.dot_for(B)
+        buf.hn = z("hn", (B, H), bf)
+        buf.ss_a = z("ss_a", (B, -(-H // cfg.tiles.cols("o", dot))), f32)
+        buf.ss_m = z("ss_m", (B, -(-H // cfg.tiles.cols("down", dot))), f32)
     buf.seq.copy_(torch.tensor(contexts(ctx, B), dtype=torch.int32))
     return buf
 
@@ -268,6 +280,40 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     direct = world_size == 1 and tc.direct_tp1
     red = buf.delta if direct else buf.partial
 
+    # ... and with the norms fused in (TileConfig.fold_resid), they commit the pending residual add of their own
+    # columns too (linear_resid_tile): no res_a / res_m tasks, and down waits for gate/up only
+    # TileConfig.prenorm (on top of the fold): o / down write r itself (no delta), hn = bf16(r * w_norm) and their
+    # tiles' partial sums of r^2; the next qkv / gate-up tiles are plain GEMVs over hn scaled by rstd
+    # (at every batch: above fuse_upto it also replaces the separate norm tasks but layer 0's)
+    pre = direct and tc.prenorm_for(B)
+    fold = pre or (direct and fuse and tc.fold_resid)
+
+    def resnorm(name, proj, x, wt, K, l, j, first, ss, deps):   # r = x0 | resid + x @ wt^T; hn, ss for norm j
+        cols = tc.cols(proj, dot)              # columns per tile (o_cols / down_cols: a masked tile)
+        specs.append(TaskSpec(name, T.linear_resnorm_tile, cdiv(H, cols),
+                              {"x_ptr": x, "w_ptr": wt, "x0_ptr": buf.x, "resid_ptr": buf.resid, "nw_ptr": w.norm,
+                               "hn_ptr": buf.hn, "ss_ptr": ss, "B": B, "N": H, "K": K, "COLS": cols,
+                               **gemv_c(proj)},
+                              reads=("x_ptr", "w_ptr", "x0_ptr", "resid_ptr", "nw_ptr"),
+                              writes=("resid_ptr", "hn_ptr", "ss_ptr"), deps=deps,
+                              scalars={"layer": l, "norm": j, "first": first}, prefetch=prefetch_of(T.linear_tile)))
+
+    def rstd_gemv(name, proj, fn, wt, out, N, l, ss, deps):     # rstd(ss) * (hn @ wt^T) (gate/up: then silu * up)
+        nt = ss.shape[1]
+        specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
+                              {"x_ptr": buf.hn, "ss_ptr": ss, "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps,
+                               "N": N, "K": H, "NT": nt, "BLOCK_T": next_pow2(nt), **gemv_c(proj)},
+                              reads=("x_ptr", "ss_ptr", "w_ptr"), writes=("out_ptr",), deps=deps,
+                              scalars={"layer": l}, prefetch=prefetch_of(fn)))
+
+    def folded(name, proj, x, wt, K, l, first, deps):       # delta = x @ wt^T after resid = x0 | resid + delta
+        specs.append(TaskSpec(name, T.linear_resid_tile, cdiv(H, BN[proj]),
+                              {"x_ptr": x, "w_ptr": wt, "x0_ptr": buf.x, "resid_ptr": buf.resid,
+                               "delta_ptr": buf.delta, "B": B, "N": H, "K": K, **gemv_c(proj)},
+                              reads=("x_ptr", "w_ptr", "x0_ptr", "resid_ptr", "delta_ptr"),
+                              writes=("resid_ptr", "delta_ptr"), deps=deps, scalars={"layer": l, "first": first},
+                              prefetch=prefetch_of(T.linear_tile)))
+
     def after_attn(l):              # the task whose completion puts layer l's attention output in delta
         return f"o.{l}" if direct else f"ar_attn.{l}"
 
@@ -275,10 +321,15 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         return (f"dsum.{l}" if SK > 1 else f"down.{l}") if direct else f"ar_mlp.{l}"
     for l in range(L):
         # attention block: (norm) -> qkv -> rope -> attention -> combine -> o_proj -> all-reduce
-        if fuse:
+        if pre and l:
+            rstd_gemv(f"qkv.{l}", "qkv", T.linear_rstd_tile, w.qkv, buf.qkv, sh.qkv_cols, l, buf.ss_m,
+                      [(f"down.{l - 1}", None)])
+        elif fuse:
             rms_linear(f"qkv.{l}", "qkv", T.rms_linear_tile, w.qkv, buf.qkv, sh.qkv_cols, l, 2 * l,
-                       [(after_mlp(l - 1), None), (f"res_m.{l - 1}", None)] if l else [("advance", None)])
-            commit(f"res_a.{l}", 2 * l, [(f"qkv.{l}", None)])        # after every qkv tile read the old resid
+                       ([(after_mlp(l - 1), None)] + ([] if fold else [(f"res_m.{l - 1}", None)])) if l
+                       else [("advance", None)])
+            if not fold:
+                commit(f"res_a.{l}", 2 * l, [(f"qkv.{l}", None)])    # after every qkv tile read the old resid
         else:
             norm(f"norm_a.{l}", 2 * l, [(after_mlp(l - 1), None)] if l else [("advance", None)])
             linear(f"qkv.{l}", "qkv", buf.h, w.qkv, buf.qkv, sh.qkv_cols, H, l, [(f"norm_a.{l}", None)])
@@ -324,15 +375,25 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
              "BLOCK_D": next_pow2(D), "BLOCK_S": max(16, next_pow2(S)), **({"GROUP": G} if tc.comb_group else {})},
             reads=("o_ptr", "lse_ptr"), writes=("out_ptr",),
             deps=[(f"attn.{l}", comb_group_attn_tiles if tc.comb_group else comb_attn_tiles)]))
-        linear(f"o.{l}", "o", buf.attn, w.o, red, H, sh.attn_cols, l,
-               [(f"comb.{l}", None)] + ([(f"res_a.{l}", None)] if direct and fuse else []))
+        if pre:             # o tile n: resid[:, cols n] = (x | resid) + attn @ Wo^T; hn, ss of norm 2l + 1
+            resnorm(f"o.{l}", "o", buf.attn, w.o, sh.attn_cols, l, 2 * l + 1, int(l == 0), buf.ss_a,
+                    [(f"comb.{l}", None)])
+        elif fold:          # o tile n: resid[:, cols n] = x | resid + delta (layer l's pending add), then delta
+            folded(f"o.{l}", "o", buf.attn, w.o, sh.attn_cols, l, int(l == 0), [(f"comb.{l}", None)])
+        else:
+            linear(f"o.{l}", "o", buf.attn, w.o, red, H, sh.attn_cols, l,
+                   [(f"comb.{l}", None)] + ([(f"res_a.{l}", None)] if direct and fuse else []))
         if not direct:
             all_reduce(f"ar_attn.{l}", f"o.{l}", "o", [(f"res_a.{l}", None)] if fuse else [])
         # MLP block: (norm) -> gate/up -> down -> all-reduce
-        if fuse:
+        if pre:
+            rstd_gemv(f"gu.{l}", "gate_up", T.gate_up_rstd_tile, w.gate_up, buf.act, IL, l, buf.ss_a,
+                      [(f"o.{l}", None)])
+        elif fuse:
             rms_linear(f"gu.{l}", "gate_up", T.rms_gate_up_tile, w.gate_up, buf.act, IL, l, 2 * l + 1,
-                       [(after_attn(l), None), (f"res_a.{l}", None)])
-            commit(f"res_m.{l}", 2 * l + 1, [(f"gu.{l}", None)])
+                       [(after_attn(l), None)] + ([] if fold else [(f"res_a.{l}", None)]))
+            if not fold:
+                commit(f"res_m.{l}", 2 * l + 1, [(f"gu.{l}", None)])
         else:
             norm(f"norm_m.{l}", 2 * l + 1, [(after_attn(l), None)])
             linear(f"gu.{l}", "gate_up", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)],
@@ -343,12 +404,24 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                 specs.append(TaskSpec(f"ar_mlp.{l}", None, ar_tiles, {"x": buf.partial, "out": buf.delta},
                                       deps=[(f"dsum.{l}", "same")] + ([(f"res_m.{l}", None)] if fuse else []),
                                       comm="all_reduce", scalars={"block": blk}))
+        elif pre:
+            resnorm(f"down.{l}", "down", buf.act, w.down, IL, l, 2 * l + 2, 0, buf.ss_m, [(f"gu.{l}", None)])
+        elif fold:
+            folded(f"down.{l}", "down", buf.act, w.down, IL, l, 0, [(f"gu.{l}", None)])
         else:
             linear(f"down.{l}", "down", buf.act, w.down, red, H, IL, l,
                    [(f"gu.{l}", None)] + ([(f"res_m.{l}", None)] if direct and fuse else []))
             if not direct:
                 all_reduce(f"ar_mlp.{l}", f"down.{l}", "down", [(f"res_m.{l}", None)] if fuse else [])
-    norm("final", 2 * L, [(after_mlp(L - 1), None)])
+    if pre:                 # resid holds the final residual (no pending delta): the norm of resid itself
+        specs.append(TaskSpec(
+            "final", T.add_rmsnorm_tile, B,
+            {"x_ptr": buf.resid, "delta_ptr": buf.delta, "resid_ptr": buf.resid, "w_ptr": w.norm, "out_ptr": buf.h,
+             "N": H, "eps": cfg.rms_eps, "BLOCK": min(tc.norm_block, next_pow2(H))},
+            reads=("x_ptr", "resid_ptr", "w_ptr"), writes=("resid_ptr", "out_ptr"),
+            deps=[(f"down.{L - 1}", None)], scalars={"layer": 2 * L, "first": 1}))
+    else:
+        norm("final", 2 * L, [(after_mlp(L - 1), None)])
     return specs
 
 

@@ -143,10 +143,12 @@ def _mac(acc, x, w, DOT: tl.constexpr, BLOCK_B: tl.constexpr):
 @triton.jit
 def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr,
-              resid_ptr, delta_ptr, nw_ptr, first, eps, STREAM: tl.constexpr, LD: tl.constexpr):
+              resid_ptr, delta_ptr, nw_ptr, first, eps, STREAM: tl.constexpr, LD: tl.constexpr,
+              COLS: tl.constexpr = 0):
     """``(acc, acc2)``: ``acc[b, n] = sum_k x[b, k] * w[n0 + n, k]`` in float32 (``x``: ``[B, K]``, ``w``:
     ``[N, K]``; rows of both ``LD`` elements apart: ``K`` but for a split-K slice) and the same with ``w2`` when
     ``TWO`` (gate and up share ``x``; else ``acc2`` is ``acc``).
+    ``COLS > 0``: only the first ``COLS`` of the ``BLOCK_N`` rows (the others are zero).
     ``DOT``: ``tl.dot`` (``BLOCK_B >= 16``; rows past ``B`` are zero).  ``NORM``: ``x`` is the RMSNorm of the
     residual stream ``r`` with weights ``nw``, computed as ``rsqrt(mean(r^2) + eps) * ((r * nw) @ w^T)``: the
     sum of squares is accumulated in the same pass over ``K`` (no separate norm pass before the weights stream).
@@ -162,6 +164,8 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mb = offs_b < B
     mn = offs_n < N
+    if COLS > 0:                # a tile of COLS < BLOCK_N columns: the other rows are masked (never read)
+        mn = mn & (tl.arange(0, BLOCK_N) < COLS)
     if DOT:
         acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
         acc2 = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
@@ -263,6 +267,109 @@ def linear_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.co
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
                        0, 0.0, STREAM, K)
     _store_rows(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def linear_resid_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, delta_ptr, layer, first, B, N: tl.constexpr,
+                      K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      DOT: tl.constexpr, STREAM: tl.constexpr):
+    """:func:`linear_tile` whose output is the residual stream's next delta, with the pending residual add folded
+    in (one rank, ``TileConfig.fold_resid``): for columns ``[tile * BLOCK_N, +BLOCK_N)`` of the ``[B, N]`` float32
+    streams, ``resid = x0`` (``first != 0``) or ``resid + delta`` -- the add an :func:`add_resid_tile` task would
+    commit -- then ``delta = x @ w[layer]^T``.  Every reader of the old ``resid`` / ``delta`` (the fused-norm GEMV
+    tiles before this projection) is ordered before the tile by its dependencies, and each tile touches only its
+    own columns, so the commit needs no task of its own."""
+    wl = w_ptr + layer.to(tl.int64) * N * K
+    n0 = tile * BLOCK_N
+    acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
+                       0, 0.0, STREAM, K)
+    # after the weight stream (values held across it cost the 168-register budget spills)
+    offs_b = tl.arange(0, BLOCK_B)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    off = offs_b[:, None] * N + offs_n[None, :]
+    m = (offs_b < B)[:, None] & (offs_n < N)[None, :]
+    if first != 0:
+        r = tl.load(x0_ptr + off, mask=m, other=0.0).to(tl.float32)
+    else:
+        r = tl.load(resid_ptr + off, mask=m, other=0.0) + tl.load(delta_ptr + off, mask=m, other=0.0)
+    tl.store(resid_ptr + off, r, mask=m)
+    tl.debug_barrier()              # every thread's read of the old delta before any thread overwrites it
+    tl.store(delta_ptr + off, acc.to(delta_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def linear_resnorm_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr, ss_ptr, layer, norm, first, B,
+                        N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr, COLS: tl.constexpr):
+    """o_proj / down_proj tile of ``TileConfig.prenorm`` (one rank, batch 1): for columns ``cols = [tile * COLS,
+    +COLS)`` (``COLS <= BLOCK_N``: any count, e.g. so that the tiles match the programs), ``r = (x0 if first else
+    resid) + x @ w[layer]^T`` (the residual add done at once: no delta),
+    ``resid = r``, the next RMSNorm's input without its ``rstd``: ``hn = bf16(r * nw[norm])``, and the tile's share
+    of the rows' sum of squares: ``ss[b, tile] = sum over cols of r^2`` (float32 ``[B, tiles]``).  The consumer
+    (:func:`linear_rstd_tile`, :func:`gate_up_rstd_tile`) adds the ``tiles`` partial sums of its row: a plain GEMV
+    over ``hn`` scaled by ``rstd`` at the end, instead of re-reading the float32 residual and delta per chunk."""
+    wl = w_ptr + layer.to(tl.int64) * N * K
+    n0 = tile * COLS
+    acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
+                       0, 0.0, STREAM, K, COLS % BLOCK_N)     # (0: all BLOCK_N rows)
+    offs_b = tl.arange(0, BLOCK_B)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mb = offs_b < B
+    mn = (offs_n < N) & (tl.arange(0, BLOCK_N) < COLS)
+    off = offs_b[:, None] * N + offs_n[None, :]
+    m = mb[:, None] & mn[None, :]
+    if first != 0:
+        r0 = tl.load(x0_ptr + off, mask=m, other=0.0).to(tl.float32)
+    else:
+        r0 = tl.load(resid_ptr + off, mask=m, other=0.0)
+    nw = tl.load(nw_ptr + norm * N + offs_n, mask=mn, other=0.0).to(tl.float32)
+    r = tl.where(m, r0 + acc, 0.0)
+    tl.debug_barrier()              # every thread's read of the old resid before any thread overwrites it
+    tl.store(resid_ptr + off, r, mask=m)
+    tl.store(hn_ptr + off, (r * nw[None, :]).to(hn_ptr.dtype.element_ty), mask=m)
+    NTILES: tl.constexpr = (N + COLS - 1) // COLS
+    tl.store(ss_ptr + offs_b * NTILES + tile, tl.sum(r * r, axis=1), mask=mb)
+
+
+@triton.jit
+def _rstd_rows(ss_ptr, B, eps, K: tl.constexpr, NT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr):
+    """``rsqrt(mean(r^2) + eps)`` per batch row from the ``NT`` partial sums of squares ``ss[B, NT]`` of
+    :func:`linear_resnorm_tile` (``K``: the row length), as ``[BLOCK_B]`` float32."""
+    offs_t = tl.arange(0, BLOCK_T)
+    offs_b = tl.arange(0, BLOCK_B)
+    s = tl.load(ss_ptr + offs_b[:, None] * NT + offs_t[None, :], mask=(offs_b < B)[:, None] & (offs_t < NT)[None, :],
+                other=0.0)
+    return 1.0 / tl.sqrt(tl.sum(s, axis=1) / K + eps)
+
+
+@triton.jit
+def linear_rstd_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, N: tl.constexpr, K: tl.constexpr,
+                     NT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr):
+    """:func:`rms_linear_tile` over the producers' ``hn = bf16(r * nw)`` (``TileConfig.prenorm``): columns
+    ``[tile * BLOCK_N, +BLOCK_N)`` of ``out = rstd * (hn @ w[layer]^T)``, ``rstd`` from the ``NT`` partial sums of
+    squares ``ss`` (:func:`_rstd_rows`)."""
+    wl = w_ptr + layer.to(tl.int64) * N * K
+    n0 = tile * BLOCK_N
+    acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
+                       0, 0.0, STREAM, K)
+    rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
+    _store_rows(out_ptr, acc * rstd[:, None], n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def gate_up_rstd_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, N: tl.constexpr, K: tl.constexpr,
+                      NT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr):
+    """:func:`rms_gate_up_tile` over ``hn`` (``TileConfig.prenorm``; see :func:`linear_rstd_tile`)."""
+    wl = w_ptr + layer.to(tl.int64) * 2 * N * K
+    n0 = tile * BLOCK_N
+    g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, True, x_ptr, x_ptr,
+                     x_ptr, 0, 0.0, STREAM, K)
+    rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
+    g = g * rstd[:, None]
+    u = u * rstd[:, None]
+    _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
 
 
 @triton.jit

@@ -1,0 +1,137 @@
+"""Issue 26, batch 1 of the decoder megakernel towards the HBM limit: the step's structural levers on the
+simulator (against the torch reference of all ranks, two consecutive steps, ragged contexts) and compiled for
+sm_90a / gfx942 (registers and spills on the CPU's ptxas).
+
+* ``TileConfig.fold_resid``: at one rank with the norms fused into the GEMV tiles (batch 1 of the 8B defaults) the
+  o_proj / down_proj tiles commit the pending residual add of their own columns (``linear_resid_tile``): no
+  ``res_a`` / ``res_m`` tasks; at 2 and 3 ranks (all-reduce tasks) nothing changes.
+* ``TileConfig.prenorm``: on top of that, o_proj / down_proj add their output to the residual at once and write the
+  next norm's bf16 input ``r * w`` and their columns' sums of squares (``linear_resnorm_tile``); qkv (from layer 1)
+  and gate/up are plain GEMVs over it scaled by ``rstd`` (``linear_rstd_tile``, ``gate_up_rstd_tile``).
+"""
+import pytest
+
+import bodies_decoder as B
+
+
+def _names(cfg, world_size, batch):
+    """Task kinds of the step at ``world_size`` ranks (specs only: nothing compiled)."""
+    from ditron.kernels.decoder import resources as RZ
+    if world_size == 1:
+        return RZ.kinds_of(RZ.step_specs(cfg, batch))
+    import torch
+
+    from ditron.kernels.decoder.model import decoder_tasks, make_buffers
+    from ditron.kernels.decoder.weights import PagedKV, Weights
+    sh = cfg.shard(world_size)
+    w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)])
+    k = torch.empty((cfg.n_layers, 1, 16, sh.kv_heads, cfg.head_dim), dtype=torch.bfloat16)
+    cache = PagedKV(k, k, torch.zeros((batch, 3), dtype=torch.int32))
+    buf = make_buffers(cfg, world_size, batch, cache.max_ctx, 1, "cpu")
+    return RZ.kinds_of(decoder_tasks(cfg, world_size, w, cache, buf))
+
+
+@pytest.mark.parametrize("lever", ["fold_resid", "prenorm"])
+def test_fold_resid_removes_the_commit_stages(lever):
+    from ditron.errors import DitronError
+    from ditron.kernels.decoder import qwen3_8b, tiny
+    from ditron.kernels.decoder import resources as RZ
+    old = qwen3_8b(n_layers=1).with_tiles(prenorm=False)      # the 8B tiles before these levers
+    cfg = old.with_tiles(**{lever: True})
+    kinds = _names(cfg, 1, 1)
+    assert "res_a" not in kinds and "res_m" not in kinds and {"o", "down", "gu", "qkv"} <= set(kinds), kinds
+    fns = {s.name: s.fn.fn.__name__ for s in RZ.step_specs(cfg, 1)}
+    if lever == "prenorm":
+        assert fns["o.0"] == fns["down.0"] == "linear_resnorm_tile" and fns["gu.0"] == "gate_up_rstd_tile", fns
+        assert fns["qkv.0"] == "rms_linear_tile", fns          # layer 0 normalises the step's input itself
+    else:
+        assert fns["o.0"] == fns["down.0"] == "linear_resid_tile" and fns["gu.0"] == "rms_gate_up_tile", fns
+    assert "res_m" in _names(old, 1, 1)
+    b8 = _names(cfg, 1, 8)
+    if lever == "prenorm":      # the batch path: no separate norm tasks but layer 0's (it normalises the input)
+        fns = {s.name: s.fn.fn.__name__ for s in RZ.step_specs(cfg, 8)}
+        assert "norm_a.0" in fns and "norm_m" not in b8 and fns["gu.0"] == "gate_up_rstd_tile", fns
+    else:                       # the batch path (separate norm tasks) is unchanged
+        assert b8 == _names(old, 1, 8)
+    # at 2 ranks the all-reduce writes the delta: the commits stay
+    t = tiny().with_tiles(fold_resid=True, direct_tp1=True)
+    assert "res_m" in _names(t, 2, 1) and "ar_mlp" in _names(t, 2, 1)
+    with pytest.raises(DitronError, match="fold_resid"):
+        tiny().with_tiles(down_split_k=2, **{lever: True})
+
+
+def test_8b_defaults_take_prenorm_at_batch_1_only():
+    # measured on one H200 (bench/megakernel_levers.sh, 2026-11-27): prenorm and 32 x 256 gate/up tiles at batch 1
+    # are qwen3_8b()'s defaults; the batch path keeps its separate norms and 8-wide gate/up tiles (not measured
+    # with prenorm yet); split-K turns the automatic prenorm off
+    from ditron.kernels.decoder import qwen3_8b
+    from ditron.kernels.decoder import resources as RZ
+    cfg = qwen3_8b(n_layers=1)
+    t = cfg.tiles
+    assert t.prenorm is None and t.prenorm_for(1) and not t.prenorm_for(2)
+    assert not cfg.with_tiles(down_split_k=3).tiles.prenorm_for(1)
+    b1 = {s.name: s for s in RZ.step_specs(cfg, 1)}
+    assert b1["gu.0"].fn.fn.__name__ == "gate_up_rstd_tile" and b1["gu.0"].num_tiles == 12288 // 32
+    assert b1["gu.0"].args["BLOCK_N"] == 32 and b1["gu.0"].args["BLOCK_K"] == 256
+    b8 = {s.name: s for s in RZ.step_specs(cfg, 8)}
+    assert "norm_m.0" in b8 and b8["gu.0"].fn.fn.__name__ == "gate_up_tile" and b8["gu.0"].args["BLOCK_N"] == 8
+
+
+@pytest.mark.parametrize("ranks,batch,lever", [(1, 1, "fold_resid"), (1, 2, "fold_resid"), (2, 1, "fold_resid"),
+                                               (3, 1, "fold_resid"), (1, 1, "prenorm"), (1, 2, "prenorm"),
+                                               (1, 3, "prenorm"), (2, 1, "prenorm"), (3, 1, "prenorm")])
+def test_decoder_megakernel_fold_resid(dist_world, ranks, batch, lever):
+    # one rank: o_proj and down_proj overwrite the delta that they also fold into resid (tile-local columns); the
+    # simulator's access check verifies every read of resid / delta is ordered by the declared Dep ranges; 2 and 3
+    # ranks: the all-reduce path (the lever has no effect there), checked the same way.  Batch 3: the tl.dot path
+    # with separate norms, which prenorm replaces from layer 1 on
+    from ditron.kernels.decoder import tiny
+    cfg = tiny(**(dict(n_q_heads=6, n_kv_heads=3) if ranks == 3 else {}))
+    cfg = cfg.with_tiles(direct_tp1=True, gemv_stream=True, o_block_n=32, **{lever: True})
+    if lever == "prenorm" and ranks == 1:       # masked tiles of 11 (o: 6 tiles of 64) and 13 (down) columns
+        cfg = cfg.with_tiles(o_cols=11, down_cols=13)
+    errs = dist_world(ranks).run(B.decoder_steps, steps=2, B=batch, ctx=[33, 5, 17][:batch], cfg=cfg)
+    assert len(errs) == ranks and all(len(e) == 2 for e in errs)
+
+
+@pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",
+                    reason="simulator race finder")
+@pytest.mark.parametrize("lever", ["fold_resid", "prenorm"])
+def test_decoder_fold_resid_is_race_free(lever):
+    # every buffer on the symmetric heap: the race finder sees the o / down tiles' read-modify-write of resid (and
+    # delta, or hn and the sums of squares) ordered after every GEMV tile's read of them, under random program
+    # interleavings
+    from ditron.kernels.decoder import tiny
+    from ditron.sim.pool import SimCluster
+    with SimCluster(1, race=True, hang_timeout=30) as cluster:
+        cfg = tiny().with_tiles(fuse_norm=True, direct_tp1=True, qkv_block_n=8, o_block_n=32, **{lever: True})
+        errs = cluster.run(B.decoder_steps_symmetric, steps=2, cfg=cfg)
+    assert len(errs) == 1 and len(errs[0]) == 2
+
+
+@pytest.mark.parametrize("target,lever", [("sm_90a", "fold_resid"), ("sm_90a", "prenorm"), ("gfx942", "prenorm")])
+def test_fold_resid_compiles(target, lever):
+    # the whole batch-1 step at Qwen3-8B's shapes (one layer) with the lever: on sm_90a within the 168-register cap
+    # without spills and 3 programs per SM, like the default (the old residual is read after the weight stream: held
+    # across it, ptxas spilled 60 bytes per thread)
+    import ditron
+    from ditron.kernels.decoder import qwen3_8b
+    from ditron.kernels.decoder import resources as RZ
+    ditron.init("sim")
+    try:
+        # fold_resid as measured: with the fused-norm gate/up tiles of 8 x 1024 (32 x 256 fused ones spill 64 bytes)
+        old = dict(gate_up_block_n=8, gate_up_block_k=1024) if lever == "fold_resid" else {}
+        cfg = qwen3_8b(n_layers=1).with_tiles(**{"prenorm": False, **old, lever: True})
+        if target == "gfx942":                  # (max_regs is a ptxas option)
+            from conftest import device_asm
+            asm = device_asm(RZ.compile_step(cfg.with_tiles(max_regs=0), 1, target=target))
+            assert "global_load_dwordx4" in asm and "s_barrier" in asm
+            return
+        use = RZ.usage(cfg, 1)
+    finally:
+        ditron.finalize()
+    assert use["cp_async"] and use["registers"] <= 168, use
+    assert use["spill_stores"] <= 16 and use["spill_loads"] <= 16, use
+    from ditron._compat import TRITON_VERSION
+    if TRITON_VERSION[:2] == (3, 6):
+        assert use["resident_per_sm"] >= 3, use
