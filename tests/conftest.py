@@ -42,8 +42,11 @@ def nvshmem_bc():
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    # device libraries are written under DITRON_CACHE_DIR; keep tests off ~/.cache
-    d = tmp_path_factory.getbasetemp() / "ditron-cache"
+    # device libraries are written under DITRON_CACHE_DIR; keep tests off ~/.cache.  The xdist workers of one
+    # run share it (the files are content-named and written atomically): the part of NVSHMEM's bitcode that
+    # kernels link is cut once per run (~5 CPU-s), not once per worker
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "ditron-cache"
     monkeypatch.setenv("DITRON_CACHE_DIR", str(d))
     yield
 
