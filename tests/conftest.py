@@ -42,9 +42,10 @@ def nvshmem_bc():
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    # device libraries are written under DITRON_CACHE_DIR; keep tests off ~/.cache (one directory for all
-    # xdist workers of the run: the library files are written atomically, and kernels that link the same cut of
-    # a library then have the same compile options, so Triton's cache serves every worker)
+    # device libraries are written under DITRON_CACHE_DIR; keep tests off ~/.cache.  The xdist workers of one
+    # run share it (the files are content-named and written atomically): the part of NVSHMEM's bitcode that
+    # kernels link is cut once per run (~5 CPU-s), not once per worker, and kernels that link it have the same
+    # compile options in every worker, so Triton's cache serves them all
     base = tmp_path_factory.getbasetemp()
     d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "ditron-cache"
     monkeypatch.setenv("DITRON_CACHE_DIR", str(d))

@@ -115,12 +115,14 @@ def test_reference_tp2_equals_tp1():
 
 def test_reference_over_gloo_equals_lockstep(tmp_path):
     # TorchDecoder's torch.distributed path (gloo on CPU, NCCL on GPUs) in a 2-process job against the
-    # in-process lockstep of the same two shards: the bf16 partial sums of two ranks add exactly in both
-    import torch.multiprocessing as mp
+    # in-process lockstep of the same two shards: the bf16 partial sums of two ranks add exactly in both.
+    # The two processes come from the simulated ranks' fork server (torch imported once there; a spawned
+    # process would import it again: ~2.5 CPU-s each)
     from ditron.kernels.decoder import tiny
     from ditron.kernels.decoder.reference import lockstep_step
     from ditron.kernels.decoder.weights import make_input
-    ctx = mp.get_context("spawn")
+    from ditron.sim.pool import _rank_context
+    ctx = _rank_context()
     q = ctx.Queue()
     procs = [ctx.Process(target=B.gloo_reference_worker, args=(r, 2, str(tmp_path / "init"), q)) for r in range(2)]
     for p in procs:
