@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import threading
 
 from .. import _compat
 from ..errors import DitronError
@@ -227,6 +228,7 @@ def threads():
 
 
 _INSTALLED = False
+_REWRITE_LOCK = threading.RLock()
 
 
 def install():
@@ -245,4 +247,16 @@ def install():
         return tree
 
     FR._transform_ast = _transform_ast
+
+    # The programs of a launch are threads, and each first call of a kernel or helper rewrites its source
+    # (ast.parse, the transforms, compile of the tree).  CPython 3.11 keeps the AST converters' recursion depth
+    # per interpreter, not per thread: two threads converting at once fail with "SystemError: AST constructor
+    # recursion depth mismatch" (seen on 3.11.7).  One rewrite at a time (once per function: Triton caches it).
+    orig_rewrite = FR.rewrite_ast
+
+    def rewrite_ast(self, _orig=orig_rewrite):
+        with _REWRITE_LOCK:
+            return _orig(self)
+
+    FR.rewrite_ast = rewrite_ast
     _INSTALLED = True
