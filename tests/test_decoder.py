@@ -230,8 +230,17 @@ def test_decoder_missing_dependency_is_rejected(dist_world):
 def test_decoder_planted_missing_release_is_reported(dist_world):
     # qkv.0 tile 1 never releases its slot: the rope tiles of the heads it computes and the residual commit
     # (res_a.0, which waits for every qkv tile) wait forever; the report names the task, the tile and the slot
-    with pytest.raises((DitronHangError, DitronRankError)) as e:
-        dist_world(2).run(B.planted_missing_release, "qkv.0", 1)
+    world = dist_world(2)
+    cluster = getattr(world, "cluster", None)        # the simulator: a 1.5 s deadlock watchdog, not the suite's 20 s
+    saved = cluster.hang_timeout if cluster is not None else None
+    if cluster is not None:
+        cluster.hang_timeout = 1.5
+    try:
+        with pytest.raises((DitronHangError, DitronRankError)) as e:
+            world.run(B.planted_missing_release, "qkv.0", 1)
+    finally:
+        if cluster is not None:
+            cluster.hang_timeout = saved
     text = str(e.value)
     assert "task 'qkv.0' tile 1" in text and "scoreboard slot" in text, text
     assert re.search(r"waited on by task '(rope|res_a)\.0'", text), text
