@@ -1,5 +1,5 @@
 """Where the decoder megakernel's GEMV time goes, outside the megakernel: the decoder's own GEMV tile function
-(``kernels/decoder/tiles.py: linear_tile``) launched (a) one program per tile and (b) as a persistent loop over
+(``kernels/decoder/tiles_gemv.py: linear_tile``) launched (a) one program per tile and (b) as a persistent loop over
 the tiles with P programs (what the megakernel does, without the scoreboard), against ``torch.nn.functional.linear``
 (cuBLAS) and a device copy, at Qwen3-8B's projection shapes, batch 1, weights of 8 stacked layers (more than L2).
 

@@ -2,7 +2,7 @@
 
 :class:`DecoderConfig` holds the model shape (Qwen3-8B by :func:`qwen3_8b`,
 a 2-layer toy by :func:`tiny`) and the tile sizes of every task kind (all
-``tl.constexpr`` parameters of ``kernels/decoder/tiles.py``, chosen here so
+``tl.constexpr`` parameters of the tiles (``kernels/decoder/tiles_gemv.py``, ``tiles_attention.py``), chosen here so
 that they can be tuned on GPUs without touching the tiles).
 :meth:`DecoderConfig.shard` gives the per-rank split of tensor parallelism:
 q / kv heads and the MLP's intermediate dimension over the ranks
