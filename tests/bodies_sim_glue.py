@@ -1,0 +1,116 @@
+"""Test bodies for the simulator's interpreter glue (ditron/_compat.py): the per-launch patch of
+``triton.language`` replayed, ``tl.reduce`` with an elementwise combine function over whole slices."""
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+import ditron
+
+
+@triton.jit
+def _fadd(a, b):
+    return a + b
+
+
+@triton.jit
+def _imax(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _mix(a, b):
+    return tl.where(a > b, a - b * 0.5, b.to(tl.float32) + a)
+
+
+@triton.jit
+def _branchy(a, b):
+    return a + b if True else a       # a branch: not provably elementwise, Triton's own path
+
+
+@ditron.jit
+def reduce_kernel(x_ptr, rows_ptr, cols_ptr, imax_ptr, mix_ptr, branchy_ptr, M: tl.constexpr, N: tl.constexpr):
+    offs = tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :]
+    x = tl.load(x_ptr + offs)
+    tl.store(rows_ptr + tl.arange(0, M), tl.reduce(x, 1, _fadd))
+    tl.store(cols_ptr + tl.arange(0, N)[None, :], tl.reduce(x, 0, _fadd, keep_dims=True))
+    tl.store(imax_ptr + tl.arange(0, M), tl.reduce(x.to(tl.int32), 1, _imax))
+    tl.store(mix_ptr + tl.arange(0, N), tl.reduce(x, 0, _mix))
+    tl.store(branchy_ptr + tl.arange(0, M), tl.reduce(x, 1, _branchy))
+
+
+def _run_reduce(x):
+    M, N = x.shape
+    outs = [torch.zeros(M), torch.zeros(N), torch.zeros(M, dtype=torch.int32), torch.zeros(N), torch.zeros(M)]
+    reduce_kernel[(1,)](x, *outs, M=M, N=N)
+    return outs
+
+
+def _fold(x, axis, f):
+    """A left fold along ``axis`` in float32 (each step rounded), as the interpreter's per-element path does."""
+    x = np.moveaxis(x, axis, 0)
+    acc = x[0].copy()
+    for k in range(1, x.shape[0]):
+        acc = f(acc, x[k]).astype(x.dtype)
+    return acc
+
+
+def reduce_over_slices(world):
+    """The sliced reductions equal a float32 left fold bit for bit, and Triton's one-call-per-element path."""
+    from triton.runtime import interpreter as I
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(8, 32, generator=g) * torch.logspace(-3, 6, 32)).float()
+    got = _run_reduce(x)
+    xn = x.numpy()
+    rows = _fold(xn, 1, np.add)
+    cols = _fold(xn, 0, np.add)
+    mix = _fold(xn, 0, lambda a, b: np.where(a > b, a - b * np.float32(0.5), b + a))
+    assert np.array_equal(got[0].numpy(), rows), (got[0], rows)
+    assert np.array_equal(got[1].numpy(), cols), (got[1], cols)
+    assert np.array_equal(got[2].numpy(), xn.astype(np.int32).max(1))
+    assert np.array_equal(got[3].numpy(), mix), (got[3], mix)
+    assert np.array_equal(got[4].numpy(), rows)
+    # a pairwise (tree) sum rounds differently here: the fold order is what is checked
+    assert not np.array_equal(xn.sum(1, dtype=np.float32), rows) or not np.array_equal(xn.sum(0), cols)
+    sliced = I.ReduceOps.generic_reduce
+    per_element = getattr(sliced, "interpreter_generic_reduce", None)
+    assert per_element is not None, "the sliced reduction is not installed"
+    I.ReduceOps.generic_reduce = per_element
+    try:
+        ref = _run_reduce(x)
+    finally:
+        I.ReduceOps.generic_reduce = sliced
+    assert all(torch.equal(a, b) for a, b in zip(got, ref)), (got, ref)
+    return True
+
+
+@ditron.jit
+def scale_kernel(x_ptr, y_ptr, n, s, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    y = tl.where(x > 0, x * s, tl.abs(x)) + tl.sum(x, 0) * 0
+    tl.store(y_ptr + offs, y.to(tl.float32), mask=mask)
+
+
+def launch_patch_replayed(world):
+    """Launch after launch: the results, triton.language restored after each, the recorded patch replayed; a
+    change to a patched module (a new attribute) makes the next launch patch afresh."""
+    from ditron import _compat
+    orig = {name: getattr(tl.core, name) for name in ("add", "load", "where", "store", "arange")}
+    x = torch.randn(300)
+    want = torch.where(x > 0, x * 2.5, x.abs())
+    plans = []
+    for i in range(4):
+        y = torch.zeros(300)
+        scale_kernel[(3,)](x, y, 300, 2.5, BLOCK=128)
+        assert torch.equal(y, want), i
+        assert all(getattr(tl.core, n) is f for n, f in orig.items()), "triton.language was not restored"
+        assert "__index__" not in vars(tl.core.tensor) and "__bool__" not in vars(tl.core.tensor)
+        plans.append(_compat._LANG_PLAN)
+        assert plans[-1] is not None, "the launch's patch was not recorded"
+        if i == 1:
+            tl.core._ditron_test_marker = True          # the key sees it: the next launch patches afresh
+    assert plans[0] is plans[1] and plans[1] is not plans[2] and plans[2] is plans[3], "replayed / re-recorded"
+    del tl.core._ditron_test_marker
+    return True

@@ -1,0 +1,10 @@
+"""The simulator's interpreter glue (ditron/_compat.py) computes what Triton's interpreter computes, faster."""
+import bodies_sim_glue as B
+
+
+def test_reduce_over_slices_is_the_same_fold(dist_world):
+    assert dist_world(1).run(B.reduce_over_slices) == [True]
+
+
+def test_launch_patch_is_replayed_and_restored(dist_world):
+    assert dist_world(1).run(B.launch_patch_replayed) == [True]
