@@ -654,6 +654,7 @@ def _install_lazy_tuple_type_name():
 
     prop = functools.cached_property(name)
     prop.__set_name__(cls, "name")
+    __init__.eager_init = cls.__init__        # Triton's own (for tests)
     cls.__init__ = __init__
     cls.name = prop
 

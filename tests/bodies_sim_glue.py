@@ -119,3 +119,28 @@ def launch_patch_replayed(world):
     assert plans[0] is plans[1] and plans[1] is not plans[2] and plans[2] is plans[3], "replayed / re-recorded"
     del tl.core._ditron_test_marker
     return True
+
+
+def tuple_type_names(world):
+    """On Triton 3.6 the tuple types' names are made when read (as 3.9 does): the same strings as Triton's own
+    constructor gives."""
+    from ditron._compat import TRITON_VERSION
+    x = torch.randn(300)
+    y = torch.zeros(300)
+    scale_kernel[(3,)](x, y, 300, 2.0, BLOCK=128)       # a launch installs the glue
+    T = tl.core.tuple_type
+    eager = getattr(T.__init__, "eager_init", None)
+    if TRITON_VERSION[:2] == (3, 6):
+        assert eager is not None and "name" in vars(T), "the lazy name is not installed on Triton 3.6"
+    cases = [[tl.int32, tl.constexpr_type(3)], [tl.float32], [], [tl.block_type(tl.float16, [4, 8]), tl.int1]]
+    checked = 0
+    for types in cases:
+        for fields in (None, ["a", "b"][:len(types)] or None):
+            lazy = T(list(types), fields)
+            assert isinstance(lazy.name, str) and lazy.name.startswith("[") and str(lazy) == lazy.name
+            if eager is not None:
+                ref = T.__new__(T)
+                eager(ref, list(types), fields)
+                assert "name" in vars(ref) and lazy.name == ref.name and lazy == ref, (lazy.name, ref.name)
+                checked += 1
+    return checked
