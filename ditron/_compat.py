@@ -713,6 +713,41 @@ def _check_elementwise_combine(fn) -> bool:
     return True
 
 
+_INT_COMBINE: dict = {}      # code object -> "add" / "max" / "min" / None
+
+
+def _integer_combine(fn):
+    """``"add"``, ``"max"`` or ``"min"`` when ``fn`` is exactly ``return a + b`` / ``tl.maximum(a, b)`` /
+    ``tl.minimum(a, b)`` of its two arguments (either order), else None."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    if code not in _INT_COMBINE:
+        kind = None
+        try:
+            import textwrap
+            fdef = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+            a = fdef.args
+            ret = fdef.body[0].value if len(fdef.body) == 1 and isinstance(fdef.body[0], ast.Return) else None
+            params = [x.arg for x in a.args]
+            plain = not (a.vararg or a.kwarg or a.kwonlyargs or a.defaults or a.posonlyargs) and len(params) == 2
+
+            def pair(x, y):
+                return isinstance(x, ast.Name) and isinstance(y, ast.Name) and sorted((x.id, y.id)) == sorted(params)
+
+            g = getattr(fn, "__globals__", {})
+            if plain and isinstance(ret, ast.BinOp) and isinstance(ret.op, ast.Add) and pair(ret.left, ret.right):
+                kind = "add"
+            elif plain and isinstance(ret, ast.Call) and isinstance(ret.func, ast.Attribute) and not ret.keywords \
+                    and isinstance(ret.func.value, ast.Name) and g.get(ret.func.value.id) is tl \
+                    and ret.func.attr in ("maximum", "minimum") and len(ret.args) == 2 and pair(*ret.args):
+                kind = "max" if ret.func.attr == "maximum" else "min"
+        except Exception:  # noqa: BLE001 -- no source: Triton's path
+            kind = None
+        _INT_COMBINE[code] = kind
+    return _INT_COMBINE[code]
+
+
 def _install_vector_reduce():
     """``tl.reduce`` with a combine function of the kernel's own (``_add``, ``_imax``, ``_fmax`` of the ditron
     kernels) takes the interpreter's slow path, ``ReduceOps.generic_reduce``: one interpreted call of the combine
@@ -722,7 +757,9 @@ def _install_vector_reduce():
     accumulator tile with slice ``k``.  Every output element is still ``f(...f(f(x0, x1), x2)..., xn)`` in the
     same order, from the same values stored back into the input's dtype after each step: the same results, bit
     for bit (float rounding included).  Other reductions (1-D tiles, ``axis=None``, other combine functions) run
-    as before."""
+    as before.  A combine function that is exactly ``a + b``, ``tl.maximum(a, b)`` or ``tl.minimum(a, b)`` on 32-
+    or 64-bit integers is exact in any order (the sum wraps modulo 2**bits either way): one NumPy reduction,
+    whatever the tile's shape."""
     global _VECTOR_REDUCE_INSTALLED
     if _VECTOR_REDUCE_INSTALLED:
         return
@@ -734,9 +771,39 @@ def _install_vector_reduce():
         return
     import numpy as np
 
+    ufuncs = {"add": np.add, "max": np.maximum, "min": np.minimum}
+
+    def integer_reduce(self, flat, axis, original_axis, kind):
+        data = flat[0].handle.data
+        out = ufuncs[kind].reduce(data, axis=axis, dtype=data.dtype) if kind == "add" else \
+            ufuncs[kind].reduce(data, axis=axis)
+        out = np.asarray(out, dtype=data.dtype)
+        if self.keep_dims:
+            if original_axis is not None:
+                out = np.expand_dims(out, axis)
+            else:
+                for _ in range(data.ndim):
+                    out = np.expand_dims(out, 0)
+        elif original_axis is None:
+            out = out.item()
+        return [self.to_tensor(out, flat[0].dtype)]
+
     def generic_reduce(self, input, _orig=orig):
         fn = getattr(self.combine_fn, "fn", None)
-        if fn is None or not _elementwise_combine(fn):
+        if fn is None:
+            return _orig(self, input)
+        kind = _integer_combine(fn)
+        if kind is not None and len(input) == 1:
+            dt = input[0].dtype
+            npd = input[0].handle.data.dtype
+            if dt.is_int() and not dt.is_bool() and dt.primitive_bitwidth >= 32 and npd.kind in "iu" \
+                    and npd.itemsize * 8 == dt.primitive_bitwidth \
+                    and input[0].handle.data.size:
+                # 32 / 64-bit integer +, max, min: exact (+ wraps modulo 2**bits at every step either way),
+                # so the order of the fold does not matter: one NumPy reduction
+                flat, axis = self.unravel(input, self.axis)
+                return integer_reduce(self, flat, axis, self.axis, kind)
+        if not _elementwise_combine(fn):
             return _orig(self, input)
         original_axis = self.axis
         flat, axis = self.unravel(input, self.axis)

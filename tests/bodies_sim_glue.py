@@ -84,6 +84,58 @@ def reduce_over_slices(world):
     return True
 
 
+@triton.jit
+def _iadd(a, b):
+    return b + a
+
+
+@triton.jit
+def _imin(a, b):
+    return tl.minimum(b, a)
+
+
+@ditron.jit
+def int_reduce_kernel(x_ptr, w_ptr, sum1_ptr, sumall_ptr, max_ptr, min_ptr, M: tl.constexpr, N: tl.constexpr):
+    offs = tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :]
+    x = tl.load(x_ptr + offs)                       # int32, sums that wrap
+    w = tl.load(w_ptr + offs)                       # int64
+    tl.store(sum1_ptr, tl.reduce(tl.load(x_ptr + tl.arange(0, N)), 0, _iadd))
+    tl.store(sumall_ptr, tl.reduce(x, None, _iadd))
+    tl.store(max_ptr + tl.arange(0, M)[:, None], tl.reduce(w, 1, _imax, keep_dims=True))
+    tl.store(min_ptr + tl.arange(0, N), tl.reduce(w, 0, _imin))
+
+
+def _run_int_reduce(x, w):
+    M, N = x.shape
+    outs = [torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), torch.zeros(M, dtype=torch.int64),
+            torch.zeros(N, dtype=torch.int64)]
+    int_reduce_kernel[(1,)](x, w, *outs, M=M, N=N)
+    return outs
+
+
+def integer_reduce(world):
+    """Integer +, max, min reductions (one NumPy reduction): the wrapped sums and extremes of the per-element
+    path, bit for bit."""
+    from triton.runtime import interpreter as I
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-2 ** 31, 2 ** 31 - 1, (4, 16), generator=g, dtype=torch.int64).to(torch.int32)
+    w = torch.randint(-2 ** 62, 2 ** 62, (4, 16), generator=g, dtype=torch.int64)
+    got = _run_int_reduce(x, w)
+    xn = x.numpy()
+    assert got[0].item() == np.add.reduce(xn[0], dtype=np.int32)       # wrapped modulo 2**32
+    assert got[0].item() != int(xn[0].astype(np.int64).sum()), "no wrap exercised"
+    assert got[1].item() == np.add.reduce(xn.ravel(), dtype=np.int32)
+    assert torch.equal(got[2], w.max(1).values) and torch.equal(got[3], w.min(0).values)
+    sliced = I.ReduceOps.generic_reduce
+    I.ReduceOps.generic_reduce = sliced.interpreter_generic_reduce
+    try:
+        ref = _run_int_reduce(x, w)
+    finally:
+        I.ReduceOps.generic_reduce = sliced
+    assert all(torch.equal(a, b) for a, b in zip(got, ref)), (got, ref)
+    return True
+
+
 @ditron.jit
 def scale_kernel(x_ptr, y_ptr, n, s, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -6,6 +6,10 @@ def test_reduce_over_slices_is_the_same_fold(dist_world):
     assert dist_world(1).run(B.reduce_over_slices) == [True]
 
 
+def test_integer_reduce_is_exact(dist_world):
+    assert dist_world(1).run(B.integer_reduce) == [True]
+
+
 def test_launch_patch_is_replayed_and_restored(dist_world):
     assert dist_world(1).run(B.launch_patch_replayed) == [True]
 
