@@ -8,6 +8,7 @@ Nothing here probes hardware: importing it is safe on a machine without GPUs.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import os
@@ -614,6 +615,225 @@ def _install_overflow_check_skip():
     TritonSemantic.binary_op_sanitize_overflow_impl = binary_op_sanitize_overflow_impl
 
 
+_LAZY_TUPLE_NAME_INSTALLED = False
+
+
+def _install_lazy_tuple_type_name():
+    """Triton 3.6's ``tl.core.tuple_type`` formats its ``name`` (``'[:int32,:int32]'``) when it is built -- and
+    the interpreter builds one for the shape of every tensor it makes (``tensor.__init__`` wraps the shape in a
+    ``tl.tuple``): about a tenth of the CPU of a simulated program, for a string that is almost never read.
+    Triton 3.9 computes it on first use (a ``functools.cached_property``); this gives 3.6 the same: the same
+    string from the same ``fields`` and ``types``, computed when read.  Versions whose ``name`` is already lazy,
+    or whose ``tuple_type`` differs, are left alone."""
+    global _LAZY_TUPLE_NAME_INSTALLED
+    if _LAZY_TUPLE_NAME_INSTALLED:
+        return
+    _LAZY_TUPLE_NAME_INSTALLED = True
+    import functools
+    import inspect
+    cls = getattr(_core, "tuple_type", None)
+    if cls is None or "name" in vars(cls):
+        return          # already lazy (3.9) or unknown
+    try:
+        src = inspect.getsource(cls.__init__)
+    except (OSError, TypeError):
+        return
+    # exactly 3.6's constructor (anything else: keep it)
+    expected = ("self.types = types", "self.fields = fields or [''] * len(types)",
+                "self.name = '[' + ','.join([f\"{k}:{v}\" for k, v in zip(self.fields, self.types)]) + ']'")
+    body = [line.strip() for line in src.splitlines()[1:] if line.strip()]
+    if body != list(expected):
+        return
+
+    def __init__(self, types, fields=None):
+        self.types = types
+        self.fields = fields or [''] * len(types)
+
+    def name(self):
+        return '[' + ','.join([f"{k}:{v}" for k, v in zip(self.fields, self.types)]) + ']'
+
+    prop = functools.cached_property(name)
+    prop.__set_name__(cls, "name")
+    __init__.eager_init = cls.__init__        # Triton's own (for tests)
+    cls.__init__ = __init__
+    cls.name = prop
+
+
+_VECTOR_REDUCE_INSTALLED = False
+_ELEMENTWISE_COMBINE: dict = {}      # code object -> whether the combine function is elementwise (see below)
+_COMBINE_TL_CALLS = frozenset({"maximum", "minimum", "where", "abs"})
+_COMBINE_NODES = (ast.Return, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Name, ast.Load, ast.Constant, ast.Attribute,
+                  ast.Call, ast.operator, ast.unaryop, ast.cmpop)
+
+
+def _elementwise_combine(fn) -> bool:
+    """Whether ``fn`` (a ``tl.reduce`` combine function) is one ``return`` of arithmetic, bitwise and comparison
+    operators on its arguments and constants, ``tl.maximum`` / ``tl.minimum`` / ``tl.where`` / ``tl.abs`` and
+    ``.to(...)`` casts: then, applied to whole tiles, it computes element by element exactly what it computes on
+    one element (no branch, no ``and`` / ``or``, no helper, no memory access, no side effect)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return False
+    hit = _ELEMENTWISE_COMBINE.get(code)
+    if hit is None:
+        hit = _ELEMENTWISE_COMBINE[code] = _check_elementwise_combine(fn)
+    return hit
+
+
+def _check_elementwise_combine(fn) -> bool:
+    try:
+        import textwrap
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        fdef = tree.body[0]
+    except Exception:  # noqa: BLE001 -- no source: not provably elementwise
+        return False
+    if not isinstance(fdef, ast.FunctionDef):
+        return False
+    a = fdef.args
+    if a.vararg or a.kwarg or a.kwonlyargs or a.defaults or a.posonlyargs or len(fdef.body) != 1 \
+            or not isinstance(fdef.body[0], ast.Return) or fdef.body[0].value is None:
+        return False
+    params = {x.arg for x in a.args}
+    g = getattr(fn, "__globals__", {})
+    for node in ast.walk(fdef.body[0]):
+        if not isinstance(node, _COMBINE_NODES):
+            return False
+        if isinstance(node, ast.Name) and node.id not in params and g.get(node.id) is not tl:
+            return False
+        if isinstance(node, ast.Attribute) and not (
+                (isinstance(node.value, ast.Name) and g.get(node.value.id) is tl and node.value.id not in params
+                 and node.attr in _COMBINE_TL_CALLS) or node.attr == "to"):
+            return False
+        if isinstance(node, ast.Call):
+            if not isinstance(node.func, ast.Attribute) or node.keywords and node.func.attr != "to":
+                return False
+            if node.func.attr == "to" and not all(isinstance(k.value, (ast.Constant, ast.Attribute, ast.Name))
+                                                  for k in node.keywords):
+                return False
+    return True
+
+
+_INT_COMBINE: dict = {}      # code object -> "add" / "max" / "min" / None
+
+
+def _integer_combine(fn):
+    """``"add"``, ``"max"`` or ``"min"`` when ``fn`` is exactly ``return a + b`` / ``tl.maximum(a, b)`` /
+    ``tl.minimum(a, b)`` of its two arguments (either order), else None."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    if code not in _INT_COMBINE:
+        kind = None
+        try:
+            import textwrap
+            fdef = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+            a = fdef.args
+            ret = fdef.body[0].value if len(fdef.body) == 1 and isinstance(fdef.body[0], ast.Return) else None
+            params = [x.arg for x in a.args]
+            plain = not (a.vararg or a.kwarg or a.kwonlyargs or a.defaults or a.posonlyargs) and len(params) == 2
+
+            def pair(x, y):
+                return isinstance(x, ast.Name) and isinstance(y, ast.Name) and sorted((x.id, y.id)) == sorted(params)
+
+            g = getattr(fn, "__globals__", {})
+            if plain and isinstance(ret, ast.BinOp) and isinstance(ret.op, ast.Add) and pair(ret.left, ret.right):
+                kind = "add"
+            elif plain and isinstance(ret, ast.Call) and isinstance(ret.func, ast.Attribute) and not ret.keywords \
+                    and isinstance(ret.func.value, ast.Name) and g.get(ret.func.value.id) is tl \
+                    and ret.func.attr in ("maximum", "minimum") and len(ret.args) == 2 and pair(*ret.args):
+                kind = "max" if ret.func.attr == "maximum" else "min"
+        except Exception:  # noqa: BLE001 -- no source: Triton's path
+            kind = None
+        _INT_COMBINE[code] = kind
+    return _INT_COMBINE[code]
+
+
+def _install_vector_reduce():
+    """``tl.reduce`` with a combine function of the kernel's own (``_add``, ``_imax``, ``_fmax`` of the ditron
+    kernels) takes the interpreter's slow path, ``ReduceOps.generic_reduce``: one interpreted call of the combine
+    function per element, e.g. 16 x 64 calls to reduce a 16 x 64 attention tile along its rows.  When the
+    combine function is elementwise (:func:`_elementwise_combine`) and the tile has more than one dimension, the
+    same reduction runs over whole slices instead: for every position ``k`` along the axis, one call combines the
+    accumulator tile with slice ``k``.  Every output element is still ``f(...f(f(x0, x1), x2)..., xn)`` in the
+    same order, from the same values stored back into the input's dtype after each step: the same results, bit
+    for bit (float rounding included).  Other reductions (1-D tiles, ``axis=None``, other combine functions) run
+    as before.  A combine function that is exactly ``a + b``, ``tl.maximum(a, b)`` or ``tl.minimum(a, b)`` on 32-
+    or 64-bit integers is exact in any order (the sum wraps modulo 2**bits either way): one NumPy reduction,
+    whatever the tile's shape."""
+    global _VECTOR_REDUCE_INSTALLED
+    if _VECTOR_REDUCE_INSTALLED:
+        return
+    _VECTOR_REDUCE_INSTALLED = True
+    from triton.runtime import interpreter as _interp
+    cls = getattr(_interp, "ReduceOps", None)
+    orig = getattr(cls, "generic_reduce", None)
+    if orig is None or not all(hasattr(cls, m) for m in ("unravel", "to_tensor")):
+        return
+    import numpy as np
+
+    ufuncs = {"add": np.add, "max": np.maximum, "min": np.minimum}
+
+    def integer_reduce(self, flat, axis, original_axis, kind):
+        data = flat[0].handle.data
+        out = ufuncs[kind].reduce(data, axis=axis, dtype=data.dtype) if kind == "add" else \
+            ufuncs[kind].reduce(data, axis=axis)
+        out = np.asarray(out, dtype=data.dtype)
+        if self.keep_dims:
+            if original_axis is not None:
+                out = np.expand_dims(out, axis)
+            else:
+                for _ in range(data.ndim):
+                    out = np.expand_dims(out, 0)
+        elif original_axis is None:
+            out = out.item()
+        return [self.to_tensor(out, flat[0].dtype)]
+
+    def generic_reduce(self, input, _orig=orig):
+        fn = getattr(self.combine_fn, "fn", None)
+        if fn is None:
+            return _orig(self, input)
+        kind = _integer_combine(fn)
+        if kind is not None and len(input) == 1:
+            dt = input[0].dtype
+            npd = input[0].handle.data.dtype
+            if dt.is_int() and not dt.is_bool() and dt.primitive_bitwidth >= 32 and npd.kind in "iu" \
+                    and npd.itemsize * 8 == dt.primitive_bitwidth \
+                    and input[0].handle.data.size:
+                # 32 / 64-bit integer +, max, min: exact (+ wraps modulo 2**bits at every step either way),
+                # so the order of the fold does not matter: one NumPy reduction
+                flat, axis = self.unravel(input, self.axis)
+                return integer_reduce(self, flat, axis, self.axis, kind)
+        if not _elementwise_combine(fn):
+            return _orig(self, input)
+        original_axis = self.axis
+        flat, axis = self.unravel(input, self.axis)
+        shape = flat[0].handle.data.shape
+        if original_axis is None or len(shape) < 2 or not shape[axis] or \
+                any(x.handle.data.shape != shape for x in flat):
+            return _orig(self, input)
+        data = [x.handle.data for x in flat]
+        out_shape = shape[:axis] + shape[axis + 1:]
+        out = [np.zeros(out_shape, dtype=d.dtype) for d in data]
+        for o, d, x in zip(out, data, flat):
+            o[...] = self.to_tensor(np.take(d, 0, axis=axis), x.dtype).handle.data
+        for k in range(1, shape[axis]):
+            acc = tuple(self.to_tensor(o, x.dtype) for o, x in zip(out, flat))
+            cur = tuple(self.to_tensor(np.take(d, k, axis=axis), x.dtype) for d, x in zip(data, flat))
+            ret = self.combine_fn.fn(*acc, *cur)
+            ret = (ret, ) if not isinstance(ret, tuple) else ret
+            for o, r in zip(out, ret):
+                o[...] = r.handle.data if isinstance(r, tl.core.tensor) else r
+        res = []
+        for o, x in zip(out, flat):
+            if self.keep_dims:
+                o = np.expand_dims(o, axis)
+            res.append(self.to_tensor(o, x.dtype))
+        return res
+
+    generic_reduce.interpreter_generic_reduce = orig      # Triton's own, one call per element (for tests)
+    cls.generic_reduce = generic_reduce
+
+
 _LAUNCHES = 0                # ditron launches in progress in this process (triton.language patched by their scope)
 _NESTED_SKIP_INSTALLED = False
 
@@ -651,6 +871,69 @@ def _patch_lang_now(_interp, fn):
     return getattr(patch, "__wrapped__", patch)(fn)
 
 
+# Triton's patch of ``triton.language`` for one launch (``_patch_lang`` + the libdevice modules): ~2.5 ms of
+# ``inspect.getmembers`` and new wrappers per launch, the same wrappers of the same builder every time.  The
+# first launch records what it set; later launches set the recorded values again when nothing they touch has
+# changed since (every patched attribute still holds the original it replaced, no attribute was added to a
+# patched module or class, the same libdevice modules are loaded, the same interpreter builder / semantic), and
+# otherwise patch afresh (and record that).  A launch nested in another (triton.language already patched)
+# always patches afresh and records nothing.
+_LANG_PLAN = None       # (key, patched objects, [(obj, name, original, patched)], Triton's 'missing' marker)
+
+
+def _lang_plan_key(_interp, objs):
+    import sys
+    return (id(getattr(_interp, "interpreter_builder", None)), id(getattr(_interp, "interpreter_semantic", None)),
+            tuple(id(sys.modules.get(name)) for name in _LIBDEVICE_MODULES),
+            tuple((id(o), len(getattr(o, "__dict__", ()))) for o in objs))
+
+
+def _record_lang_patch(_interp, scope):
+    global _LANG_PLAN
+    changes = getattr(scope, "_changes", None)
+    if _LAUNCHES > 0 or not isinstance(changes, list):
+        return
+    missing = getattr(_interp, "_MISSING", None)
+    if missing is None:
+        return
+    # an attribute patched twice (tl and tl.core hold the same classes) is one entry: the original before the
+    # first patch, the value after the last
+    first = {}
+    for obj, name, original in changes:
+        first.setdefault((id(obj), name), (obj, name, original))
+    plan = [(obj, name, original, getattr(obj, name)) for obj, name, original in first.values()]
+    objs = list({id(obj): obj for obj, _, _, _ in plan}.values())
+    # the key is taken with the patch removed (as the next launch will see it): restore, key, re-apply
+    for obj, name, original, _ in reversed(plan):
+        if original is missing:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, original)
+    key = _lang_plan_key(_interp, objs)
+    for obj, name, _, patched in plan:
+        setattr(obj, name, patched)
+    _LANG_PLAN = (key, objs, plan, missing)
+
+
+def _replay_lang_patch(_interp):
+    """A scope with the recorded patch set again, or None (patch afresh)."""
+    hit = _LANG_PLAN
+    if hit is None or _LAUNCHES > 0:
+        return None
+    key, objs, plan, missing = hit
+    if _lang_plan_key(_interp, objs) != key:
+        return None
+    for obj, name, original, _ in plan:
+        if getattr(obj, name, missing) is not original:
+            return None
+    scope = _interp._LangPatchScope()
+    changes = scope._changes
+    for obj, name, original, patched in plan:
+        setattr(obj, name, patched)
+        changes.append((obj, name, original))
+    return scope
+
+
 @contextlib.contextmanager
 def interpreter_launch(grid):
     """Patch ``triton.language`` for the interpreter (as Triton's own
@@ -664,6 +947,8 @@ def interpreter_launch(grid):
     _install_access_hooks()
     _install_nested_patch_skip()
     _install_overflow_check_skip()
+    _install_lazy_tuple_type_name()
+    _install_vector_reduce()
 
     class _Scope:
         pass
@@ -671,8 +956,11 @@ def interpreter_launch(grid):
     global _LAUNCHES
     holder = _Scope()
     holder.__globals__ = {"tl": tl, "core": _core}
-    scope = _patch_lang_now(_interp, holder)
-    _patch_libdevice(_interp, scope)
+    scope = _replay_lang_patch(_interp)
+    if scope is None:
+        scope = _patch_lang_now(_interp, holder)
+        _patch_libdevice(_interp, scope)
+        _record_lang_patch(_interp, scope)
     builder = _interp.interpreter_builder
     builder.set_grid_dim(*grid)
     _LAUNCHES += 1

@@ -404,10 +404,25 @@ class _Analysis:
         return _Result(self.all_params, ordered, frozenset(p for p in returns if p in self.params))
 
 
+_SOURCES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # code object -> (lines, start, file)
+
+
+def _source_lines(fn):
+    """``inspect.getsourcelines`` and the file of ``fn``, once per code object: the analysis and the lint both
+    read every kernel and helper (``getsourcelines`` tokenizes the file: the costly part of a first launch)."""
+    code = getattr(fn, "__code__", None)
+    hit = _SOURCES.get(code) if code is not None else None
+    if hit is None:
+        lines, start = inspect.getsourcelines(fn)
+        hit = (tuple(lines), start, inspect.getsourcefile(fn) or fn.__code__.co_filename)
+        if code is not None:
+            _SOURCES[code] = hit
+    return hit
+
+
 def function_source(fn):
     """``(fdef, file)``: ``fn``'s source parsed, line numbers as in its file.  Raises when it has no source."""
-    lines, start = inspect.getsourcelines(fn)
-    file = inspect.getsourcefile(fn) or fn.__code__.co_filename
+    lines, start, file = _source_lines(fn)
     tree = ast.parse(textwrap.dedent("".join(lines)))
     ast.increment_lineno(tree, max(start, 1) - 1)
     return next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), file

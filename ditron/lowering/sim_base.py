@@ -69,13 +69,29 @@ def _like(ptr_or_value, data, tt=None):
     return _compat.interpreter_value(data, ty)
 
 
+_FILES: dict = {}     # absolute co_filename -> its base name if outside ditron and Triton, else None
+
+
+def _kernel_file(co_filename):
+    """The base name of a frame's file when it is outside ditron and Triton, else None (cached per absolute
+    file name: ``where`` runs at every checked access)."""
+    hit = _FILES.get(co_filename, False)
+    if hit is not False:
+        return hit
+    fn = os.path.abspath(co_filename)
+    out = None if fn.startswith(_HERE) or fn.startswith(_TRITON) else os.path.basename(fn)
+    if os.path.isabs(co_filename):      # a relative name depends on the working directory: not cached
+        _FILES[co_filename] = out
+    return out
+
+
 def where() -> str:
     """file:line in the kernel (the first frame outside ditron and Triton)."""
     f = sys._getframe(1)
     while f is not None:
-        fn = os.path.abspath(f.f_code.co_filename)
-        if not fn.startswith(_HERE) and not fn.startswith(_TRITON):
-            return f"{os.path.basename(fn)}:{f.f_lineno}"
+        base = _kernel_file(f.f_code.co_filename)
+        if base is not None:
+            return f"{base}:{f.f_lineno}"
         f = f.f_back
     return "?"
 

@@ -1,0 +1,19 @@
+"""The simulator's interpreter glue (ditron/_compat.py) computes what Triton's interpreter computes, faster."""
+import bodies_sim_glue as B
+
+
+def test_reduce_over_slices_is_the_same_fold(dist_world):
+    assert dist_world(1).run(B.reduce_over_slices) == [True]
+
+
+def test_integer_reduce_is_exact(dist_world):
+    assert dist_world(1).run(B.integer_reduce) == [True]
+
+
+def test_launch_patch_is_replayed_and_restored(dist_world):
+    assert dist_world(1).run(B.launch_patch_replayed) == [True]
+
+
+def test_tuple_type_names_are_triton_s(dist_world):
+    from ditron._compat import TRITON_VERSION
+    assert dist_world(1).run(B.tuple_type_names) == [8 if TRITON_VERSION[:2] == (3, 6) else 0]
