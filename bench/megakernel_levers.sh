@@ -32,6 +32,14 @@
 #   split3       batch 1: + the down projection split in 3 K slices (not yet measured with 3 programs per SM)
 #   pf2k         batch 1: + each GEMV tile prefetches the first 2048 columns of its rows into L2 before its
 #                dependency wait (the weight stream keeps going through the small stages; 168 registers, 3 per SM)
+#   (branch b8: the batch path's gate/up tiles, TileConfig.gu_wdot; batch 8 at 4096 was 1.44x batch 1 on the H200)
+#   b8base       today's defaults, batch 1 and 8 at context 512 and 4096 (the baseline of the b8 levers, same run)
+#   b8w32        batch 8 at 512: gate/up tiles of 32 columns with the weight rows as the MMA's M operand (gate and up
+#                rows stacked: 64 x 256 weight chunks, x^T the 8-column N operand; 384 tiles, 3-stage 72 KiB ring)
+#                instead of 8-column tiles with the batch rows as M (each of the 4 warps read and multiplied the whole
+#                chunk); b8wtr: the same at 4096, traced; b8w16: 16-column tiles (768)
+#   b8pntr       batch 8 at 4096, --prenorm, traced (why prenorm loses at batch 8); b8pnw: prenorm + b8w32 at 4096
+#   b8tr         batch 8 at 4096, today's defaults, traced
 #   base1        batch 1 at context 512 and 4096 with today's defaults (the baseline of the batch-1 levers below)
 #   fold         batch 1: o_proj / down_proj commit the pending residual add of their own columns (--fold-resid): no
 #                res_a / res_m tasks, down no longer waits for a residual commit after gate/up
@@ -108,6 +116,13 @@ ALL=(                      # name|timeout s|cases|flags
   "k256|40|--ctx 512 --batch 8|--dot-block-k 256"
   "split3|40|--ctx 512 --batch 1|--down-split-k 3"
   "pf2k|40|--ctx 512 --batch 1|--prefetch-k 2048"
+  "b8base|100|--ctx 512,4096 --batch 1,8|"
+  "b8w32|45|--ctx 512 --batch 8|--gu-wdot 32 --gu-wdot-k 256"
+  "b8wtr|80|--ctx 4096 --batch 8|--gu-wdot 32 --gu-wdot-k 256 --trace"
+  "b8pntr|80|--ctx 4096 --batch 8|--prenorm --trace"
+  "b8pnw|45|--ctx 4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256"
+  "b8w16|45|--ctx 4096 --batch 8|--gu-wdot 16 --gu-wdot-k 256"
+  "b8tr|80|--ctx 4096 --batch 8|--trace"
   "base1|70|--ctx 512,4096 --batch 1|"
   "fold|45|--ctx 512 --batch 1|--fold-resid"
   "prenorm|70|--ctx 512,4096 --batch 1|--prenorm"

@@ -128,6 +128,8 @@ def _config(args):
     over.update({k: True for k, v in (("rope_group", args.rope_group), ("comb_group", args.comb_group),
                                       ("attn_prefetch_v", args.attn_prefetch_v),
                                       ("attn_fuse_rope", args.attn_fuse_rope)) if v})
+    # the batch path's gate/up tiles with the weight rows on the MMA's M side (issue 26: TileConfig.gu_wdot)
+    over.update({k: v for k, v in (("gu_wdot", args.gu_wdot), ("gu_wdot_k", args.gu_wdot_k)) if v})
     return cfg.with_tiles(**over) if over else cfg
 
 
@@ -341,6 +343,10 @@ def main(argv=None):
                    help="one q/k-norm + RoPE tile per (sequence, kv head) instead of one per head")
     p.add_argument("--comb-group", action="store_true",
                    help="one flash-decoding combine tile per (sequence, kv head) instead of one per q head")
+    p.add_argument("--gu-wdot", type=int, default=0,
+                   help="gate/up tile width of the tl.dot batch path with the weight rows (gate and up stacked) as "
+                        "the MMA's M operand (0: off; e.g. 32: 384 tiles at Qwen3-8B's 12288)")
+    p.add_argument("--gu-wdot-k", type=int, default=0, help="K chunk of --gu-wdot's tiles (0: --dot-block-k)")
     p.add_argument("--comm-block", type=int, default=0)
     p.add_argument("--num-warps", type=int, default=0)
     p.add_argument("--prefetch-k", type=int, default=0,

@@ -108,6 +108,12 @@ class TileConfig:
       most the tile width; any count: a tile of ``block_n`` rows with the rest masked), so that a projection of
       fewer tiles than programs can use them all (e.g. 11: 373 tiles of the 4096 columns for 396 programs, against
       256 tiles of 16; a lever of issue 26).
+    * ``gu_wdot``: 0, or the gate/up tile width of the ``tl.dot`` path (batches from ``dot_from``) with the weight
+      rows on the MMA's M side (:func:`~.tiles_gemv.gate_up_wdot_tile`: ``gu_wdot`` gate and ``gu_wdot`` up rows
+      stacked, the batch rows the N operand, ``x^T``): the plain ``tl.dot`` path puts the few batch rows on M, so
+      each of the 4 warps reads and multiplies the whole weight chunk from shared memory (an MMA of 16 rows; the
+      8-wide gate/up tiles of batch 8: 4 times the shared-memory reads, issue 26); ``gu_wdot_k``: its K chunk (0:
+      ``dot_block_k``); its pipeline depth follows ``dot_ring`` as the plain path's does (a lever of issue 26).
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
@@ -170,6 +176,8 @@ class TileConfig:
     dot_gate_up_block_n: int = 0
     o_cols: int = 0
     down_cols: int = 0
+    gu_wdot: int = 0
+    gu_wdot_k: int = 0
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences
@@ -247,6 +255,11 @@ class TileConfig:
         if self.o_cols < 0 or self.down_cols < 0:
             raise DitronError(f"TileConfig: o_cols={self.o_cols}, down_cols={self.down_cols} must be >= 0 (0: the "
                               "tile width)")
+        for name in ("gu_wdot", "gu_wdot_k"):
+            v = getattr(self, name)
+            if v < 0 or v & (v - 1) or v == 1 or (name == "gu_wdot" and 0 < v < 8):
+                raise DitronError(f"TileConfig.{name}={v}: must be 0 (off / dot_block_k) or a power of two"
+                                  + (" >= 8 (2 x gu_wdot rows: 16 per MMA)" if name == "gu_wdot" else " >= 2"))
         if self.dot_ring < 0:
             raise DitronError(f"TileConfig.dot_ring={self.dot_ring}: must be 0 (stream_stages) or a byte count")
         if (self.fold_resid or self.prenorm) and self.down_split_k > 1:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from .tiles_gemv import (  # noqa: F401
     advance_tile, add_rmsnorm_tile, add_resid_tile, linear_tile, linear_resid_tile, linear_resnorm_tile,
     linear_rstd_tile, gate_up_rstd_tile, linear_split_tile, sum_splits_tile, rms_linear_tile, gate_up_tile,
-    rms_gate_up_tile, linear_prefetch, gate_up_prefetch)
+    rms_gate_up_tile, linear_prefetch, gate_up_prefetch, gate_up_wdot_tile, gate_up_rstd_wdot_tile)
 from .tiles_attention import (  # noqa: F401
     qk_norm_rope_tile, qk_norm_rope_group_tile, attn_split_tile, attn_split_pipe_tile, attn_rope_split_tile,
     attn_combine_tile, attn_combine_group_tile)

@@ -1,0 +1,96 @@
+"""The decoder megakernel's batch path (issue 26: batch 8 within 1.3x batch 1): the gate/up tiles with the weight
+rows on the MMA's M side (``TileConfig.gu_wdot``) on simulated ranks against the torch reference (ragged paged
+contexts, two steps), with and without ``prenorm``; and the whole batch-8 step at Qwen3-8B's shapes compiled for
+sm_90a (registers, spills, programs per SM, the gate/up MMA's shape) and gfx942."""
+import re
+
+import pytest
+
+import bodies_decoder as B
+
+
+def _cfg(ranks, **tiles):
+    from ditron.kernels.decoder import tiny
+    cfg = tiny(**(dict(n_q_heads=6, n_kv_heads=3) if ranks == 3 else {}))
+    return cfg.with_tiles(dot_from=2, dot_stream=True, dot_pad=8, dot_ring=4096, direct_tp1=True, **tiles)
+
+
+def test_gu_wdot_config_and_tasks():
+    # the field's values; the gate/up task of the batch path takes the wdot tile (gate_up_rstd_wdot_tile under
+    # prenorm) with gu_wdot columns per tile, batch 1 keeps its FMA tile; the ring sets the depth
+    from ditron.errors import DitronError
+    from ditron.kernels.decoder import qwen3_8b
+    from ditron.kernels.decoder import resources as RZ
+    from ditron.kernels.decoder import tiles as T
+    for bad in (dict(gu_wdot=4), dict(gu_wdot=24), dict(gu_wdot_k=1), dict(gu_wdot_k=-2)):
+        with pytest.raises(DitronError, match=next(iter(bad))):
+            _cfg(1, **bad)
+    cfg = qwen3_8b(n_layers=1).with_tiles(gu_wdot=32, gu_wdot_k=256)
+    for batch, prenorm, fn in ((8, False, T.gate_up_wdot_tile), (8, True, T.gate_up_rstd_wdot_tile),
+                               (1, None, T.gate_up_rstd_tile)):
+        gu = next(s for s in RZ.step_specs(cfg.with_tiles(prenorm=prenorm), batch) if s.name == "gu.0")
+        assert gu.fn is fn, (batch, prenorm, gu.fn)
+        if batch == 8:
+            # 12288 / 32 = 384 tiles (one per program of 3 x 132); 2 x 32 x 256 weights + 8 x 256 activations
+            # = 36 KiB a stage: 3 stages in the 72 KiB ring
+            assert gu.num_tiles == 384 and gu.args["BLOCK_B"] == 8 and gu.args["STREAM"] == 3, gu.args
+
+
+@pytest.mark.parametrize("ranks,batch,tiles", [
+    (1, 3, dict(gu_wdot=8, gu_wdot_k=16, prenorm=True)),        # prenorm: no norm tasks but layer 0's
+    (1, 5, dict(gu_wdot=16, gu_wdot_k=32)),                      # separate norms; 96 = 6 tiles of 16, 9 rows of 8
+    (2, 4, dict(gu_wdot=16, gu_wdot_k=16)),                      # 48 per rank: 3 tiles
+    (3, 2, dict(gu_wdot=8, gu_wdot_k=32, prenorm=True)),         # 32 per rank; prenorm is one rank only (off here)
+])
+def test_gu_wdot_steps(dist_world, ranks, batch, tiles):
+    cfg = _cfg(ranks, **tiles)
+    assert cfg.tiles.dot_for(batch)
+    ctx = [33, 5, 17, 1, 29][:batch]
+    errs = dist_world(ranks).run(B.decoder_steps, steps=2, B=batch, ctx=ctx, page_size=8, cfg=cfg)
+    assert len(errs) == ranks and all(len(e) == 2 for e in errs)
+
+
+def _whole_step(target, **tiles):
+    import ditron
+    from ditron.kernels.decoder import qwen3_8b
+    from ditron.kernels.decoder import resources as RZ
+    ditron.init("sim")
+    try:
+        cfg = qwen3_8b(n_layers=1).with_tiles(**tiles)
+        ck = RZ.compile_step(cfg, 8, target=target)
+        return cfg, ck
+    finally:
+        ditron.finalize()
+
+
+def test_batch8_gu_wdot_sm90a():
+    # issue 26: the batch path's gate/up tiles were 8 x 512 tl.dot chunks with the 8 batch rows as the MMA's M
+    # operand: Triton laid the 4 warps over M, so each warp multiplied (and read from shared memory) the whole
+    # chunk -- the gate/up phase of batch 8 streamed 2.9 TB/s against batch 1's 3.9.  With gu_wdot the MMA's
+    # M is the 2 x 32 stacked weight rows: one warp per 16 rows.  The whole step (every branch) at Qwen3-8B's
+    # shapes still fits 168 registers and 3 programs per SM
+    from ditron._compat import TRITON_VERSION
+    from ditron.kernels.decoder import resources as RZ
+    cfg, ck = _whole_step("sm_90a", gu_wdot=32, gu_wdot_k=256, prenorm=True)
+    use = ck.usage()
+    assert use["registers"] <= 168, use
+    ttgir = ck.asm["ttgir"]
+    mmas = re.findall(r"#mma\d* = #ttg\.nvidia_mma<\{versionMajor = 2, versionMinor = 0, warpsPerCTA = \[(\d+), "
+                      r"(\d+)\]", ttgir)
+    assert mmas, "the batch path's GEMVs accumulate on the tensor cores (mma.sync)"
+    # the gate/up dot: [64, 256] weight rows x [256, 8] activations -> [64, 8], M split over the 4 warps
+    dots = re.findall(r"tt\.dot %\S+, %\S+, %\S+(?:, inputPrecision = \w+)? : tensor<(\d+)x(\d+)xbf16, #ttg\.dot_op<"
+                      r"\{opIdx = 0, parent = (#mma\d*)[^>]*>> \* tensor<(\d+)x(\d+)xbf16", ttgir)
+    gu = [d for d in dots if (d[0], d[1], d[4]) == ("64", "256", "8")]
+    assert gu, dots
+    layout = re.search(re.escape(gu[0][2]) + r" = #ttg\.nvidia_mma<\{[^}]*warpsPerCTA = \[(\d+), (\d+)\]", ttgir)
+    assert layout and layout.groups() == ("4", "1"), layout
+    if TRITON_VERSION[:2] == (3, 6):
+        # the GPU machines' version: spills as the default step's (<= 24 bytes with the CPU's ptxas), 3 per SM
+        assert use["spill_stores"] <= 24 and use["spill_loads"] <= 24, use
+        assert RZ.resident_per_sm(use, cfg.tiles.num_warps) >= 3, use
+
+
+def test_batch8_gu_wdot_gfx942():
+    _, ck = _whole_step("gfx942", gu_wdot=32, gu_wdot_k=256, prenorm=True)
+    assert "v_mfma" in ck.asm["amdgcn"], "the GEMVs accumulate on the matrix cores"
