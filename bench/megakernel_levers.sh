@@ -37,7 +37,8 @@
 #   b8w32        batch 8 at 512: gate/up tiles of 32 columns with the weight rows as the MMA's M operand (gate and up
 #                rows stacked: 64 x 256 weight chunks, x^T the 8-column N operand; 384 tiles, 3-stage 72 KiB ring)
 #                instead of 8-column tiles with the batch rows as M (each of the 4 warps read and multiplied the whole
-#                chunk); b8wtr: the same at 4096, traced; b8w16: 16-column tiles (768)
+#                chunk); b8wtr: the same at 4096, traced; b8w16: 16-column tiles (768); b8wk128: 128-deep chunks
+#                (a 5-stage ring: 4 chunks of 16 KiB in flight instead of 2 of 32)
 #   b8pntr       batch 8 at 4096, --prenorm, traced (why prenorm loses at batch 8); b8pnw: prenorm + b8w32 at 4096
 #   b8tr         batch 8 at 4096, today's defaults, traced
 #   base1        batch 1 at context 512 and 4096 with today's defaults (the baseline of the batch-1 levers below)
@@ -122,6 +123,7 @@ ALL=(                      # name|timeout s|cases|flags
   "b8pntr|80|--ctx 4096 --batch 8|--prenorm --trace"
   "b8pnw|45|--ctx 4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256"
   "b8w16|45|--ctx 4096 --batch 8|--gu-wdot 16 --gu-wdot-k 256"
+  "b8wk128|45|--ctx 4096 --batch 8|--gu-wdot 32 --gu-wdot-k 128"
   "b8tr|80|--ctx 4096 --batch 8|--trace"
   "base1|70|--ctx 512,4096 --batch 1|"
   "fold|45|--ctx 512 --batch 1|--fold-resid"

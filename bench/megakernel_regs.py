@@ -30,6 +30,9 @@ LEVERS = {
     "pngu32": {"prenorm": True, "gate_up_block_n": 32, "gate_up_block_k": 256},
     "pnk512": {"prenorm": True, "gemv_block_k": 512, "gate_up_block_k": 512, "stream_stages": 5},
     "cols11": {"o_cols": 11, "down_cols": 11},
+    "pn8": {"prenorm": True},
+    "b8w32": {"gu_wdot": 32, "gu_wdot_k": 256},
+    "b8pnw": {"prenorm": True, "gu_wdot": 32, "gu_wdot_k": 256},
 }
 
 
