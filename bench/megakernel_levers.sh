@@ -40,6 +40,8 @@
 #                chunk); b8wtr: the same at 4096, traced; b8w16: 16-column tiles (768); b8wk128: 128-deep chunks
 #                (a 5-stage ring: 4 chunks of 16 KiB in flight instead of 2 of 32)
 #   b8pntr       batch 8 at 4096, --prenorm, traced (why prenorm loses at batch 8); b8pnw: prenorm + b8w32 at 4096
+#   b8pne        batch 8 at 4096, --prenorm --pn-early: the prenorm tiles load rstd's partial sums / the residual
+#                columns before the weight stream (after it, their latency ends every tile); b8pnwe: + b8w32
 #   b8tr         batch 8 at 4096, today's defaults, traced
 #   base1        batch 1 at context 512 and 4096 with today's defaults (the baseline of the batch-1 levers below)
 #   fold         batch 1: o_proj / down_proj commit the pending residual add of their own columns (--fold-resid): no
@@ -122,6 +124,8 @@ ALL=(                      # name|timeout s|cases|flags
   "b8wtr|80|--ctx 4096 --batch 8|--gu-wdot 32 --gu-wdot-k 256 --trace"
   "b8pntr|80|--ctx 4096 --batch 8|--prenorm --trace"
   "b8pnw|45|--ctx 4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256"
+  "b8pnwe|45|--ctx 4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256 --pn-early"
+  "b8pne|45|--ctx 4096 --batch 8|--prenorm --pn-early"
   "b8w16|45|--ctx 4096 --batch 8|--gu-wdot 16 --gu-wdot-k 256"
   "b8wk128|45|--ctx 4096 --batch 8|--gu-wdot 32 --gu-wdot-k 128"
   "b8tr|80|--ctx 4096 --batch 8|--trace"

@@ -33,6 +33,8 @@ LEVERS = {
     "pn8": {"prenorm": True},
     "b8w32": {"gu_wdot": 32, "gu_wdot_k": 256},
     "b8pnw": {"prenorm": True, "gu_wdot": 32, "gu_wdot_k": 256},
+    "b8pne": {"prenorm": True, "pn_early": True},
+    "b8pnwe": {"prenorm": True, "gu_wdot": 32, "gu_wdot_k": 256, "pn_early": True},
 }
 
 

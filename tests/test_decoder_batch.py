@@ -34,10 +34,19 @@ def test_gu_wdot_config_and_tasks():
             # 12288 / 32 = 384 tiles (one per program of 3 x 132); 2 x 32 x 256 weights + 8 x 256 activations
             # = 36 KiB a stage: 3 stages in the 72 KiB ring
             assert gu.num_tiles == 384 and gu.args["BLOCK_B"] == 8 and gu.args["STREAM"] == 3, gu.args
+    # pn_early: the batch path's prenorm tiles (batch 1's FMA path keeps its own)
+    for batch, wd, want in ((8, 32, {"qkv.0": T.linear_tile, "o.0": T.linear_resnorm_early_tile,
+                                     "gu.0": T.gate_up_rstd_wdot_early_tile, "down.0": T.linear_resnorm_early_tile}),
+                            (8, 0, {"gu.0": T.gate_up_rstd_early_tile}),
+                            (1, 0, {"o.0": T.linear_resnorm_tile, "gu.0": T.gate_up_rstd_tile})):
+        specs = {s.name: s for s in RZ.step_specs(cfg.with_tiles(prenorm=True, pn_early=True, gu_wdot=wd), batch)}
+        assert {n: specs[n].fn for n in want} == want, (batch, wd)
 
 
 @pytest.mark.parametrize("ranks,batch,tiles", [
     (1, 3, dict(gu_wdot=8, gu_wdot_k=16, prenorm=True)),        # prenorm: no norm tasks but layer 0's
+    (1, 4, dict(gu_wdot=8, gu_wdot_k=16, prenorm=True, pn_early=True)),     # the prenorm tiles' early loads
+    (1, 2, dict(prenorm=True, pn_early=True)),                   # ... on the plain tl.dot path
     (1, 5, dict(gu_wdot=16, gu_wdot_k=32)),                      # separate norms; 96 = 6 tiles of 16, 9 rows of 8
     (2, 4, dict(gu_wdot=16, gu_wdot_k=16)),                      # 48 per rank: 3 tiles
     (3, 2, dict(gu_wdot=8, gu_wdot_k=32, prenorm=True)),         # 32 per rank; prenorm is one rank only (off here)

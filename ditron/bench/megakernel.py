@@ -130,6 +130,8 @@ def _config(args):
                                       ("attn_fuse_rope", args.attn_fuse_rope)) if v})
     # the batch path's gate/up tiles with the weight rows on the MMA's M side (issue 26: TileConfig.gu_wdot)
     over.update({k: v for k, v in (("gu_wdot", args.gu_wdot), ("gu_wdot_k", args.gu_wdot_k)) if v})
+    if args.pn_early:
+        over["pn_early"] = True
     return cfg.with_tiles(**over) if over else cfg
 
 
@@ -347,6 +349,9 @@ def main(argv=None):
                    help="gate/up tile width of the tl.dot batch path with the weight rows (gate and up stacked) as "
                         "the MMA's M operand (0: off; e.g. 32: 384 tiles at Qwen3-8B's 12288)")
     p.add_argument("--gu-wdot-k", type=int, default=0, help="K chunk of --gu-wdot's tiles (0: --dot-block-k)")
+    p.add_argument("--pn-early", action="store_true",
+                   help="with --prenorm on the tl.dot batch path: its tiles load the epilogue's inputs (rstd's sums, the "
+                        "residual columns) before the weight stream")
     p.add_argument("--comm-block", type=int, default=0)
     p.add_argument("--num-warps", type=int, default=0)
     p.add_argument("--prefetch-k", type=int, default=0,

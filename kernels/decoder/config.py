@@ -114,6 +114,10 @@ class TileConfig:
       each of the 4 warps reads and multiplies the whole weight chunk from shared memory (an MMA of 16 rows; the
       8-wide gate/up tiles of batch 8: 4 times the shared-memory reads, issue 26); ``gu_wdot_k``: its K chunk (0:
       ``dot_block_k``); its pipeline depth follows ``dot_ring`` as the plain path's does (a lever of issue 26).
+    * ``pn_early``: where ``prenorm`` applies on the ``tl.dot`` path, its tiles load their epilogue's inputs before
+      the weight stream (qkv, gate/up: the rows' partial sums of squares; o_proj / down_proj: their residual columns
+      and norm weights; :mod:`~.tiles_batch`): those are ready when the tile starts, and loaded after the stream
+      their latency ends every tile (a lever of issue 26: prenorm lost 6% at batch 8).
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
@@ -178,6 +182,7 @@ class TileConfig:
     down_cols: int = 0
     gu_wdot: int = 0
     gu_wdot_k: int = 0
+    pn_early: bool = False
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences

@@ -304,7 +304,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
 
     def resnorm(name, proj, x, wt, K, l, j, first, ss, deps):   # r = x0 | resid + x @ wt^T; hn, ss for norm j
         cols = tc.cols(proj, dot)              # columns per tile (o_cols / down_cols: a masked tile)
-        specs.append(TaskSpec(name, T.linear_resnorm_tile, cdiv(H, cols),
+        fn = T.linear_resnorm_early_tile if dot and tc.pn_early else T.linear_resnorm_tile     # TileConfig.pn_early
+        specs.append(TaskSpec(name, fn, cdiv(H, cols),
                               {"x_ptr": x, "w_ptr": wt, "x0_ptr": buf.x, "resid_ptr": buf.resid, "nw_ptr": w.norm,
                                "hn_ptr": buf.hn, "ss_ptr": ss, "B": B, "N": H, "K": K, "COLS": cols,
                                **gemv_c(proj)},
@@ -315,8 +316,11 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     def rstd_gemv(name, proj, fn, wt, out, N, l, ss, deps):     # rstd(ss) * (hn @ wt^T) (gate/up: then silu * up)
         nt = ss.shape[1]
         gc = gemv_c(proj)
+        early = dot and tc.pn_early                         # TileConfig.pn_early: rstd loaded before the stream
         if wdot and proj == "gate_up":
-            fn, gc = T.gate_up_rstd_wdot_tile, gemv_wdot_c()
+            fn, gc = T.gate_up_rstd_wdot_early_tile if early else T.gate_up_rstd_wdot_tile, gemv_wdot_c()
+        elif early:
+            fn = T.gate_up_rstd_early_tile if proj == "gate_up" else T.linear_rstd_early_tile
         specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
                               {"x_ptr": buf.hn, "ss_ptr": ss, "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps,
                                "N": N, "K": H, "NT": nt, "BLOCK_T": next_pow2(nt), **gc},
