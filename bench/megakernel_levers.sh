@@ -42,6 +42,9 @@
 #   b8pntr       batch 8 at 4096, --prenorm, traced (why prenorm loses at batch 8); b8pnw: prenorm + b8w32 at 4096
 #   b8pne        batch 8 at 4096, --prenorm --pn-early: the prenorm tiles load rstd's partial sums / the residual
 #                columns before the weight stream (after it, their latency ends every tile); b8pnwe: + b8w32
+#   b8ks         batch 8 at 4096: --dot-ksplit 4: the plain qkv / o / down tiles multiply each K chunk as a batched
+#                tl.dot over 4 K slices (one per warp; the plain path's 4 warps each multiply the whole chunk)
+#   b8kswtr      batch 8 at 512 and 4096: b8ks + b8w32, traced
 #   b8tr         batch 8 at 4096, today's defaults, traced
 #   base1        batch 1 at context 512 and 4096 with today's defaults (the baseline of the batch-1 levers below)
 #   fold         batch 1: o_proj / down_proj commit the pending residual add of their own columns (--fold-resid): no
@@ -128,6 +131,8 @@ ALL=(                      # name|timeout s|cases|flags
   "b8pne|45|--ctx 4096 --batch 8|--prenorm --pn-early"
   "b8w16|45|--ctx 4096 --batch 8|--gu-wdot 16 --gu-wdot-k 256"
   "b8wk128|45|--ctx 4096 --batch 8|--gu-wdot 32 --gu-wdot-k 128"
+  "b8ks|45|--ctx 4096 --batch 8|--dot-ksplit 4"
+  "b8kswtr|80|--ctx 512,4096 --batch 8|--dot-ksplit 4 --gu-wdot 32 --gu-wdot-k 256 --trace"
   "b8tr|80|--ctx 4096 --batch 8|--trace"
   "base1|70|--ctx 512,4096 --batch 1|"
   "fold|45|--ctx 512 --batch 1|--fold-resid"

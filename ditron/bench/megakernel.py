@@ -132,6 +132,8 @@ def _config(args):
     over.update({k: v for k, v in (("gu_wdot", args.gu_wdot), ("gu_wdot_k", args.gu_wdot_k)) if v})
     if args.pn_early:
         over["pn_early"] = True
+    if args.dot_ksplit:
+        over["dot_ksplit"] = args.dot_ksplit
     return cfg.with_tiles(**over) if over else cfg
 
 
@@ -352,6 +354,9 @@ def main(argv=None):
     p.add_argument("--pn-early", action="store_true",
                    help="with --prenorm on the tl.dot batch path: its tiles load the epilogue's inputs (rstd's sums, the "
                         "residual columns) before the weight stream")
+    p.add_argument("--dot-ksplit", type=int, default=0,
+                   help="tl.dot batch path: each K chunk of the plain qkv / o / down tiles split over this many warps "
+                        "(a batched dot; 0: off)")
     p.add_argument("--comm-block", type=int, default=0)
     p.add_argument("--num-warps", type=int, default=0)
     p.add_argument("--prefetch-k", type=int, default=0,

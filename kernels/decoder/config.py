@@ -118,6 +118,10 @@ class TileConfig:
       the weight stream (qkv, gate/up: the rows' partial sums of squares; o_proj / down_proj: their residual columns
       and norm weights; :mod:`~.tiles_batch`): those are ready when the tile starts, and loaded after the stream
       their latency ends every tile (a lever of issue 26: prenorm lost 6% at batch 8).
+    * ``dot_ksplit``: 0, or the K slices (a power of two, e.g. ``num_warps``) of the ``tl.dot`` path's plain
+      qkv / o_proj / down_proj tiles (not the prenorm / fused-norm ones): each K chunk is multiplied as a batched
+      ``[S, BLOCK_N, BLOCK_K / S] x [S, BLOCK_K / S, B]`` ``tl.dot`` (:func:`~.tiles_batch.linear_kdot_tile`), so the
+      warps split K instead of all multiplying the whole chunk (a lever of issue 26).
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
@@ -183,6 +187,7 @@ class TileConfig:
     gu_wdot: int = 0
     gu_wdot_k: int = 0
     pn_early: bool = False
+    dot_ksplit: int = 0
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences
@@ -260,6 +265,8 @@ class TileConfig:
         if self.o_cols < 0 or self.down_cols < 0:
             raise DitronError(f"TileConfig: o_cols={self.o_cols}, down_cols={self.down_cols} must be >= 0 (0: the "
                               "tile width)")
+        if self.dot_ksplit < 0 or self.dot_ksplit & (self.dot_ksplit - 1):
+            raise DitronError(f"TileConfig.dot_ksplit={self.dot_ksplit}: must be 0 (off) or a power of two")
         for name in ("gu_wdot", "gu_wdot_k"):
             v = getattr(self, name)
             if v < 0 or v & (v - 1) or v == 1 or (name == "gu_wdot" and 0 < v < 8):

@@ -192,8 +192,16 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             scalars={"layer": j, "first": int(j == 0)}))
 
     def linear(name, proj, x, wt, out, N, K, l, deps, fn=T.linear_tile):
+        gc = gemv_c(proj)
+        if dot and tc.dot_ksplit > 1 and fn is T.linear_tile:   # TileConfig.dot_ksplit: K chunks over the warps
+            S, BB, BK = tc.dot_ksplit, max(8, next_pow2(B)), tc.block_k(proj, dot)
+            stream = tc.stream_for(B)
+            if stream and tc.dot_ring:
+                stream = max(2, 1 + tc.dot_ring // (BK * 2 * (BN[proj] + BB)))
+            fn, gc = T.linear_kdot_tile, dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, S=S, STREAM=max(1, stream),
+                                              **({"PREFETCH_K": tc.prefetch_k} if tc.prefetch_k else {}))
         specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
-                              {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gemv_c(proj)},
+                              {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gc},
                               reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=deps, scalars={"layer": l},
                               prefetch=prefetch_of(fn)))
 

@@ -146,3 +146,29 @@ def linear_resnorm_early_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_
     tl.store(hn_ptr + off, (r * nw[None, :]).to(hn_ptr.dtype.element_ty), mask=m)
     NTILES: tl.constexpr = (N + COLS - 1) // COLS
     tl.store(ss_ptr + offs_b * NTILES + tile, tl.sum(r * r, axis=1), mask=mb)
+
+
+@triton.jit
+def linear_kdot_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, S: tl.constexpr, STREAM: tl.constexpr):
+    """:func:`~.tiles_gemv.linear_tile` of the batch path with each K chunk split over ``S`` warps
+    (``TileConfig.dot_ksplit``): the chunk is loaded as ``[S, BLOCK_N, BLOCK_K / S]`` weights and
+    ``[S, BLOCK_B, BLOCK_K / S]`` activations and multiplied by one batched ``tl.dot`` (``w @ x^T`` per slice: the
+    weight rows on M, the batch rows the N operand), so Triton lays the warps over the slices
+    (``warpsPerCTA = [S, 1, 1]``): each warp reads and multiplies its own quarter of the chunk once, where the plain
+    path's 4 warps each multiply the whole ``[8, BLOCK_K] x [BLOCK_K, BLOCK_N]`` product.  The slices' partial sums
+    are added once, after the stream."""
+    KS: tl.constexpr = BLOCK_K // S
+    wl = w_ptr + layer.to(tl.int64) * N * K
+    n0 = tile * BLOCK_N
+    s3 = tl.arange(0, S)[:, None, None]
+    n3 = n0 + tl.arange(0, BLOCK_N)[None, :, None]
+    b3 = tl.arange(0, BLOCK_B)[None, :, None]
+    k3 = tl.arange(0, KS)[None, None, :]
+    acc = tl.zeros([S, BLOCK_N, BLOCK_B], tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=STREAM):
+        kk = k0 + s3 * KS + k3
+        w = tl.load(wl + n3 * K + kk, mask=(n3 < N) & (kk < K), other=0.0, eviction_policy="evict_first")
+        x = tl.load(x_ptr + b3 * K + kk, mask=(b3 < B) & (kk < K), other=0.0)
+        acc = tl.dot(w, tl.permute(x.to(w.dtype), (0, 2, 1)), acc)
+    _store_cols(out_ptr, tl.sum(acc, axis=0), n0, B, N, BLOCK_B, BLOCK_N)
