@@ -132,7 +132,7 @@ ALL=(                      # name|timeout s|cases|flags
   "b8w16|45|--ctx 4096 --batch 8|--gu-wdot 16 --gu-wdot-k 256"
   "b8wk128|45|--ctx 4096 --batch 8|--gu-wdot 32 --gu-wdot-k 128"
   "b8ks|45|--ctx 4096 --batch 8|--dot-ksplit 4"
-  "b8kswtr|80|--ctx 512,4096 --batch 8|--dot-ksplit 4 --gu-wdot 32 --gu-wdot-k 256 --trace"
+  "b8kswtr|120|--ctx 512,4096 --batch 8|--dot-ksplit 4 --gu-wdot 32 --gu-wdot-k 256 --trace"
   "b8tr|80|--ctx 4096 --batch 8|--trace"
   "base1|70|--ctx 512,4096 --batch 1|"
   "fold|45|--ctx 512 --batch 1|--fold-resid"
