@@ -34,6 +34,10 @@ def test_gu_wdot_config_and_tasks():
             # 12288 / 32 = 384 tiles (one per program of 3 x 132); 2 x 32 x 256 weights + 8 x 256 activations
             # = 36 KiB a stage: 3 stages in the 72 KiB ring
             assert gu.num_tiles == 384 and gu.args["BLOCK_B"] == 8 and gu.args["STREAM"] == 3, gu.args
+    # gu_wdot_k=0: the K chunk follows the ring (2 chunks in flight at least)
+    auto = qwen3_8b(n_layers=1).with_tiles(gu_wdot=32)
+    got = {b: next(s for s in RZ.step_specs(auto, b) if s.name == "gu.0").args for b in (2, 8, 16)}
+    assert [(got[b]["BLOCK_K"], got[b]["STREAM"]) for b in (2, 8, 16)] == [(256, 3), (256, 3), (128, 4)], got
     # pn_early: the batch path's prenorm tiles (batch 1's FMA path keeps its own)
     for batch, wd, want in ((8, 32, {"qkv.0": T.linear_tile, "o.0": T.linear_resnorm_early_tile,
                                      "gu.0": T.gate_up_rstd_wdot_early_tile, "down.0": T.linear_resnorm_early_tile}),

@@ -113,7 +113,9 @@ class TileConfig:
       stacked, the batch rows the N operand, ``x^T``): the plain ``tl.dot`` path puts the few batch rows on M, so
       each of the 4 warps reads and multiplies the whole weight chunk from shared memory (an MMA of 16 rows; the
       8-wide gate/up tiles of batch 8: 4 times the shared-memory reads, issue 26); ``gu_wdot_k``: its K chunk (0:
-      ``dot_block_k``); its pipeline depth follows ``dot_ring`` as the plain path's does (a lever of issue 26).
+      ``dot_block_k``, halved while fewer than 2 chunks would be in flight in ``dot_ring``: 256 at batch 8 and 32
+      columns, 128 at batch 16); its pipeline depth follows ``dot_ring`` as the plain path's does (a lever of issue
+      26).
     * ``pn_early``: where ``prenorm`` applies on the ``tl.dot`` path, its tiles load their epilogue's inputs before
       the weight stream (qkv, gate/up: the rows' partial sums of squares; o_proj / down_proj: their residual columns
       and norm weights; :mod:`~.tiles_batch`): those are ready when the tile starts, and loaded after the stream
