@@ -39,12 +39,15 @@
 #                instead of 8-column tiles with the batch rows as M (each of the 4 warps read and multiplied the whole
 #                chunk); b8wtr: the same at 4096, traced; b8w16: 16-column tiles (768); b8wk128: 128-deep chunks
 #                (a 5-stage ring: 4 chunks of 16 KiB in flight instead of 2 of 32)
-#   b8pntr       batch 8 at 4096, --prenorm, traced (why prenorm loses at batch 8); b8pnw: prenorm + b8w32 at 4096
+#   b8pntr       batch 8 at 4096, --prenorm, traced (why prenorm loses at batch 8)
 #   b8pne        batch 8 at 4096, --prenorm --pn-early: the prenorm tiles load rstd's partial sums / the residual
 #                columns before the weight stream (after it, their latency ends every tile); b8pnwe: + b8w32
 #   b8ks         batch 8 at 4096: --dot-ksplit 4: the plain qkv / o / down tiles multiply each K chunk as a batched
 #                tl.dot over 4 K slices (one per warp; the plain path's 4 warps each multiply the whole chunk)
-#   b8kswtr      batch 8 at 512 and 4096: b8ks + b8w32, traced
+#   b8kswtr      batch 8 at 512 and 4096: b8ks + b8w32, traced; b8ksw: the same at 4096, untraced
+#   b8pnw        batch 8 at 512 and 4096: --prenorm + b8w32 (round 2 on the H200: 6034 us at 4096, 1.29x batch 1);
+#                b8pnwe: + --pn-early; b8pnwk: + --dot-ksplit 4 (its prenorm tiles load their epilogue's inputs
+#                first); b8pnwke: both; b8pnwktr: b8pnwk at 4096, traced
 #   b8tr         batch 8 at 4096, today's defaults, traced
 #   base1        batch 1 at context 512 and 4096 with today's defaults (the baseline of the batch-1 levers below)
 #   fold         batch 1: o_proj / down_proj commit the pending residual add of their own columns (--fold-resid): no
@@ -126,8 +129,12 @@ ALL=(                      # name|timeout s|cases|flags
   "b8w32|45|--ctx 512 --batch 8|--gu-wdot 32 --gu-wdot-k 256"
   "b8wtr|80|--ctx 4096 --batch 8|--gu-wdot 32 --gu-wdot-k 256 --trace"
   "b8pntr|80|--ctx 4096 --batch 8|--prenorm --trace"
-  "b8pnw|45|--ctx 4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256"
-  "b8pnwe|45|--ctx 4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256 --pn-early"
+  "b8pnw|60|--ctx 512,4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256"
+  "b8pnwe|60|--ctx 512,4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256 --pn-early"
+  "b8pnwk|60|--ctx 512,4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256 --dot-ksplit 4"
+  "b8pnwke|60|--ctx 512,4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256 --dot-ksplit 4 --pn-early"
+  "b8pnwktr|80|--ctx 4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256 --dot-ksplit 4 --trace"
+  "b8ksw|45|--ctx 4096 --batch 8|--dot-ksplit 4 --gu-wdot 32 --gu-wdot-k 256"
   "b8pne|45|--ctx 4096 --batch 8|--prenorm --pn-early"
   "b8w16|45|--ctx 4096 --batch 8|--gu-wdot 16 --gu-wdot-k 256"
   "b8wk128|45|--ctx 4096 --batch 8|--gu-wdot 32 --gu-wdot-k 128"

@@ -37,6 +37,7 @@ LEVERS = {
     "b8pnwe": {"prenorm": True, "gu_wdot": 32, "gu_wdot_k": 256, "pn_early": True},
     "b8ks": {"dot_ksplit": 4},
     "b8ksw": {"dot_ksplit": 4, "gu_wdot": 32, "gu_wdot_k": 256},
+    "b8pnwk": {"prenorm": True, "gu_wdot": 32, "gu_wdot_k": 256, "dot_ksplit": 4},
 }
 
 

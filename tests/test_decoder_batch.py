@@ -47,7 +47,7 @@ def test_gu_wdot_config_and_tasks():
         assert {n: specs[n].fn for n in want} == want, (batch, wd)
     # dot_ksplit: the plain qkv / o / down tiles of the batch path (not batch 1's, not the prenorm ones)
     for batch, over, want in ((8, {}, T.linear_kdot_tile), (1, {}, T.linear_resnorm_tile),
-                              (8, {"prenorm": True}, T.linear_resnorm_tile)):
+                              (8, {"prenorm": True}, T.linear_resnorm_kdot_tile)):
         specs = {s.name: s for s in RZ.step_specs(cfg.with_tiles(dot_ksplit=4, **over), batch)}
         assert specs["o.0"].fn is want and specs["down.0"].fn is want, (batch, over)
         if want is T.linear_kdot_tile:
@@ -61,6 +61,7 @@ def test_gu_wdot_config_and_tasks():
     (1, 4, dict(gu_wdot=8, gu_wdot_k=16, prenorm=True, pn_early=True)),     # the prenorm tiles' early loads
     (1, 2, dict(prenorm=True, pn_early=True)),                   # ... on the plain tl.dot path
     (1, 5, dict(gu_wdot=16, gu_wdot_k=32, dot_ksplit=4)),        # separate norms; 96 = 6 tiles of 16; K split
+    (1, 3, dict(gu_wdot=8, gu_wdot_k=16, prenorm=True, dot_ksplit=4, o_cols=11)),   # prenorm kdot tiles, 11 cols
     (2, 4, dict(gu_wdot=16, gu_wdot_k=16, dot_ksplit=2)),        # 48 per rank: 3 tiles; qkv / o / down K in 2
     (3, 2, dict(gu_wdot=8, gu_wdot_k=32, prenorm=True)),         # 32 per rank; prenorm is one rank only (off here)
 ])

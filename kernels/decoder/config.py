@@ -120,8 +120,9 @@ class TileConfig:
       the weight stream (qkv, gate/up: the rows' partial sums of squares; o_proj / down_proj: their residual columns
       and norm weights; :mod:`~.tiles_batch`): those are ready when the tile starts, and loaded after the stream
       their latency ends every tile (a lever of issue 26: prenorm lost 6% at batch 8).
-    * ``dot_ksplit``: 0, or the K slices (a power of two, e.g. ``num_warps``) of the ``tl.dot`` path's plain
-      qkv / o_proj / down_proj tiles (not the prenorm / fused-norm ones): each K chunk is multiplied as a batched
+    * ``dot_ksplit``: 0, or the K slices (a power of two, e.g. ``num_warps``) of the ``tl.dot`` path's qkv /
+      o_proj / down_proj tiles (plain and prenorm; the prenorm ones load their epilogue's inputs first, as
+      ``pn_early``; not the fused-norm ones): each K chunk is multiplied as a batched
       ``[S, BLOCK_N, BLOCK_K / S] x [S, BLOCK_K / S, B]`` ``tl.dot`` (:func:`~.tiles_batch.linear_kdot_tile`), so the
       warps split K instead of all multiplying the whole chunk (a lever of issue 26).
 

@@ -176,6 +176,16 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             c["PREFETCH_K"] = tc.prefetch_k
         return c
 
+    kdot = dot and tc.dot_ksplit > 1
+
+    def gemv_kdot_c(proj):          # the plain / prenorm qkv, o, down tiles of TileConfig.dot_ksplit (tiles_batch)
+        S, BB, BK = tc.dot_ksplit, max(8, next_pow2(B)), tc.block_k(proj, dot)
+        stream = tc.stream_for(B)
+        if stream and tc.dot_ring:
+            stream = max(2, 1 + tc.dot_ring // (BK * 2 * (BN[proj] + BB)))
+        return dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, S=S, STREAM=max(1, stream),
+                    **({"PREFETCH_K": tc.prefetch_k} if tc.prefetch_k else {}))
+
     def prefetch_of(fn):
         if not tc.prefetch_k:
             return None
@@ -195,13 +205,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
 
     def linear(name, proj, x, wt, out, N, K, l, deps, fn=T.linear_tile):
         gc = gemv_c(proj)
-        if dot and tc.dot_ksplit > 1 and fn is T.linear_tile:   # TileConfig.dot_ksplit: K chunks over the warps
-            S, BB, BK = tc.dot_ksplit, max(8, next_pow2(B)), tc.block_k(proj, dot)
-            stream = tc.stream_for(B)
-            if stream and tc.dot_ring:
-                stream = max(2, 1 + tc.dot_ring // (BK * 2 * (BN[proj] + BB)))
-            fn, gc = T.linear_kdot_tile, dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, S=S, STREAM=max(1, stream),
-                                              **({"PREFETCH_K": tc.prefetch_k} if tc.prefetch_k else {}))
+        if kdot and fn is T.linear_tile:         # TileConfig.dot_ksplit: K chunks over the warps
+            fn, gc = T.linear_kdot_tile, gemv_kdot_c(proj)
         specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
                               {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gc},
                               reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=deps, scalars={"layer": l},
@@ -315,10 +320,12 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     def resnorm(name, proj, x, wt, K, l, j, first, ss, deps):   # r = x0 | resid + x @ wt^T; hn, ss for norm j
         cols = tc.cols(proj, dot)              # columns per tile (o_cols / down_cols: a masked tile)
         fn = T.linear_resnorm_early_tile if dot and tc.pn_early else T.linear_resnorm_tile     # TileConfig.pn_early
+        gc = gemv_c(proj)
+        if kdot:                                                                               # ... dot_ksplit
+            fn, gc = T.linear_resnorm_kdot_tile, gemv_kdot_c(proj)
         specs.append(TaskSpec(name, fn, cdiv(H, cols),
                               {"x_ptr": x, "w_ptr": wt, "x0_ptr": buf.x, "resid_ptr": buf.resid, "nw_ptr": w.norm,
-                               "hn_ptr": buf.hn, "ss_ptr": ss, "B": B, "N": H, "K": K, "COLS": cols,
-                               **gemv_c(proj)},
+                               "hn_ptr": buf.hn, "ss_ptr": ss, "B": B, "N": H, "K": K, "COLS": cols, **gc},
                               reads=("x_ptr", "w_ptr", "x0_ptr", "resid_ptr", "nw_ptr"),
                               writes=("resid_ptr", "hn_ptr", "ss_ptr"), deps=deps,
                               scalars={"layer": l, "norm": j, "first": first}, prefetch=prefetch_of(T.linear_tile)))
@@ -329,6 +336,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         early = dot and tc.pn_early                         # TileConfig.pn_early: rstd loaded before the stream
         if wdot and proj == "gate_up":
             fn, gc = T.gate_up_rstd_wdot_early_tile if early else T.gate_up_rstd_wdot_tile, gemv_wdot_c()
+        elif kdot and proj != "gate_up":
+            fn, gc = T.linear_rstd_kdot_tile, gemv_kdot_c(proj)
         elif early:
             fn = T.gate_up_rstd_early_tile if proj == "gate_up" else T.linear_rstd_early_tile
         specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),

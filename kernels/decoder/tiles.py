@@ -29,7 +29,8 @@ from .tiles_gemv import (  # noqa: F401
     rms_gate_up_tile, linear_prefetch, gate_up_prefetch)
 from .tiles_batch import (  # noqa: F401
     gate_up_wdot_tile, gate_up_rstd_wdot_tile, linear_rstd_early_tile, gate_up_rstd_early_tile,
-    gate_up_rstd_wdot_early_tile, linear_resnorm_early_tile, linear_kdot_tile)
+    gate_up_rstd_wdot_early_tile, linear_resnorm_early_tile, linear_kdot_tile,
+    linear_rstd_kdot_tile, linear_resnorm_kdot_tile)
 from .tiles_attention import (  # noqa: F401
     qk_norm_rope_tile, qk_norm_rope_group_tile, attn_split_tile, attn_split_pipe_tile, attn_rope_split_tile,
     attn_combine_tile, attn_combine_group_tile)

@@ -158,17 +158,70 @@ def linear_kdot_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K: 
     (``warpsPerCTA = [S, 1, 1]``): each warp reads and multiplies its own quarter of the chunk once, where the plain
     path's 4 warps each multiply the whole ``[8, BLOCK_K] x [BLOCK_K, BLOCK_N]`` product.  The slices' partial sums
     are added once, after the stream."""
-    KS: tl.constexpr = BLOCK_K // S
     wl = w_ptr + layer.to(tl.int64) * N * K
     n0 = tile * BLOCK_N
+    acc = _kdot_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, S, STREAM, BLOCK_N)
+    _store_cols(out_ptr, acc, n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def _kdot_acc(x_ptr, wl, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr, S: tl.constexpr, STREAM: tl.constexpr, COLS: tl.constexpr):
+    """``acc[n, b] = sum_k wl[n0 + n, k] * x[b, k]`` (``[BLOCK_N, BLOCK_B]`` float32; rows ``n >= COLS`` zero) with
+    each K chunk multiplied as a batched ``tl.dot`` over ``S`` slices (see :func:`linear_kdot_tile`)."""
+    KS: tl.constexpr = BLOCK_K // S
     s3 = tl.arange(0, S)[:, None, None]
-    n3 = n0 + tl.arange(0, BLOCK_N)[None, :, None]
+    r3 = tl.arange(0, BLOCK_N)[None, :, None]
+    n3 = n0 + r3
     b3 = tl.arange(0, BLOCK_B)[None, :, None]
     k3 = tl.arange(0, KS)[None, None, :]
+    mn3 = (n3 < N) & (r3 < COLS)
     acc = tl.zeros([S, BLOCK_N, BLOCK_B], tl.float32)
     for k0 in tl.range(0, K, BLOCK_K, num_stages=STREAM):
         kk = k0 + s3 * KS + k3
-        w = tl.load(wl + n3 * K + kk, mask=(n3 < N) & (kk < K), other=0.0, eviction_policy="evict_first")
+        w = tl.load(wl + n3 * K + kk, mask=mn3 & (kk < K), other=0.0, eviction_policy="evict_first")
         x = tl.load(x_ptr + b3 * K + kk, mask=(b3 < B) & (kk < K), other=0.0)
         acc = tl.dot(w, tl.permute(x.to(w.dtype), (0, 2, 1)), acc)
-    _store_cols(out_ptr, tl.sum(acc, axis=0), n0, B, N, BLOCK_B, BLOCK_N)
+    return tl.sum(acc, axis=0)
+
+
+@triton.jit
+def linear_rstd_kdot_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, N: tl.constexpr, K: tl.constexpr,
+                          NT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, S: tl.constexpr, STREAM: tl.constexpr):
+    """:func:`~.tiles_gemv.linear_rstd_tile` (``prenorm``) on :func:`_kdot_acc` (``TileConfig.dot_ksplit``), its
+    rows' ``rstd`` loaded before the weight stream."""
+    rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
+    wl = w_ptr + layer.to(tl.int64) * N * K
+    n0 = tile * BLOCK_N
+    acc = _kdot_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, S, STREAM, BLOCK_N)
+    _store_cols(out_ptr, acc * rstd[None, :], n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def linear_resnorm_kdot_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr, ss_ptr, layer, norm, first, B,
+                             N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_K: tl.constexpr, S: tl.constexpr, STREAM: tl.constexpr, COLS: tl.constexpr):
+    """:func:`~.tiles_gemv.linear_resnorm_tile` (``prenorm``: o_proj / down_proj) on :func:`_kdot_acc`
+    (``TileConfig.dot_ksplit``), its residual columns and norm weights loaded before the weight stream; the
+    tile is ``[columns, batch rows]``."""
+    offs_b = tl.arange(0, BLOCK_B)
+    n0 = tile * COLS
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mb = offs_b < B
+    mn = (offs_n < N) & (tl.arange(0, BLOCK_N) < COLS)
+    off = offs_b[None, :] * N + offs_n[:, None]
+    m = mn[:, None] & mb[None, :]
+    if first != 0:
+        r0 = tl.load(x0_ptr + off, mask=m, other=0.0).to(tl.float32)
+    else:
+        r0 = tl.load(resid_ptr + off, mask=m, other=0.0)
+    nw = tl.load(nw_ptr + norm * N + offs_n, mask=mn, other=0.0).to(tl.float32)
+    wl = w_ptr + layer.to(tl.int64) * N * K
+    acc = _kdot_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, S, STREAM, COLS)
+    r = tl.where(m, r0 + acc, 0.0)
+    tl.debug_barrier()              # every thread's read of the old resid before any thread overwrites it
+    tl.store(resid_ptr + off, r, mask=m)
+    tl.store(hn_ptr + off, (r * nw[:, None]).to(hn_ptr.dtype.element_ty), mask=m)
+    NTILES: tl.constexpr = (N + COLS - 1) // COLS
+    tl.store(ss_ptr + offs_b * NTILES + tile, tl.sum(r * r, axis=0), mask=mb)
