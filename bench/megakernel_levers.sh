@@ -227,7 +227,7 @@ import json, sys
 data = json.load(open(sys.argv[1]))
 print("== summary: lever | ctx | batch | megakernel us | mk / HBM limit | mk / graph | mk / batch 1 (same ctx; of the "
       "same lever, else of 'new', 'curve' or 'base1')")
-base = {r["ctx"]: r["megakernel_us"] for k in ("base1", "curve", "new") for r in data.get(k, {}).get("rows", [])
+base = {r["ctx"]: r["megakernel_us"] for k in ("base1", "curve", "new", "b8base") for r in data.get(k, {}).get("rows", [])
         if r.get("batch") == 1 and r.get("megakernel_us")}
 for lever, d in data.items():
     rows = d.get("rows", [])
