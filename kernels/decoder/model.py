@@ -190,7 +190,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         if not tc.prefetch_k:
             return None
         return T.gate_up_prefetch if fn in (T.gate_up_tile, T.rms_gate_up_tile, T.gate_up_wdot_tile,
-                                            T.gate_up_rstd_wdot_tile) else T.linear_prefetch
+                                            T.gate_up_rstd_wdot_tile, T.gate_up_rstd_wdot_early_tile,
+                                            T.gate_up_rstd_early_tile) else T.linear_prefetch
     check_cache(cfg, world_size, cache, B)
     specs = [TaskSpec("advance", T.advance_tile, 1, {"seq_ptr": buf.seq, "B": B, "BLOCK_B": next_pow2(B)},
                       reads=("seq_ptr",), writes=("seq_ptr",))]
