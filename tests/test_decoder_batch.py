@@ -63,7 +63,8 @@ def test_gu_wdot_config_and_tasks():
     (1, 5, dict(gu_wdot=16, gu_wdot_k=32, dot_ksplit=4)),        # separate norms; 96 = 6 tiles of 16; K split
     (1, 3, dict(gu_wdot=8, gu_wdot_k=16, prenorm=True, dot_ksplit=4, o_cols=11)),   # prenorm kdot tiles, 11 cols
     (2, 4, dict(gu_wdot=16, gu_wdot_k=16, dot_ksplit=2)),        # 48 per rank: 3 tiles; qkv / o / down K in 2
-    (3, 2, dict(gu_wdot=8, gu_wdot_k=32, prenorm=True)),         # 32 per rank; prenorm is one rank only (off here)
+    (3, 2, dict(gu_wdot=8, gu_wdot_k=32, prenorm=True, dot_ksplit=4, prefetch_k=64)),   # 32 per rank; prenorm is
+                                                                 # one rank only (off here); the prefetch hooks
 ])
 def test_gu_wdot_steps(dist_world, ranks, batch, tiles):
     cfg = _cfg(ranks, **tiles)
