@@ -170,7 +170,9 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         if stream and tc.dot_ring:      # a stage: 2 x bn weight rows and BB activation rows of one K chunk (bf16)
             while not tc.gu_wdot_k and BK > 64 and tc.dot_ring // (BK * 2 * (2 * bn + BB)) < 2:
                 BK //= 2                # gu_wdot_k=0: chunks small enough for 2 in flight (batch 16: 128 deep)
-            stream = max(2, 1 + tc.dot_ring // (BK * 2 * (2 * bn + BB)))
+            # Triton 3.6 gives this loop STREAM - 1 buffers for 8 activation rows, STREAM buffers for 16 or more
+            # (its shared memory by ptxas on the CPU: tests/test_decoder_batch.py)
+            stream = max(2, (1 if BB < 16 else 0) + tc.dot_ring // (BK * 2 * (2 * bn + BB)))
         c = dict(BLOCK_B=BB, BLOCK_N=bn, BLOCK_K=BK, STREAM=max(1, stream))
         if tc.prefetch_k:
             c["PREFETCH_K"] = tc.prefetch_k
