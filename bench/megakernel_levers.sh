@@ -33,7 +33,9 @@
 #   pf2k         batch 1: + each GEMV tile prefetches the first 2048 columns of its rows into L2 before its
 #                dependency wait (the weight stream keeps going through the small stages; 168 registers, 3 per SM)
 #   (branch b8: the batch path's gate/up tiles, TileConfig.gu_wdot; batch 8 at 4096 was 1.44x batch 1 on the H200)
-#   b8base       today's defaults, batch 1 and 8 at context 512 and 4096 (the baseline of the b8 levers, same run)
+#   b8base       today's defaults, batch 1 and 8 at context 512 and 4096 (the baseline of the b8 levers, same run;
+#                since the b8 defaults: gu_wdot 32, dot_ksplit 4, prenorm_dot); b8old: the batch path before them
+#                (--no-prenorm-dot --gu-wdot 0 --dot-ksplit 0: 8-wide tl.dot gate/up tiles, separate norm tasks)
 #   b8w32        batch 8 at 512: gate/up tiles of 32 columns with the weight rows as the MMA's M operand (gate and up
 #                rows stacked: 64 x 256 weight chunks, x^T the 8-column N operand; 384 tiles, 3-stage 72 KiB ring)
 #                instead of 8-column tiles with the batch rows as M (each of the 4 warps read and multiplied the whole
@@ -126,6 +128,7 @@ ALL=(                      # name|timeout s|cases|flags
   "split3|40|--ctx 512 --batch 1|--down-split-k 3"
   "pf2k|40|--ctx 512 --batch 1|--prefetch-k 2048"
   "b8base|100|--ctx 512,4096 --batch 1,8|"
+  "b8old|100|--ctx 512,4096 --batch 1,8|--no-prenorm-dot --gu-wdot 0 --dot-ksplit 0"
   "b8w32|45|--ctx 512 --batch 8|--gu-wdot 32 --gu-wdot-k 256"
   "b8wtr|80|--ctx 4096 --batch 8|--gu-wdot 32 --gu-wdot-k 256 --trace"
   "b8pntr|80|--ctx 4096 --batch 8|--prenorm --trace"

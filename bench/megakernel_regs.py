@@ -31,6 +31,7 @@ LEVERS = {
     "pnk512": {"prenorm": True, "gemv_block_k": 512, "gate_up_block_k": 512, "stream_stages": 5},
     "cols11": {"o_cols": 11, "down_cols": 11},
     "pn8": {"prenorm": True},
+    "b8old": {"gu_wdot": 0, "dot_ksplit": 0, "prenorm_dot": False},
     "b8w32": {"gu_wdot": 32, "gu_wdot_k": 256},
     "b8pnw": {"prenorm": True, "gu_wdot": 32, "gu_wdot_k": 256},
     "b8pne": {"prenorm": True, "pn_early": True},
