@@ -257,10 +257,14 @@ def dry_run(cfg, ctxs, batches, args) -> int:
             cache = 2 * cfg.n_layers * pages * args.page_size * sh.kv_heads * cfg.head_dim * 2
             dot = cfg.tiles.dot_for(b)
             stream = cfg.tiles.stream_for(b)
+            norm = ("prenorm (o / down write its input)" if cfg.tiles.direct_tp1 and cfg.tiles.prenorm_for(b)
+                    else "fused into the GEMV tiles" if cfg.tiles.fuse_for(b) else "separate tasks")
             print(f"  context {ctx} batch {b}: contexts {cs if len(cs) <= 4 else cs[:4] + ['...']}, GEMV "
                   f"{'tl.dot (rows padded to 16), K chunk ' + str(cfg.tiles.block_k('down', True)) if dot else 'FMA'}"
                   f"{f' streamed by cp.async ({stream} stages)' if stream else ''}"
-                  f", RMSNorm {'fused into the GEMV tiles' if cfg.tiles.fuse_for(b) else 'separate tasks'}"
+                  f"{f', gate/up weight rows on M ({cfg.tiles.gu_wdot} x 2)' if dot and cfg.tiles.gu_wdot else ''}"
+                  f"{f', K over {cfg.tiles.dot_ksplit} warps' if dot and cfg.tiles.dot_ksplit > 1 else ''}"
+                  f", RMSNorm {norm}"
                   f", bytes per step {(wb + kv) / 2**30:.2f} GiB, paged cache {pages} pages = {cache / 2**30:.2f} GiB "
                   f"(x2 with the reference's copy)")
     return 0
