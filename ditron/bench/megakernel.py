@@ -362,8 +362,8 @@ def main(argv=None):
                    help="the tl.dot batch path with separate norm tasks (8b default: prenorm there too). The batch "
                         "path before issue 26's b8 levers: --no-prenorm-dot --gu-wdot 0 --dot-ksplit 0")
     p.add_argument("--pn-early", action="store_true",
-                   help="with --prenorm on the tl.dot batch path: its tiles load the epilogue's inputs (rstd's sums, the "
-                        "residual columns) before the weight stream")
+                   help="prenorm on the tl.dot batch path: its tiles load the epilogue's inputs (rstd's sums, "
+                        "the residual columns) before the weight stream")
     p.add_argument("--dot-ksplit", type=int, default=None,
                    help="tl.dot batch path: each K chunk of the qkv / o / down tiles split over this many warps "
                         "(a batched dot; 0: off; 8b default 4)")
