@@ -63,7 +63,8 @@ def test_gu_wdot_config_and_tasks():
     (1, 4, dict(gu_wdot=8, gu_wdot_k=16, prenorm=True, pn_early=True)),     # the prenorm tiles' early loads
     (1, 2, dict(prenorm=True, pn_early=True)),                   # ... on the plain tl.dot path
     (1, 5, dict(gu_wdot=16, gu_wdot_k=32, dot_ksplit=4)),        # separate norms; 96 = 6 tiles of 16; K split
-    (1, 3, dict(gu_wdot=8, gu_wdot_k=16, prenorm=True, dot_ksplit=4, o_cols=11)),   # prenorm kdot tiles, 11 cols
+    (1, 9, dict(gu_wdot=8, gu_wdot_k=16, prenorm=True, dot_ksplit=4, o_cols=11)),   # prenorm kdot tiles, 11 cols;
+                                                                 # 9 rows: the MMAs' N operand padded to 16
     (2, 4, dict(gu_wdot=16, gu_wdot_k=16, dot_ksplit=2)),        # 48 per rank: 3 tiles; qkv / o / down K in 2
     (3, 2, dict(gu_wdot=8, gu_wdot_k=32, prenorm=True, dot_ksplit=4, prefetch_k=64)),   # 32 per rank; prenorm is
                                                                  # one rank only (off here); the prefetch hooks
@@ -71,7 +72,7 @@ def test_gu_wdot_config_and_tasks():
 def test_gu_wdot_steps(dist_world, ranks, batch, tiles):
     cfg = _cfg(ranks, **tiles)
     assert cfg.tiles.dot_for(batch)
-    ctx = [33, 5, 17, 1, 29][:batch]
+    ctx = [33, 5, 17, 1, 29, 12, 8, 30, 2][:batch]
     errs = dist_world(ranks).run(B.decoder_steps, steps=2, B=batch, ctx=ctx, page_size=8, cfg=cfg)
     assert len(errs) == ranks and all(len(e) == 2 for e in errs)
 
