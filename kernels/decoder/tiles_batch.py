@@ -1,7 +1,11 @@
-"""GEMV tiles of the decoder step's batch path (issue 26: batch 8 within 1.3x batch 1): gate/up with the weight
-rows on the MMA's M side (``TileConfig.gu_wdot``) and the prenorm tiles that load their epilogue's inputs before
-the weight stream (``TileConfig.pn_early``).  Conventions: :mod:`.tiles`; the shared GEMV helpers:
-:mod:`.tiles_gemv`."""
+"""GEMV tiles of the decoder step's batch path (the ``tl.dot`` path; issue 26: batch 8 within 1.3x batch 1).
+
+With the batch rows as the MMA's M operand (``x @ w^T``, :func:`~.tiles_gemv._gemv_acc`) Triton lays the warps over
+those few rows, so every warp multiplies, and reads from shared memory, the whole weight chunk.  Here the warps
+split the weights instead: gate/up with its gate and up rows stacked as M (``w @ x^T``; ``TileConfig.gu_wdot``),
+qkv / o / down with each K chunk split over the warps by a batched ``tl.dot`` (``TileConfig.dot_ksplit``); the
+tiles are ``[columns, batch rows]``.  Also the prenorm tiles that load their epilogue's inputs before the weight
+stream (``TileConfig.pn_early``).  Conventions: :mod:`.tiles`; the shared GEMV helpers: :mod:`.tiles_gemv`."""
 from __future__ import annotations
 
 import triton
