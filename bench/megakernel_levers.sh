@@ -32,6 +32,25 @@
 #   split3       batch 1: + the down projection split in 3 K slices (not yet measured with 3 programs per SM)
 #   pf2k         batch 1: + each GEMV tile prefetches the first 2048 columns of its rows into L2 before its
 #                dependency wait (the weight stream keeps going through the small stages; 168 registers, 3 per SM)
+#   (branch b8: the batch path's gate/up tiles, TileConfig.gu_wdot; batch 8 at 4096 was 1.44x batch 1 on the H200)
+#   b8base       today's defaults, batch 1 and 8 at context 512 and 4096 (the baseline of the b8 levers, same run;
+#                since the b8 defaults: gu_wdot 32, dot_ksplit 4, prenorm_dot); b8old: the batch path before them
+#                (--no-prenorm-dot --gu-wdot 0 --dot-ksplit 0: 8-wide tl.dot gate/up tiles, separate norm tasks)
+#   b8w32        batch 8 at 512: gate/up tiles of 32 columns with the weight rows as the MMA's M operand (gate and up
+#                rows stacked: 64 x 256 weight chunks, x^T the 8-column N operand; 384 tiles, 3-stage 72 KiB ring)
+#                instead of 8-column tiles with the batch rows as M (each of the 4 warps read and multiplied the whole
+#                chunk); b8wtr: the same at 4096, traced; b8w16: 16-column tiles (768); b8wk128: 128-deep chunks
+#                (a 5-stage ring: 4 chunks of 16 KiB in flight instead of 2 of 32)
+#   b8pntr       batch 8 at 4096, --prenorm, traced (why prenorm loses at batch 8)
+#   b8pne        batch 8 at 4096, --prenorm --pn-early: the prenorm tiles load rstd's partial sums / the residual
+#                columns before the weight stream (after it, their latency ends every tile); b8pnwe: + b8w32
+#   b8ks         batch 8 at 4096: --dot-ksplit 4: the plain qkv / o / down tiles multiply each K chunk as a batched
+#                tl.dot over 4 K slices (one per warp; the plain path's 4 warps each multiply the whole chunk)
+#   b8kswtr      batch 8 at 512 and 4096: b8ks + b8w32, traced; b8ksw: the same at 4096, untraced
+#   b8pnw        batch 8 at 512 and 4096: --prenorm + b8w32 (round 2 on the H200: 6034 us at 4096, 1.29x batch 1);
+#                b8pnwe: + --pn-early; b8pnwk: + --dot-ksplit 4 (its prenorm tiles load their epilogue's inputs
+#                first); b8pnwke: both; b8pnwktr: b8pnwk at 4096, traced
+#   b8tr         batch 8 at 4096, today's defaults, traced
 #   base1        batch 1 at context 512 and 4096 with today's defaults (the baseline of the batch-1 levers below)
 #   fold         batch 1: o_proj / down_proj commit the pending residual add of their own columns (--fold-resid): no
 #                res_a / res_m tasks, down no longer waits for a residual commit after gate/up
@@ -108,6 +127,23 @@ ALL=(                      # name|timeout s|cases|flags
   "k256|40|--ctx 512 --batch 8|--dot-block-k 256"
   "split3|40|--ctx 512 --batch 1|--down-split-k 3"
   "pf2k|40|--ctx 512 --batch 1|--prefetch-k 2048"
+  "b8base|100|--ctx 512,4096 --batch 1,8|"
+  "b8old|100|--ctx 512,4096 --batch 1,8|--no-prenorm-dot --gu-wdot 0 --dot-ksplit 0"
+  "b8w32|45|--ctx 512 --batch 8|--gu-wdot 32 --gu-wdot-k 256"
+  "b8wtr|80|--ctx 4096 --batch 8|--gu-wdot 32 --gu-wdot-k 256 --trace"
+  "b8pntr|80|--ctx 4096 --batch 8|--prenorm --trace"
+  "b8pnw|60|--ctx 512,4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256"
+  "b8pnwe|60|--ctx 512,4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256 --pn-early"
+  "b8pnwk|60|--ctx 512,4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256 --dot-ksplit 4"
+  "b8pnwke|60|--ctx 512,4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256 --dot-ksplit 4 --pn-early"
+  "b8pnwktr|80|--ctx 4096 --batch 8|--prenorm --gu-wdot 32 --gu-wdot-k 256 --dot-ksplit 4 --trace"
+  "b8ksw|45|--ctx 4096 --batch 8|--dot-ksplit 4 --gu-wdot 32 --gu-wdot-k 256"
+  "b8pne|45|--ctx 4096 --batch 8|--prenorm --pn-early"
+  "b8w16|45|--ctx 4096 --batch 8|--gu-wdot 16 --gu-wdot-k 256"
+  "b8wk128|45|--ctx 4096 --batch 8|--gu-wdot 32 --gu-wdot-k 128"
+  "b8ks|45|--ctx 4096 --batch 8|--dot-ksplit 4"
+  "b8kswtr|120|--ctx 512,4096 --batch 8|--dot-ksplit 4 --gu-wdot 32 --gu-wdot-k 256 --trace"
+  "b8tr|80|--ctx 4096 --batch 8|--trace"
   "base1|70|--ctx 512,4096 --batch 1|"
   "fold|45|--ctx 512 --batch 1|--fold-resid"
   "prenorm|70|--ctx 512,4096 --batch 1|--prenorm"
@@ -194,7 +230,7 @@ import json, sys
 data = json.load(open(sys.argv[1]))
 print("== summary: lever | ctx | batch | megakernel us | mk / HBM limit | mk / graph | mk / batch 1 (same ctx; of the "
       "same lever, else of 'new', 'curve' or 'base1')")
-base = {r["ctx"]: r["megakernel_us"] for k in ("base1", "curve", "new") for r in data.get(k, {}).get("rows", [])
+base = {r["ctx"]: r["megakernel_us"] for k in ("base1", "curve", "new", "b8base") for r in data.get(k, {}).get("rows", [])
         if r.get("batch") == 1 and r.get("megakernel_us")}
 for lever, d in data.items():
     rows = d.get("rows", [])

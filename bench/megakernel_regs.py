@@ -30,6 +30,15 @@ LEVERS = {
     "pngu32": {"prenorm": True, "gate_up_block_n": 32, "gate_up_block_k": 256},
     "pnk512": {"prenorm": True, "gemv_block_k": 512, "gate_up_block_k": 512, "stream_stages": 5},
     "cols11": {"o_cols": 11, "down_cols": 11},
+    "pn8": {"prenorm": True},
+    "b8old": {"gu_wdot": 0, "dot_ksplit": 0, "prenorm_dot": False},
+    "b8w32": {"gu_wdot": 32, "gu_wdot_k": 256},
+    "b8pnw": {"prenorm": True, "gu_wdot": 32, "gu_wdot_k": 256},
+    "b8pne": {"prenorm": True, "pn_early": True},
+    "b8pnwe": {"prenorm": True, "gu_wdot": 32, "gu_wdot_k": 256, "pn_early": True},
+    "b8ks": {"dot_ksplit": 4},
+    "b8ksw": {"dot_ksplit": 4, "gu_wdot": 32, "gu_wdot_k": 256},
+    "b8pnwk": {"prenorm": True, "gu_wdot": 32, "gu_wdot_k": 256, "dot_ksplit": 4},
 }
 
 

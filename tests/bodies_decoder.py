@@ -392,7 +392,8 @@ def gemv_branches_compiled(world, batch, target="sm_90a", **tiles):
     mk = g.compile(num_programs=8, num_warps=cfg.tiles.num_warps)
     ck = ditron.compile(mk.kernel, target=target, signature=mk.signature(), num_warps=cfg.tiles.num_warps)
     c = specs["gu.0"].args
-    return ck, {k: c[k] for k in ("BLOCK_B", "BLOCK_N", "BLOCK_K", "DOT")}
+    # DOT: the batch path's tiles accumulate with tl.dot (the gu_wdot / dot_ksplit tiles always do: no DOT argument)
+    return ck, {**{k: c[k] for k in ("BLOCK_B", "BLOCK_N", "BLOCK_K")}, "DOT": c.get("DOT", cfg.tiles.dot_for(batch))}
 
 
 def bad_serving_inputs(world, B=2, ctx=(9, 3), max_ctx=16, page_size=4):

@@ -374,22 +374,27 @@ def test_decoder_batch_step_fits_three_programs_per_sm():
         # the default's deeper ring (activation rows padded to 8, 72 KiB per program): 4 stages at batch 2
         assert cfg.tiles.dot_pad == 8 and cfg.tiles.dot_ring == 73728, cfg.tiles
         ring = got[2]
-        old = RZ.usage(cfg.with_tiles(dot_stream=False, dot_block_k=256, max_regs=0), 16)
+        old = RZ.usage(cfg.with_tiles(dot_stream=False, dot_block_k=256, max_regs=0, gu_wdot=0, dot_ksplit=0,
+                                      prenorm_dot=False), 16)
     finally:
         ditron.finalize()
     for b, use in got.items():
         assert cfg.tiles.dot_for(b) and use["cp_async"], (b, use)
         assert use["registers"] <= 168, (b, use)
         if TRITON_VERSION[:2] == (3, 6):
-            # the GPU machines' version (what was tuned; docs/megakernel.md "Triton versions"): no spills, 64 KiB
-            # of shared memory; other versions lay out shared memory differently and are not tuned
-            assert use["spill_stores"] <= 16 and use["spill_loads"] <= 16, (b, use)
+            # the GPU machines' version (what was tuned; docs/megakernel.md "Triton versions"): 72 KiB of shared
+            # memory; other versions lay out shared memory differently and are not tuned.  Spills: none with the
+            # batch path before issue 26's b8 levers; with them (gu_wdot, dot_ksplit, prenorm_dot) 120-192 bytes on
+            # the CPU's ptxas (52 as the H200's driver reported at batch 8), mostly stores of the persistent loop's
+            # item fields once per item, and the step 13-15% faster (bench/results/h200-2026-11-27-b8.md); the bound
+            # catches the kilobyte spills of a register-held chunk (~27 KB per thread: 35x slower)
+            assert use["spill_stores"] <= 256 and use["spill_loads"] <= 256, (b, use)
             assert use["resident_per_sm"] >= 3, (b, use)
     assert ring["registers"] <= 168, ring
     if TRITON_VERSION[:2] == (3, 6):
         # the ring's budget is Triton 3.6's layout (Triton 3.9 gave the same ring 144 KiB: untuned there)
         assert 65536 < ring["shared"] <= 73728, ring
-        assert ring["spill_stores"] <= 16 and ring["resident_per_sm"] >= 3, ring
+        assert ring["spill_stores"] <= 256 and ring["resident_per_sm"] >= 3, ring
     # the register-buffered tl.dot path (the default before) is what the cap and the stream replaced
     assert old["registers"] > 168, old
 

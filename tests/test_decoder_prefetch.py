@@ -36,7 +36,8 @@ def test_fold_resid_removes_the_commit_stages(lever):
     from ditron.errors import DitronError
     from ditron.kernels.decoder import qwen3_8b, tiny
     from ditron.kernels.decoder import resources as RZ
-    old = qwen3_8b(n_layers=1).with_tiles(prenorm=False)      # the 8B tiles before these levers
+    old = qwen3_8b(n_layers=1).with_tiles(prenorm=False, prenorm_dot=False, gu_wdot=0,   # the 8B tiles before
+                                          dot_ksplit=0)                                 # these levers
     cfg = old.with_tiles(**{lever: True})
     kinds = _names(cfg, 1, 1)
     assert "res_a" not in kinds and "res_m" not in kinds and {"o", "down", "gu", "qkv"} <= set(kinds), kinds
@@ -60,21 +61,27 @@ def test_fold_resid_removes_the_commit_stages(lever):
         tiny().with_tiles(down_split_k=2, **{lever: True})
 
 
-def test_8b_defaults_take_prenorm_at_batch_1_only():
+def test_8b_defaults_take_prenorm():
     # measured on one H200 (bench/megakernel_levers.sh, 2026-11-27): prenorm and 32 x 256 gate/up tiles at batch 1
-    # are qwen3_8b()'s defaults; the batch path keeps its separate norms and 8-wide gate/up tiles (not measured
-    # with prenorm yet); split-K turns the automatic prenorm off
+    # are qwen3_8b()'s defaults; the batch path (tl.dot) takes prenorm too since its gate/up tiles are 32 x 256 with
+    # the weight rows on the MMA's M side (prenorm_dot, gu_wdot; bench/results/h200-2026-11-27-b8.md; with the
+    # 8-wide tiles before it lost 5%); split-K turns the automatic prenorm off
     from ditron.kernels.decoder import qwen3_8b
     from ditron.kernels.decoder import resources as RZ
     cfg = qwen3_8b(n_layers=1)
     t = cfg.tiles
-    assert t.prenorm is None and t.prenorm_for(1) and not t.prenorm_for(2)
+    assert t.prenorm is None and t.prenorm_for(1) and t.prenorm_for(2) and t.prenorm_for(16)
+    assert not cfg.with_tiles(prenorm_dot=False).tiles.prenorm_for(2)
     assert not cfg.with_tiles(down_split_k=3).tiles.prenorm_for(1)
+    assert not cfg.with_tiles(down_split_k=3).tiles.prenorm_for(8)
     b1 = {s.name: s for s in RZ.step_specs(cfg, 1)}
     assert b1["gu.0"].fn.fn.__name__ == "gate_up_rstd_tile" and b1["gu.0"].num_tiles == 12288 // 32
     assert b1["gu.0"].args["BLOCK_N"] == 32 and b1["gu.0"].args["BLOCK_K"] == 256
     b8 = {s.name: s for s in RZ.step_specs(cfg, 8)}
-    assert "norm_m.0" in b8 and b8["gu.0"].fn.fn.__name__ == "gate_up_tile" and b8["gu.0"].args["BLOCK_N"] == 8
+    assert "norm_m.0" not in b8 and b8["gu.0"].fn.fn.__name__ == "gate_up_rstd_wdot_tile", b8["gu.0"]
+    assert b8["gu.0"].args["BLOCK_N"] == 32 and b8["gu.0"].num_tiles == 12288 // 32
+    old = {s.name: s for s in RZ.step_specs(cfg.with_tiles(prenorm_dot=False, gu_wdot=0, dot_ksplit=0), 8)}
+    assert "norm_m.0" in old and old["gu.0"].fn.fn.__name__ == "gate_up_tile" and old["gu.0"].args["BLOCK_N"] == 8
 
 
 @pytest.mark.parametrize("ranks,batch,lever", [(1, 1, "fold_resid"), (1, 2, "fold_resid"), (2, 1, "fold_resid"),

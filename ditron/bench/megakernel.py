@@ -128,6 +128,14 @@ def _config(args):
     over.update({k: True for k, v in (("rope_group", args.rope_group), ("comb_group", args.comb_group),
                                       ("attn_prefetch_v", args.attn_prefetch_v),
                                       ("attn_fuse_rope", args.attn_fuse_rope)) if v})
+    # the batch path's gate/up tiles with the weight rows on the MMA's M side (issue 26: TileConfig.gu_wdot)
+    # (and its other batch-path levers; 0 turns gu_wdot / dot_ksplit off)
+    over.update({k: v for k, v in (("gu_wdot", args.gu_wdot), ("gu_wdot_k", args.gu_wdot_k),
+                                   ("dot_ksplit", args.dot_ksplit)) if v is not None})
+    if args.pn_early:
+        over["pn_early"] = True
+    if args.no_prenorm_dot:
+        over["prenorm_dot"] = False
     return cfg.with_tiles(**over) if over else cfg
 
 
@@ -249,10 +257,14 @@ def dry_run(cfg, ctxs, batches, args) -> int:
             cache = 2 * cfg.n_layers * pages * args.page_size * sh.kv_heads * cfg.head_dim * 2
             dot = cfg.tiles.dot_for(b)
             stream = cfg.tiles.stream_for(b)
+            norm = ("prenorm (o / down write its input)" if cfg.tiles.direct_tp1 and cfg.tiles.prenorm_for(b)
+                    else "fused into the GEMV tiles" if cfg.tiles.fuse_for(b) else "separate tasks")
             print(f"  context {ctx} batch {b}: contexts {cs if len(cs) <= 4 else cs[:4] + ['...']}, GEMV "
                   f"{'tl.dot (rows padded to 16), K chunk ' + str(cfg.tiles.block_k('down', True)) if dot else 'FMA'}"
                   f"{f' streamed by cp.async ({stream} stages)' if stream else ''}"
-                  f", RMSNorm {'fused into the GEMV tiles' if cfg.tiles.fuse_for(b) else 'separate tasks'}"
+                  f"{f', gate/up weight rows on M ({cfg.tiles.gu_wdot} x 2)' if dot and cfg.tiles.gu_wdot else ''}"
+                  f"{f', K over {cfg.tiles.dot_ksplit} warps' if dot and cfg.tiles.dot_ksplit > 1 else ''}"
+                  f", RMSNorm {norm}"
                   f", bytes per step {(wb + kv) / 2**30:.2f} GiB, paged cache {pages} pages = {cache / 2**30:.2f} GiB "
                   f"(x2 with the reference's copy)")
     return 0
@@ -341,6 +353,20 @@ def main(argv=None):
                    help="one q/k-norm + RoPE tile per (sequence, kv head) instead of one per head")
     p.add_argument("--comb-group", action="store_true",
                    help="one flash-decoding combine tile per (sequence, kv head) instead of one per q head")
+    p.add_argument("--gu-wdot", type=int, default=None,
+                   help="gate/up tile width of the tl.dot batch path with the weight rows (gate and up stacked) as "
+                        "the MMA's M operand (0: off, the plain tl.dot tiles; 8b default 32: 384 tiles)")
+    p.add_argument("--gu-wdot-k", type=int, default=None,
+                   help="K chunk of --gu-wdot's tiles (0, the 8b default: from the ring, 256 up to batch 8)")
+    p.add_argument("--no-prenorm-dot", action="store_true",
+                   help="the tl.dot batch path with separate norm tasks (8b default: prenorm there too). The batch "
+                        "path before issue 26's b8 levers: --no-prenorm-dot --gu-wdot 0 --dot-ksplit 0")
+    p.add_argument("--pn-early", action="store_true",
+                   help="prenorm on the tl.dot batch path: its tiles load the epilogue's inputs (rstd's sums, "
+                        "the residual columns) before the weight stream")
+    p.add_argument("--dot-ksplit", type=int, default=None,
+                   help="tl.dot batch path: each K chunk of the qkv / o / down tiles split over this many warps "
+                        "(a batched dot; 0: off; 8b default 4)")
     p.add_argument("--comm-block", type=int, default=0)
     p.add_argument("--num-warps", type=int, default=0)
     p.add_argument("--prefetch-k", type=int, default=0,

@@ -108,6 +108,25 @@ class TileConfig:
       most the tile width; any count: a tile of ``block_n`` rows with the rest masked), so that a projection of
       fewer tiles than programs can use them all (e.g. 11: 373 tiles of the 4096 columns for 396 programs, against
       256 tiles of 16; a lever of issue 26).
+    * ``gu_wdot``: 0, or the gate/up tile width of the ``tl.dot`` path (batches from ``dot_from``) with the weight
+      rows on the MMA's M side (:func:`~.tiles_gemv.gate_up_wdot_tile`: ``gu_wdot`` gate and ``gu_wdot`` up rows
+      stacked, the batch rows the N operand, ``x^T``): the plain ``tl.dot`` path puts the few batch rows on M, so
+      each of the 4 warps reads and multiplies the whole weight chunk from shared memory (an MMA of 16 rows; the
+      8-wide gate/up tiles of batch 8: 4 times the shared-memory reads, issue 26); ``gu_wdot_k``: its K chunk (0:
+      ``dot_block_k``, halved while fewer than 2 chunks would be in flight in ``dot_ring``: 256 at batch 8 and 32
+      columns, 128 at batch 16); its pipeline depth follows ``dot_ring`` as the plain path's does (a lever of issue
+      26).
+    * ``pn_early``: where ``prenorm`` applies on the ``tl.dot`` path, its tiles load their epilogue's inputs before
+      the weight stream (qkv, gate/up: the rows' partial sums of squares; o_proj / down_proj: their residual columns
+      and norm weights; :mod:`~.tiles_batch`): those are ready when the tile starts, and loaded after the stream
+      their latency ends every tile (a lever of issue 26: prenorm lost 6% at batch 8).
+    * ``dot_ksplit``: 0, or the K slices (a power of two, e.g. ``num_warps``) of the ``tl.dot`` path's qkv /
+      o_proj / down_proj tiles (plain and prenorm; the prenorm ones load their epilogue's inputs first, as
+      ``pn_early``; not the fused-norm ones): each K chunk is multiplied as a batched
+      ``[S, BLOCK_N, BLOCK_K / S] x [S, BLOCK_K / S, B]`` ``tl.dot`` (:func:`~.tiles_batch.linear_kdot_tile`), so the
+      warps split K instead of all multiplying the whole chunk (a lever of issue 26).
+    * ``prenorm_dot``: ``prenorm=None`` also applies on the ``tl.dot`` path (batches from ``dot_from``): no norm
+      tasks there but layer 0's (the 8B default since issue 26's batch-8 runs; ``False``: separate norm tasks).
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
@@ -170,6 +189,11 @@ class TileConfig:
     dot_gate_up_block_n: int = 0
     o_cols: int = 0
     down_cols: int = 0
+    gu_wdot: int = 0
+    gu_wdot_k: int = 0
+    pn_early: bool = False
+    dot_ksplit: int = 0
+    prenorm_dot: bool = False
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences
@@ -214,8 +238,9 @@ class TileConfig:
 
     def prenorm_for(self, batch: int) -> bool:
         """Whether o_proj / down_proj write the next norm's input at this batch size (one rank, ``direct_tp1``)."""
-        if self.prenorm is None:            # auto: where the norms would be fused, and not with split-K
-            return batch <= self.fuse_upto and self.down_split_k == 1
+        if self.prenorm is None:            # auto: where the norms would be fused (prenorm_dot: and on the tl.dot
+            # path), and not with split-K
+            return (batch <= self.fuse_upto or (self.prenorm_dot and self.dot_for(batch))) and self.down_split_k == 1
         return bool(self.prenorm)
 
     def stream_for(self, batch: int) -> int:
@@ -247,6 +272,13 @@ class TileConfig:
         if self.o_cols < 0 or self.down_cols < 0:
             raise DitronError(f"TileConfig: o_cols={self.o_cols}, down_cols={self.down_cols} must be >= 0 (0: the "
                               "tile width)")
+        if self.dot_ksplit < 0 or self.dot_ksplit & (self.dot_ksplit - 1):
+            raise DitronError(f"TileConfig.dot_ksplit={self.dot_ksplit}: must be 0 (off) or a power of two")
+        for name in ("gu_wdot", "gu_wdot_k"):
+            v = getattr(self, name)
+            if v < 0 or v & (v - 1) or v == 1 or (name == "gu_wdot" and 0 < v < 8):
+                raise DitronError(f"TileConfig.{name}={v}: must be 0 (off / dot_block_k) or a power of two"
+                                  + (" >= 8 (2 x gu_wdot rows: 16 per MMA)" if name == "gu_wdot" else " >= 2"))
         if self.dot_ring < 0:
             raise DitronError(f"TileConfig.dot_ring={self.dot_ring}: must be 0 (stream_stages) or a byte count")
         if (self.fold_resid or self.prenorm) and self.down_split_k > 1:
@@ -365,10 +397,15 @@ class Shard:
 #: bench/results/h200-2026-11-27-attn5.md): the flash-decoding split follows batch and context so that a layer has
 #: at most ~396 attention tiles (3 programs on 132 SMs, H100 SXM and H200: one wave; attn_tiles): batch 8 at context
 #: 4096 took 6715 us against 7413 with splits of 128 positions (2112 tiles, 33 partials per head to combine), batch 1
-#: unchanged (5115 / 5098)
+#: unchanged (5115 / 5098).  The batch path (issue 26, H200 of 2026-11-27, bench/results/h200-2026-11-27-b8.md): the
+#: tl.dot GEMVs with the weight rows on the MMA's M side -- gate/up 32 x 256 with gate and up rows stacked (gu_wdot),
+#: qkv / o / down with each K chunk split over the 4 warps (dot_ksplit) -- and prenorm on the tl.dot path too
+#: (prenorm_dot: no norm tasks): batch 8 took 4863 / 5806 us at context 512 / 4096 against 5716 / 6681 (1.09x / 1.25x
+#: batch 1 instead of 1.28x / 1.44x)
 TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=32, gate_up_block_k=256, gemv_stream=True,
                       programs_per_sm=3, dot_from=2, fuse_upto=1, dot_stream=True, dot_block_k=512, max_regs=168,
-                      direct_tp1=True, dot_pad=8, dot_ring=73728, prenorm=None, dot_gate_up_block_n=8, attn_tiles=396)
+                      direct_tp1=True, dot_pad=8, dot_ring=73728, prenorm=None, dot_gate_up_block_n=8, attn_tiles=396,
+                      gu_wdot=32, dot_ksplit=4, prenorm_dot=True)
 
 
 def qwen3_8b(**kw) -> DecoderConfig:

@@ -147,6 +147,9 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     dot = tc.dot_for(B)
     fuse = tc.fuse_for(B)
     BN = {p: tc.block_n(p, dot) for p in ("qkv", "o", "gate_up", "down")}
+    wdot = dot and tc.gu_wdot > 0               # TileConfig.gu_wdot: gate/up weight rows on the MMA's M side
+    if wdot:
+        BN["gate_up"] = tc.gu_wdot
 
     def gemv_c(proj):
         BB, BK, stream = max(tc.dot_pad, next_pow2(B)) if dot else next_pow2(B), tc.block_k(proj, dot), tc.stream_for(B)
@@ -161,10 +164,36 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             c["PREFETCH_K"] = tc.prefetch_k
         return c
 
+    def gemv_wdot_c():              # the gate/up tiles of TileConfig.gu_wdot (gate_up_wdot_tile)
+        BB, BK, bn = max(8, next_pow2(B)), tc.gu_wdot_k or tc.dot_block_k, tc.gu_wdot
+        stream = tc.stream_for(B)
+        if stream and tc.dot_ring:      # a stage: 2 x bn weight rows and BB activation rows of one K chunk (bf16)
+            while not tc.gu_wdot_k and BK > 64 and tc.dot_ring // (BK * 2 * (2 * bn + BB)) < 2:
+                BK //= 2                # gu_wdot_k=0: chunks small enough for 2 in flight (batch 16: 128 deep)
+            # Triton 3.6 gives this loop STREAM - 1 buffers for 8 activation rows, STREAM buffers for 16 or more
+            # (its shared memory by ptxas on the CPU: tests/test_decoder_batch.py)
+            stream = max(2, (1 if BB < 16 else 0) + tc.dot_ring // (BK * 2 * (2 * bn + BB)))
+        c = dict(BLOCK_B=BB, BLOCK_N=bn, BLOCK_K=BK, STREAM=max(1, stream))
+        if tc.prefetch_k:
+            c["PREFETCH_K"] = tc.prefetch_k
+        return c
+
+    kdot = dot and tc.dot_ksplit > 1
+
+    def gemv_kdot_c(proj):          # the plain / prenorm qkv, o, down tiles of TileConfig.dot_ksplit (tiles_batch)
+        S, BB, BK = tc.dot_ksplit, max(8, next_pow2(B)), tc.block_k(proj, dot)
+        stream = tc.stream_for(B)
+        if stream and tc.dot_ring:
+            stream = max(2, 1 + tc.dot_ring // (BK * 2 * (BN[proj] + BB)))
+        return dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, S=S, STREAM=max(1, stream),
+                    **({"PREFETCH_K": tc.prefetch_k} if tc.prefetch_k else {}))
+
     def prefetch_of(fn):
         if not tc.prefetch_k:
             return None
-        return T.gate_up_prefetch if fn in (T.gate_up_tile, T.rms_gate_up_tile) else T.linear_prefetch
+        return T.gate_up_prefetch if fn in (T.gate_up_tile, T.rms_gate_up_tile, T.gate_up_wdot_tile,
+                                            T.gate_up_rstd_wdot_tile, T.gate_up_rstd_wdot_early_tile,
+                                            T.gate_up_rstd_early_tile) else T.linear_prefetch
     check_cache(cfg, world_size, cache, B)
     specs = [TaskSpec("advance", T.advance_tile, 1, {"seq_ptr": buf.seq, "B": B, "BLOCK_B": next_pow2(B)},
                       reads=("seq_ptr",), writes=("seq_ptr",))]
@@ -178,8 +207,11 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             scalars={"layer": j, "first": int(j == 0)}))
 
     def linear(name, proj, x, wt, out, N, K, l, deps, fn=T.linear_tile):
+        gc = gemv_c(proj)
+        if kdot and fn is T.linear_tile:         # TileConfig.dot_ksplit: K chunks over the warps
+            fn, gc = T.linear_kdot_tile, gemv_kdot_c(proj)
         specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
-                              {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gemv_c(proj)},
+                              {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gc},
                               reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=deps, scalars={"layer": l},
                               prefetch=prefetch_of(fn)))
 
@@ -290,19 +322,30 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
 
     def resnorm(name, proj, x, wt, K, l, j, first, ss, deps):   # r = x0 | resid + x @ wt^T; hn, ss for norm j
         cols = tc.cols(proj, dot)              # columns per tile (o_cols / down_cols: a masked tile)
-        specs.append(TaskSpec(name, T.linear_resnorm_tile, cdiv(H, cols),
+        fn = T.linear_resnorm_early_tile if dot and tc.pn_early else T.linear_resnorm_tile     # TileConfig.pn_early
+        gc = gemv_c(proj)
+        if kdot:                                                                               # ... dot_ksplit
+            fn, gc = T.linear_resnorm_kdot_tile, gemv_kdot_c(proj)
+        specs.append(TaskSpec(name, fn, cdiv(H, cols),
                               {"x_ptr": x, "w_ptr": wt, "x0_ptr": buf.x, "resid_ptr": buf.resid, "nw_ptr": w.norm,
-                               "hn_ptr": buf.hn, "ss_ptr": ss, "B": B, "N": H, "K": K, "COLS": cols,
-                               **gemv_c(proj)},
+                               "hn_ptr": buf.hn, "ss_ptr": ss, "B": B, "N": H, "K": K, "COLS": cols, **gc},
                               reads=("x_ptr", "w_ptr", "x0_ptr", "resid_ptr", "nw_ptr"),
                               writes=("resid_ptr", "hn_ptr", "ss_ptr"), deps=deps,
                               scalars={"layer": l, "norm": j, "first": first}, prefetch=prefetch_of(T.linear_tile)))
 
     def rstd_gemv(name, proj, fn, wt, out, N, l, ss, deps):     # rstd(ss) * (hn @ wt^T) (gate/up: then silu * up)
         nt = ss.shape[1]
+        gc = gemv_c(proj)
+        early = dot and tc.pn_early                         # TileConfig.pn_early: rstd loaded before the stream
+        if wdot and proj == "gate_up":
+            fn, gc = T.gate_up_rstd_wdot_early_tile if early else T.gate_up_rstd_wdot_tile, gemv_wdot_c()
+        elif kdot and proj != "gate_up":
+            fn, gc = T.linear_rstd_kdot_tile, gemv_kdot_c(proj)
+        elif early:
+            fn = T.gate_up_rstd_early_tile if proj == "gate_up" else T.linear_rstd_early_tile
         specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
                               {"x_ptr": buf.hn, "ss_ptr": ss, "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps,
-                               "N": N, "K": H, "NT": nt, "BLOCK_T": next_pow2(nt), **gemv_c(proj)},
+                               "N": N, "K": H, "NT": nt, "BLOCK_T": next_pow2(nt), **gc},
                               reads=("x_ptr", "ss_ptr", "w_ptr"), writes=("out_ptr",), deps=deps,
                               scalars={"layer": l}, prefetch=prefetch_of(fn)))
 
@@ -396,8 +439,15 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                 commit(f"res_m.{l}", 2 * l + 1, [(f"gu.{l}", None)])
         else:
             norm(f"norm_m.{l}", 2 * l + 1, [(after_attn(l), None)])
-            linear(f"gu.{l}", "gate_up", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)],
-                   fn=T.gate_up_tile)
+            if wdot:
+                specs.append(TaskSpec(f"gu.{l}", T.gate_up_wdot_tile, cdiv(IL, BN["gate_up"]),
+                                      {"x_ptr": buf.h, "w_ptr": w.gate_up, "out_ptr": buf.act, "B": B, "N": IL,
+                                       "K": H, **gemv_wdot_c()},
+                                      reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=[(f"norm_m.{l}", None)],
+                                      scalars={"layer": l}, prefetch=prefetch_of(T.gate_up_wdot_tile)))
+            else:
+                linear(f"gu.{l}", "gate_up", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)],
+                       fn=T.gate_up_tile)
         if SK > 1:
             down_split(l)
             if not direct:

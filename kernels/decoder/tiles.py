@@ -1,7 +1,7 @@
 """Tile functions of the Qwen3-like decoder step (``@triton.jit``; the first
-parameter is the tile index, see docs/megakernel.md), in two modules: :mod:`.tiles_gemv` (the weight-streaming
-GEMV, RMSNorm and residual tiles) and :mod:`.tiles_attention` (q/k-norm + RoPE, flash-decoding, combine); this
-module names them all.  Each one is a task
+parameter is the tile index, see docs/megakernel.md), in three modules: :mod:`.tiles_gemv` (the weight-streaming
+GEMV, RMSNorm and residual tiles), :mod:`.tiles_batch` (the batch path's GEMV variants) and :mod:`.tiles_attention`
+(q/k-norm + RoPE, flash-decoding, combine); this module names them all.  Each one is a task
 kind of the megakernel (``kernels/decoder/model.py``); the ``*_prefetch``
 functions are the GEMV tasks' prefetch hooks (run before the dependency wait).
 
@@ -27,6 +27,10 @@ from .tiles_gemv import (  # noqa: F401
     advance_tile, add_rmsnorm_tile, add_resid_tile, linear_tile, linear_resid_tile, linear_resnorm_tile,
     linear_rstd_tile, gate_up_rstd_tile, linear_split_tile, sum_splits_tile, rms_linear_tile, gate_up_tile,
     rms_gate_up_tile, linear_prefetch, gate_up_prefetch)
+from .tiles_batch import (  # noqa: F401
+    gate_up_wdot_tile, gate_up_rstd_wdot_tile, linear_rstd_early_tile, gate_up_rstd_early_tile,
+    gate_up_rstd_wdot_early_tile, linear_resnorm_early_tile, linear_kdot_tile,
+    linear_rstd_kdot_tile, linear_resnorm_kdot_tile)
 from .tiles_attention import (  # noqa: F401
     qk_norm_rope_tile, qk_norm_rope_group_tile, attn_split_tile, attn_split_pipe_tile, attn_rope_split_tile,
     attn_combine_tile, attn_combine_group_tile)
