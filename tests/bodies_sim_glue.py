@@ -1,4 +1,4 @@
-"""Test bodies for the simulator's interpreter glue (ditron/_compat.py): the per-launch patch of
+"""Test bodies for the simulator's interpreter glue (ditron/_compat_interp.py): the per-launch patch of
 ``triton.language`` replayed, ``tl.reduce`` with an elementwise combine function over whole slices."""
 import numpy as np
 import torch
@@ -148,7 +148,7 @@ def scale_kernel(x_ptr, y_ptr, n, s, BLOCK: tl.constexpr):
 def launch_patch_replayed(world):
     """Launch after launch: the results, triton.language restored after each, the recorded patch replayed; a
     change to a patched module (a new attribute) makes the next launch patch afresh."""
-    from ditron import _compat
+    from ditron import _compat, _compat_interp
     names = ("add", "load", "where", "store", "arange", "maximum")
 
     def pristine():     # Triton's builtins themselves, not the interpreter's wrappers of them (lambdas)
@@ -164,7 +164,7 @@ def launch_patch_replayed(world):
         scale_kernel[(3,)](x, y, 300, 2.5, BLOCK=128)
         assert torch.equal(y, want), i
         assert pristine(), "triton.language was not restored"
-        plans.append(_compat._LANG_PLAN)
+        plans.append(_compat_interp._LANG_PLAN)
         assert plans[-1] is not None, "the launch's patch was not recorded"
         if i == 1:
             tl.core._ditron_test_marker = True          # the key sees it: the next launch patches afresh

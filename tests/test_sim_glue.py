@@ -1,4 +1,4 @@
-"""The simulator's interpreter glue (ditron/_compat.py) computes what Triton's interpreter computes, faster."""
+"""The simulator's interpreter glue (ditron/_compat_interp.py) computes what Triton's interpreter computes, faster."""
 import bodies_sim_glue as B
 
 
