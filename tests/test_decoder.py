@@ -384,17 +384,18 @@ def test_decoder_batch_step_fits_three_programs_per_sm():
         if TRITON_VERSION[:2] == (3, 6):
             # the GPU machines' version (what was tuned; docs/megakernel.md "Triton versions"): 72 KiB of shared
             # memory; other versions lay out shared memory differently and are not tuned.  Spills: none with the
-            # batch path before issue 26's b8 levers; with them (gu_wdot, dot_ksplit, prenorm_dot) 120-192 bytes on
-            # the CPU's ptxas (52 as the H200's driver reported at batch 8), mostly stores of the persistent loop's
-            # item fields once per item, and the step 13-15% faster (bench/results/h200-2026-11-27-b8.md); the bound
+            # batch path before issue 26's b8 levers; with them (gu_wdot, dot_ksplit, prenorm_dot) 156-264 bytes on
+            # the CPU's ptxas at batch 8-16 with the attention branch's V stream compiled (resources.step_specs: K
+            # and V distinct; 52-86 as the H200's driver reported), mostly stores of the persistent loop's item
+            # fields once per item, and the step 13-15% faster (bench/results/h200-2026-11-27-b8.md); the bound
             # catches the kilobyte spills of a register-held chunk (~27 KB per thread: 35x slower)
-            assert use["spill_stores"] <= 256 and use["spill_loads"] <= 256, (b, use)
+            assert use["spill_stores"] <= 384 and use["spill_loads"] <= 384, (b, use)
             assert use["resident_per_sm"] >= 3, (b, use)
     assert ring["registers"] <= 168, ring
     if TRITON_VERSION[:2] == (3, 6):
         # the ring's budget is Triton 3.6's layout (Triton 3.9 gave the same ring 144 KiB: untuned there)
         assert 65536 < ring["shared"] <= 73728, ring
-        assert ring["spill_stores"] <= 256 and ring["resident_per_sm"] >= 3, ring
+        assert ring["spill_stores"] <= 384 and ring["resident_per_sm"] >= 3, ring
     # the register-buffered tl.dot path (the default before) is what the cap and the stream replaced
     assert old["registers"] > 168, old
 

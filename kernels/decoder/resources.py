@@ -32,8 +32,10 @@ def step_specs(cfg: DecoderConfig, batch: int, max_ctx: int = 4272, page_size: i
     sh = cfg.shard(1)
     w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)])
     pages = -(-max_ctx // page_size)
-    k = torch.empty((1, 1, page_size, sh.kv_heads, cfg.head_dim), dtype=torch.bfloat16)
-    cache = PagedKV(k, k, torch.zeros((batch, pages), dtype=torch.int32))
+    # K and V are distinct tensors, as in a real cache: one tensor passed as both is one kernel argument, and the
+    # compiler then folds V's loads into K's (the attention branch compiled without its V stream)
+    k, v = (torch.empty((1, 1, page_size, sh.kv_heads, cfg.head_dim), dtype=torch.bfloat16) for _ in range(2))
+    cache = PagedKV(k, v, torch.zeros((batch, pages), dtype=torch.int32))
     buf = make_buffers(cfg, 1, batch, cache.max_ctx, 1, "cpu")
     return decoder_tasks(cfg, 1, w, cache, buf)
 
