@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles_gemv import _gemv_acc, _rstd_rows, _store_rows
+from .tiles_gemv import _gemv_acc, _resnorm_operands, _rstd_rows, _store_rows
 
 
 @triton.jit
@@ -136,11 +136,7 @@ def linear_resnorm_early_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_
     mn = (offs_n < N) & (tl.arange(0, BLOCK_N) < COLS)
     off = offs_b[:, None] * N + offs_n[None, :]
     m = mb[:, None] & mn[None, :]
-    if first != 0:
-        r0 = tl.load(x0_ptr + off, mask=m, other=0.0).to(tl.float32)
-    else:
-        r0 = tl.load(resid_ptr + off, mask=m, other=0.0)
-    nw = tl.load(nw_ptr + norm * N + offs_n, mask=mn, other=0.0).to(tl.float32)
+    r0, nw = _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn, N)
     wl = w_ptr + layer.to(tl.int64) * N * K
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
                        0, 0.0, STREAM, K, COLS % BLOCK_N)     # (0: all BLOCK_N rows)
@@ -216,11 +212,7 @@ def linear_resnorm_kdot_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_p
     mn = (offs_n < N) & (tl.arange(0, BLOCK_N) < COLS)
     off = offs_b[None, :] * N + offs_n[:, None]
     m = mn[:, None] & mb[None, :]
-    if first != 0:
-        r0 = tl.load(x0_ptr + off, mask=m, other=0.0).to(tl.float32)
-    else:
-        r0 = tl.load(resid_ptr + off, mask=m, other=0.0)
-    nw = tl.load(nw_ptr + norm * N + offs_n, mask=mn, other=0.0).to(tl.float32)
+    r0, nw = _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn, N)
     wl = w_ptr + layer.to(tl.int64) * N * K
     acc = _kdot_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, S, STREAM, COLS)
     r = tl.where(m, r0 + acc, 0.0)

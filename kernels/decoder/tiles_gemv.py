@@ -271,6 +271,18 @@ def linear_resid_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, delta_ptr, layer, f
 
 
 @triton.jit
+def _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn, N: tl.constexpr):
+    """The prenorm epilogue's operands at ``off`` / columns ``offs_n``: the old residual (float32; the embeddings
+    ``x0`` at the first layer) and the next norm's weights (float32)."""
+    if first != 0:
+        r0 = tl.load(x0_ptr + off, mask=m, other=0.0).to(tl.float32)
+    else:
+        r0 = tl.load(resid_ptr + off, mask=m, other=0.0)
+    nw = tl.load(nw_ptr + norm * N + offs_n, mask=mn, other=0.0).to(tl.float32)
+    return r0, nw
+
+
+@triton.jit
 def linear_resnorm_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr, ss_ptr, layer, norm, first, B,
                         N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr, COLS: tl.constexpr):
@@ -291,11 +303,7 @@ def linear_resnorm_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr, s
     mn = (offs_n < N) & (tl.arange(0, BLOCK_N) < COLS)
     off = offs_b[:, None] * N + offs_n[None, :]
     m = mb[:, None] & mn[None, :]
-    if first != 0:
-        r0 = tl.load(x0_ptr + off, mask=m, other=0.0).to(tl.float32)
-    else:
-        r0 = tl.load(resid_ptr + off, mask=m, other=0.0)
-    nw = tl.load(nw_ptr + norm * N + offs_n, mask=mn, other=0.0).to(tl.float32)
+    r0, nw = _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn, N)
     r = tl.where(m, r0 + acc, 0.0)
     tl.debug_barrier()              # every thread's read of the old resid before any thread overwrites it
     tl.store(resid_ptr + off, r, mask=m)
