@@ -138,6 +138,10 @@ def run_chain_traced(world, scheduler="round_robin", num_programs=3, steps=2):
     assert kinds["layer"].instances == 3 and sum(r.tiles for r in prof.rows) == len(mk.items)
     assert prof.step_us > 0 and 0 < prof.busy <= 1
     assert "| layer | 3 |" in prof.table()
+    cp = mk.critical_path()          # the walk back from the last release accounts for the whole step
+    parts = sum(r.run_us + r.signal_us + r.queue_us for r in cp.rows)
+    assert abs(parts - prof.step_us) < 1e-6 and abs(cp.step_us - prof.step_us) < 1e-6, (parts, prof.step_us)
+    assert sum(r.items for r in cp.rows) >= 1 and set(r.kind for r in cp.rows) <= set(kinds)
     return prof.step_us
 
 

@@ -192,7 +192,9 @@ def bench_case(world, cfg, ctx, batch, args, bw, weights=None):
             tm.step()
         prof = tm.mk.profile()
         row["profile"] = {"step_us": prof.step_us, "busy": prof.busy, "rows": [vars(r) for r in prof.rows]}
-        row["profile_table"] = prof.table()
+        cp = tm.mk.critical_path()
+        row["profile_table"] = prof.table() + "\n\n" + cp.table()
+        row["critical_path"] = {"step_us": cp.step_us, "rows": [vars(r) for r in cp.rows]}
     return row
 
 

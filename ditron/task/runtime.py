@@ -309,6 +309,12 @@ class Megakernel:
         from .profile import summarize
         return summarize(self.items, self.trace().tolist(), self.num_programs)
 
+    def critical_path(self):
+        """:class:`ditron.task.profile.CriticalPath` of the last step: the chain of tiles that ended it, split into
+        tile run time, scoreboard signal latency and program queueing per kind of task."""
+        from .profile import critical_path
+        return critical_path(self.items, self.trace().tolist())
+
     # -- reports ---------------------------------------------------------------------------
     def slot_info(self, slot: int):
         """``(task name, tile, scalars)`` of scoreboard slot ``slot`` (None for the sink)."""
