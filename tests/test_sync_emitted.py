@@ -104,6 +104,19 @@ def test_cuda_wait_deps_is_signed_at_least_then_fence_then_barrier(cuda_blocks):
     assert t1 == [("ld", "relaxed", "gpu", 1004), ("fence", "acq_rel", "gpu"), ("bar",)]
 
 
+def test_cuda_wait_deps_polls_four_slots_per_round_trip(cuda_blocks):
+    block = cuda_blocks[0]["deps"]
+    ld = lambda trace: [e[3] for e in trace if e[0] == "ld"]
+    # thread 0 of 2 owns slots 0, 2, 4, 6, 8 of 9: it loads 0, 2, 4, 6 back to back (one round trip), then 8
+    assert ld(_wait_run(block, 9, 3, [[3]] * 9, tid=0, ntid=2)) == [1000, 1008, 1016, 1024, 1032]
+    # a group with a slot not ready yet is polled again as a whole, and only then does the thread move on
+    trace = _wait_run(block, 9, 3, [[3], [3], [3], [3], [2, 3]] + [[3]] * 4, tid=0, ntid=2)
+    assert ld(trace) == [1000, 1008, 1016, 1024] * 2 + [1032], trace
+    assert trace[-2:] == [("fence", "acq_rel", "gpu"), ("bar",)]
+    # a slot past the thread's last (n) is never loaded: thread 1 owns slots 1, 3 of 4
+    assert ld(_wait_run(block, 4, 3, [[3]] * 4, tid=1, ntid=2)) == [1004, 1012]
+
+
 def _signal_roles(block):
     instr = next(s for s in block if s.startswith("@") and (" st." in s or " red." in s))
     m = re.search(r"\[(%\w+)\], (%\w+)", instr)
