@@ -120,6 +120,17 @@ def _gpu_dist():
     ditron.finalize()
 
 
+def race_world(n, hang_timeout=30):
+    """``n`` simulated ranks under the race finder (the simulator's own; not on GPUs), kept for the session like
+    the worlds above, so that the race tests of a worker share their rank processes and each kernel's per-process
+    first launch: every run starts at a race boundary (the ranks' previous run happened before it)."""
+    from ditron.sim.pool import SimCluster
+    key = (n, 1, "race", hang_timeout)
+    if key not in _CLUSTERS:
+        _CLUSTERS[key] = SimCluster(n, race=True, hang_timeout=hang_timeout)
+    return _CLUSTERS[key]
+
+
 @pytest.fixture
 def dist(request):
     """4 simulated ranks on CPU; this rank's GPU world under torchrun."""

@@ -407,13 +407,12 @@ def test_decoder_megakernel_is_race_free(fuse, ranks):
     # every buffer on the symmetric heap: the race finder checks that the tile-range dependencies (rope <- qkv
     # heads, attention <- rope group, combine <- attention splits, all-reduce chunk <- GEMV columns, residual
     # commits) order every write before every read of each tile, under random program interleavings
+    from conftest import race_world
     from ditron.kernels.decoder import tiny
-    from ditron.sim.pool import SimCluster
-    with SimCluster(ranks, race=True, hang_timeout=30) as cluster:
-        # fused: per-projection tile widths (qkv 8 columns: a head spans 2 tiles; o_proj 32: an all-reduce chunk
-        # of 32 elements needs one o tile, down 16: two).  One rank with direct_tp1: o_proj and down_proj
-        # overwrite the delta that the fused-norm GEMVs and the residual commits read (no all-reduce between)
-        cfg = tiny().with_tiles(fuse_norm=fuse, direct_tp1=ranks == 1,
-                                **(dict(qkv_block_n=8, o_block_n=32) if fuse else {}))
-        errs = cluster.run(B.decoder_steps_symmetric, steps=2, cfg=cfg)
+    # fused: per-projection tile widths (qkv 8 columns: a head spans 2 tiles; o_proj 32: an all-reduce chunk
+    # of 32 elements needs one o tile, down 16: two).  One rank with direct_tp1: o_proj and down_proj
+    # overwrite the delta that the fused-norm GEMVs and the residual commits read (no all-reduce between)
+    cfg = tiny().with_tiles(fuse_norm=fuse, direct_tp1=ranks == 1,
+                            **(dict(qkv_block_n=8, o_block_n=32) if fuse else {}))
+    errs = race_world(ranks).run(B.decoder_steps_symmetric, steps=2, cfg=cfg)
     assert len(errs) == ranks and all(len(e) == 2 for e in errs)

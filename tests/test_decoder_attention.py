@@ -192,11 +192,10 @@ def test_attention_levers_are_race_free(ranks, fuse):
     # head spans 2 tiles), the attention tiles' one rope tile, the grouped combine's row of attention tiles; fused
     # rope: the attention tiles' own three qkv ranges and the appended k / v row read back by the other splits'
     # tiles of the next step only: every write ordered before every read under random program interleavings
+    from conftest import race_world
     from ditron.kernels.decoder import tiny
-    from ditron.sim.pool import SimCluster
     cfg = tiny().with_tiles(qkv_block_n=8, direct_tp1=ranks == 1, **LEVERS, attn_fuse_rope=fuse)
-    with SimCluster(ranks, race=True, hang_timeout=30) as cluster:
-        errs = cluster.run(B.decoder_steps_symmetric, steps=2, B=2, ctx=[33, 4], cfg=cfg)
+    errs = race_world(ranks).run(B.decoder_steps_symmetric, steps=2, B=2, ctx=[33, 4], cfg=cfg)
     assert len(errs) == ranks and all(len(e) == 2 for e in errs)
 
 

@@ -108,11 +108,10 @@ def test_decoder_fold_resid_is_race_free(lever):
     # every buffer on the symmetric heap: the race finder sees the o / down tiles' read-modify-write of resid (and
     # delta, or hn and the sums of squares) ordered after every GEMV tile's read of them, under random program
     # interleavings
+    from conftest import race_world
     from ditron.kernels.decoder import tiny
-    from ditron.sim.pool import SimCluster
-    with SimCluster(1, race=True, hang_timeout=30) as cluster:
-        cfg = tiny().with_tiles(fuse_norm=True, direct_tp1=True, qkv_block_n=8, o_block_n=32, **{lever: True})
-        errs = cluster.run(B.decoder_steps_symmetric, steps=2, cfg=cfg)
+    cfg = tiny().with_tiles(fuse_norm=True, direct_tp1=True, qkv_block_n=8, o_block_n=32, **{lever: True})
+    errs = race_world(1).run(B.decoder_steps_symmetric, steps=2, cfg=cfg)
     assert len(errs) == 1 and len(errs[0]) == 2
 
 
