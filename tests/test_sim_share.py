@@ -33,6 +33,7 @@ def inherited_first_launch(world):
     from triton.runtime.interpreter import FunctionRewriter, InterpretedFunction
 
     from ditron import analysis, lint
+    from ditron.runtime import world as world_mod
     from ditron.sim import prewarm, simt
     from ditron.sim.executor import SimKernel
 
@@ -49,16 +50,24 @@ def inherited_first_launch(world):
         fn = analysis._python_function(f)
         if fn not in lint._PARSED or fn.__code__ not in analysis._SOURCES:
             differs.append(name + ": not warmed")
+        if isinstance(f, SimKernel) and (id(fn) not in lint._WALKS or id(f) not in world_mod._POSITIONS):
+            differs.append(name + ": walk / positions not warmed")
         if isinstance(f, SimKernel):
             sym = analysis.symmetric_params(f)
             sym_fresh = _fresh([analysis._cache, analysis._SOURCES], lambda: analysis.symmetric_params(f))
-            if sym != sym_fresh:
+            pos = world_mod._symmetric_positions(f)
+            pos_fresh = _fresh([analysis._cache, analysis._SOURCES, world_mod._POSITIONS],
+                               lambda: world_mod._symmetric_positions(f))
+            if sym != sym_fresh or pos != pos_fresh:
                 differs.append(name + ": analysis")
             walk = lint._walk(fn, {})[0]          # the lint's events (what its findings are made of)
             walk_fresh = _fresh([lint._PARSED, lint._WALKS, analysis._SOURCES], lambda: lint._walk(fn, {})[0])
             found = lint.lint(f, None, {})
             found_fresh = _fresh([lint._PARSED, lint._WALKS, analysis._SOURCES], lambda: lint.lint(f, None, {}))
-            if walk != walk_fresh or found != found_fresh:
+            summary = lint._summary(f, {})
+            summary_fresh = _fresh([lint._PARSED, lint._WALKS, lint._SUMMARIES, analysis._SOURCES],
+                                   lambda: lint._summary(f, {}))
+            if walk != walk_fresh or found != found_fresh or summary != summary_fresh:
                 differs.append(name + ": lint")
             if walk:
                 linted.append(name)
