@@ -26,10 +26,15 @@ def _fresh(fn_cache_pairs, compute):
             cache.update(items)
 
 
-def inherited_first_launch(world):
-    """In a rank: which zoo/decoder functions arrived warmed, and whether each warmed result equals a fresh one.
-    Returns (number warmed, [names whose inherited rewrite / analysis / lint differs from a fresh one],
-    [names of kernels with a lint finding])."""
+#: the modules whose functions are compared with fresh results (all of the zoo's would cost ~20 CPU-s): the zoo's
+#: shared helpers and kernels with symmetric arguments, lint events and a persistent GEMM
+COMPARED = ("ditron.kernels._common", "ditron.kernels.all_gather", "ditron.kernels.ag_gemm", "ditron.kernels.gemm")
+
+
+def inherited_first_launch(world, compared=COMPARED):
+    """In a rank: how many zoo functions arrived warmed, and (in rank 0, for the functions of ``compared``)
+    whether each warmed result equals a fresh one.  Returns (number warmed, [names whose inherited rewrite /
+    analysis / lint differs from a fresh one], [names of kernels whose lint walk has events])."""
     from triton.runtime.interpreter import FunctionRewriter, InterpretedFunction
 
     from ditron import analysis, lint
@@ -41,7 +46,9 @@ def inherited_first_launch(world):
     funcs = prewarm.jit_functions(("ditron.kernels",))
     warmed = [f for f in funcs if f.fn in InterpretedFunction.rewritten_fn]
     differs, linted = [], []
-    for f in warmed:
+    for f in (warmed if world.rank == 0 else []):
+        if f.fn.__module__ not in compared:
+            continue
         name = f"{f.fn.__module__}.{f.fn.__name__}"
         inherited = InterpretedFunction.rewritten_fn[f.fn]
         fresh = FunctionRewriter(f.fn, **f.kwargs).rewrite_ast()
@@ -76,10 +83,11 @@ def inherited_first_launch(world):
 
 def test_ranks_inherit_the_first_launch_work_and_it_is_a_rank_s_own(dist):
     results = dist.run(inherited_first_launch)
-    for warmed, differs, linted in results:
+    for warmed, _, _ in results:
         assert warmed >= 20, f"only {warmed} zoo functions arrived rewritten in a forked rank"
-        assert not differs, differs
-        assert len(linted) >= 5, linted        # kernels whose lint has events to compare
+    _, differs, linted = results[0]
+    assert not differs, differs
+    assert len(linted) >= 3, linted        # kernels whose lint has events to compare
 
 
 def skew_plan(world):
@@ -101,6 +109,13 @@ def test_a_forked_rank_reads_the_skew_plan_from_its_own_environment(monkeypatch)
 
 
 def test_warm_does_nothing_without_the_interpreter(monkeypatch):
+    """Without TRITON_INTERPRET=1 the kernels are compiled ones: nothing is imported (a server importing the zoo
+    then would hand its ranks compiled kernels) and nothing is warmed."""
+    import importlib
+
     from ditron.sim import prewarm
+    imported = []
+    monkeypatch.setattr(importlib, "import_module", lambda name, *a: imported.append(name))
     monkeypatch.setattr(ditron._compat, "interpreter_enabled", lambda: False)
-    assert prewarm.warm(modules=()) == 0
+    assert prewarm.warm() == 0
+    assert imported == []
