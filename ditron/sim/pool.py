@@ -31,9 +31,11 @@ from .launcher import GRACE_S, check_topology, make_job, rank_env
 
 #: what the fork server imports once for every rank it forks: torch, and ditron (with Triton and numpy), and
 #: torch.distributed.tensor, which torch.testing.assert_close imports at its first call (about 0.8 CPU-s in
-#: every rank that compares tensors); nothing that reads a setting of the job at import time
-#: (ditron.sim.skew reads DITRON_SIM_SKEW: not here)
-PRELOAD = ("torch", "ditron", "torch.distributed.tensor")
+#: every rank that compares tensors), and last ditron.sim.warm_at_import: the kernel zoo and the decoder, with
+#: every interpreted @jit function's source-only first-launch work done (ditron.sim.prewarm), which each rank
+#: did again for each kernel; nothing that reads a setting of the job at import time (ditron.sim.skew reads
+#: DITRON_SIM_SKEW: not here)
+PRELOAD = ("torch", "ditron", "torch.distributed.tensor", "ditron.sim.warm_at_import")
 
 
 def _rank_context():
@@ -49,6 +51,9 @@ def _worker(conn, env):
     os.environ.clear()
     os.environ.update(env)
     rank = int(env["RANK"])
+    skew = sys.modules.get("ditron.sim.skew")
+    if skew is not None:
+        skew.plan_from_env()        # preloaded (the zoo imports the executor): the plan its import reads, from this env
     if "triton" in sys.modules and not interpreted:
         # a fork server started by someone else, without TRITON_INTERPRET=1, imported Triton: its @jit helpers
         # (tl.sum, tl.cdiv, ...) are compiled ones, not interpreted; the cluster starts its ranks afresh instead

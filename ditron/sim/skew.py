@@ -145,7 +145,13 @@ def _until_others_idle(world, cap):
         time.sleep(0.002)
 
 
-if os.environ.get("DITRON_SIM_SKEW"):
-    set_plan(parse(os.environ["DITRON_SIM_SKEW"]))
+def plan_from_env():
+    """The job's plan, ``DITRON_SIM_SKEW``, as importing this module reads it (none: no plan).  A rank forked
+    from a server that imported this module calls it again once it has its own environment."""
+    raw = os.environ.get("DITRON_SIM_SKEW")
+    set_plan(parse(raw) if raw else None)
+
+
+plan_from_env()
 
 provide("skew", lambda: point)        # the simulator's rules and transport reach the hook this way
