@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles_gemv import _gemv_acc, _resnorm_operands, _rstd_rows, _store_rows
+from .tiles_gemv import _gemv_acc, _resnorm_commit, _resnorm_operands, _rstd_rows, _store_rows
 
 
 @triton.jit
@@ -140,12 +140,7 @@ def linear_resnorm_early_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_
     wl = w_ptr + layer.to(tl.int64) * N * K
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
                        0, 0.0, STREAM, K, COLS % BLOCK_N)     # (0: all BLOCK_N rows)
-    r = tl.where(m, r0 + acc, 0.0)
-    tl.debug_barrier()              # every thread's read of the old resid before any thread overwrites it
-    tl.store(resid_ptr + off, r, mask=m)
-    tl.store(hn_ptr + off, (r * nw[None, :]).to(hn_ptr.dtype.element_ty), mask=m)
-    NTILES: tl.constexpr = (N + COLS - 1) // COLS
-    tl.store(ss_ptr + offs_b * NTILES + tile, tl.sum(r * r, axis=1), mask=mb)
+    _resnorm_commit(r0, acc, nw[None, :], m, mb, off, offs_b, tile, resid_ptr, hn_ptr, ss_ptr, N, COLS, 1)
 
 
 @triton.jit
@@ -215,9 +210,4 @@ def linear_resnorm_kdot_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_p
     r0, nw = _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn, N)
     wl = w_ptr + layer.to(tl.int64) * N * K
     acc = _kdot_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, S, STREAM, COLS)
-    r = tl.where(m, r0 + acc, 0.0)
-    tl.debug_barrier()              # every thread's read of the old resid before any thread overwrites it
-    tl.store(resid_ptr + off, r, mask=m)
-    tl.store(hn_ptr + off, (r * nw[:, None]).to(hn_ptr.dtype.element_ty), mask=m)
-    NTILES: tl.constexpr = (N + COLS - 1) // COLS
-    tl.store(ss_ptr + offs_b * NTILES + tile, tl.sum(r * r, axis=0), mask=mb)
+    _resnorm_commit(r0, acc, nw[:, None], m, mb, off, offs_b, tile, resid_ptr, hn_ptr, ss_ptr, N, COLS, 0)

@@ -283,6 +283,21 @@ def _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn
 
 
 @triton.jit
+def _resnorm_commit(r0, acc, nw2, m, mb, off, offs_b, tile, resid_ptr, hn_ptr, ss_ptr, N: tl.constexpr,
+                    COLS: tl.constexpr, AXIS: tl.constexpr):
+    """The prenorm epilogue of :func:`linear_resnorm_tile` and its batch-path forms: ``r = r0 + acc`` (masked),
+    ``resid = r``, ``hn = bf16(r * nw)``, and the tile's sum of squares per batch row into ``ss[b, tile]``.
+    ``nw2``: the norm weights broadcast to the tile's layout; ``AXIS``: the tile's column axis (1: ``[rows,
+    columns]``, 0: ``[columns, rows]``)."""
+    r = tl.where(m, r0 + acc, 0.0)
+    tl.debug_barrier()              # every thread's read of the old resid before any thread overwrites it
+    tl.store(resid_ptr + off, r, mask=m)
+    tl.store(hn_ptr + off, (r * nw2).to(hn_ptr.dtype.element_ty), mask=m)
+    NTILES: tl.constexpr = (N + COLS - 1) // COLS
+    tl.store(ss_ptr + offs_b * NTILES + tile, tl.sum(r * r, axis=AXIS), mask=mb)
+
+
+@triton.jit
 def linear_resnorm_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr, ss_ptr, layer, norm, first, B,
                         N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr, COLS: tl.constexpr):
@@ -304,12 +319,7 @@ def linear_resnorm_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr, s
     off = offs_b[:, None] * N + offs_n[None, :]
     m = mb[:, None] & mn[None, :]
     r0, nw = _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn, N)
-    r = tl.where(m, r0 + acc, 0.0)
-    tl.debug_barrier()              # every thread's read of the old resid before any thread overwrites it
-    tl.store(resid_ptr + off, r, mask=m)
-    tl.store(hn_ptr + off, (r * nw[None, :]).to(hn_ptr.dtype.element_ty), mask=m)
-    NTILES: tl.constexpr = (N + COLS - 1) // COLS
-    tl.store(ss_ptr + offs_b * NTILES + tile, tl.sum(r * r, axis=1), mask=mb)
+    _resnorm_commit(r0, acc, nw[None, :], m, mb, off, offs_b, tile, resid_ptr, hn_ptr, ss_ptr, N, COLS, 1)
 
 
 @triton.jit
