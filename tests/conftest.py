@@ -52,6 +52,25 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _sim_zygote(tmp_path_factory):
+    """One zygote per worker for the session (docs/simulator.md, Zygote): every ``ditron sim`` / ``ditron demo``
+    job that a test starts forks its fork server from it instead of importing torch, Triton and ditron again;
+    a job whose environment is another (a test's own variables) starts its own, as without one.
+    tests/test_sim_fork.py and tests/test_sim_launcher.py unset it for the path without one."""
+    if GPU_BACKEND != "sim" or os.environ.get("DITRON_SIM_ZYGOTE") is not None:
+        yield None
+        return
+    from ditron.sim import zygote
+    base = tmp_path_factory.getbasetemp()           # the jobs' DITRON_CACHE_DIR (_isolated_cache)
+    cache = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "ditron-cache"
+    proc = zygote.start(env=dict(os.environ, DITRON_CACHE_DIR=str(cache)))
+    os.environ[zygote.ENV] = proc.zygote_path
+    yield proc
+    os.environ.pop(zygote.ENV, None)
+    zygote.stop(proc)
+
+
 def has_tool(name):
     return shutil.which(name) is not None
 

@@ -60,8 +60,13 @@ def preload_list(environ=None) -> list:
 
 
 def enabled() -> bool:
-    """Fork the ranks from a warm server (default), unless ``DITRON_SIM_FORK=0``."""
+    """Fork the ranks from a warm server (default), unless ``DITRON_SIM_FORK=0`` (``debug``: see :func:`debug`)."""
     return os.environ.get(ENV, "1").strip() not in ("0", "")
+
+
+def debug() -> bool:
+    """``DITRON_SIM_FORK=debug``: the launcher prints how it started the ranks (and why not otherwise)."""
+    return os.environ.get(ENV, "").strip() == "debug"
 
 
 def _threads() -> int:
@@ -71,6 +76,19 @@ def _threads() -> int:
     except OSError:
         import threading
         return threading.active_count()
+
+
+def _holds(directory, name) -> bool:
+    """``directory`` holds a module or package ``name`` (what an import of it could find there)."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return False
+    for n in entries:
+        if n.split(".", 1)[0] == name and (n.endswith((".py", ".pyc", ".so", ".pth"))
+                                           or os.path.isdir(os.path.join(directory, n))):
+            return True
+    return False
 
 
 def _shadowed(argv) -> str | None:
@@ -95,19 +113,25 @@ def _shadowed(argv) -> str | None:
 
 
 class _EnvReads:
-    """Records, while active, which per-rank variables Python code reads from ``os.environ`` (``[]``,
-    ``get``, ``in``, ``os.getenv``: all go through ``__getitem__``)."""
+    """Records, while active, which variables Python code reads from ``os.environ`` (``[]``, ``get``, ``in``,
+    ``os.getenv``: all go through ``__getitem__``; ``keys`` holds them) and whether it listed the whole
+    environment (``listed``: iterating it, ``copy()``, ``dict(os.environ)``, ``items()``)."""
 
     def __enter__(self):
-        self.per_rank = set()
-        reads = self.per_rank
+        self.keys = set()
+        self.listed = False
+        keys = self.keys
         base = type(os.environ)
+        outer = self
 
         class Recording(base):
             def __getitem__(self, key):
-                if key in PER_RANK:
-                    reads.add(key)
+                keys.add(key)
                 return base.__getitem__(self, key)
+
+            def __iter__(self):
+                outer.listed = True
+                return base.__iter__(self)
 
         self.base = base
         os.environ.__class__ = Recording
@@ -116,23 +140,22 @@ class _EnvReads:
     def __exit__(self, *exc):
         os.environ.__class__ = self.base
 
+    @property
+    def per_rank(self):
+        return set(PER_RANK) if self.listed else self.keys & set(PER_RANK)
 
-def _serve(fd, argv):
-    """The server's loop; returns ``(rank, env, argv)`` in a forked rank, None in the server when done."""
-    from multiprocessing.connection import Connection, wait
-    conn = Connection(fd)
+
+def preload():
+    """Import :func:`preload_list` recording the environment reads: an :class:`_EnvReads`, or the failure's
+    text; then make this process fork-ready (one thread)."""
     try:
         with _EnvReads() as reads:
             import importlib
             for name in preload_list():
                 importlib.import_module(name)
     except BaseException as e:  # noqa: BLE001 -- a started rank will show the same failure in full
-        conn.send(("unavailable", f"preloading failed: {type(e).__name__}: {e}"))
-        return None
-    reason, shadow = None, _shadowed(argv)
-    if reads.per_rank:
-        reason = f"preloading read {', '.join(sorted(reads.per_rank))} (set only in each rank)"
-    elif _threads() != 1:
+        return f"preloading failed: {type(e).__name__}: {e}"
+    if _threads() != 1:
         # NumPy's OpenBLAS starts a thread pool at import and stops it before a fork (pthread_atfork), to
         # start it again at its next use; a first fork (of a child that exits at once) shows whether every
         # other thread is of that kind (Python >= 3.12 warns about forking with threads: this child runs nothing)
@@ -143,7 +166,25 @@ def _serve(fd, argv):
         if pid == 0:
             os._exit(0)
         os.waitpid(pid, 0)
-    if _threads() != 1:
+    return reads
+
+
+def _serve(conn, argv, reads=None):
+    """The server's loop on ``conn`` (a connection or its fd); returns ``(rank, env, argv)`` in a forked rank,
+    None in the server when done.  ``reads``: the preload was done already (in a zygote,
+    :mod:`ditron.sim.zygote`), with these reads."""
+    from multiprocessing.connection import Connection, wait
+    if isinstance(conn, int):
+        conn = Connection(conn)
+    if reads is None:
+        reads = preload()
+        if isinstance(reads, str):
+            conn.send(("unavailable", reads))
+            return None
+    reason, shadow = None, _shadowed(argv)
+    if reads.per_rank:
+        reason = f"preloading read {', '.join(sorted(reads.per_rank))} (set only in each rank)"
+    elif _threads() != 1:
         reason = f"{_threads()} threads after preloading (a fork copies only one)"
     elif shadow:
         reason = f"the script's directory holds a module {shadow!r} that the server imported"
@@ -279,17 +320,28 @@ class ForkedRank:
 
 
 class ForkServer:
-    """The launcher's end of a job's fork server."""
+    """The launcher's end of a job's fork server: started for the job (``proc``), or forked by a zygote
+    (:mod:`ditron.sim.zygote`; ``proc`` None, ``pid`` the server's)."""
 
-    def __init__(self, proc, conn):
+    def __init__(self, proc, conn, pid=None):
         self.proc, self.conn = proc, conn
+        self.pid = proc.pid if proc is not None else pid
         self.ranks = {}
         self.reason = None
 
     @classmethod
     def start(cls, env, argv, preexec_fn=None, timeout=600.0):
         """A server for the job's ``argv`` with the job-wide ``env``, ready to fork; or None with the reason
-        in ``ForkServer.last_reason`` (the launcher then starts its ranks afresh)."""
+        in ``ForkServer.last_reason`` (the launcher then starts its ranks afresh).  With ``DITRON_SIM_ZYGOTE``
+        the server is forked from that zygote, unless it declines (``ForkServer.zygote_reason``, None when it
+        did not); then it is started as ``python -m ditron.sim.forkserver``."""
+        from . import zygote as Z
+        ForkServer.last_reason = ForkServer.zygote_reason = None
+        path = Z.path_from_env(env)
+        if path is not None:
+            conn, pid, ForkServer.zygote_reason = Z.request(path, env, argv)
+            if conn is not None:
+                return cls(None, conn, pid)
         from multiprocessing.connection import Pipe
         ours, theirs = Pipe(duplex=True)
         try:
@@ -320,6 +372,7 @@ class ForkServer:
         return None
 
     last_reason = None
+    zygote_reason = None
 
     def send(self, msg):
         try:
@@ -358,18 +411,44 @@ class ForkServer:
     def close(self, grace=5.0):
         """Stop the server (it kills the ranks it still has) and wait for it."""
         self.send(("close",))
-        try:
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        else:
+            # not our child: the server is gone when its end of the connection closes (its ranks closed theirs)
+            if not self._closed_within(grace):
+                try:
+                    os.kill(self.pid, signal.SIGKILL)       # still open: the server is not reaped, the pid is its
+                except OSError:
+                    pass
+                self._closed_within(grace)
         self.pump(0)
         self.conn.close()
+
+    def _closed_within(self, timeout) -> bool:
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.conn.poll(left):
+                    return False
+                msg = self.conn.recv()
+                if msg[0] == "exit" and msg[1] in self.ranks:
+                    self.ranks[msg[1]].returncode = msg[2]
+        except (EOFError, OSError):
+            return True
 
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    job = _serve(int(argv[0]), argv[1:])
+    if argv[0] == "--zygote":
+        from . import zygote
+        job = zygote.serve(int(argv[1]))        # a forked rank's job, in a rank of a server forked by the zygote
+    else:
+        job = _serve(int(argv[0]), argv[1:])
     if job is None:
         # the server ran no code of the job: nothing of its interpreter's shutdown is needed
         sys.stdout.flush()

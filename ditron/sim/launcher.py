@@ -109,6 +109,8 @@ def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, ou
             # one process imports torch, Triton and ditron with the job's settings; every rank is forked from it
             server = F.ForkServer.start({k: v for k, v in envs[0].items() if k not in F.PER_RANK}, argv,
                                         preexec_fn=_rank_preexec)
+        if F.debug():
+            print_fork_path(server, out)
         for r in range(nprocs):
             if server is not None:
                 procs.append(server.fork(r, envs[r], argv))
@@ -162,6 +164,19 @@ def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, ou
         control.close()
         if not os.environ.get("DITRON_SIM_KEEP"):
             shutil.rmtree(sim_dir, ignore_errors=True)
+
+
+def print_fork_path(server, out):
+    """``DITRON_SIM_FORK=debug``: how the job's ranks start, and why not otherwise."""
+    if F.ForkServer.zygote_reason:
+        print(f"ditron sim: no zygote server: {F.ForkServer.zygote_reason}", file=out)
+    if server is None:
+        why = F.ForkServer.last_reason if F.enabled() else f"{F.ENV}=0"
+        print(f"ditron sim: every rank started as python -m ditron.sim.rank: {why}", file=out)
+    elif server.proc is None:
+        print(f"ditron sim: ranks forked from a server forked by the zygote (server pid {server.pid})", file=out)
+    else:
+        print(f"ditron sim: ranks forked from the job's own fork server (pid {server.pid})", file=out)
 
 
 def _rank_preexec():
