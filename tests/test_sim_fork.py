@@ -1,8 +1,9 @@
-"""The launcher's two ways to start a rank give the script the same process: forked from the job's fork server,
-which imported torch, Triton and ditron once (the default), or started afresh as ``python -m ditron.sim.rank``
-(``DITRON_SIM_FORK=0``, and whenever the server declines).  The stop / kill / Ctrl-C / deadlock / failing-rank
-behaviour of the launcher is tested on the default path by tests/test_sim.py, tests/test_sim_launcher.py and
-tests/test_mistakes.py."""
+"""The launcher's ways to start a rank give the script the same process: forked from the job's fork server,
+which imported torch, Triton and ditron once (the default), or from a server forked by a zygote that imported them
+once for many jobs (``DITRON_SIM_ZYGOTE``; tests/conftest.py starts one per worker), or started afresh as
+``python -m ditron.sim.rank`` (``DITRON_SIM_FORK=0``, and whenever the server declines).  The stop / kill / Ctrl-C
+/ deadlock / failing-rank behaviour of the launcher is tested by tests/test_sim.py, tests/test_sim_launcher.py and
+tests/test_mistakes.py (through the suite's zygote, and tests/test_sim_launcher.py without it too)."""
 import json
 import os
 import re
@@ -18,9 +19,13 @@ PROBE = textwrap.dedent('''
     import atexit, json, os, random, signal, sys, threading
     started = {"torch": "torch" in sys.modules, "threads": threading.active_count()}
     import numpy as np
-    out = os.environ["PROBE_OUT"]
+    out = os.path.dirname(os.path.abspath(__file__))
     rank = int(os.environ["RANK"])
-    info = dict(started, name=__name__, argv=sys.argv, path0=sys.path[0], orig_argv=sys.orig_argv,
+    with open(f"/proc/{os.getppid()}/stat") as f:
+        grandparent = int(f.read().rsplit(")", 1)[1].split()[1])      # the server's parent
+    umask = os.umask(0o22)
+    info = dict(started, name=__name__, argv=sys.argv, path0=sys.path[0], orig_argv=sys.orig_argv, cwd=os.getcwd(),
+                grandparent=grandparent, umask=umask,
                 sigint=signal.getsignal(signal.SIGINT) == signal.SIG_IGN, draws=[random.random(), int(np.random.randint(1 << 30))],
                 env={k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                                                     "NODE_RANK", "TRITON_INTERPRET", "DITRON_SIM_RACE", "DITRON_SIM_SEED",
@@ -35,19 +40,40 @@ PROBE = textwrap.dedent('''
 ''')
 
 
-def _launch(args, env=None, cwd=None, timeout=300):
+def _launch(args, env=None, cwd=None, timeout=300, zygote=False):
+    """A job; without the suite's zygote unless ``zygote``."""
+    env = dict(os.environ if env is None else env)
+    if not zygote:
+        env.pop("DITRON_SIM_ZYGOTE", None)
     return subprocess.run([sys.executable, "-m", "ditron", "sim", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=cwd)
 
 
-@pytest.mark.parametrize("fork", ["1", "0"], ids=["forked", "started"])
-def test_a_rank_is_the_same_process_either_way(tmp_path, fork):
+def _umask():
+    u = os.umask(0)
+    os.umask(u)
+    return u
+
+
+@pytest.mark.parametrize("fork", ["debug", "0", "zygote"], ids=["forked", "started", "zygote"])
+def test_a_rank_is_the_same_process_either_way(tmp_path, fork, _sim_zygote):
+    if fork == "zygote" and _sim_zygote is None:
+        pytest.skip("no zygote in this run (DITRON_SIM_ZYGOTE set outside)")
     script = tmp_path / "probe.py"
     script.write_text(PROBE)
-    env = dict(os.environ, DITRON_SIM_FORK=fork, PROBE_OUT=str(tmp_path), PROBE_MARK="kept")
+    # a variable of the test's own makes the zygote decline: the zygote job has none
+    env = dict(os.environ, DITRON_SIM_FORK="debug" if fork == "zygote" else fork,
+               **({} if fork == "zygote" else {"PROBE_MARK": "kept"}))
     n = 3
-    p = _launch(["-n", str(n), "--race", "--seed", "4", str(script), "0", "x"], env=env)
+    old = os.umask(0o077)               # the launcher's umask, which a zygote's server takes from it
+    try:
+        p = _launch(["-n", str(n), "--race", "--seed", "4", str(script), "0", "x"], env=env, zygote=fork == "zygote")
+    finally:
+        os.umask(old)
     assert p.returncode == 0, p.stderr
+    how = {"debug": "ranks forked from the job's own fork server", "0": None,
+           "zygote": "ranks forked from a server forked by the zygote"}[fork]
+    assert how is None or f"ditron sim: {how}" in p.stderr, p.stderr
     # one line per rank and stream: nothing written twice, nothing lost
     assert sorted(p.stdout.splitlines()) == [f"stdout of rank {r}" for r in range(n)], p.stdout
     assert sorted(ln for ln in p.stderr.splitlines() if ln.startswith("stderr of")) == \
@@ -57,14 +83,16 @@ def test_a_rank_is_the_same_process_either_way(tmp_path, fork):
         assert info["name"] == "__main__"
         assert info["argv"] == [str(script), "0", "x"]
         assert info["path0"] == str(tmp_path)
+        assert info["cwd"] == os.getcwd() and info["umask"] == 0o077
         assert info["orig_argv"][1:] == ["-m", "ditron.sim.rank", str(script), "0", "x"]
         assert info["env"] == {"RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(n),
                                "GROUP_RANK": "0", "NODE_RANK": "0", "TRITON_INTERPRET": "1", "DITRON_SIM_RACE": "1",
-                               "DITRON_SIM_SEED": "4", "PROBE_MARK": "kept"}
+                               "DITRON_SIM_SEED": "4", "PROBE_MARK": None if fork == "zygote" else "kept"}
         assert info["sigint"], "a rank leaves Ctrl-C to the launcher"
         # forked ranks start with torch imported (the server's) and, like started ones, with one Python thread
         # (the server forks only while it has one thread of any kind)
-        assert info["torch"] is (fork == "1")
+        assert info["torch"] is (fork != "0")
+        assert (info["grandparent"] == _sim_zygote.pid) is (fork == "zygote")
         assert info["threads"] == 1, info
         assert (tmp_path / f"atexit{r}").read_text() == "ran"
     # generators seeded from the OS at import are seeded again in each forked rank
@@ -72,17 +100,23 @@ def test_a_rank_is_the_same_process_either_way(tmp_path, fork):
         assert len({info["draws"][k] for info in infos}) == n, [info["draws"] for info in infos]
 
 
-def test_module_run_exit_code_and_atexit_of_a_failing_rank(tmp_path):
+def test_module_run_exit_code_and_atexit_of_a_failing_rank(tmp_path, _sim_zygote):
     """``-m module`` (found on sys.path[0], the working directory), and a rank's ``sys.exit(5)``: the job's
-    exit code and report; the rank's atexit handlers still run."""
+    exit code and report; the rank's atexit handlers still run.  Through the zygote, after the job above: in
+    another directory, with other per-job variables (none of the last job's left over), and another umask."""
+    if _sim_zygote is None:
+        pytest.skip("no zygote in this run (DITRON_SIM_ZYGOTE set outside)")
     (tmp_path / "probe_mod.py").write_text(PROBE)
-    env = dict(os.environ, PROBE_OUT=str(tmp_path), PROBE_MARK="m")
-    p = _launch(["-n", "2", "-m", "probe_mod", "5"], env=env, cwd=tmp_path)
+    p = _launch(["-n", "2", "-m", "probe_mod", "5"], cwd=tmp_path, zygote=True)
     assert p.returncode == 5, p.stderr
     assert "ditron sim: rank 1 failed (exit code 5)" in p.stderr, p.stderr
     info = json.loads((tmp_path / "rank1.json").read_text())
     assert info["name"] == "__main__" and info["argv"] == [str(tmp_path / "probe_mod.py"), "5"]
-    assert info["torch"], "the default path forks the ranks"
+    assert info["path0"] == str(tmp_path) and info["cwd"] == str(tmp_path) and info["umask"] == _umask()
+    assert info["env"] == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                           "GROUP_RANK": "0", "NODE_RANK": "0", "TRITON_INTERPRET": "1", "DITRON_SIM_RACE": "0", "DITRON_SIM_SEED": None,
+                           "PROBE_MARK": None}
+    assert info["torch"] and info["grandparent"] == _sim_zygote.pid, "forked from a server forked by the zygote"
     assert (tmp_path / "atexit1").read_text() == "ran"
 
 
@@ -135,3 +169,95 @@ def test_server_declines_a_script_directory_that_shadows_a_preloaded_module(tmp_
     (tmp_path / "json.py").write_text("")       # json: imported in this process, as in the server
     assert _shadowed([str(script)]) == "json"
     assert _shadowed(["-m", "s"]) is None
+
+
+def _ask(path, env=None, argv=("x.py",), **kw):
+    """A request to the zygote at ``path`` from this process (as a launcher makes it): None when a server was
+    forked for it (which is then closed at once), else the reason it was declined."""
+    from ditron.sim import zygote
+    env = dict(os.environ if env is None else env, TRITON_INTERPRET="1")
+    env.pop("PYTEST_CURRENT_TEST", None)        # one of the per-job variables
+    conn, pid, reason = zygote.request(path, env, list(argv), **kw)
+    if conn is not None:
+        conn.send(("close",))
+        with pytest.raises(EOFError):           # the server exits: its end closes
+            while conn.poll(30):
+                conn.recv()
+        conn.close()
+    return reason
+
+
+def test_zygote_declines_what_would_change_the_preload(tmp_path, monkeypatch, _sim_zygote):
+    """The zygote forks a job's server only when the server would have imported the same: the environment equal
+    but for the per-job variables (none of which the preload reads), the same Python, limits and priority, a
+    working directory that resolves every loaded module to the same file, and a script directory that shadows
+    none; anything else is declined with its reason, and the launcher starts the job's own server."""
+    from ditron.sim import zygote
+    if _sim_zygote is None:
+        pytest.skip("no zygote in this run (DITRON_SIM_ZYGOTE set outside)")
+    path = _sim_zygote.zygote_path
+    assert _ask(path) is None
+    # every per-job variable changed, or added, or removed at once: still the zygote's (its preload read none)
+    per_job = {k: "7" for k in zygote.PER_JOB}
+    assert _ask(path, dict(os.environ, **per_job)) is None
+    base = {k: v for k, v in os.environ.items() if k not in zygote.PER_JOB}
+    assert _ask(path, base) is None
+    # any other difference is declined, every time (the zygote learns nothing from a job's environment)
+    for _ in range(2):
+        assert "differs in PROBE_MARK (not one of the per-job variables): 'x' in the job, unset" in \
+            _ask(path, dict(os.environ, PROBE_MARK="x"))
+    assert "differs in PATH" in _ask(path, {k: v for k, v in os.environ.items() if k != "PATH"})
+    assert _ask(path) is None
+    # another Python, other limits: declined (the job's own process state)
+    real = zygote.process_state
+    monkeypatch.setattr(zygote, "process_state", lambda: dict(real(), executable="/usr/bin/python9"))
+    assert "the job runs /usr/bin/python9" in _ask(path)
+    monkeypatch.setattr(zygote, "process_state", lambda: dict(real(), nice=real()["nice"] + 1))
+    assert "priority differ" in _ask(path)
+    monkeypatch.setattr(zygote, "process_state", real)
+    # a working directory that holds a module the zygote imported: its server declines
+    (tmp_path / "json.py").write_text("")       # json: imported by the preload, from the standard library
+    monkeypatch.chdir(tmp_path)
+    assert "resolves 'json' to another file" in _ask(path)
+    (tmp_path / "json.py").unlink()
+    assert _ask(path) is None                   # a directory that shadows nothing is fine (the -m test above)
+    # a script directory that shadows a preloaded module: the server's own check, as without a zygote
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "numpy").mkdir()
+    assert "the script's directory holds a module 'numpy'" in _ask(path, argv=[str(lib / "s.py")])
+    # no zygote there, or one that does not answer
+    assert "no zygote at" in _ask(str(tmp_path / "none"))
+    import socket
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    mute.bind(str(tmp_path / "mute"))
+    mute.listen(1)
+    try:
+        assert "did not answer in 0.5 s" in _ask(str(tmp_path / "mute"), timeout=0.5)
+    finally:
+        mute.close()
+
+
+def test_zygote_decisions_on_what_its_preload_did():
+    """A zygote whose preload read a per-job variable, failed, printed or left threads declines every job that
+    it could serve otherwise (the decision, without starting such a zygote)."""
+    from ditron.sim import zygote
+    from ditron.sim.forkserver import _EnvReads
+    state = zygote._State()
+    state.environ = dict(os.environ, TRITON_INTERPRET="1")
+    with _EnvReads() as reads:
+        os.environ.get("WORLD_SIZE")
+    state.reads = reads
+    req = {"env": dict(state.environ), "argv": ["x.py"], "state": zygote.process_state()}
+    assert zygote.decline_reason(state, req) is None
+    req["env"]["WORLD_SIZE"] = "3"
+    assert zygote.decline_reason(state, req) == "preloading read WORLD_SIZE, which differs in the job"
+    req["env"] = dict(state.environ, DITRON_SIM_SEED="3")
+    assert zygote.decline_reason(state, req) is None
+    with _EnvReads() as listed:
+        dict(os.environ)
+    state.reads = listed
+    assert zygote.decline_reason(state, req) == "preloading read DITRON_SIM_SEED, which differs in the job"
+    state.error = "the zygote's preload printed 5 bytes (a job's own server prints them into the job's output)"
+    req["env"] = dict(state.environ)
+    assert zygote.decline_reason(state, req) == state.error

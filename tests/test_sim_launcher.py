@@ -1,6 +1,8 @@
 """``ditron sim`` stopped by a signal stops every rank and removes the job's
 files; the files of a job whose launcher was killed are removed by the next
-job."""
+job.  With the job's own fork server (the variable of the suite's zygote
+unset) and with a server forked by the zygote (tests/conftest.py), which is
+not the launcher's child."""
 import json
 import os
 import signal
@@ -17,8 +19,10 @@ SPIN = textwrap.dedent('''
     import json, os, sys, time
     import ditron
     world = ditron.init()
+    with open(f"/proc/{os.getppid()}/stat") as f:
+        grandparent = int(f.read().rsplit(")", 1)[1].split()[1])      # the server's parent
     with open(os.path.join(sys.argv[1], f"rank{world.rank}.json"), "w") as f:
-        json.dump({"pid": os.getpid(), "sim_dir": os.environ["DITRON_SIM_DIR"]}, f)
+        json.dump({"pid": os.getpid(), "sim_dir": os.environ["DITRON_SIM_DIR"], "grandparent": grandparent}, f)
     while True:            # busy outside any ditron wait: only the launcher can stop it
         time.sleep(0.05)
 ''')
@@ -39,10 +43,20 @@ def _alive(pid):
         return False
 
 
-def _start(tmp_path, n=2):
+def _env(tmp_path, zygote):
+    """The job's environment, and whether it has a zygote (``zygote`` and the run has one)."""
+    from ditron.sim.zygote import path_from_env
+    env = dict(os.environ, TMPDIR=str(tmp_path))      # job files go here: nothing else is touched
+    if not zygote or path_from_env(env) is None:
+        env.pop("DITRON_SIM_ZYGOTE", None)
+        return env, False
+    return env, True
+
+
+def _start(tmp_path, n=2, zygote=False):
     script = tmp_path / "spin.py"
     script.write_text(SPIN)
-    env = dict(os.environ, TMPDIR=str(tmp_path))      # job files go here: nothing else is touched
+    env, zygote = _env(tmp_path, zygote)
     p = subprocess.Popen([sys.executable, "-m", "ditron.sim", "-n", str(n), str(script), str(tmp_path)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     infos = []
@@ -54,6 +68,8 @@ def _start(tmp_path, n=2):
             assert p.poll() is None, p.communicate()
             time.sleep(0.2)
         assert len(infos) == n
+        # the ranks' server is the launcher's child, or the zygote's
+        assert all((i["grandparent"] == p.pid) is not zygote for i in infos), (infos, p.pid)
     except BaseException:
         p.kill()
         raise
@@ -79,9 +95,10 @@ def _gone(pids, sim_dir=None, within=15):
     return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_signal_stops_every_rank_and_removes_the_heap(tmp_path, sig):
-    p, pids, sim_dir = _start(tmp_path)
+@pytest.mark.parametrize("sig,zygote", [(signal.SIGTERM, True), (signal.SIGHUP, False)],
+                         ids=["SIGTERM-zygote", "SIGHUP"])
+def test_signal_stops_every_rank_and_removes_the_heap(tmp_path, sig, zygote):
+    p, pids, sim_dir = _start(tmp_path, zygote=zygote)
     assert os.path.exists(os.path.join(sim_dir, "heap"))
     p.send_signal(sig)
     try:
@@ -96,7 +113,9 @@ def test_signal_stops_every_rank_and_removes_the_heap(tmp_path, sig):
 
 
 def test_killed_launcher_leaves_no_ranks_and_the_next_job_removes_its_files(tmp_path):
-    p, pids, sim_dir = _start(tmp_path)
+    """A killed launcher's ranks die with it: through their server's death (the launcher's child), or, when a
+    zygote forked the server, through the server, which sees the launcher's end of its socket close."""
+    p, pids, sim_dir = _start(tmp_path, zygote=True)
     p.kill()
     p.wait()
     try:
@@ -106,7 +125,7 @@ def test_killed_launcher_leaves_no_ranks_and_the_next_job_removes_its_files(tmp_
     assert os.path.exists(os.path.join(sim_dir, "heap"))
     script = tmp_path / "quick.py"
     script.write_text(QUICK)
-    env = dict(os.environ, TMPDIR=str(tmp_path))
+    env, _ = _env(tmp_path, zygote=False)
     q = subprocess.run([sys.executable, "-m", "ditron.sim", "-n", "2", str(script)], env=env, capture_output=True,
                        text=True, timeout=120)
     assert q.returncode == 0, q.stderr

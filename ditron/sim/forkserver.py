@@ -332,16 +332,8 @@ class ForkServer:
     @classmethod
     def start(cls, env, argv, preexec_fn=None, timeout=600.0):
         """A server for the job's ``argv`` with the job-wide ``env``, ready to fork; or None with the reason
-        in ``ForkServer.last_reason`` (the launcher then starts its ranks afresh).  With ``DITRON_SIM_ZYGOTE``
-        the server is forked from that zygote, unless it declines (``ForkServer.zygote_reason``, None when it
-        did not); then it is started as ``python -m ditron.sim.forkserver``."""
-        from . import zygote as Z
-        ForkServer.last_reason = ForkServer.zygote_reason = None
-        path = Z.path_from_env(env)
-        if path is not None:
-            conn, pid, ForkServer.zygote_reason = Z.request(path, env, argv)
-            if conn is not None:
-                return cls(None, conn, pid)
+        in ``ForkServer.last_reason`` (the launcher then starts its ranks afresh)."""
+        ForkServer.last_reason = None
         from multiprocessing.connection import Pipe
         ours, theirs = Pipe(duplex=True)
         try:
@@ -372,7 +364,6 @@ class ForkServer:
         return None
 
     last_reason = None
-    zygote_reason = None
 
     def send(self, msg):
         try:
@@ -444,11 +435,7 @@ class ForkServer:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[0] == "--zygote":
-        from . import zygote
-        job = zygote.serve(int(argv[1]))        # a forked rank's job, in a rank of a server forked by the zygote
-    else:
-        job = _serve(int(argv[0]), argv[1:])
+    job = _serve(int(argv[0]), argv[1:])
     if job is None:
         # the server ran no code of the job: nothing of its interpreter's shutdown is needed
         sys.stdout.flush()

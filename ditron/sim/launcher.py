@@ -5,8 +5,10 @@ Each rank is a process with torchrun's variables (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``) plus
 ``TRITON_INTERPRET=1`` and the simulated job's shared files, forked from the
 job's fork server (:mod:`ditron.sim.forkserver`: torch, Triton and ditron
-imported once) or, with ``DITRON_SIM_FORK=0`` or when the server declines,
-started as ``python -m ditron.sim.rank``.  The launcher watches the job:
+imported once; with ``DITRON_SIM_ZYGOTE``, the server is forked from a zygote
+that imported them once for many jobs, :mod:`ditron.sim.zygote`) or, with
+``DITRON_SIM_FORK=0`` or when the server declines, started as
+``python -m ditron.sim.rank``.  The launcher watches the job:
 
 * a rank that fails stops the others promptly (their waits abort) and its
   traceback is printed; the exit code is the failing rank's;
@@ -33,6 +35,7 @@ from ..errors import format_report_entry
 from ..runtime.heap import HEAP_ALIGN, parse_size, round_up
 from . import forkserver as F
 from . import memory as M
+from . import zygote as Z
 
 EXIT_DEADLOCK = 3
 GRACE_S = 5.0
@@ -105,12 +108,13 @@ def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, ou
             if seed is not None:
                 env[R.SEED_ENV] = str(int(seed))
             envs.append(env)
+        zygote_reason = None
         if F.enabled():
-            # one process imports torch, Triton and ditron with the job's settings; every rank is forked from it
-            server = F.ForkServer.start({k: v for k, v in envs[0].items() if k not in F.PER_RANK}, argv,
-                                        preexec_fn=_rank_preexec)
+            # one process imports torch, Triton and ditron with the job's settings (or is forked from a zygote
+            # that did); every rank is forked from it
+            server, zygote_reason = start_server({k: v for k, v in envs[0].items() if k not in F.PER_RANK}, argv)
         if F.debug():
-            print_fork_path(server, out)
+            print_fork_path(server, zygote_reason, out)
         for r in range(nprocs):
             if server is not None:
                 procs.append(server.fork(r, envs[r], argv))
@@ -166,10 +170,22 @@ def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, ou
             shutil.rmtree(sim_dir, ignore_errors=True)
 
 
-def print_fork_path(server, out):
+def start_server(env, argv):
+    """The job's fork server (:class:`ForkServer`, or None: see ``ForkServer.last_reason``) and why the
+    zygote of ``DITRON_SIM_ZYGOTE`` did not fork it (None when it did, or when there is none)."""
+    path = Z.path_from_env(env)
+    reason = None
+    if path is not None:
+        conn, pid, reason = Z.request(path, env, argv)
+        if conn is not None:
+            return F.ForkServer(None, conn, pid), None
+    return F.ForkServer.start(env, argv, preexec_fn=_rank_preexec), reason
+
+
+def print_fork_path(server, zygote_reason, out):
     """``DITRON_SIM_FORK=debug``: how the job's ranks start, and why not otherwise."""
-    if F.ForkServer.zygote_reason:
-        print(f"ditron sim: no zygote server: {F.ForkServer.zygote_reason}", file=out)
+    if zygote_reason:
+        print(f"ditron sim: no zygote server: {zygote_reason}", file=out)
     if server is None:
         why = F.ForkServer.last_reason if F.enabled() else f"{F.ENV}=0"
         print(f"ditron sim: every rank started as python -m ditron.sim.rank: {why}", file=out)

@@ -2,13 +2,12 @@
 (:data:`ditron.sim.forkserver.PRELOAD`) once, and forks each job's fork server from that state, so that a job
 no longer pays for ``import torch`` (about 2.5 CPU-seconds of a trivial job's 4).  Opt-in, for suites that run
 many ``ditron sim`` jobs: ``DITRON_SIM_ZYGOTE=PATH`` names its socket (tests/conftest.py starts one per xdist
-worker); :func:`start` starts one (``python -m ditron.sim.forkserver --zygote PATH``).
+worker); :func:`start` starts one (``python -m ditron.sim.zygote FD``, on a socket that listens already).
 
 The server it forks for a job is the one the launcher would have started, and the job's ranks are forked from
 it as before (:mod:`ditron.sim.forkserver`).  Before it forks one, the zygote makes sure the job's server would
 have imported the same modules with the same results; otherwise it declines and the launcher starts the
-job's own server (today's path), with the reason in ``ForkServer.last_reason`` (``DITRON_SIM_FORK=debug``
-prints it).  It declines when
+job's own server (today's path), with the reason (``DITRON_SIM_FORK=debug`` prints it).  It declines when
 
 * the job's server environment differs from the zygote's in a variable that is not one of :data:`PER_JOB`
   (set per job by the launcher or per test by pytest), or in one of those that the preload read at import
@@ -224,7 +223,8 @@ def _quiet_preload(state):
     else:
         state.reads = reads
         if written:
-            state.error = f"the zygote's preload printed {written} bytes (a job's own server prints them into the job's output)"
+            state.error = (f"the zygote's preload printed {written} bytes (a job's own server prints them into "
+                           f"the job's output)")
         elif F._threads() != 1:
             state.error = f"{F._threads()} threads in the zygote after preloading (a fork copies only one)"
 
@@ -378,7 +378,7 @@ def start(path=None, env=None):
         listener.bind(path)
         os.chmod(path, 0o600)
         listener.listen(64)
-        proc = subprocess.Popen([sys.executable, "-m", "ditron.sim.forkserver", "--zygote", str(listener.fileno())],
+        proc = subprocess.Popen([sys.executable, "-m", "ditron.sim.zygote", str(listener.fileno())],
                                 env=env, stdin=subprocess.DEVNULL, pass_fds=(listener.fileno(),))
     finally:
         listener.close()
@@ -399,3 +399,18 @@ def stop(proc):
     d = os.path.dirname(proc.zygote_path)
     if os.path.basename(d).startswith("ditron-zygote-"):
         shutil.rmtree(d, ignore_errors=True)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    job = serve(int(argv[0]))
+    if job is None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return F._become_rank(*job)          # in a rank of a server that this zygote forked
+
+
+if __name__ == "__main__":
+    # a forked rank returns from main() here, and exits as a started rank does (as in ditron.sim.forkserver)
+    sys.exit(main())
