@@ -114,8 +114,8 @@ def test_module_run_exit_code_and_atexit_of_a_failing_rank(tmp_path, _sim_zygote
     assert info["name"] == "__main__" and info["argv"] == [str(tmp_path / "probe_mod.py"), "5"]
     assert info["path0"] == str(tmp_path) and info["cwd"] == str(tmp_path) and info["umask"] == _umask()
     assert info["env"] == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                           "GROUP_RANK": "0", "NODE_RANK": "0", "TRITON_INTERPRET": "1", "DITRON_SIM_RACE": "0", "DITRON_SIM_SEED": None,
-                           "PROBE_MARK": None}
+                           "GROUP_RANK": "0", "NODE_RANK": "0", "TRITON_INTERPRET": "1", "DITRON_SIM_RACE": "0",
+                           "DITRON_SIM_SEED": None, "PROBE_MARK": None}
     assert info["torch"] and info["grandparent"] == _sim_zygote.pid, "forked from a server forked by the zygote"
     assert (tmp_path / "atexit1").read_text() == "ran"
 
@@ -197,11 +197,15 @@ def test_zygote_declines_what_would_change_the_preload(tmp_path, monkeypatch, _s
         pytest.skip("no zygote in this run (DITRON_SIM_ZYGOTE set outside)")
     path = _sim_zygote.zygote_path
     assert _ask(path) is None
-    # every per-job variable changed, or added, or removed at once: still the zygote's (its preload read none)
+    # every per-job variable changed, or added, or removed at once, and one of ditron's that the preload does
+    # not read: still the zygote's (its preload read none of them)
     per_job = {k: "7" for k in zygote.PER_JOB}
-    assert _ask(path, dict(os.environ, **per_job)) is None
+    assert _ask(path, dict(os.environ, DITRON_STRICT="1", **per_job)) is None
     base = {k: v for k, v in os.environ.items() if k not in zygote.PER_JOB}
     assert _ask(path, base) is None
+    # one of ditron's that the preload reads (ditron.sim.skew's plan, at import): declined
+    assert _ask(path, dict(os.environ, DITRON_SIM_SKEW="rank=1,at=signal,nth=3,seconds=0.01")) == \
+        "the zygote declined: preloading read DITRON_SIM_SKEW, which differs in the job"
     # any other difference is declined, every time (the zygote learns nothing from a job's environment)
     for _ in range(2):
         assert "differs in PROBE_MARK (not one of the per-job variables): 'x' in the job, unset" in \

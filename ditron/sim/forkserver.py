@@ -78,19 +78,6 @@ def _threads() -> int:
         return threading.active_count()
 
 
-def _holds(directory, name) -> bool:
-    """``directory`` holds a module or package ``name`` (what an import of it could find there)."""
-    try:
-        entries = os.listdir(directory)
-    except OSError:
-        return False
-    for n in entries:
-        if n.split(".", 1)[0] == name and (n.endswith((".py", ".pyc", ".so", ".pth"))
-                                           or os.path.isdir(os.path.join(directory, n))):
-            return True
-    return False
-
-
 def _shadowed(argv) -> str | None:
     """A preloaded top-level module that the script's directory (first on a rank's ``sys.path``) would have
     shadowed in a started rank, or None."""

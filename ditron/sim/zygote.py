@@ -40,8 +40,9 @@ from . import forkserver as F
 ENV = "DITRON_SIM_ZYGOTE"
 
 #: the variables that may differ between the zygote's environment and a job server's, each only while the
-#: zygote's preload did not read it at import time: the launcher's per-job ones, the fork switch, the temporary
-#: directory of the job's files, the terminal's size, and pytest's name of the running test
+#: zygote's preload did not read it at import time (:data:`PER_JOB` and ditron's own, ``DITRON_*``: only
+#: ditron's Python code reads those, and the zygote records every read of it): the launcher's per-job ones,
+#: the temporary directory of the job's files, the terminal's size, and pytest's name of the running test
 PER_JOB = ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "DITRON_SIM_DIR", "DITRON_SIM_HEAP_SIZE", "DITRON_HANG_TIMEOUT_S",
            "DITRON_SIM_RACE", "DITRON_SIM_SEED", "DITRON_SIM_FORK", "TMPDIR", "COLUMNS", "LINES",
            "PYTEST_CURRENT_TEST")
@@ -152,7 +153,7 @@ def decline_reason(state, req) -> str | None:
     env = req["env"]
     for k in sorted(set(env) | set(state.environ)):
         if env.get(k) != state.environ.get(k):
-            if k not in PER_JOB:
+            if k not in PER_JOB and not k.startswith("DITRON_"):
                 return (f"the job's environment differs in {k} (not one of the per-job variables): "
                         f"{_shown(env.get(k))} in the job, {_shown(state.environ.get(k))} in the zygote")
             if state.reads.listed or k in state.reads.keys:
@@ -168,12 +169,21 @@ def _shown(value):
     return "unset" if value is None else repr(value if len(value) <= 40 else value[:37] + "...")
 
 
+def _held(directory) -> set:
+    """The names of the modules and packages that an import could find in ``directory``."""
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return set()
+    return {n.split(".", 1)[0] for n in entries
+            if n.endswith((".py", ".pyc", ".so", ".pth")) or os.path.isdir(os.path.join(directory, n))}
+
+
 def _resolved_elsewhere(old_dir, new_dir) -> str | None:
     """With ``new_dir`` instead of ``old_dir`` first on ``sys.path``: a loaded top-level module that either
     directory holds and that would now be another file (or none), or None."""
     loaded = {m.partition(".")[0] for m in sys.modules if m and not m.startswith("__")}
-    suspects = sorted(n for n in loaded if n not in sys.builtin_module_names
-                      and (F._holds(old_dir, n) or F._holds(new_dir, n)))
+    suspects = sorted((loaded - set(sys.builtin_module_names)) & (_held(old_dir) | _held(new_dir)))
     if not suspects:
         return None
     import importlib.machinery
