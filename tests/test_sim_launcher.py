@@ -21,8 +21,10 @@ SPIN = textwrap.dedent('''
     world = ditron.init()
     with open(f"/proc/{os.getppid()}/stat") as f:
         grandparent = int(f.read().rsplit(")", 1)[1].split()[1])      # the server's parent
-    with open(os.path.join(sys.argv[1], f"rank{world.rank}.json"), "w") as f:
+    path = os.path.join(sys.argv[1], f"rank{world.rank}.json")
+    with open(path + ".tmp", "w") as f:
         json.dump({"pid": os.getpid(), "sim_dir": os.environ["DITRON_SIM_DIR"], "grandparent": grandparent}, f)
+    os.replace(path + ".tmp", path)       # whole: the test reads it as soon as it is there
     while True:            # busy outside any ditron wait: only the launcher can stop it
         time.sleep(0.05)
 ''')
