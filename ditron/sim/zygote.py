@@ -1,8 +1,9 @@
 """A zygote: one process, kept across jobs, that imported what a job's fork server imports
 (:data:`ditron.sim.forkserver.PRELOAD`) once, and forks each job's fork server from that state, so that a job
 no longer pays for importing torch and the rest (1.5 to 2.5 CPU-seconds of a trivial job's 4).  Opt-in, for
-suites that run many ``ditron sim`` jobs: ``DITRON_SIM_ZYGOTE=PATH`` names its socket (tests/conftest.py starts one per xdist
-worker); :func:`start` starts one (``python -m ditron.sim.zygote FD``, on a socket that listens already).
+suites that run many ``ditron sim`` jobs: ``DITRON_SIM_ZYGOTE=PATH`` names its socket (tests/conftest.py starts
+one per xdist worker); :func:`start` starts one (``python -m ditron.sim.zygote FD``, on a socket that listens
+already).
 
 The server it forks for a job is the one the launcher would have started, and the job's ranks are forked from
 it as before (:mod:`ditron.sim.forkserver`).  Before it forks one, the zygote makes sure the job's server would
