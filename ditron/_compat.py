@@ -231,6 +231,64 @@ def always_compile():
         knobs.always_compile = old
 
 
+@contextlib.contextmanager
+def ptxas_log():
+    """Collect the ``ptxas -v`` logs of the cubins Triton assembles inside the block: Triton runs ptxas with
+    ``-v`` and prints the log (one ``print``) when ``knobs.nvidia.dump_ptxas_log`` is on.  Yields a list that gets
+    each log's text (none when the backend stages came from Triton's cache, or this Triton has no such knob).
+    Whatever else is printed goes on to ``sys.stdout``, the logs too when the user had turned the knob on."""
+    import re
+    import sys
+    knobs = getattr(triton.knobs, "nvidia", None)
+    logs = []
+    if knobs is None or not hasattr(knobs, "dump_ptxas_log"):
+        yield logs
+        return
+    old, out = knobs.dump_ptxas_log, sys.stdout
+
+    class Tee:
+        def write(self, s):
+            after_log, self.last_was_log = self.last_was_log, re.match(r"ptxas[\w-]* ", s) is not None
+            if self.last_was_log:
+                logs.append(s)
+                return out.write(s) if old else len(s)
+            if s == "\n" and after_log and not old:
+                return 1                           # the newline print() writes after the log
+            return out.write(s)
+
+        def __getattr__(self, name):
+            return getattr(out, name)
+
+    tee = Tee()
+    tee.last_was_log = False
+    knobs.dump_ptxas_log, sys.stdout = True, tee
+    try:
+        yield logs
+    finally:
+        knobs.dump_ptxas_log = old
+        if sys.stdout is tee:
+            sys.stdout = out
+
+
+def triton_ptxas_log(ptx: str, target, metadata):
+    """The ``ptxas -v`` log of assembling ``ptx`` exactly as Triton did for a kernel whose metadata is
+    ``metadata`` (Triton's own ``make_cubin`` with the kernel's options: the same ptxas arguments), or None when
+    this Triton's backend cannot be driven that way."""
+    import dataclasses
+    from triton.backends.nvidia.compiler import CUDAOptions
+    from triton.compiler.compiler import make_backend
+    md = metadata._asdict() if hasattr(metadata, "_asdict") else dict(vars(metadata))
+    fields = {f.name for f in dataclasses.fields(CUDAOptions)} - {"extern_libs", "arch"}
+    try:
+        backend = make_backend(target)
+        opts = backend.parse_options({k: v for k, v in md.items() if k in fields})
+        with ptxas_log() as logs:
+            backend.make_cubin(ptx, {}, opts, target.arch)
+    except (TypeError, ValueError, AttributeError, KeyError):
+        return None
+    return logs[0] if len(logs) == 1 else None
+
+
 def divisibility_attr(n=16):
     return [["tt.divisibility", n]]
 
