@@ -270,23 +270,17 @@ def ptxas_log():
             sys.stdout = out
 
 
-def triton_ptxas_log(ptx: str, target, metadata):
-    """The ``ptxas -v`` log of assembling ``ptx`` exactly as Triton did for a kernel whose metadata is
-    ``metadata`` (Triton's own ``make_cubin`` with the kernel's options: the same ptxas arguments), or None when
-    this Triton's backend cannot be driven that way."""
-    import dataclasses
-    from triton.backends.nvidia.compiler import CUDAOptions
-    from triton.compiler.compiler import make_backend
-    md = metadata._asdict() if hasattr(metadata, "_asdict") else dict(vars(metadata))
-    fields = {f.name for f in dataclasses.fields(CUDAOptions)} - {"extern_libs", "arch"}
-    try:
-        backend = make_backend(target)
-        opts = backend.parse_options({k: v for k, v in md.items() if k in fields})
-        with ptxas_log() as logs:
-            backend.make_cubin(ptx, {}, opts, target.arch)
-    except (TypeError, ValueError, AttributeError, KeyError):
-        return None
-    return logs[0] if len(logs) == 1 else None
+def ptxas_run_is_plain(metadata) -> bool:
+    """Whether the ptxas run that Triton made for a kernel with ``metadata`` gives the numbers of ``ptxas -v
+    --gpu-name=ARCH`` on its PTX alone (:func:`ditron.compiler.ptxas_usage`).  Triton 3.6 adds ``-lineinfo``
+    (line tables; the allocation is the same: checked on every kernel of the suite), and ``--fmad=false`` /
+    ``ptx_options`` / ``--opt-level 0`` when asked (not plain).  Triton 3.9 adds ``--regAllocOptLevel=2`` to
+    every run, which allocates differently (up to ~200 more bytes of spills on the decoder's steps): not plain."""
+    if TRITON_VERSION[:2] != (3, 6) or metadata is None:
+        return False
+    knobs = getattr(triton.knobs, "nvidia", None)
+    return (getattr(metadata, "enable_fp_fusion", None) is True and not getattr(metadata, "ptx_options", None)
+            and not getattr(knobs, "disable_ptxas_opt", True))
 
 
 def divisibility_attr(n=16):

@@ -41,21 +41,16 @@ class CompiledKernel:
 
     def usage(self) -> dict:
         """Resources of an NVIDIA kernel without a GPU: ``{"registers", "spill_stores", "spill_loads", "stack",
-        "shared"}`` (registers per thread and bytes per thread from the ``ptxas -v`` log of the ptxas run that wrote
-        this cubin, as the driver reports ``n_regs`` / ``n_spills`` when it loads the kernel; ``shared``: bytes per
-        program, Triton's metadata)."""
+        "shared"}`` (registers per thread and bytes per thread from ``ptxas -v`` on the PTX, as the driver reports
+        ``n_regs`` / ``n_spills`` when it loads the kernel; ``shared``: bytes per program, Triton's metadata)."""
         if "ptx" not in self.asm:
             raise DitronCompileError(f"{self.name}: usage() needs an NVIDIA target (PTX), not {self.target.name}")
-        # the numbers of Triton's own ptxas -v run that wrote this cubin (kept by ditron.compile, keyed by the
-        # cubin), else read from the cubin when it has no stack frame (then nothing spills), else Triton's ptxas
-        # run again (its arguments: Triton >= 3.9 adds --regAllocOptLevel=2, which changes the spills)
-        use = recorded_usage(self.asm.get("cubin")) or cubin_usage(self.asm.get("cubin"),
-                                                                    getattr(self.metadata, "name", None))
-        if use is None and self.metadata is not None:
-            log = _compat.triton_ptxas_log(self.asm["ptx"], self.target.to_triton(), self.metadata)
-            use = parse_ptxas_log(log) if log else None
-            if use is not None:
-                record_usage(self.asm.get("cubin"), log)
+        use = None
+        if _compat.ptxas_run_is_plain(self.metadata):
+            # Triton's own ptxas -v run gave these numbers when it wrote this cubin (ditron.compile keeps them,
+            # named by the cubin), or the cubin tells them (no stack frame: nothing spills): no second ptxas run
+            cubin = self.asm.get("cubin")
+            use = recorded_usage(cubin) or cubin_usage(cubin, getattr(self.metadata, "name", None))
         if use is None:
             use = ptxas_usage(self.asm["ptx"], self.target.name if self.target.name.startswith("sm_") else "sm_90a")
         use["shared"] = int(getattr(self.metadata, "shared", 0) or 0)
@@ -307,7 +302,7 @@ def compile(kernel, target="sm_90a", signature=None, constexprs=None, attrs=None
 
     with _compat.ptxas_log() as logs:
         ck, module = compile_with_libraries(once, tgt, needs, extern_libs)
-    if len(logs) == 1 and "cubin" in ck.asm:
+    if len(logs) == 1 and "cubin" in ck.asm and _compat.ptxas_run_is_plain(getattr(ck, "metadata", None)):
         record_usage(ck.asm["cubin"], logs[0])
     asm = dict(ck.asm)
     asm["dist_ir"] = module.text()
