@@ -273,7 +273,7 @@ def ptxas_log():
 def ptxas_run_is_plain(metadata) -> bool:
     """Whether the ptxas run that Triton made for a kernel with ``metadata`` gives the numbers of ``ptxas -v
     --gpu-name=ARCH`` on its PTX alone (:func:`ditron.compiler.ptxas_usage`).  Triton 3.6 adds ``-lineinfo``
-    (line tables; the allocation is the same: checked on every kernel of the suite), and ``--fmad=false`` /
+    (line tables; the allocation is the same: checked on every kernel whose usage() the tests ask for), and ``--fmad=false`` /
     ``ptx_options`` / ``--opt-level 0`` when asked (not plain).  Triton 3.9 adds ``--regAllocOptLevel=2`` to
     every run, which allocates differently (up to ~200 more bytes of spills on the decoder's steps): not plain."""
     if TRITON_VERSION[:2] != (3, 6) or metadata is None:

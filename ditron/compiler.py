@@ -133,10 +133,10 @@ def parse_ptxas_log(log: str):
     (its first "bytes stack frame" line and its "Used N registers" line), or None."""
     import re
     m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    r = re.findall(r"Used (\d+) registers", log)
-    if not (m and len(r) == 1):
+    r = re.search(r"Used (\d+) registers", log)
+    if not (m and r):
         return None
-    return {"registers": int(r[0]), "spill_stores": int(m.group(2)), "spill_loads": int(m.group(3)),
+    return {"registers": int(r.group(1)), "spill_stores": int(m.group(2)), "spill_loads": int(m.group(3)),
             "stack": int(m.group(1))}
 
 
