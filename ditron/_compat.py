@@ -231,6 +231,58 @@ def always_compile():
         knobs.always_compile = old
 
 
+@contextlib.contextmanager
+def ptxas_log():
+    """Collect the ``ptxas -v`` logs of the cubins Triton assembles inside the block: Triton runs ptxas with
+    ``-v`` and prints the log (one ``print``) when ``knobs.nvidia.dump_ptxas_log`` is on.  Yields a list that gets
+    each log's text (none when the backend stages came from Triton's cache, or this Triton has no such knob).
+    Whatever else is printed goes on to ``sys.stdout``, the logs too when the user had turned the knob on."""
+    import re
+    import sys
+    knobs = getattr(triton.knobs, "nvidia", None)
+    logs = []
+    if knobs is None or not hasattr(knobs, "dump_ptxas_log"):
+        yield logs
+        return
+    old, out = knobs.dump_ptxas_log, sys.stdout
+
+    class Tee:
+        def write(self, s):
+            after_log, self.last_was_log = self.last_was_log, re.match(r"ptxas[\w-]* ", s) is not None
+            if self.last_was_log:
+                logs.append(s)
+                return out.write(s) if old else len(s)
+            if s == "\n" and after_log and not old:
+                return 1                           # the newline print() writes after the log
+            return out.write(s)
+
+        def __getattr__(self, name):
+            return getattr(out, name)
+
+    tee = Tee()
+    tee.last_was_log = False
+    knobs.dump_ptxas_log, sys.stdout = True, tee
+    try:
+        yield logs
+    finally:
+        knobs.dump_ptxas_log = old
+        if sys.stdout is tee:
+            sys.stdout = out
+
+
+def ptxas_run_is_plain(metadata) -> bool:
+    """Whether the ptxas run that Triton made for a kernel with ``metadata`` gives the numbers of ``ptxas -v
+    --gpu-name=ARCH`` on its PTX alone (:func:`ditron.compiler.ptxas_usage`).  Triton 3.6 adds ``-lineinfo``
+    (line tables; the allocation is the same: checked on every kernel whose usage() the tests ask for), and ``--fmad=false`` /
+    ``ptx_options`` / ``--opt-level 0`` when asked (not plain).  Triton 3.9 adds ``--regAllocOptLevel=2`` to
+    every run, which allocates differently (up to ~200 more bytes of spills on the decoder's steps): not plain."""
+    if TRITON_VERSION[:2] != (3, 6) or metadata is None:
+        return False
+    knobs = getattr(triton.knobs, "nvidia", None)
+    return (getattr(metadata, "enable_fp_fusion", None) is True and not getattr(metadata, "ptx_options", None)
+            and not getattr(knobs, "disable_ptxas_opt", True))
+
+
 def divisibility_attr(n=16):
     return [["tt.divisibility", n]]
 

@@ -45,15 +45,74 @@ class CompiledKernel:
         ``n_regs`` / ``n_spills`` when it loads the kernel; ``shared``: bytes per program, Triton's metadata)."""
         if "ptx" not in self.asm:
             raise DitronCompileError(f"{self.name}: usage() needs an NVIDIA target (PTX), not {self.target.name}")
-        use = ptxas_usage(self.asm["ptx"], self.target.name if self.target.name.startswith("sm_") else "sm_90a")
+        use = None
+        if _compat.ptxas_run_is_plain(self.metadata):
+            # Triton's own ptxas -v run gave these numbers when it wrote this cubin (ditron.compile keeps them,
+            # named by the cubin), or the cubin tells them (no stack frame: nothing spills): no second ptxas run
+            cubin = self.asm.get("cubin")
+            use = recorded_usage(cubin) or cubin_usage(cubin, getattr(self.metadata, "name", None))
+        if use is None:
+            use = ptxas_usage(self.asm["ptx"], self.target.name if self.target.name.startswith("sm_") else "sm_90a")
         use["shared"] = int(getattr(self.metadata, "shared", 0) or 0)
         return use
+
+
+_EIATTR_FRAME_SIZE, _EIATTR_REGCOUNT = 0x11, 0x2F
+
+
+def cubin_usage(cubin, kernel: str = None):
+    """:func:`ptxas_usage` read from a cubin (an ELF file) when it can be read there exactly, else None: the
+    register count of ``kernel`` (``EIATTR_REGCOUNT`` of its symbol in ``.nv.info``, what ``ptxas -v`` prints as
+    "Used N registers") when no function of the cubin has a stack frame (``EIATTR_FRAME_SIZE``), so that
+    nothing spills (spills go to the stack frame) and ``ptxas -v`` would print "0 bytes stack frame, 0 bytes
+    spill stores, 0 bytes spill loads"."""
+    import struct
+    if not isinstance(cubin, (bytes, bytearray)) or not kernel or cubin[:6] != b"\x7fELF\x02\x01":
+        return None
+    try:
+        shoff, = struct.unpack_from("<Q", cubin, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+        sections = []
+        for i in range(shnum):
+            name, typ, _, _, off, size, link, _, _, _ = struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)
+            sections.append((name, typ, off, size, link))
+        strtab = sections[shstrndx]
+        names = [cubin[strtab[2] + s[0]:cubin.index(b"\0", strtab[2] + s[0])].decode() for s in sections]
+        info = [s for s, n in zip(sections, names) if n == ".nv.info"]
+        symtab = [s for s, n in zip(sections, names) if n == ".symtab"]
+        if len(info) != 1 or len(symtab) != 1:
+            return None
+        _, _, off, size, link = symtab[0]
+        sym_strtab = sections[link][2]
+        symbols = {}
+        for j in range(size // 24):
+            st_name, = struct.unpack_from("<I", cubin, off + 24 * j)
+            symbols[j] = cubin[sym_strtab + st_name:cubin.index(b"\0", sym_strtab + st_name)].decode()
+        regs, frames = {}, []
+        _, _, off, size, _ = info[0]
+        pos, end = off, off + size
+        while pos + 4 <= end:
+            fmt, attr, val = struct.unpack_from("<BBH", cubin, pos)
+            pos += 4
+            if fmt != 0x04:              # EIFMT_NVAL / BVAL / HVAL: the value is in the header
+                continue
+            if attr in (_EIATTR_FRAME_SIZE, _EIATTR_REGCOUNT) and val == 8:
+                sym, value = struct.unpack_from("<II", cubin, pos)
+                if attr == _EIATTR_REGCOUNT:
+                    regs[symbols.get(sym)] = value
+                else:
+                    frames.append(value)
+            pos += val
+    except (struct.error, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    if kernel not in regs or any(frames):
+        return None
+    return {"registers": regs[kernel], "spill_stores": 0, "spill_loads": 0, "stack": 0}
 
 
 def ptxas_usage(ptx: str, arch: str = "sm_90a") -> dict:
     """``{"registers", "spill_stores", "spill_loads", "stack"}`` (bytes per thread) of ``ptx`` by Triton's bundled
     ``ptxas -v`` (no GPU needed)."""
-    import re
     import subprocess
     import tempfile
 
@@ -63,12 +122,62 @@ def ptxas_usage(ptx: str, arch: str = "sm_90a") -> dict:
             f.write(ptx)
         log = subprocess.run([get_ptxas(90).path, "-v", f"--gpu-name={arch}", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
                              capture_output=True, text=True, check=True).stderr
+    use = parse_ptxas_log(log)
+    if use is None:
+        raise DitronCompileError(f"ptxas -v gave no register / spill line:\n{log}")
+    return use
+
+
+def parse_ptxas_log(log: str):
+    """``{"registers", "spill_stores", "spill_loads", "stack"}`` from a ``ptxas -v`` log of one entry function
+    (its first "bytes stack frame" line and its "Used N registers" line), or None."""
+    import re
     m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
     r = re.search(r"Used (\d+) registers", log)
     if not (m and r):
-        raise DitronCompileError(f"ptxas -v gave no register / spill line:\n{log}")
+        return None
     return {"registers": int(r.group(1)), "spill_stores": int(m.group(2)), "spill_loads": int(m.group(3)),
             "stack": int(m.group(1))}
+
+
+def _usage_path(cubin: bytes) -> str:
+    return os.path.join(_compat.ditron_cache_dir(), "ptxas-usage", hashlib.sha256(cubin).hexdigest() + ".json")
+
+
+def record_usage(cubin, log: str):
+    """Keep the numbers of the ``ptxas -v`` log that Triton's ptxas printed when it wrote ``cubin`` (under
+    ``DITRON_CACHE_DIR``, named by the cubin's digest), for :meth:`CompiledKernel.usage`; a kernel that later comes
+    from Triton's cache has the same cubin."""
+    import json
+    import tempfile
+    use = parse_ptxas_log(log) if isinstance(cubin, (bytes, bytearray)) else None
+    if use is None:
+        return
+    path = _usage_path(cubin)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(use, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass                            # a cache that cannot be written: usage() runs ptxas -v instead
+
+
+def recorded_usage(cubin):
+    """What :func:`record_usage` kept for ``cubin``, or None."""
+    import json
+    if not isinstance(cubin, (bytes, bytearray)):
+        return None
+    try:
+        with open(_usage_path(cubin)) as f:
+            use = json.load(f)
+    except (OSError, ValueError):
+        return None
+    keys = ("registers", "spill_stores", "spill_loads", "stack")
+    if not (isinstance(use, dict) and all(isinstance(use.get(k), int) for k in keys)):
+        return None
+    return {k: use[k] for k in keys}
 
 
 def _as_jit_function(kernel):
@@ -191,7 +300,10 @@ def compile(kernel, target="sm_90a", signature=None, constexprs=None, attrs=None
         ck = _compat.compile_front_end(src, tgt.to_triton(), opts, front, _cache_key(front.text))
         return ck, module
 
-    ck, module = compile_with_libraries(once, tgt, needs, extern_libs)
+    with _compat.ptxas_log() as logs:
+        ck, module = compile_with_libraries(once, tgt, needs, extern_libs)
+    if len(logs) == 1 and "cubin" in ck.asm and _compat.ptxas_run_is_plain(getattr(ck, "metadata", None)):
+        record_usage(ck.asm["cubin"], logs[0])
     asm = dict(ck.asm)
     asm["dist_ir"] = module.text()
     from . import lint

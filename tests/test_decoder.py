@@ -2,6 +2,7 @@
 functions against torch at small odd shapes, the torch reference's TP split,
 and the whole step as one persistent megakernel on simulated ranks (on GPUs
 under torchrun) against the reference."""
+import os
 import re
 
 import pytest
@@ -317,12 +318,51 @@ def test_decoder_batch_gemv_does_not_spill():
     try:
         for fuse in (None, True):
             ck, c = B.gemv_branches_compiled(world, 16, "sm_90a", fuse_norm=fuse, direct_tp1=False)
-            use = B.ptxas_usage(ck.asm["ptx"])
+            use = ck.usage()
             assert c["DOT"] and c["BLOCK_B"] == 16, c
             assert "mma.sync" in ck.asm["ptx"], "the batch path's GEMV accumulates on the tensor cores"
             assert use["spill_stores"] <= 128 and use["spill_loads"] <= 128, (fuse, c, use)
     finally:
         ditron.finalize()
+
+
+def test_usage_without_a_second_ptxas_run(tmp_path, monkeypatch, capsys):
+    # CompiledKernel.usage() (the register / spill checks of these files) equals ptxas -v on the PTX, for a kernel
+    # that spills and one that does not.  Where Triton's own ptxas run is plain ptxas -v (Triton 3.6: it only adds
+    # -lineinfo), the numbers come from that run's log (ditron.compile keeps them, named by the cubin) or, for a
+    # cubin with no stack frame, from the cubin itself, not from a second ptxas run
+    import ditron
+    from ditron import _compat
+    from ditron import compiler as C
+    import triton.language as tl
+
+    @ditron.jit
+    def spills(x_ptr, o_ptr, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        a = tl.load(x_ptr + i)
+        b = tl.exp(a) * tl.sum(a * a, 0)
+        tl.store(o_ptr + i, tl.cumsum(b, 0) + a * tl.max(b, 0))
+
+    monkeypatch.setenv("DITRON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DITRON_COMPILE_CACHE", "0")        # Triton's ptxas runs (no cached cubin): its log is kept
+    sig = {"x_ptr": "*fp32", "o_ptr": "*fp32"}
+    for block, opts, spill in ((1024, {"maxnreg": 32}, True), (128, {}, False)):
+        ck = ditron.compile(spills, target="sm_90a", signature=sig, constexprs={"BLOCK": block}, num_warps=1, **opts)
+        plain = C.ptxas_usage(ck.asm["ptx"])
+        assert (plain["spill_stores"] > 0) == spill and (plain["stack"] > 0) == spill, plain
+        assert {k: v for k, v in ck.usage().items() if k != "shared"} == plain
+        kept = C.recorded_usage(ck.asm["cubin"])
+        if not _compat.ptxas_run_is_plain(ck.metadata):
+            assert _compat.TRITON_VERSION[:2] != (3, 6) and kept is None
+            continue
+        assert not _compat.ptxas_run_is_plain(ck.metadata._replace(enable_fp_fusion=False))   # --fmad=false
+        assert kept == plain
+        assert C.cubin_usage(ck.asm["cubin"], ck.metadata.name) == (None if spill else plain)
+        os.remove(C._usage_path(ck.asm["cubin"]))       # as if the cubin had come from Triton's cache
+        assert {k: v for k, v in ck.usage().items() if k != "shared"} == plain
+    with _compat.ptxas_log() as logs:                     # what else is printed meanwhile still reaches stdout
+        print("not a ptxas log")
+    assert logs == [] and capsys.readouterr().out == "not a ptxas log\n"
 
 
 def test_decoder_gemv_stream_registers():
