@@ -219,16 +219,29 @@ def compile_front_end(src, target, options, front: FrontEnd, key: str):
 
 
 @contextlib.contextmanager
+def _knob(group, name, value):
+    """Set the Triton knob ``group.name`` to ``value`` inside the block, then restore it and leave the process
+    environment as it was: Triton 3.9's knobs write their ``TRITON_*`` variable into ``os.environ`` when set
+    (a later ``ditron sim`` job would inherit it; its zygote then declines the job).  Yields the old value."""
+    import os
+    before = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
+    old = getattr(group, name)
+    setattr(group, name, value)
+    try:
+        yield old
+    finally:
+        setattr(group, name, old)
+        for k in [k for k in os.environ if k.startswith("TRITON_") and k not in before]:
+            del os.environ[k]
+        os.environ.update(before)
+
+
+@contextlib.contextmanager
 def always_compile():
     """Bypass Triton's on-disk cache (the front end must run to record the
     distributed IR)."""
-    knobs = triton.knobs.compilation
-    old = knobs.always_compile
-    knobs.always_compile = True
-    try:
+    with _knob(triton.knobs.compilation, "always_compile", True):
         yield
-    finally:
-        knobs.always_compile = old
 
 
 @contextlib.contextmanager
@@ -261,13 +274,13 @@ def ptxas_log():
 
     tee = Tee()
     tee.last_was_log = False
-    knobs.dump_ptxas_log, sys.stdout = True, tee
-    try:
-        yield logs
-    finally:
-        knobs.dump_ptxas_log = old
-        if sys.stdout is tee:
-            sys.stdout = out
+    with _knob(knobs, "dump_ptxas_log", True):
+        sys.stdout = tee
+        try:
+            yield logs
+        finally:
+            if sys.stdout is tee:
+                sys.stdout = out
 
 
 def ptxas_run_is_plain(metadata) -> bool:

@@ -100,3 +100,20 @@ def test_lint_findings_on_a_hit(backend_runs):
         found.append([(f.rule, f.line) for f in ck.lint])
     assert backend_runs == [("relaxed_flag_producer", False), ("relaxed_flag_producer", True)]
     assert found[0] == found[1] and found[0][0][0] == "relaxed-signal"
+
+
+def test_triton_knobs_leave_the_environment_as_it_was(monkeypatch):
+    """ditron sets Triton knobs around a compile (always_compile, the ptxas log); Triton 3.9's knobs write their
+    TRITON_* variable into os.environ when set, and a ditron sim job started later inherits the environment
+    (its zygote declines a job whose environment differs). Set or unset before, each variable is as it was after."""
+    import os
+    from ditron import _compat
+    monkeypatch.delenv("TRITON_ALWAYS_COMPILE", raising=False)
+    monkeypatch.setenv("TRITON_DUMP_PTXAS_LOG", "0")
+    before = {k: v for k, v in os.environ.items() if k.startswith("TRITON_")}
+    with _compat.always_compile():
+        assert triton.knobs.compilation.always_compile is True
+    with _compat.ptxas_log():
+        pass
+    assert {k: v for k, v in os.environ.items() if k.startswith("TRITON_")} == before
+    assert triton.knobs.compilation.always_compile is False
