@@ -79,6 +79,14 @@
 #   as256        batch 8, 16 at context 4096: 256-position splits (each attention tile's pipelined K/V loop runs 4
 #                iterations of 64 positions instead of 2; half the tiles and combine partials)
 #   trace        batch 1 and 8, ctx 512, with a traced build: time per kind of task
+#   (branch mk8: batch 1 at 1.32-1.36x the HBM limit on the H200; the critical path's tile of each GEMV phase ran
+#   10-25% longer than the phase's mean tile, bench/results/h200-2026-11-27-critical-path.md)
+#   base1b       base1 again (last in a run: the machine's drift)
+#   sw1          batch 1: the prenorm GEMV tiles (qkv, o, gate/up, down) wait on their producers inside their K loop,
+#                per chunk, 3 chunks ahead of the chunk (TileConfig.stream_wait; the first 3 chunks' producers before
+#                the loop), instead of on all producers before the tile: the weights stream while the producer
+#                phase's last tiles finish; sw2 / sw4: per 2 / 4 chunks; sw1gd: only gate/up and down (16 and 12
+#                chunks a tile; qkv / o have 4); sw1tr: sw1 at 512, traced (the critical path table)
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
 #   base4k       today's defaults at context 4096, batch 1 and 8 (the baseline of the levers below, same run)
 #   trace4k      batch 8 at context 4096, traced: time per kind of task
@@ -181,6 +189,12 @@ ALL=(                      # name|timeout s|cases|flags
   "attn|80|--ctx 512,4096 --batch 1,8|--attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
   "attntr|80|--ctx 4096 --batch 8|--trace --attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
   "trace|80|--ctx 512 --batch 1,8|--trace"
+  "base1b|70|--ctx 512,4096 --batch 1|"
+  "sw1|70|--ctx 512,4096 --batch 1|--stream-wait 1"
+  "sw2|70|--ctx 512,4096 --batch 1|--stream-wait 2"
+  "sw4|70|--ctx 512,4096 --batch 1|--stream-wait 4"
+  "sw1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-projs gate_up,down"
+  "sw1tr|80|--ctx 512 --batch 1|--stream-wait 1 --trace"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
 status=0

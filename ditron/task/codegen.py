@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .. import _compat
-from .common import EPOCH, MAX_SCALARS, _is_tensor
+from .common import EPOCH, MAX_SCALARS, TASK_SLOTS, _is_tensor
 
 #: int32 words per work item in the item table: its branch and tile, its scoreboard slot, its first dependency
 #: range inline (first slot, count), the rest in the dependency table (rows dep_lo .. dep_hi), up to 4 scalars,
@@ -78,6 +78,8 @@ def _branch_key(task):
             parts.append((k, "tensor", v.data_ptr(), str(v.dtype), str(v.device)))
         elif v is EPOCH:
             parts.append((k, "epoch"))
+        elif v is TASK_SLOTS:
+            parts.append((k, "task_slots"))
         else:
             parts.append((k, type(v).__name__, v))
     parts.append(tuple(task.scalars))
@@ -131,6 +133,8 @@ def generate(graph, dynamic: bool, trace: bool = False) -> Generated:
             v = task.args[p]
             if v is EPOCH:
                 exprs[p] = "epoch"
+            elif v is TASK_SLOTS:
+                exprs[p] = "slots_ptr + (slot - tile)"
             elif _is_tensor(v):
                 tk = (v.data_ptr(), str(v.dtype), str(v.device))
                 if tk not in tensors:

@@ -127,10 +127,10 @@ class Megakernel:
         """The item rows (topological order) and the dependency table: independent of the grid."""
         import torch
         rows, dep_rows = [], []
-        self._waits = []                       # per item: [(first slot, count)]
+        self._waits = []                       # per item: [(first slot, count)] it depends on (declared)
         for it in self.items:
-            ranges = it.task.tile_ranges(it.tile)
-            self._waits.append(ranges)
+            self._waits.append(it.task.tile_ranges(it.tile))
+            ranges = it.task.wait_ranges(it.tile)  # ... of which the megakernel waits on (not Dep(inner=True))
             sc = list(it.task.scalars.values()) + [0] * (4 - len(it.task.scalars))
             slot = self.sink_slot if it.index == self._planted else it.slot
             first, rest = (ranges[0], ranges[1:]) if ranges else ((0, 0), [])
