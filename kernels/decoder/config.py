@@ -135,8 +135,8 @@ class TileConfig:
       on per segment (``Dep(inner=True)``, :func:`~.tiles_gemv._gemv_acc`): its weights stream while the
       producer phase's last tiles finish, and the scoreboard wait of the later segments overlaps the stream (a
       lever of issue 26: the critical path's tile of each GEMV phase ran 10-25% longer than the phase's mean
-      tile); ``stream_wait_projs``: the projections it applies to (comma list of ``qkv``, ``o``, ``gate_up``,
-      ``down``).
+      tile); ``stream_wait_projs``: the projections it applies to (a list of ``qkv``, ``o``, ``gate_up``,
+      ``down`` separated by ``,`` or ``+``).
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
@@ -255,6 +255,10 @@ class TileConfig:
             return (batch <= self.fuse_upto or (self.prenorm_dot and self.dot_for(batch))) and self.down_split_k == 1
         return bool(self.prenorm)
 
+    def wait_projs(self) -> list:
+        """``stream_wait_projs`` as a list (separated by ``,`` or ``+``)."""
+        return [p.strip() for p in self.stream_wait_projs.replace("+", ",").split(",") if p.strip()]
+
     def stream_for(self, batch: int) -> int:
         """The GEMV tiles' ``STREAM`` constexpr at this batch size: 0 (weights double-buffered in registers) or the
         software pipeline's ``num_stages`` (weights streamed by ``cp.async`` into shared memory)."""
@@ -293,7 +297,7 @@ class TileConfig:
                                   + (" >= 8 (2 x gu_wdot rows: 16 per MMA)" if name == "gu_wdot" else " >= 2"))
         if self.stream_wait < 0:
             raise DitronError(f"TileConfig.stream_wait={self.stream_wait}: must be 0 (off) or K chunks per segment")
-        bad = [p for p in self.stream_wait_projs.split(",") if p not in ("qkv", "o", "gate_up", "down")]
+        bad = [p for p in self.wait_projs() if p not in ("qkv", "o", "gate_up", "down")]
         if bad:
             raise DitronError(f"TileConfig.stream_wait_projs={self.stream_wait_projs!r}: unknown projection(s) {bad} "
                               "(a comma list of qkv, o, gate_up, down)")

@@ -324,7 +324,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     def stream_wait(proj, fn, plain, producer, pn, deps, args, scalars):
         """TileConfig.stream_wait: the plain streamed prenorm GEMV ``plain`` over ``producer``'s output (``pn``
         columns per producer tile) waits on it inside its K loop (Dep(inner=True)); returns (fn, deps)."""
-        on = tc.stream_wait and fn is plain and proj in tc.stream_wait_projs.split(",") and args["STREAM"] > 0
+        on = tc.stream_wait and fn is plain and proj in tc.wait_projs() and args["STREAM"] > 0
         if not on:
             return fn, deps
         import ditron.task as dtask
@@ -601,6 +601,14 @@ def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
     return tasks
 
 
+def check_target(cfg: DecoderConfig, target: str):
+    """Clear errors before compiling for ``target`` (``"sm_90a"``, ``"gfx942"``, ...): ``TileConfig.stream_wait``
+    is NVIDIA-only (AMD's stream pipeliner cannot predicate the scoreboard wait inside the pipelined K loop)."""
+    if cfg.tiles.stream_wait and target.startswith("gfx"):
+        raise DitronError(f"TileConfig.stream_wait={cfg.tiles.stream_wait}: the in-loop scoreboard waits are NVIDIA-only "
+                          f"(on {target} Triton's stream pipeliner cannot predicate them); use stream_wait=0")
+
+
 def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, world_size: int, batch: int, ctx,
                      scheduler="round_robin", num_programs=None, buffers: Optional[Buffers] = None,
                      all_reduce=None, name="decoder", **compile_kw) -> DecoderMegakernel:
@@ -610,6 +618,8 @@ def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, wo
     if not isinstance(cache, PagedKV):
         raise DitronError(f"build_megakernel: cache must be a PagedKV (k, v, block_table), got {type(cache).__name__}")
     check_cache(cfg, world_size, cache, batch)
+    if getattr(torch.version, "hip", None) and cache.k.is_cuda:
+        check_target(cfg, "gfx")
     buf = buffers or make_buffers(cfg, world_size, batch, cache.max_ctx, ctx, cache.k.device)
     specs = decoder_tasks(cfg, world_size, weights, cache, buf)
     g = dtask.TaskGraph(name)
