@@ -86,7 +86,10 @@
 #                per chunk, 3 chunks ahead of the chunk (TileConfig.stream_wait; the first 3 chunks' producers before
 #                the loop), instead of on all producers before the tile: the weights stream while the producer
 #                phase's last tiles finish; sw2 / sw4: per 2 / 4 chunks; sw1gd: only gate/up and down (16 and 12
-#                chunks a tile; qkv / o have 4); sw1tr: sw1 at 512, traced (the critical path table)
+#                chunks a tile; qkv / o have 4); sw1tr: sw1 at 512, traced (the critical path table); sw1pf: sw1 +
+#                each GEMV tile's first 512 columns prefetched into L2 at its start (before its first in-loop wait:
+#                a program idle in the producer phase starts its weights); sw1b8: batch 8 with the flag (no effect
+#                by construction: the tl.dot path; tests/test_decoder_regs.py checks the kernel is the same)
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
 #   base4k       today's defaults at context 4096, batch 1 and 8 (the baseline of the levers below, same run)
 #   trace4k      batch 8 at context 4096, traced: time per kind of task
@@ -195,6 +198,8 @@ ALL=(                      # name|timeout s|cases|flags
   "sw4|70|--ctx 512,4096 --batch 1|--stream-wait 4"
   "sw1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-projs gate_up,down"
   "sw1tr|80|--ctx 512 --batch 1|--stream-wait 1 --trace"
+  "sw1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --prefetch-k 512"
+  "sw1b8|60|--ctx 512,4096 --batch 8|--stream-wait 1"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
 status=0
