@@ -12,14 +12,15 @@ from ditron.errors import DitronError
 def _sw_cfg(seg, projs="qkv,o,gate_up,down", ranks=1):
     from ditron.kernels.decoder import tiny
     return tiny(**(dict(n_q_heads=6, n_kv_heads=3) if ranks == 3 else {})).with_tiles(
-        gemv_stream=True, direct_tp1=True, prenorm=True, stream_wait=seg, stream_wait_projs=projs)
+        gemv_stream=True, direct_tp1=True, prenorm=True, stream_wait=seg, stream_wait_projs=projs, gemv_block_k=8)
 
 
 @pytest.mark.parametrize("ranks,seg,batch", [(1, 1, 1), (1, 2, 1), (2, 1, 1), (3, 1, 2)])
 def test_stream_wait_step_matches_reference(dist_world, ranks, seg, batch):
-    # tiny: K chunks of 32 over qkv / gate-up (K 64: 2 chunks, 2 producer tiles of 16 each), o (K 64 over 4 comb
-    # heads of 16) and down (K 96 over 6 gate/up tiles of 16: 3 chunks); seg 1 waits per chunk, 2 per two chunks
-    # (down's last segment is one chunk); ragged contexts at batch 2 (o keeps its upfront wait there)
+    # tiny with K chunks of 8: qkv / gate-up / o over K 64 (8 chunks; producer tiles of 16 columns: o / down
+    # tiles, comb heads), down over K 96 (12 chunks; gate/up tiles of 16): the first 3 chunks' producers (stream
+    # stages) before the loop, the others inside it; seg 1 waits per chunk, 2 per two chunks (a producer tile spans
+    # two chunks); ragged contexts at batch 2 (o keeps its upfront wait there: comb tiles are per sequence)
     cfg = _sw_cfg(seg, ranks=ranks)
     errs = dist_world(ranks).run(B.decoder_steps, steps=2, B=batch, ctx=[33, 5][:batch], cfg=cfg)
     assert len(errs) == ranks and all(len(e) == 2 for e in errs)
