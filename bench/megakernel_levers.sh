@@ -90,6 +90,10 @@
 #                each GEMV tile's first 512 columns prefetched into L2 at its start (before its first in-loop wait:
 #                a program idle in the producer phase starts its weights); sw1b8: batch 8 with the flag (no effect
 #                by construction: the tl.dot path; tests/test_decoder_regs.py checks the kernel is the same)
+#   swx1         sw1 with --stream-wait-exact: each chunk waits on its own producers, the activations are loaded by
+#                dl.ld outside the software pipeline, so the pipeline's first weight chunks are requested before any
+#                wait (weights into shared memory before the wait; no registers held); swx4 / swx1gd / swx1pf /
+#                swx1tr: as sw4 / sw1gd / sw1pf / sw1tr
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
 #   base4k       today's defaults at context 4096, batch 1 and 8 (the baseline of the levers below, same run)
 #   trace4k      batch 8 at context 4096, traced: time per kind of task
@@ -200,6 +204,11 @@ ALL=(                      # name|timeout s|cases|flags
   "sw1tr|80|--ctx 512 --batch 1|--stream-wait 1 --trace"
   "sw1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --prefetch-k 512"
   "sw1b8|60|--ctx 512,4096 --batch 8|--stream-wait 1"
+  "swx1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact"
+  "swx4|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-exact"
+  "swx1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-projs gate_up,down"
+  "swx1tr|80|--ctx 512 --batch 1|--stream-wait 1 --stream-wait-exact --trace"
+  "swx1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --prefetch-k 512"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
 status=0

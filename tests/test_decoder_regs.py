@@ -9,31 +9,35 @@ import bodies_decoder as B
 from ditron.errors import DitronError
 
 
-def _sw_cfg(seg, projs="qkv,o,gate_up,down", ranks=1):
+def _sw_cfg(seg, projs="qkv,o,gate_up,down", ranks=1, exact=False):
     from ditron.kernels.decoder import tiny
     return tiny(**(dict(n_q_heads=6, n_kv_heads=3) if ranks == 3 else {})).with_tiles(
-        gemv_stream=True, direct_tp1=True, prenorm=True, stream_wait=seg, stream_wait_projs=projs, gemv_block_k=8)
+        gemv_stream=True, direct_tp1=True, prenorm=True, stream_wait=seg, stream_wait_projs=projs, gemv_block_k=8,
+        stream_wait_exact=exact)
 
 
-@pytest.mark.parametrize("ranks,seg,batch", [(1, 1, 1), (1, 2, 1), (2, 1, 1), (3, 1, 2)])
-def test_stream_wait_step_matches_reference(dist_world, ranks, seg, batch):
+@pytest.mark.parametrize("ranks,seg,batch,exact", [(1, 1, 1, False), (1, 2, 1, True), (2, 1, 1, True),
+                                                   (3, 1, 2, False)])
+def test_stream_wait_step_matches_reference(dist_world, ranks, seg, batch, exact):
     # tiny with K chunks of 8: qkv / gate-up / o over K 64 (8 chunks; producer tiles of 16 columns: o / down
     # tiles, comb heads), down over K 96 (12 chunks; gate/up tiles of 16): the first 3 chunks' producers (stream
     # stages) before the loop, the others inside it; seg 1 waits per chunk, 2 per two chunks (a producer tile spans
-    # two chunks); ragged contexts at batch 2 (o keeps its upfront wait there: comb tiles are per sequence)
-    cfg = _sw_cfg(seg, ranks=ranks)
+    # two chunks); ragged contexts at batch 2 (o keeps its upfront wait there: comb tiles are per sequence); exact:
+    # each segment waited at its own chunk, the activations loaded outside the pipeline (stream_wait_exact)
+    cfg = _sw_cfg(seg, ranks=ranks, exact=exact)
     errs = dist_world(ranks).run(B.decoder_steps, steps=2, B=batch, ctx=[33, 5][:batch], cfg=cfg)
     assert len(errs) == ranks and all(len(e) == 2 for e in errs)
 
 
 @pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",
                     reason="simulator race finder")
-def test_stream_wait_is_race_free():
+@pytest.mark.parametrize("exact", [False, True])
+def test_stream_wait_is_race_free(exact):
     # every buffer on the symmetric heap: the race finder checks that each chunk's activation load comes after
     # the acquire of its producers' slots (the in-tile waits), and that the epilogues (hn / ss / resid written,
     # ss read) come after all of them, under random program interleavings
     from conftest import race_world
-    errs = race_world(1).run(B.decoder_steps_symmetric, steps=2, cfg=_sw_cfg(1))
+    errs = race_world(1).run(B.decoder_steps_symmetric, steps=2, cfg=_sw_cfg(1, exact=exact))
     assert len(errs) == 1 and len(errs[0]) == 2
 
 
@@ -87,9 +91,13 @@ def test_stream_wait_8b_compiles():
     ditron.init("sim")
     try:
         use = RZ.usage(cfg, 1)
+        ck = RZ.compile_step(cfg.with_tiles(stream_wait_exact=True), 1, kinds=("o", "gu"))
     finally:
         ditron.finalize()
     assert use["cp_async"] and use["resident_per_sm"] == 3, use
+    # stream_wait_exact: gate/up's activations by dl.ld (ld.relaxed per element), its weights still by cp.async
+    ptx = ck.asm["ptx"]
+    assert "ld.relaxed.gpu.global.b16" in ptx and "cp.async.cg.shared.global" in ptx
     # ptxas spills some loop-invariant addresses of the 168-register step (reloaded once per tile, none in the K
     # loops; 12-14 B without the lever, 80 B with it on Triton 3.6): a collapse (a GEMV loop spilling, e.g. 240 B
     # with 128-deep gate/up chunks) fails here

@@ -141,6 +141,8 @@ def _config(args):
         over["stream_wait"] = args.stream_wait
     if args.stream_wait_projs:
         over["stream_wait_projs"] = args.stream_wait_projs
+    if args.stream_wait_exact:
+        over["stream_wait_exact"] = True
     return cfg.with_tiles(**over) if over else cfg
 
 
@@ -380,6 +382,10 @@ def main(argv=None):
                         "weights stream while the last producers finish (0: off, the default)")
     p.add_argument("--stream-wait-projs", default="",
                    help="with --stream-wait: the projections it applies to (comma list of qkv, o, gate_up, down)")
+    p.add_argument("--stream-wait-exact", action="store_true",
+                   help="with --stream-wait: each segment waits at its own first chunk and the activations are "
+                        "loaded outside the software pipeline (the first weight chunks are requested before any "
+                        "wait) instead of pipelined activations and waits stream-stages chunks ahead")
     p.add_argument("--comm-block", type=int, default=0)
     p.add_argument("--num-warps", type=int, default=0)
     p.add_argument("--prefetch-k", type=int, default=0,

@@ -136,7 +136,9 @@ class TileConfig:
       producer phase's last tiles finish, and the scoreboard wait of the later segments overlaps the stream (a
       lever of issue 26: the critical path's tile of each GEMV phase ran 10-25% longer than the phase's mean
       tile); ``stream_wait_projs``: the projections it applies to (a list of ``qkv``, ``o``, ``gate_up``,
-      ``down`` separated by ``,`` or ``+``).
+      ``down`` separated by ``,`` or ``+``); ``stream_wait_exact``: each segment's wait at its own first chunk and
+      the activations loaded by ``dl.ld`` outside the software pipeline (only weights in it: the first chunks are
+      requested before any wait), instead of pipelined activations and waits ``stream_stages`` chunks ahead.
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
@@ -206,6 +208,7 @@ class TileConfig:
     prenorm_dot: bool = False
     stream_wait: int = 0
     stream_wait_projs: str = "qkv,o,gate_up,down"
+    stream_wait_exact: bool = False
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences

@@ -335,7 +335,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         # the producer's first scoreboard slot relative to this task's: the tiles of the specs registered from it on
         # (checked by register())
         off = -sum(s.num_tiles for s in specs[specs.index(ptask):])
-        args.update(task_slots=dtask.TASK_SLOTS, epoch=dtask.EPOCH, WAIT_OFF=off, WAIT_PN=pn, WAIT_SEG=tc.stream_wait)
+        args.update(task_slots=dtask.TASK_SLOTS, epoch=dtask.EPOCH, WAIT_OFF=off, WAIT_PN=pn, WAIT_SEG=tc.stream_wait,
+                    WAIT_EXACT=tc.stream_wait_exact)
         sw = {T.linear_resnorm_tile: TG.linear_resnorm_sw_tile, T.linear_rstd_tile: TG.linear_rstd_sw_tile,
               T.gate_up_rstd_tile: TG.gate_up_rstd_sw_tile}[plain]
         return sw, [(n, t, True) if n == producer else (n, t) for n, t in deps]
