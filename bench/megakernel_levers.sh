@@ -94,6 +94,9 @@
 #                dl.ld outside the software pipeline, so the pipeline's first weight chunks are requested before any
 #                wait (weights into shared memory before the wait; no registers held); swx4 / swx1gd / swx1pf /
 #                swx1tr: as sw4 / sw1gd / sw1pf / sw1tr
+#   swl1, swxl*  sw1 / swx* with --stream-wait-load: the in-loop waits poll with ld.acquire and no fence
+#                (fence.acq_rel.gpu is MEMBAR.ALL.GPU, which may wait for the thread's weight copies in flight: a
+#                drain of the pipeline per wait)
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
 #   base4k       today's defaults at context 4096, batch 1 and 8 (the baseline of the levers below, same run)
 #   trace4k      batch 8 at context 4096, traced: time per kind of task
@@ -209,6 +212,12 @@ ALL=(                      # name|timeout s|cases|flags
   "swx1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-projs gate_up,down"
   "swx1tr|80|--ctx 512 --batch 1|--stream-wait 1 --stream-wait-exact --trace"
   "swx1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --prefetch-k 512"
+  "swl1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load"
+  "swxl1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load"
+  "swxl4|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-exact --stream-wait-load"
+  "swxl1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --stream-wait-projs gate_up,down"
+  "swxl1tr|80|--ctx 512 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --trace"
+  "swxl1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --prefetch-k 512"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
 status=0

@@ -13,7 +13,7 @@ def _sw_cfg(seg, projs="qkv,o,gate_up,down", ranks=1, exact=False):
     from ditron.kernels.decoder import tiny
     return tiny(**(dict(n_q_heads=6, n_kv_heads=3) if ranks == 3 else {})).with_tiles(
         gemv_stream=True, direct_tp1=True, prenorm=True, stream_wait=seg, stream_wait_projs=projs, gemv_block_k=8,
-        stream_wait_exact=exact)
+        stream_wait_exact=exact, stream_wait_load=exact)
 
 
 @pytest.mark.parametrize("ranks,seg,batch,exact", [(1, 1, 1, False), (1, 2, 1, True), (2, 1, 1, True),
@@ -92,12 +92,17 @@ def test_stream_wait_8b_compiles():
     try:
         use = RZ.usage(cfg, 1)
         ck = RZ.compile_step(cfg.with_tiles(stream_wait_exact=True), 1, kinds=("o", "gu"))
+        ckl = RZ.compile_step(cfg.with_tiles(stream_wait_exact=True, stream_wait_load=True), 1, kinds=("o", "gu"))
     finally:
         ditron.finalize()
     assert use["cp_async"] and use["resident_per_sm"] == 3, use
     # stream_wait_exact: gate/up's activations by dl.ld (ld.relaxed per element), its weights still by cp.async
     ptx = ck.asm["ptx"]
     assert "ld.relaxed.gpu.global.b16" in ptx and "cp.async.cg.shared.global" in ptx
+    # stream_wait_load: gate/up's in-loop waits poll with ld.acquire and drop their fence (o's upfront wait keeps it)
+    ptxl = ckl.asm["ptx"]
+    assert "ld.acquire.gpu.global.b32" not in ptx and "ld.acquire.gpu.global.b32" in ptxl
+    assert ptxl.count("fence.acq_rel.gpu") < ptx.count("fence.acq_rel.gpu")
     # ptxas spills some loop-invariant addresses of the 168-register step (reloaded once per tile, none in the K
     # loops; 12-14 B without the lever, 80 B with it on Triton 3.6): a collapse (a GEMV loop spilling, e.g. 240 B
     # with 128-deep gate/up chunks) fails here

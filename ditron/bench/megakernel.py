@@ -143,6 +143,8 @@ def _config(args):
         over["stream_wait_projs"] = args.stream_wait_projs
     if args.stream_wait_exact:
         over["stream_wait_exact"] = True
+    if args.stream_wait_load:
+        over["stream_wait_load"] = True
     return cfg.with_tiles(**over) if over else cfg
 
 
@@ -386,6 +388,9 @@ def main(argv=None):
                    help="with --stream-wait: each segment waits at its own first chunk and the activations are "
                         "loaded outside the software pipeline (the first weight chunks are requested before any "
                         "wait) instead of pipelined activations and waits stream-stages chunks ahead")
+    p.add_argument("--stream-wait-load", action="store_true",
+                   help="with --stream-wait: the in-loop waits poll with ld.acquire and no fence (the fence, "
+                        "MEMBAR.ALL.GPU, may wait for the weight copies in flight)")
     p.add_argument("--comm-block", type=int, default=0)
     p.add_argument("--num-warps", type=int, default=0)
     p.add_argument("--prefetch-k", type=int, default=0,

@@ -138,7 +138,9 @@ class TileConfig:
       tile); ``stream_wait_projs``: the projections it applies to (a list of ``qkv``, ``o``, ``gate_up``,
       ``down`` separated by ``,`` or ``+``); ``stream_wait_exact``: each segment's wait at its own first chunk and
       the activations loaded by ``dl.ld`` outside the software pipeline (only weights in it: the first chunks are
-      requested before any wait), instead of pipelined activations and waits ``stream_stages`` chunks ahead.
+      requested before any wait), instead of pipelined activations and waits ``stream_stages`` chunks ahead;
+      ``stream_wait_load``: those waits poll with acquire loads and no fence (``dl.wait_deps(acquire="load")``: the
+      fence, ``MEMBAR.ALL.GPU``, may wait for the weight copies in flight).
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
@@ -209,6 +211,7 @@ class TileConfig:
     stream_wait: int = 0
     stream_wait_projs: str = "qkv,o,gate_up,down"
     stream_wait_exact: bool = False
+    stream_wait_load: bool = False
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences

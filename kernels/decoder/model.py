@@ -336,7 +336,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         # (checked by register())
         off = -sum(s.num_tiles for s in specs[specs.index(ptask):])
         args.update(task_slots=dtask.TASK_SLOTS, epoch=dtask.EPOCH, WAIT_OFF=off, WAIT_PN=pn, WAIT_SEG=tc.stream_wait,
-                    WAIT_EXACT=tc.stream_wait_exact)
+                    WAIT_EXACT=tc.stream_wait_exact, WAIT_LOAD=tc.stream_wait_load)
         sw = {T.linear_resnorm_tile: TG.linear_resnorm_sw_tile, T.linear_rstd_tile: TG.linear_rstd_sw_tile,
               T.gate_up_rstd_tile: TG.gate_up_rstd_sw_tile}[plain]
         return sw, [(n, t, True) if n == producer else (n, t) for n, t in deps]

@@ -118,7 +118,7 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr,
               resid_ptr, delta_ptr, nw_ptr, first, eps, STREAM: tl.constexpr, LD: tl.constexpr,
               COLS: tl.constexpr = 0, wait_ptr=0, epoch=0, WAIT_PN: tl.constexpr = 0, WAIT_SEG: tl.constexpr = 1,
-              WAIT_EXACT: tl.constexpr = False):
+              WAIT_EXACT: tl.constexpr = False, WAIT_LOAD: tl.constexpr = False):
     """``(acc, acc2)``: ``acc[b, n] = sum_k x[b, k] * w[n0 + n, k]`` in float32 (``x``: ``[B, K]``, ``w``:
     ``[N, K]``; rows of both ``LD`` elements apart: ``K`` but for a split-K slice) and the same with ``w2`` when
     ``TWO`` (gate and up share ``x``; else ``acc2`` is ``acc``).
@@ -168,7 +168,10 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
             c = k0 // BLOCK_K
             lo = c * BLOCK_K // WAIT_PN
             hi = (tl.minimum((c + WAIT_SEG) * BLOCK_K, K) + WAIT_PN - 1) // WAIT_PN
-            tok = dl.wait_deps(wait_ptr + lo, tl.where(c % WAIT_SEG == 0, hi - lo, 0), epoch)
+            if WAIT_LOAD:       # acquire loads, no fence (MEMBAR.ALL.GPU would wait for the copies in flight)
+                tok = dl.wait_deps(wait_ptr + lo, tl.where(c % WAIT_SEG == 0, hi - lo, 0), epoch, acquire="load")
+            else:
+                tok = dl.wait_deps(wait_ptr + lo, tl.where(c % WAIT_SEG == 0, hi - lo, 0), epoch)
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mk = offs_k < K
             # in-bounds addresses for every element (dl.ld has no mask), zeros where masked
@@ -192,7 +195,11 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
             c = k0 // BLOCK_K + STREAM              # the chunk whose segment's producers this iteration waits for
             lo = c * BLOCK_K // WAIT_PN
             hi = (tl.minimum((c + WAIT_SEG) * BLOCK_K, K) + WAIT_PN - 1) // WAIT_PN
-            dl.wait_deps(wait_ptr + lo, tl.where((c % WAIT_SEG == 0) & (c >= PRE) & (c < NCH), hi - lo, 0), epoch)
+            if WAIT_LOAD:
+                dl.wait_deps(wait_ptr + lo, tl.where((c % WAIT_SEG == 0) & (c >= PRE) & (c < NCH), hi - lo, 0), epoch,
+                             acquire="load")
+            else:
+                dl.wait_deps(wait_ptr + lo, tl.where((c % WAIT_SEG == 0) & (c >= PRE) & (c < NCH), hi - lo, 0), epoch)
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mk = offs_k < K
             a, nw = _act_chunk(xw, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, LD, NORM)
@@ -385,7 +392,7 @@ def linear_resnorm_sw_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr
                            task_slots, epoch, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr,
                            COLS: tl.constexpr, WAIT_OFF: tl.constexpr, WAIT_PN: tl.constexpr,
-                           WAIT_SEG: tl.constexpr, WAIT_EXACT: tl.constexpr):
+                           WAIT_SEG: tl.constexpr, WAIT_EXACT: tl.constexpr, WAIT_LOAD: tl.constexpr):
     """:func:`linear_resnorm_tile` that waits on the producers of ``x`` itself, per segment of K chunks, while its
     weights stream (``TileConfig.stream_wait``; :func:`_gemv_acc`'s ``WAIT_PN``): the producer task's tile ``p``
     is scoreboard slot ``task_slots + WAIT_OFF + p`` (``task_slots``: this task's tile 0, ``dtask.TASK_SLOTS``;
@@ -395,7 +402,7 @@ def linear_resnorm_sw_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr
     n0 = tile * COLS
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
                        0, 0.0, STREAM, K, COLS % BLOCK_N, task_slots + WAIT_OFF, epoch, WAIT_PN, WAIT_SEG,
-                       WAIT_EXACT)
+                       WAIT_EXACT, WAIT_LOAD)
     offs_b = tl.arange(0, BLOCK_B)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mb = offs_b < B
@@ -452,14 +459,14 @@ def linear_rstd_sw_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, task
                         N: tl.constexpr, K: tl.constexpr, NT: tl.constexpr, BLOCK_T: tl.constexpr,
                         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         STREAM: tl.constexpr, WAIT_OFF: tl.constexpr, WAIT_PN: tl.constexpr,
-                        WAIT_SEG: tl.constexpr, WAIT_EXACT: tl.constexpr):
+                        WAIT_SEG: tl.constexpr, WAIT_EXACT: tl.constexpr, WAIT_LOAD: tl.constexpr):
     """:func:`linear_rstd_tile` that waits on the producers of ``hn`` and ``ss`` itself (as
     :func:`linear_resnorm_sw_tile`): ``ss`` is read after the loop, when every producer was waited on."""
     wl = w_ptr + layer.to(tl.int64) * N * K
     n0 = tile * BLOCK_N
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
                        0, 0.0, STREAM, K, 0, task_slots + WAIT_OFF, epoch, WAIT_PN, WAIT_SEG,
-                       WAIT_EXACT)
+                       WAIT_EXACT, WAIT_LOAD)
     rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
     _store_rows(out_ptr, acc * rstd[:, None], n0, B, N, BLOCK_B, BLOCK_N)
 
@@ -469,14 +476,14 @@ def gate_up_rstd_sw_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, tas
                          N: tl.constexpr, K: tl.constexpr, NT: tl.constexpr, BLOCK_T: tl.constexpr,
                          BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                          STREAM: tl.constexpr, WAIT_OFF: tl.constexpr, WAIT_PN: tl.constexpr,
-                         WAIT_SEG: tl.constexpr, WAIT_EXACT: tl.constexpr):
+                         WAIT_SEG: tl.constexpr, WAIT_EXACT: tl.constexpr, WAIT_LOAD: tl.constexpr):
     """:func:`gate_up_rstd_tile` that waits on the producers of ``hn`` and ``ss`` itself (as
     :func:`linear_rstd_sw_tile`)."""
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
     n0 = tile * BLOCK_N
     g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, True, x_ptr, x_ptr,
                      x_ptr, 0, 0.0, STREAM, K, 0, task_slots + WAIT_OFF, epoch, WAIT_PN, WAIT_SEG,
-                       WAIT_EXACT)
+                       WAIT_EXACT, WAIT_LOAD)
     rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
     g = g * rstd[:, None]
     u = u * rstd[:, None]
