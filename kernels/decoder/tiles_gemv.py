@@ -168,8 +168,13 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
             c = k0 // BLOCK_K
             lo = c * BLOCK_K // WAIT_PN
             hi = (tl.minimum((c + WAIT_SEG) * BLOCK_K, K) + WAIT_PN - 1) // WAIT_PN
-            if WAIT_LOAD:       # acquire loads, no fence (MEMBAR.ALL.GPU would wait for the copies in flight)
-                tok = dl.wait_deps(wait_ptr + lo, tl.where(c % WAIT_SEG == 0, hi - lo, 0), epoch, acquire="load")
+            if WAIT_LOAD:
+                # after the first chunk acquire loads, no fence (MEMBAR.ALL.GPU may wait for the weight copies in
+                # flight); the first wait -- long for a program idle in the producer phase -- polls relaxed with a
+                # fence at the end (an acquire load invalidates the SM's L1 at every poll)
+                n = tl.where(c % WAIT_SEG == 0, hi - lo, 0)
+                tok = dl.wait_deps(wait_ptr + lo, tl.where(c == 0, n, 0), epoch)
+                tok += dl.wait_deps(wait_ptr + lo, tl.where(c == 0, 0, n), epoch, acquire="load")
             else:
                 tok = dl.wait_deps(wait_ptr + lo, tl.where(c % WAIT_SEG == 0, hi - lo, 0), epoch)
             offs_k = k0 + tl.arange(0, BLOCK_K)
