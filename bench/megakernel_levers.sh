@@ -97,6 +97,10 @@
 #   swl1, swxl*  sw1 / swx* with --stream-wait-load: the in-loop waits poll with ld.acquire and no fence
 #                (fence.acq_rel.gpu is MEMBAR.ALL.GPU, which may wait for the thread's weight copies in flight: a
 #                drain of the pipeline per wait)
+#   (round 1 on one H200, 2026-11-27: sw1 +6.3% / +10.5% at 512 / 4096, sw4 0% / +3.7%, sw1gd +4.4% / +6.9%, swx*
+#   +33-58% (activations outside the pipeline: their latency per chunk), swl1 -0.9% / +1.7%: the fence drains)
+#   swl1gd       swl1 on gate/up and down only (16 / 12 chunks; qkv / o have 4, 3 of them waited before the loop);
+#                swl4gd: a wait per 4 chunks; swl1g: gate/up only; swl1pf: swl1 + --prefetch-k 512
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
 #   base4k       today's defaults at context 4096, batch 1 and 8 (the baseline of the levers below, same run)
 #   trace4k      batch 8 at context 4096, traced: time per kind of task
@@ -218,6 +222,10 @@ ALL=(                      # name|timeout s|cases|flags
   "swxl1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --stream-wait-projs gate_up,down"
   "swxl1tr|80|--ctx 512 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --trace"
   "swxl1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --prefetch-k 512"
+  "swl1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --stream-wait-projs gate_up,down"
+  "swl4gd|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-load --stream-wait-projs gate_up,down"
+  "swl1g|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --stream-wait-projs gate_up"
+  "swl1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --prefetch-k 512"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
 status=0
