@@ -101,6 +101,10 @@
 #   +33-58% (activations outside the pipeline: their latency per chunk), swl1 -0.9% / +1.7%: the fence drains)
 #   swl1gd       swl1 on gate/up and down only (16 / 12 chunks; qkv / o have 4, 3 of them waited before the loop);
 #                swl4gd: a wait per 4 chunks; swl1g: gate/up only; swl1pf: swl1 + --prefetch-k 512
+#   wl           batch 1: every scoreboard wait before a tile polls with ld.acquire and has no fence
+#                (--wait-acquire load; the fence is MEMBAR.ALL.GPU + an L1 invalidate; an acquire load invalidates L1
+#                at each poll); wltr: traced at 512 (the signal part of the critical path); wlgd: wl + swl1gd;
+#                b8w / wl8: the defaults / wl at batch 8, both contexts
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
 #   base4k       today's defaults at context 4096, batch 1 and 8 (the baseline of the levers below, same run)
 #   trace4k      batch 8 at context 4096, traced: time per kind of task
@@ -226,6 +230,11 @@ ALL=(                      # name|timeout s|cases|flags
   "swl4gd|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-load --stream-wait-projs gate_up,down"
   "swl1g|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --stream-wait-projs gate_up"
   "swl1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --prefetch-k 512"
+  "wl|70|--ctx 512,4096 --batch 1|--wait-acquire load"
+  "wlgd|70|--ctx 512,4096 --batch 1|--wait-acquire load --stream-wait 1 --stream-wait-load --stream-wait-projs gate_up,down"
+  "wltr|80|--ctx 512 --batch 1|--wait-acquire load --trace"
+  "b8w|70|--ctx 512,4096 --batch 8|"
+  "wl8|70|--ctx 512,4096 --batch 8|--wait-acquire load"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
 status=0

@@ -134,3 +134,18 @@ def test_stream_wait_target_and_batch8():
     finally:
         ditron.finalize()
     assert src[0] == src[1] and "_sw_tile" not in src[1]
+
+
+def test_wait_acquire_load(dist_world):
+    # TileConfig.wait_acquire="load": the megakernel's waits before each tile poll with acquire loads (no fence);
+    # the same step on the simulator at 2 ranks (all-reduce tasks too), the generated waits, a bad value
+    import ditron.task as dtask
+    from ditron.kernels.decoder import tiny
+    errs = dist_world(2).run(B.decoder_steps, steps=2, cfg=tiny().with_tiles(wait_acquire="load"))
+    assert len(errs) == 2 and all(len(e) == 2 for e in errs)
+    from ditron.task import codegen
+    g = dtask.TaskGraph("wa")
+    src = {a: codegen._source(g, "k", [], [], [], 0, False, False, a) for a in ("fence", "load")}
+    assert 'epoch, acquire="load")' in src["load"] and "acquire=" not in src["fence"]
+    with pytest.raises(DitronError, match="wait_acquire='bogus'"):
+        tiny().with_tiles(wait_acquire="bogus")

@@ -145,6 +145,8 @@ def _config(args):
         over["stream_wait_exact"] = True
     if args.stream_wait_load:
         over["stream_wait_load"] = True
+    if args.wait_acquire:
+        over["wait_acquire"] = args.wait_acquire
     return cfg.with_tiles(**over) if over else cfg
 
 
@@ -391,6 +393,9 @@ def main(argv=None):
     p.add_argument("--stream-wait-load", action="store_true",
                    help="with --stream-wait: the in-loop waits poll with ld.acquire and no fence (the fence, "
                         "MEMBAR.ALL.GPU, may wait for the weight copies in flight)")
+    p.add_argument("--wait-acquire", choices=["fence", "load"], default=None,
+                   help="how the megakernel's scoreboard waits before each tile acquire: relaxed polls + one "
+                        "fence.acq_rel.gpu (default) or ld.acquire polls and no fence")
     p.add_argument("--comm-block", type=int, default=0)
     p.add_argument("--num-warps", type=int, default=0)
     p.add_argument("--prefetch-k", type=int, default=0,

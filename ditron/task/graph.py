@@ -266,7 +266,9 @@ class TaskGraph:
         and four stores per item).  ``maxnreg``: registers per thread allowed
         to ptxas (NVIDIA GPUs; ``None``: ptxas chooses, up to 255).
         ``programs_per_sm``: the default grid (``num_programs=None``) per SM
-        (``None``: 2), shrunk to what the compiled kernel lets be resident."""
+        (``None``: 2), shrunk to what the compiled kernel lets be resident.
+        ``wait_acquire`` (keyword): ``"fence"`` (default) or ``"load"``, the
+        ``dl.wait_deps(acquire=...)`` of the waits before each tile."""
         from .runtime import Megakernel
         return Megakernel(self, scheduler=scheduler, num_programs=num_programs, num_warps=num_warps, trace=trace,
                           maxnreg=maxnreg, programs_per_sm=programs_per_sm, **debug)

@@ -72,7 +72,7 @@ class Megakernel:
 
     def __init__(self, graph, scheduler="round_robin", num_programs: Optional[int] = None, num_warps: int = 4,
                  trace: bool = False, maxnreg: Optional[int] = None, programs_per_sm: Optional[int] = None,
-                 _plant_missing_release=None):
+                 wait_acquire: str = "fence", _plant_missing_release=None):
         import torch
         if not graph.tasks:
             raise DitronError(f"TaskGraph '{graph.name}' has no tasks")
@@ -92,7 +92,12 @@ class Megakernel:
         #: cap lets more programs be resident at the price of spills); ``None``: ptxas chooses
         self.maxnreg = maxnreg
         self.trace_enabled = bool(trace)
-        self.code = codegen.generate(graph, self.dynamic, trace=self.trace_enabled)
+        if wait_acquire not in ("fence", "load"):
+            raise DitronError(f"wait_acquire must be 'fence' or 'load' (how the scoreboard waits acquire on NVIDIA: "
+                              f"dl.wait_deps(acquire=...)), got {wait_acquire!r}")
+        #: ``dl.wait_deps(acquire=...)`` of the dependency waits before each tile
+        self.wait_acquire = wait_acquire
+        self.code = codegen.generate(graph, self.dynamic, trace=self.trace_enabled, wait_acquire=wait_acquire)
         self.source = self.code.source
         self.kernel = self.code.load()
         self.sink_slot = graph.num_slots

@@ -141,6 +141,9 @@ class TileConfig:
       requested before any wait), instead of pipelined activations and waits ``stream_stages`` chunks ahead;
       ``stream_wait_load``: those waits poll with acquire loads and no fence (``dl.wait_deps(acquire="load")``: the
       fence, ``MEMBAR.ALL.GPU``, may wait for the weight copies in flight).
+    * ``wait_acquire``: ``"fence"`` or ``"load"``: how the megakernel's waits before each tile acquire on NVIDIA
+      (``Megakernel(wait_acquire=...)``, ``dl.wait_deps(acquire=...)``: relaxed polls and one fence, or acquire-load
+      polls and no fence; a lever of issue 26).
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
@@ -212,6 +215,7 @@ class TileConfig:
     stream_wait_projs: str = "qkv,o,gate_up,down"
     stream_wait_exact: bool = False
     stream_wait_load: bool = False
+    wait_acquire: str = "fence"
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences
@@ -307,6 +311,8 @@ class TileConfig:
         if bad:
             raise DitronError(f"TileConfig.stream_wait_projs={self.stream_wait_projs!r}: unknown projection(s) {bad} "
                               "(a comma list of qkv, o, gate_up, down)")
+        if self.wait_acquire not in ("fence", "load"):
+            raise DitronError(f"TileConfig.wait_acquire={self.wait_acquire!r}: must be 'fence' or 'load'")
         if self.dot_ring < 0:
             raise DitronError(f"TileConfig.dot_ring={self.dot_ring}: must be 0 (stream_stages) or a byte count")
         if (self.fold_resid or self.prenorm) and self.down_split_k > 1:
