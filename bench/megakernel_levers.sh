@@ -105,6 +105,8 @@
 #                (--wait-acquire load; the fence is MEMBAR.ALL.GPU + an L1 invalidate; an acquire load invalidates L1
 #                at each poll); wltr: traced at 512 (the signal part of the critical path); wlgd: wl + swl1gd;
 #                b8w / wl8: the defaults / wl at batch 8, both contexts
+#   (round 2, one H200: swl1g -1.9% / -1.8%, swl4gd -2.2% / -0.5%, swl1gd -1.3% / 0.0%, swl1 -1.3% / +1.1%)
+#   swl4g / swl2g: swl1g with a wait per 4 / 2 chunks; wlg: wl + swl1g; swl1gtr: swl1g at 512, traced
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
 #   base4k       today's defaults at context 4096, batch 1 and 8 (the baseline of the levers below, same run)
 #   trace4k      batch 8 at context 4096, traced: time per kind of task
@@ -231,6 +233,10 @@ ALL=(                      # name|timeout s|cases|flags
   "swl1g|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --stream-wait-projs gate_up"
   "swl1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --prefetch-k 512"
   "wl|70|--ctx 512,4096 --batch 1|--wait-acquire load"
+  "swl4g|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-load --stream-wait-projs gate_up"
+  "swl2g|70|--ctx 512,4096 --batch 1|--stream-wait 2 --stream-wait-load --stream-wait-projs gate_up"
+  "wlg|70|--ctx 512,4096 --batch 1|--wait-acquire load --stream-wait 1 --stream-wait-load --stream-wait-projs gate_up"
+  "swl1gtr|80|--ctx 512 --batch 1|--stream-wait 1 --stream-wait-load --stream-wait-projs gate_up --trace"
   "wlgd|70|--ctx 512,4096 --batch 1|--wait-acquire load --stream-wait 1 --stream-wait-load --stream-wait-projs gate_up,down"
   "wltr|80|--ctx 512 --batch 1|--wait-acquire load --trace"
   "b8w|70|--ctx 512,4096 --batch 8|"
