@@ -79,6 +79,34 @@
 #   as256        batch 8, 16 at context 4096: 256-position splits (each attention tile's pipelined K/V loop runs 4
 #                iterations of 64 positions instead of 2; half the tiles and combine partials)
 #   trace        batch 1 and 8, ctx 512, with a traced build: time per kind of task
+#   (branch mk8: batch 1 at 1.32-1.36x the HBM limit on the H200; the critical path's tile of each GEMV phase ran
+#   10-25% longer than the phase's mean tile, bench/results/h200-2026-11-27-critical-path.md)
+#   base1b       base1 again (last in a run: the machine's drift)
+#   sw1          batch 1: the prenorm GEMV tiles (qkv, o, gate/up, down) wait on their producers inside their K loop,
+#                per chunk, 3 chunks ahead of the chunk (TileConfig.stream_wait; the first 3 chunks' producers before
+#                the loop), instead of on all producers before the tile: the weights stream while the producer
+#                phase's last tiles finish; sw2 / sw4: per 2 / 4 chunks; sw1gd: only gate/up and down (16 and 12
+#                chunks a tile; qkv / o have 4); sw1tr: sw1 at 512, traced (the critical path table); sw1pf: sw1 +
+#                each GEMV tile's first 512 columns prefetched into L2 at its start (before its first in-loop wait:
+#                a program idle in the producer phase starts its weights); sw1b8: batch 8 with the flag (no effect
+#                by construction: the tl.dot path; tests/test_decoder_regs.py checks the kernel is the same)
+#   swx1         sw1 with --stream-wait-exact: each chunk waits on its own producers, the activations are loaded by
+#                dl.ld outside the software pipeline, so the pipeline's first weight chunks are requested before any
+#                wait (weights into shared memory before the wait; no registers held); swx4 / swx1gd / swx1pf /
+#                swx1tr: as sw4 / sw1gd / sw1pf / sw1tr
+#   swl1, swxl*  sw1 / swx* with --stream-wait-load: the in-loop waits poll with ld.acquire and no fence
+#                (fence.acq_rel.gpu is MEMBAR.ALL.GPU, which may wait for the thread's weight copies in flight: a
+#                drain of the pipeline per wait)
+#   (round 1 on one H200, 2026-11-27: sw1 +6.3% / +10.5% at 512 / 4096, sw4 0% / +3.7%, sw1gd +4.4% / +6.9%, swx*
+#   +33-58% (activations outside the pipeline: their latency per chunk), swl1 -0.9% / +1.7%: the fence drains)
+#   swl1gd       swl1 on gate/up and down only (16 / 12 chunks; qkv / o have 4, 3 of them waited before the loop);
+#                swl4gd: a wait per 4 chunks; swl1g: gate/up only; swl1pf: swl1 + --prefetch-k 512
+#   wl           batch 1: every scoreboard wait before a tile polls with ld.acquire and has no fence
+#                (--wait-acquire load; the fence is MEMBAR.ALL.GPU + an L1 invalidate; an acquire load invalidates L1
+#                at each poll); wltr: traced at 512 (the signal part of the critical path); wlgd: wl + swl1gd;
+#                b8w / wl8: the defaults / wl at batch 8, both contexts
+#   (round 2, one H200: swl1g -1.9% / -1.8%, swl4gd -2.2% / -0.5%, swl1gd -1.3% / 0.0%, swl1 -1.3% / +1.1%)
+#   swl4g / swl2g: swl1g with a wait per 4 / 2 chunks; wlg: wl + swl1g; swl1gtr: swl1g at 512, traced
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
 #   base4k       today's defaults at context 4096, batch 1 and 8 (the baseline of the levers below, same run)
 #   trace4k      batch 8 at context 4096, traced: time per kind of task
@@ -181,6 +209,38 @@ ALL=(                      # name|timeout s|cases|flags
   "attn|80|--ctx 512,4096 --batch 1,8|--attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
   "attntr|80|--ctx 4096 --batch 8|--trace --attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
   "trace|80|--ctx 512 --batch 1,8|--trace"
+  "base1b|70|--ctx 512,4096 --batch 1|"
+  "sw1|70|--ctx 512,4096 --batch 1|--stream-wait 1"
+  "sw2|70|--ctx 512,4096 --batch 1|--stream-wait 2"
+  "sw4|70|--ctx 512,4096 --batch 1|--stream-wait 4"
+  "sw1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-projs gate_up,down"
+  "sw1tr|80|--ctx 512 --batch 1|--stream-wait 1 --trace"
+  "sw1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --prefetch-k 512"
+  "sw1b8|60|--ctx 512,4096 --batch 8|--stream-wait 1"
+  "swx1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact"
+  "swx4|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-exact"
+  "swx1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-projs gate_up,down"
+  "swx1tr|80|--ctx 512 --batch 1|--stream-wait 1 --stream-wait-exact --trace"
+  "swx1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --prefetch-k 512"
+  "swl1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load"
+  "swxl1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load"
+  "swxl4|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-exact --stream-wait-load"
+  "swxl1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --stream-wait-projs gate_up,down"
+  "swxl1tr|80|--ctx 512 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --trace"
+  "swxl1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --prefetch-k 512"
+  "swl1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --stream-wait-projs gate_up,down"
+  "swl4gd|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-load --stream-wait-projs gate_up,down"
+  "swl1g|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --stream-wait-projs gate_up"
+  "swl1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --prefetch-k 512"
+  "wl|70|--ctx 512,4096 --batch 1|--wait-acquire load"
+  "swl4g|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-load --stream-wait-projs gate_up"
+  "swl2g|70|--ctx 512,4096 --batch 1|--stream-wait 2 --stream-wait-load --stream-wait-projs gate_up"
+  "wlg|70|--ctx 512,4096 --batch 1|--wait-acquire load --stream-wait 1 --stream-wait-load --stream-wait-projs gate_up"
+  "swl1gtr|80|--ctx 512 --batch 1|--stream-wait 1 --stream-wait-load --stream-wait-projs gate_up --trace"
+  "wlgd|70|--ctx 512,4096 --batch 1|--wait-acquire load --stream-wait 1 --stream-wait-load --stream-wait-projs gate_up,down"
+  "wltr|80|--ctx 512 --batch 1|--wait-acquire load --trace"
+  "b8w|70|--ctx 512,4096 --batch 8|"
+  "wl8|70|--ctx 512,4096 --batch 8|--wait-acquire load"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
 status=0

@@ -136,6 +136,17 @@ def _config(args):
         over["pn_early"] = True
     if args.no_prenorm_dot:
         over["prenorm_dot"] = False
+    # the streamed prenorm GEMV tiles wait on their producers per segment of K chunks (TileConfig.stream_wait)
+    if args.stream_wait is not None:
+        over["stream_wait"] = args.stream_wait
+    if args.stream_wait_projs:
+        over["stream_wait_projs"] = args.stream_wait_projs
+    if args.stream_wait_exact:
+        over["stream_wait_exact"] = True
+    if args.stream_wait_load:
+        over["stream_wait_load"] = True
+    if args.wait_acquire:
+        over["wait_acquire"] = args.wait_acquire
     return cfg.with_tiles(**over) if over else cfg
 
 
@@ -369,6 +380,22 @@ def main(argv=None):
     p.add_argument("--dot-ksplit", type=int, default=None,
                    help="tl.dot batch path: each K chunk of the qkv / o / down tiles split over this many warps "
                         "(a batched dot; 0: off; 8b default 4)")
+    p.add_argument("--stream-wait", type=int, default=None,
+                   help="batch 1 (prenorm, streamed FMA GEMVs): K chunks per in-tile wait segment -- the qkv / o / "
+                        "gate-up / down tiles wait on their producers per segment inside their K loop, so their "
+                        "weights stream while the last producers finish (0: off, the default)")
+    p.add_argument("--stream-wait-projs", default="",
+                   help="with --stream-wait: the projections it applies to (comma list of qkv, o, gate_up, down)")
+    p.add_argument("--stream-wait-exact", action="store_true",
+                   help="with --stream-wait: each segment waits at its own first chunk and the activations are "
+                        "loaded outside the software pipeline (the first weight chunks are requested before any "
+                        "wait) instead of pipelined activations and waits stream-stages chunks ahead")
+    p.add_argument("--stream-wait-load", action="store_true",
+                   help="with --stream-wait: the in-loop waits poll with ld.acquire and no fence (the fence, "
+                        "MEMBAR.ALL.GPU, may wait for the weight copies in flight)")
+    p.add_argument("--wait-acquire", choices=["fence", "load"], default=None,
+                   help="how the megakernel's scoreboard waits before each tile acquire: relaxed polls + one "
+                        "fence.acq_rel.gpu (default) or ld.acquire polls and no fence")
     p.add_argument("--comm-block", type=int, default=0)
     p.add_argument("--num-warps", type=int, default=0)
     p.add_argument("--prefetch-k", type=int, default=0,

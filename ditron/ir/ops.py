@@ -74,7 +74,7 @@ _add(_spec("notify", "tile", [("ptr", SCALAR_PTR), ("rank", INT_SCALAR), ("signa
            {"sig_op": SIG_OPS, "comm_scope": COMM_SCOPES}, effects=("write", "remote", "sync", "barrier")))
 # task level: the scoreboard and work queue of a megakernel (ditron.task)
 _add(_spec("wait_deps", "tile", [("slot_ptr", SCALAR_PTR), ("num_slots", INT_SCALAR), ("epoch", INT_SCALAR)],
-           result="token", effects=("read", "sync", "barrier"),
+           {"acquire": ("fence", "load")}, result="token", effects=("read", "sync", "barrier"),
            doc="poll int32 slots [0, num_slots) with acquire (gpu) until each is >= epoch, then a CTA barrier"))
 _add(_spec("release_tile", "tile", [("slot_ptr", SCALAR_PTR), ("epoch", INT_SCALAR)],
            effects=("write", "sync", "barrier"),

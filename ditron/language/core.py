@@ -396,7 +396,7 @@ def prefetch_l2(ptr, mask=True, _semantic=None, _generator=None):
 # ---------------------------------------------------------------------------
 
 @builtin
-def wait_deps(slot_ptr, num_slots, epoch, _semantic=None, _generator=None):
+def wait_deps(slot_ptr, num_slots, epoch, acquire="fence", _semantic=None, _generator=None):
     """Wait until each of ``num_slots`` consecutive int32 scoreboard slots
     starting at ``slot_ptr`` holds a value ``>= epoch``; return a token.
 
@@ -415,9 +415,15 @@ def wait_deps(slot_ptr, num_slots, epoch, _semantic=None, _generator=None):
     ``load atomic ... syncscope("agent") acquire`` and ``s_barrier``.
     Simulator: polls the slots (the program lends its turn while it waits);
     a deadlock report names the task and tile of the slot.
+
+    ``acquire``: how the polls acquire on NVIDIA (the same semantics either way; AMD and the simulator ignore it):
+    ``"fence"`` (relaxed polls, then ``fence.acq_rel.gpu``, as above) or ``"load"`` (``ld.acquire.gpu`` polls and
+    no fence: for a wait inside a tile's software-pipelined loop, where the fence -- ``MEMBAR.ALL.GPU`` -- would
+    also wait for the thread's weight copies in flight; each acquire load invalidates the SM's L1, so a wait that
+    spins long should keep ``"fence"``).
     """
-    return emit("wait_deps", {"slot_ptr": slot_ptr, "num_slots": num_slots, "epoch": epoch}, {}, _semantic,
-                _generator, params=("slot_ptr", "num_slots", "epoch"))
+    return emit("wait_deps", {"slot_ptr": slot_ptr, "num_slots": num_slots, "epoch": epoch}, {"acquire": acquire},
+                _semantic, _generator, params=("slot_ptr", "num_slots", "epoch", "acquire"))
 
 
 @builtin

@@ -262,7 +262,7 @@ def _notify(ctx, ptr, rank, signal, sig_op, comm_scope):
 # task level: scoreboard and work queue ----------------------------------------
 
 @register("wait_deps", BACKEND)
-def _wait_deps(ctx, slot_ptr, num_slots, epoch):
+def _wait_deps(ctx, slot_ptr, num_slots, epoch, acquire="fence"):
     """Threads poll slots tid, tid+ntid, ... with ``ld.relaxed.gpu`` until
     ``slot >= epoch`` (signed), four slots per thread at a time (tid,
     tid+ntid, tid+2ntid, tid+3ntid: independent loads, one memory round trip
@@ -273,7 +273,13 @@ def _wait_deps(ctx, slot_ptr, num_slots, epoch):
     ``fence.acq_rel.gpu`` (relaxed read + fence = acquire); then ``bar.sync
     0``.  Polling with ``ld.acquire`` instead would invalidate the SM's L1 on
     every poll -- under the feet of the other programs on the SM -- and a
-    tight loop floods L2 with requests while the producers stream their data."""
+    tight loop floods L2 with requests while the producers stream their data.
+    ``acquire="load"``: the polls are ``ld.acquire.gpu`` and there is no
+    fence (the fence is ``MEMBAR.ALL.GPU``, which also waits for the thread's
+    own loads and copies in flight: a wait inside a software-pipelined loop
+    would drain its weight stream; an acquire load orders only what follows
+    it, and the ``bar.sync`` passes that on to the other threads, as for the
+    fence)."""
     common.slot_word(ctx, ctx.tensor(slot_ptr), "slot_ptr")
     n = _compat.cast(ctx.sem, ctx.tensor(num_slots), tl.int32)
     val = _compat.cast(ctx.sem, ctx.tensor(epoch), tl.int32)
@@ -281,6 +287,7 @@ def _wait_deps(ctx, slot_ptr, num_slots, epoch):
         return ctx.call(LIB, "ditron_wait_deps_bounded_i32", [common.ptr_to_int(ctx, slot_ptr), n, val],
                         [tl.int64, tl.int32, tl.int32], tl.int32)
     # slots beyond n are not loaded: their registers keep the epoch (ready)
+    ld = "ld.acquire.gpu" if acquire == "load" else "ld.relaxed.gpu"
     asm = """{
     .reg .pred %p<7>; .reg .b32 %v<4>; .reg .u32 %i, %nt, %nt4, %j; .reg .u64 %off, %a, %a1, %a2, %a3, %st;
     mov.u32 %i, %tid.x;
@@ -306,10 +313,10 @@ def _wait_deps(ctx, slot_ptr, num_slots, epoch):
     mov.b32 %v1, $3;
     mov.b32 %v2, $3;
     mov.b32 %v3, $3;
-    ld.relaxed.gpu.global.b32 %v0, [%a];
-    @%p1 ld.relaxed.gpu.global.b32 %v1, [%a1];
-    @%p2 ld.relaxed.gpu.global.b32 %v2, [%a2];
-    @%p3 ld.relaxed.gpu.global.b32 %v3, [%a3];
+    LD.global.b32 %v0, [%a];
+    @%p1 LD.global.b32 %v1, [%a1];
+    @%p2 LD.global.b32 %v2, [%a2];
+    @%p3 LD.global.b32 %v3, [%a3];
     setp.lt.s32 %p4, %v0, $3;
     @%p4 bra L_sleep_${:uid};
     setp.lt.s32 %p4, %v1, $3;
@@ -325,10 +332,10 @@ def _wait_deps(ctx, slot_ptr, num_slots, epoch):
     add.u32 %i, %i, %nt4;
     bra L_next_${:uid};
     L_done_${:uid}:
-    @%p6 fence.acq_rel.gpu;
+    FENCE
     bar.sync 0;
     mov.u32 $0, 0;
-    }"""
+    }""".replace("LD", ld).replace("FENCE", "" if acquire == "load" else "@%p6 fence.acq_rel.gpu;")
     return ctx.asm(asm, "=r,l,r,r", [slot_ptr, n, val], tl.int32)
 
 

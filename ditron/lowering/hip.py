@@ -314,7 +314,7 @@ def _notify(ctx, ptr, rank, signal, sig_op, comm_scope):
 # task level: scoreboard and work queue ----------------------------------------
 
 @register("wait_deps", BACKEND)
-def _wait_deps(ctx, slot_ptr, num_slots, epoch):
+def _wait_deps(ctx, slot_ptr, num_slots, epoch, acquire="fence"):   # (acquire: NVIDIA only)
     common.slot_word(ctx, ctx.tensor(slot_ptr), "slot_ptr")
     return _call(ctx, "ditron_wait_deps_i32", [common.ptr_to_int(ctx, slot_ptr), num_slots, epoch, ctx.num_threads],
                  [tl.int64, tl.int32, tl.int32, tl.int32], tl.int32)

@@ -181,7 +181,7 @@ def _slot_word(ctx, ptr, arg):
 
 
 @register("wait_deps", BACKEND)
-def _wait_deps(ctx, slot_ptr, num_slots, epoch):
+def _wait_deps(ctx, slot_ptr, num_slots, epoch, acquire="fence"):   # (acquire: NVIDIA only)
     not_in_thread_region(ctx, "dl.wait_deps")
     world, tr = _world(ctx)
     _slot_word(ctx, slot_ptr, "slot_ptr")

@@ -12,9 +12,9 @@
 
 See ``docs/megakernel.md``.
 """
-from .graph import EPOCH, Dep, Task, TaskGraph, WorkItem
+from .graph import EPOCH, TASK_SLOTS, Dep, Task, TaskGraph, WorkItem
 from .runtime import Megakernel
 from .schedule import round_robin, zigzag
 from . import comm
 
-__all__ = ["EPOCH", "TaskGraph", "Task", "Dep", "WorkItem", "Megakernel", "round_robin", "zigzag", "comm"]
+__all__ = ["EPOCH", "TASK_SLOTS", "TaskGraph", "Task", "Dep", "WorkItem", "Megakernel", "round_robin", "zigzag", "comm"]

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .. import _compat
-from .common import EPOCH, MAX_SCALARS, _is_tensor
+from .common import EPOCH, MAX_SCALARS, TASK_SLOTS, _is_tensor
 
 #: int32 words per work item in the item table: its branch and tile, its scoreboard slot, its first dependency
 #: range inline (first slot, count), the rest in the dependency table (rows dep_lo .. dep_hi), up to 4 scalars,
@@ -78,6 +78,8 @@ def _branch_key(task):
             parts.append((k, "tensor", v.data_ptr(), str(v.dtype), str(v.device)))
         elif v is EPOCH:
             parts.append((k, "epoch"))
+        elif v is TASK_SLOTS:
+            parts.append((k, "task_slots"))
         else:
             parts.append((k, type(v).__name__, v))
     parts.append(tuple(task.scalars))
@@ -102,7 +104,7 @@ def _global_name(fn, fn_names, fn_globals, reserved):
     return fn_names[fid]
 
 
-def generate(graph, dynamic: bool, trace: bool = False) -> Generated:
+def generate(graph, dynamic: bool, trace: bool = False, wait_acquire: str = "fence") -> Generated:
     kname = f"{graph.name}_megakernel"
     branches: list[Branch] = []
     by_key: dict = {}
@@ -131,6 +133,8 @@ def generate(graph, dynamic: bool, trace: bool = False) -> Generated:
             v = task.args[p]
             if v is EPOCH:
                 exprs[p] = "epoch"
+            elif v is TASK_SLOTS:
+                exprs[p] = "slots_ptr + (slot - tile)"
             elif _is_tensor(v):
                 tk = (v.data_ptr(), str(v.dtype), str(v.device))
                 if tk not in tensors:
@@ -153,11 +157,11 @@ def generate(graph, dynamic: bool, trace: bool = False) -> Generated:
         branches.append(b)
     n_scalars = max([len(t.scalars) for t in graph.tasks] + [0])
     assert n_scalars <= MAX_SCALARS
-    src = _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic, trace)
+    src = _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic, trace, wait_acquire)
     return Generated(src, kname, branches, task_branch, tensor_params, scalar_params, fn_globals)
 
 
-def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic, trace):
+def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic, trace, wait_acquire="fence"):
     params = ["items_ptr", "queue_ptr", "deps_ptr", "slots_ptr", "epoch_ptr", "counter_ptr", "n_items"]
     if trace:
         params.append("trace_ptr")
@@ -204,10 +208,12 @@ def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dyn
         for i, b in enumerate(pf):
             L.append(f"{ind}{'if' if i == 0 else 'elif'} branch == {b.index}:")
             L.append(f"{ind}    {b.prefetch_name}(tile, {', '.join(b.prefetch_args)})")
+    acq = ', acquire="load"' if wait_acquire == "load" else ""        # Megakernel(wait_acquire=...)
     L += [f"{ind}# wait for the producer tiles of each dependency range (acquire)",
-          f"{ind}tok = dl.wait_deps(slots_ptr + d0_first, d0_count, epoch)",
+          f"{ind}tok = dl.wait_deps(slots_ptr + d0_first, d0_count, epoch{acq})",
           f"{ind}for d in range(dep_lo, dep_hi):",
-          f"{ind}    tok += dl.wait_deps(slots_ptr + tl.load(deps_ptr + 2 * d), tl.load(deps_ptr + 2 * d + 1), epoch)"]
+          f"{ind}    tok += dl.wait_deps(slots_ptr + tl.load(deps_ptr + 2 * d), tl.load(deps_ptr + 2 * d + 1), "
+          f"epoch{acq})"]
     if trace:
         L.append(f"{ind}t_ready = dl.clock_ns()")
     for b in branches:

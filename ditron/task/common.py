@@ -1,5 +1,5 @@
 """What every module of :mod:`ditron.task` shares, at the bottom of the package (imports nothing of it):
-the ``EPOCH`` argument value, the scalar limit per task, what counts as a tensor argument.
+the ``EPOCH`` and ``TASK_SLOTS`` argument values, the scalar limit per task, what counts as a tensor argument.
 
     graph -> runtime -> codegen -> common;  graph -> common
 """
@@ -18,6 +18,19 @@ class _Epoch:
 
 
 EPOCH = _Epoch()
+
+
+class _TaskSlots:
+    """Pass ``dtask.TASK_SLOTS`` as an argument value: the tile function receives a pointer to its task's first
+    scoreboard slot (int32; slot of tile ``t`` at ``+ t``), for a tile that waits on some of its producers itself
+    (``Dep(..., inner=True)``): a producer registered ``d`` slots before the task has its tile ``p`` at
+    ``TASK_SLOTS - d + p`` (``dl.wait_deps`` on it before reading what that tile wrote)."""
+
+    def __repr__(self):
+        return "dtask.TASK_SLOTS"
+
+
+TASK_SLOTS = _TaskSlots()
 
 
 def _is_tensor(v) -> bool:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional, Union
 
 from .. import _compat
 from ..errors import DitronError
-from .common import EPOCH, MAX_SCALARS, _is_tensor
+from .common import EPOCH, MAX_SCALARS, TASK_SLOTS, _is_tensor
 
 
 class Dep:
@@ -20,9 +20,18 @@ class Dep:
     ``Dep(p)``: every tile of ``p``; ``Dep(p, "same")``: consumer tile ``i``
     needs producer tile ``i``; ``Dep(p, f)``: consumer tile ``i`` needs
     producer tiles ``range(*f(i))`` (``f(i) -> (lo, hi)``, an empty range is
-    allowed)."""
+    allowed).
 
-    def __init__(self, task: "Task", tiles: Union[None, str, Callable[[int], tuple]] = None):
+    ``inner=True``: the consumer's tile function waits on these producer
+    tiles itself (``dl.wait_deps`` on ``dtask.TASK_SLOTS`` inside the tile, e.g.
+    per K chunk of a GEMV, so that its weight stream starts before the last
+    producer is done), not the megakernel before calling it.  The dependency
+    still orders the tasks (hazard check, upstream sets); the tile must have
+    waited on every producer tile of the range before it reads what they
+    wrote, overwrites what they read, and before it returns (its release then
+    passes their writes on: causality is transitive)."""
+
+    def __init__(self, task: "Task", tiles: Union[None, str, Callable[[int], tuple]] = None, inner: bool = False):
         if not isinstance(task, Task):
             raise DitronError(f"Dep(...) takes a task returned by register_task, not {type(task).__name__}")
         if tiles is not None and tiles != "same" and not callable(tiles):
@@ -30,6 +39,7 @@ class Dep:
                               "'same' or a callable i -> (lo, hi)")
         self.task = task
         self.tiles = tiles
+        self.inner = bool(inner)
 
     def ranges(self, consumer: "Task", i: int) -> list:
         """Producer tile ranges ``[(lo, hi)]`` that consumer tile ``i`` needs."""
@@ -54,7 +64,7 @@ class Dep:
 
     def __repr__(self):
         what = "all" if self.tiles is None else self.tiles if isinstance(self.tiles, str) else "range"
-        return f"Dep({self.task.name!r}, {what})"
+        return f"Dep({self.task.name!r}, {what}{', inner' if self.inner else ''})"
 
 
 @dataclass(eq=False)           # identity: tasks hold tensors, which do not compare to a bool
@@ -77,9 +87,16 @@ class Task:
     upstream: set = field(default_factory=set)   # indices of tasks ordered before this one (transitively)
 
     def tile_ranges(self, i: int) -> list:
-        """Scoreboard slot ranges ``[(first_slot, count)]`` tile ``i`` waits on."""
+        """Scoreboard slot ranges ``[(first_slot, count)]`` tile ``i`` depends on (``inner`` ones included)."""
+        return self.wait_ranges(i, inner=True)
+
+    def wait_ranges(self, i: int, inner: bool = False) -> list:
+        """The ranges of :meth:`tile_ranges` that the megakernel waits on before calling tile ``i`` (``inner``:
+        also those the tile waits on itself)."""
         out = []
         for d in self.deps:
+            if d.inner and not inner:
+                continue
             for lo, hi in d.ranges(self, i):
                 out.append((d.task.slot_base + lo, hi - lo))
         return out
@@ -186,9 +203,9 @@ class TaskGraph:
             if _is_tensor(v):
                 if k in const:
                     raise DitronError(f"{where}: tensor '{k}' is passed to a tl.constexpr parameter")
-            elif v is EPOCH:
+            elif v is EPOCH or v is TASK_SLOTS:
                 if k in const:
-                    raise DitronError(f"{where}: dtask.EPOCH is a runtime value; '{k}' is a tl.constexpr parameter")
+                    raise DitronError(f"{where}: {v!r} is a runtime value; '{k}' is a tl.constexpr parameter")
             elif not isinstance(v, (bool, int, float)) and not (k in const and isinstance(v, str)):
                 raise DitronError(f"{where}: argument '{k}' is a {type(v).__name__}; pass tensors, ints or floats "
                                   "(strings only to tl.constexpr parameters)")
@@ -249,7 +266,9 @@ class TaskGraph:
         and four stores per item).  ``maxnreg``: registers per thread allowed
         to ptxas (NVIDIA GPUs; ``None``: ptxas chooses, up to 255).
         ``programs_per_sm``: the default grid (``num_programs=None``) per SM
-        (``None``: 2), shrunk to what the compiled kernel lets be resident."""
+        (``None``: 2), shrunk to what the compiled kernel lets be resident.
+        ``wait_acquire`` (keyword): ``"fence"`` (default) or ``"load"``, the
+        ``dl.wait_deps(acquire=...)`` of the waits before each tile."""
         from .runtime import Megakernel
         return Megakernel(self, scheduler=scheduler, num_programs=num_programs, num_warps=num_warps, trace=trace,
                           maxnreg=maxnreg, programs_per_sm=programs_per_sm, **debug)

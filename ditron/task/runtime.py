@@ -72,7 +72,7 @@ class Megakernel:
 
     def __init__(self, graph, scheduler="round_robin", num_programs: Optional[int] = None, num_warps: int = 4,
                  trace: bool = False, maxnreg: Optional[int] = None, programs_per_sm: Optional[int] = None,
-                 _plant_missing_release=None):
+                 wait_acquire: str = "fence", _plant_missing_release=None):
         import torch
         if not graph.tasks:
             raise DitronError(f"TaskGraph '{graph.name}' has no tasks")
@@ -92,7 +92,12 @@ class Megakernel:
         #: cap lets more programs be resident at the price of spills); ``None``: ptxas chooses
         self.maxnreg = maxnreg
         self.trace_enabled = bool(trace)
-        self.code = codegen.generate(graph, self.dynamic, trace=self.trace_enabled)
+        if wait_acquire not in ("fence", "load"):
+            raise DitronError(f"wait_acquire must be 'fence' or 'load' (how the scoreboard waits acquire on NVIDIA: "
+                              f"dl.wait_deps(acquire=...)), got {wait_acquire!r}")
+        #: ``dl.wait_deps(acquire=...)`` of the dependency waits before each tile
+        self.wait_acquire = wait_acquire
+        self.code = codegen.generate(graph, self.dynamic, trace=self.trace_enabled, wait_acquire=wait_acquire)
         self.source = self.code.source
         self.kernel = self.code.load()
         self.sink_slot = graph.num_slots
@@ -127,10 +132,10 @@ class Megakernel:
         """The item rows (topological order) and the dependency table: independent of the grid."""
         import torch
         rows, dep_rows = [], []
-        self._waits = []                       # per item: [(first slot, count)]
+        self._waits = []                       # per item: [(first slot, count)] it depends on (declared)
         for it in self.items:
-            ranges = it.task.tile_ranges(it.tile)
-            self._waits.append(ranges)
+            self._waits.append(it.task.tile_ranges(it.tile))
+            ranges = it.task.wait_ranges(it.tile)  # ... of which the megakernel waits on (not Dep(inner=True))
             sc = list(it.task.scalars.values()) + [0] * (4 - len(it.task.scalars))
             slot = self.sink_slot if it.index == self._planted else it.slot
             first, rest = (ranges[0], ranges[1:]) if ranges else ((0, 0), [])

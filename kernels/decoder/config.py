@@ -128,6 +128,23 @@ class TileConfig:
     * ``prenorm_dot``: ``prenorm=None`` also applies on the ``tl.dot`` path (batches from ``dot_from``): no norm
       tasks there but layer 0's (the 8B default since issue 26's batch-8 runs; ``False``: separate norm tasks).
 
+    * ``stream_wait``: 0, or K chunks per in-tile wait segment of the streamed prenorm GEMV tiles (the FMA path of
+      batch 1: qkv over down_proj's ``hn``, gate/up over o_proj's, down_proj over gate/up's ``act``, o_proj over
+      the combine's heads at batch 1): instead of waiting for every producer tile before the tile starts, the tile
+      requests its first weight chunk, then waits only for the producers of the first segment's columns, and so
+      on per segment (``Dep(inner=True)``, :func:`~.tiles_gemv._gemv_acc`): its weights stream while the
+      producer phase's last tiles finish, and the scoreboard wait of the later segments overlaps the stream (a
+      lever of issue 26: the critical path's tile of each GEMV phase ran 10-25% longer than the phase's mean
+      tile); ``stream_wait_projs``: the projections it applies to (a list of ``qkv``, ``o``, ``gate_up``,
+      ``down`` separated by ``,`` or ``+``); ``stream_wait_exact``: each segment's wait at its own first chunk and
+      the activations loaded by ``dl.ld`` outside the software pipeline (only weights in it: the first chunks are
+      requested before any wait), instead of pipelined activations and waits ``stream_stages`` chunks ahead;
+      ``stream_wait_load``: those waits poll with acquire loads and no fence (``dl.wait_deps(acquire="load")``: the
+      fence, ``MEMBAR.ALL.GPU``, may wait for the weight copies in flight).
+    * ``wait_acquire``: ``"fence"`` or ``"load"``: how the megakernel's waits before each tile acquire on NVIDIA
+      (``Megakernel(wait_acquire=...)``, ``dl.wait_deps(acquire=...)``: relaxed polls and one fence, or acquire-load
+      polls and no fence; a lever of issue 26).
+
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
     * ``attn_stages``: 0, or the software pipeline depth (``tl.range(num_stages=...)``, >= 2) of each attention
@@ -194,6 +211,11 @@ class TileConfig:
     pn_early: bool = False
     dot_ksplit: int = 0
     prenorm_dot: bool = False
+    stream_wait: int = 0
+    stream_wait_projs: str = "qkv,o,gate_up,down"
+    stream_wait_exact: bool = False
+    stream_wait_load: bool = False
+    wait_acquire: str = "fence"
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences
@@ -243,6 +265,10 @@ class TileConfig:
             return (batch <= self.fuse_upto or (self.prenorm_dot and self.dot_for(batch))) and self.down_split_k == 1
         return bool(self.prenorm)
 
+    def wait_projs(self) -> list:
+        """``stream_wait_projs`` as a list (separated by ``,`` or ``+``)."""
+        return [p.strip() for p in self.stream_wait_projs.replace("+", ",").split(",") if p.strip()]
+
     def stream_for(self, batch: int) -> int:
         """The GEMV tiles' ``STREAM`` constexpr at this batch size: 0 (weights double-buffered in registers) or the
         software pipeline's ``num_stages`` (weights streamed by ``cp.async`` into shared memory)."""
@@ -279,6 +305,14 @@ class TileConfig:
             if v < 0 or v & (v - 1) or v == 1 or (name == "gu_wdot" and 0 < v < 8):
                 raise DitronError(f"TileConfig.{name}={v}: must be 0 (off / dot_block_k) or a power of two"
                                   + (" >= 8 (2 x gu_wdot rows: 16 per MMA)" if name == "gu_wdot" else " >= 2"))
+        if self.stream_wait < 0:
+            raise DitronError(f"TileConfig.stream_wait={self.stream_wait}: must be 0 (off) or K chunks per segment")
+        bad = [p for p in self.wait_projs() if p not in ("qkv", "o", "gate_up", "down")]
+        if bad:
+            raise DitronError(f"TileConfig.stream_wait_projs={self.stream_wait_projs!r}: unknown projection(s) {bad} "
+                              "(a comma list of qkv, o, gate_up, down)")
+        if self.wait_acquire not in ("fence", "load"):
+            raise DitronError(f"TileConfig.wait_acquire={self.wait_acquire!r}: must be 'fence' or 'load'")
         if self.dot_ring < 0:
             raise DitronError(f"TileConfig.dot_ring={self.dot_ring}: must be 0 (stream_stages) or a byte count")
         if (self.fold_resid or self.prenorm) and self.down_split_k > 1:

@@ -52,6 +52,7 @@ import torch
 from ditron.errors import DitronError
 
 from . import tiles as T
+from . import tiles_gemv as TG
 from .config import DecoderConfig, cdiv, next_pow2
 from .weights import PagedKV, Weights, contexts
 
@@ -64,7 +65,7 @@ class TaskSpec:
     args: dict
     reads: tuple = ()
     writes: tuple = ()
-    deps: list = field(default_factory=list)     # [(task name, None | "same" | callable)]
+    deps: list = field(default_factory=list)     # [(task name, None | "same" | callable[, inner])]
     scalars: dict = field(default_factory=dict)
     comm: Optional[str] = None                   # "all_reduce": args {"x", "out"} (registered by the comm helper)
     prefetch: object = None                      # prefetch hook (runs before the dependency wait)
@@ -320,22 +321,46 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     pre = direct and tc.prenorm_for(B)
     fold = pre or (direct and fuse and tc.fold_resid)
 
-    def resnorm(name, proj, x, wt, K, l, j, first, ss, deps):   # r = x0 | resid + x @ wt^T; hn, ss for norm j
-        cols = tc.cols(proj, dot)              # columns per tile (o_cols / down_cols: a masked tile)
+    def stream_wait(proj, fn, plain, producer, pn, deps, args, scalars):
+        """TileConfig.stream_wait: the plain streamed prenorm GEMV ``plain`` over ``producer``'s output (``pn``
+        columns per producer tile) waits on it inside its K loop (Dep(inner=True)); returns (fn, deps)."""
+        on = tc.stream_wait and fn is plain and proj in tc.wait_projs() and args["STREAM"] > 0
+        if not on:
+            return fn, deps
+        import ditron.task as dtask
+        ptask = next(s for s in specs if s.name == producer)
+        if cdiv(args["K"], pn) != ptask.num_tiles:
+            raise DitronError(f"TileConfig.stream_wait: {proj}'s K={args['K']} in producer tiles of {pn} columns is "
+                              f"{cdiv(args['K'], pn)} tiles, but '{producer}' has {ptask.num_tiles}")
+        # the producer's first scoreboard slot relative to this task's: the tiles of the specs registered from it on
+        # (checked by register())
+        off = -sum(s.num_tiles for s in specs[specs.index(ptask):])
+        args.update(task_slots=dtask.TASK_SLOTS, epoch=dtask.EPOCH, WAIT_OFF=off, WAIT_PN=pn, WAIT_SEG=tc.stream_wait,
+                    WAIT_EXACT=tc.stream_wait_exact, WAIT_LOAD=tc.stream_wait_load)
+        sw = {T.linear_resnorm_tile: TG.linear_resnorm_sw_tile, T.linear_rstd_tile: TG.linear_rstd_sw_tile,
+              T.gate_up_rstd_tile: TG.gate_up_rstd_sw_tile}[plain]
+        return sw, [(n, t, True) if n == producer else (n, t) for n, t in deps]
+
+    def resnorm(name, proj, x, wt, K, l, j, first, ss, deps, producer=None, pn=0):   # r = x0 | resid + x @ wt^T;
+        cols = tc.cols(proj, dot)              # columns per tile (o_cols / down_cols: a masked tile)   hn, ss (j)
         fn = T.linear_resnorm_early_tile if dot and tc.pn_early else T.linear_resnorm_tile     # TileConfig.pn_early
         gc = gemv_c(proj)
         if kdot:                                                                               # ... dot_ksplit
             fn, gc = T.linear_resnorm_kdot_tile, gemv_kdot_c(proj)
-        specs.append(TaskSpec(name, fn, cdiv(H, cols),
-                              {"x_ptr": x, "w_ptr": wt, "x0_ptr": buf.x, "resid_ptr": buf.resid, "nw_ptr": w.norm,
-                               "hn_ptr": buf.hn, "ss_ptr": ss, "B": B, "N": H, "K": K, "COLS": cols, **gc},
+        args = {"x_ptr": x, "w_ptr": wt, "x0_ptr": buf.x, "resid_ptr": buf.resid, "nw_ptr": w.norm,
+                "hn_ptr": buf.hn, "ss_ptr": ss, "B": B, "N": H, "K": K, "COLS": cols, **gc}
+        scalars = {"layer": l, "norm": j, "first": first}
+        if producer is not None:
+            fn, deps = stream_wait(proj, fn, T.linear_resnorm_tile, producer, pn, deps, args, scalars)
+        specs.append(TaskSpec(name, fn, cdiv(H, cols), args,
                               reads=("x_ptr", "w_ptr", "x0_ptr", "resid_ptr", "nw_ptr"),
                               writes=("resid_ptr", "hn_ptr", "ss_ptr"), deps=deps,
-                              scalars={"layer": l, "norm": j, "first": first}, prefetch=prefetch_of(T.linear_tile)))
+                              scalars=scalars, prefetch=prefetch_of(T.linear_tile)))
 
-    def rstd_gemv(name, proj, fn, wt, out, N, l, ss, deps):     # rstd(ss) * (hn @ wt^T) (gate/up: then silu * up)
-        nt = ss.shape[1]
+    def rstd_gemv(name, proj, fn, wt, out, N, l, ss, deps, producer=None, pn=0):   # rstd(ss) * (hn @ wt^T)
+        nt = ss.shape[1]                                                          # (gate/up: then silu * up)
         gc = gemv_c(proj)
+        plain = fn
         early = dot and tc.pn_early                         # TileConfig.pn_early: rstd loaded before the stream
         if wdot and proj == "gate_up":
             fn, gc = T.gate_up_rstd_wdot_early_tile if early else T.gate_up_rstd_wdot_tile, gemv_wdot_c()
@@ -343,11 +368,15 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             fn, gc = T.linear_rstd_kdot_tile, gemv_kdot_c(proj)
         elif early:
             fn = T.gate_up_rstd_early_tile if proj == "gate_up" else T.linear_rstd_early_tile
-        specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
-                              {"x_ptr": buf.hn, "ss_ptr": ss, "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps,
-                               "N": N, "K": H, "NT": nt, "BLOCK_T": next_pow2(nt), **gc},
+        args = {"x_ptr": buf.hn, "ss_ptr": ss, "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps,
+                "N": N, "K": H, "NT": nt, "BLOCK_T": next_pow2(nt), **gc}
+        scalars = {"layer": l}
+        pf = prefetch_of(fn)
+        if producer is not None:
+            fn, deps = stream_wait(proj, fn, plain, producer, pn, deps, args, scalars)
+        specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]), args,
                               reads=("x_ptr", "ss_ptr", "w_ptr"), writes=("out_ptr",), deps=deps,
-                              scalars={"layer": l}, prefetch=prefetch_of(fn)))
+                              scalars=scalars, prefetch=pf))
 
     def folded(name, proj, x, wt, K, l, first, deps):       # delta = x @ wt^T after resid = x0 | resid + delta
         specs.append(TaskSpec(name, T.linear_resid_tile, cdiv(H, BN[proj]),
@@ -366,7 +395,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         # attention block: (norm) -> qkv -> rope -> attention -> combine -> o_proj -> all-reduce
         if pre and l:
             rstd_gemv(f"qkv.{l}", "qkv", T.linear_rstd_tile, w.qkv, buf.qkv, sh.qkv_cols, l, buf.ss_m,
-                      [(f"down.{l - 1}", None)])
+                      [(f"down.{l - 1}", None)], f"down.{l - 1}", tc.cols("down", dot))
         elif fuse:
             rms_linear(f"qkv.{l}", "qkv", T.rms_linear_tile, w.qkv, buf.qkv, sh.qkv_cols, l, 2 * l,
                        ([(after_mlp(l - 1), None)] + ([] if fold else [(f"res_m.{l - 1}", None)])) if l
@@ -420,7 +449,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             deps=[(f"attn.{l}", comb_group_attn_tiles if tc.comb_group else comb_attn_tiles)]))
         if pre:             # o tile n: resid[:, cols n] = (x | resid) + attn @ Wo^T; hn, ss of norm 2l + 1
             resnorm(f"o.{l}", "o", buf.attn, w.o, sh.attn_cols, l, 2 * l + 1, int(l == 0), buf.ss_a,
-                    [(f"comb.{l}", None)])
+                    [(f"comb.{l}", None)], *((f"comb.{l}", D) if B == 1 and not tc.comb_group else ()))
         elif fold:          # o tile n: resid[:, cols n] = x | resid + delta (layer l's pending add), then delta
             folded(f"o.{l}", "o", buf.attn, w.o, sh.attn_cols, l, int(l == 0), [(f"comb.{l}", None)])
         else:
@@ -431,7 +460,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         # MLP block: (norm) -> gate/up -> down -> all-reduce
         if pre:
             rstd_gemv(f"gu.{l}", "gate_up", T.gate_up_rstd_tile, w.gate_up, buf.act, IL, l, buf.ss_a,
-                      [(f"o.{l}", None)])
+                      [(f"o.{l}", None)], f"o.{l}", tc.cols("o", dot))
         elif fuse:
             rms_linear(f"gu.{l}", "gate_up", T.rms_gate_up_tile, w.gate_up, buf.act, IL, l, 2 * l + 1,
                        [(after_attn(l), None)] + ([] if fold else [(f"res_a.{l}", None)]))
@@ -455,7 +484,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                                       deps=[(f"dsum.{l}", "same")] + ([(f"res_m.{l}", None)] if fuse else []),
                                       comm="all_reduce", scalars={"block": blk}))
         elif pre:
-            resnorm(f"down.{l}", "down", buf.act, w.down, IL, l, 2 * l + 2, 0, buf.ss_m, [(f"gu.{l}", None)])
+            resnorm(f"down.{l}", "down", buf.act, w.down, IL, l, 2 * l + 2, 0, buf.ss_m, [(f"gu.{l}", None)],
+                    f"gu.{l}", BN["gate_up"])
         elif fold:
             folded(f"down.{l}", "down", buf.act, w.down, IL, l, 0, [(f"gu.{l}", None)])
         else:
@@ -553,7 +583,11 @@ def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
         all_reduce = dtask.comm.all_reduce
     tasks = {}
     for s in specs:
-        deps = [dtask.Dep(tasks[n], tiles) for n, tiles in s.deps]
+        deps = [dtask.Dep(tasks[d[0]], d[1], inner=len(d) > 2 and bool(d[2])) for d in s.deps]
+        inner = [d[0] for d in s.deps if len(d) > 2 and d[2]]
+        if "WAIT_OFF" in s.args and inner and tasks[inner[0]].slot_base - graph.num_slots != s.args["WAIT_OFF"]:
+            raise DitronError(f"decoder: task '{s.name}' waits on '{inner[0]}' at slot offset {s.args['WAIT_OFF']}, "
+                              f"but '{inner[0]}' starts {graph.num_slots - tasks[inner[0]].slot_base} slots before it")
         if s.comm == "all_reduce":
             t = all_reduce(graph, s.name, s.args["x"], s.args["out"], deps=deps, **s.scalars)
             if t.num_tiles != s.num_tiles or t.args.get("BLOCK", s.scalars["block"]) != s.scalars["block"]:
@@ -568,6 +602,14 @@ def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
     return tasks
 
 
+def check_target(cfg: DecoderConfig, target: str):
+    """Clear errors before compiling for ``target`` (``"sm_90a"``, ``"gfx942"``, ...): ``TileConfig.stream_wait``
+    is NVIDIA-only (AMD's stream pipeliner cannot predicate the scoreboard wait inside the pipelined K loop)."""
+    if cfg.tiles.stream_wait and target.startswith("gfx"):
+        raise DitronError(f"TileConfig.stream_wait={cfg.tiles.stream_wait}: the in-loop scoreboard waits are NVIDIA-only "
+                          f"(on {target} Triton's stream pipeliner cannot predicate them); use stream_wait=0")
+
+
 def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, world_size: int, batch: int, ctx,
                      scheduler="round_robin", num_programs=None, buffers: Optional[Buffers] = None,
                      all_reduce=None, name="decoder", **compile_kw) -> DecoderMegakernel:
@@ -577,10 +619,14 @@ def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, wo
     if not isinstance(cache, PagedKV):
         raise DitronError(f"build_megakernel: cache must be a PagedKV (k, v, block_table), got {type(cache).__name__}")
     check_cache(cfg, world_size, cache, batch)
+    if getattr(torch.version, "hip", None) and cache.k.is_cuda:
+        check_target(cfg, "gfx")
     buf = buffers or make_buffers(cfg, world_size, batch, cache.max_ctx, ctx, cache.k.device)
     specs = decoder_tasks(cfg, world_size, weights, cache, buf)
     g = dtask.TaskGraph(name)
     register(g, specs, all_reduce)
+    if cfg.tiles.wait_acquire != "fence":
+        compile_kw.setdefault("wait_acquire", cfg.tiles.wait_acquire)
     mk = g.compile(scheduler=scheduler, num_programs=num_programs, num_warps=cfg.tiles.num_warps,
                    maxnreg=cfg.tiles.max_regs or None, programs_per_sm=cfg.tiles.programs_per_sm or None,
                    **compile_kw)

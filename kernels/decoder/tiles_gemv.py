@@ -117,7 +117,8 @@ def _mac(acc, x, w, DOT: tl.constexpr, BLOCK_B: tl.constexpr):
 def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, NORM: tl.constexpr, TWO: tl.constexpr,
               resid_ptr, delta_ptr, nw_ptr, first, eps, STREAM: tl.constexpr, LD: tl.constexpr,
-              COLS: tl.constexpr = 0):
+              COLS: tl.constexpr = 0, wait_ptr=0, epoch=0, WAIT_PN: tl.constexpr = 0, WAIT_SEG: tl.constexpr = 1,
+              WAIT_EXACT: tl.constexpr = False, WAIT_LOAD: tl.constexpr = False):
     """``(acc, acc2)``: ``acc[b, n] = sum_k x[b, k] * w[n0 + n, k]`` in float32 (``x``: ``[B, K]``, ``w``:
     ``[N, K]``; rows of both ``LD`` elements apart: ``K`` but for a split-K slice) and the same with ``w2`` when
     ``TWO`` (gate and up share ``x``; else ``acc2`` is ``acc``).
@@ -132,7 +133,15 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
     ``TileConfig.gemv_stream`` on the FMA path of small batches): a plain loop ``tl.range(...,
     num_stages=STREAM)`` that Triton's software pipeliner turns into ``cp.async`` copies into shared memory,
     ``STREAM - 1`` chunks ahead (the weight stream held in shared memory instead of registers; the loop's
-    explicit ``num_stages`` makes Triton pipeline loads that do not feed a ``tl.dot``)."""
+    explicit ``num_stages`` makes Triton pipeline loads that do not feed a ``tl.dot``).
+
+    ``WAIT_PN > 0`` (``TileConfig.stream_wait``, ``STREAM > 0`` only): the producers of ``x`` are waited on here,
+    not before the tile (``Dep(..., inner=True)``): producer tile ``p`` (scoreboard slot ``wait_ptr + p``) wrote
+    columns ``[p * WAIT_PN, +WAIT_PN)`` of ``x``; per ``WAIT_SEG`` K chunks (a segment) one ``dl.wait_deps`` on
+    the producers of the segment's columns, ``STREAM`` iterations before the segment is reduced (before the
+    pipeline requests its activations), those of the first ``STREAM`` chunks before the loop.  The segments cover
+    all of ``K``: when the loop ends every producer tile was waited on (their other outputs, e.g. the sums of
+    squares of ``hn``, may be read after)."""
     offs_b = tl.arange(0, BLOCK_B)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     mb = offs_b < B
@@ -149,7 +158,68 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
         ss = tl.zeros([BLOCK_B], tl.float32)
     else:
         ss = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
-    if STREAM > 0:
+    if STREAM > 0 and WAIT_PN > 0 and WAIT_EXACT:
+        # each segment's wait at its first chunk; the activations are loaded by dl.ld (inline asm, which Triton's
+        # pipeliner neither pipelines nor moves: the wait and the load stay in the loop's last stage, with the
+        # reduction), so the pipeline's prologue and its lookahead requests carry only weights: the first
+        # STREAM - 1 weight chunks are requested before any wait (the activations' latency is exposed per chunk,
+        # overlapping the wait for that chunk's weights)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STREAM):
+            c = k0 // BLOCK_K
+            lo = c * BLOCK_K // WAIT_PN
+            hi = (tl.minimum((c + WAIT_SEG) * BLOCK_K, K) + WAIT_PN - 1) // WAIT_PN
+            if WAIT_LOAD:
+                # after the first chunk acquire loads, no fence (MEMBAR.ALL.GPU may wait for the weight copies in
+                # flight); the first wait -- long for a program idle in the producer phase -- polls relaxed with a
+                # fence at the end (an acquire load invalidates the SM's L1 at every poll)
+                n = tl.where(c % WAIT_SEG == 0, hi - lo, 0)
+                tok = dl.wait_deps(wait_ptr + lo, tl.where(c == 0, n, 0), epoch)
+                tok += dl.wait_deps(wait_ptr + lo, tl.where(c == 0, 0, n), epoch, acquire="load")
+            else:
+                tok = dl.wait_deps(wait_ptr + lo, tl.where(c % WAIT_SEG == 0, hi - lo, 0), epoch)
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mk = offs_k < K
+            # in-bounds addresses for every element (dl.ld has no mask), zeros where masked
+            xa = dl.ld(dl.consume_token(x_ptr, tok) + tl.minimum(offs_b, B - 1)[:, None] * LD
+                       + tl.minimum(offs_k, K - 1)[None, :], semantic="relaxed")
+            x = tl.where(mb[:, None] & mk[None, :], xa, 0.0)
+            acc = _mac(acc, x, _w_chunk(w_ptr, offs_n, mn, offs_k, mk, LD), DOT, BLOCK_B)
+            if TWO:
+                acc2 = _mac(acc2, x, _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, LD), DOT, BLOCK_B)
+    elif STREAM > 0 and WAIT_PN > 0:
+        # the waits run STREAM chunks ahead of the chunk they cover: Triton's pipeliner issues chunk k's loads
+        # (cp.async) STREAM - 1 iterations before chunk k is reduced, so a wait at iteration k - STREAM comes
+        # before them in program order (a wait that a pipelined load depended on would be moved into the load's
+        # stage, which the pipeliner cannot predicate); the first segments' producers are waited before the loop
+        # (the pipeline's prologue follows it; its activation loads also take the token)
+        NCH: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+        PRE: tl.constexpr = min(NCH, (STREAM + WAIT_SEG - 1) // WAIT_SEG * WAIT_SEG)
+        tok = dl.wait_deps(wait_ptr, (min(PRE * BLOCK_K, K) + WAIT_PN - 1) // WAIT_PN, epoch)
+        xw = dl.consume_token(x_ptr, tok)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STREAM):
+            c = k0 // BLOCK_K + STREAM              # the chunk whose segment's producers this iteration waits for
+            lo = c * BLOCK_K // WAIT_PN
+            hi = (tl.minimum((c + WAIT_SEG) * BLOCK_K, K) + WAIT_PN - 1) // WAIT_PN
+            if WAIT_LOAD:
+                dl.wait_deps(wait_ptr + lo, tl.where((c % WAIT_SEG == 0) & (c >= PRE) & (c < NCH), hi - lo, 0), epoch,
+                             acquire="load")
+            else:
+                dl.wait_deps(wait_ptr + lo, tl.where((c % WAIT_SEG == 0) & (c >= PRE) & (c < NCH), hi - lo, 0), epoch)
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mk = offs_k < K
+            a, nw = _act_chunk(xw, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, LD, NORM)
+            if NORM:
+                if DOT:
+                    ss += tl.sum(a * a, axis=1)
+                else:
+                    ss += a * a
+                x = a * nw[None, :]
+            else:
+                x = a
+            acc = _mac(acc, x, _w_chunk(w_ptr, offs_n, mn, offs_k, mk, LD), DOT, BLOCK_B)
+            if TWO:
+                acc2 = _mac(acc2, x, _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, LD), DOT, BLOCK_B)
+    elif STREAM > 0:
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STREAM):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mk = offs_k < K
@@ -323,6 +393,32 @@ def linear_resnorm_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr, s
 
 
 @triton.jit
+def linear_resnorm_sw_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr, ss_ptr, layer, norm, first, B,
+                           task_slots, epoch, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr,
+                           COLS: tl.constexpr, WAIT_OFF: tl.constexpr, WAIT_PN: tl.constexpr,
+                           WAIT_SEG: tl.constexpr, WAIT_EXACT: tl.constexpr, WAIT_LOAD: tl.constexpr):
+    """:func:`linear_resnorm_tile` that waits on the producers of ``x`` itself, per segment of K chunks, while its
+    weights stream (``TileConfig.stream_wait``; :func:`_gemv_acc`'s ``WAIT_PN``): the producer task's tile ``p``
+    is scoreboard slot ``task_slots + WAIT_OFF + p`` (``task_slots``: this task's tile 0, ``dtask.TASK_SLOTS``;
+    ``WAIT_OFF``: the producer's first slot minus this task's).  Its epilogue (the residual, ``hn``, ``ss``) runs after the
+    loop, when every producer was waited on (the readers of the ``hn`` it overwrites among them)."""
+    wl = w_ptr + layer.to(tl.int64) * N * K
+    n0 = tile * COLS
+    acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
+                       0, 0.0, STREAM, K, COLS % BLOCK_N, task_slots + WAIT_OFF, epoch, WAIT_PN, WAIT_SEG,
+                       WAIT_EXACT, WAIT_LOAD)
+    offs_b = tl.arange(0, BLOCK_B)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mb = offs_b < B
+    mn = (offs_n < N) & (tl.arange(0, BLOCK_N) < COLS)
+    off = offs_b[:, None] * N + offs_n[None, :]
+    m = mb[:, None] & mn[None, :]
+    r0, nw = _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn, N)
+    _resnorm_commit(r0, acc, nw[None, :], m, mb, off, offs_b, tile, resid_ptr, hn_ptr, ss_ptr, N, COLS, 1)
+
+
+@triton.jit
 def _rstd_rows(ss_ptr, B, eps, K: tl.constexpr, NT: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr):
     """``rsqrt(mean(r^2) + eps)`` per batch row from the ``NT`` partial sums of squares ``ss[B, NT]`` of
     :func:`linear_resnorm_tile` (``K``: the row length), as ``[BLOCK_B]`` float32."""
@@ -357,6 +453,42 @@ def gate_up_rstd_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, N: tl.
     n0 = tile * BLOCK_N
     g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, True, x_ptr, x_ptr,
                      x_ptr, 0, 0.0, STREAM, K)
+    rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
+    g = g * rstd[:, None]
+    u = u * rstd[:, None]
+    _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def linear_rstd_sw_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, task_slots, epoch,
+                        N: tl.constexpr, K: tl.constexpr, NT: tl.constexpr, BLOCK_T: tl.constexpr,
+                        BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+                        STREAM: tl.constexpr, WAIT_OFF: tl.constexpr, WAIT_PN: tl.constexpr,
+                        WAIT_SEG: tl.constexpr, WAIT_EXACT: tl.constexpr, WAIT_LOAD: tl.constexpr):
+    """:func:`linear_rstd_tile` that waits on the producers of ``hn`` and ``ss`` itself (as
+    :func:`linear_resnorm_sw_tile`): ``ss`` is read after the loop, when every producer was waited on."""
+    wl = w_ptr + layer.to(tl.int64) * N * K
+    n0 = tile * BLOCK_N
+    acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
+                       0, 0.0, STREAM, K, 0, task_slots + WAIT_OFF, epoch, WAIT_PN, WAIT_SEG,
+                       WAIT_EXACT, WAIT_LOAD)
+    rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
+    _store_rows(out_ptr, acc * rstd[:, None], n0, B, N, BLOCK_B, BLOCK_N)
+
+
+@triton.jit
+def gate_up_rstd_sw_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, task_slots, epoch,
+                         N: tl.constexpr, K: tl.constexpr, NT: tl.constexpr, BLOCK_T: tl.constexpr,
+                         BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+                         STREAM: tl.constexpr, WAIT_OFF: tl.constexpr, WAIT_PN: tl.constexpr,
+                         WAIT_SEG: tl.constexpr, WAIT_EXACT: tl.constexpr, WAIT_LOAD: tl.constexpr):
+    """:func:`gate_up_rstd_tile` that waits on the producers of ``hn`` and ``ss`` itself (as
+    :func:`linear_rstd_sw_tile`)."""
+    wl = w_ptr + layer.to(tl.int64) * 2 * N * K
+    n0 = tile * BLOCK_N
+    g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, True, x_ptr, x_ptr,
+                     x_ptr, 0, 0.0, STREAM, K, 0, task_slots + WAIT_OFF, epoch, WAIT_PN, WAIT_SEG,
+                       WAIT_EXACT, WAIT_LOAD)
     rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
     g = g * rstd[:, None]
     u = u * rstd[:, None]
