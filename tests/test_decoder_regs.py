@@ -137,11 +137,13 @@ def test_stream_wait_target_and_batch8():
 
 
 def test_wait_acquire_load(dist_world):
-    # TileConfig.wait_acquire="load": the megakernel's waits before each tile poll with acquire loads (no fence);
-    # the same step on the simulator at 2 ranks (all-reduce tasks too), the generated waits, a bad value
+    # TileConfig.wait_acquire: "load" (the default: the megakernel's waits before each tile poll with acquire
+    # loads, no fence; every other decoder test runs it) or "fence"; the "fence" step on the simulator at 2 ranks
+    # (all-reduce tasks too), the generated waits, a bad value
     import ditron.task as dtask
     from ditron.kernels.decoder import tiny
-    errs = dist_world(2).run(B.decoder_steps, steps=2, cfg=tiny().with_tiles(wait_acquire="load"))
+    assert tiny().tiles.wait_acquire == "load"
+    errs = dist_world(2).run(B.decoder_steps, steps=2, cfg=tiny().with_tiles(wait_acquire="fence"))
     assert len(errs) == 2 and all(len(e) == 2 for e in errs)
     from ditron.task import codegen
     g = dtask.TaskGraph("wa")

@@ -143,7 +143,9 @@ class TileConfig:
       fence, ``MEMBAR.ALL.GPU``, may wait for the weight copies in flight).
     * ``wait_acquire``: ``"fence"`` or ``"load"``: how the megakernel's waits before each tile acquire on NVIDIA
       (``Megakernel(wait_acquire=...)``, ``dl.wait_deps(acquire=...)``: relaxed polls and one fence, or acquire-load
-      polls and no fence; a lever of issue 26).
+      polls and no fence; a lever of issue 26: ``"load"`` by default since 2026-11-27, -2.5% at batch 1 and
+      -2.3% to -3.3% at batch 8 on one H200, ``bench/results/h200-2026-11-27-mk8.md``; AMD and the simulator wait
+      the same way either way).
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
@@ -215,7 +217,7 @@ class TileConfig:
     stream_wait_projs: str = "qkv,o,gate_up,down"
     stream_wait_exact: bool = False
     stream_wait_load: bool = False
-    wait_acquire: str = "fence"
+    wait_acquire: str = "load"
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences
