@@ -107,6 +107,8 @@
 #                b8w / wl8: the defaults / wl at batch 8, both contexts
 #   (round 2, one H200: swl1g -1.9% / -1.8%, swl4gd -2.2% / -0.5%, swl1gd -1.3% / 0.0%, swl1 -1.3% / +1.1%)
 #   swl4g / swl2g: swl1g with a wait per 4 / 2 chunks; wlg: wl + swl1g; swl1gtr: swl1g at 512, traced
+#   (round 3, one H200: wl -2.8% / -2.5%, wl8 -3.3% / -2.3%, wlg -3.5% / -3.6%: wait_acquire='load' became the default)
+#   fence1 / fence8: the old waits (--wait-acquire fence) at batch 1 / 8, the baseline of the default since then
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
 #   base4k       today's defaults at context 4096, batch 1 and 8 (the baseline of the levers below, same run)
 #   trace4k      batch 8 at context 4096, traced: time per kind of task
@@ -241,6 +243,8 @@ ALL=(                      # name|timeout s|cases|flags
   "wltr|80|--ctx 512 --batch 1|--wait-acquire load --trace"
   "b8w|70|--ctx 512,4096 --batch 8|"
   "wl8|70|--ctx 512,4096 --batch 8|--wait-acquire load"
+  "fence1|70|--ctx 512,4096 --batch 1|--wait-acquire fence"
+  "fence8|70|--ctx 512,4096 --batch 8|--wait-acquire fence"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
 status=0
