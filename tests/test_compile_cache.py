@@ -15,6 +15,9 @@ def backend_runs(tmp_path, monkeypatch):
     """A fresh Triton cache; the list of (kernel name, cache hit) of every ``triton.compile`` that follows."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
     monkeypatch.delenv("DITRON_COMPILE_CACHE", raising=False)     # whatever the environment of the run says
+    # (Triton's knobs write their variable into os.environ when set, and again when monkeypatch restores them:
+    # setting the variable first makes monkeypatch's undo of it, which runs last, leave it as it was)
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "0")
     monkeypatch.setattr(triton.knobs.compilation, "always_compile", False)
     seen = []
 
