@@ -109,6 +109,14 @@
 #   swl4g / swl2g: swl1g with a wait per 4 / 2 chunks; wlg: wl + swl1g; swl1gtr: swl1g at 512, traced
 #   (round 3, one H200: wl -2.8% / -2.5%, wl8 -3.3% / -2.3%, wlg -3.5% / -3.6%: wait_acquire='load' became the default)
 #   fence1 / fence8: the old waits (--wait-acquire fence) at batch 1 / 8, the baseline of the default since then
+#   sw0          batch 1 without the gate/up in-loop acquire-load waits (--stream-wait 0): the default until
+#                2026-11-27 (swl1g since then: TileConfig.stream_wait=None, auto: 1 on NVIDIA, 0 on AMD)
+#   fr1          batch 1 with the rope stage fused into the attention tiles (--attn-fuse-rope: one stage fewer per
+#                layer on the latency-bound chain rope -> attention -> combine; +6-15% at batch 8, unmeasured at 1)
+#   at1s         batch 1 at context 4096 with --attn-tiles = SMs: 16 splits of 256 positions per kv head instead of 32
+#                of 128 (half the attention tiles, half the partials per combine tile)
+#   (the sw*/swx*/swl* lines above pass --stream-wait-fence / --stream-wait-projs qkv,o,gate_up,down where they
+#   measured the old defaults of those flags)
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
 #   base4k       today's defaults at context 4096, batch 1 and 8 (the baseline of the levers below, same run)
 #   trace4k      batch 8 at context 4096, traced: time per kind of task
@@ -212,28 +220,28 @@ ALL=(                      # name|timeout s|cases|flags
   "attntr|80|--ctx 4096 --batch 8|--trace --attn-tiles $P3 --attn-stages 3 --rope-group --comb-group"
   "trace|80|--ctx 512 --batch 1,8|--trace"
   "base1b|70|--ctx 512,4096 --batch 1|"
-  "sw1|70|--ctx 512,4096 --batch 1|--stream-wait 1"
-  "sw2|70|--ctx 512,4096 --batch 1|--stream-wait 2"
-  "sw4|70|--ctx 512,4096 --batch 1|--stream-wait 4"
-  "sw1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-projs gate_up,down"
-  "sw1tr|80|--ctx 512 --batch 1|--stream-wait 1 --trace"
-  "sw1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --prefetch-k 512"
-  "sw1b8|60|--ctx 512,4096 --batch 8|--stream-wait 1"
-  "swx1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact"
-  "swx4|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-exact"
-  "swx1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-projs gate_up,down"
-  "swx1tr|80|--ctx 512 --batch 1|--stream-wait 1 --stream-wait-exact --trace"
-  "swx1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --prefetch-k 512"
-  "swl1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load"
-  "swxl1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load"
-  "swxl4|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-exact --stream-wait-load"
+  "sw1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-fence --stream-wait-projs qkv,o,gate_up,down"
+  "sw2|70|--ctx 512,4096 --batch 1|--stream-wait 2 --stream-wait-fence --stream-wait-projs qkv,o,gate_up,down"
+  "sw4|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-fence --stream-wait-projs qkv,o,gate_up,down"
+  "sw1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-projs gate_up,down --stream-wait-fence"
+  "sw1tr|80|--ctx 512 --batch 1|--stream-wait 1 --trace --stream-wait-fence --stream-wait-projs qkv,o,gate_up,down"
+  "sw1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --prefetch-k 512 --stream-wait-fence --stream-wait-projs qkv,o,gate_up,down"
+  "sw1b8|60|--ctx 512,4096 --batch 8|--stream-wait 1 --stream-wait-fence --stream-wait-projs qkv,o,gate_up,down"
+  "swx1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-fence --stream-wait-projs qkv,o,gate_up,down"
+  "swx4|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-exact --stream-wait-fence --stream-wait-projs qkv,o,gate_up,down"
+  "swx1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-projs gate_up,down --stream-wait-fence"
+  "swx1tr|80|--ctx 512 --batch 1|--stream-wait 1 --stream-wait-exact --trace --stream-wait-fence --stream-wait-projs qkv,o,gate_up,down"
+  "swx1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --prefetch-k 512 --stream-wait-fence --stream-wait-projs qkv,o,gate_up,down"
+  "swl1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --stream-wait-projs qkv,o,gate_up,down"
+  "swxl1|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --stream-wait-projs qkv,o,gate_up,down"
+  "swxl4|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-exact --stream-wait-load --stream-wait-projs qkv,o,gate_up,down"
   "swxl1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --stream-wait-projs gate_up,down"
-  "swxl1tr|80|--ctx 512 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --trace"
-  "swxl1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --prefetch-k 512"
+  "swxl1tr|80|--ctx 512 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --trace --stream-wait-projs qkv,o,gate_up,down"
+  "swxl1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-exact --stream-wait-load --prefetch-k 512 --stream-wait-projs qkv,o,gate_up,down"
   "swl1gd|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --stream-wait-projs gate_up,down"
   "swl4gd|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-load --stream-wait-projs gate_up,down"
   "swl1g|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --stream-wait-projs gate_up"
-  "swl1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --prefetch-k 512"
+  "swl1pf|70|--ctx 512,4096 --batch 1|--stream-wait 1 --stream-wait-load --prefetch-k 512 --stream-wait-projs qkv,o,gate_up,down"
   "wl|70|--ctx 512,4096 --batch 1|--wait-acquire load"
   "swl4g|70|--ctx 512,4096 --batch 1|--stream-wait 4 --stream-wait-load --stream-wait-projs gate_up"
   "swl2g|70|--ctx 512,4096 --batch 1|--stream-wait 2 --stream-wait-load --stream-wait-projs gate_up"
@@ -244,6 +252,9 @@ ALL=(                      # name|timeout s|cases|flags
   "b8w|70|--ctx 512,4096 --batch 8|"
   "wl8|70|--ctx 512,4096 --batch 8|--wait-acquire load"
   "fence1|70|--ctx 512,4096 --batch 1|--wait-acquire fence"
+  "sw0|70|--ctx 512,4096 --batch 1|--stream-wait 0"
+  "fr1|70|--ctx 512,4096 --batch 1|--attn-fuse-rope"
+  "at1s|45|--ctx 4096 --batch 1|--attn-tiles $SMS"
   "fence8|70|--ctx 512,4096 --batch 8|--wait-acquire fence"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}

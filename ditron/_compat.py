@@ -283,6 +283,15 @@ def ptxas_log():
                 sys.stdout = out
 
 
+def cuobjdump_path() -> str:
+    """Triton's bundled ``cuobjdump`` (its ``knobs.nvidia.cuobjdump`` tool, where the knob exists)."""
+    try:
+        from triton import knobs
+        return knobs.nvidia.cuobjdump.path
+    except (ImportError, AttributeError):
+        return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
 def ptxas_run_is_plain(metadata) -> bool:
     """Whether the ptxas run that Triton made for a kernel with ``metadata`` gives the numbers of ``ptxas -v
     --gpu-name=ARCH`` on its PTX alone (:func:`ditron.compiler.ptxas_usage`).  Triton 3.6 adds ``-lineinfo``

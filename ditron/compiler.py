@@ -56,6 +56,47 @@ class CompiledKernel:
         use["shared"] = int(getattr(self.metadata, "shared", 0) or 0)
         return use
 
+    def sass(self) -> str:
+        """The NVIDIA kernel's SASS: ``cuobjdump -sass`` of its cubin (Triton's bundled tool; no GPU needed)."""
+        import subprocess
+        import tempfile
+        if not isinstance(self.asm.get("cubin"), (bytes, bytearray)):
+            raise DitronCompileError(f"{self.name}: sass() needs an NVIDIA target (a cubin), not {self.target.name}")
+        with tempfile.TemporaryDirectory() as d:
+            with open(f"{d}/k.cubin", "wb") as f:
+                f.write(self.asm["cubin"])
+            run = subprocess.run([_compat.cuobjdump_path(), "-sass", f"{d}/k.cubin"], capture_output=True, text=True)
+        if run.returncode:
+            raise DitronCompileError(f"{self.name}: cuobjdump -sass failed:\n{run.stderr}")
+        return run.stdout
+
+    def spills_in_loops(self) -> dict:
+        """Where the kernel's register spills sit, read from its SASS (:meth:`sass`): ``{"spills": n, "in_loops":
+        n}``, the local loads and stores off the stack pointer (``LDL`` / ``STL [R1...]``: what ``ptxas -v`` counts
+        as spill bytes) and those inside a loop other than the kernel's outermost one (a loop is a backward
+        branch; the outermost, e.g. a persistent kernel's loop over its tiles, reloads its spills once per tile,
+        an inner loop, e.g. over K chunks, once per iteration)."""
+        return sass_spills_in_loops(self.sass())
+
+
+def sass_spills_in_loops(sass: str) -> dict:
+    """:meth:`CompiledKernel.spills_in_loops` of a ``cuobjdump -sass`` listing (one function)."""
+    import re
+    insns = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            insns.append((int(m.group(1), 16), m.group(2)))
+    loops = []
+    for addr, text in insns:
+        m = re.search(r"\bBRA(?:\.\S+)?\s+(?:`?\(?)0x([0-9a-f]+)", text)
+        if m and int(m.group(1), 16) <= addr:
+            loops.append((int(m.group(1), 16), addr))
+    outer = max(loops, key=lambda ab: ab[1] - ab[0]) if loops else None
+    spills = [addr for addr, text in insns if re.search(r"\b(?:LDL|STL)(?:\.\S+)?\s.*\[R1\b", text)]
+    inner = [a for a in spills if any(lo <= a <= hi for lo, hi in loops if (lo, hi) != outer)]
+    return {"spills": len(spills), "in_loops": len(inner)}
+
 
 _EIATTR_FRAME_SIZE, _EIATTR_REGCOUNT = 0x11, 0x2F
 

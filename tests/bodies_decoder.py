@@ -300,7 +300,7 @@ def compile_generated(world, target, gemv_dot=False, prefetch_k=0):
     w = make_weights(cfg, world.rank, world.world_size)
     cache = make_cache(cfg, world.rank, world.world_size, 1, 300, 40)
     dm = build_megakernel(cfg, w, cache, world_size=world.world_size, batch=1, ctx=40, num_programs=132,
-                          name=f"decoder_{target}")
+                          name=f"decoder_{target}", target=target)
     ck = ditron.compile(dm.mk.kernel, target=target, signature=dm.mk.signature(), num_warps=cfg.tiles.num_warps)
     asm = device_asm(ck)
     ir = ck.asm["dist_ir"]

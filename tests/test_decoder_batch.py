@@ -27,7 +27,7 @@ def test_gu_wdot_config_and_tasks():
     for bad in (dict(gu_wdot=4), dict(gu_wdot=24), dict(gu_wdot_k=1), dict(gu_wdot_k=-2)):
         with pytest.raises(DitronError, match=next(iter(bad))):
             _cfg(1, **bad)
-    cfg = qwen3_8b(n_layers=1).with_tiles(gu_wdot=32, gu_wdot_k=256, dot_ksplit=0)
+    cfg = qwen3_8b(n_layers=1).with_tiles(gu_wdot=32, gu_wdot_k=256, dot_ksplit=0, stream_wait=0)
     for batch, prenorm, fn in ((8, False, T.gate_up_wdot_tile), (8, True, T.gate_up_rstd_wdot_tile),
                                (1, None, T.gate_up_rstd_tile)):
         gu = next(s for s in RZ.step_specs(cfg.with_tiles(prenorm=prenorm), batch) if s.name == "gu.0")

@@ -81,21 +81,31 @@ def test_stream_wait_graph():
 
 
 def test_stream_wait_8b_compiles():
-    # the 8B step at batch 1 with the in-tile waits (one layer: the same branches as 36): sm_90a keeps the weight
-    # stream in shared memory (cp.async: Triton's pipeliner accepts the loop, whose waits feed no pipelined load) at
-    # 3 programs per SM
+    # the 8B step at batch 1 with its default in-tile waits (gate/up, acquire-load polls; one layer: the same
+    # branches as 36): sm_90a keeps the weight stream in shared memory (cp.async: Triton's pipeliner accepts the
+    # loop, whose waits feed no pipelined load) at 3 programs per SM
     import ditron
     from ditron.kernels.decoder import qwen3_8b
     from ditron.kernels.decoder import resources as RZ
-    cfg = qwen3_8b(n_layers=1).with_tiles(stream_wait=1)
+    cfg = qwen3_8b(n_layers=1)
+    assert cfg.tiles.stream_wait is None and cfg.tiles.wait_segment() == 1
+    # (the waits before each tile with the fence below: an ld.acquire can only come from the in-loop waits)
+    every = cfg.with_tiles(stream_wait=1, stream_wait_projs="qkv,o,gate_up,down", stream_wait_exact=True,
+                           wait_acquire="fence")
     ditron.init("sim")
     try:
-        use = RZ.usage(cfg, 1)
-        ck = RZ.compile_step(cfg.with_tiles(stream_wait_exact=True), 1, kinds=("o", "gu"))
-        ckl = RZ.compile_step(cfg.with_tiles(stream_wait_exact=True, stream_wait_load=True), 1, kinds=("o", "gu"))
+        ck_default = RZ.compile_step(cfg, 1)
+        use = ck_default.usage()
+        use["resident_per_sm"] = RZ.resident_per_sm(use, cfg.tiles.num_warps)
+        use["cp_async"] = "cp.async.cg" in ck_default.asm["ptx"]
+        ptx_default = RZ.compile_step(cfg.with_tiles(wait_acquire="fence"), 1, kinds=("gu",)).asm["ptx"]
+        ck = RZ.compile_step(every.with_tiles(stream_wait_load=False), 1, kinds=("o", "gu"))
+        ckl = RZ.compile_step(every, 1, kinds=("o", "gu"))
     finally:
         ditron.finalize()
     assert use["cp_async"] and use["resident_per_sm"] == 3, use
+    # the default gate/up tile polls its producers inside the loop with ld.acquire
+    assert "ld.acquire.gpu.global.b32" in ptx_default and "cp.async.cg.shared.global" in ptx_default
     # stream_wait_exact: gate/up's activations by dl.ld (ld.relaxed per element), its weights still by cp.async
     ptx = ck.asm["ptx"]
     assert "ld.relaxed.gpu.global.b16" in ptx and "cp.async.cg.shared.global" in ptx
@@ -104,9 +114,32 @@ def test_stream_wait_8b_compiles():
     ptxl = ckl.asm["ptx"]
     assert "ld.acquire.gpu.global.b32" not in ptx and "ld.acquire.gpu.global.b32" in ptxl
     # ptxas spills some loop-invariant addresses of the 168-register step (reloaded once per tile, none in the K
-    # loops; 12-14 B without the lever, 80 B with it on Triton 3.6): a collapse (a GEMV loop spilling, e.g. 240 B
+    # loops; 12-14 B without the lever, 88 B with the default gate/up waits, 80 B with all four on Triton 3.6): a collapse (a GEMV loop spilling, e.g. 240 B
     # with 128-deep gate/up chunks) fails here
     assert use["registers"] <= 168 and use["spill_stores"] <= 128, use
+    # ... and in the SASS: every spill instruction (LDL / STL off the stack pointer) sits in the persistent loop over
+    # tiles, none in a K loop (Triton 3.6, the GPUs' version: 46 spill instructions, 0 in inner loops)
+    from ditron._compat import TRITON_VERSION
+    where = ck_default.spills_in_loops()
+    if TRITON_VERSION[:2] == (3, 6):
+        assert where["spills"] and where["in_loops"] == 0, where
+
+
+def test_sass_spills_in_loops():
+    # the SASS reader of CompiledKernel.spills_in_loops: loops are backward branches, the outermost one excluded
+    from ditron.compiler import sass_spills_in_loops
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   STL [R1+0x4], R2 ;
+        /*0020*/                   LDG.E R3, desc[UR4][R4.64] ;
+        /*0030*/                   LDL R5, [R1+0x4] ;
+        /*0040*/                   FFMA R6, R5, R3, R6 ;
+        /*0050*/              @P0 BRA 0x20 ;
+        /*0060*/                   STL [R5], R2 ;
+        /*0070*/                   BRA 0x10 ;
+        /*0080*/                   EXIT ;"""
+    assert sass_spills_in_loops(sass) == {"spills": 2, "in_loops": 1}
+    assert sass_spills_in_loops(sass.replace("LDL R5, [R1+0x4]", "MOV R5, R2")) == {"spills": 1, "in_loops": 0}
 
 
 def test_stream_wait_target_and_batch8():
@@ -121,19 +154,27 @@ def test_stream_wait_target_and_batch8():
     cfg = qwen3_8b(n_layers=1)      # (resources.step_specs: a one-layer cache)
     with pytest.raises(DitronError, match="stream_wait=1: the in-loop scoreboard waits are NVIDIA-only"):
         check_target(cfg.with_tiles(stream_wait=1), "gfx942")
-    check_target(cfg.with_tiles(stream_wait=1), "sm_90a")
-    check_target(cfg, "gfx942")
+    with pytest.raises(DitronError, match="stream_wait=1: the in-loop scoreboard waits are NVIDIA-only"):
+        RZ.compile_step(cfg.with_tiles(stream_wait=1), 1, target="gfx942")     # before compiling
+    assert check_target(cfg.with_tiles(stream_wait=1), "sm_90a").tiles.stream_wait == 1
+    # the auto default (None): on for NVIDIA and the simulator, off for AMD
+    assert check_target(cfg, "sm_90a") is cfg and check_target(cfg, "gfx942").tiles.stream_wait == 0
+    with pytest.raises(DitronError, match="must be None"):
+        cfg.with_tiles(stream_wait=1.5)
     ditron.init("sim")
     try:
+        gu = {t: next(s for s in RZ.step_specs(check_target(cfg, t), 1) if s.name == "gu.0").fn.fn.__name__
+              for t in ("sm_90a", "gfx942")}
+        assert gu == {"sm_90a": "gate_up_rstd_sw_tile", "gfx942": "gate_up_rstd_tile"}, gu
         src = {}
-        for sw in (0, 1):
+        for sw in (0, 1, None):
             with ditron.heap_scope():
                 g = dtask.TaskGraph("b8")
                 register(g, RZ.step_specs(cfg.with_tiles(stream_wait=sw), 8))
                 src[sw] = codegen.generate(g, False).source
     finally:
         ditron.finalize()
-    assert src[0] == src[1] and "_sw_tile" not in src[1]
+    assert src[0] == src[1] == src[None] and "_sw_tile" not in src[1]
 
 
 def test_wait_acquire_load(dist_world):

@@ -143,8 +143,8 @@ def _config(args):
         over["stream_wait_projs"] = args.stream_wait_projs
     if args.stream_wait_exact:
         over["stream_wait_exact"] = True
-    if args.stream_wait_load:
-        over["stream_wait_load"] = True
+    if args.stream_wait_load or args.stream_wait_fence:
+        over["stream_wait_load"] = not args.stream_wait_fence
     if args.wait_acquire:
         over["wait_acquire"] = args.wait_acquire
     return cfg.with_tiles(**over) if over else cfg
@@ -383,16 +383,20 @@ def main(argv=None):
     p.add_argument("--stream-wait", type=int, default=None,
                    help="batch 1 (prenorm, streamed FMA GEMVs): K chunks per in-tile wait segment -- the qkv / o / "
                         "gate-up / down tiles wait on their producers per segment inside their K loop, so their "
-                        "weights stream while the last producers finish (0: off, the default)")
+                        "weights stream while the last producers finish (0: off; default: 1 on NVIDIA, 0 on AMD)")
     p.add_argument("--stream-wait-projs", default="",
-                   help="with --stream-wait: the projections it applies to (comma list of qkv, o, gate_up, down)")
+                   help="the projections the in-tile waits apply to (comma list of qkv, o, gate_up, down; "
+                        "default gate_up)")
     p.add_argument("--stream-wait-exact", action="store_true",
                    help="with --stream-wait: each segment waits at its own first chunk and the activations are "
                         "loaded outside the software pipeline (the first weight chunks are requested before any "
                         "wait) instead of pipelined activations and waits stream-stages chunks ahead")
-    p.add_argument("--stream-wait-load", action="store_true",
-                   help="with --stream-wait: the in-loop waits poll with ld.acquire and no fence (the fence, "
-                        "MEMBAR.ALL.GPU, may wait for the weight copies in flight)")
+    sw_acq = p.add_mutually_exclusive_group()
+    sw_acq.add_argument("--stream-wait-load", action="store_true",
+                        help="the in-loop waits poll with ld.acquire and no fence (the default; the fence, "
+                             "MEMBAR.ALL.GPU, may wait for the weight copies in flight)")
+    sw_acq.add_argument("--stream-wait-fence", action="store_true",
+                        help="the in-loop waits poll relaxed and end with fence.acq_rel.gpu (the flag's default until 2026-11-27)")
     p.add_argument("--wait-acquire", choices=["fence", "load"], default=None,
                    help="how the megakernel's scoreboard waits before each tile acquire: relaxed polls + one "
                         "fence.acq_rel.gpu (default) or ld.acquire polls and no fence")

@@ -128,7 +128,8 @@ class TileConfig:
     * ``prenorm_dot``: ``prenorm=None`` also applies on the ``tl.dot`` path (batches from ``dot_from``): no norm
       tasks there but layer 0's (the 8B default since issue 26's batch-8 runs; ``False``: separate norm tasks).
 
-    * ``stream_wait``: 0, or K chunks per in-tile wait segment of the streamed prenorm GEMV tiles (the FMA path of
+    * ``stream_wait``: ``None`` (auto, the default: 1 on NVIDIA and the simulator, 0 on AMD; :meth:`for_target`),
+      0, or K chunks per in-tile wait segment of the streamed prenorm GEMV tiles (the FMA path of
       batch 1: qkv over down_proj's ``hn``, gate/up over o_proj's, down_proj over gate/up's ``act``, o_proj over
       the combine's heads at batch 1): instead of waiting for every producer tile before the tile starts, the tile
       requests its first weight chunk, then waits only for the producers of the first segment's columns, and so
@@ -136,11 +137,15 @@ class TileConfig:
       producer phase's last tiles finish, and the scoreboard wait of the later segments overlaps the stream (a
       lever of issue 26: the critical path's tile of each GEMV phase ran 10-25% longer than the phase's mean
       tile); ``stream_wait_projs``: the projections it applies to (a list of ``qkv``, ``o``, ``gate_up``,
-      ``down`` separated by ``,`` or ``+``); ``stream_wait_exact``: each segment's wait at its own first chunk and
+      ``down`` separated by ``,`` or ``+``; default ``gate_up``: the other three lost as much as they gained on one
+      H200, ``bench/results/h200-2026-11-27-mk8.md``); ``stream_wait_exact``: each segment's wait at its own first chunk and
       the activations loaded by ``dl.ld`` outside the software pipeline (only weights in it: the first chunks are
       requested before any wait), instead of pipelined activations and waits ``stream_stages`` chunks ahead;
       ``stream_wait_load``: those waits poll with acquire loads and no fence (``dl.wait_deps(acquire="load")``: the
-      fence, ``MEMBAR.ALL.GPU``, may wait for the weight copies in flight).
+      fence, ``MEMBAR.ALL.GPU``, may wait for the weight copies in flight; the default: with ``False``, relaxed
+      polls and the fence, the in-loop waits cost 4-11%).  NVIDIA-only: AMD's stream pipeliner cannot predicate
+      a wait inside its pipelined loop, so the auto default is 0 there and an explicit ``stream_wait > 0`` is an
+      error before compiling for ``gfx*`` (:func:`~.model.check_target`).
     * ``wait_acquire``: ``"fence"`` or ``"load"``: how the megakernel's waits before each tile acquire on NVIDIA
       (``Megakernel(wait_acquire=...)``, ``dl.wait_deps(acquire=...)``: relaxed polls and one fence, or acquire-load
       polls and no fence; a lever of issue 26: ``"load"`` by default since 2026-11-27, -2.5% at batch 1 and
@@ -213,10 +218,10 @@ class TileConfig:
     pn_early: bool = False
     dot_ksplit: int = 0
     prenorm_dot: bool = False
-    stream_wait: int = 0
-    stream_wait_projs: str = "qkv,o,gate_up,down"
+    stream_wait: Optional[int] = None
+    stream_wait_projs: str = "gate_up"
     stream_wait_exact: bool = False
-    stream_wait_load: bool = False
+    stream_wait_load: bool = True
     wait_acquire: str = "load"
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
@@ -271,6 +276,23 @@ class TileConfig:
         """``stream_wait_projs`` as a list (separated by ``,`` or ``+``)."""
         return [p.strip() for p in self.stream_wait_projs.replace("+", ",").split(",") if p.strip()]
 
+    def wait_segment(self) -> int:
+        """``stream_wait`` with the auto default (``None``) resolved as on NVIDIA and the simulator: 1 (:meth:`for_target`
+        resolves it to 0 for AMD)."""
+        return 1 if self.stream_wait is None else self.stream_wait
+
+    def for_target(self, target: str) -> "TileConfig":
+        """This config for compiling to ``target`` (``"sm_90a"``, ``"gfx942"``, ``"gfx"``: any AMD target; anything
+        else is NVIDIA or the simulator): the auto ``stream_wait`` becomes 0 on AMD, where the in-loop waits cannot be
+        pipelined; an explicit ``stream_wait > 0`` there is an error."""
+        if not str(target).startswith("gfx"):
+            return self
+        if self.stream_wait:
+            raise DitronError(f"TileConfig.stream_wait={self.stream_wait}: the in-loop scoreboard waits are "
+                              f"NVIDIA-only (on {target} Triton's stream pipeliner cannot predicate them); use "
+                              "stream_wait=0 or None (auto: off on AMD)")
+        return self if self.stream_wait == 0 else dataclasses.replace(self, stream_wait=0)
+
     def stream_for(self, batch: int) -> int:
         """The GEMV tiles' ``STREAM`` constexpr at this batch size: 0 (weights double-buffered in registers) or the
         software pipeline's ``num_stages`` (weights streamed by ``cp.async`` into shared memory)."""
@@ -307,8 +329,9 @@ class TileConfig:
             if v < 0 or v & (v - 1) or v == 1 or (name == "gu_wdot" and 0 < v < 8):
                 raise DitronError(f"TileConfig.{name}={v}: must be 0 (off / dot_block_k) or a power of two"
                                   + (" >= 8 (2 x gu_wdot rows: 16 per MMA)" if name == "gu_wdot" else " >= 2"))
-        if self.stream_wait < 0:
-            raise DitronError(f"TileConfig.stream_wait={self.stream_wait}: must be 0 (off) or K chunks per segment")
+        if self.stream_wait is not None and (not isinstance(self.stream_wait, int) or self.stream_wait < 0):
+            raise DitronError(f"TileConfig.stream_wait={self.stream_wait!r}: must be None (auto: 1 on NVIDIA, 0 on "
+                              "AMD), 0 (off) or K chunks per segment")
         bad = [p for p in self.wait_projs() if p not in ("qkv", "o", "gate_up", "down")]
         if bad:
             raise DitronError(f"TileConfig.stream_wait_projs={self.stream_wait_projs!r}: unknown projection(s) {bad} "
@@ -366,6 +389,11 @@ class DecoderConfig:
 
     def with_tiles(self, **kw) -> "DecoderConfig":
         return dataclasses.replace(self, tiles=dataclasses.replace(self.tiles, **kw))
+
+    def for_target(self, target: str) -> "DecoderConfig":
+        """This config for compiling to ``target`` (:meth:`TileConfig.for_target`)."""
+        tiles = self.tiles.for_target(target)
+        return self if tiles is self.tiles else dataclasses.replace(self, tiles=tiles)
 
     def with_(self, **kw) -> "DecoderConfig":
         return dataclasses.replace(self, **kw)

@@ -324,7 +324,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     def stream_wait(proj, fn, plain, producer, pn, deps, args, scalars):
         """TileConfig.stream_wait: the plain streamed prenorm GEMV ``plain`` over ``producer``'s output (``pn``
         columns per producer tile) waits on it inside its K loop (Dep(inner=True)); returns (fn, deps)."""
-        on = tc.stream_wait and fn is plain and proj in tc.wait_projs() and args["STREAM"] > 0
+        seg = tc.wait_segment()
+        on = seg and fn is plain and proj in tc.wait_projs() and args["STREAM"] > 0
         if not on:
             return fn, deps
         import ditron.task as dtask
@@ -335,7 +336,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         # the producer's first scoreboard slot relative to this task's: the tiles of the specs registered from it on
         # (checked by register())
         off = -sum(s.num_tiles for s in specs[specs.index(ptask):])
-        args.update(task_slots=dtask.TASK_SLOTS, epoch=dtask.EPOCH, WAIT_OFF=off, WAIT_PN=pn, WAIT_SEG=tc.stream_wait,
+        args.update(task_slots=dtask.TASK_SLOTS, epoch=dtask.EPOCH, WAIT_OFF=off, WAIT_PN=pn, WAIT_SEG=seg,
                     WAIT_EXACT=tc.stream_wait_exact, WAIT_LOAD=tc.stream_wait_load)
         sw = {T.linear_resnorm_tile: TG.linear_resnorm_sw_tile, T.linear_rstd_tile: TG.linear_rstd_sw_tile,
               T.gate_up_rstd_tile: TG.gate_up_rstd_sw_tile}[plain]
@@ -602,25 +603,29 @@ def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
     return tasks
 
 
-def check_target(cfg: DecoderConfig, target: str):
-    """Clear errors before compiling for ``target`` (``"sm_90a"``, ``"gfx942"``, ...): ``TileConfig.stream_wait``
-    is NVIDIA-only (AMD's stream pipeliner cannot predicate the scoreboard wait inside the pipelined K loop)."""
-    if cfg.tiles.stream_wait and target.startswith("gfx"):
-        raise DitronError(f"TileConfig.stream_wait={cfg.tiles.stream_wait}: the in-loop scoreboard waits are NVIDIA-only "
-                          f"(on {target} Triton's stream pipeliner cannot predicate them); use stream_wait=0")
+def check_target(cfg: DecoderConfig, target: str) -> DecoderConfig:
+    """``cfg`` for compiling to ``target`` (``"sm_90a"``, ``"gfx942"``, ``"gfx"``: any AMD target), with clear errors
+    before compiling: ``TileConfig.stream_wait`` is NVIDIA-only (AMD's stream pipeliner cannot predicate the
+    scoreboard wait inside the pipelined K loop), so its auto default (``None``) is off on AMD and an explicit
+    ``stream_wait > 0`` raises (:meth:`TileConfig.for_target`)."""
+    return cfg.for_target(target)
 
 
 def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, world_size: int, batch: int, ctx,
                      scheduler="round_robin", num_programs=None, buffers: Optional[Buffers] = None,
-                     all_reduce=None, name="decoder", **compile_kw) -> DecoderMegakernel:
+                     all_reduce=None, name="decoder", target: Optional[str] = None,
+                     **compile_kw) -> DecoderMegakernel:
     """Register this rank's decoder step (``cache``: :class:`PagedKV`; ``ctx``: the sequences' context lengths,
-    an int or one per sequence) and compile it into one persistent kernel for ``batch`` sequences."""
+    an int or one per sequence) and compile it into one persistent kernel for ``batch`` sequences.  ``target``: the
+    device code it will be compiled to (``"sm_90a"``, ``"gfx942"``; default: the runtime's), for the target-dependent
+    defaults of ``cfg`` (:func:`check_target`)."""
     import ditron.task as dtask
     if not isinstance(cache, PagedKV):
         raise DitronError(f"build_megakernel: cache must be a PagedKV (k, v, block_table), got {type(cache).__name__}")
     check_cache(cfg, world_size, cache, batch)
-    if getattr(torch.version, "hip", None) and cache.k.is_cuda:
-        check_target(cfg, "gfx")
+    if target is None:                  # the runtime's: AMD under a ROCm torch on a GPU, else NVIDIA / the simulator
+        target = "gfx" if getattr(torch.version, "hip", None) and cache.k.is_cuda else "sm"
+    cfg = check_target(cfg, target)
     buf = buffers or make_buffers(cfg, world_size, batch, cache.max_ctx, ctx, cache.k.device)
     specs = decoder_tasks(cfg, world_size, weights, cache, buf)
     g = dtask.TaskGraph(name)

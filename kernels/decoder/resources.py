@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .config import DecoderConfig
-from .model import decoder_tasks, make_buffers, register
+from .model import check_target, decoder_tasks, make_buffers, register
 from .weights import PagedKV, Weights
 
 #: what ``torch.cuda.get_device_properties`` reports for one H100 SXM / H200 (the same per-SM limits)
@@ -48,6 +48,7 @@ def compile_step(cfg: DecoderConfig, batch: int, kinds=None, target: str = "sm_9
     allocate symmetric staging).  Returns the :class:`ditron.compiler.CompiledKernel`."""
     import ditron
     import ditron.task as dtask
+    cfg = check_target(cfg, target)
     specs = step_specs(cfg, batch, max_ctx, page_size)
     if kinds is not None:
         keep = set(kinds)
@@ -58,7 +59,7 @@ def compile_step(cfg: DecoderConfig, batch: int, kinds=None, target: str = "sm_9
     with ditron.heap_scope():           # the all-reduce staging: freed once compiled (never run)
         g = dtask.TaskGraph(f"decoder_b{batch}")
         register(g, specs)
-        mk = g.compile(num_programs=8, num_warps=cfg.tiles.num_warps)
+        mk = g.compile(num_programs=8, num_warps=cfg.tiles.num_warps, wait_acquire=cfg.tiles.wait_acquire)
         opts = {"maxnreg": cfg.tiles.max_regs} if cfg.tiles.max_regs else {}
         return ditron.compile(mk.kernel, target=target, signature=mk.signature(), num_warps=cfg.tiles.num_warps,
                               **opts)
