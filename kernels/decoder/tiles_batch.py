@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles_gemv import _gemv_acc, _resnorm_commit, _resnorm_operands, _rstd_rows, _store_rows
+from .tiles_gemv import _gemv_acc, _resnorm_commit, _resnorm_index, _resnorm_operands, _rstd_rows, _store_rows
 
 
 @triton.jit
@@ -129,13 +129,8 @@ def linear_resnorm_early_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_
                               BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr, COLS: tl.constexpr):
     """:func:`linear_resnorm_tile` that loads its columns of the residual stream and the norm weights before the
     weight stream (``TileConfig.pn_early``; see :func:`linear_rstd_early_tile`)."""
-    offs_b = tl.arange(0, BLOCK_B)
     n0 = tile * COLS
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    mb = offs_b < B
-    mn = (offs_n < N) & (tl.arange(0, BLOCK_N) < COLS)
-    off = offs_b[:, None] * N + offs_n[None, :]
-    m = mb[:, None] & mn[None, :]
+    offs_b, offs_n, mb, mn, off, m = _resnorm_index(n0, B, N, BLOCK_B, BLOCK_N, COLS)
     r0, nw = _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn, N)
     wl = w_ptr + layer.to(tl.int64) * N * K
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,

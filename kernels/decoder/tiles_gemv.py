@@ -208,14 +208,7 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mk = offs_k < K
             a, nw = _act_chunk(xw, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, LD, NORM)
-            if NORM:
-                if DOT:
-                    ss += tl.sum(a * a, axis=1)
-                else:
-                    ss += a * a
-                x = a * nw[None, :]
-            else:
-                x = a
+            x, ss = _norm_chunk(a, nw, ss, DOT, NORM)
             acc = _mac(acc, x, _w_chunk(w_ptr, offs_n, mn, offs_k, mk, LD), DOT, BLOCK_B)
             if TWO:
                 acc2 = _mac(acc2, x, _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, LD), DOT, BLOCK_B)
@@ -224,14 +217,7 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mk = offs_k < K
             a, nw = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, LD, NORM)
-            if NORM:
-                if DOT:
-                    ss += tl.sum(a * a, axis=1)
-                else:
-                    ss += a * a
-                x = a * nw[None, :]
-            else:
-                x = a
+            x, ss = _norm_chunk(a, nw, ss, DOT, NORM)
             acc = _mac(acc, x, _w_chunk(w_ptr, offs_n, mn, offs_k, mk, LD), DOT, BLOCK_B)
             if TWO:
                 acc2 = _mac(acc2, x, _w_chunk(w2_ptr, offs_n, mn, offs_k, mk, LD), DOT, BLOCK_B)
@@ -251,6 +237,22 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
     if not TWO:
         acc2 = acc
     return acc, acc2
+
+
+@triton.jit
+def _norm_chunk(a, nw, ss, DOT: tl.constexpr, NORM: tl.constexpr):
+    """One K chunk's GEMV operand of :func:`_gemv_acc` from its activations ``a`` (``[BLOCK_B, BLOCK_K]`` float32):
+    ``NORM``: ``a * nw`` with the rows' sums of squares added to ``ss`` (``DOT``: reduced per chunk), else ``a``;
+    returns ``(x, ss)``."""
+    if NORM:
+        if DOT:
+            ss += tl.sum(a * a, axis=1)
+        else:
+            ss += a * a
+        x = a * nw[None, :]
+    else:
+        x = a
+    return x, ss
 
 
 @triton.jit
@@ -278,14 +280,7 @@ def _gemv_loop(x_ptr, w_ptr, w2_ptr, offs_b, mb, offs_n, mn, acc, acc2, ss, K: t
         else:
             w2_nx = w_nx
         a_nx, nw_nx = _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, mk, LD, NORM)
-        if NORM:
-            if DOT:
-                ss += tl.sum(a * a, axis=1)
-            else:
-                ss += a * a
-            x = a * nw[None, :]
-        else:
-            x = a
+        x, ss = _norm_chunk(a, nw, ss, DOT, NORM)
         acc = _mac(acc, x, w, DOT, BLOCK_B)
         if TWO:
             acc2 = _mac(acc2, x, w2, DOT, BLOCK_B)
@@ -353,6 +348,29 @@ def _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn
 
 
 @triton.jit
+def _resnorm_index(n0, B, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, COLS: tl.constexpr):
+    """The ``[rows, columns]`` indices of a prenorm tile of ``COLS`` columns from ``n0``: ``(offs_b, offs_n, mb,
+    mn, off, m)`` (row and column offsets and masks, element offsets into ``[B, N]``, their mask)."""
+    offs_b = tl.arange(0, BLOCK_B)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mb = offs_b < B
+    mn = (offs_n < N) & (tl.arange(0, BLOCK_N) < COLS)
+    off = offs_b[:, None] * N + offs_n[None, :]
+    m = mb[:, None] & mn[None, :]
+    return offs_b, offs_n, mb, mn, off, m
+
+
+@triton.jit
+def _resnorm_epilogue(acc, tile, n0, B, x0_ptr, resid_ptr, nw_ptr, hn_ptr, ss_ptr, norm, first, N: tl.constexpr,
+                      BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, COLS: tl.constexpr):
+    """The prenorm epilogue of a ``[rows, columns]`` tile after its GEMV ``acc``: its operands
+    (:func:`_resnorm_operands`) loaded, then :func:`_resnorm_commit`."""
+    offs_b, offs_n, mb, mn, off, m = _resnorm_index(n0, B, N, BLOCK_B, BLOCK_N, COLS)
+    r0, nw = _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn, N)
+    _resnorm_commit(r0, acc, nw[None, :], m, mb, off, offs_b, tile, resid_ptr, hn_ptr, ss_ptr, N, COLS, 1)
+
+
+@triton.jit
 def _resnorm_commit(r0, acc, nw2, m, mb, off, offs_b, tile, resid_ptr, hn_ptr, ss_ptr, N: tl.constexpr,
                     COLS: tl.constexpr, AXIS: tl.constexpr):
     """The prenorm epilogue of :func:`linear_resnorm_tile` and its batch-path forms: ``r = r0 + acc`` (masked),
@@ -382,14 +400,8 @@ def linear_resnorm_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr, s
     n0 = tile * COLS
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
                        0, 0.0, STREAM, K, COLS % BLOCK_N)     # (0: all BLOCK_N rows)
-    offs_b = tl.arange(0, BLOCK_B)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    mb = offs_b < B
-    mn = (offs_n < N) & (tl.arange(0, BLOCK_N) < COLS)
-    off = offs_b[:, None] * N + offs_n[None, :]
-    m = mb[:, None] & mn[None, :]
-    r0, nw = _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn, N)
-    _resnorm_commit(r0, acc, nw[None, :], m, mb, off, offs_b, tile, resid_ptr, hn_ptr, ss_ptr, N, COLS, 1)
+    _resnorm_epilogue(acc, tile, n0, B, x0_ptr, resid_ptr, nw_ptr, hn_ptr, ss_ptr, norm, first, N, BLOCK_B, BLOCK_N,
+                      COLS)
 
 
 @triton.jit
@@ -408,14 +420,8 @@ def linear_resnorm_sw_tile(tile, x_ptr, w_ptr, x0_ptr, resid_ptr, nw_ptr, hn_ptr
     acc, _ = _gemv_acc(x_ptr, wl, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, False, x_ptr, x_ptr, x_ptr,
                        0, 0.0, STREAM, K, COLS % BLOCK_N, task_slots + WAIT_OFF, epoch, WAIT_PN, WAIT_SEG,
                        WAIT_EXACT, WAIT_LOAD)
-    offs_b = tl.arange(0, BLOCK_B)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    mb = offs_b < B
-    mn = (offs_n < N) & (tl.arange(0, BLOCK_N) < COLS)
-    off = offs_b[:, None] * N + offs_n[None, :]
-    m = mb[:, None] & mn[None, :]
-    r0, nw = _resnorm_operands(x0_ptr, resid_ptr, nw_ptr, norm, first, off, m, offs_n, mn, N)
-    _resnorm_commit(r0, acc, nw[None, :], m, mb, off, offs_b, tile, resid_ptr, hn_ptr, ss_ptr, N, COLS, 1)
+    _resnorm_epilogue(acc, tile, n0, B, x0_ptr, resid_ptr, nw_ptr, hn_ptr, ss_ptr, norm, first, N, BLOCK_B, BLOCK_N,
+                      COLS)
 
 
 @triton.jit
