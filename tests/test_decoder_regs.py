@@ -106,6 +106,11 @@ def test_stream_wait_8b_compiles():
     assert use["cp_async"] and use["resident_per_sm"] == 3, use
     # the default gate/up tile polls its producers inside the loop with ld.acquire
     assert "ld.acquire.gpu.global.b32" in ptx_default and "cp.async.cg.shared.global" in ptx_default
+    # wait_acquire="load" (the default): the waits before each tile poll with ld.acquire and have no fence; the one
+    # fence left in the step is the gate/up tile's first in-loop wait (relaxed polls and the fence, see below); with
+    # wait_acquire="fence" the gate/up branch alone has three (its waits before the tile, its first in-loop wait)
+    assert ck_default.asm["ptx"].count("fence.acq_rel.gpu") == 1
+    assert ptx_default.count("fence.acq_rel.gpu") == 3
     # stream_wait_exact: gate/up's activations by dl.ld (ld.relaxed per element), its weights still by cp.async
     ptx = ck.asm["ptx"]
     assert "ld.relaxed.gpu.global.b16" in ptx and "cp.async.cg.shared.global" in ptx
