@@ -111,6 +111,8 @@
 #   fence1 / fence8: the old waits (--wait-acquire fence) at batch 1 / 8, the baseline of the default since then
 #   sw0          batch 1 without the gate/up in-loop acquire-load waits (--stream-wait 0): the default until
 #                2026-11-27 (swl1g since then: TileConfig.stream_wait=None, auto: 1 on NVIDIA, 0 on AMD)
+#   swgo / swgq  batch 1 with the in-loop acquire-load waits on o_proj / qkv too (the default has them on gate/up;
+#                round 2 measured all four and gate/up + down, not these pairs)
 #   fr1          batch 1 with the rope stage fused into the attention tiles (--attn-fuse-rope: one stage fewer per
 #                layer on the latency-bound chain rope -> attention -> combine; +6-15% at batch 8, unmeasured at 1)
 #   at1s         batch 1 at context 4096 with --attn-tiles = SMs: 16 splits of 256 positions per kv head instead of 32
@@ -253,6 +255,8 @@ ALL=(                      # name|timeout s|cases|flags
   "wl8|70|--ctx 512,4096 --batch 8|--wait-acquire load"
   "fence1|70|--ctx 512,4096 --batch 1|--wait-acquire fence"
   "sw0|70|--ctx 512,4096 --batch 1|--stream-wait 0"
+  "swgo|70|--ctx 512,4096 --batch 1|--stream-wait-projs gate_up,o"
+  "swgq|70|--ctx 512,4096 --batch 1|--stream-wait-projs gate_up,qkv"
   "fr1|70|--ctx 512,4096 --batch 1|--attn-fuse-rope"
   "at1s|45|--ctx 4096 --batch 1|--attn-tiles $SMS"
   "fence8|70|--ctx 512,4096 --batch 8|--wait-acquire fence"
