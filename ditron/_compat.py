@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import threading
 
 import triton
 import triton.language as tl
@@ -244,43 +245,71 @@ def always_compile():
         yield
 
 
+class _PtxasTee:
+    """``sys.stdout`` while any thread is inside :func:`ptxas_log`: a thread that is collecting gets the ptxas logs
+    it prints (Triton prints each log in the thread that compiles), every other write goes on to the stream that
+    was ``sys.stdout`` before."""
+
+    def __init__(self, out):
+        self.out = out
+        self.local = threading.local()
+
+    def write(self, s):
+        st = getattr(self.local, "st", None)
+        if st is None:
+            return self.out.write(s)
+        after_log, st["last_was_log"] = st["last_was_log"], _PTXAS_LINE.match(s) is not None
+        if st["last_was_log"]:
+            st["logs"].append(s)
+            return self.out.write(s) if st["show"] else len(s)
+        if s == "\n" and after_log and not st["show"]:
+            return 1                               # the newline print() writes after the log
+        return self.out.write(s)
+
+    def __getattr__(self, name):
+        return getattr(self.out, name)
+
+
+_PTXAS_LINE = __import__("re").compile(r"ptxas[\w-]* ")
+_PTXAS_LOCK = threading.Lock()
+_PTXAS_STATE = {"users": 0, "tee": None, "knob": None}
+
+
 @contextlib.contextmanager
 def ptxas_log():
     """Collect the ``ptxas -v`` logs of the cubins Triton assembles inside the block: Triton runs ptxas with
     ``-v`` and prints the log (one ``print``) when ``knobs.nvidia.dump_ptxas_log`` is on.  Yields a list that gets
     each log's text (none when the backend stages came from Triton's cache, or this Triton has no such knob).
-    Whatever else is printed goes on to ``sys.stdout``, the logs too when the user had turned the knob on."""
-    import re
-    import sys
+    Whatever else is printed goes on to ``sys.stdout``, the logs too when the user had turned the knob on.
+    Threads may collect at once: the knob stays on and ``sys.stdout`` stays one :class:`_PtxasTee` until the last
+    of them leaves, and each thread gets its own logs."""
     knobs = getattr(triton.knobs, "nvidia", None)
     logs = []
     if knobs is None or not hasattr(knobs, "dump_ptxas_log"):
         yield logs
         return
-    old, out = knobs.dump_ptxas_log, sys.stdout
-
-    class Tee:
-        def write(self, s):
-            after_log, self.last_was_log = self.last_was_log, re.match(r"ptxas[\w-]* ", s) is not None
-            if self.last_was_log:
-                logs.append(s)
-                return out.write(s) if old else len(s)
-            if s == "\n" and after_log and not old:
-                return 1                           # the newline print() writes after the log
-            return out.write(s)
-
-        def __getattr__(self, name):
-            return getattr(out, name)
-
-    tee = Tee()
-    tee.last_was_log = False
-    with _knob(knobs, "dump_ptxas_log", True):
-        sys.stdout = tee
-        try:
-            yield logs
-        finally:
-            if sys.stdout is tee:
-                sys.stdout = out
+    import sys
+    with _PTXAS_LOCK:
+        state = _PTXAS_STATE
+        if state["users"] == 0:
+            state["knob"] = _knob(knobs, "dump_ptxas_log", True)
+            state["show"] = bool(state["knob"].__enter__())     # the user's own setting: logs shown too
+            state["tee"] = _PtxasTee(sys.stdout)
+            sys.stdout = state["tee"]
+        state["users"] += 1
+        tee = state["tee"]
+    tee.local.st = {"logs": logs, "last_was_log": False, "show": state["show"]}
+    try:
+        yield logs
+    finally:
+        tee.local.st = None
+        with _PTXAS_LOCK:
+            state["users"] -= 1
+            if state["users"] == 0:
+                if sys.stdout is tee:
+                    sys.stdout = tee.out
+                knob, state["knob"], state["tee"] = state["knob"], None, None
+                knob.__exit__(None, None, None)
 
 
 def cuobjdump_path() -> str:

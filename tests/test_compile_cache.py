@@ -105,6 +105,41 @@ def test_lint_findings_on_a_hit(backend_runs):
     assert found[0] == found[1] and found[0][0][0] == "relaxed-signal"
 
 
+def test_ptxas_log_on_two_threads(capsys):
+    """Two threads collect ptxas logs at once (ditron.compile on two threads): each gets its own logs, the rest of
+    what they print reaches stdout, and sys.stdout and the knob are as before once both left, whichever leaves
+    first."""
+    import sys
+    import threading
+    from ditron import _compat
+    knobs = getattr(triton.knobs, "nvidia", None)
+    if knobs is None or not hasattr(knobs, "dump_ptxas_log"):
+        pytest.skip("this Triton has no dump_ptxas_log knob: ptxas_log() collects nothing")
+    stdout, knob = sys.stdout, knobs.dump_ptxas_log
+    got, step = {}, threading.Barrier(2)
+
+    def run(name, first_out):
+        with _compat.ptxas_log() as logs:
+            step.wait()                                  # both inside
+            print(f"ptxas info    : Used 1{name} registers")
+            print(f"not a log {name}")
+            step.wait()                                  # both printed
+            assert knobs.dump_ptxas_log is True
+            if not first_out:
+                step.wait()                              # the other left first
+        if first_out:
+            step.wait()
+        got[name] = logs
+    threads = [threading.Thread(target=run, args=("A", True)), threading.Thread(target=run, args=("B", False))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert got == {"A": ["ptxas info    : Used 1A registers"], "B": ["ptxas info    : Used 1B registers"]}
+    assert sys.stdout is stdout and knobs.dump_ptxas_log == knob
+    assert sorted(capsys.readouterr().out.splitlines()) == ["not a log A", "not a log B"]
+
+
 def test_triton_knobs_leave_the_environment_as_it_was(monkeypatch):
     """ditron sets Triton knobs around a compile (always_compile, the ptxas log); Triton 3.9's knobs write their
     TRITON_* variable into os.environ when set, and a ditron sim job started later inherits the environment
