@@ -197,3 +197,18 @@ def test_wait_acquire_load(dist_world):
     assert 'epoch, acquire="load")' in src["load"] and "acquire=" not in src["fence"]
     with pytest.raises(DitronError, match="wait_acquire='bogus'"):
         tiny().with_tiles(wait_acquire="bogus")
+
+
+def test_bench_stream_wait_flags(capsys):
+    # ditron bench megakernel: the defaults (auto segments, gate/up, acquire-load polls) unless a flag says otherwise
+    from ditron.bench.megakernel import main
+    def tiles(*flags):
+        assert main(["--dry-run", "--ctx", "33", "--batch", "1", *flags]) == 0
+        return capsys.readouterr().out
+    out = tiles()
+    assert "'stream_wait': None" in out and "'stream_wait_projs': 'gate_up'" in out and "'stream_wait_load': True" in out
+    out = tiles("--stream-wait", "0", "--stream-wait-fence", "--stream-wait-projs", "qkv,o")
+    assert "'stream_wait': 0" in out and "'stream_wait_projs': 'qkv,o'" in out and "'stream_wait_load': False" in out
+    with pytest.raises(SystemExit):
+        main(["--dry-run", "--stream-wait-load", "--stream-wait-fence"])
+    assert "not allowed with argument" in capsys.readouterr().err
