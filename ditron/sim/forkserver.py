@@ -261,14 +261,14 @@ def _become_rank(rank, env, argv, server):
     if np_random is not None:
         np_random.seed()                               # seeded from the OS, as at its import in a started rank
     sys.orig_argv = [sys.executable, "-m", "ditron.sim.rank", *argv]
-    # registered before the script's handlers, so it runs after them: the interpreter's shutdown then
-    # collects every object, preloaded ones included, as in a started rank (nanobind's leak check in Triton
-    # >= 3.7 reports the objects a shutdown left alive)
-    import atexit
-    import gc
-    atexit.register(gc.unfreeze)
     from . import rank as R
-    return R.main(list(argv))
+    from . import rank_exit
+    preloaded = set(sys.modules)
+    try:
+        code = R.main(list(argv))
+    except SystemExit as e:            # never from R.main (it returns the script's code); as the interpreter
+        code = e.code
+    rank_exit.finish(code, preloaded)  # does not return
 
 
 class ForkedRank:
