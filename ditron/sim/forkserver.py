@@ -12,8 +12,10 @@ per-rank variables (``RANK``, ``LOCAL_RANK``, ``GROUP_RANK``, ``NODE_RANK``)
 are set after the fork, and nothing in :data:`PRELOAD` reads them at import
 time (tests/test_sim_launcher.py checks it).  A forked rank then runs exactly
 what ``python -m ditron.sim.rank SCRIPT ARGS`` runs (:func:`ditron.sim.rank.main`),
-and ends the way that process ends: ``sys.exit`` through the interpreter's own
-shutdown (atexit handlers, non-daemon threads joined, streams flushed).
+and ends with :func:`ditron.sim.rank_exit.finish`: the interpreter's shutdown for
+what is the rank's own (non-daemon threads joined, atexit handlers, its garbage
+collected, the modules it imported torn down, streams flushed), then
+``os._exit`` with its code, leaving the preloaded modules as they are.
 
 What a forked rank shares with the server, unlike a started one: the modules
 of :data:`PRELOAD` (imported before the script's directory was put first on
@@ -432,5 +434,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    # a forked rank returns from main() here, with the server's frames gone, and exits as a started rank does
+    # a forked rank ends in main() (rank_exit.finish); the server returns from it only through os._exit
     sys.exit(main())
