@@ -126,7 +126,7 @@ def test_a_rank_is_the_same_process_either_way(tmp_path, fork, _sim_zygote):
     _exited_cleanly(tmp_path, p.stdout, range(n))
     # a forked rank leaves the preloaded modules to os._exit: Triton >= 3.7's nanobind leak check, which runs in
     # their teardown, has nothing to report (a shutdown that skipped freeing them would print "leaked ...")
-    assert "nanobind" not in p.stderr, p.stderr
+    assert fork == "0" or "nanobind" not in p.stderr, p.stderr
     assert sorted(ln for ln in p.stderr.splitlines() if ln.startswith("stderr of")) == \
         [f"stderr of rank {r}" for r in range(n)], p.stderr
     infos = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
