@@ -8,6 +8,11 @@ from ditron import libs
 
 TARGETS = ("sm_90a", "gfx942")
 
+# the simulated ranks' fork server (ditron.sim.pool) imports torch.compile's modules once per worker instead of
+# every rank that compiles importing them (ditron/sim/warm_at_import.py): the suite's clusters all start with
+# the environment of this point, which those imports read; an empty value turns it off
+os.environ.setdefault("DITRON_SIM_POOL_PRELOAD", "torch._dynamo,torch._inductor.compile_fx")
+
 
 def compile_for(kernel, target, signature, constexprs=None, **options):
     return ditron.compile(kernel, target=target, signature=signature, constexprs=constexprs or {}, **options)

@@ -12,8 +12,10 @@ per-rank variables (``RANK``, ``LOCAL_RANK``, ``GROUP_RANK``, ``NODE_RANK``)
 are set after the fork, and nothing in :data:`PRELOAD` reads them at import
 time (tests/test_sim_launcher.py checks it).  A forked rank then runs exactly
 what ``python -m ditron.sim.rank SCRIPT ARGS`` runs (:func:`ditron.sim.rank.main`),
-and ends the way that process ends: ``sys.exit`` through the interpreter's own
-shutdown (atexit handlers, non-daemon threads joined, streams flushed).
+and ends with :func:`ditron.sim.rank_exit.finish`: the interpreter's shutdown for
+what is the rank's own (non-daemon threads joined, atexit handlers, its garbage
+collected, the modules it imported torn down, streams flushed), then
+``os._exit`` with its code, leaving the preloaded modules as they are.
 
 What a forked rank shares with the server, unlike a started one: the modules
 of :data:`PRELOAD` (imported before the script's directory was put first on
@@ -261,14 +263,14 @@ def _become_rank(rank, env, argv, server):
     if np_random is not None:
         np_random.seed()                               # seeded from the OS, as at its import in a started rank
     sys.orig_argv = [sys.executable, "-m", "ditron.sim.rank", *argv]
-    # registered before the script's handlers, so it runs after them: the interpreter's shutdown then
-    # collects every object, preloaded ones included, as in a started rank (nanobind's leak check in Triton
-    # >= 3.7 reports the objects a shutdown left alive)
-    import atexit
-    import gc
-    atexit.register(gc.unfreeze)
     from . import rank as R
-    return R.main(list(argv))
+    from . import rank_exit
+    preloaded = set(sys.modules)
+    try:
+        code = R.main(list(argv))
+    except SystemExit as e:            # never from R.main (it returns the script's code); as the interpreter
+        code = e.code
+    rank_exit.finish(code, preloaded)  # does not return
 
 
 class ForkedRank:
@@ -432,5 +434,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    # a forked rank returns from main() here, with the server's frames gone, and exits as a started rank does
+    # a forked rank ends in main() (rank_exit.finish); the server returns from it only through os._exit
     sys.exit(main())

@@ -97,3 +97,21 @@ def warm(modules=MODULES, packages=PACKAGES) -> int:
         pass
     return len(functions)
 
+
+
+def preload_more(names: str) -> list:
+    """Import the comma-separated module ``names`` (for :mod:`ditron.sim.warm_at_import`); the ones imported.
+    ``tempfile.tempdir``, if these imports set it, is reset (a forked rank computes it from its environment)."""
+    import tempfile
+    tempdir = tempfile.tempdir
+    done = []
+    for name in (n.strip() for n in names.split(",")):
+        if not name:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 -- a rank that imports it shows the error
+            continue
+        done.append(name)
+    tempfile.tempdir = tempdir
+    return done

@@ -423,5 +423,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    # a forked rank returns from main() here, and exits as a started rank does (as in ditron.sim.forkserver)
+    # a forked rank ends in F._become_rank (ditron.sim.rank_exit), as in ditron.sim.forkserver
     sys.exit(main())
