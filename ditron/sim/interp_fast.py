@@ -15,9 +15,10 @@ installed once per process by the executor (:func:`install`):
   computed from them when first read (the same ``tuple_type``: the constexprs never change).  Every other
   ``tl.tuple`` is built by Triton's own constructor, as before.
 * ``tl.block_type.__init__`` unwraps the shape, checks it (``validate_block_shape``: powers of two, the element
-  limit) and formats its name for every block the interpreter makes.  A shape of plain ``int`` is taken as it is
-  (what the unwrapping gives for it), and the check's result for a shape that passed it is remembered (a shape
-  that fails is checked again, raising the same error).
+  limit) and formats its name for every block the interpreter makes.  A shape of plain ``int`` (a list or a
+  ``tl.tuple``) is taken as it is (what the unwrapping gives for it), into a ``tl.tuple`` whose ``type`` is
+  computed when read (as above), and the check's result and the shape's text for a shape that passed it are
+  remembered (a shape that fails is checked again, raising the same error).
 * the wrappers with which the interpreter patches ``triton.language`` (``_patch_attr``) drop a caller's
   ``_semantic`` keyword by copying every keyword argument into a new dict on every call; here the ``_semantic``
   keyword is removed from the call's own (fresh) keyword dict: the callee gets the same arguments.
@@ -87,6 +88,8 @@ def _source_is(fn, *expected):
 _TENSOR_INIT = ("super().__init__()", "self.handle = handle", "self.shape = type.shape if type.is_block() else ()",
                 "self.numel = constexpr(math.prod(self.shape))", "self.type = type  # Tensor type (can be block_type)",
                 "self.dtype = type.scalar", "self.shape = tuple([constexpr(s) for s in self.shape])")
+_CONSTEXPR_INIT = ("while isinstance(value, constexpr):", "value = value.value", "self.value = value",
+                   "self.type = constexpr_type(value)")
 _TUPLE_INIT = ("self.values = [i for i in args]", "if isinstance(type, tuple_type):", "self.type = type",
                "elif type is not None:  # make_template in ASTFunction.deserialize may pass us a list/tuple",
                "self.type = tuple_type(type)", "else:", "self.type = _type_for_tuple_values(self.values)")
@@ -123,10 +126,11 @@ def _install_lazy_tuple_type(core):
 
 def _install_tensor_init(core):
     import math
-    tensor_cls, tuple_cls, constexpr = core.tensor, core.tuple, core.constexpr
-    if not _source_is(tensor_cls.__init__, _TENSOR_INIT):
+    tensor_cls, tuple_cls, constexpr, constexpr_type = core.tensor, core.tuple, core.constexpr, core.constexpr_type
+    if not _source_is(tensor_cls.__init__, _TENSOR_INIT) or not _source_is(constexpr.__init__, _CONSTEXPR_INIT) \
+            or not _source_is(constexpr_type.__init__, ("self.value = value",)):
         return
-    new_tuple = object.__new__
+    new = object.__new__
     prod = math.prod
 
     def __init__(self, handle, type):       # noqa: A002 -- Triton's parameter name
@@ -137,8 +141,19 @@ def _install_tensor_init(core):
         self.numel = constexpr(prod(shape))
         self.type = type
         self.dtype = type.scalar
-        t = new_tuple(tuple_cls)
-        t.values = [constexpr(s) for s in shape]
+        vals = []
+        for s in shape:
+            if s.__class__ is int:
+                # constexpr(s) for an int: value s, type constexpr_type(s) (its constructor, inlined)
+                c = new(constexpr)
+                c.value = s
+                c.type = t = new(constexpr_type)
+                t.value = s
+            else:
+                c = constexpr(s)
+            vals.append(c)
+        t = new(tuple_cls)
+        t.values = vals
         self.shape = t              # its .type: computed when read (the cached property)
 
     _replace("tensor.__init__", tensor_cls, "__init__", __init__)
@@ -150,30 +165,35 @@ def _install_block_init(core):
         return
     unwrap_shape, validate = core._unwrap_shape, core.validate_block_shape
     new_tuple = object.__new__
-    checked: dict = {}      # shape (a builtin tuple of ints) -> numel, for shapes that passed validate_block_shape
+    checked: dict = {}      # shape (a builtin tuple of ints) -> (numel, str(shape)), for shapes that passed the check
 
     # in triton.language.core, ``tuple`` is ``tl.tuple``: a block's shape is a tl.tuple of ints
     def __init__(self, element_ty, shape):
         self.element_ty = element_ty
         assert (isinstance(shape, (list, tuple_cls)))
         key = None
-        if shape.__class__ is list and all(s.__class__ is int for s in shape):
-            key = builtins.tuple(shape)          # what _unwrap_shape gives for plain ints: the same ints
-            t = new_tuple(tuple_cls)
-            t.values = list(shape)               # its .type: computed when read (the cached property)
-            shape = t
+        if shape.__class__ is list:
+            vals = shape
+        elif shape.__class__ is tuple_cls:
+            vals = shape.values
+        else:
+            vals = ()
+        if vals and all(s.__class__ is int for s in vals):
+            key = builtins.tuple(vals)           # what _unwrap_shape gives for plain ints: the same ints
+            shape = new_tuple(tuple_cls)
+            shape.values = list(key)             # its .type: computed when read (the cached property)
         else:
             shape = tuple_cls(unwrap_shape(shape))
         self.shape = shape
         if not shape:
             raise TypeError('0d block_type is forbidden')
-        numel = checked.get(key) if key is not None else None
-        if numel is None:
-            numel = validate(shape)
+        hit = checked.get(key) if key is not None else None
+        if hit is None:
+            hit = (validate(shape), str(shape))
             if key is not None:
-                checked[key] = numel
-        self.numel = numel
-        self.name = f'<{shape}, {element_ty}>'
+                checked[key] = hit
+        self.numel = hit[0]
+        self.name = f'<{hit[1]}, {element_ty}>'
 
     _replace("block_type.__init__", block_cls, "__init__", __init__)
 
