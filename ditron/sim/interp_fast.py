@@ -12,8 +12,9 @@ installed once per process by the executor (:func:`install`):
 * ``tl.tensor.__init__`` wraps the shape of every tensor the interpreter makes in a ``tl.tuple`` of
   ``constexpr``, whose ``type`` (a ``tuple_type`` of the elements' types) it computes at once, and it is hardly
   ever read.  Here the shape tuple is the same ``tl.tuple`` of the same ``constexpr`` values, and its ``type`` is
-  computed from them when first read (the same ``tuple_type``: the constexprs never change).  Every other
-  ``tl.tuple`` is built by Triton's own constructor, as before.
+  computed from them when first read (the same ``tuple_type``: the constexprs never change).  ``tl.tuple``'s
+  constructor does the same for every tuple of ints and constexprs (shapes compared, concatenated, indexed);
+  a tuple holding anything else gets its type at once, as before.
 * ``tl.block_type.__init__`` unwraps the shape, checks it (``validate_block_shape``: powers of two, the element
   limit) and formats its name for every block the interpreter makes.  A shape of plain ``int`` (a list or a
   ``tl.tuple``) is taken as it is (what the unwrapping gives for it), into a ``tl.tuple`` whose ``type`` is
@@ -107,10 +108,13 @@ _PATCH_ATTR_39 = ("new_member = lambda *args, member=member, **kwargs: (member(*
 
 
 def _install_lazy_tuple_type(core):
-    """``tl.tuple.type`` computed on first read for the tuples built here without one (``tl.tuple``'s own
-    constructor still sets it at once)."""
+    """``tl.tuple.type`` computed on first read for tuples of plain ``int`` and ``constexpr`` values (shapes): the
+    tuples built here without one, and those ``tl.tuple``'s constructor builds without a ``type`` argument.  The
+    type of such a tuple is a function of its values that cannot fail (an int's ``constexpr_type``, a
+    ``constexpr``'s own ``type``, set by its constructor), so computing it later gives the same ``tuple_type``;
+    Triton's ``_setitem`` still recomputes it.  Tuples of anything else get their type at once, as before."""
     import functools
-    tuple_cls = core.tuple
+    tuple_cls, tuple_type, constexpr = core.tuple, core.tuple_type, core.constexpr
     if "type" in vars(tuple_cls) or not _source_is(tuple_cls.__init__, _TUPLE_INIT):
         return False
     type_for_values = core._type_for_tuple_values
@@ -120,7 +124,22 @@ def _install_lazy_tuple_type(core):
 
     prop = functools.cached_property(type)
     prop.__set_name__(tuple_cls, "type")
+
+    def __init__(self, args, type=None):        # noqa: A002 -- Triton's parameter name
+        self.values = [i for i in args]
+        if isinstance(type, tuple_type):
+            self.type = type
+        elif type is not None:  # make_template in ASTFunction.deserialize may pass us a list/tuple
+            self.type = tuple_type(type)
+        else:
+            for v in self.values:
+                if v.__class__ is not int and v.__class__ is not constexpr:
+                    self.type = type_for_values(self.values)
+                    break
+            # else: all ints / constexprs: the cached property computes it when read
+
     tuple_cls.type = prop
+    _replace("tuple.__init__", tuple_cls, "__init__", __init__)
     return True
 
 
