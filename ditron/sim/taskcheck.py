@@ -83,6 +83,16 @@ class _Spans:
         return self.index(a) >= 0
 
 
+def _ascending_unique(x):
+    """``np.unique(x)`` (a 1-D integer array), cheaper when ``x`` holds one value (an access in one region)."""
+    if x.size == 0:
+        return x
+    lo, hi = x.min(), x.max()
+    if lo == hi:
+        return x[:1]
+    return np.unique(x)
+
+
 class _Region:
     """Merged byte range of overlapping graph tensors, with per-granule shadows."""
 
@@ -175,6 +185,9 @@ class Checker:
     def _after(self, i, others):
         """Mask: item ``i`` is ordered after each of ``others`` (or is it)."""
         c = self.closure(i)
+        first = int(others[0])
+        if (others == first).all():               # one item (the common case): np.unique's answer, cheaper
+            return np.full(others.shape, first == i or bool((c >> first) & 1), dtype=bool)
         u, inv = np.unique(others, return_inverse=True)
         ok = np.array([int(x) == i or bool((c >> int(x)) & 1) for x in u], dtype=bool)
         return ok[inv]
@@ -236,7 +249,7 @@ class Checker:
                 raise self._error(item, f"loads tensor {name} {el}, which tasks of the graph write, but that tensor "
                                   f"is not in its reads=: declare it (register_task('{task.name}', ..., "
                                   "reads=(...))) so the graph can order it", where, prog, rank)
-        for ri in np.unique(region[region >= 0]):          # ascending: the regions' order
+        for ri in _ascending_unique(region[region >= 0]):   # ascending: the regions' order
             r = self.regions[int(ri)]
             sel = region == ri
             aa = a[sel]

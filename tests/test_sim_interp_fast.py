@@ -1,0 +1,177 @@
+"""ditron.sim.interp_fast: each cheaper replacement of the interpreter's bookkeeping gives what Triton's own
+function gives (values, types, names, errors), compared side by side on this Triton."""
+import pytest
+import triton.language as tl
+from triton.language import core
+
+from ditron.sim import interp_fast as F
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed():
+    F.install()
+    for name in ("_get_np_dtype", "tensor.__init__", "block_type.__init__", "_patch_attr"):
+        assert name in F.ORIGINALS, f"{name} not installed on this Triton (its source changed?)"
+
+
+SCALARS = [tl.int1, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32, tl.int64, tl.uint64,
+           tl.float16, tl.bfloat16, tl.float32, tl.float64, tl.float8e5, tl.float8e4nv]
+
+
+import contextlib
+
+
+@contextlib.contextmanager
+def triton_own():
+    """Triton's own functions back in place for the duration (the reference)."""
+    new = {name: getattr(*F.TARGETS[name]) for name in F.ORIGINALS}
+    for name, orig in F.ORIGINALS.items():
+        setattr(*F.TARGETS[name], orig)
+    try:
+        yield
+    finally:
+        for name, fn in new.items():
+            setattr(*F.TARGETS[name], fn)
+
+
+def _outcome(fn, *args):
+    try:
+        return ("ok", fn(*args))
+    except Exception as e:  # noqa: BLE001 -- compared
+        return ("raised", type(e), str(e))
+
+
+def test_np_dtype_matches_triton():
+    from triton.runtime import interpreter as interp
+    fast, orig = interp._get_np_dtype, F.ORIGINALS["_get_np_dtype"]
+    assert fast is not orig
+    types = SCALARS + [tl.pointer_type(t) for t in SCALARS] + [tl.block_type(t, [4, 2]) for t in SCALARS] + \
+        [tl.block_type(tl.pointer_type(tl.float32), [8]), tl.void, "not a type"]
+    for _ in range(2):                 # the second round answers from the remembered names
+        for t in types:
+            assert _outcome(fast, t) == _outcome(orig, t), t
+
+
+def _tensor_state(t):
+    d = dict(vars(t))
+    shape = d.pop("shape")
+    return (list(d), d["handle"], d["numel"].value, d["type"], str(d["type"]), d["dtype"],
+            [c.value for c in shape], shape.type, str(shape.type), len(shape))
+
+
+def test_tensor_init_matches_triton():
+    for ty in [tl.int32, tl.pointer_type(tl.float16), tl.block_type(tl.float32, [16]),
+               tl.block_type(tl.bfloat16, [4, 8]), tl.block_type(tl.pointer_type(tl.int8), [2, 1, 4])]:
+        a = core.tensor(object(), ty)
+        with triton_own():
+            b = core.tensor(a.handle, ty)
+        assert "type" not in vars(a.shape) and "type" in vars(b.shape)     # computed when read, here
+        assert _tensor_state(a) == _tensor_state(b)
+        assert vars(a.shape)["type"] == b.shape.type                       # and then kept
+
+
+def test_block_type_matches_triton():
+    orig = F.ORIGINALS["block_type.__init__"]
+
+    def make(init, elem, shape):
+        b = core.block_type.__new__(core.block_type)
+        if init is orig:
+            with triton_own():
+                init(b, elem, shape)
+        else:
+            init(b, elem, shape)
+        return (list(vars(b)), b.element_ty, type(b.shape), list(b.shape), b.shape.type, b.numel, b.name)
+
+    shapes = [[16], [4, 8], [1, 2, 1], [core.constexpr(8), 2], core.tuple([4, 4]), [3], [4, 6], [], [True, 2],
+              [1 << 21, 1 << 20], (4, 4), [4.0]]
+    for _ in range(2):                 # the second round answers from the remembered checks
+        for shape in shapes:
+            for elem in (tl.float32, tl.pointer_type(tl.int64)):
+                assert _outcome(make, core.block_type.__init__, elem, shape) == _outcome(make, orig, elem, shape), \
+                    shape
+    # through the constructor, as the interpreter calls it
+    assert core.block_type(tl.float16, [2, 8]) == tl.block_type(tl.float16, [core.constexpr(2), 8])
+    with pytest.raises(ValueError, match="power of 2"):
+        core.block_type(tl.float16, [2, 6])
+
+
+def test_patch_attr_wrappers_pass_the_same_arguments():
+    from triton.runtime import interpreter as interp
+    seen = []
+
+    def member(*args, **kwargs):
+        seen.append((args, {k: v for k, v in kwargs.items() if k != "_semantic"}, list(kwargs),
+                     type(kwargs["_semantic"]).__name__))
+        return len(seen)
+
+    class Obj:
+        pass
+
+    results = []
+    for patch in (interp._patch_attr, F.ORIGINALS["_patch_attr"]):
+        scope = interp._LangPatchScope()
+        o = Obj()
+        patch(o, "f", member, interp.interpreter_builder, scope)
+        seen.clear()
+        o.f(1, 2, x=3)
+        o.f(4, _semantic="caller's", y=5)
+        o.f(_semantic=None)
+        results.append(list(seen))
+        scope.restore()
+    assert results[0] == results[1]
+    assert results[0][1][2] == ["y", "_semantic"]           # the interpreter's semantic, last, as Triton passes it
+
+
+def test_lazy_tuple_type_is_the_eager_one():
+    vals = [core.constexpr(3), core.constexpr(5)]
+    eager = core.tuple(vals)
+    lazy = core.tuple.__new__(core.tuple)
+    lazy.values = list(vals)
+    assert lazy.type == eager.type and str(lazy.type) == str(eager.type)
+    lazy._setitem(0, core.constexpr(7))                        # Triton's own update still recomputes it
+    eager._setitem(0, core.constexpr(7))
+    assert lazy.type == eager.type
+
+
+def test_taskcheck_unique_shortcuts_match_numpy():
+    import numpy as np
+    from ditron.sim import taskcheck as T
+    rng = np.random.default_rng(0)
+    for x in [np.array([], dtype=np.int64), np.array([3]), np.array([2, 2, 2]), np.array([5, 1, 5, 0]),
+              rng.integers(0, 4, 50)]:
+        got, want = T._ascending_unique(x), np.unique(x)
+        assert got.dtype == want.dtype and got.tolist() == want.tolist()
+
+    class Mk:                      # items 0..3: 1 after 0, 2 after 1 (so after 0), 3 after nothing
+        _waits = [[], [(0, 1)], [(1, 1)], []]
+
+    ck = T.Checker.__new__(T.Checker)
+    ck.waits, ck._closure = Mk._waits, {}
+    for i in range(4):
+        for others in [np.array([0, 0]), np.array([3]), np.array([i, i, i]), np.array([0, 1, 3, 1]), np.array([2])]:
+            c = ck.closure(i)
+            want = np.array([int(x) == i or bool((c >> int(x)) & 1) for x in others])
+            assert ck._after(i, others).tolist() == want.tolist(), (i, others)
+
+
+def test_tuple_init_matches_triton():
+    orig = F.ORIGINALS["tuple.__init__"]
+    t16 = core.tensor(object(), tl.block_type(tl.float16, [4]))
+    cases = [([1, 2],), ([core.constexpr(2), 8],), ([],), ([t16, 3],), ([1.5, tl.float32],), ((4, 4),),
+             ([1, 2], core.tuple_type([core.constexpr_type(1), core.constexpr_type(2)])),
+             ([1, 2], [core.constexpr_type(1), core.constexpr_type(2)]), ([None, 1],), ([True, 1],)]
+
+    def make(init, *args):
+        t = core.tuple.__new__(core.tuple)
+        init(t, *args)
+        lazy = "type" not in vars(t)
+        return (t.values, t.type, str(t.type), list(vars(t)), lazy)
+
+    for args in cases:
+        fast, slow = _outcome(make, core.tuple.__init__, *args), _outcome(make, orig, *args)
+        assert slow[0] != "ok" or not slow[1][4]
+        if fast[0] == "ok":
+            lazy = fast[1][4]
+            assert lazy == (len(args) == 1 and all(type(v) in (int, core.constexpr) for v in args[0])), args
+            fast = ("ok", fast[1][:4] + (False,))
+        assert fast == slow, args
