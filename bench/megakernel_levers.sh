@@ -114,6 +114,8 @@
 #   swgo / swgq  batch 1 with the in-loop acquire-load waits on o_proj / qkv too (the default has them on gate/up;
 #                round 2 measured all four and gate/up + down, not these pairs)
 #   trace1k      batch 1 at context 4096, traced (trace1: at 512)
+#   ok512 / qk512  batch 1 with o_proj's / qkv's K chunks of 512 (8 per o tile instead of 4; the traced step streams
+#                o_proj at 63% and qkv at 79% of the copy bandwidth on its critical path)
 #   fr1          batch 1 with the rope stage fused into the attention tiles (--attn-fuse-rope: one stage fewer per
 #                layer on the latency-bound chain rope -> attention -> combine; +6-15% at batch 8, unmeasured at 1)
 #   at1s         batch 1 at context 4096 with --attn-tiles = SMs: 16 splits of 256 positions per kv head instead of 32
@@ -259,6 +261,8 @@ ALL=(                      # name|timeout s|cases|flags
   "swgo|70|--ctx 512,4096 --batch 1|--stream-wait-projs gate_up,o"
   "swgq|70|--ctx 512,4096 --batch 1|--stream-wait-projs gate_up,qkv"
   "trace1k|80|--ctx 4096 --batch 1|--trace"
+  "ok512|70|--ctx 512,4096 --batch 1|--block-k o=512"
+  "qk512|70|--ctx 512,4096 --batch 1|--block-k qkv=512"
   "fr1|70|--ctx 512,4096 --batch 1|--attn-fuse-rope"
   "at1s|45|--ctx 4096 --batch 1|--attn-tiles $SMS"
   "fence8|70|--ctx 512,4096 --batch 8|--wait-acquire fence"
