@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import re
 import threading
 
 import triton
@@ -270,7 +271,7 @@ class _PtxasTee:
         return getattr(self.out, name)
 
 
-_PTXAS_LINE = __import__("re").compile(r"ptxas[\w-]* ")
+_PTXAS_LINE = re.compile(r"ptxas[\w-]* ")
 _PTXAS_LOCK = threading.Lock()
 _PTXAS_STATE = {"users": 0, "tee": None, "knob": None}
 
