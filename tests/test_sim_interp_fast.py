@@ -175,3 +175,60 @@ def test_tuple_init_matches_triton():
             assert lazy == (len(args) == 1 and all(type(v) in (int, core.constexpr) for v in args[0])), args
             fast = ("ok", fast[1][:4] + (False,))
         assert fast == slow, args
+
+
+def test_taskcheck_skips_unwritten_loads_with_the_same_answers():
+    """``record`` drops loads of regions that no task writes: random tiles of loads and stores over a graph of
+    two written tensors and a read-only one (partly overlapping views) give the same error, or none, and the
+    same shadows of the written regions, with the shortcut and without."""
+    import types
+    import numpy as np
+    import torch
+    from ditron.errors import DitronError
+    from ditron.sim import taskcheck as T
+
+    buf = torch.zeros(256, dtype=torch.float32)
+    w_ro = torch.zeros(64, dtype=torch.float16)               # read by everyone, written by no task
+    a_out, b_out = buf[:96], buf[64:192]                      # overlapping views: one region, written
+    t_a = types.SimpleNamespace(index=0, name="a", reads=("w",), writes=("out",), args={"w": w_ro, "out": a_out},
+                                deps=[])
+    t_b = types.SimpleNamespace(index=1, name="b", reads=("w", "x"), writes=("out",),
+                                args={"w": w_ro, "x": a_out, "out": b_out}, deps=[])
+    items = [types.SimpleNamespace(task=t, index=k, tile=k % 2) for k, t in enumerate([t_a, t_a, t_b, t_b])]
+    mk = types.SimpleNamespace(graph=types.SimpleNamespace(name="g", tasks=[t_a, t_b]), items=items,
+                               _waits=[[], [], [(0, 2)], [(0, 1)]], slots=torch.zeros(4, dtype=torch.int32))
+    ck = T.Checker(mk, lambda v: False)
+    assert len(ck.regions) == 2 and ck._written_regions.lo.size == 1
+    spans = [(w_ro.data_ptr(), 128, 2), (buf.data_ptr(), 1024, 4)]
+    rng = np.random.default_rng(1)
+
+    def run(skip, accesses):
+        T.SKIP_UNWRITTEN = skip
+        for r in ck.regions:
+            r.reset()
+        T._ACTIVE, T._T.pending, T._T.checker = ck, [], ck
+        try:
+            for item, kind, a, size in accesses:
+                T.record(kind, a, None, size, lambda: "here")
+                T.released(ck.slots_base + 4 * item, 0, 0)
+            err = None
+        except DitronError as e:
+            err = str(e)
+        finally:
+            T._ACTIVE, T.SKIP_UNWRITTEN = None, True
+        written = ck._written_regions.covered(np.array([r.lo for r in ck.regions], np.uint64))
+        shadows = [(r.writer.tolist(), r.reader.tolist()) for r, w in zip(ck.regions, written) if w]
+        return err, shadows
+
+    errors = 0
+    for trial in range(300):
+        accesses = []
+        for _ in range(int(rng.integers(1, 7))):
+            base, nbytes, size = spans[int(rng.integers(0, 2))]
+            offs = rng.integers(0, nbytes // size, int(rng.integers(1, 6))) * size
+            accesses.append((int(rng.integers(0, 4)), "read" if rng.random() < 0.6 else "write",
+                             np.uint64(base) + offs.astype(np.uint64), size))
+        fast, slow = run(True, accesses), run(False, accesses)
+        assert fast == slow, (trial, accesses)
+        errors += fast[0] is not None
+    assert 30 < errors < 270                                   # both outcomes are exercised

@@ -210,6 +210,13 @@ def test_jit_matches_host_twin_in_interpreter():
     assert SimDist(1).run(B.interp_cases) == [4]
 
 
+def test_scalar_twin_matches_interpreter():
+    # the simulator evaluates _swizzle_dist by its host twin on int32 arithmetic (ditron.sim.scalar_twins): the
+    # same tiles as the interpreter running the jit code (and an int64 argument left to it)
+    from conftest import SimDist
+    assert SimDist(1).run(B.scalar_twin_matches_interpreter) == [7]
+
+
 def test_jit_in_simulator_with_dl_rank(dist_world):
     # 4 simulated ranks on 2 nodes: dl.rank() / dl.num_ranks() / dl.num_ranks(1) in the kernel equal the host twin's
     d = dist_world(4, 2)
@@ -263,3 +270,40 @@ def test_jit_compiles_with_runtime_or_constant_args(mode, consts):
     sig.update({k: "constexpr" for k in consts})
     ditron.compile(_swizzle_args_kernel, target="sm_90a", signature=sig,
                    constexprs=dict(consts, MODE=mode, BLOCK_M=128, BLOCK_N=256, GROUP_M=8))
+
+
+def test_scalar_twin_int32_arithmetic_is_the_interpreters():
+    # ditron.sim.scalar_twins._I32 (the twin's int32 scalars): //, % (C: truncating, the dividend's sign), +, -, *
+    # as Triton's interpreter computes them on int32 scalars, negative operands included; a zero divisor or a
+    # result outside int32 is left to the interpreter (_Fallback)
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+    from ditron.sim.scalar_twins import _I32, _Fallback
+    b = InterpreterBuilder()
+
+    def interp(op, x, y):
+        h = getattr(b, op)(TensorHandle(np.array([x], np.int32), tl.int32), TensorHandle(np.array([y], np.int32),
+                                                                                         tl.int32))
+        return int(h.data[0])
+
+    rng = np.random.default_rng(3)
+    pairs = [(7, 2), (-7, 2), (7, -2), (-7, -2), (0, 5), (5, 7), (-5, 7), (2**31 - 1, 3), (-2**31 + 1, 7)]
+    pairs += [tuple(int(v) for v in rng.integers(-1000, 1000, 2)) for _ in range(200)]
+    for x, y in pairs:
+        for op, f in (("create_sdiv", lambda p, q: p // q), ("create_srem", lambda p, q: p % q),
+                      ("create_add", lambda p, q: p + q), ("create_sub", lambda p, q: p - q),
+                      ("create_mul", lambda p, q: p * q)):
+            if y == 0 and op in ("create_sdiv", "create_srem"):
+                continue
+            want = interp(op, x, y)
+            for lhs, rhs in ((_I32(x), _I32(y)), (_I32(x), y), (x, _I32(y))):     # tensor op tensor / constant
+                try:
+                    got = f(lhs, rhs)
+                except _Fallback:
+                    assert not -2**31 <= f(x, y) < 2**31 or op in ("create_sdiv", "create_srem"), (op, x, y)
+                    continue
+                assert type(got) is _I32 and got == want, (op, x, y, got, want)
+    for bad in (lambda: _I32(3) // 0, lambda: 3 % _I32(0), lambda: _I32(2**31 - 1) + 1, lambda: _I32(2**16) * 2**16):
+        with pytest.raises(_Fallback):
+            bad()

@@ -116,8 +116,9 @@ def _params(fn, arg_names):
 def _install_hooks():
     """Route the interpreter's volatile loads (polling) -- and, for the race
     finder, every load, store and atomic -- to the simulator."""
-    from . import interp_fast, numerics, simt
+    from . import interp_fast, numerics, scalar_twins, simt
     interp_fast.install()     # the interpreter's bookkeeping, cheaper (same results)
+    scalar_twins.install()    # dl.swizzle_gather / _scatter's index arithmetic on Python ints (same results)
     numerics.install()        # bf16 / fp8 / libdevice arithmetic as GPUs compute it
     simt.install()            # branches on dl.tid() run once per simulated thread
     H = _compat.ACCESS_HOOKS

@@ -81,8 +81,9 @@ def warm(modules=MODULES, packages=PACKAGES) -> int:
         except Exception:  # noqa: BLE001 -- a rank that imports it shows the error
             pass
     try:
-        from . import simt
+        from . import scalar_twins, simt
         simt.install()                   # the rewrite includes the thread-dependent-region transform
+        scalar_twins.install()           # also for plain @triton.jit kernels, which do not reach the executor
         functions = jit_functions(packages)
     except Exception:  # noqa: BLE001
         return 0
