@@ -118,6 +118,10 @@
 #                o_proj at 63% and qkv at 79% of the copy bandwidth on its critical path)
 #   fr1          batch 1 with the rope stage fused into the attention tiles (--attn-fuse-rope: one stage fewer per
 #                layer on the latency-bound chain rope -> attention -> combine; +6-15% at batch 8, unmeasured at 1)
+#   apo          batch 1 with the attention tiles' L2 prefetch of o_proj's weights (--attn-prefetch-o: each of a layer's
+#                attention tiles asks L2 for its share of the 4096 o_proj rows before its wait, so the 32 MB stream
+#                while the latency-bound rope -> attention -> combine chain runs; the traced step streams o_proj at
+#                63% of the copy bandwidth on its critical path); apotr: apo at 512, traced; apo8: apo at batch 8
 #   at1s         batch 1 at context 4096 with --attn-tiles = SMs: 16 splits of 256 positions per kv head instead of 32
 #                of 128 (half the attention tiles, half the partials per combine tile)
 #   (the sw*/swx*/swl* lines above pass --stream-wait-fence / --stream-wait-projs qkv,o,gate_up,down where they
@@ -264,6 +268,9 @@ ALL=(                      # name|timeout s|cases|flags
   "ok512|70|--ctx 512,4096 --batch 1|--block-k o=512"
   "qk512|70|--ctx 512,4096 --batch 1|--block-k qkv=512"
   "fr1|70|--ctx 512,4096 --batch 1|--attn-fuse-rope"
+  "apo|70|--ctx 512,4096 --batch 1|--attn-prefetch-o"
+  "apotr|80|--ctx 512 --batch 1|--attn-prefetch-o --trace"
+  "apo8|70|--ctx 512,4096 --batch 8|--attn-prefetch-o"
   "at1s|45|--ctx 4096 --batch 1|--attn-tiles $SMS"
   "fence8|70|--ctx 512,4096 --batch 8|--wait-acquire fence"
 )

@@ -166,13 +166,15 @@ def test_grouped_rope_tile_equals_per_head_tile(dist_world):
     (1, 3, LEVERS),                                                # 6 attention rows, 1 split of 48 positions
     (2, 2, dict(attn_stages=3, rope_group=True)),                  # splits of 32 (tiny's attn_split), 3 stages
     (3, 2, dict(attn_stages=2, attn_tiles=6, comb_group=True)),    # 3 splits of 16 positions per sequence
-    (1, 1, dict(attn_tiles=8, rope_group=True, comb_group=True)),  # plain loop, 3 splits of 16
+    # (attn_prefetch_o: the attention tiles' L2 prefetch of o_proj's rows, a share each; the simulator checks that
+    # every prefetched address lies in the weight)
+    (1, 1, dict(attn_tiles=8, rope_group=True, comb_group=True, attn_prefetch_o=True)),  # plain loop, 3 splits of 16
     (2, 3, dict(attn_prefetch_v=True, attn_tiles=12)),             # V one block ahead, 3 splits of 16
     # the rope stage fused into the attention tiles: at 1 rank 2 splits of 32 (the new position of sequence 0 moves
     # from split 0 to split 1 between the steps), at 3 ranks with V ahead, at 2 ranks pipelined
     (1, 3, dict(attn_fuse_rope=True, attn_tiles=12, comb_group=True)),
     (3, 2, dict(attn_fuse_rope=True, attn_prefetch_v=True)),
-    (2, 2, dict(attn_fuse_rope=True, attn_stages=2, attn_tiles=8)),
+    (2, 2, dict(attn_fuse_rope=True, attn_stages=2, attn_tiles=8, attn_prefetch_o=True)),
 ])
 def test_decoder_step_with_attention_levers(dist_world, ranks, batch, levers):
     # the whole step (2 layers, 2 steps: every context grows by one position per step, so the last split and the
@@ -229,9 +231,27 @@ def test_attention_levers_registers_sm90(batch, levers):
         assert use["shared"] <= 73728 and use["resident_per_sm"] >= 3, use
 
 
+def test_attn_prefetch_o_compiles_sm90():
+    # TileConfig.attn_prefetch_o at Qwen3-8B's batch 1 (396 attention tiles at context 4096): each attention tile
+    # prefetches cdiv(4096, 396) = 11 o_proj rows, one prefetch.global.L2 per 128-byte line, in a loop over its rows,
+    # before its wait; the attention branch stays within the 168-register cap without spills
+    import ditron
+    from ditron.kernels.decoder import resources as RZ
+    ditron.init("sim")
+    try:
+        cfg = _levers_8b(attn_prefetch_o=True)
+        ck = RZ.compile_step(cfg, 1, ("rope", "attn", "comb"))
+        use = RZ.usage(cfg, 1, ("rope", "attn", "comb"))
+    finally:
+        ditron.finalize()
+    ptx = ck.asm["ptx"]
+    assert len(re.findall(r"prefetch\.global\.L2::evict_last", ptx)) >= 1, "no L2 prefetch"
+    assert use["registers"] <= 168 and use["spill_stores"] == 0, use
+
+
 @pytest.mark.parametrize("levers", [dict(attn_stages=2, attn_tiles=396, rope_group=True, comb_group=True),
                                     dict(attn_prefetch_v=True, attn_stages=3, attn_block=32),
-                                    dict(attn_fuse_rope=True, attn_stages=3, attn_tiles=396)])
+                                    dict(attn_fuse_rope=True, attn_stages=3, attn_tiles=396, attn_prefetch_o=True)])
 def test_attention_levers_compile_gfx942(levers):
     # the same branches for AMD's gfx942 (MI300; no ptxas register cap there): compiled, on the matrix cores, no
     # vector-register spills and no scratch (SGPR spills go to VGPR lanes: 22 without the levers)

@@ -37,8 +37,8 @@ Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``-
 (the FMA path of batches 1-2), ``--stream-stages``, ``--max-regs`` (ptxas register cap), ``--down-split-k``,
 ``--attn-split``,
 ``--attn-block``, ``--comm-block``, ``--num-warps``, ``--no-fuse-norm``,
-``--attn-stages``, ``--attn-tiles``, ``--attn-prefetch-v``, ``--attn-fuse-rope``, ``--rope-group``,
-``--comb-group`` (the attention levers),
+``--attn-stages``, ``--attn-tiles``, ``--attn-prefetch-v``, ``--attn-prefetch-o``, ``--attn-fuse-rope``,
+``--rope-group``, ``--comb-group`` (the attention levers),
 ``--prefetch-k`` (weight prefetch before each GEMV tile's wait), ``--scheduler``, ``--programs``.  ``--trace``
 adds a traced build's time per kind of task (``mk.profile()``).  Results: ``--out`` (Markdown + JSON).
 """
@@ -127,6 +127,7 @@ def _config(args):
                  if v is not None})
     over.update({k: True for k, v in (("rope_group", args.rope_group), ("comb_group", args.comb_group),
                                       ("attn_prefetch_v", args.attn_prefetch_v),
+                                      ("attn_prefetch_o", args.attn_prefetch_o),
                                       ("attn_fuse_rope", args.attn_fuse_rope)) if v})
     # the batch path's gate/up tiles with the weight rows on the MMA's M side (issue 26: TileConfig.gu_wdot)
     # (and its other batch-path levers; 0 turns gu_wdot / dot_ksplit off)
@@ -359,6 +360,8 @@ def main(argv=None):
                         "--attn-split positions per tile; 8b default 396: one wave on 3 programs x 132 SMs)")
     p.add_argument("--attn-prefetch-v", action="store_true",
                    help="attention tiles load the next block's V rows into registers while reducing the current one")
+    p.add_argument("--attn-prefetch-o", action="store_true",
+                   help="attention tiles prefetch their share of the layer's o_proj weights into L2 before their wait")
     p.add_argument("--attn-fuse-rope", action="store_true",
                    help="no rope stage: attention tiles norm / rotate q themselves, the split of the new position "
                         "appends k and v")

@@ -11,9 +11,9 @@ tensor arguments become :class:`_I32`, an ``int`` whose arithmetic is that of th
 scalars (``//`` truncates and ``%`` takes the dividend's sign, as Triton's ``arith.divsi`` / ``remsi`` and the
 interpreter's ``create_idiv`` / ``np.fmod`` do), and so do the results of ``tl.minimum`` / ``tl.maximum`` /
 ``tl.where`` (builtins that make tensors of Python ints too); ``int`` and ``constexpr`` arguments stay plain
-``int``, with Python's semantics, as the interpreter computes them until they meet a tensor.  The results are the ``int32`` scalar tensors the interpreter
-would have made.  Where the twin cannot give the interpreter's answer exactly, the call goes to the interpreter
-as before:
+``int``, with Python's semantics, as the interpreter computes them until they meet a tensor.  The results are
+the ``int32`` scalar tensors the interpreter would have made.  Where the twin cannot give the interpreter's
+answer exactly, the call goes to the interpreter as before:
 
 * an argument is not an ``int32`` scalar tensor, an ``int`` or an integer ``constexpr`` (``int64`` or unsigned
   tensors, blocks, per-thread values of ``dl.tid()`` branches), or the world size is below 1;

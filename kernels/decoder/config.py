@@ -163,6 +163,10 @@ class TileConfig:
       and fewer partials to combine);
     * ``attn_prefetch_v``: the attention tile loads the next block's V rows into registers while it reduces the
       current block (:func:`~.tiles.attn_split_pipe_tile`; Triton 3.6 pipelines only K into shared memory);
+    * ``attn_prefetch_o``: each attention tile asks L2 for its share of the layer's o_proj weight rows before its
+      dependency wait (``register_task(prefetch=...)``, ``dl.prefetch_l2``; the rows split evenly over the layer's
+      attention tiles): at batch 1 the rope -> attention -> combine chain is latency-bound and leaves HBM idle,
+      and o_proj's weights (32 MB a layer for Qwen3-8B) fit in L2 until its tiles read them;
     * ``attn_fuse_rope``: no rope stage: each attention tile norms and rotates its q heads in registers and the
       split holding the new position appends k and v (:func:`~.tiles.attn_rope_split_tile`; one stage fewer per
       layer, the attention tiles wait on the QKV tiles of their group);
@@ -207,6 +211,7 @@ class TileConfig:
     rope_group: bool = False
     comb_group: bool = False
     attn_prefetch_v: bool = False
+    attn_prefetch_o: bool = False
     attn_fuse_rope: bool = False
     fold_resid: bool = False
     prenorm: Optional[bool] = False

@@ -412,6 +412,12 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                   "BLOCK_G": max(16, next_pow2(G)), "SPLIT": sh.attn_split(cache.max_ctx, B),
                   "BLOCK_P": tc.attn_block}
         pipe_c = {"STAGES": tc.attn_stages, "PREFETCH_V": tc.attn_prefetch_v}
+        # TileConfig.attn_prefetch_o: the attention tiles ask L2 for this layer's o_proj weight rows, a share each
+        o_pf = {}
+        if tc.attn_prefetch_o:
+            attn_c = {**attn_c, "wo_ptr": w.o, "O_N": H, "O_K": sh.attn_cols, "O_ROWS": cdiv(H, B * KH * S),
+                      "O_LINES": next_pow2(cdiv(sh.attn_cols, 64))}
+            o_pf = {"prefetch": T.o_weight_prefetch}
         if tc.attn_fuse_rope:
             # TileConfig.attn_fuse_rope: no rope task; each attention tile norms / rotates its q heads itself and
             # the split holding the new position appends k and v (attn_rope_split_tile)
@@ -421,7 +427,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                  "log2_theta": math.log2(cfg.rope_theta), **attn_c, **pipe_c},
                 reads=("qkv_ptr", "qn_ptr", "kn_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"),
                 writes=("kc_ptr", "vc_ptr", "o_ptr", "lse_ptr"),
-                deps=[(f"qkv.{l}", f) for f in attn_qkv_deps], scalars={"layer": l}))
+                deps=[(f"qkv.{l}", f) for f in attn_qkv_deps], scalars={"layer": l}, **o_pf))
         else:
             specs.append(TaskSpec(
                 f"rope.{l}", T.qk_norm_rope_group_tile if tc.rope_group else T.qk_norm_rope_tile,
@@ -438,7 +444,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                 f"attn.{l}", T.attn_split_pipe_tile if pipe_attn else T.attn_split_tile, B * KH * S,
                 {"q_ptr": buf.q, **attn_c, **(pipe_c if pipe_attn else {})},
                 reads=("q_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"), writes=("o_ptr", "lse_ptr"),
-                deps=[(f"rope.{l}", attn_rope_tiles)], scalars={"layer": l}))
+                deps=[(f"rope.{l}", attn_rope_tiles)], scalars={"layer": l}, **o_pf))
         # BLOCK_S at least 16: with attn_tiles a few splits (batch 16 at 4096: 3 -> 4 rows) made ptxas spill 60-64
         # bytes elsewhere in the 168-register batch-16 step (16 rows: none; tests/test_decoder.py)
         specs.append(TaskSpec(

@@ -579,6 +579,19 @@ def _prefetch_rows(w, n0, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexp
 
 
 @triton.jit
+def o_weight_prefetch(tile, wo_ptr, layer, O_N: tl.constexpr, O_K: tl.constexpr, O_ROWS: tl.constexpr,
+                      O_LINES: tl.constexpr):
+    """Prefetch hook of the attention tiles (``TileConfig.attn_prefetch_o``): rows ``[tile * O_ROWS, (tile + 1) *
+    O_ROWS)`` of the layer's o_proj weight ``[O_N, O_K]`` into L2, one row per step (a line per 64 columns:
+    ``O_LINES``, the power of two at least ``cdiv(O_K, 64)``)."""
+    w = wo_ptr + layer.to(tl.int64) * O_N * O_K
+    cols = tl.arange(0, O_LINES) * 64
+    for i in tl.range(0, O_ROWS):
+        r = tile * O_ROWS + i
+        dl.prefetch_l2(w + r.to(tl.int64) * O_K + cols, mask=(cols < O_K) & (r < O_N))
+
+
+@triton.jit
 def linear_prefetch(tile, w_ptr, layer, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
                     PREFETCH_K: tl.constexpr):
     """Prefetch hook of :func:`linear_tile` / :func:`rms_linear_tile` (runs before the tile's dependency wait):
