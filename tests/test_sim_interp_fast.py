@@ -232,3 +232,10 @@ def test_taskcheck_skips_unwritten_loads_with_the_same_answers():
         assert fast == slow, (trial, accesses)
         errors += fast[0] is not None
     assert 30 < errors < 270                                   # both outcomes are exercised
+    # the bounds shortcut of record: no range meets [min, max] exactly when none_in says so
+    sp = T._Spans([(100, 200), (300, 310), (400, 401)], merge=False)
+    for _ in range(2000):
+        lo = int(rng.integers(0, 500))
+        hi = lo + int(rng.integers(0, 120))
+        meets = any(a < hi + 1 and lo < b for a, b in [(100, 200), (300, 310), (400, 401)])
+        assert sp.none_in(lo, hi) == (not meets), (lo, hi)

@@ -26,6 +26,7 @@ check off.
 """
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 
@@ -71,6 +72,12 @@ class _Spans:
                 merged.append([lo, hi])
         self.lo = np.array([m[0] for m in merged], dtype=np.uint64)
         self.hi = np.array([m[1] for m in merged], dtype=np.uint64)
+        self._lo, self._hi = [m[0] for m in merged], [m[1] for m in merged]
+
+    def none_in(self, amin, amax):
+        """Whether no range meets ``[amin, amax]`` (the bounds of some addresses: then none of them is covered)."""
+        k = bisect.bisect_right(self._lo, amin) - 1
+        return bisect.bisect_right(self._lo, amax) - 1 == k and (k < 0 or amin >= self._hi[k])
 
     def index(self, a):
         """Per address: the position of the range holding it, -1 if none."""
@@ -333,9 +340,14 @@ def record(kind, ptrs, mask, itemsize, where):
         a = a[np.asarray(mask).reshape(-1).astype(bool)]
     if a.size == 0:
         return
+    amin, amax = int(a.min()), int(a.max())
     if kind == "read" and SKIP_UNWRITTEN:
-        a = a[ck._written_regions.covered(a)]        # loads of regions no task writes: nothing to check
-    else:
+        if ck._written_regions.none_in(amin, amax):
+            return                                   # loads of regions no task writes (weights): nothing to check
+        a = a[ck._written_regions.covered(a)]
+    elif amax < ck.lo or amin >= ck.hi:
+        return
+    elif amin < ck.lo or amax >= ck.hi:
         a = a[(a >= np.uint64(ck.lo)) & (a < np.uint64(ck.hi))]
     if a.size == 0:
         return
