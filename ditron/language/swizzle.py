@@ -280,9 +280,15 @@ _tl_host = _types.SimpleNamespace(
 _HOST_GLOBALS = {"tl": _tl_host, "__builtins__": __builtins__}
 
 
+def _twin_of(jit_fn, g, name):
+    """``jit_fn``'s code as a Python function whose globals are ``g`` (its helpers' twins and a ``tl``)."""
+    fn = jit_fn.fn
+    return _types.FunctionType(fn.__code__, g, name, fn.__defaults__, fn.__closure__)
+
+
 def _host_twin(jit_fn):
     fn = jit_fn.fn
-    twin = _types.FunctionType(fn.__code__, _HOST_GLOBALS, fn.__name__ + "_py", fn.__defaults__, fn.__closure__)
+    twin = _twin_of(jit_fn, _HOST_GLOBALS, fn.__name__ + "_py")
     twin.__doc__ = (f"Host twin of :func:`{fn.__name__}` (same code, Python integers).\n\n" + (fn.__doc__ or ""))
     twin.__qualname__ = twin.__name__
     twin.__module__ = __name__
@@ -299,6 +305,17 @@ _tile_key_py = _host_twin(_tile_key)
 _swizzle_dist_py = _host_twin(_swizzle_dist)
 swizzle_gather_py = _host_twin(swizzle_gather)
 swizzle_scatter_py = _host_twin(swizzle_scatter)
+
+
+def host_twins(tl_ns) -> dict:
+    """The twins over another ``tl`` namespace (its ``minimum`` / ``maximum`` / ``where`` / ``cdiv`` /
+    ``constexpr``): jit function name -> Python function, each calling the others' twins.  The simulator's
+    int32 twins (``ditron.sim.scalar_twins``) are these."""
+    g = {"tl": tl_ns, "__builtins__": __builtins__}
+    for jf in (swizzle_2d, _owner, tile_segments, segment_position, _segment_at, _tile_key, _swizzle_dist,
+               swizzle_gather, swizzle_scatter):
+        g[jf.fn.__name__] = _twin_of(jf, g, jf.fn.__name__)
+    return g
 
 
 def tile_order_py(mode, M, N, BLOCK_M, BLOCK_N, rank=0, world=1, nnodes=1, GROUP_M=8):

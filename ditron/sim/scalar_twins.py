@@ -3,8 +3,8 @@
 ``dl.swizzle_gather`` / ``dl.swizzle_scatter`` (``ditron.language.swizzle._swizzle_dist``) compute one tile
 index from a handful of scalars with a loop over the ranks and, per rank, a loop over the segments a tile
 touches: a few hundred scalar operations per tile.  Each operation of Triton's interpreter costs tens of
-microseconds of Python bookkeeping (the whole suite spent ~9% of its CPU there), while the function's host twin
-(``_swizzle_dist_py``: the same code object on Python integers) takes microseconds.
+microseconds of Python bookkeeping (the whole suite spent ~9% of its CPU there), while its host twin (the same
+code object on Python integers, ``swizzle.host_twins``) takes microseconds.
 
 On the simulator the jit function is therefore evaluated by its twin, with the interpreter's integer semantics:
 tensor arguments become :class:`_I32`, an ``int`` whose arithmetic is that of the interpreter's ``int32``
@@ -92,21 +92,15 @@ class _I32(int):
 
 
 def _twin(S, tl):
-    """``_swizzle_dist`` and the helpers it calls, as Python functions of the jit functions' own code objects, with
-    a ``tl`` whose ``minimum`` / ``maximum`` / ``where`` give int32 scalars as the interpreter's builtins do (they
-    make tensors of Python ints too); ``cdiv`` is the jit function's own expression."""
-    import builtins
+    """``_swizzle_dist``'s twin (``swizzle.host_twins``) over a ``tl`` whose ``minimum`` / ``maximum`` / ``where``
+    give int32 scalars as the interpreter's builtins do (they make tensors of Python ints too); ``cdiv`` is the jit
+    function's own expression."""
     import types
     ns = types.SimpleNamespace(minimum=lambda a, b: _wrap(min(int(a), int(b))),
                                maximum=lambda a, b: _wrap(max(int(a), int(b))),
                                where=lambda c, a, b: _wrap(int(a if c else b)),
                                cdiv=lambda x, div: (x + div - 1) // div, constexpr=tl.constexpr)
-    g = {"tl": ns, "__builtins__": builtins}
-    for name in ("swizzle_2d", "_owner", "tile_segments", "segment_position", "_segment_at", "_tile_key",
-                 "_swizzle_dist"):
-        fn = getattr(S, name).fn
-        g[name] = types.FunctionType(fn.__code__, g, name, fn.__defaults__, fn.__closure__)
-    return g["_swizzle_dist"]
+    return S.host_twins(ns)["_swizzle_dist"]
 
 
 def _fast_call(orig_call, twin, tl, tensor_handle):
@@ -134,7 +128,7 @@ def _fast_call(orig_call, twin, tl, tensor_handle):
         return tensor_cls(tensor_handle(np.array([int(v)], dtype=np.int32), i32), i32)
 
     def __call__(self, *args, **kwargs):
-        if ENABLED and not kwargs and len(args) == 10:
+        if ENABLED and not kwargs and len(args) == len(self.arg_names):
             vals = [scalar(a) for a in args]
             if None not in vals and vals[6] >= 1:        # world >= 1: the loop runs, both results are tensors
                 try:
