@@ -425,3 +425,9 @@ def prefetch_bounds(world, limit):
     prefetch_kernel[(1,)](w, out, n, limit, 300, LINES=8)
     ref = w[torch.arange(0, n, 300, device=w.device)].sum()
     assert torch.allclose(out[0], ref), (out, ref)
+
+
+def torch_threads(world):
+    """This rank's torch intra-op threads and its OMP_NUM_THREADS (ditron.sim.threads)."""
+    import os
+    return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")

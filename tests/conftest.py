@@ -1,10 +1,17 @@
 import os
 import shutil
 
-import pytest
+# one OpenMP / BLAS thread per process, set before torch and numpy are imported: CI runs two workers on two cores
+# (README: -n 2), each with its simulated ranks (which get OMP_NUM_THREADS=1 anyway, ditron.sim.threads), so
+# per-process thread pools only oversubscribe the cores; their workers spinning between small operations cost
+# 10-12% of the CPU of the simulator's test files. A value set by the caller is kept
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-import ditron
-from ditron import libs
+import pytest  # noqa: E402
+
+import ditron  # noqa: E402
+from ditron import libs  # noqa: E402
 
 TARGETS = ("sm_90a", "gfx942")
 

@@ -320,3 +320,24 @@ def test_zygote_decisions_on_what_its_preload_did():
     state.error = "the zygote's preload printed 5 bytes (a job's own server prints them into the job's output)"
     req["env"] = dict(state.environ)
     assert zygote.decline_reason(state, req) == state.error
+
+
+@pytest.mark.parametrize("omp", [None, "3"], ids=["unset", "set"])
+def test_rank_threads_follow_omp_num_threads(monkeypatch, omp):
+    """A simulated rank's torch runs OMP_NUM_THREADS intra-op threads: the job's value, else 1 (as torchrun sets
+    for its ranks; ditron.sim.threads), also in ranks forked from a fork server that imported torch with another
+    value (this worker's, whose clusters started first, or this test's)."""
+    import bodies_sim as B
+    from ditron.sim.launcher import rank_env
+    from ditron.sim.pool import SimCluster
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    env = rank_env({}, 0, 2, 1, "/nonexistent", 1 << 20, 5)
+    assert env.get("OMP_NUM_THREADS") == ("1" if omp is None else None)      # a value of the caller's is kept
+    assert rank_env({"OMP_NUM_THREADS": "5"}, 0, 2, 1, "/x", 1 << 20, 5)["OMP_NUM_THREADS"] == "5"
+    with SimCluster(2, hang_timeout=20) as cluster:
+        got = cluster.run(B.torch_threads)
+    want = int(omp or 1)
+    assert got == [(want, str(want))] * 2, got

@@ -35,6 +35,7 @@ from ..errors import format_report_entry
 from ..runtime.heap import HEAP_ALIGN, parse_size, round_up
 from . import forkserver as F
 from . import memory as M
+from . import threads
 from . import zygote as Z
 
 EXIT_DEADLOCK = 3
@@ -57,6 +58,7 @@ def make_job(nprocs, heap_size, race=None):
 def rank_env(base, rank, nprocs, nnodes, sim_dir, heap_size, hang_timeout):
     lws = nprocs // nnodes
     env = dict(base)
+    env.update(threads.default_env(base))         # OMP_NUM_THREADS=1 unless set, as torchrun does
     env.update({
         "RANK": str(rank), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(rank % lws),
         "LOCAL_WORLD_SIZE": str(lws), "GROUP_RANK": str(rank // lws), "NODE_RANK": str(rank // lws),

@@ -26,6 +26,7 @@ from multiprocessing.connection import wait as conn_wait
 from ..errors import DitronError, DitronHangError, DitronRankError
 from ..runtime.heap import HEAP_ALIGN, round_up
 from . import memory as M
+from . import threads
 from .launcher import GRACE_S, check_topology, make_job, rank_env
 
 
@@ -50,6 +51,7 @@ def _worker(conn, env):
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     os.environ.clear()
     os.environ.update(env)
+    threads.apply(env)              # torch was imported by the fork server: its intra-op threads as env says
     rank = int(env["RANK"])
     skew = sys.modules.get("ditron.sim.skew")
     if skew is not None:
