@@ -239,3 +239,45 @@ def test_taskcheck_skips_unwritten_loads_with_the_same_answers():
         hi = lo + int(rng.integers(0, 120))
         meets = any(a < hi + 1 and lo < b for a, b in [(100, 200), (300, 310), (400, 401)])
         assert sp.none_in(lo, hi) == (not meets), (lo, hi)
+
+
+def test_sim_atomics_values_match_numpy_broadcast():
+    """ditron.sim.memory's shortcut for one Python int at one address gives the array (dtype, shape, values, a
+    fresh writable copy) or the error of the general expression, for every kind of value the atomics get."""
+    import numpy as np
+    from ditron.sim import memory as M
+
+    def general(value, shape, dtype):
+        return np.broadcast_to(np.asarray(value, dtype=dtype), shape).copy()
+
+    cases = [0, 1, -1, 7, 2**31 - 1, 2**31, -2**31 - 1, 2**32, 2**63 - 1, 2**63, -2**63, 2**64, True, False, 3.7,
+             np.int32(5), np.int64(-9), np.uint64(2**63), np.array(4), np.array([1, 2]), [3, 4], (5,)]
+    checked = 0
+    for value in cases:
+        for shape in ((1,), (2,), (3,)):
+            for dtype in (np.int32, np.int64, np.uint64, np.uint32):
+                try:
+                    want = general(value, shape, dtype)
+                except Exception as e:  # noqa: BLE001 -- the shortcut must raise the same
+                    with pytest.raises(type(e)):
+                        M._values(value, shape, dtype)
+                    continue
+                got = M._values(value, shape, dtype)
+                assert got.dtype == want.dtype and got.shape == want.shape and (got == want).all(), \
+                    (value, shape, dtype, got, want)
+                assert got.flags.writeable and got.flags.owndata
+                checked += 1
+    assert checked > 150
+    for shape in ((1,), (4,)):
+        m = M._mask(shape)
+        assert m.dtype == np.bool_ and m.shape == shape and m.all()
+    # the atomics on a real buffer, through the interpreter's C++ atomics, with the shortcut's arrays
+    buf = np.zeros(4, dtype=np.int64)
+    a = buf.ctypes.data
+    assert M.atomic_add(a, 5).tolist() == [0] and M.atomic_load(a).tolist() == [5]
+    assert M.atomic_xchg(a + 8, 7).tolist() == [0] and M.atomic_cas(a + 8, 7, 9).tolist() == [7]
+    assert M.atomic_add(np.array([a, a + 8], dtype=np.uint64), np.array([1, 2])).tolist() == [5, 9]
+    assert buf[:2].tolist() == [6, 11]
+    with pytest.raises(OverflowError):
+        M.atomic_add(a, 2**63)
+    assert buf[:2].tolist() == [6, 11]

@@ -28,27 +28,44 @@ def _addr(addr):
     return np.asarray(addr, dtype=np.uint64).reshape(-1)
 
 
+_ONE_TRUE = np.ones(1, dtype=bool)
+_ONE_TRUE.setflags(write=False)
+
+
+def _mask(shape):
+    """All-true mask of ``shape`` (one shared read-only array for a single address: the polls' case)."""
+    return _ONE_TRUE if shape == (1,) else np.ones(shape, dtype=bool)
+
+
+def _values(value, shape, dtype):
+    """``value`` as a new ``dtype`` array of ``shape``: ``np.broadcast_to(np.asarray(value, dtype), shape).copy()``,
+    without its cost for one Python ``int`` at one address (the control block's and the polls' case): the same
+    value, and the same ``OverflowError`` for one that ``dtype`` cannot hold."""
+    if value.__class__ is int and shape == (1,):
+        return np.array((value,), dtype=dtype)
+    return np.broadcast_to(np.asarray(value, dtype=dtype), shape).copy()
+
+
 def atomic_add(addr, value, dtype=np.int64):
     """``*addr += value``; returns the old value(s)."""
     I = _interp()
     addr = _addr(addr)
-    vals = np.broadcast_to(np.asarray(value, dtype=dtype), addr.shape).copy()
-    return I.atomic_rmw(I.RMW_OP.ADD, addr, vals, np.ones(addr.shape, dtype=bool), I.MEM_SEMANTIC.ACQUIRE_RELEASE)
+    return I.atomic_rmw(I.RMW_OP.ADD, addr, _values(value, addr.shape, dtype), _mask(addr.shape),
+                        I.MEM_SEMANTIC.ACQUIRE_RELEASE)
 
 
 def atomic_xchg(addr, value, dtype=np.int64):
     I = _interp()
     addr = _addr(addr)
-    vals = np.broadcast_to(np.asarray(value, dtype=dtype), addr.shape).copy()
-    return I.atomic_rmw(I.RMW_OP.XCHG, addr, vals, np.ones(addr.shape, dtype=bool), I.MEM_SEMANTIC.ACQUIRE_RELEASE)
+    return I.atomic_rmw(I.RMW_OP.XCHG, addr, _values(value, addr.shape, dtype), _mask(addr.shape),
+                        I.MEM_SEMANTIC.ACQUIRE_RELEASE)
 
 
 def atomic_cas(addr, cmp, value, dtype=np.int64):
     I = _interp()
     addr = _addr(addr)
-    c = np.broadcast_to(np.asarray(cmp, dtype=dtype), addr.shape).copy()
-    v = np.broadcast_to(np.asarray(value, dtype=dtype), addr.shape).copy()
-    return I.atomic_cas(addr, c, v, I.MEM_SEMANTIC.ACQUIRE_RELEASE)
+    return I.atomic_cas(addr, _values(cmp, addr.shape, dtype), _values(value, addr.shape, dtype),
+                        I.MEM_SEMANTIC.ACQUIRE_RELEASE)
 
 
 def atomic_load(addr, dtype=np.int64):
