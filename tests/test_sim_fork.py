@@ -323,6 +323,36 @@ def test_zygote_decisions_on_what_its_preload_did():
 
 
 @pytest.mark.parametrize("omp", [None, "3"], ids=["unset", "set"])
+def test_zygote_serves_the_jobs_of_its_own_environment(monkeypatch, omp):
+    """A zygote started from the launchers' environment serves their jobs whether or not that environment sets
+    OMP_NUM_THREADS: each rank gets OMP_NUM_THREADS=1 when it is unset (ditron.sim.threads), so the zygote's
+    server has it too (zygote.server_env), or it would decline every job (the decision, on a zygote state
+    whose preload read no variable)."""
+    from ditron.sim import forkserver as F
+    from ditron.sim import zygote
+    from ditron.sim.forkserver import _EnvReads
+    from ditron.sim.launcher import rank_env
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    state = zygote._State()
+    state.environ = zygote.server_env(os.environ)          # what start() gives the zygote
+    with _EnvReads() as reads:
+        pass
+    state.reads = reads
+    # a job's server environment, as the launcher makes it: rank 0's without the per-rank variables
+    job = {k: v for k, v in rank_env(os.environ, 0, 2, 1, "/x", 1 << 20, 5).items() if k not in F.PER_RANK}
+    assert job["OMP_NUM_THREADS"] == state.environ["OMP_NUM_THREADS"] == (omp or "1")
+    req = {"env": job, "argv": ["x.py"], "state": zygote.process_state()}
+    assert zygote.decline_reason(state, req) is None
+    # without the default the zygote declines them (what it did before): the test sees the difference
+    state.environ.pop("OMP_NUM_THREADS")
+    if omp is None:
+        assert "differs in OMP_NUM_THREADS" in zygote.decline_reason(state, req)
+
+
+@pytest.mark.parametrize("omp", [None, "3"], ids=["unset", "set"])
 def test_rank_threads_follow_omp_num_threads(monkeypatch, omp):
     """A simulated rank's torch runs OMP_NUM_THREADS intra-op threads: the job's value, else 1 (as torchrun sets
     for its ranks; ditron.sim.threads), also in ranks forked from a fork server that imported torch with another

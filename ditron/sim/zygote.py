@@ -37,6 +37,7 @@ import struct
 import sys
 
 from . import forkserver as F
+from . import threads
 
 ENV = "DITRON_SIM_ZYGOTE"
 
@@ -372,18 +373,29 @@ def _send(conn, msg):
         pass
 
 
+def server_env(env) -> dict:
+    """The environment of a job's fork server when its launcher runs with ``env``: ``TRITON_INTERPRET=1``, and
+    the ranks' thread default (:func:`ditron.sim.threads.default_env`: ``OMP_NUM_THREADS=1`` unless ``env``
+    sets it), which the launcher adds to every rank's environment; a zygote started from ``env`` without it
+    would decline every job of that environment (its variable differs)."""
+    env = dict(env)
+    if threads.VAR not in env:
+        env[threads.VAR] = threads.RANK_DEFAULT
+    env["TRITON_INTERPRET"] = "1"
+    return env
+
+
 def start(path=None, env=None):
     """Start a zygote (returns its :class:`subprocess.Popen`; its socket is ``proc.zygote_path``) with
-    ``env`` (default: this process's) as a job's server has it: ``TRITON_INTERPRET=1`` and ``DITRON_SIM_ZYGOTE``
+    ``env`` (default: this process's) as a job's server has it (:func:`server_env`) and ``DITRON_SIM_ZYGOTE``
     set.  Its socket listens from the start: a job that comes while it still preloads waits for it.  It dies
     with this process; :func:`stop` ends it."""
     import subprocess
     import tempfile
     if path is None:
         path = os.path.join(tempfile.mkdtemp(prefix="ditron-zygote-"), "socket")
-    env = dict(os.environ if env is None else env)
+    env = server_env(os.environ if env is None else env)
     env[ENV] = path                   # as in the jobs that use it
-    env["TRITON_INTERPRET"] = "1"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(path)
