@@ -18,10 +18,10 @@ VAR = "OMP_NUM_THREADS"
 RANK_DEFAULT = "1"
 
 
-def default_env(base) -> dict:
-    """``{VAR: RANK_DEFAULT}`` for a rank whose environment ``base`` (and the launcher's) does not set
-    :data:`VAR`, else ``{}``."""
-    if VAR in base or VAR in os.environ:
+def default_env(base, launcher=None) -> dict:
+    """``{VAR: RANK_DEFAULT}`` for a rank whose environment ``base`` (and the launcher's, ``launcher``: default
+    this process's) does not set :data:`VAR`, else ``{}``."""
+    if VAR in base or VAR in (os.environ if launcher is None else launcher):
         return {}
     return {VAR: RANK_DEFAULT}
 

@@ -379,8 +379,7 @@ def server_env(env) -> dict:
     sets it), which the launcher adds to every rank's environment; a zygote started from ``env`` without it
     would decline every job of that environment (its variable differs)."""
     env = dict(env)
-    if threads.VAR not in env:
-        env[threads.VAR] = threads.RANK_DEFAULT
+    env.update(threads.default_env(env, launcher=env))
     env["TRITON_INTERPRET"] = "1"
     return env
 
