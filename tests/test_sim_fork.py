@@ -124,9 +124,14 @@ def test_a_rank_is_the_same_process_either_way(tmp_path, fork, _sim_zygote):
     how = {"debug": "ranks forked from the job's own fork server", "0": None,
            "zygote": "ranks forked from a server forked by the zygote"}[fork]
     assert how is None or f"ditron sim: {how}" in p.stderr, p.stderr
-    # one line per rank and stream: nothing written twice, nothing lost
-    assert sorted(ln for ln in p.stdout.splitlines() if ln.startswith("stdout of")) == \
-        [f"stdout of rank {r}" for r in range(n)], p.stdout
+    # one line per rank and stream: nothing written twice, nothing lost.  A started rank's interpreter teardown
+    # (not ditron's) may write a line's text and its newline apart, and another rank's line can land between
+    # them ("module object of rank 0 freedstdout of rank 1"): there, a rank's line is found wherever it begins
+    if fork == "0":
+        lines = re.findall(r"(stdout of rank \d+)\n", p.stdout)
+    else:
+        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("stdout of")]
+    assert sorted(lines) == [f"stdout of rank {r}" for r in range(n)], p.stdout
     _exited_cleanly(tmp_path, p.stdout, range(n), started=fork == "0")
     # a forked rank leaves the preloaded modules to os._exit: Triton >= 3.7's nanobind leak check, which runs in
     # their teardown, has nothing to report (a shutdown that skipped freeing them would print "leaked ...")
