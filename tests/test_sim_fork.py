@@ -52,10 +52,15 @@ PROBE = textwrap.dedent('''
 #: interpreter's shutdown frees it, in a forked rank too (ditron.sim.rank_exit)
 HELD = textwrap.dedent('''
     import gzip, os
+    import sys
     class Freed:
-        def __init__(self, rank):
-            self.rank = rank
+        def __init__(self, rank, out):
+            # the module's globals may be gone when the teardown frees it: what __del__ needs, kept here
+            self.rank, self.path, self.sys, self.open = rank, os.path.join(out, f"teardown{rank}"), sys, open
         def __del__(self):
+            # the stream that the teardown prints into: whole lines (one write each) or not
+            with self.open(self.path, "w") as f:
+                f.write(str(getattr(self.sys.stdout, "line_buffering", None)))
             print(f"module object of rank {self.rank} freed")
     def hold(out, rank):
         global log, packed, obj
@@ -63,7 +68,7 @@ HELD = textwrap.dedent('''
         log.write(f"unclosed, buffered {rank}")
         packed = gzip.open(os.path.join(out, f"packed{rank}.gz"), "wt")
         packed.write(f"unclosed, compressed {rank}")
-        obj = Freed(rank)
+        obj = Freed(rank, out)
 ''')
 
 
@@ -73,24 +78,22 @@ def _write_probe(path):
     (path.parent / "probe_held.py").write_text(HELD)
 
 
-def _exited_cleanly(out, stdout, ranks, started=False):
+def _exited_cleanly(out, stdout, ranks):
     """What each rank's exit had to do: its atexit handler, finalizers and ``__del__`` run (their output flushed),
-    the files a module of it kept open flushed and closed (the gzip trailer written).  A started rank's module
-    teardown is the interpreter's own, which prints into the stream it started with (sys.__stdout__) by then,
-    when at all: its module object's line is not checked, and its other lines are found wherever they are (another
-    rank's output can land between a line and its newline there)."""
+    the files a module of it kept open flushed and closed (the gzip trailer written), and what a module's object
+    prints as the teardown frees it goes through a whole-line stream as the rank's other output does (a started
+    rank's teardown is the interpreter's own, which prints into sys.__stdout__: with PYTHONUNBUFFERED, the text
+    and its newline in two writes, another rank's line glued between them, unless that is the whole-line stream
+    too)."""
     import gzip
     for r in ranks:
         assert (out / f"atexit{r}").read_text() == "ran"
         assert (out / f"log{r}").read_text() == f"unclosed, buffered {r}"
         with gzip.open(out / f"packed{r}.gz", "rt") as f:
             assert f.read() == f"unclosed, compressed {r}"
-        lines = [f"del of rank {r}", f"finalize of rank {r}"]
-        lines += [] if started else [f"module object of rank {r} freed"]
-        for line in lines:
-            # a started rank's teardown may write a line's newline apart from its text (see the caller)
-            found = len(re.findall(re.escape(line) + r"(?!\d)", stdout)) if started else stdout.count(line + "\n")
-            assert found == 1, (line, stdout)
+        assert (out / f"teardown{r}").read_text() == "True", r
+        for line in (f"del of rank {r}", f"finalize of rank {r}", f"module object of rank {r} freed"):
+            assert stdout.count(line + "\n") == 1, (line, stdout)
 
 
 def _launch(args, env=None, cwd=None, timeout=300, zygote=False):
@@ -127,15 +130,10 @@ def test_a_rank_is_the_same_process_either_way(tmp_path, fork, _sim_zygote):
     how = {"debug": "ranks forked from the job's own fork server", "0": None,
            "zygote": "ranks forked from a server forked by the zygote"}[fork]
     assert how is None or f"ditron sim: {how}" in p.stderr, p.stderr
-    # one line per rank and stream: nothing written twice, nothing lost.  A started rank's interpreter teardown
-    # (not ditron's) may write a line's text and its newline apart, and another rank's line can land between
-    # them ("module object of rank 0 freedstdout of rank 1"): there, a rank's line is found wherever it begins
-    if fork == "0":
-        lines = re.findall(r"(stdout of rank \d+)\n", p.stdout)
-    else:
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("stdout of")]
-    assert sorted(lines) == [f"stdout of rank {r}" for r in range(n)], p.stdout
-    _exited_cleanly(tmp_path, p.stdout, range(n), started=fork == "0")
+    # one line per rank and stream: nothing written twice, nothing lost
+    assert sorted(ln for ln in p.stdout.splitlines() if ln.startswith("stdout of")) == \
+        [f"stdout of rank {r}" for r in range(n)], p.stdout
+    _exited_cleanly(tmp_path, p.stdout, range(n))
     # a forked rank leaves the preloaded modules to os._exit: Triton >= 3.7's nanobind leak check, which runs in
     # their teardown, has nothing to report (a shutdown that skipped freeing them would print "leaked ...")
     assert fork == "0" or "nanobind" not in p.stderr, p.stderr
@@ -186,7 +184,8 @@ def test_module_run_exit_code_and_atexit_of_a_failing_rank(tmp_path, _sim_zygote
 SCRIPT = textwrap.dedent('''
     import os, sys
     import {mod}
-    sys.__stdout__.flush()      # the stream the rank was started with (a forked rank's is the server's)
+    sys.__stdout__.flush()      # the rank's whole-line stream; the one it started with (a forked rank's is the
+                                # server's) is flushed at its exit
     print(f"rank {{os.environ['RANK']}}: torch preloaded {{'torch' in sys.modules}}, {mod} saw {{{mod}.SEEN}}")
 ''')
 

@@ -10,6 +10,7 @@ import sys
 import traceback
 
 EXIT_HANG = 3
+_STARTED_WITH: list = []     # the interpreter's own stdout / stderr objects, kept alive (see main)
 
 
 def _report(rank, payload):
@@ -55,6 +56,12 @@ def main(argv=None):
     # one, PYTHONUNBUFFERED, writes a print's text and its newline separately)
     sys.stdout = _line_writer(sys.stdout)
     sys.stderr = _line_writer(sys.stderr)
+    # the interpreter's shutdown puts sys.__stdout__ / __stderr__ back as sys.stdout / stderr before it frees the
+    # modules, so what their objects print as they are freed went to the streams it started with (with
+    # PYTHONUNBUFFERED, "text" and "\n" in two writes, and another rank's line between them): the same whole-line
+    # writers there too (the streams they replace write to the same descriptors and never close them: closefd=False)
+    _STARTED_WITH.extend((sys.__stdout__, sys.__stderr__))
+    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
     script = argv[0]
     sys.argv = argv
     if argv[0] == "-m":

@@ -17,7 +17,8 @@ the collector again, so that Triton >= 3.7's nanobind leak check saw them freed)
    underscore first), collecting after each step; so the objects they held are freed (a file a module keeps open
    is flushed and closed, a ``NamedTemporaryFile`` removed);
 5. flushes ``sys.stdout`` and ``sys.stderr`` (a failure makes the exit status 120, as the interpreter's), and
-   ``sys.__stdout__`` / ``sys.__stderr__``;
+   ``sys.__stdout__`` / ``sys.__stderr__`` and the streams the rank started with (:mod:`ditron.sim.rank` made the
+   first two its whole-line streams);
 6. ``os._exit(code)``.
 
 What it leaves out: the teardown of the preloaded modules, and of objects that only they refer to (an object of
@@ -104,8 +105,11 @@ def _flush_std() -> bool:
                     sys.stderr.flush()
                 except Exception:  # noqa: BLE001
                     pass
-    for f in (sys.__stdout__, sys.__stderr__):       # the streams the rank started with (the server's), as their
-        try:                                         # teardown would
+    from .rank import _STARTED_WITH
+    # sys.__stdout__ / __stderr__ (the rank's whole-line streams) and the streams the rank started with (the
+    # server's), as their teardown would
+    for f in (sys.__stdout__, sys.__stderr__, *_STARTED_WITH):
+        try:
             if f is not None and not f.closed:
                 f.flush()
         except Exception:  # noqa: BLE001
