@@ -217,7 +217,13 @@ def compile_front_end(src, target, options, front: FrontEnd, key: str):
     env = dict(get_cache_invalidating_env_vars())
     env["DITRON_KEY"] = key
     src.make_ir = lambda *args, **kwargs: front.module   # this ASTSource only
-    return triton.compile(src, target=target, options=_compile_options(options), _env_vars=env)
+    try:
+        return triton.compile(src, target=target, options=_compile_options(options), _env_vars=env)
+    finally:
+        # the compiled kernel keeps ``src`` (Triton's CompiledKernel.src): not the front end's module and MLIR
+        # context through this closure, which would stay alive to the end of the process (under nanobind, Triton
+        # >= 3.7, its exit then printed a "nanobind: leaked ..." dump)
+        del src.make_ir
 
 
 @contextlib.contextmanager

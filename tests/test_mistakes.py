@@ -192,6 +192,30 @@ def test_readme_example_keeps_no_triton_ir_values(tmp_path):
         for name, v in op.operands.items():
             assert not hasattr(v, "handle"), (op.kind, name, v)
     assert "dist.symm_at" in ck.asm["dist_ir"]
+    # nor anything else the compiled kernel refers to: no MLIR module or context of the front end is reachable
+    # from it (ditron's front end once stayed reachable through the ASTSource that Triton's kernel keeps)
+    assert _reaches_triton_ir(ck) is None, _reaches_triton_ir(ck)
+
+
+def _reaches_triton_ir(root):
+    """The first path (attribute types and dict keys) from ``root`` to a Triton ``ir.module`` or ``ir.context``,
+    breadth first through what the objects refer to (modules not entered), or None."""
+    import collections
+    import gc
+    import types
+    from triton._C.libtriton import ir
+    queue, seen = collections.deque([(root, type(root).__name__)]), {id(root)}
+    while queue:
+        obj, path = queue.popleft()
+        if isinstance(obj, (ir.module, ir.context)):
+            return path
+        for ref in gc.get_referents(obj):
+            if id(ref) in seen or isinstance(ref, types.ModuleType):
+                continue
+            seen.add(id(ref))
+            key = next((repr(k) for k, v in obj.items() if v is ref), None) if isinstance(obj, dict) else None
+            queue.append((ref, f"{path}.{type(ref).__name__}" + (f"[{key}]" if key else "")))
+    return None
 
 
 def _sim_script(tmp_path, name, text):
