@@ -92,7 +92,8 @@ def _config(args):
                               ("dot_block_k", args.dot_block_k), ("stream_stages", args.stream_stages),
                               ("max_regs", args.max_regs), ("down_split_k", args.down_split_k),
                               ("programs_per_sm", args.programs_per_sm), ("dot_from", args.dot_from),
-                              ("dot_pad", args.dot_pad), ("dot_ring", args.dot_ring)) if v}
+                              ("dot_pad", args.dot_pad), ("dot_ring", args.dot_ring),
+                              ("dot_ring_small", args.dot_ring_small)) if v}
     if args.fuse_upto >= 0:
         over["fuse_upto"] = args.fuse_upto
     for flag, what in ((args.block_n, "block_n"), (args.block_k, "block_k"), (args.cols, "cols")):
@@ -332,6 +333,8 @@ def main(argv=None):
     p.add_argument("--dot-ring", type=int, default=0,
                    help="shared-memory bytes per program for the streamed tl.dot path's ring: its depth per projection "
                         "(8b default 73728; 0: --stream-stages)")
+    p.add_argument("--dot-ring-small", type=int, default=0,
+                   help="the ring's bytes at batches of at most 8 instead of --dot-ring (8b default 49152)")
     p.add_argument("--dot-from", type=int, default=0,
                    help="smallest batch on the tl.dot path when --gemv-dot is auto (8b default: 2)")
     p.add_argument("--fuse-upto", type=int, default=-1,

@@ -89,6 +89,10 @@ class TileConfig:
       its pipeline depth is then ``1 + dot_ring // stage`` (at least 2; a stage is one K chunk of the weight rows
       and the activation rows), per projection and batch, instead of ``stream_stages`` (more chunks in flight
       where the rows are few, the same ring where they are many);
+    * ``dot_ring_small``: 0, or the ring's budget at batches of at most 8 (instead of ``dot_ring``): the 8B defaults
+      take 48 KiB there and 72 KiB above (one H200, same calls: batches 2-8 2-3% faster with Triton 3.6, batch 16
+      1-4% slower; with Triton 3.9, whose 72 KiB ring takes 108 KiB of shared memory at batches 2-8 so that 2
+      programs fit per SM, 4-13% faster: ``bench/results/2026-11-28-megakernel-triton39/``);
     * ``direct_tp1``: on one rank (no tensor parallelism) o_proj and down_proj write the residual delta
       themselves: no all-reduce tasks (at one rank a copy), two stages fewer per layer; no effect at 2+ ranks.
     * ``fold_resid``: where ``direct_tp1`` applies and the RMSNorm is fused into the GEMV tiles (batch 1 of the
@@ -206,6 +210,7 @@ class TileConfig:
     direct_tp1: bool = False
     dot_pad: int = 16
     dot_ring: int = 0
+    dot_ring_small: int = 0
     attn_stages: int = 0
     attn_tiles: int = 0
     rope_group: bool = False
@@ -298,6 +303,11 @@ class TileConfig:
                               "stream_wait=0 or None (auto: off on AMD)")
         return self if self.stream_wait == 0 else dataclasses.replace(self, stream_wait=0)
 
+    def ring_for(self, batch: int) -> int:
+        """The streamed ``tl.dot`` path's ring budget at this batch size (``dot_ring_small`` up to 8, else
+        ``dot_ring``; 0: depth ``stream_stages``)."""
+        return self.dot_ring_small if self.dot_ring_small and batch <= 8 else self.dot_ring
+
     def stream_for(self, batch: int) -> int:
         """The GEMV tiles' ``STREAM`` constexpr at this batch size: 0 (weights double-buffered in registers) or the
         software pipeline's ``num_stages`` (weights streamed by ``cp.async`` into shared memory)."""
@@ -343,8 +353,10 @@ class TileConfig:
                               "(a comma list of qkv, o, gate_up, down)")
         if self.wait_acquire not in ("fence", "load"):
             raise DitronError(f"TileConfig.wait_acquire={self.wait_acquire!r}: must be 'fence' or 'load'")
-        if self.dot_ring < 0:
-            raise DitronError(f"TileConfig.dot_ring={self.dot_ring}: must be 0 (stream_stages) or a byte count")
+        for name in ("dot_ring", "dot_ring_small"):
+            if getattr(self, name) < 0:
+                raise DitronError(f"TileConfig.{name}={getattr(self, name)}: must be 0 (stream_stages"
+                                  f"{'' if name == 'dot_ring' else ' / dot_ring'}) or a byte count")
         if (self.fold_resid or self.prenorm) and self.down_split_k > 1:
             raise DitronError("TileConfig: fold_resid / prenorm fold the residual add into the down projection's "
                               f"tiles; with down_split_k={self.down_split_k} those are K slices (use one or the other)")
@@ -473,7 +485,7 @@ class Shard:
 #: batch 1 instead of 1.28x / 1.44x)
 TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=32, gate_up_block_k=256, gemv_stream=True,
                       programs_per_sm=3, dot_from=2, fuse_upto=1, dot_stream=True, dot_block_k=512, max_regs=168,
-                      direct_tp1=True, dot_pad=8, dot_ring=73728, prenorm=None, dot_gate_up_block_n=8, attn_tiles=396,
+                      direct_tp1=True, dot_pad=8, dot_ring=73728, dot_ring_small=49152, prenorm=None, dot_gate_up_block_n=8, attn_tiles=396,
                       gu_wdot=32, dot_ksplit=4, prenorm_dot=True)
 
 

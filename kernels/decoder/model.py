@@ -149,17 +149,18 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     fuse = tc.fuse_for(B)
     BN = {p: tc.block_n(p, dot) for p in ("qkv", "o", "gate_up", "down")}
     wdot = dot and tc.gu_wdot > 0               # TileConfig.gu_wdot: gate/up weight rows on the MMA's M side
+    ring = tc.ring_for(B)                       # the streamed tl.dot path's ring budget at this batch
     if wdot:
         BN["gate_up"] = tc.gu_wdot
 
     def gemv_c(proj):
         BB, BK, stream = max(tc.dot_pad, next_pow2(B)) if dot else next_pow2(B), tc.block_k(proj, dot), tc.stream_for(B)
-        if dot and stream and tc.dot_ring:
+        if dot and stream and ring:
             # pipeline depth from the ring's budget: a stage holds the weight rows (gate and up: twice) and the
             # activation rows of one K chunk (bf16; float32 resid and delta when the norm is fused in)
             stage = BK * (2 * BN[proj] * (2 if proj == "gate_up" else 1)
                           + BB * (8 if fuse and proj in ("qkv", "gate_up") else 2))
-            stream = max(2, 1 + tc.dot_ring // stage)
+            stream = max(2, 1 + ring // stage)
         c = dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, DOT=dot, STREAM=stream)
         if tc.prefetch_k:
             c["PREFETCH_K"] = tc.prefetch_k
@@ -168,12 +169,12 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     def gemv_wdot_c():              # the gate/up tiles of TileConfig.gu_wdot (gate_up_wdot_tile)
         BB, BK, bn = max(8, next_pow2(B)), tc.gu_wdot_k or tc.dot_block_k, tc.gu_wdot
         stream = tc.stream_for(B)
-        if stream and tc.dot_ring:      # a stage: 2 x bn weight rows and BB activation rows of one K chunk (bf16)
-            while not tc.gu_wdot_k and BK > 64 and tc.dot_ring // (BK * 2 * (2 * bn + BB)) < 2:
+        if stream and ring:      # a stage: 2 x bn weight rows and BB activation rows of one K chunk (bf16)
+            while not tc.gu_wdot_k and BK > 64 and ring // (BK * 2 * (2 * bn + BB)) < 2:
                 BK //= 2                # gu_wdot_k=0: chunks small enough for 2 in flight (batch 16: 128 deep)
             # Triton 3.6 gives this loop STREAM - 1 buffers for 8 activation rows, STREAM buffers for 16 or more
             # (its shared memory by ptxas on the CPU: tests/test_decoder_batch.py)
-            stream = max(2, (1 if BB < 16 else 0) + tc.dot_ring // (BK * 2 * (2 * bn + BB)))
+            stream = max(2, (1 if BB < 16 else 0) + ring // (BK * 2 * (2 * bn + BB)))
         c = dict(BLOCK_B=BB, BLOCK_N=bn, BLOCK_K=BK, STREAM=max(1, stream))
         if tc.prefetch_k:
             c["PREFETCH_K"] = tc.prefetch_k
@@ -184,8 +185,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     def gemv_kdot_c(proj):          # the plain / prenorm qkv, o, down tiles of TileConfig.dot_ksplit (tiles_batch)
         S, BB, BK = tc.dot_ksplit, max(8, next_pow2(B)), tc.block_k(proj, dot)
         stream = tc.stream_for(B)
-        if stream and tc.dot_ring:
-            stream = max(2, 1 + tc.dot_ring // (BK * 2 * (BN[proj] + BB)))
+        if stream and ring:
+            stream = max(2, 1 + ring // (BK * 2 * (BN[proj] + BB)))
         return dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, S=S, STREAM=max(1, stream),
                     **({"PREFETCH_K": tc.prefetch_k} if tc.prefetch_k else {}))
 
