@@ -199,12 +199,15 @@ def test_readme_example_keeps_no_triton_ir_values(tmp_path):
 
 def _reaches_triton_ir(root):
     """The first path (attribute types and dict keys) from ``root`` to a Triton ``ir.module`` or ``ir.context``,
-    breadth first through what the objects refer to (modules not entered), or None."""
+    breadth first through what the objects refer to, or None.  Modules and their globals (a function's) are not
+    entered: what they hold is the libraries' own state, not the kernel's."""
     import collections
     import gc
+    import sys
     import types
     from triton._C.libtriton import ir
     queue, seen = collections.deque([(root, type(root).__name__)]), {id(root)}
+    seen |= {id(vars(m)) for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)}
     while queue:
         obj, path = queue.popleft()
         if isinstance(obj, (ir.module, ir.context)):
