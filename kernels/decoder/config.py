@@ -485,8 +485,8 @@ class Shard:
 #: batch 1 instead of 1.28x / 1.44x)
 TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=32, gate_up_block_k=256, gemv_stream=True,
                       programs_per_sm=3, dot_from=2, fuse_upto=1, dot_stream=True, dot_block_k=512, max_regs=168,
-                      direct_tp1=True, dot_pad=8, dot_ring=73728, dot_ring_small=49152, prenorm=None, dot_gate_up_block_n=8, attn_tiles=396,
-                      gu_wdot=32, dot_ksplit=4, prenorm_dot=True)
+                      direct_tp1=True, dot_pad=8, dot_ring=73728, dot_ring_small=49152, prenorm=None,
+                      dot_gate_up_block_n=8, attn_tiles=396, gu_wdot=32, dot_ksplit=4, prenorm_dot=True)
 
 
 def qwen3_8b(**kw) -> DecoderConfig:

@@ -173,7 +173,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             while not tc.gu_wdot_k and BK > 64 and ring // (BK * 2 * (2 * bn + BB)) < 2:
                 BK //= 2                # gu_wdot_k=0: chunks small enough for 2 in flight (batch 16: 128 deep)
             # Triton 3.6 gives this loop STREAM - 1 buffers for 8 activation rows, STREAM buffers for 16 or more
-            # (its shared memory by ptxas on the CPU: tests/test_decoder_batch.py)
+            # (its shared memory by ptxas on the CPU: tests/test_decoder_batch.py); Triton 3.9 STREAM for 8 rows
+            # too, which the 48 KiB ring of batches up to 8 (TileConfig.dot_ring_small) leaves room for
             stream = max(2, (1 if BB < 16 else 0) + ring // (BK * 2 * (2 * bn + BB)))
         c = dict(BLOCK_B=BB, BLOCK_N=bn, BLOCK_K=BK, STREAM=max(1, stream))
         if tc.prefetch_k:
