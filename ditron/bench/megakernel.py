@@ -332,7 +332,7 @@ def main(argv=None):
                    help="the tl.dot path pads the batch rows to at least this many (8b default 8; TileConfig default 16)")
     p.add_argument("--dot-ring", type=int, default=0,
                    help="shared-memory bytes per program for the streamed tl.dot path's ring: its depth per projection "
-                        "(8b default 73728; 0: --stream-stages)")
+                        "(8b default 73728, above batch 8: see --dot-ring-small; 0: --stream-stages)")
     p.add_argument("--dot-ring-small", type=int, default=0,
                    help="the ring's bytes at batches of at most 8 instead of --dot-ring (8b default 49152)")
     p.add_argument("--dot-from", type=int, default=0,
