@@ -52,9 +52,10 @@
 #                first); b8pnwke: both; b8pnwktr: b8pnwk at 4096, traced
 #   b8tr         batch 8 at 4096, today's defaults, traced
 #   b128         batch 1, 2 and 8 at context 512 and 4096, today's defaults (the Triton 3.6 / 3.9 comparison:
-#                bench/megakernel_triton39.sh); b28r49: batch 2 and 8 with --dot-ring 49152 (3 programs per SM
-#                with Triton 3.9, whose default ring takes 110592 B: 2 per SM); b416, b416r49: the same at batch 4
-#                and 16
+#                bench/megakernel_triton39.sh); b128r72: the 72 KiB ring at every batch (--dot-ring-small 73728:
+#                the default before 2026-11-28, which Triton 3.9 lays out in 110592 B at batches 2-8: 2 programs
+#                per SM); b28r49: batch 2 and 8 with the 48 KiB ring at every batch; b416, b416r49: batch 4 and 16
+#                with the defaults and with the 48 KiB ring
 #   base1        batch 1 at context 512 and 4096 with today's defaults (the baseline of the batch-1 levers below)
 #   fold         batch 1: o_proj / down_proj commit the pending residual add of their own columns (--fold-resid): no
 #                res_a / res_m tasks, down no longer waits for a residual commit after gate/up
@@ -278,9 +279,10 @@ ALL=(                      # name|timeout s|cases|flags
   "at1s|45|--ctx 4096 --batch 1|--attn-tiles $SMS"
   "fence8|70|--ctx 512,4096 --batch 8|--wait-acquire fence"
   "b128|150|--ctx 512,4096 --batch 1,2,8|"
-  "b28r49|120|--ctx 512,4096 --batch 2,8|--dot-ring 49152"
+  "b128r72|150|--ctx 512,4096 --batch 1,2,8|--dot-ring-small 73728"
+  "b28r49|120|--ctx 512,4096 --batch 2,8|--dot-ring 49152 --dot-ring-small 49152"
   "b416|120|--ctx 512,4096 --batch 4,16|"
-  "b416r49|120|--ctx 512,4096 --batch 4,16|--dot-ring 49152"
+  "b416r49|120|--ctx 512,4096 --batch 4,16|--dot-ring 49152 --dot-ring-small 49152"
 )
 LEVERS=${LEVERS:-curve|old|ar|nocap|k256}
 status=0

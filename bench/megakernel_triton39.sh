@@ -10,18 +10,20 @@
 # codegen library, CUPTI, proton, test plugins), tarred and split with `xz | split -b 38M`; on the machine,
 # `cat parts | xz -d | tar x -C $T39`.
 #
-# Each Triton runs bench/megakernel_levers.sh with LEVERS: b128 (today's defaults at batch 1, 2 and 8, contexts
-# 512 and 4096; each case checked against torch, torch + CUDA graph and the HBM limit measured in its process) and,
-# for 3.9, b28r49 (batch 2 and 8 with --dot-ring 49152: 3 programs per SM on 3.9, whose default ring takes
-# 110592 B of shared memory, so 2 fit); LEVERS36 / LEVERS39 choose others; SKIP_CHECK= (empty) runs
-# tests/gpu/decoder_8b.py first under each Triton.  Output: $OUT/t36/ and $OUT/t39/ (levers.log, levers.md, levers.json).
+# Each Triton runs bench/megakernel_levers.sh with LEVERS (LEVERS36 / LEVERS39): by default b128 (today's defaults at
+# batch 1, 2 and 8, contexts 512 and 4096; each case checked against torch, torch + CUDA graph and the HBM limit
+# measured in its process) and b128r72 (the 72 KiB ring at every batch, the default before 2026-11-28: Triton 3.9
+# lays it out in 110592 B at batches 2-8, so 2 programs fit per SM).  SKIP_CHECK= (empty) runs
+# tests/gpu/decoder_8b.py first under each Triton.  Output: $OUT/t36/ and $OUT/t39/ (levers.log, levers.md,
+# levers.json, logs.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MACHINE=${1:-nvidia-h200}
 : "${T39:?T39=the directory holding Triton 3.9}"
 OUTBASE=${OUT:-bench/results/triton39}
 echo "== Triton $(python -c 'import triton; print(triton.__version__)') (the machine's)"
-SKIP_CHECK=${SKIP_CHECK-1} LEVERS="${LEVERS36:-b128}" OUT="$OUTBASE/t36" bash bench/megakernel_levers.sh "$MACHINE" | grep -E "^ +[a-z]|exit|summary|PASS|FAIL"
+SKIP_CHECK=${SKIP_CHECK-1} LEVERS="${LEVERS36:-b128|b128r72}" OUT="$OUTBASE/t36" \
+  bash bench/megakernel_levers.sh "$MACHINE" | grep -E "^ +[a-z]|exit|summary|PASS|FAIL"
 echo "== Triton $(PYTHONPATH=$T39 python -c 'import triton; print(triton.__version__)') ($T39)"
-PYTHONPATH=$T39 SKIP_CHECK=${SKIP_CHECK-1} LEVERS="${LEVERS39:-b128|b28r49}" OUT="$OUTBASE/t39" bash bench/megakernel_levers.sh "$MACHINE" \
-  | grep -E "^ +[a-z]|exit|summary|PASS|FAIL"
+PYTHONPATH=$T39 SKIP_CHECK=${SKIP_CHECK-1} LEVERS="${LEVERS39:-b128|b128r72}" OUT="$OUTBASE/t39" \
+  bash bench/megakernel_levers.sh "$MACHINE" | grep -E "^ +[a-z]|exit|summary|PASS|FAIL"
