@@ -78,21 +78,55 @@ class CompiledKernel:
         an inner loop, e.g. over K chunks, once per iteration)."""
         return sass_spills_in_loops(self.sass())
 
+    def inner_loops(self) -> list:
+        """The kernel's loops other than its outermost, with the opcodes of each (:func:`sass_inner_loops` of
+        :meth:`sass`): e.g. whether a K loop reduces across lanes (``SHFL``) or streams by ``cp.async``
+        (``LDGSTS``)."""
+        return sass_inner_loops(self.sass())
 
-def sass_spills_in_loops(sass: str) -> dict:
-    """:meth:`CompiledKernel.spills_in_loops` of a ``cuobjdump -sass`` listing (one function)."""
+
+def _sass_insns(sass: str) -> list:
+    """``(address, instruction text)`` of a ``cuobjdump -sass`` listing (one function)."""
     import re
     insns = []
     for line in sass.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
         if m:
             insns.append((int(m.group(1), 16), m.group(2)))
+    return insns
+
+
+def _sass_loop_ranges(insns) -> tuple:
+    """``(loops, outer)``: the ``(first, last)`` address ranges of the loops (backward branches) and the outermost
+    (the longest; ``None`` without loops)."""
+    import re
     loops = []
     for addr, text in insns:
         m = re.search(r"\bBRA(?:\.\S+)?\s+(?:`?\(?)0x([0-9a-f]+)", text)
         if m and int(m.group(1), 16) <= addr:
             loops.append((int(m.group(1), 16), addr))
-    outer = max(loops, key=lambda ab: ab[1] - ab[0]) if loops else None
+    return loops, (max(loops, key=lambda ab: ab[1] - ab[0]) if loops else None)
+
+
+def sass_inner_loops(sass: str) -> list:
+    """The loops of a ``cuobjdump -sass`` listing other than the outermost (e.g. a persistent kernel's loop over
+    its tiles): one ``{"first": address, "last": address, "ops": Counter}`` each, ``ops`` counting the opcodes of
+    the loop's body without modifiers or predicate (``LDGSTS``, ``SHFL``, ``HMMA``, ...), nested loops included."""
+    from collections import Counter
+    insns = _sass_insns(sass)
+    loops, outer = _sass_loop_ranges(insns)
+
+    def opcode(text):
+        return (text.split()[1] if text.startswith("@") else text.split()[0]).split(".")[0]
+    return [{"first": lo, "last": hi, "ops": Counter(opcode(t) for a, t in insns if lo <= a <= hi)}
+            for lo, hi in sorted(loops) if (lo, hi) != outer]
+
+
+def sass_spills_in_loops(sass: str) -> dict:
+    """:meth:`CompiledKernel.spills_in_loops` of a ``cuobjdump -sass`` listing (one function)."""
+    import re
+    insns = _sass_insns(sass)
+    loops, outer = _sass_loop_ranges(insns)
     spills = [addr for addr, text in insns if re.search(r"\b(?:LDL|STL)(?:\.\S+)?\s.*\[R1\b", text)]
     inner = [a for a in spills if any(lo <= a <= hi for lo, hi in loops if (lo, hi) != outer)]
     return {"spills": len(spills), "in_loops": len(inner)}

@@ -385,9 +385,11 @@ def test_decoder_gemv_stream_registers():
         ditron.finalize()
     assert base["registers"] > 200 and not base["cp_async"], base
     assert streamed["cp_async"] and streamed["registers"] <= 168, streamed
-    # no spills to speak of: 0 bytes with Triton 3.6 (the GPUs' version), 8 with 3.9's ptxas; the old default spilled
-    # 124 / 152 bytes per thread at batch 1 and 820 / 672 at batch 2
-    assert streamed["spill_stores"] <= 16 and streamed["spill_loads"] <= 16, streamed
+    # no spills to speak of: 24 bytes with Triton 3.6 (the GPUs' version; 0 before the FMA GEMV kept per-thread
+    # partial sums, whose default step went from 88 to 8: test_decoder_regs.py, which also checks that no spill is in
+    # a K loop), 4 with 3.9's ptxas; the old default spilled 124 / 152 bytes per thread at batch 1 and 820 / 672 at
+    # batch 2
+    assert streamed["spill_stores"] <= 32 and streamed["spill_loads"] <= 32, streamed
     from ditron._compat import TRITON_VERSION
     if TRITON_VERSION[:2] == (3, 6):
         # the measured default (H100, 2026-11-27) is 3 programs per SM: 68 KiB of shared memory with Triton 3.6.
