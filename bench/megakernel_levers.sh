@@ -129,6 +129,12 @@
 #                63% of the copy bandwidth on its critical path); apotr: apo at 512, traced; apo8: apo at batch 8
 #   at1s         batch 1 at context 4096 with --attn-tiles = SMs: 16 splits of 256 positions per kv head instead of 32
 #                of 128 (half the attention tiles, half the partials per combine tile)
+#   pfd1 / pfd2  batch 1: the down_proj tiles ask L2 for the first 1024 / 2048 columns of their weight rows before
+#                their wait (--prefetch-k N --prefetch-projs down): the weights start while gate/up's last tiles
+#                stream (down's first 3 of 12 chunks are waited for before its loop, so its in-loop waits do not);
+#                pfq1: the qkv tiles (after down); pfdq1: both (pf2k prefetched for every projection); pfdsq: pfd1
+#                with the in-loop waits on qkv too (swgq); pfd1b: pfd1 again; pfd8: pfd1 at batch 8 (b8w: its
+#                baseline); base1c: base1 again, last in a run
 #   (the sw*/swx*/swl* lines above pass --stream-wait-fence / --stream-wait-projs qkv,o,gate_up,down where they
 #   measured the old defaults of those flags)
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
@@ -277,6 +283,14 @@ ALL=(                      # name|timeout s|cases|flags
   "apotr|80|--ctx 512 --batch 1|--attn-prefetch-o --trace"
   "apo8|70|--ctx 512,4096 --batch 8|--attn-prefetch-o"
   "at1s|45|--ctx 4096 --batch 1|--attn-tiles $SMS"
+  "pfd1|70|--ctx 512,4096 --batch 1|--prefetch-k 1024 --prefetch-projs down"
+  "pfd2|70|--ctx 512,4096 --batch 1|--prefetch-k 2048 --prefetch-projs down"
+  "pfq1|70|--ctx 512,4096 --batch 1|--prefetch-k 1024 --prefetch-projs qkv"
+  "pfdq1|70|--ctx 512,4096 --batch 1|--prefetch-k 1024 --prefetch-projs down,qkv"
+  "pfdsq|70|--ctx 512,4096 --batch 1|--prefetch-k 1024 --prefetch-projs down --stream-wait-projs gate_up,qkv"
+  "pfd1b|70|--ctx 512,4096 --batch 1|--prefetch-k 1024 --prefetch-projs down"
+  "pfd8|70|--ctx 512,4096 --batch 8|--prefetch-k 1024 --prefetch-projs down"
+  "base1c|70|--ctx 512,4096 --batch 1|"
   "fence8|70|--ctx 512,4096 --batch 8|--wait-acquire fence"
   "b128|150|--ctx 512,4096 --batch 1,2,8|"
   "b128r72|150|--ctx 512,4096 --batch 1,2,8|--dot-ring-small 73728"

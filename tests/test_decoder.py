@@ -183,6 +183,10 @@ def test_decoder_megakernel_with_weight_prefetch(dist_world):
     from ditron.kernels.decoder import tiny
     errs = dist_world(2).run(B.decoder_steps, steps=2, B=1, cfg=tiny().with_tiles(prefetch_k=64))
     assert len(errs) == 2 and all(len(e) == 2 for e in errs)
+    # ... and on some projections only (TileConfig.prefetch_projs), at one rank
+    errs = dist_world(1).run(B.decoder_steps, steps=1, B=1, cfg=tiny().with_tiles(prefetch_k=64,
+                                                                                  prefetch_projs="down,qkv"))
+    assert len(errs) == 1 and len(errs[0]) == 1
 
 
 @pytest.mark.parametrize("ranks,batch,stages,split", [(1, 3, 4, 2), (2, 1, 3, 3), (3, 2, 2, 2)])

@@ -39,8 +39,9 @@ Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``-
 ``--attn-block``, ``--comm-block``, ``--num-warps``, ``--no-fuse-norm``,
 ``--attn-stages``, ``--attn-tiles``, ``--attn-prefetch-v``, ``--attn-prefetch-o``, ``--attn-fuse-rope``,
 ``--rope-group``, ``--comb-group`` (the attention levers),
-``--prefetch-k`` (weight prefetch before each GEMV tile's wait), ``--scheduler``, ``--programs``.  ``--trace``
-adds a traced build's time per kind of task (``mk.profile()``).  Results: ``--out`` (Markdown + JSON).
+``--prefetch-k`` / ``--prefetch-projs`` (weight prefetch before each GEMV tile's wait), ``--scheduler``,
+``--programs``.  ``--trace`` adds a traced build's time per kind of task (``mk.profile()``).  Results: ``--out``
+(Markdown + JSON).
 """
 from __future__ import annotations
 
@@ -143,6 +144,8 @@ def _config(args):
         over["stream_wait"] = args.stream_wait
     if args.stream_wait_projs:
         over["stream_wait_projs"] = args.stream_wait_projs
+    if args.prefetch_projs:
+        over["prefetch_projs"] = args.prefetch_projs
     if args.stream_wait_exact:
         over["stream_wait_exact"] = True
     if args.stream_wait_load or args.stream_wait_fence:
@@ -410,6 +413,9 @@ def main(argv=None):
     p.add_argument("--num-warps", type=int, default=0)
     p.add_argument("--prefetch-k", type=int, default=0,
                    help="GEMV weight columns per row prefetched into L2 before each tile's dependency wait (0: off)")
+    p.add_argument("--prefetch-projs", default="",
+                   help="the projections that --prefetch-k applies to (comma list of qkv, o, gate_up, down; "
+                        "default all)")
     p.add_argument("--trace", action="store_true",
                    help="also run a traced build of the step and print where its time goes (per kind of task)")
     p.add_argument("--warmup", type=int, default=5)

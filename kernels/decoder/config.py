@@ -26,6 +26,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _projs(text: str) -> list:
+    """A list of projection names separated by ``,`` or ``+``."""
+    return [p.strip() for p in text.replace("+", ",").split(",") if p.strip()]
+
+
 @dataclass(frozen=True)
 class TileConfig:
     """Tile sizes (compile-time constants of the tile functions).
@@ -60,7 +65,8 @@ class TileConfig:
       tile's weight rows that the megakernel prefetches into L2 *before* the
       tile's dependency wait (``register_task(prefetch=...)``,
       ``dl.prefetch_l2``), so weight reads overlap the wait for the
-      activations (a power of two >= 64);
+      activations (a power of two >= 64); ``prefetch_projs``: the projections that prefetch (a comma list of
+      ``qkv``, ``o``, ``gate_up``, ``down``; default all);
     * ``max_regs``: 0, or the registers per thread the megakernel may use (ptxas ``maxnreg``; NVIDIA): the
       heaviest branch sets every branch's budget, so a cap lets more programs be resident per SM at the price of
       spills in that branch (a lever of issue 26; see ``bench/megakernel_regs.py``);
@@ -202,6 +208,7 @@ class TileConfig:
     fuse_norm: Optional[bool] = None
     num_warps: int = 4
     prefetch_k: int = 0
+    prefetch_projs: str = "qkv,o,gate_up,down"
     max_regs: int = 0
     down_split_k: int = 1
     programs_per_sm: int = 0
@@ -284,7 +291,11 @@ class TileConfig:
 
     def wait_projs(self) -> list:
         """``stream_wait_projs`` as a list (separated by ``,`` or ``+``)."""
-        return [p.strip() for p in self.stream_wait_projs.replace("+", ",").split(",") if p.strip()]
+        return _projs(self.stream_wait_projs)
+
+    def prefetch_for(self, proj: str) -> int:
+        """``prefetch_k`` for projection ``proj`` (0 where ``prefetch_projs`` leaves it out)."""
+        return self.prefetch_k if proj in _projs(self.prefetch_projs) else 0
 
     def wait_segment(self) -> int:
         """``stream_wait`` with the auto default (``None``) resolved as on NVIDIA and the simulator: 1 (:meth:`for_target`
@@ -347,10 +358,11 @@ class TileConfig:
         if self.stream_wait is not None and (not isinstance(self.stream_wait, int) or self.stream_wait < 0):
             raise DitronError(f"TileConfig.stream_wait={self.stream_wait!r}: must be None (auto: 1 on NVIDIA, 0 on "
                               "AMD), 0 (off) or K chunks per segment")
-        bad = [p for p in self.wait_projs() if p not in ("qkv", "o", "gate_up", "down")]
-        if bad:
-            raise DitronError(f"TileConfig.stream_wait_projs={self.stream_wait_projs!r}: unknown projection(s) {bad} "
-                              "(a comma list of qkv, o, gate_up, down)")
+        for name in ("stream_wait_projs", "prefetch_projs"):
+            bad = [p for p in _projs(getattr(self, name)) if p not in ("qkv", "o", "gate_up", "down")]
+            if bad:
+                raise DitronError(f"TileConfig.{name}={getattr(self, name)!r}: unknown projection(s) {bad} "
+                                  "(a comma list of qkv, o, gate_up, down)")
         if self.wait_acquire not in ("fence", "load"):
             raise DitronError(f"TileConfig.wait_acquire={self.wait_acquire!r}: must be 'fence' or 'load'")
         for name in ("dot_ring", "dot_ring_small"):

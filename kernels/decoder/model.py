@@ -162,8 +162,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                           + BB * (8 if fuse and proj in ("qkv", "gate_up") else 2))
             stream = max(2, 1 + ring // stage)
         c = dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, DOT=dot, STREAM=stream)
-        if tc.prefetch_k:
-            c["PREFETCH_K"] = tc.prefetch_k
+        if tc.prefetch_for(proj):
+            c["PREFETCH_K"] = tc.prefetch_for(proj)
         return c
 
     def gemv_wdot_c():              # the gate/up tiles of TileConfig.gu_wdot (gate_up_wdot_tile)
@@ -177,8 +177,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             # too, which the 48 KiB ring of batches up to 8 (TileConfig.dot_ring_small) leaves room for
             stream = max(2, (1 if BB < 16 else 0) + ring // (BK * 2 * (2 * bn + BB)))
         c = dict(BLOCK_B=BB, BLOCK_N=bn, BLOCK_K=BK, STREAM=max(1, stream))
-        if tc.prefetch_k:
-            c["PREFETCH_K"] = tc.prefetch_k
+        if tc.prefetch_for("gate_up"):
+            c["PREFETCH_K"] = tc.prefetch_for("gate_up")
         return c
 
     kdot = dot and tc.dot_ksplit > 1
@@ -189,14 +189,14 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         if stream and ring:
             stream = max(2, 1 + ring // (BK * 2 * (BN[proj] + BB)))
         return dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, S=S, STREAM=max(1, stream),
-                    **({"PREFETCH_K": tc.prefetch_k} if tc.prefetch_k else {}))
+                    **({"PREFETCH_K": tc.prefetch_for(proj)} if tc.prefetch_for(proj) else {}))
 
-    def prefetch_of(fn):
-        if not tc.prefetch_k:
+    def prefetch_of(proj):
+        # (by projection: every gate/up tile reads the layer's stacked [2 x N, K] gate and up rows; the prenorm
+        # gate/up tiles of batch 1 had linear_prefetch, which read one layer's worth of rows at the wrong offset)
+        if not tc.prefetch_for(proj):
             return None
-        return T.gate_up_prefetch if fn in (T.gate_up_tile, T.rms_gate_up_tile, T.gate_up_wdot_tile,
-                                            T.gate_up_rstd_wdot_tile, T.gate_up_rstd_wdot_early_tile,
-                                            T.gate_up_rstd_early_tile) else T.linear_prefetch
+        return T.gate_up_prefetch if proj == "gate_up" else T.linear_prefetch
     check_cache(cfg, world_size, cache, B)
     specs = [TaskSpec("advance", T.advance_tile, 1, {"seq_ptr": buf.seq, "B": B, "BLOCK_B": next_pow2(B)},
                       reads=("seq_ptr",), writes=("seq_ptr",))]
@@ -216,7 +216,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]),
                               {"x_ptr": x, "w_ptr": wt, "out_ptr": out, "B": B, "N": N, "K": K, **gc},
                               reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=deps, scalars={"layer": l},
-                              prefetch=prefetch_of(fn)))
+                              prefetch=prefetch_of(proj)))
 
     # all-reduce tile i sums elements [i * blk, (i + 1) * blk) of the flattened [B, H] partial sums (the comm
     # helper's tiling, checked after registration): when blk divides H it needs only the producer tiles of
@@ -273,7 +273,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                                **gemv_c(proj)},
                               reads=("x_ptr", "resid_ptr", "delta_ptr", "nw_ptr", "w_ptr"), writes=("out_ptr",),
                               deps=deps, scalars={"layer": l, "norm": j, "first": int(j == 0)},
-                              prefetch=prefetch_of(fn)))
+                              prefetch=prefetch_of(proj)))
 
     def commit(name, j, deps):                               # resid = x / resid + delta, once
         specs.append(TaskSpec(name, T.add_resid_tile, cdiv(B * H, tc.norm_block),
@@ -358,7 +358,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         specs.append(TaskSpec(name, fn, cdiv(H, cols), args,
                               reads=("x_ptr", "w_ptr", "x0_ptr", "resid_ptr", "nw_ptr"),
                               writes=("resid_ptr", "hn_ptr", "ss_ptr"), deps=deps,
-                              scalars=scalars, prefetch=prefetch_of(T.linear_tile)))
+                              scalars=scalars, prefetch=prefetch_of(proj)))
 
     def rstd_gemv(name, proj, fn, wt, out, N, l, ss, deps, producer=None, pn=0):   # rstd(ss) * (hn @ wt^T)
         nt = ss.shape[1]                                                          # (gate/up: then silu * up)
@@ -374,7 +374,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         args = {"x_ptr": buf.hn, "ss_ptr": ss, "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps,
                 "N": N, "K": H, "NT": nt, "BLOCK_T": next_pow2(nt), **gc}
         scalars = {"layer": l}
-        pf = prefetch_of(fn)
+        pf = prefetch_of(proj)
         if producer is not None:
             fn, deps = stream_wait(proj, fn, plain, producer, pn, deps, args, scalars)
         specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]), args,
@@ -387,7 +387,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                                "delta_ptr": buf.delta, "B": B, "N": H, "K": K, **gemv_c(proj)},
                               reads=("x_ptr", "w_ptr", "x0_ptr", "resid_ptr", "delta_ptr"),
                               writes=("resid_ptr", "delta_ptr"), deps=deps, scalars={"layer": l, "first": first},
-                              prefetch=prefetch_of(T.linear_tile)))
+                              prefetch=prefetch_of(proj)))
 
     def after_attn(l):              # the task whose completion puts layer l's attention output in delta
         return f"o.{l}" if direct else f"ar_attn.{l}"
@@ -482,7 +482,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                                       {"x_ptr": buf.h, "w_ptr": w.gate_up, "out_ptr": buf.act, "B": B, "N": IL,
                                        "K": H, **gemv_wdot_c()},
                                       reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=[(f"norm_m.{l}", None)],
-                                      scalars={"layer": l}, prefetch=prefetch_of(T.gate_up_wdot_tile)))
+                                      scalars={"layer": l}, prefetch=prefetch_of("gate_up")))
             else:
                 linear(f"gu.{l}", "gate_up", buf.h, w.gate_up, buf.act, IL, H, l, [(f"norm_m.{l}", None)],
                        fn=T.gate_up_tile)
