@@ -135,6 +135,8 @@
 #                pfq1: the qkv tiles (after down); pfdq1: both (pf2k prefetched for every projection); pfdsq: pfd1
 #                with the in-loop waits on qkv too (swgq); pfd1b: pfd1 again; pfd8: pfd1 at batch 8 (b8w: its
 #                baseline); base1c: base1 again, last in a run
+#   ap31 / ap3b321 / at2w1  batch 1: ap3 / ap3b32 / at2w (measured at batch 8 only): the attention tile's K loop
+#                pipelined (3 stages; 32-position blocks), twice the attention tiles (at 4096: 64-position splits)
 #   (the sw*/swx*/swl* lines above pass --stream-wait-fence / --stream-wait-projs qkv,o,gate_up,down where they
 #   measured the old defaults of those flags)
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
@@ -290,6 +292,9 @@ ALL=(                      # name|timeout s|cases|flags
   "pfdsq|70|--ctx 512,4096 --batch 1|--prefetch-k 1024 --prefetch-projs down --stream-wait-projs gate_up,qkv"
   "pfd1b|70|--ctx 512,4096 --batch 1|--prefetch-k 1024 --prefetch-projs down"
   "pfd8|70|--ctx 512,4096 --batch 8|--prefetch-k 1024 --prefetch-projs down"
+  "ap31|70|--ctx 512,4096 --batch 1|--attn-stages 3"
+  "ap3b321|70|--ctx 512,4096 --batch 1|--attn-stages 3 --attn-block 32"
+  "at2w1|70|--ctx 512,4096 --batch 1|--attn-tiles $((2 * P3))"
   "base1c|70|--ctx 512,4096 --batch 1|"
   "fence8|70|--ctx 512,4096 --batch 8|--wait-acquire fence"
   "b128|150|--ctx 512,4096 --batch 1,2,8|"
