@@ -96,12 +96,15 @@ def test_prefetch_projs_selects_the_hooked_projections():
     cfg = qwen3_8b(n_layers=1).with_tiles(prefetch_k=1024, prefetch_projs="down")
     for batch in (1, 8):                # the FMA path and the tl.dot path
         got = {s.name: s for s in RZ.step_specs(cfg, batch)}
-        assert got["down.0"].prefetch is T.linear_prefetch and got["down.0"].args["PREFETCH_K"] == 1024
+        # (down_proj writes the next norm's input at both batches: prenorm tiles of COLS rows, their own hook)
+        assert got["down.0"].prefetch is T.linear_cols_prefetch and got["down.0"].args["PREFETCH_K"] == 1024
         for name in ("qkv.0", "o.0", "gu.0"):
             assert got[name].prefetch is None and "PREFETCH_K" not in got[name].args, name
     every = {s.name: s for s in RZ.step_specs(cfg.with_tiles(prefetch_projs="qkv+o,gate_up,down"), 1)}
-    assert every["gu.0"].prefetch is T.gate_up_prefetch
-    assert all(every[n].prefetch is T.linear_prefetch for n in ("qkv.0", "o.0", "down.0"))
+    assert every["gu.0"].prefetch is T.gate_up_prefetch and every["qkv.0"].prefetch is T.linear_prefetch
+    # o_proj / down_proj at batch 1 (prenorm): tiles of COLS rows (o_cols / down_cols), their own hook
+    assert every["o.0"].prefetch is T.linear_cols_prefetch and every["down.0"].prefetch is T.linear_cols_prefetch
+    assert every["o.0"].args["COLS"] == every["o.0"].args["BLOCK_N"] == 16
     assert all(s.prefetch is None for s in RZ.step_specs(cfg.with_tiles(prefetch_k=0), 1))
     with pytest.raises(DitronError, match=r"prefetch_projs='down,up'.*unknown projection\(s\) \['up'\]"):
         cfg.with_tiles(prefetch_projs="down,up")
@@ -118,8 +121,9 @@ def test_decoder_megakernel_fold_resid(dist_world, ranks, batch, lever):
     from ditron.kernels.decoder import tiny
     cfg = tiny(**(dict(n_q_heads=6, n_kv_heads=3) if ranks == 3 else {}))
     cfg = cfg.with_tiles(direct_tp1=True, gemv_stream=True, o_block_n=32, **{lever: True})
-    if lever == "prenorm" and ranks == 1:       # masked tiles of 11 (o: 6 tiles of 64) and 13 (down) columns
-        cfg = cfg.with_tiles(o_cols=11, down_cols=13)
+    if lever == "prenorm" and ranks == 1:       # masked tiles of 11 (o: 6 tiles of 64) and 13 (down) columns,
+        cfg = cfg.with_tiles(o_cols=11, down_cols=13, prefetch_k=64)    # their weight rows prefetched (the
+        # simulator checks that each prefetched address lies in the weight tensor)
     errs = dist_world(ranks).run(B.decoder_steps, steps=2, B=batch, ctx=[33, 5, 17][:batch], cfg=cfg)
     assert len(errs) == ranks and all(len(e) == 2 for e in errs)
 

@@ -191,12 +191,15 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         return dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, S=S, STREAM=max(1, stream),
                     **({"PREFETCH_K": tc.prefetch_for(proj)} if tc.prefetch_for(proj) else {}))
 
-    def prefetch_of(proj):
+    def prefetch_of(proj, cols=False):
         # (by projection: every gate/up tile reads the layer's stacked [2 x N, K] gate and up rows; the prenorm
-        # gate/up tiles of batch 1 had linear_prefetch, which read one layer's worth of rows at the wrong offset)
+        # gate/up tiles of batch 1 had linear_prefetch, which read one layer's worth of rows at the wrong offset;
+        # cols: a task whose tiles hold COLS rows each, TileConfig.o_cols / down_cols)
         if not tc.prefetch_for(proj):
             return None
-        return T.gate_up_prefetch if proj == "gate_up" else T.linear_prefetch
+        if proj == "gate_up":
+            return T.gate_up_prefetch
+        return T.linear_cols_prefetch if cols else T.linear_prefetch
     check_cache(cfg, world_size, cache, B)
     specs = [TaskSpec("advance", T.advance_tile, 1, {"seq_ptr": buf.seq, "B": B, "BLOCK_B": next_pow2(B)},
                       reads=("seq_ptr",), writes=("seq_ptr",))]
@@ -358,7 +361,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         specs.append(TaskSpec(name, fn, cdiv(H, cols), args,
                               reads=("x_ptr", "w_ptr", "x0_ptr", "resid_ptr", "nw_ptr"),
                               writes=("resid_ptr", "hn_ptr", "ss_ptr"), deps=deps,
-                              scalars=scalars, prefetch=prefetch_of(proj)))
+                              scalars=scalars, prefetch=prefetch_of(proj, cols=True)))
 
     def rstd_gemv(name, proj, fn, wt, out, N, l, ss, deps, producer=None, pn=0):   # rstd(ss) * (hn @ wt^T)
         nt = ss.shape[1]                                                          # (gate/up: then silu * up)

@@ -615,6 +615,18 @@ def linear_prefetch(tile, w_ptr, layer, N: tl.constexpr, K: tl.constexpr, BLOCK_
 
 
 @triton.jit
+def linear_cols_prefetch(tile, w_ptr, layer, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                         COLS: tl.constexpr, PREFETCH_K: tl.constexpr):
+    """:func:`linear_prefetch` of the tiles of ``COLS`` columns (``TileConfig.o_cols`` / ``down_cols``: tile ``t``
+    holds rows ``[t * COLS, +COLS)``, ``COLS <= BLOCK_N``)."""
+    rows = tile * COLS + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, PREFETCH_K // 64) * 64
+    m = (tl.arange(0, BLOCK_N) < COLS) & (rows < N)
+    w = w_ptr + layer.to(tl.int64) * N * K
+    dl.prefetch_l2(w + rows[:, None].to(tl.int64) * K + cols[None, :], mask=m[:, None] & (cols < K)[None, :])
+
+
+@triton.jit
 def gate_up_prefetch(tile, w_ptr, layer, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
                      PREFETCH_K: tl.constexpr):
     """Prefetch hook of :func:`gate_up_tile` / :func:`rms_gate_up_tile`: gate and up rows of the tile."""
