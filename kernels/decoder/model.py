@@ -162,8 +162,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                           + BB * (8 if fuse and proj in ("qkv", "gate_up") else 2))
             stream = max(2, 1 + ring // stage)
         c = dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, DOT=dot, STREAM=stream)
-        if tc.prefetch_for(proj):
-            c["PREFETCH_K"] = tc.prefetch_for(proj)
+        if pk := tc.prefetch_for(proj):
+            c["PREFETCH_K"] = pk
         return c
 
     def gemv_wdot_c():              # the gate/up tiles of TileConfig.gu_wdot (gate_up_wdot_tile)
@@ -177,8 +177,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             # too, which the 48 KiB ring of batches up to 8 (TileConfig.dot_ring_small) leaves room for
             stream = max(2, (1 if BB < 16 else 0) + ring // (BK * 2 * (2 * bn + BB)))
         c = dict(BLOCK_B=BB, BLOCK_N=bn, BLOCK_K=BK, STREAM=max(1, stream))
-        if tc.prefetch_for("gate_up"):
-            c["PREFETCH_K"] = tc.prefetch_for("gate_up")
+        if pk := tc.prefetch_for("gate_up"):
+            c["PREFETCH_K"] = pk
         return c
 
     kdot = dot and tc.dot_ksplit > 1

@@ -113,14 +113,14 @@ def _mac(acc, x, w, DOT: tl.constexpr, BLOCK_B: tl.constexpr):
         acc = tl.dot(x.to(w.dtype), tl.trans(w), acc)
     else:
         BN: tl.constexpr = w.shape[0]
-        BK: tl.constexpr = w.shape[1]
-        J: tl.constexpr = min(_LANE_K, BK)
+        PARTS: tl.constexpr = acc.shape[1]             # BLOCK_K // J (_gemv_acc)
+        J: tl.constexpr = w.shape[1] // PARTS
         wf = w.to(tl.float32)
         xf = x.to(tl.float32)
         rows = tl.arange(0, BLOCK_B)
         for b in tl.static_range(BLOCK_B):
             xb = tl.sum(tl.where(rows[:, None] == b, xf, 0.0), axis=0)          # row b of x: [BLOCK_K]
-            part = tl.sum(tl.reshape(wf * xb[None, :], [BN, BK // J, J]), axis=2)   # [BLOCK_N, BLOCK_K / J]
+            part = tl.sum(tl.reshape(wf * xb[None, :], [BN, PARTS, J]), axis=2)     # [BLOCK_N, BLOCK_K / J]
             if BLOCK_B == 1:
                 acc += part[:, :, None]
             else:
@@ -166,9 +166,10 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
     if DOT:
         acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
         acc2 = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
-    else:                                     # transposed partial sums: see _mac
-        acc = tl.zeros([BLOCK_N, BLOCK_K // min(_LANE_K, BLOCK_K), BLOCK_B], tl.float32)
-        acc2 = tl.zeros([BLOCK_N, BLOCK_K // min(_LANE_K, BLOCK_K), BLOCK_B], tl.float32)
+    else:                                     # transposed partial sums, J = _LANE_K K elements each: see _mac
+        PARTS: tl.constexpr = BLOCK_K // min(_LANE_K, BLOCK_K)
+        acc = tl.zeros([BLOCK_N, PARTS, BLOCK_B], tl.float32)
+        acc2 = tl.zeros([BLOCK_N, PARTS, BLOCK_B], tl.float32)
     if DOT:     # the rows' sums of squares, reduced per chunk: a [16, BLOCK_K] float32 sum would hold registers
         ss = tl.zeros([BLOCK_B], tl.float32)
     else:
@@ -585,12 +586,16 @@ def rms_gate_up_tile(tile, x_ptr, resid_ptr, delta_ptr, nw_ptr, w_ptr, out_ptr, 
 
 
 @triton.jit
-def _prefetch_rows(w, n0, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH_K: tl.constexpr):
+def _prefetch_rows(w, n0, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH_K: tl.constexpr,
+                   ROWS: tl.constexpr = 0):
     """L2 prefetch of columns ``[0, PREFETCH_K)`` of rows ``[n0, n0 + BLOCK_N)`` of ``w[N, K]`` (bf16: one address
-    per 128-byte line)."""
+    per 128-byte line); ``ROWS > 0``: only the first ``ROWS`` of them."""
     rows = n0 + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, PREFETCH_K // 64) * 64
-    dl.prefetch_l2(w + rows[:, None].to(tl.int64) * K + cols[None, :], mask=(rows < N)[:, None] & (cols < K)[None, :])
+    m = rows < N
+    if ROWS > 0:
+        m = m & (tl.arange(0, BLOCK_N) < ROWS)
+    dl.prefetch_l2(w + rows[:, None].to(tl.int64) * K + cols[None, :], mask=m[:, None] & (cols < K)[None, :])
 
 
 @triton.jit
@@ -619,11 +624,7 @@ def linear_cols_prefetch(tile, w_ptr, layer, N: tl.constexpr, K: tl.constexpr, B
                          COLS: tl.constexpr, PREFETCH_K: tl.constexpr):
     """:func:`linear_prefetch` of the tiles of ``COLS`` columns (``TileConfig.o_cols`` / ``down_cols``: tile ``t``
     holds rows ``[t * COLS, +COLS)``, ``COLS <= BLOCK_N``)."""
-    rows = tile * COLS + tl.arange(0, BLOCK_N)
-    cols = tl.arange(0, PREFETCH_K // 64) * 64
-    m = (tl.arange(0, BLOCK_N) < COLS) & (rows < N)
-    w = w_ptr + layer.to(tl.int64) * N * K
-    dl.prefetch_l2(w + rows[:, None].to(tl.int64) * K + cols[None, :], mask=m[:, None] & (cols < K)[None, :])
+    _prefetch_rows(w_ptr + layer.to(tl.int64) * N * K, tile * COLS, N, K, BLOCK_N, PREFETCH_K, COLS)
 
 
 @triton.jit
