@@ -137,6 +137,13 @@
 #                baseline); base1c: base1 again, last in a run
 #   ap31 / ap3b321 / at2w1  batch 1: ap3 / ap3b32 / at2w (measured at batch 8 only): the attention tile's K loop
 #                pipelined (3 stages; 32-position blocks), twice the attention tiles (at 4096: 64-position splits)
+#   pfo1         batch 1: the o_proj tiles ask L2 for the first 1024 columns of their weight rows before their wait
+#                (during the attention chain; 8 MiB a layer against o_prefetch's 33.5)
+#   pfo2 / pfod1 / pfo1b / pfo8  pfo1 with 2048 columns; pfo1 on o_proj and down_proj; pfo1 again; pfo1 at
+#                batch 8 (b8w: its baseline)
+#   pfoq1 / pfoq8  batch 1 / 8: pfo1 on o_proj and qkv (o is the 8B default since this run: pfo1 = base1 there)
+#   ab321        batch 1: --attn-block 32 without the pipelined loop (at 4096: 43 splits of 96 positions per kv
+#                head instead of 32 of 128; at 512: 16 of 32 instead of 8 of 64)
 #   (the sw*/swx*/swl* lines above pass --stream-wait-fence / --stream-wait-projs qkv,o,gate_up,down where they
 #   measured the old defaults of those flags)
 #   (attention at context 4096, branch attn5; batch 8 there was 1.44x batch 1 on the H200)
@@ -295,6 +302,14 @@ ALL=(                      # name|timeout s|cases|flags
   "ap31|70|--ctx 512,4096 --batch 1|--attn-stages 3"
   "ap3b321|70|--ctx 512,4096 --batch 1|--attn-stages 3 --attn-block 32"
   "at2w1|70|--ctx 512,4096 --batch 1|--attn-tiles $((2 * P3))"
+  "pfo1|70|--ctx 512,4096 --batch 1|--prefetch-k 1024 --prefetch-projs o"
+  "ab321|70|--ctx 512,4096 --batch 1|--attn-block 32"
+  "pfo2|70|--ctx 512,4096 --batch 1|--prefetch-k 2048 --prefetch-projs o"
+  "pfod1|70|--ctx 512,4096 --batch 1|--prefetch-k 1024 --prefetch-projs o,down"
+  "pfo1b|70|--ctx 512,4096 --batch 1|--prefetch-k 1024 --prefetch-projs o"
+  "pfo8|70|--ctx 512,4096 --batch 8|--prefetch-k 1024 --prefetch-projs o"
+  "pfoq1|70|--ctx 512,4096 --batch 1|--prefetch-k 1024 --prefetch-projs o,qkv"
+  "pfoq8|70|--ctx 512,4096 --batch 8|--prefetch-k 1024 --prefetch-projs o,qkv"
   "base1c|70|--ctx 512,4096 --batch 1|"
   "fence8|70|--ctx 512,4096 --batch 8|--wait-acquire fence"
   "b128|150|--ctx 512,4096 --batch 1,2,8|"

@@ -296,6 +296,7 @@ def compile_generated(world, target, gemv_dot=False, prefetch_k=0):
     from conftest import device_asm
     from ditron.kernels.decoder import qwen3_8b
     cfg = qwen3_8b(hidden=256, intermediate=512, n_layers=2).with_tiles(gemv_dot=gemv_dot, prefetch_k=prefetch_k,
+                                                                      prefetch_projs="qkv,o,gate_up,down",
                                                                       direct_tp1=False)   # the comm branch too
     w = make_weights(cfg, world.rank, world.world_size)
     cache = make_cache(cfg, world.rank, world.world_size, 1, 300, 40)

@@ -110,6 +110,22 @@ def test_prefetch_projs_selects_the_hooked_projections():
         cfg.with_tiles(prefetch_projs="down,up")
 
 
+def test_8b_default_prefetches_o_proj_only():
+    # Qwen3-8B's defaults (one H200, bench/results/2026-11-28-megakernel-o-prefetch/): o_proj's tiles ask L2 for
+    # the first 1024 columns of their weight rows before their wait, during the attention chain (batch 1 -1% at
+    # context 4096); no other projection prefetches, on the FMA path and the tl.dot path alike
+    from ditron.kernels.decoder import qwen3_8b
+    from ditron.kernels.decoder import resources as RZ
+    from ditron.kernels.decoder import tiles as T
+    cfg = qwen3_8b(n_layers=1)
+    assert (cfg.tiles.prefetch_k, cfg.tiles.prefetch_projs) == (1024, "o")
+    for batch in (1, 8):
+        got = {s.name: s for s in RZ.step_specs(cfg, batch)}
+        assert got["o.0"].prefetch is T.linear_cols_prefetch and got["o.0"].args["PREFETCH_K"] == 1024, batch
+        for name in ("qkv.0", "gu.0", "down.0"):
+            assert got[name].prefetch is None and "PREFETCH_K" not in got[name].args, (batch, name)
+
+
 @pytest.mark.parametrize("ranks,batch,lever", [(1, 1, "fold_resid"), (1, 2, "fold_resid"), (2, 1, "fold_resid"),
                                                (3, 1, "fold_resid"), (1, 1, "prenorm"), (1, 2, "prenorm"),
                                                (1, 3, "prenorm"), (2, 1, "prenorm"), (3, 1, "prenorm")])

@@ -494,11 +494,15 @@ class Shard:
 #: tl.dot GEMVs with the weight rows on the MMA's M side -- gate/up 32 x 256 with gate and up rows stacked (gu_wdot),
 #: qkv / o / down with each K chunk split over the 4 warps (dot_ksplit) -- and prenorm on the tl.dot path too
 #: (prenorm_dot: no norm tasks): batch 8 took 4863 / 5806 us at context 512 / 4096 against 5716 / 6681 (1.09x / 1.25x
-#: batch 1 instead of 1.28x / 1.44x)
+#: batch 1 instead of 1.28x / 1.44x).  o_proj's first 1024 weight columns asked of L2 before its wait, during the
+#: latency-bound attention chain (prefetch_k / prefetch_projs="o"; issue 26, one H200 of 2026-11-28,
+#: bench/results/2026-11-28-megakernel-o-prefetch/): batch 1 -0.9% to -1.2% at context 4096, within 0.4% at 512 and at
+#: batch 8 (the whole o_proj row set, 33.5 MB a layer, had been +4.8%: it queued in front of the chain)
 TILES_8B = TileConfig(gemv_block_n=16, gemv_block_k=1024, gate_up_block_n=32, gate_up_block_k=256, gemv_stream=True,
                       programs_per_sm=3, dot_from=2, fuse_upto=1, dot_stream=True, dot_block_k=512, max_regs=168,
                       direct_tp1=True, dot_pad=8, dot_ring=73728, dot_ring_small=49152, prenorm=None,
-                      dot_gate_up_block_n=8, attn_tiles=396, gu_wdot=32, dot_ksplit=4, prenorm_dot=True)
+                      dot_gate_up_block_n=8, attn_tiles=396, gu_wdot=32, dot_ksplit=4, prenorm_dot=True,
+                      prefetch_k=1024, prefetch_projs="o")
 
 
 def qwen3_8b(**kw) -> DecoderConfig:
