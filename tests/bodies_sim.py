@@ -431,3 +431,11 @@ def torch_threads(world):
     """This rank's torch intra-op threads and its OMP_NUM_THREADS (ditron.sim.threads)."""
     import os
     return torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+
+
+def inductor_threads(world):
+    """This rank's inductor compile threads and its TORCHINDUCTOR_COMPILE_THREADS (ditron.sim.threads)."""
+    import os
+
+    import torch._inductor.config as config
+    return config.compile_threads, os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")

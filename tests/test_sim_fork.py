@@ -234,10 +234,11 @@ def test_server_declines_a_script_directory_that_shadows_a_preloaded_module(tmp_
 
 
 def _ask(path, env=None, argv=("x.py",), **kw):
-    """A request to the zygote at ``path`` from this process (as a launcher makes it): None when a server was
-    forked for it (which is then closed at once), else the reason it was declined."""
+    """A request to the zygote at ``path`` from this process (as a launcher makes it: the ranks' thread defaults
+    and TRITON_INTERPRET=1 added, zygote.server_env): None when a server was forked for it (which is then closed at
+    once), else the reason it was declined."""
     from ditron.sim import zygote
-    env = dict(os.environ if env is None else env, TRITON_INTERPRET="1")
+    env = zygote.server_env(os.environ if env is None else env)
     env.pop("PYTEST_CURRENT_TEST", None)        # one of the per-job variables
     conn, pid, reason = zygote.request(path, env, list(argv), **kw)
     if conn is not None:
@@ -377,4 +378,28 @@ def test_rank_threads_follow_omp_num_threads(monkeypatch, omp):
     with SimCluster(2, hang_timeout=20) as cluster:
         got = cluster.run(B.torch_threads)
     want = int(omp or 1)
+    assert got == [(want, str(want))] * 2, got
+
+
+@pytest.mark.parametrize("value", [None, "3"], ids=["unset", "set"])
+def test_rank_inductor_compile_threads(monkeypatch, value):
+    """A simulated rank's inductor compiles with TORCHINDUCTOR_COMPILE_THREADS threads: the job's value, else 1
+    (no pool of compile workers in every rank that runs torch.compile; ditron.sim.threads), also in ranks forked
+    from a fork server that imported inductor's config with another value (this suite's servers preload it:
+    DITRON_SIM_POOL_PRELOAD in conftest.py)."""
+    import bodies_sim as B
+    from ditron.sim.launcher import rank_env
+    from ditron.sim.pool import SimCluster
+    from ditron.sim.threads import INDUCTOR_VAR
+    with SimCluster(1, hang_timeout=20) as cluster:      # this worker's fork server started (if it was not) before
+        cluster.run(B.inductor_threads)                  # the change below: it preloads inductor's config with its
+    if value is None:                                    # own value (the machine's cores where unset)
+        monkeypatch.delenv(INDUCTOR_VAR, raising=False)
+    else:
+        monkeypatch.setenv(INDUCTOR_VAR, value)
+    env = rank_env({}, 0, 2, 1, "/nonexistent", 1 << 20, 5)
+    assert env.get(INDUCTOR_VAR) == ("1" if value is None else None)         # a value of the caller's is kept
+    with SimCluster(2, hang_timeout=20) as cluster:
+        got = cluster.run(B.inductor_threads)
+    want = int(value or 1)
     assert got == [(want, str(want))] * 2, got

@@ -58,7 +58,7 @@ def make_job(nprocs, heap_size, race=None):
 def rank_env(base, rank, nprocs, nnodes, sim_dir, heap_size, hang_timeout):
     lws = nprocs // nnodes
     env = dict(base)
-    env.update(threads.default_env(base))         # OMP_NUM_THREADS=1 unless set, as torchrun does
+    env.update(threads.default_env(base))         # OMP_NUM_THREADS=1 (as torchrun does), inductor's 1, unless set
     env.update({
         "RANK": str(rank), "WORLD_SIZE": str(nprocs), "LOCAL_RANK": str(rank % lws),
         "LOCAL_WORLD_SIZE": str(lws), "GROUP_RANK": str(rank // lws), "NODE_RANK": str(rank // lws),

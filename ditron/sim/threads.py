@@ -6,36 +6,50 @@ every rank only oversubscribe the cores. As torchrun does for its ranks, a rank 
 ``OMP_NUM_THREADS`` gets ``OMP_NUM_THREADS=1`` (:func:`default_env`). On 2 cores the OpenMP workers spinning
 between a rank's small torch operations cost 11% of the CPU of ``tests/test_decoder_attention.py``.
 
-A rank started as a new process reads the variable when it imports torch; a rank forked from a server that
-imported torch already takes it from :func:`apply` (torch reads ``OMP_NUM_THREADS`` once, at import)."""
+Likewise ``TORCHINDUCTOR_COMPILE_THREADS=1``: a rank that runs ``torch.compile`` would otherwise start inductor's
+pool of compile workers (``compile_threads`` is the machine's core count: a fresh interpreter importing torch and
+inductor, ~4 CPU-s, in every such rank, to compile a rank's few small kernels that the other ranks compile too); with
+one thread inductor compiles them in the rank.
+
+A rank started as a new process reads the variables when it imports torch; a rank forked from a server that
+imported torch (or inductor's config) already takes them from :func:`apply` (torch reads ``OMP_NUM_THREADS`` once,
+at import; inductor its variable when its config module is imported)."""
 from __future__ import annotations
 
 import os
 import sys
 
 VAR = "OMP_NUM_THREADS"
-#: the value a rank gets when neither the job's environment nor the launcher's sets :data:`VAR`
-RANK_DEFAULT = "1"
+#: inductor's compile workers (torch._inductor.config.compile_threads)
+INDUCTOR_VAR = "TORCHINDUCTOR_COMPILE_THREADS"
+#: the value a rank gets for each variable when neither the job's environment nor the launcher's sets it
+RANK_DEFAULTS = {VAR: "1", INDUCTOR_VAR: "1"}
 
 
 def default_env(base, launcher=None) -> dict:
-    """``{VAR: RANK_DEFAULT}`` for a rank whose environment ``base`` (and the launcher's, ``launcher``: default
-    this process's) does not set :data:`VAR`, else ``{}``."""
-    if VAR in base or VAR in (os.environ if launcher is None else launcher):
-        return {}
-    return {VAR: RANK_DEFAULT}
+    """The :data:`RANK_DEFAULTS` that a rank's environment ``base`` (and the launcher's, ``launcher``: default
+    this process's) does not set."""
+    launcher = os.environ if launcher is None else launcher
+    return {k: v for k, v in RANK_DEFAULTS.items() if k not in base and k not in launcher}
+
+
+def _positive(env, var):
+    try:
+        n = int(env.get(var, ""))
+    except ValueError:
+        return None                     # unset, or what torch itself does with a value it cannot read: its default
+    return n if n > 0 else None
 
 
 def apply(env) -> None:
-    """In a forked rank, after it took its environment ``env``: torch's intra-op threads as ``env`` says (a
-    positive integer in :data:`VAR`), when torch is already imported; nothing otherwise."""
+    """In a forked rank, after it took its environment ``env``: torch's intra-op threads and inductor's compile
+    threads as ``env`` says (positive integers in :data:`VAR` / :data:`INDUCTOR_VAR`), where torch / inductor's
+    config is already imported; nothing otherwise."""
     torch = sys.modules.get("torch")
-    value = env.get(VAR)
-    if torch is None or value is None:
-        return
-    try:
-        n = int(value)
-    except ValueError:
-        return                          # what torch itself does with a value it cannot read: keep its default
-    if n > 0 and torch.get_num_threads() != n:
+    n = _positive(env, VAR)
+    if torch is not None and n is not None and torch.get_num_threads() != n:
         torch.set_num_threads(n)
+    config = sys.modules.get("torch._inductor.config")
+    n = _positive(env, INDUCTOR_VAR)
+    if config is not None and n is not None:
+        config.compile_threads = n
