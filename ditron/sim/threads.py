@@ -7,9 +7,9 @@ every rank only oversubscribe the cores. As torchrun does for its ranks, a rank 
 between a rank's small torch operations cost 11% of the CPU of ``tests/test_decoder_attention.py``.
 
 Likewise ``TORCHINDUCTOR_COMPILE_THREADS=1``: a rank that runs ``torch.compile`` would otherwise start inductor's
-pool of compile workers (``compile_threads`` is the machine's core count: a fresh interpreter importing torch and
-inductor, ~4 CPU-s, in every such rank, to compile a rank's few small kernels that the other ranks compile too); with
-one thread inductor compiles them in the rank.
+pool of compile workers (``compile_threads`` is the machine's core count), fresh processes in every such rank for
+the few small kernels a rank compiles, which the job's other ranks compile too; with one thread inductor compiles
+them in the rank (``tests/test_torch.py`` on 2 cores, cold caches: 90 CPU-s instead of 100).
 
 A rank started as a new process reads the variables when it imports torch; a rank forked from a server that
 imported torch (or inductor's config) already takes them from :func:`apply` (torch reads ``OMP_NUM_THREADS`` once,

@@ -375,9 +375,10 @@ def _send(conn, msg):
 
 def server_env(env) -> dict:
     """The environment of a job's fork server when its launcher runs with ``env``: ``TRITON_INTERPRET=1``, and
-    the ranks' thread default (:func:`ditron.sim.threads.default_env`: ``OMP_NUM_THREADS=1`` unless ``env``
-    sets it), which the launcher adds to every rank's environment; a zygote started from ``env`` without it
-    would decline every job of that environment (its variable differs)."""
+    the ranks' thread defaults (:func:`ditron.sim.threads.default_env`: ``OMP_NUM_THREADS=1`` and
+    ``TORCHINDUCTOR_COMPILE_THREADS=1`` where ``env`` does not set them), which the launcher adds to every rank's
+    environment; a zygote started from ``env`` without them would decline every job of that environment (its
+    variables differ)."""
     env = dict(env)
     env.update(threads.default_env(env, launcher=env))
     env["TRITON_INTERPRET"] = "1"
