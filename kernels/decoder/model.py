@@ -153,6 +153,10 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     if wdot:
         BN["gate_up"] = tc.gu_wdot
 
+    def prefetch_arg(proj):         # the GEMV tiles' PREFETCH_K (TileConfig.prefetch_for), where the hook runs
+        pk = tc.prefetch_for(proj)
+        return {"PREFETCH_K": pk} if pk else {}
+
     def gemv_c(proj):
         BB, BK, stream = max(tc.dot_pad, next_pow2(B)) if dot else next_pow2(B), tc.block_k(proj, dot), tc.stream_for(B)
         if dot and stream and ring:
@@ -161,10 +165,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             stage = BK * (2 * BN[proj] * (2 if proj == "gate_up" else 1)
                           + BB * (8 if fuse and proj in ("qkv", "gate_up") else 2))
             stream = max(2, 1 + ring // stage)
-        c = dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, DOT=dot, STREAM=stream)
-        if pk := tc.prefetch_for(proj):
-            c["PREFETCH_K"] = pk
-        return c
+        return dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, DOT=dot, STREAM=stream, **prefetch_arg(proj))
 
     def gemv_wdot_c():              # the gate/up tiles of TileConfig.gu_wdot (gate_up_wdot_tile)
         BB, BK, bn = max(8, next_pow2(B)), tc.gu_wdot_k or tc.dot_block_k, tc.gu_wdot
@@ -176,10 +177,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             # (its shared memory by ptxas on the CPU: tests/test_decoder_batch.py); Triton 3.9 STREAM for 8 rows
             # too, which the 48 KiB ring of batches up to 8 (TileConfig.dot_ring_small) leaves room for
             stream = max(2, (1 if BB < 16 else 0) + ring // (BK * 2 * (2 * bn + BB)))
-        c = dict(BLOCK_B=BB, BLOCK_N=bn, BLOCK_K=BK, STREAM=max(1, stream))
-        if pk := tc.prefetch_for("gate_up"):
-            c["PREFETCH_K"] = pk
-        return c
+        return dict(BLOCK_B=BB, BLOCK_N=bn, BLOCK_K=BK, STREAM=max(1, stream), **prefetch_arg("gate_up"))
 
     kdot = dot and tc.dot_ksplit > 1
 
@@ -188,8 +186,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         stream = tc.stream_for(B)
         if stream and ring:
             stream = max(2, 1 + ring // (BK * 2 * (BN[proj] + BB)))
-        return dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, S=S, STREAM=max(1, stream),
-                    **({"PREFETCH_K": tc.prefetch_for(proj)} if tc.prefetch_for(proj) else {}))
+        return dict(BLOCK_B=BB, BLOCK_N=BN[proj], BLOCK_K=BK, S=S, STREAM=max(1, stream), **prefetch_arg(proj))
 
     def prefetch_of(proj, cols=False):
         # (by projection: every gate/up tile reads the layer's stacked [2 x N, K] gate and up rows; the prenorm
