@@ -281,3 +281,72 @@ def test_sim_atomics_values_match_numpy_broadcast():
     with pytest.raises(OverflowError):
         M.atomic_add(a, 2**63)
     assert buf[:2].tolist() == [6, 11]
+
+
+def _binary_operands():
+    """Interpreter tensors of many kinds: scalars and blocks (1-D, 2-D, broadcastable shapes) of int / unsigned /
+    float / bf16 / bool element types, pointers and blocks of pointers."""
+    import numpy as np
+    from triton.runtime import interpreter as interp
+    TH = interp.TensorHandle
+    rng = np.random.default_rng(3)
+    out = []
+    for ty in (tl.int1, tl.int8, tl.uint8, tl.int32, tl.uint32, tl.int64, tl.float16, tl.bfloat16, tl.float32,
+               tl.float64):
+        npd = interp._get_np_dtype(ty)
+        for shape in ((), (4,), (1, 4), (2, 1), (2, 4)):
+            data = rng.integers(0, 5, size=shape or (1,)).astype(npd)
+            out.append(core.tensor(TH(data, ty), ty if not shape else tl.block_type(ty, list(shape))))
+    for elem in (tl.float32, tl.int8):
+        pty = tl.pointer_type(elem)
+        out.append(core.tensor(TH(np.array([4096], dtype=np.uint64), pty), pty))
+        out.append(core.tensor(TH(np.full((4,), 4096, dtype=np.uint64), pty), tl.block_type(pty, [4])))
+    return out
+
+
+#: Python numbers (Triton's function decides for them every time): of every scalar type Triton gives them, and
+#: values its checks reject against some tensors (negative against unsigned, out of range)
+NUMBERS = [0, 3, -2, 2**31 + 5, -2**40, 2**63 + 1, 2**70, 0.0, 1.5, -2.5e-3, 1e-40, 1e300, float("inf"),
+           float("nan"), True]
+
+
+def _nan_safe(r):
+    return repr(r)          # NaN != NaN: compare the printed values
+
+
+def _result(fn, *args):
+    import numpy as np
+    try:
+        lhs, rhs = fn(*args)
+    except Exception as e:  # noqa: BLE001 -- compared
+        return ("raised", type(e), str(e))
+    return tuple((str(t.type), t.type, np.asarray(t.handle.data).dtype, np.asarray(t.handle.data).tolist(),
+                  np.asarray(t.handle.data).flags.writeable, t.handle.dtype) for t in (lhs, rhs))
+
+
+def test_binary_plans_match_triton():
+    """Every pair of operand kinds, with every flag combination that Triton's callers pass: the same result
+    types, values, NumPy dtypes, writeability and handle dtypes as Triton's own function, or the same error -- on
+    the call that takes the decision and on the calls that replay it."""
+    from triton.runtime import interpreter as interp
+    name = "TritonSemantic.binary_op_type_checking_impl"
+    assert name in F.ORIGINALS, "not installed on this Triton (its source changed?)"
+    fast, orig = interp.TritonSemantic.binary_op_type_checking_impl, F.ORIGINALS[name]
+    sem = interp.TritonSemantic(interp.interpreter_builder)
+    ops = _binary_operands()
+    flags = [(False, False, True, False), (True, False, True, False), (False, True, True, False),
+             (False, False, True, True), (False, False, False, False), (True, True, False, False)]
+    fast.plans.clear()
+    pairs = [(a, b) for a in ops for b in ops] + [(a, x) for a in ops for x in NUMBERS] + \
+        [(x, a) for a in ops for x in NUMBERS]
+    for f in flags:
+        for lhs, rhs in pairs:
+            want = _result(orig, sem, lhs, rhs, *f)
+            for _ in range(2):                 # the first call decides (Triton's function), the second replays
+                got = _result(fast, sem, lhs, rhs, *f)
+                assert _nan_safe(got) == _nan_safe(want), (getattr(lhs, "type", lhs), getattr(rhs, "type", rhs), f)
+    # decisions were remembered and replayed: casts, splats, expansions and broadcasts, not only identities
+    plans = [(k, p) for k, p in fast.plans.items() if isinstance(p, tuple)]
+    assert any(p[0] is not None or p[2] is not None for k, p in plans)
+    steps = {s[0] for k, p in plans for side in (p[1], p[3]) for s in side}
+    assert steps == {"splat", "expand", "broadcast"}

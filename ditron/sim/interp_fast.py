@@ -24,6 +24,18 @@ installed once per process by the executor (:func:`install`):
   ``_semantic`` keyword by copying every keyword argument into a new dict on every call; here the ``_semantic``
   keyword is removed from the call's own (fresh) keyword dict: the callee gets the same arguments.
 
+* ``TritonSemantic.binary_op_type_checking_impl`` (the implicit casts and broadcasts of every binary operation:
+  ``+``, ``<``, ``&``, pointer arithmetic, ...; ~30 us a call, the most expensive bookkeeping of a decoder test)
+  decides from the two tensors' *types* alone what it does to their values: which side it casts to which scalar
+  type, which side it splats, expands and broadcasts to which block type.  Here the decision is taken once per
+  pair of types (and flags) by Triton's own function, whose result on that first call is what the caller gets,
+  and later calls with the same types replay it: the same ``cast`` calls, then the same builder operations
+  (``create_splat`` / ``create_expand_dims`` / ``create_broadcast``) with the result types of that first call.
+  A decision is remembered only when the replayed types equal the first call's results and a tensor left alone
+  is returned as it was given.  Operands that are Python numbers (their type depends on their value), a call
+  that raised, a builder other than the interpreter's, and types it cannot name exactly (:func:`_type_key`) go to
+  Triton's function every time.
+
 Each replacement is installed only when Triton's own function has exactly the source it replaces (3.6 and 3.9 as
 released); otherwise Triton's stays.
 
@@ -74,16 +86,34 @@ def _make_np_dtype(orig, tl, np):
     return _get_np_dtype
 
 
-def _source_is(fn, *expected):
-    """Whether ``fn``'s body (stripped lines, comments and docstring left out) is one of ``expected``."""
+def _body(fn):
+    """``fn``'s body as stripped lines (comments and a one-line docstring left out), None without source."""
     import inspect
     try:
         src = inspect.getsource(fn)
     except (OSError, TypeError):
-        return False
+        return None
     body = [ln.strip() for ln in src.splitlines()[1:] if ln.strip() and not ln.strip().startswith("#")]
-    body = [ln for ln in body if not (ln.startswith('"""') and ln.endswith('"""'))]
-    return any(body == list(e) for e in expected)
+    return [ln for ln in body if not (ln.startswith('"""') and ln.endswith('"""'))]
+
+
+def _source_is(fn, *expected):
+    """Whether ``fn``'s body (stripped lines, comments and docstring left out) is one of ``expected``: line
+    tuples, or the SHA-256 of the lines joined by newlines (for long functions)."""
+    body = _body(fn)
+    if body is None:
+        return False
+    digest = None
+    for e in expected:
+        if isinstance(e, str):
+            if digest is None:
+                import hashlib
+                digest = hashlib.sha256("\n".join(body).encode()).hexdigest()
+            if digest == e:
+                return True
+        elif body == list(e):
+            return True
+    return False
 
 
 _TENSOR_INIT = ("super().__init__()", "self.handle = handle", "self.shape = type.shape if type.is_block() else ()",
@@ -98,6 +128,12 @@ _BLOCK_INIT = ("self.element_ty = element_ty", "assert (isinstance(shape, (list,
                "self.shape = tuple(_unwrap_shape(shape))", "if not self.shape:",
                "raise TypeError('0d block_type is forbidden')", "self.numel = validate_block_shape(self.shape)",
                "self.name = f'<{self.shape}, {self.element_ty}>'")
+#: ``TritonSemantic.binary_op_type_checking_impl`` / ``broadcast_impl_value`` of Triton 3.6.0 and 3.9.0 (digests of
+#: their bodies, see :func:`_source_is`)
+_BINARY_36 = "1e4b94f202c5b152b3b53ec1076b239d729de61534d27244bfce8cda3640d78d"
+_BINARY_39 = "93f1b75a744a74ca6213e0e84739d2990a5f178fe57fee0eedeca84fbe1f0a2d"
+_BCAST_36 = "6697f8a4e05979698e4b5212f1531aebe1dc057c2dacecc8c34e7b5cf8b7c578"
+_BCAST_39 = "fbab69cc302ecb780ce6a81c804e39f3a69161f57892f8f8c20596099ebae657"
 _PATCH_ATTR_36 = ("semantic = TritonSemantic(builder)",
                   "new_member = lambda *args, member=member, **kwargs: (member(*args, **",
                   "{k: v", "for k, v in kwargs.items()", 'if k != "_semantic"}, _semantic=semantic))',
@@ -244,6 +280,126 @@ def _install_patch_attr(interp):
     _replace("_patch_attr", interp, "_patch_attr", _patch_attr)
 
 
+def _type_key(t, dtype_cls, pointer_cls, block_cls):
+    """A hashable key equal for two Triton types exactly when they are equal (``None``: a type not keyed here).
+    ``pointer_type`` and ``block_type`` define ``__eq__`` without ``__hash__``; a dtype's name is its identity."""
+    c = t.__class__
+    if c is dtype_cls:
+        return t.name
+    if c is pointer_cls:
+        e = _type_key(t.element_ty, dtype_cls, pointer_cls, block_cls)
+        return None if e is None else ("p", e, t.address_space, t.is_const())
+    if c is block_cls:
+        e = _type_key(t.element_ty, dtype_cls, pointer_cls, block_cls)
+        return None if e is None else ("b", e, builtins.tuple(int(d) for d in t.shape))
+    return None
+
+
+def _broadcast_steps(lt, rt, block_cls):
+    """The block types ``broadcast_impl_value`` gives ``lhs`` and ``rhs`` of types ``lt`` / ``rt`` (already cast),
+    as steps per side: ``("splat", ty)``, ``("expand", ty)`` (a leading axis), ``("broadcast", shape, ty)``.
+    Raises where Triton's function raises (the caller then does not remember the decision)."""
+    ls, rs = [], []
+    lb, rb = lt.__class__ is block_cls, rt.__class__ is block_cls
+    if lb and not rb:
+        rt = lt.with_element_ty(rt.scalar)
+        rs.append(("splat", rt))
+    elif rb and not lb:
+        lt = rt.with_element_ty(lt.scalar)
+        ls.append(("splat", lt))
+    elif lb and rb:
+        lshape, rshape = [int(d) for d in lt.shape], [int(d) for d in rt.shape]
+        while len(lshape) < len(rshape):
+            lshape = [1] + lshape
+            lt = block_cls(lt.scalar, lshape)
+            ls.append(("expand", lt))
+        while len(rshape) < len(lshape):
+            rshape = [1] + rshape
+            rt = block_cls(rt.scalar, rshape)
+            rs.append(("expand", rt))
+        ret = []
+        for left, right in zip(lshape, rshape):
+            if left == 1:
+                ret.append(right)
+            elif right == 1 or right == left:
+                ret.append(left)
+            else:
+                raise ValueError("incompatible dimensions")
+        if lshape != ret:
+            lt = block_cls(lt.scalar, ret)
+            ls.append(("broadcast", ret, lt))
+        if rshape != ret:
+            rt = block_cls(rt.scalar, ret)
+            rs.append(("broadcast", ret, rt))
+    return ls, rs, lt, rt
+
+
+def _install_binary_plans(semantic_cls, interp, core):
+    """The binary-operation decisions remembered per pair of types (see the module's docstring)."""
+    orig = semantic_cls.binary_op_type_checking_impl
+    bcast = semantic_cls.broadcast_impl_value
+    if not (_source_is(orig, _BINARY_36, _BINARY_39) and _source_is(bcast, _BCAST_36, _BCAST_39)):
+        return
+    tensor_cls, dtype_cls, pointer_cls, block_cls = core.tensor, core.dtype, core.pointer_type, core.block_type
+    builder_cls = interp.InterpreterBuilder
+    plans: dict = {}
+    _NO = object()          # a pair whose decision is not remembered
+
+    def plan_for(lhs, rhs, out):
+        # what Triton's function did (its result ``out``) as replayable steps, or _NO
+        lt, rt = lhs.type, rhs.type
+        lcast = out[0].type.scalar if out[0].type.scalar != lt.scalar else None
+        rcast = out[1].type.scalar if out[1].type.scalar != rt.scalar else None
+        try:
+            ls, rs, flt, frt = _broadcast_steps(lt if lcast is None else lt.with_element_ty(lcast)
+                                                if lt.__class__ is block_cls else lcast,
+                                                rt if rcast is None else rt.with_element_ty(rcast)
+                                                if rt.__class__ is block_cls else rcast, block_cls)
+        except Exception:  # noqa: BLE001 -- Triton's function did not raise: not a decision taken here
+            return _NO
+        if flt != out[0].type or frt != out[1].type or (not ls and lcast is None and out[0] is not lhs) \
+                or (not rs and rcast is None and out[1] is not rhs):
+            return _NO
+        return (lcast, builtins.tuple(ls), rcast, builtins.tuple(rs))
+
+    def replay(self, x, cast, steps):
+        if cast is not None:
+            x = self.cast(x, cast)
+        b = self.builder
+        for step in steps:
+            kind = step[0]
+            if kind == "splat":
+                x = self.tensor(b.create_splat(step[1], x.handle), step[1])
+            elif kind == "expand":
+                x = self.tensor(b.create_expand_dims(x.handle, 0), step[1])
+            else:
+                x = self.tensor(b.create_broadcast(x.handle, step[1]), step[2])
+        return x
+
+    def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True,
+                                     div_or_mod=False):
+        if lhs.__class__ is not tensor_cls or rhs.__class__ is not tensor_cls or self.builder.__class__ is not builder_cls:
+            return orig(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+        lk = _type_key(lhs.type, dtype_cls, pointer_cls, block_cls)
+        rk = _type_key(rhs.type, dtype_cls, pointer_cls, block_cls)
+        key = (lk, rk, bool(allow_lhs_ptr), bool(allow_rhs_ptr), bool(arithmetic_check), bool(div_or_mod))
+        plan = plans.get(key) if lk is not None and rk is not None else _NO
+        if plan is None:
+            out = orig(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+            plans[key] = plan_for(lhs, rhs, out)
+            return out
+        if plan is _NO:
+            return orig(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
+        lcast, ls, rcast, rs = plan
+        if lcast is None and not ls and rcast is None and not rs:
+            return lhs, rhs
+        return replay(self, lhs, lcast, ls), replay(self, rhs, rcast, rs)
+
+    binary_op_type_checking_impl.plans = plans
+    _replace("TritonSemantic.binary_op_type_checking_impl", semantic_cls, "binary_op_type_checking_impl",
+             binary_op_type_checking_impl)
+
+
 def install():
     """Install the equivalents into Triton's interpreter (idempotent)."""
     global _INSTALLED
@@ -262,3 +418,6 @@ def install():
         _install_tensor_init(core)
         _install_block_init(core)
     _install_patch_attr(interp)
+    semantic_cls = getattr(interp, "TritonSemantic", None)
+    if semantic_cls is not None:
+        _install_binary_plans(semantic_cls, interp, core)
