@@ -345,16 +345,19 @@ def _install_binary_plans(semantic_cls, interp, core):
     plans: dict = {}
     _NO = object()          # a pair whose decision is not remembered
 
+    def cast_of(x, o):
+        # the scalar type Triton's function cast ``x`` to (None: none), and ``x``'s type after that cast
+        t = x.type
+        if o.type.scalar == t.scalar:
+            return None, t
+        c = o.type.scalar
+        return c, (t.with_element_ty(c) if t.__class__ is block_cls else c)
+
     def plan_for(lhs, rhs, out):
         # what Triton's function did (its result ``out``) as replayable steps, or _NO
-        lt, rt = lhs.type, rhs.type
-        lcast = out[0].type.scalar if out[0].type.scalar != lt.scalar else None
-        rcast = out[1].type.scalar if out[1].type.scalar != rt.scalar else None
+        (lcast, lt), (rcast, rt) = cast_of(lhs, out[0]), cast_of(rhs, out[1])
         try:
-            ls, rs, flt, frt = _broadcast_steps(lt if lcast is None else lt.with_element_ty(lcast)
-                                                if lt.__class__ is block_cls else lcast,
-                                                rt if rcast is None else rt.with_element_ty(rcast)
-                                                if rt.__class__ is block_cls else rcast, block_cls)
+            ls, rs, flt, frt = _broadcast_steps(lt, rt, block_cls)
         except Exception:  # noqa: BLE001 -- Triton's function did not raise: not a decision taken here
             return _NO
         if flt != out[0].type or frt != out[1].type or (not ls and lcast is None and out[0] is not lhs) \
