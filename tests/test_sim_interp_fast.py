@@ -307,7 +307,7 @@ def _binary_operands():
 #: Python numbers (Triton's function decides for them every time): of every scalar type Triton gives them, and
 #: values its checks reject against some tensors (negative against unsigned, out of range)
 NUMBERS = [0, 3, -2, 2**31 + 5, -2**40, 2**63 + 1, 2**70, 0.0, 1.5, -2.5e-3, 1e-40, 1e300, float("inf"),
-           float("nan"), True]
+           float("nan"), True, 1, 1.0, -0.0, False]
 
 
 def _nan_safe(r):
@@ -324,10 +324,21 @@ def _result(fn, *args):
                   np.asarray(t.handle.data).flags.writeable, t.handle.dtype) for t in (lhs, rhs))
 
 
+def _number_read_only(want, number_is_lhs):
+    # a remembered number's tensor (the replaying calls): its array is shared between calls, so read-only
+    if want[0] == "raised":
+        return want
+    side = 0 if number_is_lhs else 1
+    fix = list(want)
+    fix[side] = want[side][:4] + (False,) + want[side][5:]
+    return tuple(fix)
+
+
 def test_binary_plans_match_triton():
     """Every pair of operand kinds, with every flag combination that Triton's callers pass: the same result
     types, values, NumPy dtypes, writeability and handle dtypes as Triton's own function, or the same error -- on
-    the call that takes the decision and on the calls that replay it."""
+    the call that takes the decision and on the calls that replay it (where a Python number's tensor is the
+    remembered one: read-only, the rest the same)."""
     from triton.runtime import interpreter as interp
     name = "TritonSemantic.binary_op_type_checking_impl"
     assert name in F.ORIGINALS, "not installed on this Triton (its source changed?)"
@@ -337,19 +348,32 @@ def test_binary_plans_match_triton():
     flags = [(False, False, True, False), (True, False, True, False), (False, True, True, False),
              (False, False, True, True), (False, False, False, False), (True, True, False, False)]
     fast.plans.clear()
+    fast.consts.clear()
     pairs = [(a, b) for a in ops for b in ops] + [(a, x) for a in ops for x in NUMBERS] + \
         [(x, a) for a in ops for x in NUMBERS]
     import numpy as np
     with np.errstate(over="ignore"):           # 1e300 as a float16 / float32 constant: inf, as Triton makes it
+        remembered = []
         for f in flags:
+            remembered += fast.consts.values()
+            fast.consts.clear()                # (at most F._CONSTS_MAX numbers are remembered)
             for lhs, rhs in pairs:
                 want = _result(orig, sem, lhs, rhs, *f)
-                for _ in range(2):             # the first call decides (Triton's function), the second replays
+                number = [x for x in (lhs, rhs) if not isinstance(x, core.tensor)]
+                for i in range(3):             # the first call decides (Triton's function), the others replay
                     got = _result(fast, sem, lhs, rhs, *f)
-                    assert _nan_safe(got) == _nan_safe(want), (getattr(lhs, "type", lhs), getattr(rhs, "type", rhs),
-                                                               f)
+                    if i and number and number[0] == number[0]:
+                        expect = _number_read_only(want, number[0] is lhs)
+                    else:
+                        expect = want
+                    assert _nan_safe(got) == _nan_safe(expect), (getattr(lhs, "type", lhs),
+                                                                 getattr(rhs, "type", rhs), f, i)
     # decisions were remembered and replayed: casts, splats, expansions and broadcasts, not only identities
     plans = [(k, p) for k, p in fast.plans.items() if isinstance(p, tuple)]
     assert any(p[0] is not None or p[2] is not None for k, p in plans)
     steps = {s[0] for k, p in plans for side in (p[1], p[3]) for s in side}
     assert steps == {"splat", "expand", "broadcast"}
+    # numbers' tensors were remembered: splatted to blocks, with and without a cast of the tensor side
+    consts = [e for e in remembered + list(fast.consts.values()) if isinstance(e, tuple)]
+    assert any(e[0] is not None for e in consts) and any(e[0] is None for e in consts)
+    assert any(e[2].shape == (2, 4) for e in consts) and all(not e[2].flags.writeable for e in consts)

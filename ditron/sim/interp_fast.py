@@ -32,9 +32,14 @@ installed once per process by the executor (:func:`install`):
   and later calls with the same types replay it: the same ``cast`` calls, then the same builder operations
   (``create_splat`` / ``create_expand_dims`` / ``create_broadcast``) with the result types of that first call.
   A decision is remembered only when the replayed types equal the first call's results and a tensor left alone
-  is returned as it was given.  Operands that are Python numbers (their type depends on their value), a call
-  that raised, a builder other than the interpreter's, and types it cannot name exactly (:func:`_type_key`) go to
-  Triton's function every time.
+  is returned as it was given.  A call that raised, a builder other than the interpreter's, and types it cannot
+  name exactly (:func:`_type_key`) go to Triton's function every time.
+  A Python number operand (``x + 1.0``, ``i < N``: about half of a decoder test's calls, and three times the cost
+  of two tensors, since Triton makes a constant of it, casts and splats it at every call) is remembered with its
+  value: per tensor type, number (its class: ``True``, ``1`` and ``1.0`` are told apart; the sign of a zero) and
+  flags, the first call's result for the number (Triton's) is kept, its array copied and made read-only, and
+  later calls get a tensor of that array (a fresh handle) and the tensor side cast as on the first call.  A NaN
+  (never equal to itself) and numbers past the first ``_CONSTS_MAX`` go to Triton's function.
 
 Each replacement is installed only when Triton's own function has exactly the source it replaces (3.6 and 3.9 as
 released); otherwise Triton's stays.
@@ -334,15 +339,27 @@ def _broadcast_steps(lt, rt, block_cls):
     return ls, rs, lt, rt
 
 
+#: the Python numbers whose tensors are remembered (exactly these classes: ``True == 1 == 1.0`` are told apart by
+#: class, ``0.0`` and ``-0.0`` by sign; a NaN, never equal to itself, is not remembered), and how many at most
+_NUMBERS = (int, float, bool)
+_CONSTS_MAX = 4096
+
+
 def _install_binary_plans(semantic_cls, interp, core):
     """The binary-operation decisions remembered per pair of types (see the module's docstring)."""
     orig = semantic_cls.binary_op_type_checking_impl
     bcast = semantic_cls.broadcast_impl_value
     if not (_source_is(orig, _BINARY_36, _BINARY_39) and _source_is(bcast, _BCAST_36, _BCAST_39)):
         return
+    import dataclasses
+    if [f.name for f in dataclasses.fields(interp.TensorHandle)] != ["data", "dtype", "attr"]:
+        return                  # a remembered number's handle is made field by field (below)
     tensor_cls, dtype_cls, pointer_cls, block_cls = core.tensor, core.dtype, core.pointer_type, core.block_type
-    builder_cls = interp.InterpreterBuilder
+    builder_cls, handle_cls = interp.InterpreterBuilder, interp.TensorHandle
     plans: dict = {}
+    consts: dict = {}       # (tensor type, number, flags) -> the tensor side's cast and the number's tensor
+    new = object.__new__
+    from math import copysign
     _NO = object()          # a pair whose decision is not remembered
 
     def cast_of(x, o):
@@ -379,9 +396,53 @@ def _install_binary_plans(semantic_cls, interp, core):
                 x = self.tensor(b.create_broadcast(x.handle, step[1]), step[2])
         return x
 
+    def const_for(t, n, out, t_is_lhs):
+        # the number side of Triton's result as a constant to hand out again (its array copied, read-only), and
+        # the tensor side's cast; or _NO where the tensor side was not only cast (never seen: it is the
+        # number that Triton splats to the tensor's shape)
+        tout, nout = (out[0], out[1]) if t_is_lhs else (out[1], out[0])
+        cast, tt = cast_of(t, tout)
+        if tout.type != tt or (cast is None and tout is not t) or nout.__class__ is not tensor_cls \
+                or nout.handle.__class__ is not handle_cls or nout.handle.attr:
+            return _NO
+        data = nout.handle.data.copy()
+        data.flags.writeable = False
+        return cast, nout.type, data, nout.handle.dtype
+
+    def number_side(self, lhs, rhs, flags, t_is_lhs):
+        # ``tensor OP number`` / ``number OP tensor``: remembered per tensor type, number (class, value, sign of a
+        # zero) and flags; the number's tensor is the same every time (Triton's ``to_tensor`` /
+        # ``scalar_constant``, cast and splat depend on nothing else)
+        t, n = (lhs, rhs) if t_is_lhs else (rhs, lhs)
+        tk = _type_key(t.type, dtype_cls, pointer_cls, block_cls)
+        nc = n.__class__
+        if tk is None or (nc is float and n != n):
+            return orig(self, lhs, rhs, *flags)
+        key = (tk, nc, n, copysign(1.0, n) if nc is float else 0, t_is_lhs) + flags
+        ent = consts.get(key)
+        if ent is None:
+            out = orig(self, lhs, rhs, *flags)
+            if len(consts) < _CONSTS_MAX:
+                consts[key] = const_for(t, n, out, t_is_lhs)
+            return out
+        if ent is _NO:
+            return orig(self, lhs, rhs, *flags)
+        cast, nty, data, hdt = ent
+        if cast is not None:
+            t = self.cast(t, cast)
+        h = new(handle_cls)
+        h.data, h.dtype, h.attr = data, hdt, {}
+        c = self.tensor(h, nty)
+        return (t, c) if t_is_lhs else (c, t)
+
     def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True,
                                      div_or_mod=False):
-        if lhs.__class__ is not tensor_cls or rhs.__class__ is not tensor_cls or self.builder.__class__ is not builder_cls:
+        lc, rc = lhs.__class__, rhs.__class__
+        if lc is not tensor_cls or rc is not tensor_cls or self.builder.__class__ is not builder_cls:
+            if self.builder.__class__ is builder_cls and ((lc is tensor_cls and rc in _NUMBERS)
+                                                          or (rc is tensor_cls and lc in _NUMBERS)):
+                return number_side(self, lhs, rhs, (bool(allow_lhs_ptr), bool(allow_rhs_ptr),
+                                                    bool(arithmetic_check), bool(div_or_mod)), lc is tensor_cls)
             return orig(self, lhs, rhs, allow_lhs_ptr, allow_rhs_ptr, arithmetic_check, div_or_mod)
         lk = _type_key(lhs.type, dtype_cls, pointer_cls, block_cls)
         rk = _type_key(rhs.type, dtype_cls, pointer_cls, block_cls)
@@ -399,6 +460,7 @@ def _install_binary_plans(semantic_cls, interp, core):
         return replay(self, lhs, lcast, ls), replay(self, rhs, rcast, rs)
 
     binary_op_type_checking_impl.plans = plans
+    binary_op_type_checking_impl.consts = consts
     _replace("TritonSemantic.binary_op_type_checking_impl", semantic_cls, "binary_op_type_checking_impl",
              binary_op_type_checking_impl)
 
