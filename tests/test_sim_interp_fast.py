@@ -377,3 +377,25 @@ def test_binary_plans_match_triton():
     consts = [e for e in remembered + list(fast.consts.values()) if isinstance(e, tuple)]
     assert any(e[0] is not None for e in consts) and any(e[0] is None for e in consts)
     assert any(e[2].shape == (2, 4) for e in consts) and all(not e[2].flags.writeable for e in consts)
+
+
+def test_broadcast_plans_match_triton():
+    """``broadcast_impl_value`` (loads' and stores' mask / other / value, ``where``): every pair of operand kinds,
+    the same result types, values, NumPy dtypes, writeability and handle dtypes as Triton's own, or the same error,
+    on the deciding call and on the replaying ones."""
+    from triton.runtime import interpreter as interp
+    name = "TritonSemantic.broadcast_impl_value"
+    assert name in F.ORIGINALS, "not installed on this Triton (its source changed?)"
+    fast, orig = interp.TritonSemantic.broadcast_impl_value, F.ORIGINALS[name]
+    sem = interp.TritonSemantic(interp.interpreter_builder)
+    ops = _binary_operands()
+    fast.plans.clear()
+    for lhs in ops:
+        for rhs in ops:
+            want = _result(orig, sem, lhs, rhs)
+            for i in range(3):
+                assert _nan_safe(_result(fast, sem, lhs, rhs)) == _nan_safe(want), (lhs.type, rhs.type, i)
+    plans = [p for p in fast.plans.values() if isinstance(p, tuple)]
+    steps = {s[0] for p in plans for side in p for s in side}
+    assert steps == {"splat", "expand", "broadcast"} and any(p == ((), ()) for p in plans)
+    assert all(isinstance(p, tuple) for p in fast.plans.values())      # none left to Triton each time

@@ -40,6 +40,10 @@ installed once per process by the executor (:func:`install`):
   flags, the first call's result for the number (Triton's) is kept, its array copied and made read-only, and
   later calls get a tensor of that array (a fresh handle) and the tensor side cast as on the first call.  A NaN
   (never equal to itself) and numbers past the first ``_CONSTS_MAX`` go to Triton's function.
+* ``TritonSemantic.broadcast_impl_value`` on its own (loads' and stores' mask, ``other`` and value, ``where``,
+  and the binary operations' first calls): the same decision per pair of types, replayed with the same builder
+  operations (usually none: a pointer block and its mask have one shape), checked against the first call's result
+  as above.
 
 Each replacement is installed only when Triton's own function has exactly the source it replaces (3.6 and 3.9 as
 released); otherwise Triton's stays.
@@ -463,6 +467,36 @@ def _install_binary_plans(semantic_cls, interp, core):
     binary_op_type_checking_impl.consts = consts
     _replace("TritonSemantic.binary_op_type_checking_impl", semantic_cls, "binary_op_type_checking_impl",
              binary_op_type_checking_impl)
+
+    bplans: dict = {}
+
+    def broadcast_impl_value(self, lhs, rhs):
+        if lhs.__class__ is not tensor_cls or rhs.__class__ is not tensor_cls or self.builder.__class__ is not builder_cls:
+            return bcast(self, lhs, rhs)
+        lk = _type_key(lhs.type, dtype_cls, pointer_cls, block_cls)
+        rk = _type_key(rhs.type, dtype_cls, pointer_cls, block_cls)
+        key = (lk, rk)
+        plan = bplans.get(key) if lk is not None and rk is not None else _NO
+        if plan is None:
+            out = bcast(self, lhs, rhs)
+            try:
+                ls, rs, flt, frt = _broadcast_steps(lhs.type, rhs.type, block_cls)
+            except Exception:  # noqa: BLE001 -- Triton's function did not raise: not a decision taken here
+                plan = _NO
+            else:
+                same = flt == out[0].type and frt == out[1].type and (ls or out[0] is lhs) and (rs or out[1] is rhs)
+                plan = (builtins.tuple(ls), builtins.tuple(rs)) if same else _NO
+            bplans[key] = plan
+            return out
+        if plan is _NO:
+            return bcast(self, lhs, rhs)
+        ls, rs = plan
+        if not ls and not rs:
+            return lhs, rhs
+        return replay(self, lhs, None, ls), replay(self, rhs, None, rs)
+
+    broadcast_impl_value.plans = bplans
+    _replace("TritonSemantic.broadcast_impl_value", semantic_cls, "broadcast_impl_value", broadcast_impl_value)
 
 
 def install():
