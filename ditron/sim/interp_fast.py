@@ -10,9 +10,11 @@ installed once per process by the executor (:func:`install`):
   pointers and blocks of pointers are ``uint64`` as before, and a type it has not answered yet (or any other
   object) goes to Triton's own function, whose result (or ``KeyError``) is what the caller sees.
 * ``tl.tensor.__init__`` wraps the shape of every tensor the interpreter makes in a ``tl.tuple`` of
-  ``constexpr``, whose ``type`` (a ``tuple_type`` of the elements' types) it computes at once, and it is hardly
-  ever read.  Here the shape tuple is the same ``tl.tuple`` of the same ``constexpr`` values, and its ``type`` is
-  computed from them when first read (the same ``tuple_type``: the constexprs never change).  ``tl.tuple``'s
+  ``constexpr``, whose ``type`` (a ``tuple_type`` of the elements' types) it computes at once, and its ``numel``
+  in a ``constexpr``; most tensors are only read by type.  Here ``shape`` and ``numel`` are computed from the
+  tensor's ``type`` when first read (:class:`_Lazy` attributes of the class; nothing assigns a tensor's ``type`` after its
+  constructor): the same ``tl.tuple`` of the same ``constexpr`` values, whose ``type`` is computed from them when
+  first read (the same ``tuple_type``: the constexprs never change).  ``tl.tuple``'s
   constructor does the same for every tuple of ints and constexprs (shapes compared, concatenated, indexed);
   a tuple holding anything else gets its type at once, as before.
 * ``tl.block_type.__init__`` unwraps the shape, checks it (``validate_block_shape``: powers of two, the element
@@ -59,8 +61,28 @@ ORIGINALS: dict = {}       # name -> Triton's own
 TARGETS: dict = {}         # name -> (object, attribute) it replaced
 
 
+#: what ``ORIGINALS`` holds for an attribute that Triton's class did not have
+ABSENT = object()
+
+
+class _Lazy:
+    """An attribute computed from the object when first read and then kept in its ``__dict__`` (which takes
+    precedence from then on): ``functools.cached_property`` without its lock (Python 3.11 takes an ``RLock`` at
+    every first read; the objects here are each read by one thread)."""
+    __slots__ = ("fn", "name")
+
+    def __init__(self, fn, name):
+        self.fn, self.name = fn, name
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
+
+
 def _replace(name, obj, attr, new):
-    ORIGINALS[name] = getattr(obj, attr)
+    ORIGINALS[name] = getattr(obj, attr, ABSENT)
     TARGETS[name] = (obj, attr)
     setattr(obj, attr, new)
 
@@ -158,7 +180,6 @@ def _install_lazy_tuple_type(core):
     type of such a tuple is a function of its values that cannot fail (an int's ``constexpr_type``, a
     ``constexpr``'s own ``type``, set by its constructor), so computing it later gives the same ``tuple_type``;
     Triton's ``_setitem`` still recomputes it.  Tuples of anything else get their type at once, as before."""
-    import functools
     tuple_cls, tuple_type, constexpr = core.tuple, core.tuple_type, core.constexpr
     if "type" in vars(tuple_cls) or not _source_is(tuple_cls.__init__, _TUPLE_INIT):
         return False
@@ -167,8 +188,7 @@ def _install_lazy_tuple_type(core):
     def type(self):          # noqa: A001 -- the attribute's name
         return type_for_values(self.values)
 
-    prop = functools.cached_property(type)
-    prop.__set_name__(tuple_cls, "type")
+    prop = _Lazy(type, "type")
 
     def __init__(self, args, type=None):        # noqa: A002 -- Triton's parameter name
         self.values = [i for i in args]
@@ -192,21 +212,18 @@ def _install_tensor_init(core):
     import math
     tensor_cls, tuple_cls, constexpr, constexpr_type = core.tensor, core.tuple, core.constexpr, core.constexpr_type
     if not _source_is(tensor_cls.__init__, _TENSOR_INIT) or not _source_is(constexpr.__init__, _CONSTEXPR_INIT) \
-            or not _source_is(constexpr_type.__init__, ("self.value = value",)):
+            or not _source_is(constexpr_type.__init__, ("self.value = value",)) \
+            or "shape" in vars(tensor_cls) or "numel" in vars(tensor_cls):
         return
     new = object.__new__
     prod = math.prod
 
-    def __init__(self, handle, type):       # noqa: A002 -- Triton's parameter name
-        super(tensor_cls, self).__init__()
-        self.handle = handle
-        shape = type.shape if type.is_block() else ()
-        self.shape = shape
-        self.numel = constexpr(prod(shape))
-        self.type = type
-        self.dtype = type.scalar
+    # ``shape`` and ``numel`` are functions of ``type`` (which nothing assigns after the constructor): computed
+    # when first read, most tensors the interpreter makes are only ever read by type
+    def shape(self):
+        type = self.type        # noqa: A001
         vals = []
-        for s in shape:
+        for s in (type.shape if type.is_block() else ()):
             if s.__class__ is int:
                 # constexpr(s) for an int: value s, type constexpr_type(s) (its constructor, inlined)
                 c = new(constexpr)
@@ -218,7 +235,20 @@ def _install_tensor_init(core):
             vals.append(c)
         t = new(tuple_cls)
         t.values = vals
-        self.shape = t              # its .type: computed when read (the cached property)
+        return t                # its .type: computed when read (the cached property)
+
+    def numel(self):
+        type = self.type        # noqa: A001
+        return constexpr(prod(type.shape if type.is_block() else ()))
+
+    for name, fn in (("shape", shape), ("numel", numel)):
+        _replace(f"tensor.{name}", tensor_cls, name, _Lazy(fn, name))   # (Triton's class has none: ORIGINALS: ABSENT)
+
+    def __init__(self, handle, type):       # noqa: A002 -- Triton's parameter name
+        super(tensor_cls, self).__init__()
+        self.handle = handle
+        self.type = type
+        self.dtype = type.scalar
 
     _replace("tensor.__init__", tensor_cls, "__init__", __init__)
 
