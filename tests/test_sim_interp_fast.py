@@ -185,9 +185,10 @@ def test_tuple_init_matches_triton():
 
 
 def test_taskcheck_skips_unwritten_loads_with_the_same_answers():
-    """``record`` drops loads of regions that no task writes: random tiles of loads and stores over a graph of
-    two written tensors and a read-only one (partly overlapping views) give the same error, or none, and the
-    same shadows of the written regions, with the shortcut and without."""
+    """``record`` drops loads of regions that no task writes, and ``check`` tells an access inside one region and
+    its task's own tensors by its bounds: random tiles of loads and stores over a graph of two written tensors and
+    a read-only one (partly overlapping views) give the same error, or none, and the same shadows of the written
+    regions, with either shortcut, both, and none."""
     import types
     import numpy as np
     import torch
@@ -209,8 +210,8 @@ def test_taskcheck_skips_unwritten_loads_with_the_same_answers():
     spans = [(w_ro.data_ptr(), 128, 2), (buf.data_ptr(), 1024, 4)]
     rng = np.random.default_rng(1)
 
-    def run(skip, accesses):
-        T.SKIP_UNWRITTEN = skip
+    def run(skip, accesses, bounds=False):
+        T.SKIP_UNWRITTEN, T.BOUNDS_SHORTCUT = skip, bounds
         for r in ck.regions:
             r.reset()
         T._ACTIVE, T._T.pending, T._T.checker = ck, [], ck
@@ -222,11 +223,21 @@ def test_taskcheck_skips_unwritten_loads_with_the_same_answers():
         except DitronError as e:
             err = str(e)
         finally:
-            T._ACTIVE, T.SKIP_UNWRITTEN = None, True
+            T._ACTIVE, T.SKIP_UNWRITTEN, T.BOUNDS_SHORTCUT = None, True, True
         written = ck._written_regions.covered(np.array([r.lo for r in ck.regions], np.uint64))
         shadows = [(r.writer.tolist(), r.reader.tolist()) for r, w in zip(ck.regions, written) if w]
         return err, shadows
 
+    held = [0, 0]             # accesses inside their task's own tensors (told by the bounds), and the others
+    holding = T._Spans.holding
+
+    def counted(self, amin, amax):
+        k = holding(self, amin, amax)
+        if self is not ck._region_set:
+            held[k < 0] += 1
+        return k
+
+    T._Spans.holding = counted
     errors = 0
     for trial in range(300):
         accesses = []
@@ -235,10 +246,13 @@ def test_taskcheck_skips_unwritten_loads_with_the_same_answers():
             offs = rng.integers(0, nbytes // size, int(rng.integers(1, 6))) * size
             accesses.append((int(rng.integers(0, 4)), "read" if rng.random() < 0.6 else "write",
                              np.uint64(base) + offs.astype(np.uint64), size))
-        fast, slow = run(True, accesses), run(False, accesses)
-        assert fast == slow, (trial, accesses)
-        errors += fast[0] is not None
+        slow = run(False, accesses)
+        for skip, bounds in ((True, False), (False, True), (True, True)):
+            assert run(skip, accesses, bounds) == slow, (trial, skip, bounds, accesses)
+        errors += slow[0] is not None
     assert 30 < errors < 270                                   # both outcomes are exercised
+    assert held[0] > 100 and held[1] > 100                     # and both paths of the bounds shortcut
+    T._Spans.holding = holding
     # the bounds shortcut of record: no range meets [min, max] exactly when none_in says so
     sp = T._Spans([(100, 200), (300, 310), (400, 401)], merge=False)
     for _ in range(2000):

@@ -40,6 +40,8 @@ _ACTIVE = None
 _T = threading.local()
 #: ``record`` drops the loads of regions that no task writes (the same answers: tests/test_sim_interp_fast.py)
 SKIP_UNWRITTEN = True
+#: ``Checker.check`` tells an access inside one region and inside the task's own tensors by its bounds (the same)
+BOUNDS_SHORTCUT = True
 
 
 def enabled() -> bool:
@@ -78,6 +80,12 @@ class _Spans:
         """Whether no range meets ``[amin, amax]`` (the bounds of some addresses: then none of them is covered)."""
         k = bisect.bisect_right(self._lo, amin) - 1
         return bisect.bisect_right(self._lo, amax) - 1 == k and (k < 0 or amin >= self._hi[k])
+
+    def holding(self, amin, amax):
+        """The position of the range holding every address of ``[amin, amax]`` (the bounds of some addresses: then
+        it holds each of them), -1 if no one range does."""
+        k = bisect.bisect_right(self._lo, amin) - 1
+        return k if k >= 0 and amax < self._hi[k] else -1
 
     def index(self, a):
         """Per address: the position of the range holding it, -1 if none."""
@@ -246,28 +254,40 @@ class Checker:
     def check(self, item, kind, a, itemsize, where, prog, rank):
         task = item.task
         i = item.index
-        region = self._region_set.index(a)
-        if kind == "write":
-            own = self._write_sets[task.index].covered(a)
-            bad = (region >= 0) & ~own
-            if bad.any():
-                addr = int(a[np.flatnonzero(bad)[0]])
-                name, el = self._tensor(task, addr)
-                raise self._error(item, f"stores to tensor {name} {el}, but that tensor is not in its writes=: "
-                                  f"declare it (register_task('{task.name}', ..., writes=(...)))", where, prog, rank)
+        own_set = (self._write_sets if kind == "write" else self._read_sets)[task.index]
+        if BOUNDS_SHORTCUT:
+            # the common access: all its addresses in one region, and in the task's own declared tensors (then
+            # nothing is undeclared): told by the bounds, without a search per address
+            amin, amax = int(a.min()), int(a.max())
+            one = self._region_set.holding(amin, amax)
+            whole = own_set.holding(amin, amax) >= 0
         else:
-            own = self._read_sets[task.index].covered(a)
-            bad = self._written_set.covered(a) & ~own
-            if bad.any():
-                addr = int(a[np.flatnonzero(bad)[0]])
-                name, el = self._tensor(task, addr)
-                raise self._error(item, f"loads tensor {name} {el}, which tasks of the graph write, but that tensor "
-                                  f"is not in its reads=: declare it (register_task('{task.name}', ..., "
-                                  "reads=(...))) so the graph can order it", where, prog, rank)
-        for ri in _ascending_unique(region[region >= 0]):   # ascending: the regions' order
-            r = self.regions[int(ri)]
-            sel = region == ri
-            aa = a[sel]
+            one, whole = -1, False
+        region = None if one >= 0 else self._region_set.index(a)
+        if not whole:
+            own = own_set.covered(a)
+            if kind == "write":
+                bad = ~own if region is None else (region >= 0) & ~own
+                if bad.any():
+                    addr = int(a[np.flatnonzero(bad)[0]])
+                    name, el = self._tensor(task, addr)
+                    raise self._error(item, f"stores to tensor {name} {el}, but that tensor is not in its writes=: "
+                                      f"declare it (register_task('{task.name}', ..., writes=(...)))", where, prog,
+                                      rank)
+            else:
+                bad = self._written_set.covered(a) & ~own
+                if bad.any():
+                    addr = int(a[np.flatnonzero(bad)[0]])
+                    name, el = self._tensor(task, addr)
+                    raise self._error(item, f"loads tensor {name} {el}, which tasks of the graph write, but that "
+                                      f"tensor is not in its reads=: declare it (register_task('{task.name}', ..., "
+                                      "reads=(...))) so the graph can order it", where, prog, rank)
+        if region is None:
+            groups = ((one, a),)
+        else:                                               # ascending: the regions' order
+            groups = [(int(ri), a[region == ri]) for ri in _ascending_unique(region[region >= 0])]
+        for ri, aa in groups:
+            r = self.regions[ri]
             g = ((aa - np.uint64(r.lo)) // np.uint64(r.gran)).astype(np.int64)
             per = max(1, itemsize // r.gran)
             if per > 1:
