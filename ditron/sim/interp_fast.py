@@ -321,17 +321,29 @@ def _install_patch_attr(interp):
 
 def _type_key(t, dtype_cls, pointer_cls, block_cls):
     """A hashable key equal for two Triton types exactly when they are equal (``None``: a type not keyed here).
-    ``pointer_type`` and ``block_type`` define ``__eq__`` without ``__hash__``; a dtype's name is its identity."""
+    ``pointer_type`` and ``block_type`` define ``__eq__`` without ``__hash__``; a dtype's name is its identity.
+    A pointer's or block's key is kept on it (``_ditron_key``: neither changes once made, and the tensors of a
+    replayed decision share their type object)."""
     c = t.__class__
     if c is dtype_cls:
         return t.name
-    if c is pointer_cls:
-        e = _type_key(t.element_ty, dtype_cls, pointer_cls, block_cls)
-        return None if e is None else ("p", e, t.address_space, t.is_const())
-    if c is block_cls:
-        e = _type_key(t.element_ty, dtype_cls, pointer_cls, block_cls)
-        return None if e is None else ("b", e, builtins.tuple(int(d) for d in t.shape))
+    if c is block_cls or c is pointer_cls:
+        d = t.__dict__
+        k = d.get("_ditron_key", _NOKEY)
+        if k is _NOKEY:
+            e = _type_key(t.element_ty, dtype_cls, pointer_cls, block_cls)
+            if e is None:
+                k = None
+            elif c is pointer_cls:
+                k = ("p", e, t.address_space, t.is_const())
+            else:
+                k = ("b", e, builtins.tuple(int(d) for d in t.shape))
+            d["_ditron_key"] = k
+        return k
     return None
+
+
+_NOKEY = object()
 
 
 def _broadcast_steps(lt, rt, block_cls):
