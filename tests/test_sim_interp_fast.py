@@ -420,3 +420,20 @@ def test_broadcast_plans_match_triton():
     steps = {s[0] for p in plans for side in p for s in side}
     assert steps == {"splat", "expand", "broadcast"} and any(p == ((), ()) for p in plans)
     assert all(isinstance(p, tuple) for p in fast.plans.values())      # none left to Triton each time
+
+
+def test_expand_dims_matches_triton():
+    """``expand_dims`` of every operand kind at every axis (in range, past the end, negative): the same result
+    type, values, NumPy dtype, writeability and handle dtype as Triton's own, or the same error."""
+    from triton.runtime import interpreter as interp
+    name = "TritonSemantic.expand_dims"
+    assert name in F.ORIGINALS, "not installed on this Triton (its source changed?)"
+    fast, orig = interp.TritonSemantic.expand_dims, F.ORIGINALS[name]
+    sem = interp.TritonSemantic(interp.interpreter_builder)
+    blocks = 0
+    for x in _binary_operands():
+        for axis in (0, 1, 2, 3, -1, -3, core.constexpr(1)):
+            want, got = (_result(lambda *a: (f(*a),) * 2, sem, x, axis) for f in (orig, fast))
+            assert _nan_safe(got) == _nan_safe(want), (x.type, axis)
+            blocks += want[0] != "raised" and x.type.is_block()
+    assert blocks > 50

@@ -46,6 +46,8 @@ installed once per process by the executor (:func:`install`):
   and the binary operations' first calls): the same decision per pair of types, replayed with the same builder
   operations (usually none: a pointer block and its mask have one shape), checked against the first call's result
   as above.
+* ``TritonSemantic.expand_dims`` of a block (``x[:, None]``): the new shape from the block type's own ints, which
+  is what Triton's unwrapping of the tensor's ``constexpr`` shape gives back (3.9's check of the axis kept).
 
 Each replacement is installed only when Triton's own function has exactly the source it replaces (3.6 and 3.9 as
 released); otherwise Triton's stays.
@@ -165,6 +167,9 @@ _BINARY_36 = "1e4b94f202c5b152b3b53ec1076b239d729de61534d27244bfce8cda3640d78d"
 _BINARY_39 = "93f1b75a744a74ca6213e0e84739d2990a5f178fe57fee0eedeca84fbe1f0a2d"
 _BCAST_36 = "6697f8a4e05979698e4b5212f1531aebe1dc057c2dacecc8c34e7b5cf8b7c578"
 _BCAST_39 = "fbab69cc302ecb780ce6a81c804e39f3a69161f57892f8f8c20596099ebae657"
+#: ``TritonSemantic.expand_dims``: 3.6.0 (no check of the axis), 3.9.0 (``invalid axis`` outside [0, rank])
+_EXPAND_36 = "06ec0b6252cb9633aa5421d3ba83fc18ca8d94e14a9b68ea95e7dc63b89cd56e"
+_EXPAND_39 = "0eaf497c39960ab9948456e98140b36495af6f538f24e6663b12d9b34bb6837f"
 _PATCH_ATTR_36 = ("semantic = TritonSemantic(builder)",
                   "new_member = lambda *args, member=member, **kwargs: (member(*args, **",
                   "{k: v", "for k, v in kwargs.items()", 'if k != "_semantic"}, _semantic=semantic))',
@@ -539,6 +544,32 @@ def _install_binary_plans(semantic_cls, interp, core):
 
     broadcast_impl_value.plans = bplans
     _replace("TritonSemantic.broadcast_impl_value", semantic_cls, "broadcast_impl_value", broadcast_impl_value)
+    _install_expand_dims(semantic_cls, builder_cls, tensor_cls, block_cls)
+
+
+def _install_expand_dims(semantic_cls, builder_cls, tensor_cls, block_cls):
+    """``x[:, None]`` and ``tl.expand_dims`` of a block: the new shape from the block type's own ints (what
+    unwrapping the tensor's ``constexpr`` shape gives back), instead of building that shape first."""
+    orig = semantic_cls.expand_dims
+    if _source_is(orig, _EXPAND_39):
+        check_axis = True
+    elif _source_is(orig, _EXPAND_36):
+        check_axis = False
+    else:
+        return
+
+    def expand_dims(self, input, axis):
+        t = input.type
+        if input.__class__ is not tensor_cls or t.__class__ is not block_cls or axis.__class__ is not int \
+                or self.builder.__class__ is not builder_cls:
+            return orig(self, input, axis)
+        dst_shape = list(t.shape.values)         # (a block type's shape: a tl.tuple of ints)
+        if check_axis and (axis < 0 or axis > len(dst_shape)):
+            raise ValueError(f"invalid axis {axis}")
+        dst_shape.insert(axis, 1)
+        return self.tensor(self.builder.create_expand_dims(input.handle, axis), block_cls(t.scalar, dst_shape))
+
+    _replace("TritonSemantic.expand_dims", semantic_cls, "expand_dims", expand_dims)
 
 
 def install():
