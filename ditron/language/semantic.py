@@ -13,6 +13,7 @@ import ast
 from .. import _compat
 from ..errors import DitronCompileError
 from ..ir import Op, record, type_text, verify
+from ..ir import active as recording_active   # (a module recording the ops: the compiler's, `ditron compile`)
 from ..lowering import LoweringContext, lookup
 from ..target import target_from_semantic
 
@@ -64,7 +65,10 @@ def emit(kind, operands, attrs, _semantic, _generator, params=(), aliases=None):
                                      loc=op.loc)
     rule = lookup(kind, target)
     result = rule(LoweringContext(_semantic, _generator, target, op), **operands, **attrs)
-    if result is not None:
-        op.result_type = type_text(result)
-    record(op)
+    if recording_active():
+        # (the result's type is only ever read in a recorded module's text: not computed for every op that the
+        # simulator executes outside a recording)
+        if result is not None:
+            op.result_type = type_text(result)
+        record(op)
     return result
