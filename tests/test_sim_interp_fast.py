@@ -437,3 +437,46 @@ def test_expand_dims_matches_triton():
             assert _nan_safe(got) == _nan_safe(want), (x.type, axis)
             blocks += want[0] != "raised" and x.type.is_block()
     assert blocks > 50
+
+
+def test_cast_plans_match_triton():
+    """``cast`` between every pair of scalar types (integers, floats, fp8, bool), of scalars and blocks of random
+    values (negative, fractional, large): the same result (type, bits, NumPy dtype, writeability, handle dtype) or
+    error as Triton's own, on the deciding call and on the replaying ones; most pairs are replayed."""
+    import numpy as np
+    from triton.runtime import interpreter as interp
+    from ditron._compat_interp import _install_rne_casts
+    _install_rne_casts()                   # the simulator's bf16 rounding, as in a launch
+    name = "TritonSemantic.cast"
+    assert name in F.ORIGINALS, "not installed on this Triton (its source changed?)"
+    fast, orig = interp.TritonSemantic.cast, F.ORIGINALS[name]
+    sem = interp.TritonSemantic(interp.interpreter_builder)
+    rng = np.random.default_rng(5)
+    fast.plans.clear()
+
+    def outcome(fn, x, dst):
+        try:
+            with np.errstate(all="ignore"):
+                t = fn(sem, x, dst)
+        except Exception as e:  # noqa: BLE001 -- compared
+            return ("raised", type(e), str(e))
+        d = np.asarray(t.handle.data)
+        return (str(t.type), t.type, d.dtype, d.tobytes(), d.shape, d.flags.writeable, t.handle.dtype, t is x)
+
+    for src in SCALARS:
+        npd = interp._get_np_dtype(src)
+        for shape in ((), (4,), (2, 4)):
+            vals = rng.normal(0, 300, size=shape or (1,))
+            if src.is_int() or src.is_bool():
+                vals = np.rint(vals)
+            with np.errstate(all="ignore"):
+                data = (vals != 0) if src == tl.int1 else vals.astype(npd) if not src.is_fp8() else \
+                    rng.integers(0, 255, size=shape or (1,)).astype(npd)
+            x = core.tensor(interp.TensorHandle(data, src), src if not shape else tl.block_type(src, list(shape)))
+            for dst in SCALARS:
+                want = outcome(orig, x, dst)
+                for i in range(3):
+                    assert outcome(fast, x, dst) == want, (src, shape, dst, i)
+    replayed = [p for p in fast.plans.values() if p and p is not F._NO and isinstance(p, tuple)]
+    assert len(replayed) > 100 and {p[0] for p in replayed} >= {"create_fp_trunc", "create_fp_ext",
+                                                                "create_int_cast", "create_si_to_fp"}

@@ -48,6 +48,9 @@ installed once per process by the executor (:func:`install`):
   as above.
 * ``TritonSemantic.expand_dims`` of a block (``x[:, None]``): the new shape from the block type's own ints, which
   is what Triton's unwrapping of the tensor's ``constexpr`` shape gives back (3.9's check of the axis kept).
+* ``TritonSemantic.cast``: for most pairs of types one builder call on the input's handle (``create_fp_trunc``,
+  ``create_int_cast``, ...), noted on the deciding call (Triton's function) and replayed (see
+  :func:`_install_cast_plans`): fp32 -> int32 of a 16 x 64 block 14.3 -> 6.1 us.
 
 Each replacement is installed only when Triton's own function has exactly the source it replaces (3.6 and 3.9 as
 released); otherwise Triton's stays.
@@ -167,6 +170,11 @@ _BINARY_36 = "1e4b94f202c5b152b3b53ec1076b239d729de61534d27244bfce8cda3640d78d"
 _BINARY_39 = "93f1b75a744a74ca6213e0e84739d2990a5f178fe57fee0eedeca84fbe1f0a2d"
 _BCAST_36 = "6697f8a4e05979698e4b5212f1531aebe1dc057c2dacecc8c34e7b5cf8b7c578"
 _BCAST_39 = "fbab69cc302ecb780ce6a81c804e39f3a69161f57892f8f8c20596099ebae657"
+#: ``TritonSemantic.cast`` of 3.6.0 and 3.9.0, and the builder calls a cast may make (one of them, for most pairs)
+_CAST_36 = "3f5c25c879f078ba78c46d504ca34fbe735712d8d65f99d026d40b3b0489bf1b"
+_CAST_39 = "b6cf927de453d62296cda392345fa0774a1f84bd2aedeed9c1702132053465af"
+_CAST_CALLS = ("create_fp_trunc", "create_fp_ext", "create_int_cast", "create_fp_to_si", "create_fp_to_ui",
+               "create_si_to_fp", "create_ui_to_fp", "create_fp_to_fp")
 #: ``TritonSemantic.expand_dims``: 3.6.0 (no check of the axis), 3.9.0 (``invalid axis`` outside [0, rank])
 _EXPAND_36 = "06ec0b6252cb9633aa5421d3ba83fc18ca8d94e14a9b68ea95e7dc63b89cd56e"
 _EXPAND_39 = "0eaf497c39960ab9948456e98140b36495af6f538f24e6663b12d9b34bb6837f"
@@ -349,6 +357,7 @@ def _type_key(t, dtype_cls, pointer_cls, block_cls):
 
 
 _NOKEY = object()
+_NO = object()              # a decision that is not remembered (Triton's function decides every time)
 
 
 def _broadcast_steps(lt, rt, block_cls):
@@ -411,7 +420,6 @@ def _install_binary_plans(semantic_cls, interp, core):
     consts: dict = {}       # (tensor type, number, flags) -> the tensor side's cast and the number's tensor
     new = object.__new__
     from math import copysign
-    _NO = object()          # a pair whose decision is not remembered
 
     def cast_of(x, o):
         # the scalar type Triton's function cast ``x`` to (None: none), and ``x``'s type after that cast
@@ -545,6 +553,76 @@ def _install_binary_plans(semantic_cls, interp, core):
     broadcast_impl_value.plans = bplans
     _replace("TritonSemantic.broadcast_impl_value", semantic_cls, "broadcast_impl_value", broadcast_impl_value)
     _install_expand_dims(semantic_cls, builder_cls, tensor_cls, block_cls)
+    _install_cast_plans(semantic_cls, builder_cls, tensor_cls, lambda t: _type_key(t, dtype_cls, pointer_cls,
+                                                                                  block_cls))
+
+
+def _install_cast_plans(semantic_cls, builder_cls, tensor_cls, key_of):
+    """``TritonSemantic.cast`` (``x.to(...)``, ``tl.cast``, the implicit casts of loads, stores and arithmetic)
+    decides from the two types alone; for most pairs it makes one builder call (``create_fp_trunc``,
+    ``create_int_cast``, ...) on the input's handle.  The deciding call runs Triton's function and notes the
+    builder calls it makes (wrappers around those methods, installed at the first cast: after the simulator's own
+    replacements of them); a decision of exactly one such call, on the input's handle, whose result is the
+    returned tensor's handle, is replayed (the same method, the same other arguments, the returned type).
+    Anything else (no cast, two casts through fp32, a comparison with zero for bool, errors) goes to Triton's
+    function every time."""
+    import threading
+    orig = semantic_cls.cast
+    if not _source_is(orig, _CAST_36, _CAST_39) or not all(hasattr(builder_cls, n) for n in _CAST_CALLS):
+        return
+    rec = threading.local()
+    plans: dict = {}
+    wrapped: list = []
+
+    def wrap_builder():
+        for name in _CAST_CALLS:
+            f = getattr(builder_cls, name)
+
+            def noted(self, *args, _f=f, _name=name):
+                out = _f(self, *args)
+                log = rec.__dict__.get("log")
+                if log is not None:
+                    log.append((_name, args, out))
+                return out
+            setattr(builder_cls, name, noted)
+        wrapped.append(True)
+
+    def cast(self, input, dst_ty, fp_downcast_rounding=None):
+        if input.__class__ is not tensor_cls or self.builder.__class__ is not builder_cls:
+            return orig(self, input, dst_ty, fp_downcast_rounding)
+        sk, dk = key_of(input.type), key_of(dst_ty)
+        key = (sk, dk, fp_downcast_rounding)
+        plan = plans.get(key) if sk is not None and dk is not None and fp_downcast_rounding.__class__ in \
+            (str, type(None)) else _NO
+        if plan is None:
+            if not wrapped:
+                wrap_builder()
+            outer, rec.log = rec.__dict__.get("log"), []
+            try:
+                out = orig(self, input, dst_ty, fp_downcast_rounding)
+                log = rec.log
+            finally:
+                rec.log = outer
+            if outer is not None:
+                outer.extend(log)           # a cast inside a cast being decided: the outer one sees it too
+            plan = _NO
+            if len(log) == 1 and out.__class__ is tensor_cls and log[0][2] is out.handle \
+                    and log[0][1] and log[0][1][0] is input.handle \
+                    and not any(a.__class__ is input.handle.__class__ for a in log[0][1][1:]):
+                plan = (log[0][0], log[0][1][1:], out.type)
+            elif out is input:
+                plan = ()
+            plans[key] = plan
+            return out
+        if plan is _NO:
+            return orig(self, input, dst_ty, fp_downcast_rounding)
+        if not plan:
+            return input
+        name, args, ty = plan
+        return self.tensor(getattr(self.builder, name)(input.handle, *args), ty)
+
+    cast.plans = plans
+    _replace("TritonSemantic.cast", semantic_cls, "cast", cast)
 
 
 def _install_expand_dims(semantic_cls, builder_cls, tensor_cls, block_cls):
