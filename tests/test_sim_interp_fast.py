@@ -379,12 +379,17 @@ def test_binary_plans_match_triton():
             remembered += fast.consts.values()
             fast.consts.clear()                # (at most interp_plans._CONSTS_MAX numbers are remembered)
             for lhs, rhs in pairs:
-                want = _result(orig, sem, lhs, rhs, *f)
+                with triton_own():             # the reference: Triton's own functions throughout
+                    want = _result(orig, sem, lhs, rhs, *f)
                 number = [x for x in (lhs, rhs) if not isinstance(x, core.tensor)]
                 for i in range(3):             # the first call decides (Triton's function), the others replay
                     got = _result(fast, sem, lhs, rhs, *f)
-                    if i and number and number[0] == number[0]:
+                    if number and number[0] == number[0]:
+                        # a remembered number (replays; and the deciding call where ``to_tensor`` remembered it
+                        # already) is read-only: the same otherwise
                         expect = _number_read_only(want, number[0] is lhs)
+                        if not i:
+                            got = _number_read_only(got, number[0] is lhs)
                     else:
                         expect = want
                     assert _nan_safe(got) == _nan_safe(expect), (getattr(lhs, "type", lhs),
@@ -480,3 +485,43 @@ def test_cast_plans_match_triton():
     replayed = [p for p in fast.plans.values() if isinstance(p, tuple) and p]
     assert len(replayed) > 100 and {p[0] for p in replayed} >= {"create_fp_trunc", "create_fp_ext",
                                                                 "create_int_cast", "create_si_to_fp"}
+
+
+def test_number_tensors_match_triton():
+    """``to_tensor`` of every kind of Python number (and of what is not one: tensors, constexprs, a string, with
+    and without the type check): the same type, values, NumPy dtype and handle dtype as Triton's own, or the same
+    error; a remembered number's array is read-only on the calls after the first."""
+    from triton.runtime import interpreter as interp
+    name = "TritonSemantic.to_tensor"
+    assert name in F.ORIGINALS, "not installed on this Triton (its source changed?)"
+    fast, orig = interp.TritonSemantic.to_tensor, F.ORIGINALS[name]
+    sem = interp.TritonSemantic(interp.interpreter_builder)
+    fast.made.clear()
+    others = _binary_operands()[:6] + [core.constexpr(3), core.constexpr(-0.0), "text"]
+    def outcome(fn, x, check):
+        try:
+            t = fn(sem, x, check)
+        except Exception as e:  # noqa: BLE001 -- compared
+            return ("raised", type(e), str(e))
+        return _result(lambda *a: (t, t)) if isinstance(t, core.tensor) else ("as given", t is x)
+
+    for x in NUMBERS + others:
+        calls = 0
+        for check in (True, False):
+            with triton_own():
+                want = outcome(orig, x, check)
+            for i in range(3):
+                got = outcome(fast, x, check)
+                value = x.value if isinstance(x, core.constexpr) else x
+                if (calls or value is not x) and isinstance(value, (int, float)) and value == value \
+                        and want[0] not in ("raised", "as given"):
+                    # the remembered, read-only array (a constexpr's number: remembered when Triton's 3.6
+                    # converts its value through ``to_tensor``; 3.9 unwraps it itself)
+                    want_i = tuple(w[:4] + (False,) + w[5:] for w in want)
+                    if value is not x:
+                        got = tuple(w[:4] + (False,) + w[5:] for w in got)
+                else:
+                    want_i = want
+                assert _nan_safe(got) == _nan_safe(want_i), (x, check, i)
+                calls += 1
+    assert len(fast.made) == len([x for x in NUMBERS if x == x]) - 1      # 2**70: not representable, raised
