@@ -402,7 +402,8 @@ def test_binary_plans_match_triton():
     # numbers' tensors were remembered: splatted to blocks, with and without a cast of the tensor side
     consts = [e for e in remembered + list(fast.consts.values()) if isinstance(e, tuple)]
     assert any(e[0] is not None for e in consts) and any(e[0] is None for e in consts)
-    assert any(e[2].shape == (2, 4) for e in consts) and all(not e[2].flags.writeable for e in consts)
+    arrays = [e[1][1] for e in consts]          # (the tensor side's cast, (the number's type, array, dtype))
+    assert any(a.shape == (2, 4) for a in arrays) and all(not a.flags.writeable for a in arrays)
 
 
 def test_broadcast_plans_match_triton():
@@ -422,8 +423,9 @@ def test_broadcast_plans_match_triton():
             for i in range(3):
                 assert _nan_safe(_result(fast, sem, lhs, rhs)) == _nan_safe(want), (lhs.type, rhs.type, i)
     plans = [p for p in fast.plans.values() if isinstance(p, tuple)]
-    steps = {s[0] for p in plans for side in p for s in side}
-    assert steps == {"splat", "expand", "broadcast"} and any(p == ((), ()) for p in plans)
+    steps = {s[0] for p in plans for side in (p[1], p[3]) for s in side}
+    assert steps == {"splat", "expand", "broadcast"} and any(p == (None, (), None, ()) for p in plans)
+    assert all(p[0] is None and p[2] is None for p in plans)              # a broadcast casts nothing
     assert all(isinstance(p, tuple) for p in fast.plans.values())      # none left to Triton each time
 
 

@@ -12,9 +12,9 @@ installed once per process by the executor (:func:`install`):
 * ``tl.tensor.__init__`` wraps the shape of every tensor the interpreter makes in a ``tl.tuple`` of
   ``constexpr``, whose ``type`` (a ``tuple_type`` of the elements' types) it computes at once, and its ``numel``
   in a ``constexpr``; most tensors are only read by type.  Here ``shape`` and ``numel`` are computed from the
-  tensor's ``type`` when first read (:class:`_Lazy` attributes of the class; nothing assigns a tensor's ``type`` after its
-  constructor): the same ``tl.tuple`` of the same ``constexpr`` values, whose ``type`` is computed from them when
-  first read (the same ``tuple_type``: the constexprs never change).  ``tl.tuple``'s
+  tensor's ``type`` when first read (:class:`_Lazy` attributes of the class; nothing assigns a tensor's ``type``
+  after its constructor): the same ``tl.tuple`` of the same ``constexpr`` values, whose ``type`` is computed from
+  them when first read (the same ``tuple_type``: the constexprs never change).  ``tl.tuple``'s
   constructor does the same for every tuple of ints and constexprs (shapes compared, concatenated, indexed);
   a tuple holding anything else gets its type at once, as before.
 * ``tl.block_type.__init__`` unwraps the shape, checks it (``validate_block_shape``: powers of two, the element
@@ -38,9 +38,25 @@ from __future__ import annotations
 
 import builtins
 
-from .interp_patch import ABSENT, ORIGINALS, TARGETS, _Lazy, _replace, _source_is  # noqa: F401 -- (tests read them)
+from .interp_patch import ABSENT, ORIGINALS, TARGETS, _replace, _source_is  # noqa: F401 -- (tests read them)
 
 _INSTALLED = False
+
+
+class _Lazy:
+    """An attribute computed from the object when first read and then kept in its ``__dict__`` (which takes
+    precedence from then on): ``functools.cached_property`` without its lock (Python 3.11 takes an ``RLock`` at
+    every first read; two threads reading it at once both compute the same value)."""
+    __slots__ = ("fn", "name")
+
+    def __init__(self, fn, name):
+        self.fn, self.name = fn, name
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.fn(obj)
+        return value
 
 
 def _make_np_dtype(orig, tl, np):
@@ -121,7 +137,7 @@ def _install_lazy_tuple_type(core):
                 if v.__class__ is not int and v.__class__ is not constexpr:
                     self.type = type_for_values(self.values)
                     break
-            # else: all ints / constexprs: the cached property computes it when read
+            # else: all ints / constexprs: the _Lazy attribute computes it when read
 
     tuple_cls.type = prop
     _replace("tuple.__init__", tuple_cls, "__init__", __init__)
@@ -155,7 +171,7 @@ def _install_tensor_init(core):
             vals.append(c)
         t = new(tuple_cls)
         t.values = vals
-        return t                # its .type: computed when read (the cached property)
+        return t                # its .type: computed when read (a _Lazy attribute)
 
     def numel(self):
         type = self.type        # noqa: A001
@@ -195,7 +211,7 @@ def _install_block_init(core):
         if vals and all(s.__class__ is int for s in vals):
             key = builtins.tuple(vals)           # what _unwrap_shape gives for plain ints: the same ints
             shape = new_tuple(tuple_cls)
-            shape.values = list(key)             # its .type: computed when read (the cached property)
+            shape.values = list(key)             # its .type: computed when read (a _Lazy attribute)
         else:
             shape = tuple_cls(unwrap_shape(shape))
         self.shape = shape

@@ -12,22 +12,6 @@ TARGETS: dict = {}         # name -> (object, attribute) it replaced
 ABSENT = object()
 
 
-class _Lazy:
-    """An attribute computed from the object when first read and then kept in its ``__dict__`` (which takes
-    precedence from then on): ``functools.cached_property`` without its lock (Python 3.11 takes an ``RLock`` at
-    every first read; the objects here are each read by one thread)."""
-    __slots__ = ("fn", "name")
-
-    def __init__(self, fn, name):
-        self.fn, self.name = fn, name
-
-    def __get__(self, obj, cls=None):
-        if obj is None:
-            return self
-        value = obj.__dict__[self.name] = self.fn(obj)
-        return value
-
-
 def _replace(name, obj, attr, new):
     ORIGINALS[name] = getattr(obj, attr, ABSENT)
     TARGETS[name] = (obj, attr)

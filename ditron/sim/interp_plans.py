@@ -26,7 +26,6 @@
 * ``TritonSemantic.cast``: for most pairs of types one builder call on the input's handle (``create_fp_trunc``,
   ``create_int_cast``, ...), noted on the deciding call (Triton's function) and replayed (see
   :func:`_install_cast_plans`): fp32 -> int32 of a 16 x 64 block 14.3 -> 6.1 us.
-
 * ``TritonSemantic.to_tensor`` of a Python number (a load's ``other``, ``where``'s scalars, a store's value):
   the first call's scalar tensor kept per number (class, value, the sign of a zero), its array read-only, as the
   binary operations' numbers are (see :func:`_install_number_tensors`): a masked load with ``other=0.0`` ~87 ->
@@ -37,6 +36,7 @@ Each is installed only when Triton's own function has exactly the source it repl
 from __future__ import annotations
 
 import builtins
+from math import copysign
 
 from .interp_patch import _replace, _source_is
 
@@ -58,6 +58,7 @@ _TO_TENSOR_39 = "63f5f065e3959545bb5ad4afbdd88bf1593ab5137c50d9a9c92bedd5991ec35
 _EXPAND_36 = "06ec0b6252cb9633aa5421d3ba83fc18ca8d94e14a9b68ea95e7dc63b89cd56e"
 _EXPAND_39 = "0eaf497c39960ab9948456e98140b36495af6f538f24e6663b12d9b34bb6837f"
 
+
 def _type_key(t, dtype_cls, pointer_cls, block_cls):
     """A hashable key equal for two Triton types exactly when they are equal (``None``: a type not keyed here).
     ``pointer_type`` and ``block_type`` define ``__eq__`` without ``__hash__``; a dtype's name is its identity.
@@ -76,7 +77,7 @@ def _type_key(t, dtype_cls, pointer_cls, block_cls):
             elif c is pointer_cls:
                 k = ("p", e, t.address_space, t.is_const())
             else:
-                k = ("b", e, builtins.tuple(int(d) for d in t.shape))
+                k = ("b", e, builtins.tuple(int(n) for n in t.shape))
             d["_ditron_key"] = k
         return k
     return None
@@ -131,6 +132,33 @@ _NUMBERS = (int, float, bool)
 _CONSTS_MAX = 4096
 
 
+def _number_key(n):
+    """The key of a Python number whose tensor is remembered (class, value, the sign of a zero), or None."""
+    c = n.__class__
+    if c is float:
+        return None if n != n else (c, n, copysign(1.0, n))
+    return (c, n, 0) if c is int or c is bool else None
+
+
+def _frozen(t, tensor_cls, handle_cls):
+    """A remembered number's tensor ``t`` as (type, its array copied and read-only, handle dtype), or None where
+    it is not a plain interpreter tensor."""
+    if t.__class__ is not tensor_cls or t.handle.__class__ is not handle_cls or t.handle.attr:
+        return None
+    data = t.handle.data.copy()
+    data.flags.writeable = False
+    return t.type, data, t.handle.dtype
+
+
+def _thawed(self, frozen, handle_cls):
+    """A tensor of a remembered number: a fresh handle (the fields Triton's constructor sets, validated when the
+    first one was made) around the shared read-only array."""
+    ty, data, hdt = frozen
+    h = object.__new__(handle_cls)
+    h.data, h.dtype, h.attr = data, hdt, {}
+    return self.tensor(h, ty)
+
+
 def _install_binary_plans(semantic_cls, interp, core):
     """The binary-operation decisions remembered per pair of types (see the module's docstring)."""
     orig = semantic_cls.binary_op_type_checking_impl
@@ -144,8 +172,6 @@ def _install_binary_plans(semantic_cls, interp, core):
     builder_cls, handle_cls = interp.InterpreterBuilder, interp.TensorHandle
     plans: dict = {}
     consts: dict = {}       # (tensor type, number, flags) -> the tensor side's cast and the number's tensor
-    new = object.__new__
-    from math import copysign
 
     def cast_of(x, o):
         # the scalar type Triton's function cast ``x`` to (None: none), and ``x``'s type after that cast
@@ -181,43 +207,37 @@ def _install_binary_plans(semantic_cls, interp, core):
                 x = self.tensor(b.create_broadcast(x.handle, step[1]), step[2])
         return x
 
-    def const_for(t, n, out, t_is_lhs):
-        # the number side of Triton's result as a constant to hand out again (its array copied, read-only), and
-        # the tensor side's cast; or _NO where the tensor side was not only cast (never seen: it is the
-        # number that Triton splats to the tensor's shape)
+    def const_for(t, out, t_is_lhs):
+        # the tensor side's cast and the number side of Triton's result, frozen to hand out again; or _NO where the
+        # tensor side was not only cast (never seen: it is the number that Triton splats to the tensor's shape)
         tout, nout = (out[0], out[1]) if t_is_lhs else (out[1], out[0])
         cast, tt = cast_of(t, tout)
-        if tout.type != tt or (cast is None and tout is not t) or nout.__class__ is not tensor_cls \
-                or nout.handle.__class__ is not handle_cls or nout.handle.attr:
+        frozen = _frozen(nout, tensor_cls, handle_cls)
+        if tout.type != tt or (cast is None and tout is not t) or frozen is None:
             return _NO
-        data = nout.handle.data.copy()
-        data.flags.writeable = False
-        return cast, nout.type, data, nout.handle.dtype
+        return cast, frozen
 
     def number_side(self, lhs, rhs, flags, t_is_lhs):
         # ``tensor OP number`` / ``number OP tensor``: remembered per tensor type, number (class, value, sign of a
         # zero) and flags; the number's tensor is the same every time (Triton's ``to_tensor`` /
         # ``scalar_constant``, cast and splat depend on nothing else)
         t, n = (lhs, rhs) if t_is_lhs else (rhs, lhs)
-        tk = _type_key(t.type, dtype_cls, pointer_cls, block_cls)
-        nc = n.__class__
-        if tk is None or (nc is float and n != n):
+        tk, nk = _type_key(t.type, dtype_cls, pointer_cls, block_cls), _number_key(n)
+        if tk is None or nk is None:
             return orig(self, lhs, rhs, *flags)
-        key = (tk, nc, n, copysign(1.0, n) if nc is float else 0, t_is_lhs) + flags
+        key = (tk, nk, t_is_lhs) + flags
         ent = consts.get(key)
         if ent is None:
             out = orig(self, lhs, rhs, *flags)
             if len(consts) < _CONSTS_MAX:
-                consts[key] = const_for(t, n, out, t_is_lhs)
+                consts[key] = const_for(t, out, t_is_lhs)
             return out
         if ent is _NO:
             return orig(self, lhs, rhs, *flags)
-        cast, nty, data, hdt = ent
+        cast, frozen = ent
         if cast is not None:
             t = self.cast(t, cast)
-        h = new(handle_cls)
-        h.data, h.dtype, h.attr = data, hdt, {}
-        c = self.tensor(h, nty)
+        c = _thawed(self, frozen, handle_cls)
         return (t, c) if t_is_lhs else (c, t)
 
     def binary_op_type_checking_impl(self, lhs, rhs, allow_lhs_ptr=False, allow_rhs_ptr=False, arithmetic_check=True,
@@ -252,7 +272,8 @@ def _install_binary_plans(semantic_cls, interp, core):
     bplans: dict = {}
 
     def broadcast_impl_value(self, lhs, rhs):
-        if lhs.__class__ is not tensor_cls or rhs.__class__ is not tensor_cls or self.builder.__class__ is not builder_cls:
+        if lhs.__class__ is not tensor_cls or rhs.__class__ is not tensor_cls \
+                or self.builder.__class__ is not builder_cls:
             return bcast(self, lhs, rhs)
         lk = _type_key(lhs.type, dtype_cls, pointer_cls, block_cls)
         rk = _type_key(rhs.type, dtype_cls, pointer_cls, block_cls)
@@ -260,21 +281,14 @@ def _install_binary_plans(semantic_cls, interp, core):
         plan = bplans.get(key) if lk is not None and rk is not None else _NO
         if plan is None:
             out = bcast(self, lhs, rhs)
-            try:
-                ls, rs, flt, frt = _broadcast_steps(lhs.type, rhs.type, block_cls)
-            except Exception:  # noqa: BLE001 -- Triton's function did not raise: not a decision taken here
-                plan = _NO
-            else:
-                same = flt == out[0].type and frt == out[1].type and (ls or out[0] is lhs) and (rs or out[1] is rhs)
-                plan = (builtins.tuple(ls), builtins.tuple(rs)) if same else _NO
-            bplans[key] = plan
+            bplans[key] = plan_for(lhs, rhs, out)      # (no casts: a broadcast keeps the scalar types)
             return out
         if plan is _NO:
             return bcast(self, lhs, rhs)
-        ls, rs = plan
+        lcast, ls, rcast, rs = plan
         if not ls and not rs:
             return lhs, rhs
-        return replay(self, lhs, None, ls), replay(self, rhs, None, rs)
+        return replay(self, lhs, lcast, ls), replay(self, rhs, rcast, rs)
 
     broadcast_impl_value.plans = bplans
     _replace("TritonSemantic.broadcast_impl_value", semantic_cls, "broadcast_impl_value", broadcast_impl_value)
@@ -289,31 +303,24 @@ def _install_number_tensors(semantic_cls, builder_cls, tensor_cls, handle_cls):
     atomic's value): its scalar tensor depends on the number alone (its class, value, the sign of a zero), so the
     first call's (Triton's) is kept, its array copied and read-only, and later calls get a tensor of that array (a
     fresh handle).  A NaN, other objects, other builders and numbers past ``_CONSTS_MAX`` go to Triton's."""
-    from math import copysign
     orig = semantic_cls.to_tensor
     if not _source_is(orig, _TO_TENSOR_36, _TO_TENSOR_39):
         return
-    new = object.__new__
     made: dict = {}
 
     def to_tensor(self, x, check_type=True):
-        c = x.__class__
-        if (c is not int and c is not float and c is not bool) or x != x or self.builder.__class__ is not builder_cls:
+        key = _number_key(x)
+        if key is None or self.builder.__class__ is not builder_cls:
             return orig(self, x, check_type)
-        key = (c, x, copysign(1.0, x) if c is float else 0)
-        ent = made.get(key)
-        if ent is None:
+        frozen = made.get(key)
+        if frozen is None:
             out = orig(self, x, check_type)
-            if len(made) < _CONSTS_MAX and out.__class__ is tensor_cls and out.handle.__class__ is handle_cls \
-                    and not out.handle.attr:
-                data = out.handle.data.copy()
-                data.flags.writeable = False
-                made[key] = (out.type, data, out.handle.dtype)
+            if len(made) < _CONSTS_MAX:
+                frozen = _frozen(out, tensor_cls, handle_cls)
+                if frozen is not None:
+                    made[key] = frozen
             return out
-        ty, data, hdt = ent
-        h = new(handle_cls)
-        h.data, h.dtype, h.attr = data, hdt, {}
-        return self.tensor(h, ty)
+        return _thawed(self, frozen, handle_cls)
 
     to_tensor.made = made
     _replace("TritonSemantic.to_tensor", semantic_cls, "to_tensor", to_tensor)
