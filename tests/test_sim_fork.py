@@ -17,7 +17,9 @@ pytestmark = pytest.mark.skipif(os.environ.get("DITRON_TEST_BACKEND", "sim") != 
 
 PROBE = textwrap.dedent('''
     import atexit, json, os, random, signal, sys, threading
-    started = {"torch": "torch" in sys.modules, "threads": threading.active_count()}
+    _cache = sys.modules.get("triton.runtime.cache")       # Triton's compiler key: computed by the zygote
+    started = {"torch": "torch" in sys.modules, "threads": threading.active_count(),
+               "triton_key": bool(_cache and _cache.triton_key.cache_info().currsize)}
     import numpy as np
     out = os.path.dirname(os.path.abspath(__file__))
     rank = int(os.environ["RANK"])
@@ -155,6 +157,7 @@ def test_a_rank_is_the_same_process_either_way(tmp_path, fork, _sim_zygote):
         assert info["torch"] is (fork != "0")
         assert (info["grandparent"] == _sim_zygote.pid) is (fork == "zygote")
         assert info["threads"] == 1, info
+        assert info["triton_key"] is (fork == "zygote"), info
     # generators seeded from the OS at import are seeded again in each forked rank
     for k in range(2):
         assert len({info["draws"][k] for info in infos}) == n, [info["draws"] for info in infos]

@@ -90,6 +90,25 @@ def test_ranks_inherit_the_first_launch_work_and_it_is_a_rank_s_own(dist):
     assert len(linted) >= 3, linted        # kernels whose lint has events to compare
 
 
+def triton_key_state(world):
+    """In a rank: whether Triton's compiler key arrived computed, and (rank 0) whether it equals a fresh one."""
+    from triton.runtime.cache import triton_key
+    arrived = triton_key.cache_info().currsize == 1
+    if world.rank != 0:
+        return arrived, None
+    inherited = triton_key()
+    triton_key.cache_clear()
+    return arrived, triton_key() == inherited
+
+
+def test_ranks_inherit_triton_key(dist):
+    """torch.compile's cache key and a Triton compile in a rank use it: hashed once in the fork server (~0.4 CPU-s)
+    instead of in every rank that compiles; what a rank computes itself is the same key."""
+    results = dist.run(triton_key_state)
+    assert all(arrived for arrived, _ in results), results
+    assert results[0][1] is True
+
+
 def skew_plan(world):
     from ditron.sim import skew
     plan = skew._STATE["plan"]

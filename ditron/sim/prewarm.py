@@ -89,6 +89,7 @@ def warm(modules=MODULES, packages=PACKAGES) -> int:
         return 0
     for jf in functions:
         warm_function(jf)
+    _compat.warm_triton_key()            # for ranks that compile (torch.compile's cache key, a Triton compile)
     try:
         # a first kernel argument makes Triton import what its argument conversion needs (its native
         # specialization imports triton.experimental.gluon, about 40 modules), in every rank otherwise

@@ -222,6 +222,11 @@ def _quiet_preload(state):
         os.dup2(out.fileno(), 2)
         try:
             reads = F.preload()
+            if not isinstance(reads, str):
+                # every job's ranks inherit it: a rank that compiles (torch.compile's cache key, a Triton
+                # compile) would hash Triton's sources and library again (~0.4 CPU-s)
+                from .. import _compat   # (imported by the preload: its environment reads are recorded)
+                _compat.warm_triton_key()
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
