@@ -139,3 +139,27 @@ def test_race_finder_quiet_paths(race_cluster, mode, value):
     notify / acquire wait, or by signal_op / signal_wait_until, is not either."""
     import bodies_sim_semantics as S
     assert race_cluster.run(S.race_case, mode, timeout=120)[0] == value
+
+
+def test_signal_keys_are_np_unique_s_words():
+    """The words a signal operation names (``race._keys``: ascending, each once, heap words as heap offsets + 1)
+    are np.unique's, for few words (a set of Python ints) and many (np.unique), masked or not."""
+    import types
+
+    import numpy as np
+
+    from ditron.sim import race
+    rng = np.random.default_rng(3)
+    st = types.SimpleNamespace(lo=1 << 40, hi=(1 << 40) + 4096)
+    for size in [0, 1, 2, 5, 64, 256, 257, 1000]:
+        for _ in range(5):
+            inside = st.lo + rng.integers(0, 4096, size)
+            outside = rng.integers(0, 1 << 62, size)
+            addrs = np.where(rng.random(size) < 0.7, inside, outside).astype(np.uint64)
+            addrs[rng.random(size) < 0.3] = addrs[0] if size else 0        # repeats
+            mask = rng.random(size) < 0.6
+            for m in (None, mask):
+                a = addrs if m is None else addrs[m]
+                want = [int(x) - st.lo + 1 if st.lo <= int(x) < st.hi else int(x) for x in np.unique(a)]
+                got = race._keys(st, addrs.reshape(-1, 1) if size % 2 else addrs, m)
+                assert got == want and all(type(x) is int for x in got), (size, m is None)

@@ -595,11 +595,11 @@ def _keys(st, addrs, mask=None):
     a = np.asarray(addrs).reshape(-1).astype(np.uint64)
     if mask is not None:
         a = a[np.asarray(mask).reshape(-1).astype(bool)]
-    out = []
-    for x in np.unique(a):
-        x = int(x)
-        out.append(x - st.lo + 1 if st.lo <= x < st.hi else x)
-    return out
+    # ascending, each once (np.unique's answer): a set of Python ints is cheaper for the few words that a signal
+    # operation names (np.unique sorts a copy, ~10x the time for a handful)
+    words = sorted(set(a.tolist())) if a.size <= 256 else [int(x) for x in np.unique(a)]
+    lo, hi = st.lo, st.hi
+    return [x - lo + 1 if lo <= x < hi else x for x in words]
 
 
 def signal_release(addrs, sys_scope, mask=None):

@@ -134,6 +134,7 @@ class Checker:
         self.waits = mk._waits
         self.slots_base = mk.slots.data_ptr()
         self._closure = {}
+        self._after_mask = {}
         tasks = mk.graph.tasks
         declared_anywhere = set()
         for t in tasks:
@@ -207,13 +208,14 @@ class Checker:
 
     def _after(self, i, others):
         """Mask: item ``i`` is ordered after each of ``others`` (or is it)."""
-        c = self.closure(i)
-        first = int(others[0])
-        if (others == first).all():               # one item (the common case): np.unique's answer, cheaper
-            return np.full(others.shape, first == i or bool((c >> first) & 1), dtype=bool)
-        u, inv = np.unique(others, return_inverse=True)
-        ok = np.array([int(x) == i or bool((c >> int(x)) & 1) for x in u], dtype=bool)
-        return ok[inv]
+        ok = self._after_mask.get(i)
+        if ok is None:
+            # per item, once: element x tells whether bit x of the closure is set, or x is i (no sort per access)
+            c = self.closure(i) | (1 << i)
+            n = max(len(self.items), c.bit_length())
+            bits = np.frombuffer(c.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
+            ok = self._after_mask[i] = np.unpackbits(bits, bitorder="little").astype(bool)
+        return ok[others]
 
     # -- reports -----------------------------------------------------------------------
     def _tensor(self, task, addr):
@@ -364,7 +366,8 @@ def record(kind, ptrs, mask, itemsize, where):
     if kind == "read" and SKIP_UNWRITTEN:
         if ck._written_regions.none_in(amin, amax):
             return                                   # loads of regions no task writes (weights): nothing to check
-        a = a[ck._written_regions.covered(a)]
+        if not BOUNDS_SHORTCUT or ck._written_regions.holding(amin, amax) < 0:
+            a = a[ck._written_regions.covered(a)]    # (all in one written region: all of them are kept)
     elif amax < ck.lo or amin >= ck.hi:
         return
     elif amin < ck.lo or amax >= ck.hi:
