@@ -103,14 +103,32 @@ class Use:
 _tables = None
 
 
+_PARAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # fn -> (its code object, names)
+
+
 def _param_names(fn):
+    """The names of ``fn``'s parameters that a call binds (none starting with ``_``), None without a signature;
+    kept per function while its code object is the same (the analysis and the lint ask at every call site)."""
+    code = getattr(fn, "__code__", None)
+    try:
+        hit = _PARAMS.get(fn)
+    except TypeError:                # not weak-referenceable or not hashable: computed each time
+        hit = None
+    if hit is not None and hit[0] is code:
+        return hit[1]
     try:
         sig = inspect.signature(fn)  # follows __wrapped__ of Triton builtins
     except (TypeError, ValueError):
-        return None
-    return tuple(p.name for p in sig.parameters.values()
-                 if not p.name.startswith("_") and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
-                                                             p.KEYWORD_ONLY))
+        names = None
+    else:
+        names = tuple(p.name for p in sig.parameters.values()
+                      if not p.name.startswith("_") and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD,
+                                                                  p.KEYWORD_ONLY))
+    try:
+        _PARAMS[fn] = (code, names)
+    except TypeError:
+        pass
+    return names
 
 
 def _known():

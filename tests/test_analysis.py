@@ -387,3 +387,38 @@ def test_kernel_defined_in_a_function_with_closure_helper():
     r = symmetric_params(make(0))
     assert [(u.op, u.via) for u in r["a"]] == [("dl.symm_at", ("h",))]
     assert "b" not in r
+
+
+def test_param_names_kept_per_function_and_code():
+    """``_param_names`` (asked at every call site by the analysis and the lint) gives inspect's answer, kept per
+    function while its code object stays; a new code object, a builtin, a callable object and an unhashable one
+    get their own answer."""
+    import functools
+
+    from ditron import analysis as A
+
+    def f(a, b, _private, *args, c=1, **kw):
+        pass
+
+    def g(x):
+        pass
+
+    class Call:
+        def __call__(self, p, q=2):
+            pass
+
+    class Unhashable(Call):
+        __hash__ = None
+
+    assert A._param_names(f) == ("a", "b", "c") and A._param_names(f) == ("a", "b", "c")
+    assert A._PARAMS[f][1] == ("a", "b", "c")
+    f.__code__ = g.__code__                                # the same function object, another code
+    assert A._param_names(f) == ("x",)
+    assert A._param_names(len) == ("obj",)
+    assert A._param_names(Call()) == ("p", "q") and A._param_names(Unhashable()) == ("p", "q")
+    assert A._param_names(functools.partial(g, 1)) == ()
+    for fn in (f, g, len, tl.program_id, getattr(tl.sum, "fn", tl.sum)):       # inspect's answer, twice
+        sig = inspect.signature(fn)
+        want = tuple(p.name for p in sig.parameters.values() if not p.name.startswith("_") and p.kind in
+                     (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        assert A._param_names(fn) == want and A._param_names(fn) == want, fn
