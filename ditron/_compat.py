@@ -370,18 +370,17 @@ def jit_kwargs_signature():
     return set(inspect.signature(triton.jit).parameters) - {"fn"}
 
 
-def warm_triton_key() -> bool:
+def warm_triton_key() -> None:
     """Compute Triton's compiler key now (``triton.runtime.cache.triton_key``: a hash of Triton's compiler
     sources and of its ~400 MB shared library, ~0.4 CPU-s, remembered per process).  Both Triton's compile and
     torch inductor's cache key (``torch.compile``) ask for it; a process that forks many others (the simulator's
-    fork servers and zygote) computes it once for all of them.  False where it cannot (the process that needs it
-    then computes it and reports why)."""
+    fork servers and zygote) computes it once for all of them.  Where it cannot, the process that needs it
+    computes it and reports why."""
     try:
         from triton.runtime.cache import triton_key
         triton_key()
     except Exception:  # noqa: BLE001 -- a process that needs it computes it and reports the failure
-        return False
-    return True
+        pass
 
 
 def ditron_cache_dir():

@@ -78,8 +78,7 @@ def report(path, top=25, out=sys.stdout):
     for frames, n in samples(path):
         total += n
         phases[phase_of(frames)] += n
-        leaf = frames[-1]
-        own[leaf.split(" (")[0] + " (" + leaf.rsplit("(", 1)[-1] if " (" in leaf else leaf[:80]] += n
+        own[frames[-1][:120]] += n           # (a process's frame holds its whole command line)
     if not total:
         print("no samples", file=out)
         return phases

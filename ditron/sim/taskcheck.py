@@ -211,9 +211,8 @@ class Checker:
         ok = self._after_mask.get(i)
         if ok is None:
             # per item, once: element x tells whether bit x of the closure is set, or x is i (no sort per access)
-            c = self.closure(i) | (1 << i)
-            n = max(len(self.items), c.bit_length())
-            bits = np.frombuffer(c.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
+            c = self.closure(i) | (1 << i)               # (bits: item indices, below len(self.items))
+            bits = np.frombuffer(c.to_bytes((len(self.items) + 7) // 8, "little"), dtype=np.uint8)
             ok = self._after_mask[i] = np.unpackbits(bits, bitorder="little").astype(bool)
         return ok[others]
 
