@@ -22,6 +22,10 @@ from .ir import recording
 from .libs import NeedLibrary, explain_link_failure
 from .lowering.common import link_library
 from .target import parse_target
+from .runtime import world as _world_module
+from .runtime.world import check_kernel_args
+from .lowering.cuda import _OVERRIDE
+from triton.runtime.driver import driver as _driver
 
 _MAX_LIBRARY_RETRIES = 4
 
@@ -123,14 +127,39 @@ def _unpack_with_targets(tree):
     return Rewrite().visit(tree)
 
 
+class _Libs(dict):
+    """``extern_libs`` of a launch, with its text made once.  Triton's ``run`` turns the launch's options into
+    text for its cache key on every launch (``str(options)``); the library paths are long, and the same object
+    is passed to every launch of a kernel while its libraries stay the same."""
+
+    __slots__ = ("_text",)
+
+    def __init__(self, items):
+        super().__init__(items)
+        self._text = dict.__repr__(self)
+
+    def __repr__(self):
+        return self._text
+
+    __str__ = __repr__
+
+
 class DitronJITFunction(_compat.JITFunction):
-    """A ``triton.runtime.JITFunction`` with ditron's library handling."""
+    """A ``triton.runtime.JITFunction`` with ditron's library handling.
+
+    The launch path costs what Triton's does plus a dictionary lookup: what depends only on the kernel, the
+    device, the world and the compile variant (the target, the device libraries and their paths, the world's
+    checks) is computed at the first launch in that state and found again by one key
+    (:meth:`_launch_state`); tracing work (the distributed IR, the lint) runs only when Triton compiles
+    (:meth:`_do_compile`).  ``DITRON_DEBUG=1`` adds nothing here (cross-rank checks live in the zoo's ops)."""
 
     def __init__(self, fn, **kwargs):
         super().__init__(fn, **kwargs)
         self._needs: dict[str, set] = {}
         self.dist_ir = None
         self._linted = False
+        self._launch: dict = {}
+        self._last = (None,) * 5    # (device, world generation, id(world), compile variant, libraries) of the last launch
 
     def parse(self):
         """Triton's AST of the function, with ``with f() as (a, b):`` (tuple
@@ -143,35 +172,114 @@ class DitronJITFunction(_compat.JITFunction):
         from triton.runtime import driver
         return parse_target(driver.active.get_current_target())
 
+    def _launch_state(self, device, world):
+        """(libraries, target) of launches on ``device`` in ``world`` under the current compile variant;
+        computed once per such state (the device-library paths and the environment variables that locate the
+        libraries are read then: a new ``ditron.init()`` reads them again).  Keyed by the world's generation
+        and identity, never holding the world (a finalized world's heap must be freed)."""
+        override = _OVERRIDE.get()
+        key = (device, _world_module._GEN, id(world), override)
+        hit = self._launch.get(key)
+        if hit is None:
+            target = parse_target(self.device_caches[device][2])
+            needs = self._needs.setdefault(target.backend, set())
+            if world is not None and world.backend == "sim":
+                from .errors import DitronError
+                raise DitronError(f"kernel {self._name()} was defined for GPUs, but the world is simulated: the "
+                                  "simulator needs TRITON_INTERPRET=1 before kernels are defined (start the "
+                                  "script with `ditron sim`)")
+            hit = (_Libs(library_options(target, needs)), target)
+            if len(self._launch) > 64:        # worlds come and go (init / finalize in one process): keep it small
+                self._launch.clear()
+            self._launch[key] = hit
+        self._last = key + (hit[0],)
+        return hit
+
+    def _name(self):
+        return self.__name__ if hasattr(self, "__name__") else self.fn.__name__
+
     def run(self, *args, grid, warmup, **kwargs):
+        if "extern_libs" in kwargs:
+            return self._run_with_user_libs(args, grid, warmup, kwargs)
+        world = _world_module._WORLD
+        device = _driver.active.get_current_device()
+        last = self._last
+        if (last[0] == device and last[1] == _world_module._GEN and last[2] == id(world)
+                and last[3] is _OVERRIDE.get()):
+            libs = last[4]
+        else:
+            libs = self._launch_state(device, world)[0]
+        if world is not None and not warmup:
+            check_kernel_args(self, args, kwargs, world)
+            world.transport.before_launch(self, args, device)
+        try:
+            return _JITRun(self, *args, grid=grid, warmup=warmup, extern_libs=libs, **kwargs)
+        except Exception as e:  # noqa: BLE001 -- re-raised unless it is a library request
+            self._after_failure(e, self._launch_state(device, world)[1], libs)
+        # the kernel asked for a device library it did not have: launch again with it
+        for _ in range(_MAX_LIBRARY_RETRIES):
+            libs, target = self._launch_state(device, world)
+            try:
+                return _JITRun(self, *args, grid=grid, warmup=warmup, extern_libs=libs, **kwargs)
+            except Exception as e:  # noqa: BLE001 -- re-raised unless it is a library request
+                self._after_failure(e, target, libs)
+        raise RuntimeError("device libraries kept changing while compiling; this is a ditron bug")
+
+    def _after_failure(self, e, target, libs):
+        """A failed launch: when tracing asked for a device library the kernel did not have, remember the need
+        (the next try attaches it); otherwise re-raise, explained where a library could not be linked."""
+        need = find_cause(e, NeedLibrary)
+        needs = self._needs.setdefault(target.backend, set())
+        if need is not None and need.name not in needs:
+            needs.add(need.name)
+            self._launch.clear()
+            self._last = (None,) * 5
+            return
+        explained = explain_link_failure(str(e), tuple(libs.items()))
+        if explained is not None:
+            raise explained from e
+        raise e
+
+    def _run_with_user_libs(self, args, grid, warmup, kwargs):
+        """A launch with the caller's own ``extern_libs`` (rare): the libraries are looked up per launch."""
         target = self._target()
         needs = self._needs.setdefault(target.backend, set())
-        user_libs = kwargs.pop("extern_libs", None)
-        name = self.__name__ if hasattr(self, "__name__") else self.fn.__name__
-        if not warmup:
-            from .runtime.world import check_kernel_args, current_world
-            world = current_world(required=False)
-            if world is not None:
-                if world.backend == "sim":
-                    from .errors import DitronError
-                    raise DitronError(f"kernel {name} was defined for GPUs, but the world is simulated: the "
-                                      "simulator needs TRITON_INTERPRET=1 before kernels are defined (start the "
-                                      "script with `ditron sim`)")
+        user_libs = kwargs.pop("extern_libs")
+        world = _world_module._WORLD
+        if world is not None:
+            device = _driver.active.get_current_device()
+            self._launch_state(device, world)     # the world checks of a launch
+            if not warmup:
                 check_kernel_args(self, args, kwargs, world)
-                world.transport.before_launch(self, args)
+                world.transport.before_launch(self, args, device)
 
         def once(libs):
-            with recording(name, target.name) as module:
-                result = _compat.JITFunction.run(self, *args, grid=grid, warmup=warmup, extern_libs=libs, **kwargs)
-            if module.ops:
-                self.dist_ir = module
-                if not self._linted:            # once per kernel: the lint reads the source, not the binary
-                    self._linted = True
-                    from . import lint
-                    lint.report(name, lint.lint(self, module, kwargs), stacklevel=5)
-            return result
+            return _compat.JITFunction.run(self, *args, grid=grid, warmup=warmup, extern_libs=libs, **kwargs)
 
         return compile_with_libraries(once, target, needs, user_libs)
+
+    def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
+        """Triton compiles (a launch found no binary in its in-memory cache): trace under a recording of the
+        distributed IR, keep it (``dist_ir``), and lint the kernel once."""
+        name = self._name()
+        target = parse_target(self.device_caches[device][2])
+        for lib_name, path in getattr(options, "extern_libs", None) or ():
+            if lib_name == devlib_for(target).name:
+                devlib_for(target).path()    # its file again, if a cache cleaner took it since the launch began
+        with recording(name, target.name) as module:
+            kernel = super()._do_compile(key, signature, device, constexprs, options, attrs, warmup)
+        if module.ops:
+            self.dist_ir = module
+            if not self._linted:            # once per kernel: the lint reads the source, not the binary
+                self._linted = True
+                from . import lint
+                consts = {p.name: constexprs[(p.num,)] for p in self.params
+                          if p.is_constexpr and (p.num,) in constexprs}
+                lint.report(name, lint.lint(self, module, consts), stacklevel=6)
+        return kernel
+
+
+_JITRun = _compat.JITFunction.run
 
 
 def jit(fn=None, **kwargs):

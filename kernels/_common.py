@@ -41,9 +41,22 @@ import ditron
 from ditron.runtime import sharing
 import ditron.language as dl
 from ditron.runtime.consistency import CallBoard
+from ditron.runtime import world as _world_module
 from ditron.runtime.world import check_live_tensor
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def cdiv(x, y):
+    """``triton.cdiv`` for host code: the same ``(x + y - 1) // y``, without the cost of calling a Triton
+    ``constexpr_function`` from Python (Triton 3.9: ~2 us a call, on every eager op)."""
+    return (x + y - 1) // y
+
+
+def next_pow2(n):
+    """``triton.next_power_of_2`` for host code (the same results: 0 for n <= 0; see :func:`cdiv`)."""
+    n = int(n)
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
 
 
 @triton.jit
@@ -210,19 +223,25 @@ class CollectiveContext:
         self.board = CallBoard(self.world, self.op)
 
     def check_alive(self, op):
-        """A clear error for a context whose world or buffers are gone."""
+        """A clear error for a context whose world or buffers are gone (per call: the buffers are looked at
+        again only after the heap released allocations, which bumps its generation)."""
         w = self.world
         if w.finalized:
             raise ditron.DitronError(f"{op}: this {self.op} context belongs to a world that was finalized "
                                      "(ditron.finalize()); create a new context after ditron.init()")
-        if ditron.current_world(required=False) is not w:
+        if _world_module._WORLD is not w:
             raise ditron.DitronError(f"{op}: this {self.op} context belongs to another ditron world than the "
                                      "current one; create a new context in this world")
+        gen = w.heap.generation
+        if self.__dict__.get("_alive_generation") == gen:
+            return
         gone = next((a for a in getattr(self, "_allocations", ()) if a.freed), None)
         if gone is not None:
             raise ditron.DitronError(f"{op}: this {self.op} context's symmetric buffers were freed ({gone.freed}: "
                                      f"{gone.label()}); a context must not outlive the ditron.heap_scope it was "
                                      "created in. Create it again (or outside the scope)")
+        if getattr(self, "_allocations", None) is not None:     # (still being created: look again next time)
+            self._alive_generation = gen
 
     def check_not_aliased(self, t, argname, op):
         """Reject an argument that overlaps this context's symmetric buffers
@@ -237,6 +256,21 @@ class CollectiveContext:
             raise ditron.DitronError(f"{op}: argument '{argname}' overlaps this context's own buffers "
                                      f"({heap.describe_offset(max(lo, span[0]))}); peers write there during the "
                                      "call. Pass a tensor of your own")
+
+    def plan(self, key, make, *args):
+        """``make(*args)`` once per ``key`` for this context: what a call launches (kernel, grid, arguments) is
+        a function of the context and the call's sizes and knobs, so the second call of a shape finds it in
+        one dictionary lookup (the argument checks that depend on the tensors themselves still run per call).
+        ``make`` raises for a bad combination; nothing is kept then."""
+        plans = self.__dict__.get("_launch_plans")
+        if plans is None:
+            plans = self.__dict__["_launch_plans"] = {}
+        hit = plans.get(key)
+        if hit is None:
+            if len(plans) >= 256:         # a caller sweeping sizes: keep the memory bounded
+                plans.clear()
+            hit = plans[key] = make(*args)
+        return hit
 
     def side_stream(self):
         """This context's second CUDA stream (created at first use), for work
@@ -264,8 +298,11 @@ class CollectiveContext:
         if t.dtype != dtype:
             raise ditron.DitronError(f"{self.op}: argument '{argname}' is {t.dtype}, the context was created for "
                                      f"{dtype}")
-        if t.device != torch.device(self.device) and not (t.device.type == torch.device(self.device).type
-                                                         and t.device.index in (None, torch.device(self.device).index)):
+        dev = t.device
+        mine = self.__dict__.get("_torch_device")
+        if mine is None:
+            mine = self._torch_device = torch.device(self.device)
+        if dev != mine and not (dev.type == mine.type and dev.index in (None, mine.index)):
             raise ditron.DitronError(f"{self.op}: argument '{argname}' is on {t.device}, this rank works on "
                                      f"{self.device}")
         if not t.is_contiguous():
@@ -286,8 +323,8 @@ def enter(ctx, cls, op, fields=(), **tensors):
     * no tensor argument (``tensors``: name -> tensor or None) is a freed
       symmetric tensor or overlaps the context's own symmetric buffers;
     * every rank makes this call with the same ``fields`` (``(name, value)``
-      pairs: sizes, dtypes, method; :mod:`ditron.runtime.consistency`: always on
-      the simulator, with ``DITRON_DEBUG=1`` on GPUs).
+      pairs: sizes, dtypes, method; or a function that returns them, called only where the fields are
+      compared -- :mod:`ditron.runtime.consistency`: always on the simulator, with ``DITRON_DEBUG=1`` on GPUs).
     """
     if not isinstance(ctx, cls):
         want = f"a context from {cls.creator}()"
@@ -298,9 +335,11 @@ def enter(ctx, cls, op, fields=(), **tensors):
     ctx.check_alive(op)
     for name, t in tensors.items():
         if isinstance(t, torch.Tensor):
-            check_live_tensor(t, name, op)
+            alloc = getattr(t, "_ditron_alloc", None)
+            if alloc is not None and alloc.freed:
+                check_live_tensor(t, name, op)
             ctx.check_not_aliased(t, name, op)
-    ctx.board.check(op, list(fields))
+    ctx.board.check(op, fields)
 
 
 def op_fields(x, method=None, rows=True, name="x"):
@@ -320,4 +359,4 @@ def tl_dtype(dtype):
 
 
 def default_block(numel: int, lo=128, hi=4096) -> int:
-    return max(lo, min(hi, triton.next_power_of_2(max(1, numel))))
+    return max(lo, min(hi, next_pow2(max(1, numel))))

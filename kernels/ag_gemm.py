@@ -76,13 +76,13 @@ import dataclasses
 import math
 
 import torch
-import triton
 import triton.language as tl
 
 import ditron
 import ditron.language as dl
 
 from ._common import CollectiveContext, enter, op_fields, ce_release, ce_send, epoch_begin, epoch_end, sm_count, topology
+from ._common import cdiv, next_pow2
 from .gemm import (GemmConfig, check_operands, default_config, ensure_tma_allocator, gemm_tile, gemm_tile_tma,
                    is_sim_device, store_tile, store_tile_tma, tile_rows, tma_ok)
 from .all_gather import _chunk, _put_chunk
@@ -370,7 +370,7 @@ def _produce_ce(ctx, a, m, K):
 def _produce_sm(ctx, a, m, K):
     P = ctx.producer_programs
     n = m * K
-    block = 128 if ctx.sim else max(256, min(4096, triton.next_power_of_2(triton.cdiv(n, P))))
+    block = 128 if ctx.sim else max(256, min(4096, next_pow2(cdiv(n, P))))
     producer = ag_gemm_producer_kernel[(P,)]
     args = (a, ctx.buf, ctx.sig, ctx.pcalls, n, ctx.slot_rows * ctx.k)
     kw = dict(MULTI_NODE=ctx.multi_node, ELEM_BYTES=a.element_size(), BLOCK=block, num_warps=1 if ctx.sim else 4)
@@ -384,29 +384,17 @@ def _produce_sm(ctx, a, m, K):
         producer(*args, **kw)
 
 
-def ag_gemm(a, b, ctx, out=None):
-    """``all_gather(a) @ b`` (``[world * m, N]``, ``a``'s dtype).  Every rank
-    must call it with the same ``m`` and ``K`` (``N`` and ``b`` may differ per
-    rank), in the same order as its other calls on ``ctx``.  Wrong shapes,
-    dtypes or devices raise ``DitronError`` before anything is launched."""
-    enter(ctx, AgGemmContext, "ag_gemm", op_fields(a, name="a"), a=a, b=b, out=out)
-    m, K, N = _check(ctx, a, b, out)
-    W = ctx.world_size
-    M = W * m
-    if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+def _consumer_plan(ctx, a, b, m, K, N, aligned):
+    """(grid, arguments after a, b and out, keyword arguments) of the consumer kernel for a call of these
+    shapes and strides (made once per such call: AgGemmContext.plan)."""
+    M = ctx.world_size * m
     cfg = ctx.config or default_config(M, N, K, a.dtype, a.device)
     # ctx.tma (not config.tma) decides here: None = wherever it applies
-    tma = (not ctx.sim and ctx.tma is not False and m % cfg.block_m == 0 and b.stride(1) == 1
-           and tma_ok(a, b, out))
+    tma = (not ctx.sim and ctx.tma is not False and m % cfg.block_m == 0 and b.stride(1) == 1 and aligned)
     if ctx.tma and not tma:
         raise ditron.DitronError(f"ag_gemm: tma=True needs m % block_m == 0 (m={m}, block_m={cfg.block_m}), "
                                  f"row-major b and 16-byte aligned rows; on GPUs only")
-    if tma:
-        ensure_tma_allocator()
-    if W > 1:
-        (_produce_ce if ctx.producer == "ce" else _produce_sm)(ctx, a, m, K)
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     if ctx.num_programs:
         P = int(ctx.num_programs)
     elif ctx.sim:
@@ -414,11 +402,32 @@ def ag_gemm(a, b, ctx, out=None):
     else:
         P = sm_count(a.device) - (ctx.producer_programs if ctx.overlap and ctx.producer == "sm" else 0)
     P = max(1, min(P, tiles))
-    ag_gemm_consumer_kernel[(P,)](a, b, out, ctx.buf, ctx.sig, ctx.ready, ctx.free, ctx.calls, m, N, K,
-                                  ctx.slot_rows, a.stride(0), b.stride(0), b.stride(1), ctx.producer_programs,
-                                  EVEN_K=(K % cfg.block_k == 0), CE=(ctx.producer == "ce"), TMA=tma,
-                                  FLATTEN=cfg.flatten and tma, SUBTILE=cfg.epilogue_subtile if tma else 1,
-                                  **cfg.launch_options())
+    tail = (ctx.buf, ctx.sig, ctx.ready, ctx.free, ctx.calls, m, N, K, ctx.slot_rows, a.stride(0), b.stride(0),
+            b.stride(1), ctx.producer_programs)
+    consts = dict(EVEN_K=(K % cfg.block_k == 0), CE=(ctx.producer == "ce"), TMA=tma, FLATTEN=cfg.flatten and tma,
+                  SUBTILE=cfg.epilogue_subtile if tma else 1, **cfg.launch_options())
+    return (P,), tail, consts
+
+
+def ag_gemm(a, b, ctx, out=None):
+    """``all_gather(a) @ b`` (``[world * m, N]``, ``a``'s dtype).  Every rank
+    must call it with the same ``m`` and ``K`` (``N`` and ``b`` may differ per
+    rank), in the same order as its other calls on ``ctx``.  Wrong shapes,
+    dtypes or devices raise ``DitronError`` before anything is launched."""
+    enter(ctx, AgGemmContext, "ag_gemm", lambda: op_fields(a, name="a"), a=a, b=b, out=out)
+    m, K, N = _check(ctx, a, b, out)
+    W = ctx.world_size
+    M = W * m
+    if out is None:
+        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    aligned = not ctx.sim and tma_ok(a, b, out)
+    grid, tail, consts = ctx.plan((m, K, N, a.dtype, a.stride(0), b.stride(0), b.stride(1), aligned),
+                                  _consumer_plan, ctx, a, b, m, K, N, aligned)
+    if consts["TMA"]:
+        ensure_tma_allocator()
+    if W > 1:
+        (_produce_ce if ctx.producer == "ce" else _produce_sm)(ctx, a, m, K)
+    ag_gemm_consumer_kernel[grid](a, b, out, *tail, **consts)
     if W > 1 and ctx.overlap:
         torch.cuda.current_stream(a.device).wait_stream(ctx.side_stream())   # later writes to a wait for it
     return out

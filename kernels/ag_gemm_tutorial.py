@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 import ditron
+from ._common import cdiv
 import ditron.language as dl
 
 
@@ -74,7 +75,7 @@ def tutorial_ag_gemm(a, b, blocks=(16, 16, 32)):
         ditron.stream_write_value(ready[me:me + 1], 1, rank=peer)
     c = torch.empty((W * m, N), dtype=a.dtype, device=a.device)
     BM, BN, BK = blocks
-    ag_matmul_kernel[(triton.cdiv(W * m, BM) * triton.cdiv(N, BN),)](a, b, c, buf, ready, m, N, K,
+    ag_matmul_kernel[(cdiv(W * m, BM) * cdiv(N, BN),)](a, b, c, buf, ready, m, N, K,
                                                                     BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK)
     ditron.barrier_all()                  # nobody frees its buffer while a peer still reads it
     return c

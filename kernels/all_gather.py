@@ -43,6 +43,7 @@ import ditron.language as dl
 from ditron.language import shmem
 
 from ._common import CollectiveContext, enter, epoch_begin, epoch_end, sm_count, take_flag, topology
+from ._common import cdiv, next_pow2
 from ._common import op_fields as _fields
 
 
@@ -232,11 +233,11 @@ def launch_config(world, numel, elem_bytes, max_programs):
     at most 2 programs (each tile operation costs interpreter time)."""
     if world.backend == "sim":
         block = 128 if numel > 64 else 32
-        return block, max(1, min(max_programs, 2, triton.cdiv(max(numel, 1), block))), 1
+        return block, max(1, min(max_programs, 2, cdiv(max(numel, 1), block))), 1
     lo_block = max(128, 2048 // elem_bytes)
     hi_block = 32768 // elem_bytes
-    block = min(hi_block, max(lo_block, triton.next_power_of_2(triton.cdiv(max(numel, 1), max_programs))))
-    programs = max(1, min(max_programs, triton.cdiv(max(numel, 1), block)))
+    block = min(hi_block, max(lo_block, next_pow2(cdiv(max(numel, 1), max_programs))))
+    programs = max(1, min(max_programs, cdiv(max(numel, 1), block)))
     warps = 4 if block * elem_bytes <= 4096 else (8 if block * elem_bytes <= 16384 else 16)
     return block, programs, warps
 
@@ -329,7 +330,7 @@ def all_gather(x, ctx, out=None, method="auto"):
     ``method``: ``"auto"``, ``"push"``, ``"pull"``, ``"ring"``; every rank must
     use the same one.  ``x`` may be any contiguous tensor (symmetric or not):
     the kernel stages it where peers need it."""
-    enter(ctx, AllGatherContext, "all_gather", _fields(x, method), x=x, out=out)
+    enter(ctx, AllGatherContext, "all_gather", lambda: _fields(x, method), x=x, out=out)
     ctx.check_tensor(x, "x")
     W = ctx.world_size
     n = x.numel()

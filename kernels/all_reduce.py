@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 
 import torch
-import triton
 import triton.language as tl
 
 import ditron
@@ -34,6 +33,7 @@ import ditron.language as dl
 from ditron.language import shmem
 
 from ._common import CollectiveContext, enter, epoch_begin, epoch_end, ll_poll, op_fields as _fields, sm_count
+from ._common import next_pow2
 
 METHODS = ("auto", "one_shot", "two_shot", "multimem_one_shot", "multimem_two_shot", "ll")
 MULTIMEM_METHODS = ("multimem_one_shot", "multimem_two_shot")
@@ -424,9 +424,9 @@ def _tile_plan(ctx, span, block, chunk, programs):
     """(BLOCK, chunk, nchunks, grid, num_warps) for ``span`` elements split in chunks."""
     if block is None:
         if ctx.sim:
-            block = min(SIM_BLOCK, max(16, triton.next_power_of_2(span)))
+            block = min(SIM_BLOCK, max(16, next_pow2(span)))
         else:
-            block = min(GPU_BLOCK_BYTES // ctx.esize, max(GPU_MIN_BLOCK, triton.next_power_of_2(span)))
+            block = min(GPU_BLOCK_BYTES // ctx.esize, max(GPU_MIN_BLOCK, next_pow2(span)))
     if block < 16 or block > MAX_BLOCK or block & (block - 1):
         raise ditron.DitronError(f"all_reduce: block={block} must be a power of two in [16, {MAX_BLOCK}]")
     if chunk is None:
@@ -449,8 +449,8 @@ def all_reduce(x, ctx: AllReduceContext, out=None, method="auto", *, block=None,
     ``block`` (tile elements; LL: words), ``chunk`` (elements per signal) and
     ``programs`` (grid bound) are tuning knobs; the defaults follow the size.
     Returns ``out``."""
-    enter(ctx, AllReduceContext, "all_reduce", _fields(x, method) + [("block", block), ("chunk", chunk),
-                                                                      ("programs", programs)], x=x, out=out)
+    enter(ctx, AllReduceContext, "all_reduce", lambda: _fields(x, method) + [("block", block), ("chunk", chunk),
+                                                                              ("programs", programs)], x=x, out=out)
     if method not in METHODS:
         raise ditron.DitronError(f"all_reduce: unknown method {method!r}; use one of {', '.join(METHODS)}")
     ctx.check_tensor(x, "x")
@@ -461,6 +461,16 @@ def all_reduce(x, ctx: AllReduceContext, out=None, method="auto", *, block=None,
     n = x.numel()
     if n == 0:
         return out
+    kern, grid, tail, consts = ctx.plan((n, method, block, chunk, programs), _launch_plan, ctx, n, method, block,
+                                        chunk, programs)
+    kern[grid](x, out, *tail, **consts)
+    return out
+
+
+def _launch_plan(ctx, n, method, block, chunk, programs):
+    """(kernel, grid, arguments after x and out, keyword arguments) of a call of ``n`` elements: a function of
+    the context and the call's sizes and knobs only, made once per such call (AllReduceContext.plan) and
+    checked then."""
     W = ctx.world_size
     if method == "auto":
         method = choose_method(ctx, n)
@@ -477,33 +487,29 @@ def all_reduce(x, ctx: AllReduceContext, out=None, method="auto", *, block=None,
         # ranks sharing a GPU: no more polling programs than this rank's share of the SMs (kernels/_common.py)
         maxp = programs or (SIM_MAX_PROGRAMS if ctx.sim else min(GPU_LL_MAX_PROGRAMS, ctx.num_sms))
         if block is None:
-            bw = min(SIM_LL_BLOCK_WORDS if ctx.sim else GPU_LL_BLOCK_WORDS, triton.next_power_of_2(nwords))
-            bw = max(bw, triton.next_power_of_2(_cdiv(nwords, maxp)), 16)
+            bw = min(SIM_LL_BLOCK_WORDS if ctx.sim else GPU_LL_BLOCK_WORDS, next_pow2(nwords))
+            bw = max(bw, next_pow2(_cdiv(nwords, maxp)), 16)
         else:
             bw = block
             if bw < 16 or bw & (bw - 1):
                 raise ditron.DitronError(f"all_reduce: block={bw} must be a power of two >= 16")
         ntiles = _cdiv(nwords, bw)
         grid = min(ntiles, maxp)
-        all_reduce_ll_kernel[(grid,)](x, out, ctx.ll, ctx.calls, n, nwords, ntiles, ctx.ll_slot,
-                                      WORLD=W, EPW=ctx.epw, BW=bw, num_warps=min(16, max(4, bw * 8 // 1024)))
-        return out
+        return (all_reduce_ll_kernel, (grid,), (ctx.ll, ctx.calls, n, nwords, ntiles, ctx.ll_slot),
+                dict(WORLD=W, EPW=ctx.epw, BW=bw, num_warps=min(16, max(4, bw * 8 // 1024))))
     if method in ("one_shot", "multimem_one_shot"):
         bl, ch, nch, grid, nw = _tile_plan(ctx, n, block, chunk, programs)
         kern = all_reduce_one_shot_kernel if method == "one_shot" else all_reduce_multimem_one_shot_kernel
-        kern[(grid,)](x, out, ctx.buf, ctx.sig, ctx.calls, n, ch, nch, ctx.region,
-                      WORLD=W, BLOCK=bl, MAXCH=MAX_CHUNKS, num_warps=nw)
-        return out
+        return (kern, (grid,), (ctx.buf, ctx.sig, ctx.calls, n, ch, nch, ctx.region),
+                dict(WORLD=W, BLOCK=bl, MAXCH=MAX_CHUNKS, num_warps=nw))
     shard = _roundup(_cdiv(n, W), SHARD_ALIGN)
     bl, ch, nch, grid, nw = _tile_plan(ctx, shard, block, chunk, programs)
+    consts = dict(WORLD=W, BLOCK=bl, MAXCH=MAX_CHUNKS, num_warps=nw)
     if method == "two_shot":
-        all_reduce_two_shot_kernel[(grid,)](x, out, ctx.buf, ctx.sig, ctx.sig2, ctx.calls, n, shard, ch, nch,
-                                            ctx.region, WORLD=W, BLOCK=bl, MAXCH=MAX_CHUNKS, num_warps=nw)
-    else:
-        all_reduce_multimem_two_shot_kernel[(grid,)](x, out, ctx.buf, ctx.sig, ctx.sig2, ctx.calls, n, shard,
-                                                     _roundup(shard, bl), ch, nch, ctx.region,
-                                                     WORLD=W, BLOCK=bl, MAXCH=MAX_CHUNKS, num_warps=nw)
-    return out
+        return (all_reduce_two_shot_kernel, (grid,), (ctx.buf, ctx.sig, ctx.sig2, ctx.calls, n, shard, ch, nch,
+                                                      ctx.region), consts)
+    return (all_reduce_multimem_two_shot_kernel, (grid,), (ctx.buf, ctx.sig, ctx.sig2, ctx.calls, n, shard,
+                                                           _roundup(shard, bl), ch, nch, ctx.region), consts)
 
 
 __all__ = ["METHODS", "AllReduceContext", "create_all_reduce_context", "all_reduce", "choose_method",

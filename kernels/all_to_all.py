@@ -53,6 +53,7 @@ import ditron.language as dl
 from ditron.language import shmem
 
 from ._common import CollectiveContext, enter, epoch_begin, epoch_end, sm_count, topology
+from ._common import next_pow2
 from ._common import op_fields as _fields
 from .all_gather import (_SLOT_ALIGN, _chunk, _copy_local, _copy_to_peer, _put_chunk, _round_up,
                          check_out, launch_config)
@@ -178,7 +179,7 @@ class AllToAllContext(CollectiveContext):
         self.buf = self.symm((2, W, self.slot_stride), dtype, "buf")
         self.cnt = self.symm((2 * W + 2 * self.max_programs,), torch.int64, "cnt")
         self.sig = self.symm((2, self.max_programs, W), torch.int64, "sig")
-        self.wp = max(2, triton.next_power_of_2(W))
+        self.wp = max(2, next_pow2(W))
         ditron.barrier_all()
 
     def check_x(self, x):
@@ -210,7 +211,7 @@ def all_to_all(x, ctx, out=None):
     """Equal splits: ``x`` is ``[world_size * t, hidden]`` (the same ``t`` on
     every rank); returns ``out`` ``[world_size * t, hidden]`` with rank ``s``'s
     rows ``[rank * t, (rank + 1) * t)`` at rows ``[s * t, (s + 1) * t)``."""
-    enter(ctx, AllToAllContext, "all_to_all", _fields(x), x=x, out=out)
+    enter(ctx, AllToAllContext, "all_to_all", lambda: _fields(x), x=x, out=out)
     ctx.check_x(x)
     W = ctx.world_size
     if x.shape[0] % W:
@@ -231,7 +232,7 @@ def all_to_all_v(x, splits, ctx, out=None, recv_counts=None):
     order.  Returns ``(out, recv_counts)``: ``out`` ``[world_size * max_tokens,
     hidden]`` with the received rows packed in source order, and the int64
     ``[world_size]`` counts received from each rank (see the module docstring)."""
-    enter(ctx, AllToAllContext, "all_to_all_v", _fields(x, rows=False), x=x, out=out, splits=splits,
+    enter(ctx, AllToAllContext, "all_to_all_v", lambda: _fields(x, rows=False), x=x, out=out, splits=splits,
           recv_counts=recv_counts)
     ctx.check_x(x)
     W = ctx.world_size

@@ -63,6 +63,7 @@ import ditron
 import ditron.language as dl
 
 from ._common import CollectiveContext, enter, epoch_begin, epoch_end, sm_count
+from ._common import cdiv
 from .attention_core import M_INIT, attend_source, chunk_id, store_rows
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -394,7 +395,7 @@ def _grid(cfg, nch, C, nbh, device, sim, causal=False):
     """The launch grid: ``(query tiles, batch * Hq)`` (``(batch * Hq, query tiles)`` with
     :func:`_heads_first`), or with ``cfg.persistent`` one program per SM (two on the simulator) looping
     over the tiles."""
-    tiles = nch * triton.cdiv(C, cfg.block_m)
+    tiles = nch * cdiv(C, cfg.block_m)
     if not cfg.persistent:
         return (nbh, tiles) if _heads_first(cfg, causal) else (tiles, nbh)
     return (min(tiles * nbh, 2 if sim else sm_count(device)),)

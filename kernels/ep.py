@@ -141,11 +141,11 @@ rank; LL: every peer sends every count word), which followed its call ``e``.
 from __future__ import annotations
 
 import torch
-import triton
 
 import ditron
 
 from ._common import CollectiveContext, enter, op_fields, sm_count
+from ._common import cdiv, next_pow2
 from .ep_kernels import ep_combine_kernel, ep_dispatch_kernel, ep_route_kernel
 from .ep_ll_kernels import ep_ll_combine_kernel, ep_ll_dispatch_kernel
 
@@ -214,8 +214,8 @@ class EpContext(CollectiveContext):
         self.multi_node = self.world.nnodes > 1
         self.sim = self.world.backend == "sim"
         self.ccalls = torch.zeros(2, dtype=torch.int64, device=self.device)     # combine's call counter
-        self.wp = max(2, triton.next_power_of_2(W))
-        self.elp = max(2, triton.next_power_of_2(self.local_experts + 1))
+        self.wp = max(2, next_pow2(W))
+        self.elp = max(2, next_pow2(self.local_experts + 1))
         TK, H, El = self.max_tokens * self.topk, self.hidden, self.local_experts
         self.slot_rows = TK
         if mode == "normal":
@@ -271,7 +271,7 @@ class EpContext(CollectiveContext):
         self.ll_strided = False
         # the routing: blocks of route_blk pairs, at most route_programs programs (resident: they wait for each
         # other once), their counts in route_hist, their release slots in route_slots (epochs: never reset)
-        self.route_ep = triton.next_power_of_2(self.num_experts + 1)
+        self.route_ep = next_pow2(self.num_experts + 1)
         self.route_blk = 4 if self.sim else max(16, min(512, 8192 // self.route_ep))
         self.route_programs = 4 if self.sim else max(1, sm_count(dev) // 2)      # half the SMs: resident at ease
         self.route_hist = torch.zeros(self.route_programs * (self.route_ep + 1), dtype=torch.int32, device=dev)
@@ -298,8 +298,8 @@ class EpContext(CollectiveContext):
         if self.sim:
             return 4, 32
         if self.mode == "normal":
-            return 8, max(64, min(1024, triton.next_power_of_2(self.hidden)))
-        return 4, max(32, min(512, triton.next_power_of_2(self.hw)))
+            return 8, max(64, min(1024, next_pow2(self.hidden)))
+        return 4, max(32, min(512, next_pow2(self.hw)))
 
 
 def create_ep_context(max_tokens, hidden, num_experts, topk, dtype, world=None, mode="normal", capacity=None,
@@ -368,7 +368,7 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
     the context's and stay valid until the second next ``ep_dispatch``."""
     T, k = _check_inputs(ctx, x, topk_idx, topk_weights)
     # the cross-rank check of every zoo op (token counts may differ across ranks: rows are not compared)
-    enter(ctx, EpContext, "ep_dispatch", op_fields(x, rows=False) + [("topk", k), ("mode", ctx.mode)],
+    enter(ctx, EpContext, "ep_dispatch", lambda: op_fields(x, rows=False) + [("topk", k), ("mode", ctx.mode)],
           x=x, topk_idx=topk_idx, topk_weights=topk_weights)
     if not x.is_contiguous():
         x = x.contiguous()
@@ -389,9 +389,9 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
         # low latency: the routing is the dispatch kernel's first phase (one launch): program q ranks and sends pairs
         # [q * lper, (q + 1) * lper), in blocks of ll_br, after counting the pairs before them (blocks of ll_blk)
         P = ctx.max_programs
-        lper = triton.cdiv(max(TK, 1), P)
-        ll_br = ctx.ll_rows if sim else min(ctx.ll_rows, max(2, triton.next_power_of_2(lper)))
-        ll_blk = 4 if sim else max(32, min(4096, triton.next_power_of_2(max(TK, 1))))
+        lper = cdiv(max(TK, 1), P)
+        ll_br = ctx.ll_rows if sim else min(ctx.ll_rows, max(2, next_pow2(lper)))
+        ll_blk = 4 if sim else max(32, min(4096, next_pow2(max(TK, 1))))
         tr, TR = _trace_args(ctx, 1)
         recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]
         _launch(ctx, "dispatch", ep_ll_dispatch_kernel, (P,),
@@ -405,11 +405,11 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
     # blocks no larger than needed to give every routing program one (a [BLK, EP] scan per block: at 128 x 8
     # pairs one block of 512 per program on 2 programs took 5 us on an H200, blocks of 32 spread them over 32)
     nprog = ctx.route_programs
-    blk = ctx.route_blk if sim else max(32, min(ctx.route_blk, triton.next_power_of_2(triton.cdiv(max(TK, 1),
+    blk = ctx.route_blk if sim else max(32, min(ctx.route_blk, next_pow2(cdiv(max(TK, 1),
                                                                                                  nprog))))
-    nblk = max(1, triton.cdiv(TK, blk))
-    per = blk * triton.cdiv(nblk, min(nblk, nprog))          # pairs per program, whole blocks
-    rp = triton.cdiv(max(TK, 1), per)                         # routing programs
+    nblk = max(1, cdiv(TK, blk))
+    per = blk * cdiv(nblk, min(nblk, nprog))          # pairs per program, whole blocks
+    rp = cdiv(max(TK, 1), per)                         # routing programs
     tr, TR = _trace_args(ctx, 0)
     _launch(ctx, "route", ep_route_kernel, (rp,), topk_idx, b["key"], b["pos"],
             b["pslot"], b["tok"], b["skey"], b["sslot"], b["cnt"], b["start"], b["dropped"], ctx.route_hist,
@@ -440,7 +440,7 @@ def ep_combine(y, handle, ctx, out=None):
     ctx.check_tensor(y.reshape(-1)[:0], "y")
     if not y.is_contiguous():
         raise E("ep_combine: argument 'y' must be contiguous")
-    enter(ctx, EpContext, "ep_combine", op_fields(y, rows=False, name="y") + [("mode", ctx.mode)], y=y, out=out)
+    enter(ctx, EpContext, "ep_combine", lambda: op_fields(y, rows=False, name="y") + [("mode", ctx.mode)], y=y, out=out)
     T, k = handle.T, handle.k
     if out is None:
         out = ctx.slots[ctx.ccalls_host % 2]["out"][:T]

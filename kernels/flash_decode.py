@@ -47,6 +47,7 @@ import ditron
 import ditron.language as dl
 
 from ._common import CollectiveContext, enter, epoch_begin, epoch_end, ll_poll, sm_count
+from ._common import cdiv, next_pow2
 from .attention_core import _fadd, _fmax
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -272,7 +273,7 @@ class FlashDecodeContext(CollectiveContext):
         self.max_batch, self.q_heads, self.kv_heads, self.head_dim = int(max_batch), q_heads, kv_heads, head_dim
         self.group = q_heads // kv_heads
         self.numel_factor = 1 << 30        # the cache's capacity is the caller's; shapes are checked per dimension
-        self.block_h = max(16, triton.next_power_of_2(self.group))
+        self.block_h = max(16, next_pow2(self.group))
         self.maxitems = self.max_batch * kv_heads
         self.sim = w.backend == "sim"
         W = self.world_size
@@ -308,10 +309,10 @@ def default_splits(ctx, items, cap, block_n):
     16 splits gave 0.82 / 0.91 of the copy bandwidth at 32k / 64k keys, 33 splits 0.79 / 0.89, 66 splits
     0.75 / 0.87); otherwise about 4 programs per SM."""
     if ctx.sim:
-        return max(1, min(3, triton.cdiv(cap, block_n)))
+        return max(1, min(3, cdiv(cap, block_n)))
     sms = sm_count(ctx.device)
-    ns = sms // items if 2 * items <= sms else triton.cdiv(4 * sms, items)
-    return max(1, min(triton.cdiv(cap, block_n), ns))
+    ns = sms // items if 2 * items <= sms else cdiv(4 * sms, items)
+    return max(1, min(cdiv(cap, block_n), ns))
 
 
 def combine_shape(ctx, items, nsplit):
@@ -329,7 +330,7 @@ def combine_shape(ctx, items, nsplit):
     dsplit = 1
     while dsplit < 4 and D // (2 * dsplit) >= 16 and rows * dsplit < 4 * sms:
         dsplit *= 2
-    chunk = max(2, min(64, triton.next_power_of_2(nsplit)))
+    chunk = max(2, min(64, next_pow2(nsplit)))
     units = rows * dsplit
     progs = units if ctx.world_size == 1 else min(units, sms)
     return dsplit, chunk, progs
@@ -392,7 +393,7 @@ def flash_decode(q, k_cache, v_cache, lens, ctx: FlashDecodeContext, sm_scale=No
     flash_decode_split_kernel[(ns, items)](q, k_cache, v_cache, lens, po, pl, max(cap, 1), ns,
                                            scale * 1.4426950408889634, out, lse, ctx.cnt, G=G, HKV=HKV, HEAD_D=D,
                                            BLOCK_H=ctx.block_h, BLOCK_N=bn, FUSE=fuse,
-                                           SPLIT_CHUNK=max(2, triton.next_power_of_2(ns)) if fuse else 16,
+                                           SPLIT_CHUNK=max(2, next_pow2(ns)) if fuse else 16,
                                            num_warps=1 if ctx.sim else (num_warps or GPU_WARPS),
                                            num_stages=1 if ctx.sim else (num_stages or split_stages(bn, D)))
     if fuse:

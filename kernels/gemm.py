@@ -37,6 +37,7 @@ import ditron
 import ditron.language as dl
 
 from ._common import sm_count
+from ._common import cdiv
 
 _GEMM_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -100,7 +101,7 @@ def default_config(M, N, K, dtype=torch.bfloat16, device="cuda") -> GemmConfig:
 def gpu_default_config(M, N, K, num_sms) -> GemmConfig:
     """:func:`default_config` on a GPU with ``num_sms`` SMs (no device query:
     compile tests use it on CPUs)."""
-    if triton.cdiv(M, 128) * triton.cdiv(N, 256) < num_sms:
+    if cdiv(M, 128) * cdiv(N, 256) < num_sms:
         return GemmConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4, tma=True, flatten=True)
     return GemmConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3, tma=True, flatten=True)
 
@@ -395,7 +396,7 @@ def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
     tma = prepare_tma("matmul", cfg, is_sim_device(a.device), a, b, out)
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     P = max(1, min(tiles, int(num_programs or (4 if is_sim_device(a.device) else sm_count(a.device)))))
     gemm_kernel[(P,)](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
                       out.stride(1), EVEN_K=(K % cfg.block_k == 0), TMA=tma, FLATTEN=cfg.flatten,

@@ -110,10 +110,11 @@ import ditron.language as dl
 from ditron.language import shmem
 
 from ._common import CollectiveContext, enter, op_fields, epoch_begin, epoch_end, sm_count, topology
+from ._common import cdiv
 from .all_gather import _put_chunk
 from .all_reduce import AUTO_MULTIMEM_ON_GPU, AUTO_ONE_SHOT_MAX_BYTES, multicast_available
-from .gemm import (GemmConfig, check_operands, default_config, gemm_tile_at, operand_descriptors, prepare_tma,
-                   store_tile, tile_rows)
+from .gemm import (GemmConfig, check_operands, default_config, ensure_tma_allocator, gemm_tile_at, operand_descriptors,
+                   store_tile, tile_rows, tma_ok)
 
 METHODS = ("auto", "one_shot", "two_shot", "multimem_one_shot", "multimem_two_shot", "rs_ag")
 MULTIMEM_METHODS = ("multimem_one_shot", "multimem_two_shot")
@@ -357,11 +358,11 @@ class GemmArContext(CollectiveContext):
         self.multicast = bool(multicast) and not self.multi_node
         self._rs_ag = None          # method "rs_ag": (gemm_rs context, all_gather context), made at its first call
         cfg = self.config
-        self.max_tiles = triton.cdiv(self.max_m, cfg.block_m) * triton.cdiv(self.n, cfg.block_n)
+        self.max_tiles = cdiv(self.max_m, cfg.block_m) * cdiv(self.n, cfg.block_n)
         tile = cfg.block_m * cfg.block_n
         slots = 1 + W - w.local_world_size
         self.part = self.symm((2, slots, self.max_tiles * tile), dtype, "part")
-        self.red = self.symm((2, W, triton.cdiv(self.max_tiles, W) * tile), dtype, "red")
+        self.red = self.symm((2, W, cdiv(self.max_tiles, W) * tile), dtype, "red")
         self.res = self.symm((2, self.max_tiles * tile), dtype, "res")
         self.flag = self.symm((2, self.max_tiles, W), torch.int64, "flag")
         self.done = self.symm((2, self.max_tiles), torch.int64, "done")
@@ -482,8 +483,8 @@ def gemm_ar(a, b, ctx: GemmArContext, out=None, method="auto"):
     (``K`` and ``b`` may differ per rank).  ``method``: one of
     :data:`METHODS`.  Wrong shapes, dtypes, devices or methods raise
     ``DitronError`` before anything is launched.  Returns ``out``."""
-    fields = [("M", getattr(a, "shape", (None,))[0])] + op_fields(a, method, name="a")[1:]   # K may differ
-    enter(ctx, GemmArContext, "gemm_ar", fields, a=a, b=b, out=out)
+    enter(ctx, GemmArContext, "gemm_ar",         # (K may differ per rank: not compared)
+          lambda: [("M", getattr(a, "shape", (None,))[0])] + op_fields(a, method, name="a")[1:], a=a, b=b, out=out)
     M, K, N = _check(ctx, a, b, out, method)
     if method == "auto":
         method = choose_method(ctx, M)
@@ -491,17 +492,28 @@ def gemm_ar(a, b, ctx: GemmArContext, out=None, method="auto"):
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
     if method == "rs_ag":
         return _gemm_ar_rs_ag(a, b, ctx, out, M)
+    aligned = not ctx.sim and tma_ok(a, b)
+    grid, tail, consts = ctx.plan((M, K, N, method, a.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                                   out.stride(0), out.stride(1), aligned), _launch_plan, ctx, a, b, out, M, K, N,
+                                  method, aligned)
+    if consts["TMA"]:
+        ensure_tma_allocator()
+    gemm_ar_kernel[grid](a, b, out, *tail, **consts)
+    return out
+
+
+def _launch_plan(ctx, a, b, out, M, K, N, method, aligned):
+    """(grid, arguments after a, b and out, keyword arguments) of a call of these shapes, strides and method
+    (made once per such call: GemmArContext.plan)."""
     cfg = ctx.config
-    tma = prepare_tma("gemm_ar", cfg, ctx.sim, a, b)
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    tma = bool(cfg.tma and aligned)
+    tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     G = min(ctx.gemm_programs, tiles)
     R = min(ctx.reduce_programs, tiles)
-    gemm_ar_kernel[(G + R,)](a, b, out, ctx.part, ctx.red, ctx.res, ctx.flag, ctx.done, ctx.calls,
-                             M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-                             out.stride(1), ctx.max_tiles, G, METHOD=_METHOD_ID[method], WORLD=ctx.world_size,
-                             MULTI_NODE=ctx.multi_node, ELEM_BYTES=a.element_size(),
-                             EVEN_K=(K % cfg.block_k == 0), TMA=tma, **cfg.launch_options())
-    return out
+    return ((G + R,), (ctx.part, ctx.red, ctx.res, ctx.flag, ctx.done, ctx.calls, M, N, K, a.stride(0),
+                       a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), ctx.max_tiles, G),
+            dict(METHOD=_METHOD_ID[method], WORLD=ctx.world_size, MULTI_NODE=ctx.multi_node,
+                 ELEM_BYTES=a.element_size(), EVEN_K=(K % cfg.block_k == 0), TMA=tma, **cfg.launch_options()))
 
 
 __all__ = ["METHODS", "GemmArContext", "create_gemm_ar_context", "gemm_ar", "choose_method"]

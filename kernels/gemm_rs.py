@@ -192,9 +192,10 @@ import ditron.language as dl
 
 from ._common import (CollectiveContext, enter, op_fields, ce_release, ce_send, epoch_begin, epoch_end, sm_count,
                       take_flag, topology, waiting_programs)
+from ._common import cdiv
 from .all_gather import _SLOT_ALIGN, _put_chunk, _round_up
-from .gemm import (GemmConfig, _GEMM_DTYPES, check_operands, default_config, gemm_tile_at, is_sim_device,
-                   operand_descriptors, prepare_tma, store_tile)
+from .gemm import (GemmConfig, _GEMM_DTYPES, check_operands, default_config, ensure_tma_allocator, gemm_tile_at,
+                   is_sim_device, operand_descriptors, store_tile, tma_ok)
 
 METHODS = ("auto", "ce", "scatter", "pull")
 _MIN_BLOCK_M = 16            # GemmConfig.validate's smallest BLOCK_M: sizes the signal array
@@ -423,7 +424,7 @@ class GemmRsContext(CollectiveContext):
         self.overlap = ce and not self.sim and torch.device(self.device).type == "cuda"
         self._plans = {}
         max_rows = self.max_m // W * W
-        max_tiles_m = triton.cdiv(max_rows, self.config.block_m if self.config else _MIN_BLOCK_M)
+        max_tiles_m = cdiv(max_rows, self.config.block_m if self.config else _MIN_BLOCK_M)
         self.slot_stride = _round_up(max_rows // W * self.n, _SLOT_ALIGN)
         self.cbuf_stride = _round_up(max_rows * self.n, _SLOT_ALIGN)
         parities = 1 if ce else 2                          # ce: flags that are reset, one buffer
@@ -471,7 +472,7 @@ def reduce_programs(ctx, M, N):
     and one on the simulator, so that CI runs the loop over several tiles (m = 24 rows: two tiles) (kernels/_common.py's
     ``waiting_programs``)."""
     rbm, rbn, _ = ctx.reduce_tile()
-    tiles = triton.cdiv(M // ctx.world_size, rbm) * triton.cdiv(N, rbn)
+    tiles = cdiv(M // ctx.world_size, rbm) * cdiv(N, rbn)
     return waiting_programs(tiles, ctx.device, ctx.sim, sim_programs=1)
 
 
@@ -527,23 +528,50 @@ def _copy_ce(ctx, m, N, stream):
         ce_send(transport, free, dst, src, ready, stream)   # rows [o*m, (o+1)*m) of cbuf -> o's buf[0][rank]
 
 
+def _launch_plan(ctx, a, b, out, M, K, N, aligned):
+    """((grid, arguments after a and b, keyword arguments) of the GEMM kernel, (grid, arguments after out,
+    keyword arguments) of the reduction kernel) for a call of these shapes and strides (made once per such
+    call: GemmRsContext.plan)."""
+    W = ctx.world_size
+    cfg = ctx.config or default_config(M, N, K, a.dtype, a.device)
+    tma = cfg.tma and aligned
+    pull = ctx.method == "pull"
+    ce = ctx.method == "ce"
+    tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
+    sig_stride = ctx.sig.shape[1] * W
+    gemm = ((min(tiles, ctx.num_programs),),
+            (ctx.buf, ctx.cbuf, ctx.sig, ctx.count, ctx.seg_count, ctx.done, ctx.gcalls, M, N, K, a.stride(0),
+             a.stride(1), b.stride(0), b.stride(1), ctx.slot_stride, ctx.cbuf_stride, sig_stride),
+            dict(PULL=pull, CE=ce, MULTI_NODE=ctx.multi_node, ELEM_BYTES=a.element_size(),
+                 EVEN_K=(K % cfg.block_k == 0), TMA=tma, **cfg.launch_options()))
+    rbm, rbn, warps = ctx.reduce_tile()
+    reduce = ((reduce_programs(ctx, M, N),),
+              (ctx.buf, ctx.cbuf, ctx.sig, ctx.ready, ctx.free, ctx.calls, M, N, out.stride(0), out.stride(1),
+               ctx.slot_stride, ctx.cbuf_stride, sig_stride),
+              dict(PULL=pull, CE=ce, MULTI_NODE=ctx.multi_node, WORLD=W, BLOCK_M=cfg.block_m, RBLOCK_M=rbm,
+                   RBLOCK_N=rbn, num_warps=warps))
+    return gemm, reduce
+
+
 def gemm_rs(a, b, ctx, out=None):
     """This rank's rows of ``sum over ranks of a @ b`` (``[M // world, N]``,
     ``a``'s dtype; see the module docstring).  Every rank must call it with
     the same ``M``, ``K`` and ``N``, in the same order as its other calls on
     ``ctx``.  Wrong shapes, dtypes or devices raise ``DitronError`` before
     anything is launched."""
-    enter(ctx, GemmRsContext, "gemm_rs", op_fields(a, name="a") + op_fields(b, name="b")[:1], a=a, b=b,
+    enter(ctx, GemmRsContext, "gemm_rs", lambda: op_fields(a, name="a") + op_fields(b, name="b")[:1], a=a, b=b,
           out=out)
     M, K, N = _check(ctx, a, b, out)
     W = ctx.world_size
-    cfg = ctx.config or default_config(M, N, K, a.dtype, a.device)
-    tma = prepare_tma("gemm_rs", cfg, is_sim_device(a.device), a, b)
     if out is None:
         out = torch.empty((M // W, N), dtype=a.dtype, device=a.device)
-    pull = ctx.method == "pull"
-    ce = ctx.method == "ce"
-    copies = ce and W > 1
+    aligned = not ctx.sim and tma_ok(a, b)
+    (ggrid, gtail, gconsts), (rgrid, rtail, rconsts) = ctx.plan(
+        (M, K, N, a.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), aligned),
+        _launch_plan, ctx, a, b, out, M, K, N, aligned)
+    if gconsts["TMA"]:
+        ensure_tma_allocator()
+    copies = gconsts["CE"] and W > 1
     side = cur = None
     if copies and ctx.overlap:
         cur = torch.cuda.current_stream(a.device)
@@ -552,21 +580,10 @@ def gemm_rs(a, b, ctx, out=None):
         # reduction, so no peer's ready/free word is touched early) but not this call's GEMM, which it
         # runs beside, segment by segment (done flags)
         side.wait_stream(cur)
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    sig_stride = ctx.sig.shape[1] * W
-    gemm_rs_gemm_kernel[(min(tiles, ctx.num_programs),)](
-        a, b, ctx.buf, ctx.cbuf, ctx.sig, ctx.count, ctx.seg_count, ctx.done, ctx.gcalls, M, N, K, a.stride(0),
-        a.stride(1), b.stride(0), b.stride(1), ctx.slot_stride, ctx.cbuf_stride, sig_stride, PULL=pull, CE=ce,
-        MULTI_NODE=ctx.multi_node, ELEM_BYTES=a.element_size(), EVEN_K=(K % cfg.block_k == 0), TMA=tma,
-        **cfg.launch_options())
+    gemm_rs_gemm_kernel[ggrid](a, b, *gtail, **gconsts)
     if copies:
         _copy_ce(ctx, M // W, N, side)
-    rbm, rbn, warps = ctx.reduce_tile()
-    grid = (reduce_programs(ctx, M, N),)
-    gemm_rs_reduce_kernel[grid](out, ctx.buf, ctx.cbuf, ctx.sig, ctx.ready, ctx.free, ctx.calls, M, N,
-                                out.stride(0), out.stride(1), ctx.slot_stride, ctx.cbuf_stride, sig_stride,
-                                PULL=pull, CE=ce, MULTI_NODE=ctx.multi_node, WORLD=W, BLOCK_M=cfg.block_m,
-                                RBLOCK_M=rbm, RBLOCK_N=rbn, num_warps=warps)
+    gemm_rs_reduce_kernel[rgrid](out, *rtail, **rconsts)
     if side is not None:
         cur.wait_stream(side)         # the next GEMM overwrites cbuf only after the copies have read it
     return out

@@ -36,6 +36,7 @@ import ditron
 import ditron.language as dl
 
 from ._common import sm_count
+from ._common import cdiv, next_pow2
 from .all_to_all import _add, _pick     # core builtins only (tl.reduce with our own combine)
 from .gemm import _GEMM_DTYPES, GemmConfig, default_config, gemm_tile, is_sim_device, prepare_tma, store_tile
 
@@ -169,7 +170,7 @@ def _min(a, b):
 # ---------------------------------------------------------------------------
 
 def expert_pow2(E: int) -> int:
-    return max(2, triton.next_power_of_2(int(E)))
+    return max(2, next_pow2(int(E)))
 
 
 def check_counts(op, counts, E, device):
@@ -246,8 +247,8 @@ def grouped_gemm(a, w, counts, out=None, gather_idx=None, config: GemmConfig | N
     if M == 0:
         return out
     cfg = moe_config(M, N, K, a.dtype, a.device, config)
-    num_vm = triton.cdiv(M, cfg.block_m) + E
-    tiles = num_vm * triton.cdiv(N, cfg.block_n)
+    num_vm = cdiv(M, cfg.block_m) + E
+    tiles = num_vm * cdiv(N, cfg.block_n)
     P = int(num_programs or (4 if is_sim_device(a.device) else sm_count(a.device)))
     P = max(1, min(P, tiles))
     tma = grouped_tma(cfg, a, w)       # with gather_idx: the weights only (A rows are gathered by pointers)

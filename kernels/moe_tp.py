@@ -85,6 +85,7 @@ import ditron.language as dl
 from ditron.language import shmem
 
 from ._common import CollectiveContext, epoch_begin, epoch_end, sm_count, topology
+from ._common import cdiv, next_pow2
 from .ag_gemm import ag_gemm_producer_kernel
 from .all_gather import _put_chunk, all_gather, create_all_gather_context
 from .gemm import GemmConfig, gemm_tile, is_sim_device, store_tile
@@ -445,7 +446,7 @@ def ag_moe(x, topk_idx, w1, ctx, out=None, validate=True):
     if W > 1:
         P = ctx.producer_programs
         n = m * K
-        block = 128 if ctx.sim else max(256, min(4096, triton.next_power_of_2(triton.cdiv(n, P))))
+        block = 128 if ctx.sim else max(256, min(4096, next_pow2(cdiv(n, P))))
         args = (x, ctx.buf, ctx.sig, ctx.pcalls, n, ctx.slot_rows * K)
         kw = dict(MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(), BLOCK=block, num_warps=1 if ctx.sim else 4)
         if ctx.overlap:
@@ -456,8 +457,8 @@ def ag_moe(x, topk_idx, w1, ctx, out=None, validate=True):
             x.record_stream(side)
         else:
             ag_moe_producer_kernel[(P,)](*args, **kw)
-    T_s = triton.cdiv(m * k, cfg.block_m) + E
-    tiles = W * T_s * triton.cdiv(N, cfg.block_n)
+    T_s = cdiv(m * k, cfg.block_m) + E
+    tiles = W * T_s * cdiv(N, cfg.block_n)
     P = _programs(ctx.sim, x.device, ctx.num_programs, tiles, ctx.producer_programs if ctx.overlap else 0)
     ag_moe_kernel[(P,)](x, w1, out, ctx.buf, ctx.sig, plan.counts, plan.perm, ctx.calls, m, N, K, E, k, T_s,
                         ctx.slot_rows, w1.stride(0), w1.stride(1), w1.stride(2), ctx.producer_programs,
@@ -502,15 +503,15 @@ def moe_rs(h, plan, w2, topk_weights, ctx, out=None):
             not out.is_contiguous():
         raise ditron.DitronError(f"{ctx.op}: argument 'out' must be a contiguous ({m}, {N}) {h.dtype} tensor")
     cfg = ctx.cfg(plan.rows, N, K)
-    T_s = triton.cdiv(m * k, cfg.block_m) + E
-    tiles = W * T_s * triton.cdiv(N, cfg.block_n)
+    T_s = cdiv(m * k, cfg.block_m) + E
+    tiles = W * T_s * cdiv(N, cfg.block_n)
     P = _programs(ctx.sim, h.device, ctx.num_programs, tiles)
     moe_rs_gemm_kernel[(P,)](h, w2, ctx.rbuf, ctx.cbuf, ctx.sig, ctx.seg_count, plan.counts, ctx.gcalls, m * k, N, K,
                              E, T_s, ctx.slot_rows, h.stride(0), w2.stride(0), w2.stride(1), w2.stride(2),
                              MULTI_NODE=ctx.multi_node, ELEM_BYTES=h.element_size(), EVEN_K=(K % cfg.block_k == 0),
                              EP=expert_pow2(E), **cfg.launch_options())
-    bt, bn = (4, 32) if ctx.sim else (8, max(64, min(1024, triton.next_power_of_2(N))))
-    rp = max(1, min(triton.cdiv(m, bt), 2 if ctx.sim else sm_count(h.device)))
+    bt, bn = (4, 32) if ctx.sim else (8, max(64, min(1024, next_pow2(N))))
+    rp = max(1, min(cdiv(m, bt), 2 if ctx.sim else sm_count(h.device)))
     moe_rs_reduce_kernel[(rp,)](out, ctx.rbuf, ctx.sig, plan.pos, topk_weights.to(torch.float32).contiguous(),
                                 ctx.calls, m, k, N, ctx.slot_rows, BT=bt, BN=bn, num_warps=1 if ctx.sim else 4)
     return out

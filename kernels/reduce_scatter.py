@@ -174,7 +174,7 @@ def reduce_scatter(x, ctx, out=None, method="auto"):
     over ranks and keep shard ``rank`` (``m`` elements) in ``out``.  ``method``:
     ``"auto"``, ``"mesh"``, ``"ring"`` (the same on every rank).  ``x`` is
     read in place (symmetric or not)."""
-    enter(ctx, ReduceScatterContext, "reduce_scatter", _fields(x, method), x=x, out=out)
+    enter(ctx, ReduceScatterContext, "reduce_scatter", lambda: _fields(x, method), x=x, out=out)
     ctx.check_tensor(x, "x")
     W = ctx.world_size
     if x.numel() % W:

@@ -44,13 +44,13 @@ this rank's reads of call ``e``'s data.
 from __future__ import annotations
 
 import torch
-import triton
 import triton.language as tl
 
 import ditron
 import ditron.language as dl
 
 from ._common import CollectiveContext, enter, epoch_begin, epoch_end
+from ._common import cdiv
 from .attention import AttnConfig, flash_attention
 from .gemm import gemm_tile, tile_rows
 
@@ -199,7 +199,7 @@ def ulysses_attention(x, w_qkv, w_o, ctx: UlyssesContext, causal=False, sm_scale
     n_all = W * S
     bm, bk, bn = (SIM_BLOCK_M, SIM_BLOCK_K, SIM_BLOCK_N) if ctx.sim else (GPU_BLOCK_M, GPU_BLOCK_K, GPU_BLOCK_N)
     nw = 1 if ctx.sim else 8
-    mt = triton.cdiv(S, bm)
+    mt = cdiv(S, bm)
     qreg, kreg = HL * n_all * D, KL * n_all * D
     ulysses_qkv_a2a_kernel[(mt, HQ + 2 * HKV)](x, w_qkv, ctx.recv, ctx.cnt, S, ctx.hidden, ncol, qreg, kreg, HQ, HKV,
                                                WORLD=W, HEAD_D=D, BLOCK_M=bm, BLOCK_K=bk,
@@ -212,7 +212,7 @@ def ulysses_attention(x, w_qkv, w_o, ctx: UlyssesContext, causal=False, sm_scale
     ulysses_a2a_back_kernel[(HL, W * mt)](o, ctx.abuf, ctx.cnt, S, HL, HQ, WORLD=W, HEAD_D=D, BLOCK_M=bm,
                                           num_warps=1 if ctx.sim else 4)
     out = torch.empty((S, ctx.hidden), dtype=x.dtype, device=x.device)
-    ulysses_a2a_oproj_kernel[(mt, triton.cdiv(ctx.hidden, bn))](ctx.abuf, w_o, out, ctx.cnt, ctx.calls, S, ctx.hidden,
+    ulysses_a2a_oproj_kernel[(mt, cdiv(ctx.hidden, bn))](ctx.abuf, w_o, out, ctx.cnt, ctx.calls, S, ctx.hidden,
                                                                 HL * D, HL * mt, WORLD=W, BLOCK_M=bm, BLOCK_N=bn,
                                                                 BLOCK_K=bk, EVEN_K=(HL * D) % bk == 0,
                                                                 WAIT=not _plant_no_wait, num_warps=nw,

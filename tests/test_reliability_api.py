@@ -248,5 +248,4 @@ def test_call_site_names_the_callers_line_outside_ditron():
     here = inspect.currentframe().f_lineno
     assert call_site() == f"test_reliability_api.py:{here + 1}"
     board = CallBoard(types.SimpleNamespace(backend="p2p", world_size=1), "op")
-    board.check("op", [("n", 4)])
-    assert board.last["site"] == f"test_reliability_api.py:{here + 3}"
+    assert board.fingerprint("op", [("n", 4)])["site"] == f"test_reliability_api.py:{here + 3}"

@@ -9,7 +9,8 @@
   ``gemm_run``, ``gemm_sweep``, ``gemm_report``) and :mod:`ditron.bench.moe`
   (grouped_gemm, ag_moe, moe_rs, moe_ar, ep) and :mod:`ditron.bench.megakernel`
   (the Qwen3-like TP decoder step as one persistent kernel) and
-  :mod:`ditron.bench.attention` (ring_attn, flash_decode, ulysses: the attention zoo against torch SDPA).
+  :mod:`ditron.bench.attention` (ring_attn, flash_decode, ulysses: the attention zoo against torch SDPA) and
+  :mod:`ditron.bench.overhead` (the host cost of an eager launch and of every zoo op against Triton and torch).
 
     torchrun --nproc-per-node 4 -m ditron.bench all_reduce --sizes 8K..256M
     ditron sim -n 2 -m ditron.bench ag_gemm --shapes 64,32,32
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from .registry import ATTN_OPS, COLLECTIVE_OPS, FAMILIES, GEMM_OPS, MEGAKERNEL_OPS, MOE_OPS  # noqa: F401
+from .registry import ATTN_OPS, COLLECTIVE_OPS, FAMILIES, GEMM_OPS, HOST_OPS, MEGAKERNEL_OPS, MOE_OPS  # noqa: F401
 
 
 def usage() -> str:
@@ -51,6 +52,9 @@ def main(argv=None):
         return main(argv[1:])
     elif argv and argv[0] in ATTN_OPS:
         from .attention import main as family_main
+    elif argv and argv[0] == "overhead":
+        from .overhead import main
+        return main(argv[1:])
     elif argv and argv[0] == "megakernel":
         from .megakernel import main as family_main
     else:

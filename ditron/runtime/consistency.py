@@ -145,17 +145,23 @@ class CallBoard:
     # -- public ---------------------------------------------------------------------
     def check(self, op: str, fields) -> None:
         """Check that every rank makes this call with the same ``fields``
-        (a list of ``(name, value)``; values are compared as text)."""
-        fp = {"op": op, "call": self.calls, "fields": [(k, _text(v)) for k, v in fields], "site": call_site()}
+        (a list of ``(name, value)``, or a function that returns it; values are compared as text).  Where nothing is compared (one rank, or a
+        GPU world without ``DITRON_DEBUG=1``) only the call is counted: no fingerprint is made."""
         call = self.calls
         if self.world.world_size == 1 or not (self.sim or debug_enabled()):
-            self.calls += 1
-            self.last = fp
+            self.calls = call + 1
             return
+        fp = self.fingerprint(op, fields() if callable(fields) else fields, call)
         fps = self._exchange_sim(fp, call) if self.sim else self._exchange_store(fp, call)
-        self.calls += 1
+        self.calls = call + 1
         self.last = fp
         compare(fps, call, self.label)
+
+    def fingerprint(self, op: str, fields, call=None) -> dict:
+        """What :meth:`check` compares across ranks: the op, the call number, the fields as text and the
+        caller's line outside ditron (:func:`call_site`)."""
+        return {"op": op, "call": self.calls if call is None else call,
+                "fields": [(k, _text(v)) for k, v in fields], "site": call_site()}
 
     # -- simulator: the context's symmetric words ------------------------------------------
     def _encode(self, fp) -> bytes:

@@ -288,6 +288,8 @@ class GpuTransport(Transport):
     def __init__(self, topo, device, heap_size, timeout_ns):
         self.rank, self.world_size, self.local_rank, self.local_world_size, self.nnodes, self.node = topo
         self.device = device
+        import torch
+        self._device_index = torch.device(device).index   # before_launch compares it on every launch
         self.heap_size = heap_size
         self.wait_timeout_ns = timeout_ns
         self.heap = None
@@ -402,14 +404,16 @@ class GpuTransport(Transport):
         s = stream if stream is not None else torch.cuda.current_stream(self.device)
         gpu_driver.stream_wait_value64(s.cuda_stream, word.data_ptr(), value)
 
-    def before_launch(self, kernel, args):
-        import torch
+    def before_launch(self, kernel, args, device=None):
         if self.wait_timeout_ns and self._check_debug() is not None:
             raise DitronHangError(f"rank {self.rank}: kernel {getattr(kernel, '__name__', '?')} not launched: a "
                                   f"bounded wait expired in an earlier kernel of this world: {_LAST_REPORT}",
                                   [_LAST_ENTRY] if _LAST_ENTRY else [])
-        if torch.cuda.current_device() != self.device.index:
-            raise DitronError(f"wrong device: the current CUDA device is cuda:{torch.cuda.current_device()} but "
+        if device is None:
+            import torch
+            device = torch.cuda.current_device()
+        if device != self._device_index:
+            raise DitronError(f"wrong device: the current CUDA device is cuda:{device} but "
                               f"this rank's ditron world is on {self.device}; launch on torch.cuda.set_device("
                               f"{self.device.index})")
 

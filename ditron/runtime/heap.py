@@ -179,13 +179,21 @@ class SymmetricHeap:
         return t.data_ptr() - self.base
 
     def contains(self, t) -> bool:
+        """Whether the whole of tensor ``t`` lies in this heap (asked for kernel arguments on every launch:
+        an address outside the heap answers before anything else is read)."""
         try:
             ptr = t.data_ptr()
         except Exception:  # noqa: BLE001 -- not a tensor
             return False
+        base = self.base
+        if not base <= ptr < base + self.size:
+            return False
         if getattr(t, "device", None) is not None and t.device != self.buffer.device:
             return False
-        span = (t.numel() and (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1)) * t.element_size()
+        if t.is_contiguous():
+            span = t.numel() * t.element_size()
+        else:
+            span = (t.numel() and (sum((s - 1) * st for s, st in zip(t.shape, t.stride())) + 1)) * t.element_size()
         return self.contains_ptr(ptr, span)
 
     def allocation_at(self, offset: int):

@@ -70,8 +70,9 @@ class Transport:
         """Stream-ordered wait until the local int64 ``word`` equals ``value``."""
         raise NotImplementedError(f"{self.name}: stream memory operations")
 
-    def before_launch(self, kernel, args):
-        """Hook run before a kernel launch on this transport."""
+    def before_launch(self, kernel, args, device=None):
+        """Hook run before a kernel launch on this transport (``device``: the current device's index, as the
+        launcher already knows it; None: ask)."""
 
     def finalize(self):
         pass

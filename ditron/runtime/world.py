@@ -25,6 +25,9 @@ BACKENDS = ("auto", "sim", "nvshmem", "p2p")
 
 
 _WORLD: Optional[World] = None
+#: bumped whenever the current world changes (init / finalize): caches keyed by it (ditron.jit's launch state)
+#: never hold a world object, so a finalized world's heap is not kept alive by them
+_GEN = 0
 
 
 def _sim_requested() -> bool:
@@ -52,7 +55,7 @@ def init(backend: str = "auto", *, heap_size=None, device=None, group=None, devi
     else 1: one GPU per rank).  For correctness work and debugging on fewer GPUs than ranks, not for timing;
     P2P transport only (see :mod:`ditron.runtime.sharing` and docs/runtime.md).
     """
-    global _WORLD
+    global _WORLD, _GEN
     if backend not in BACKENDS:
         raise DitronError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     from .groups import resolve_group, topology_from_group
@@ -85,6 +88,7 @@ def init(backend: str = "auto", *, heap_size=None, device=None, group=None, devi
     world.group = group
     world.settings = {"heap_size": heap_size, "device": device}
     _WORLD = world
+    _GEN += 1
     return world
 
 
@@ -110,8 +114,9 @@ def finalize():
     down.  Safe to call twice; :func:`init` may be called again afterwards.
     Symmetric tensors and zoo contexts of this world cannot be used afterwards
     (using one raises an error that says so)."""
-    global _WORLD
+    global _WORLD, _GEN
     world, _WORLD = _WORLD, None
+    _GEN += 1
     if world is not None:
         world.finalized = True
         heap = world.transport.heap
@@ -296,17 +301,31 @@ def stream_wait_value(word, value: int, *, stream=None):
 def check_kernel_args(kernel, args, kwargs, world):
     """Before a launch: every tensor argument that reaches ``symm_at``,
     ``notify`` or ``shmem.*`` must be symmetric (static analysis of the
-    kernel's source, :mod:`ditron.analysis`)."""
-    from ..analysis import check_symmetric_args
+    kernel's source, :mod:`ditron.analysis`, once per kernel), and no argument
+    may be a freed symmetric tensor.  Runs on every launch: the common case
+    (symmetric operands passed positionally as the tensors the heap handed
+    out, or views inside the heap) reads an attribute or an address per
+    argument."""
     for i, a in enumerate(args):
-        if getattr(a, "_ditron_alloc", None) is not None:
+        alloc = getattr(a, "_ditron_alloc", None)
+        if alloc is not None and alloc.freed:
             check_live_tensor(a, _param_name(kernel, i), f"kernel {getattr(kernel, '__name__', '?')}")
     positions = _symmetric_positions(kernel)
     if not positions:
         return      # the common case: nothing to check (cached per kernel)
+    n = len(args)
     contains = world.heap.contains
-    if all(i < len(args) and hasattr(args[i], "data_ptr") and contains(args[i]) for i in positions):
+    for i in positions:
+        if i >= n:
+            break
+        a = args[i]
+        if getattr(a, "_ditron_alloc", None) is not None:
+            continue      # a tensor the heap handed out, live (checked above): in the heap
+        if not (hasattr(a, "data_ptr") and contains(a)):
+            break
+    else:
         return      # fast path of every launch: the symmetric operands are positional tensors in the heap
+    from ..analysis import check_symmetric_args
     sig = _signature(getattr(kernel, "fn", kernel))
     try:
         bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
