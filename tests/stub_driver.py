@@ -17,9 +17,16 @@ from triton.backends.driver import GPUDriver
 from triton.runtime.driver import driver as _driver
 
 
+#: the module handle of every kernel "loaded" by the stub (no real driver may unload it)
+STUB_MODULE = 0x57AB
+
+
 class _Utils:
     def load_binary(self, name, kernel, shared, device):
-        return 1, 2, 32, 0, 1024            # module, function, registers, spills, max threads
+        return STUB_MODULE, 2, 32, 0, 1024            # module, function, registers, spills, max threads
+
+    def unload_module(self, module):
+        pass
 
     def get_device_properties(self, device):
         return {"max_shared_mem": 232448, "multiprocessor_count": 132, "max_num_regs": 65536, "warpSize": 32,
@@ -82,7 +89,19 @@ def stub_driver(arch=90):
     try:
         yield drv
     finally:
+        _forget_stub_modules()
         _driver._active = before
+
+
+def _forget_stub_modules():
+    """Kernels loaded by the stub outlive it in their JITFunctions' caches: when they are collected later,
+    Triton would ask the real driver (none on a CPU machine) to unload them.  Their handles are dropped here."""
+    import gc
+
+    from triton.compiler.compiler import CompiledKernel
+    for obj in gc.get_objects():
+        if type(obj) is CompiledKernel and getattr(obj, "module", None) == STUB_MODULE:
+            obj.module = None
 
 
 class StubTransport:

@@ -101,7 +101,12 @@ def variant_of(ctx):
     """(transport, bounded) of the compilation ``ctx`` belongs to, read from
     the ditron library attached to it."""
     libs = getattr(ctx.options, "extern_libs", None) or ()
-    path = dict(libs).get(LIB.name)
+    return variant_of_path(dict(libs).get(LIB.name))
+
+
+def variant_of_path(path):
+    """(transport, bounded) of the ditron device library at ``path`` (None: no ditron library attached, the
+    default variant)."""
     if path is None:
         return ("nvshmem", False)
     key = _VARIANT_OF_PATH.get(path)

@@ -1,0 +1,203 @@
+"""The per-launch host path stays cheap (issue 51): over 100 launches of a warmed kernel, nothing that depends
+only on the kernel, the target, the world or the specialisation is computed again -- no target parsing, no
+device-library lookup, no argument analysis, no lint, no distributed-IR recording -- on the GPU launch path
+(Triton's own ``JITFunction.run`` over a stub driver, tests/stub_driver.py) and on the simulator's.  And the
+checks that catch real mistakes still run on every launch."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import triton.language as tl
+
+import ditron
+import ditron.language as dl
+from ditron import analysis, lint
+from ditron.lowering import devlib
+
+from stub_driver import stub_driver, stub_world
+
+JIT = sys.modules["ditron.jit"]
+
+
+def _add(x_ptr, y_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(o_ptr + offs, tl.load(x_ptr + offs, mask=m) + tl.load(y_ptr + offs, mask=m), mask=m)
+
+
+def _remote_add(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    peer = dl.symm_at(x_ptr, (dl.rank() + 1) % dl.num_ranks())
+    tl.store(o_ptr + offs, tl.load(peer + offs, mask=m), mask=m)
+
+
+class Counts:
+    """Counts the calls into the expensive parts of a launch (patched where the launch path looks them up)."""
+
+    PARTS = {
+        "target parsing": [(JIT, "parse_target")],
+        "library lookup": [(JIT, "library_options"), (JIT, "_library_options"), (devlib.DeviceLibrary, "path")],
+        "argument analysis": [(analysis, "symmetric_params"), (analysis, "check_symmetric_args")],
+        "lint": [(lint, "lint"), (lint, "report")],
+        "IR recording": [(JIT, "recording")],
+        "driver target query": [],
+    }
+
+    def __init__(self, monkeypatch, driver=None):
+        self.n = {k: 0 for k in self.PARTS}
+        for part, places in self.PARTS.items():
+            for owner, name in places:
+                monkeypatch.setattr(owner, name, self._counted(part, getattr(owner, name)))
+        if driver is not None:
+            monkeypatch.setattr(driver, "get_current_target", self._counted("driver target query",
+                                                                           driver.get_current_target))
+
+    def _counted(self, part, fn):
+        def wrapper(*args, **kwargs):
+            self.n[part] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    def reset(self):
+        for k in self.n:
+            self.n[k] = 0
+
+
+def _launch_100(kernel, x, y, o):
+    for _ in range(100):
+        kernel[(4,)](x, y, o, 4096, BLOCK=1024)
+
+
+def test_warm_launches_compute_nothing_again_without_a_world(monkeypatch):
+    kernel = ditron.jit(_add)
+    x, y, o = torch.rand(4096), torch.rand(4096), torch.empty(4096)
+    with stub_driver() as drv:
+        counts = Counts(monkeypatch, drv)
+        kernel[(4,)](x, y, o, 4096, BLOCK=1024)          # compiles (sm_90), records, lints
+        assert counts.n["target parsing"] >= 1 and counts.n["library lookup"] >= 1
+        assert counts.n["IR recording"] == 1
+        counts.reset()
+        before = drv.launches
+        _launch_100(kernel, x, y, o)
+        assert drv.launches - before == 100               # every launch reached the launcher
+    assert counts.n == {k: 0 for k in counts.n}, counts.n
+
+
+def test_warm_launches_compute_nothing_again_in_a_world(monkeypatch):
+    """With a world: the symmetric-argument check and the transport's launch hook run on every launch, from
+    what the first launch computed (the analysis of the kernel's source runs once)."""
+    kernel = ditron.jit(_remote_add)
+    with stub_driver() as drv, stub_world() as world:
+        x = ditron.symm_zeros((4096,), torch.float32, name="x")
+        o = torch.empty(4096)
+        counts = Counts(monkeypatch, drv)
+        kernel[(4,)](x, o, 4096, BLOCK=1024)
+        assert counts.n["argument analysis"] >= 1           # the kernel's source analysed (once)
+        counts.reset()
+        checks = world.transport.launch_checks
+        for _ in range(100):
+            kernel[(4,)](x, o, 4096, BLOCK=1024)
+        assert world.transport.launch_checks - checks == 100
+        assert counts.n == {k: 0 for k in counts.n}, counts.n
+        # the mistakes are still caught on a warm kernel, before launch
+        with pytest.raises(ditron.DitronError, match="not a symmetric tensor|symmetric"):
+            kernel[(4,)](torch.zeros(4096), o, 4096, BLOCK=1024)
+        with ditron.heap_scope():
+            y = ditron.symm_zeros((4096,), torch.float32, name="y")
+            kernel[(4,)](y, o, 4096, BLOCK=1024)
+        with pytest.raises(ditron.DitronError, match="was freed"):
+            kernel[(4,)](y, o, 4096, BLOCK=1024)
+
+
+def test_launch_state_follows_the_world_and_the_variant(monkeypatch):
+    """A new world (or an explicit compile variant) gets its own libraries: the P2P world's kernels link the
+    p2p variant of the device library, the world-less launch the nvshmem one -- and the cache keeps no world
+    object alive."""
+    from ditron.lowering import cuda
+    import weakref
+    kernel = ditron.jit(_add)
+    x, y, o = torch.rand(4096), torch.rand(4096), torch.empty(4096)
+    with stub_driver():
+        kernel[(4,)](x, y, o, 4096, BLOCK=1024)
+        plain = dict(kernel._last[-1])
+        with stub_world() as world:
+            kernel[(4,)](x, y, o, 4096, BLOCK=1024)
+            in_world = dict(kernel._last[-1])
+            ref = weakref.ref(world)
+        with cuda.compile_variant("p2p", bounded=True):
+            kernel[(4,)](x, y, o, 4096, BLOCK=1024)
+            bounded = dict(kernel._last[-1])
+    name = cuda.LIB.name
+    assert cuda.variant_of_path(plain[name]) == ("nvshmem", False)
+    assert cuda.variant_of_path(in_world[name]) == ("p2p", False)
+    assert cuda.variant_of_path(bounded[name]) == ("p2p", True)
+    del world
+    import gc
+    gc.collect()
+    assert ref() is None, "the launch cache keeps a finished world (and its heap) alive"
+
+
+def test_shmem_kernel_still_gets_its_library_on_first_launch(monkeypatch, nvshmem_bc):
+    """The NeedLibrary retry (tracing asks for NVSHMEM's bitcode) still works through the launch state, once."""
+    from ditron.language import shmem
+
+    def _pe(o_ptr):
+        tl.store(o_ptr, shmem.my_pe())
+
+    kernel = ditron.jit(_pe)
+    o = torch.zeros(1, dtype=torch.int32)
+    with stub_driver() as drv:
+        kernel[(1,)](o)
+        assert "libnvshmem_device" in kernel._needs["cuda"]
+        assert any("nvshmem" in k for k in kernel._last[-1])
+        counts = Counts(monkeypatch, drv)
+        for _ in range(20):
+            kernel[(1,)](o)
+    assert counts.n == {k: 0 for k in counts.n}, counts.n
+
+
+SIM_SCRIPT = textwrap.dedent("""
+    import torch, triton.language as tl, ditron
+    from ditron import analysis, lint, target
+    import ditron.jit
+    J = __import__("sys").modules["ditron.jit"]
+    counts = {}
+    def counted(owner, name):
+        fn = getattr(owner, name)
+        def w(*a, **k):
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*a, **k)
+        setattr(owner, name, w)
+    for owner, name in ((analysis, "symmetric_params"), (analysis, "check_symmetric_args"), (lint, "lint"),
+                        (J, "parse_target"), (J, "library_options")):
+        counted(owner, name)
+
+    @ditron.jit
+    def k(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(o_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + 1, mask=offs < n)
+
+    x = torch.arange(16, dtype=torch.float32); o = torch.empty(16)
+    k[(1,)](x, o, 16, BLOCK=16)
+    first = dict(counts); counts.clear()
+    for _ in range(100):
+        k[(1,)](x, o, 16, BLOCK=16)
+    assert torch.equal(o, x + 1)
+    print("FIRST", sorted(first.items()), "WARM", sorted(counts.items()))
+""")
+
+
+def test_simulator_launch_path_computes_nothing_again(tmp_path):
+    script = tmp_path / "sim_launch.py"
+    script.write_text(SIM_SCRIPT)
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("FIRST"))
+    first, warm = line.split(" WARM ")
+    assert "('lint', 1)" in first, line
+    assert warm.strip() == "[]", line
