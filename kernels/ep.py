@@ -294,12 +294,17 @@ class EpContext(CollectiveContext):
         ditron.barrier_all()        # every rank's zeroed signals exist before any peer writes them
 
     def blocks(self):
-        """(BR, BH or BW): rows and columns (LL: words) of a tile."""
-        if self.sim:
-            return 4, 32
-        if self.mode == "normal":
-            return 8, max(64, min(1024, next_pow2(self.hidden)))
-        return 4, max(32, min(512, next_pow2(self.hw)))
+        """(BR, BH or BW): rows and columns (LL: words) of a tile (fixed by the context: made once)."""
+        hit = self.__dict__.get("_blocks")
+        if hit is None:
+            if self.sim:
+                hit = 4, 32
+            elif self.mode == "normal":
+                hit = 8, max(64, min(1024, next_pow2(self.hidden)))
+            else:
+                hit = 4, max(32, min(512, next_pow2(self.hw)))
+            self._blocks = hit
+        return hit
 
 
 def create_ep_context(max_tokens, hidden, num_experts, topk, dtype, world=None, mode="normal", capacity=None,

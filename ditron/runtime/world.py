@@ -319,8 +319,8 @@ def check_kernel_args(kernel, args, kwargs, world):
         if i >= n:
             break
         a = args[i]
-        if getattr(a, "_ditron_alloc", None) is not None:
-            continue      # a tensor the heap handed out, live (checked above): in the heap
+        if a is None or type(a) in (int, float, bool) or getattr(a, "_ditron_alloc", None) is not None:
+            continue      # not a tensor (never checked), or a tensor the heap handed out, live (checked above)
         if not (hasattr(a, "data_ptr") and contains(a)):
             break
     else:
