@@ -198,25 +198,40 @@ class DitronJITFunction(_compat.JITFunction):
     def _name(self):
         return self.__name__ if hasattr(self, "__name__") else self.fn.__name__
 
+    def __getitem__(self, grid):
+        """``kernel[grid](...)``: launch (see :meth:`_launcher`)."""
+        return self._launcher(grid, False)
+
     def run(self, *args, grid, warmup, **kwargs):
-        if "extern_libs" in kwargs:
-            return self._run_with_user_libs(args, grid, warmup, kwargs)
-        world = _world_module._WORLD
-        device = _driver.active.get_current_device()
-        last = self._last
-        if (last[0] == device and last[1] == _world_module._GEN and last[2] == id(world)
-                and last[3] is _OVERRIDE.get()):
-            libs = last[4]
-        else:
-            libs = self._launch_state(device, world)[0]
-        if world is not None and not warmup:
-            check_kernel_args(self, args, kwargs, world)
-            world.transport.before_launch(self, args, device)
-        try:
-            return _JITRun(self, *args, grid=grid, warmup=warmup, extern_libs=libs, **kwargs)
-        except Exception as e:  # noqa: BLE001 -- re-raised unless it is a library request
-            self._after_failure(e, self._launch_state(device, world)[1], libs)
-        # the kernel asked for a device library it did not have: launch again with it
+        """Triton's entry point (``warmup``, ``@triton.autotune`` and other callers of ``run``)."""
+        return self._launcher(grid, warmup)(*args, **kwargs)
+
+    def _launcher(self, grid, warmup):
+        """The launch function of ``grid``: one frame between the caller and Triton's ``run`` (as Triton's
+        own ``kernel[grid]``), with the launch state found by comparing four values with the last launch's."""
+        def launch(*args, **kwargs):
+            if "extern_libs" in kwargs:
+                return self._run_with_user_libs(args, grid, warmup, kwargs)
+            world = _world_module._WORLD
+            device = _driver.active.get_current_device()
+            last = self._last
+            if (last[0] == device and last[1] == _world_module._GEN and last[2] == id(world)
+                    and last[3] is _OVERRIDE.get()):
+                libs = last[4]
+            else:
+                libs = self._launch_state(device, world)[0]
+            if world is not None and not warmup:
+                check_kernel_args(self, args, kwargs, world)
+                world.transport.before_launch(self, args, device)
+            try:
+                return _JITRun(self, *args, grid=grid, warmup=warmup, extern_libs=libs, **kwargs)
+            except Exception as e:  # noqa: BLE001 -- re-raised unless it is a library request
+                self._after_failure(e, self._launch_state(device, world)[1], libs)
+            return self._retry(args, grid, warmup, kwargs, device, world)
+        return launch
+
+    def _retry(self, args, grid, warmup, kwargs, device, world):
+        """The kernel asked for a device library it did not have: launch again with it."""
         for _ in range(_MAX_LIBRARY_RETRIES):
             libs, target = self._launch_state(device, world)
             try:

@@ -104,6 +104,13 @@ def _forget_stub_modules():
             obj.module = None
 
 
+def _gpu_before_launch(transport, kernel, args, device):
+    from ditron.runtime.gpu_base import GpuTransport
+    global _gpu_before_launch
+    _gpu_before_launch = GpuTransport.before_launch
+    return _gpu_before_launch(transport, kernel, args, device)
+
+
 class StubTransport:
     """A one-rank GPU-like transport over a CPU symmetric heap, for the stub driver: kernels compile for the P2P
     variant and launch through ``GpuTransport.before_launch``'s checks; barriers and copies are immediate."""
@@ -121,9 +128,8 @@ class StubTransport:
         self.launch_checks = 0
 
     def before_launch(self, kernel, args, device=None):
-        from ditron.runtime.gpu_base import GpuTransport
         self.launch_checks += 1
-        GpuTransport.before_launch(self, kernel, args, device if device is not None else 0)
+        _gpu_before_launch(self, kernel, args, device if device is not None else 0)
 
     def barrier(self, stream=None):
         pass

@@ -111,6 +111,11 @@ class Allocation:
         return f"symmetric tensor {who} ({dt}[{shape}], allocated at {self.site})"
 
 
+#: how many times any heap of this process released allocations (heap_scope ends, finalize, failed context
+#: creations): while it is 0 no symmetric tensor can be freed, and a launch need not look for one
+RELEASES = [0]
+
+
 class SymmetricHeap:
     """Bump allocator over this rank's heap buffer (a 1-D ``torch.uint8``
     tensor on the world's device)."""
@@ -162,6 +167,7 @@ class SymmetricHeap:
     def release(self, mark, why="the ditron.heap_scope it was allocated in has ended"):
         self.top, n = mark
         self.generation += 1          # every release, so ranks that run the same scopes stay aligned
+        RELEASES[0] += 1
         for a in self.allocations[n:]:
             a.freed = why
         del self.allocations[n:]

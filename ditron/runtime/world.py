@@ -19,6 +19,7 @@ import os
 from typing import Optional
 
 from ..errors import DitronError
+from .heap import RELEASES as _RELEASES
 from .transport import Transport, World, _env_int, topology_from_env  # noqa: F401  (the contract, re-exported)
 
 BACKENDS = ("auto", "sim", "nvshmem", "p2p")
@@ -306,11 +307,13 @@ def check_kernel_args(kernel, args, kwargs, world):
     (symmetric operands passed positionally as the tensors the heap handed
     out, or views inside the heap) reads an attribute or an address per
     argument."""
-    for i, a in enumerate(args):
-        alloc = getattr(a, "_ditron_alloc", None)
-        if alloc is not None and alloc.freed:
-            check_live_tensor(a, _param_name(kernel, i), f"kernel {getattr(kernel, '__name__', '?')}")
-    positions = _symmetric_positions(kernel)
+    if _RELEASES[0]:       # some allocation of this process was freed: is one of them an argument?
+        for i, a in enumerate(args):
+            alloc = getattr(a, "_ditron_alloc", None)
+            if alloc is not None and alloc.freed:
+                check_live_tensor(a, _param_name(kernel, i), f"kernel {getattr(kernel, '__name__', '?')}")
+    hit = _POSITIONS.get(id(kernel))
+    positions = hit[1] if hit is not None and hit[0] is kernel else _symmetric_positions(kernel)
     if not positions:
         return      # the common case: nothing to check (cached per kernel)
     n = len(args)
