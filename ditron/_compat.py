@@ -496,3 +496,23 @@ def link_needed_functions(library_path: str, symbols) -> str:
     llvm.link_extern_libs(lmod, [library_path])
     text = str(lmod)
     return re.sub(r"^define internal ", "define ", text, flags=re.M)
+
+
+def is_compiled_kernel(obj) -> bool:
+    """Whether ``obj`` is what a launch of a ``JITFunction`` returns on GPUs (a loaded ``CompiledKernel``)."""
+    from triton.compiler.compiler import CompiledKernel
+    return isinstance(obj, CompiledKernel)
+
+
+def launch_compiled(compiled, device, grid, args):
+    """Launch the compiled kernel ``compiled`` on ``device``'s current stream, ``grid`` a 3-tuple and ``args``
+    every parameter of the kernel in order (constexprs included, as ``JITFunction.run`` passes them): Triton's own
+    last step of a launch, without its argument binding, specialisation and cache lookup.  The caller guarantees
+    that ``compiled`` is the binary those arguments select (same specialisation)."""
+    from triton.runtime.driver import driver
+    rt = triton.knobs.runtime
+    enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
+    stream = driver.active.get_current_stream(device)
+    meta = compiled.launch_metadata(grid, stream, *args) if enter is not None else None
+    compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, meta, enter, leave,
+                 *args)

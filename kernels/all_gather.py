@@ -346,9 +346,10 @@ def all_gather(x, ctx, out=None, method="auto"):
     if method == "ce":
         return _all_gather_ce(ctx, x, out, n)
     block, programs, warps = launch_config(ctx.world, n, x.element_size(), ctx.max_programs)
-    all_gather_kernel[(programs,)](x, out, ctx.buf, ctx.sig, ctx.calls, n, ctx.slot_stride,
-                                   ctx.max_programs * W, METHOD=_METHOD_ID[method], MULTI_NODE=ctx.multi_node,
-                                   ELEM_BYTES=x.element_size(), BLOCK=block, num_warps=warps)
+    ctx.launch((n, method, x.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0), all_gather_kernel, (programs,),
+               (x, out, ctx.buf, ctx.sig, ctx.calls, n, ctx.slot_stride, ctx.max_programs * W),
+               dict(METHOD=_METHOD_ID[method], MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(), BLOCK=block,
+                    num_warps=warps))
     return out
 
 

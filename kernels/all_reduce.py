@@ -461,9 +461,9 @@ def all_reduce(x, ctx: AllReduceContext, out=None, method="auto", *, block=None,
     n = x.numel()
     if n == 0:
         return out
-    kern, grid, tail, consts = ctx.plan((n, method, block, chunk, programs), _launch_plan, ctx, n, method, block,
-                                        chunk, programs)
-    kern[grid](x, out, *tail, **consts)
+    key = (n, method, block, chunk, programs)
+    kern, grid, tail, consts = ctx.plan(key, _launch_plan, ctx, n, method, block, chunk, programs)
+    ctx.launch(key + (x.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0), kern, grid, (x, out) + tail, consts)
     return out
 
 

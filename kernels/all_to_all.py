@@ -201,10 +201,13 @@ def create_all_to_all_context(max_tokens, hidden, dtype, world=None, max_program
 
 def _launch(ctx, x, out, splits, recv_counts, t_equal, seg_numel, equal):
     block, programs, warps = launch_config(ctx.world, seg_numel, x.element_size(), ctx.max_programs)
-    all_to_all_kernel[(programs,)](x, out, splits, recv_counts, ctx.buf, ctx.cnt, ctx.sig, ctx.calls, t_equal,
-                                   x.shape[0], ctx.hidden, ctx.slot_stride, ctx.max_programs, EQUAL=equal,
-                                   MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(), WP=ctx.wp, BLOCK=block,
-                                   num_warps=warps)
+    key = (t_equal, seg_numel, equal, x.shape[0], x.dtype) + tuple(
+        t.data_ptr() % 16 == 0 if isinstance(t, torch.Tensor) else t for t in (x, out, splits, recv_counts))
+    ctx.launch(key, all_to_all_kernel, (programs,),
+               (x, out, splits, recv_counts, ctx.buf, ctx.cnt, ctx.sig, ctx.calls, t_equal, x.shape[0], ctx.hidden,
+                ctx.slot_stride, ctx.max_programs),
+               dict(EQUAL=equal, MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(), WP=ctx.wp, BLOCK=block,
+                    num_warps=warps))
 
 
 def all_to_all(x, ctx, out=None):

@@ -180,11 +180,14 @@ def _launch(ctx, name, kernel, grid, *args, **kwargs):
     """Every EP launch goes through here: counted (``ctx.launches``), and seen
     by the bench's host account (``LAUNCH_HOOKS``)."""
     ctx.launches[name] = ctx.launches.get(name, 0) + 1
+    # what Triton specialises on: the integers themselves, and every tensor's 16-byte alignment
+    key = (name, grid) + tuple(a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else a for a in args) + \
+        tuple(kwargs.values())
     if LAUNCH_HOOKS:
         with LAUNCH_HOOKS[-1](name):
-            kernel[grid](*args, **kwargs)
+            ctx.launch(key, kernel, grid, args, kwargs)
     else:
-        kernel[grid](*args, **kwargs)
+        ctx.launch(key, kernel, grid, args, kwargs)
 
 
 class EpContext(CollectiveContext):

@@ -498,7 +498,9 @@ def gemm_ar(a, b, ctx: GemmArContext, out=None, method="auto"):
                                   method, aligned)
     if consts["TMA"]:
         ensure_tma_allocator()
-    gemm_ar_kernel[grid](a, b, out, *tail, **consts)
+    ctx.launch((M, K, N, method, a.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
+                out.stride(1), aligned, a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0),
+               gemm_ar_kernel, grid, (a, b, out) + tail, consts)
     return out
 
 

@@ -580,10 +580,12 @@ def gemm_rs(a, b, ctx, out=None):
         # reduction, so no peer's ready/free word is touched early) but not this call's GEMM, which it
         # runs beside, segment by segment (done flags)
         side.wait_stream(cur)
-    gemm_rs_gemm_kernel[ggrid](a, b, *gtail, **gconsts)
+    key = (M, K, N, a.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), aligned,
+           a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0)
+    ctx.launch(("gemm",) + key, gemm_rs_gemm_kernel, ggrid, (a, b) + gtail, gconsts)
     if copies:
         _copy_ce(ctx, M // W, N, side)
-    gemm_rs_reduce_kernel[rgrid](out, *rtail, **rconsts)
+    ctx.launch(("reduce",) + key, gemm_rs_reduce_kernel, rgrid, (out,) + rtail, rconsts)
     if side is not None:
         cur.wait_stream(side)         # the next GEMM overwrites cbuf only after the copies have read it
     return out

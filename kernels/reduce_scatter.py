@@ -194,7 +194,8 @@ def reduce_scatter(x, ctx, out=None, method="auto"):
         raise ditron.DitronError(f"reduce_scatter: the context was created with methods={ctx.methods}; "
                                  f"'{method}' has no buffers")
     block, programs, warps = launch_config(ctx.world, m, 4, ctx.max_programs)
-    reduce_scatter_kernel[(programs,)](x, out, ctx.buf, ctx.rbuf, ctx.sig, ctx.calls, m, ctx.slot_stride,
-                                       ctx.max_programs * W, METHOD=_METHOD_ID[method], MULTI_NODE=ctx.multi_node,
-                                       ELEM_BYTES=x.element_size(), WORLD=W, BLOCK=block, num_warps=warps)
+    ctx.launch((m, method, x.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0), reduce_scatter_kernel, (programs,),
+               (x, out, ctx.buf, ctx.rbuf, ctx.sig, ctx.calls, m, ctx.slot_stride, ctx.max_programs * W),
+               dict(METHOD=_METHOD_ID[method], MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(), WORLD=W,
+                    BLOCK=block, num_warps=warps))
     return out

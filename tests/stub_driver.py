@@ -22,8 +22,11 @@ STUB_MODULE = 0x57AB
 
 
 class _Utils:
+    loaded = 0
+
     def load_binary(self, name, kernel, shared, device):
-        return STUB_MODULE, 2, 32, 0, 1024            # module, function, registers, spills, max threads
+        _Utils.loaded += 1                      # a function handle per loaded binary: launches tell them apart
+        return STUB_MODULE, _Utils.loaded, 32, 0, 1024      # module, function, registers, spills, max threads
 
     def unload_module(self, module):
         pass

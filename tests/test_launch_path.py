@@ -201,3 +201,48 @@ def test_simulator_launch_path_computes_nothing_again(tmp_path):
     first, warm = line.split(" WARM ")
     assert "('lint', 1)" in first, line
     assert warm.strip() == "[]", line
+
+
+def test_zoo_ops_direct_launch_is_the_launch_triton_makes(monkeypatch):
+    """From the second call of a shape a zoo op launches its compiled kernel directly (kernels/_common.py:
+    CollectiveContext.launch): the launcher must receive exactly what Triton's own path gives it -- the same
+    binary, grid and arguments -- and a call whose tensors Triton specialises differently (a 16-byte
+    misaligned view) must take Triton's path and get its own binary."""
+    import ditron.kernels as K
+    seen = []
+    with stub_driver() as drv, stub_world(1 << 24):
+        real = drv.launcher_cls
+
+        class Recording(real):
+            def __call__(self, *args):
+                # (grid, stream, function, packed metadata, <launch metadata: a new object per launch>, hooks, args)
+                seen.append(args[:6] + (type(args[6]).__name__,) + args[7:])
+                return super().__call__(*args)
+        drv.launcher_cls = Recording
+        bf = torch.bfloat16
+        ctx = K.create_all_reduce_context(4096, bf)
+        x, out = torch.randn(4096, dtype=bf), torch.empty(4096, dtype=bf)
+        counts = Counts(monkeypatch, drv)
+        K.all_reduce(x, ctx, out=out)          # Triton's path (compiles)
+        K.all_reduce(x, ctx, out=out)          # direct
+        assert len(seen) == 2 and seen[0] == seen[1], "the direct launch differs from Triton's"
+        counts.reset()
+        for _ in range(50):
+            K.all_reduce(x, ctx, out=out)
+        assert counts.n == {k: 0 for k in counts.n}, counts.n
+        assert all(s == seen[0] for s in seen[2:])
+        # a misaligned x (and out): another specialisation, through Triton's path, then direct again
+        xs, outs = torch.randn(4097, dtype=bf)[1:], torch.empty(4097, dtype=bf)[1:]
+        n0 = len(seen)
+        K.all_reduce(xs, ctx, out=outs)
+        K.all_reduce(xs, ctx, out=outs)
+        assert seen[n0][4] != seen[0][4], "a misaligned argument reused the aligned binary"
+        assert seen[n0] == seen[n0 + 1]
+        # the gemm ops and EP take the same direct path
+        a, b = torch.randn(32, 64, dtype=bf), torch.randn(64, 64, dtype=bf)
+        gctx = K.create_gemm_ar_context(32, 64, bf)
+        o = torch.empty(32, 64, dtype=bf)
+        n0 = len(seen)
+        K.gemm_ar(a, b, gctx, out=o)
+        K.gemm_ar(a, b, gctx, out=o)
+        assert seen[n0] == seen[n0 + 1]
