@@ -1,0 +1,80 @@
+"""A new user's mistakes, round 2 (issue 57): each must be an error that names the mistake -- at once where
+it can be -- not a silent wrong result, a foreign message or a report longer than a screen."""
+import os
+import textwrap
+
+import pytest
+
+from ditron.errors import DitronError
+
+sim_only = pytest.mark.skipif(os.environ.get("DITRON_TEST_BACKEND", "sim") != "sim", reason="simulator checks")
+
+SCRIPT = '''
+import argparse, os
+import torch
+import triton
+import triton.language as tl
+import ditron
+import ditron.language as dl
+
+BLOCK = tl.constexpr(64)
+SCALE = tl.constexpr(float(os.environ.get("SCALE_FOR_TEST", "2.0")))
+{extra}
+
+@triton.jit
+def _scaled(v):
+    return v * SCALE
+
+
+@ditron.jit
+def pull_kernel(x_ptr, out_ptr, sig_ptr, n):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    peer = (dl.rank() + 1) % dl.num_ranks()
+    token = dl.wait(sig_ptr + peer, 1, "sys", "acquire", waitValue=1)
+    src = dl.consume_token(dl.symm_at(x_ptr + offs, peer), token)
+    tl.store(out_ptr + offs, _scaled(tl.load(src, mask=mask)), mask=mask)
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--size", type=int, required=True)
+args = parser.parse_args()
+world = ditron.init()
+print("SCRIPT TOP LEVEL RAN")
+'''
+
+
+def _compile(tmp_path, capsys, extra="", kernel="pull_kernel"):
+    from ditron import cli
+    path = tmp_path / "user_script.py"
+    path.write_text(SCRIPT.format(extra=textwrap.dedent(extra)))
+    try:
+        rc = cli.main(["compile", f"{path}::{kernel}", "--target", "sm_90a", "--signature",
+                       "x_ptr=*fp16,out_ptr=*fp16,sig_ptr=*i32,n=i32", "--emit", "dist-ir"])
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_compile_does_not_run_the_scripts_top_level(tmp_path, capsys):
+    """`ditron compile FILE::KERNEL` on a script with argparse, ditron.init() and a print at its top level:
+    the kernel (with module constants and a @triton.jit helper) compiles, and none of the
+    script's code runs (no foreign `usage:` line, no 'no CUDA GPU')."""
+    rc, out, err = _compile(tmp_path, capsys)
+    assert rc == 0, (out, err)
+    assert "usage:" not in err and "SCRIPT TOP LEVEL RAN" not in out + err and "CUDA" not in err
+    assert "dist.wait(" in out and "dist.symm_at(" in out and "loc(user_script.py:" in out
+
+
+def test_compile_names_the_failing_statement_and_the_guard(tmp_path, capsys):
+    """A statement the kernel needs that fails is reported with its line and the `__main__` guard rule; a kernel
+    only defined under the guard is named as such."""
+    rc, out, err = _compile(tmp_path, capsys, extra="SCALE = tl.constexpr(float(os.environ['NO_SUCH_VARIABLE_57']))")
+    text = str(rc) + err
+    assert "user_script.py:11, a statement that kernel 'pull_kernel' needs, failed: KeyError" in text, text
+    assert 'if __name__ == "__main__":' in text and "never '__main__'" in text
+    rc, out, err = _compile(tmp_path, capsys, extra="if __name__ == '__main__':\n    def late_kernel(): pass\n",
+                            kernel="late_kernel")
+    text = str(rc) + err
+    assert "has no kernel 'late_kernel' at its top level" in text and "defined under `if __name__" in text
