@@ -78,3 +78,26 @@ def test_compile_names_the_failing_statement_and_the_guard(tmp_path, capsys):
                             kernel="late_kernel")
     text = str(rc) + err
     assert "has no kernel 'late_kernel' at its top level" in text and "defined under `if __name__" in text
+
+
+def _fails(world, body, *args):
+    with pytest.raises(DitronError) as info:
+        world.run(body, *args)
+    return str(info.value)
+
+
+@sim_only
+def test_wait_outside_its_tensor_fails_at_once(dist_world):
+    """dl.wait on words past the end of its symmetric tensor, in no live tensor (it hung until the deadlock
+    timeout), fails at once like dl.notify, naming the tensor, the element and the argument; so does a wait whose
+    num_barriers words run past the tensor's end; waits inside the tensor run."""
+    import bodies_mistakes2 as B
+    w = dist_world(2)
+    assert w.run(B.wait_past_end, 0, 32) == [True, True]
+    assert w.run(B.wait_past_end, 31, 1) == [True, True]
+    text = _fails(w, B.wait_past_end, 32, 1)
+    assert "dl.wait" in text and "argument 'barrier_ptrs'" in text and "in no live symmetric tensor" in text, text
+    assert "element 32 of symmetric tensor 'flags' (int32[32]" in text and "past its end (32 elements)" in text
+    text = _fails(w, B.wait_past_end, 30, 3)
+    assert "12 bytes from element 30 of symmetric tensor 'flags' (int32[32]" in text and "run 4 bytes past" in text
+    assert "num_barriers=3 words from there are more than the tensor holds" in text

@@ -1,0 +1,30 @@
+"""Test bodies (run on every simulated rank) for a new user's mistakes, round 2 (issue 57)."""
+import torch
+import triton
+import triton.language as tl
+
+import ditron
+import ditron.language as dl
+
+
+# ---------------------------------------------------------------------------
+# a wait on a word outside its symmetric tensor
+# ---------------------------------------------------------------------------
+
+@ditron.jit
+def wait_kernel(sig_ptr, index, n):
+    dl.wait(sig_ptr + index, n, "sys", "acquire", waitValue=1)
+
+
+def wait_past_end(world, index, n):
+    """Waits for ``n`` words from ``flags[index]`` (all already 1); past 'flags' (128 bytes) lies the heap's
+    alignment gap (256 bytes) before 'next_flags': a wait there is on no tensor's word and, before issue 57,
+    hung until the deadlock timeout."""
+    sig = ditron.symm_zeros((32,), torch.int32, name="flags")
+    nxt = ditron.symm_zeros((32,), torch.int32, name="next_flags")
+    sig.fill_(1)
+    nxt.fill_(1)
+    ditron.barrier_all()
+    wait_kernel[(1,)](sig, index, n)
+    ditron.barrier_all()
+    return True
