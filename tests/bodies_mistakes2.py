@@ -28,3 +28,25 @@ def wait_past_end(world, index, n):
     wait_kernel[(1,)](sig, index, n)
     ditron.barrier_all()
     return True
+
+
+# ---------------------------------------------------------------------------
+# a block mask combined with a scalar condition
+# ---------------------------------------------------------------------------
+
+@ditron.jit
+def rank_masked_copy(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    cm = offs < n
+    v = tl.load(x_ptr + offs, mask=cm & (dl.rank() > 0), other=-1.0)
+    tl.store(out_ptr + offs, v, mask=cm & (tl.program_id(0) >= 0))
+
+
+def scalar_condition_in_mask(world):
+    """Ranks > 0 copy the first 10 elements; rank 0 stores ``other`` (-1) there."""
+    x = torch.arange(16, dtype=torch.float32) + 1
+    out = torch.zeros(16)
+    rank_masked_copy[(1,)](x, out, 10, BLOCK=16)
+    want = torch.cat([x[:10] if world.rank > 0 else torch.full((10,), -1.0), torch.zeros(6)])
+    torch.testing.assert_close(out, want)
+    return True

@@ -101,3 +101,11 @@ def test_wait_outside_its_tensor_fails_at_once(dist_world):
     text = _fails(w, B.wait_past_end, 30, 3)
     assert "12 bytes from element 30 of symmetric tensor 'flags' (int32[32]" in text and "run 4 bytes past" in text
     assert "num_barriers=3 words from there are more than the tensor holds" in text
+
+
+@sim_only
+def test_block_mask_and_scalar_condition(dist_world):
+    """`mask=cm & (dl.rank() > 0)` (a block mask with a scalar i1 condition) loads and stores as on GPUs; it
+    died with Triton 3.9's interpreter's "mask has unsupported dtype"."""
+    import bodies_mistakes2 as B
+    assert dist_world(2).run(B.scalar_condition_in_mask) == [True, True]
