@@ -50,3 +50,17 @@ def scalar_condition_in_mask(world):
     want = torch.cat([x[:10] if world.rank > 0 else torch.full((10,), -1.0), torch.zeros(6)])
     torch.testing.assert_close(out, want)
     return True
+
+
+# ---------------------------------------------------------------------------
+# loops in the distributed IR
+# ---------------------------------------------------------------------------
+
+@ditron.jit
+def loop_signals(sig_ptr, n):
+    for i in range(n):
+        dl.wait(sig_ptr + i, 1, "sys", "acquire", waitValue=1)
+        j = 0
+        while j < n:
+            dl.notify(sig_ptr + j, 0, signal=1, sig_op="add", comm_scope="intra_node")
+            j += 1

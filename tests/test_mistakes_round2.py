@@ -109,3 +109,14 @@ def test_block_mask_and_scalar_condition(dist_world):
     died with Triton 3.9's interpreter's "mask has unsupported dtype"."""
     import bodies_mistakes2 as B
     assert dist_world(2).run(B.scalar_condition_in_mask) == [True, True]
+
+
+def test_loop_body_ops_are_recorded_once():
+    """The distributed IR lists each op of a `for` / `while` body once, as the PTX has it (Triton visits a loop
+    body twice: once to find the loop-carried values, in a block it erases)."""
+    import ditron
+    import bodies_mistakes2 as B
+    ck = ditron.compile(B.loop_signals, target="sm_90a", signature={"sig_ptr": "*i32", "n": "i32"})
+    assert ck.dist_ir.kinds == ["wait", "notify"], ck.asm["dist_ir"]
+    assert ck.asm["dist_ir"].count("dist.wait(") == 1 and ck.asm["dist_ir"].count("dist.notify(") == 1
+    assert ck.asm["ptx"].count("ld.acquire.sys") == 1
