@@ -64,3 +64,21 @@ def loop_signals(sig_ptr, n):
         while j < n:
             dl.notify(sig_ptr + j, 0, signal=1, sig_op="add", comm_scope="intra_node")
             j += 1
+
+
+# ---------------------------------------------------------------------------
+# a wrong signal value: every program of a grid blocks on the same word
+# ---------------------------------------------------------------------------
+
+@ditron.jit
+def wrong_value_kernel(sig_ptr, want):
+    dl.notify(sig_ptr, (dl.rank() + 1) % dl.num_ranks(), signal=1, sig_op="set", comm_scope="intra_node")
+    dl.wait(sig_ptr, 1, "sys", "acquire", waitValue=want)
+
+
+def wrong_signal_value(world, want):
+    sig = ditron.symm_zeros((1,), torch.int32, name="ready")
+    ditron.barrier_all()
+    wrong_value_kernel[(9, 3)](sig, want)
+    ditron.barrier_all()
+    return True

@@ -120,3 +120,40 @@ def test_loop_body_ops_are_recorded_once():
     assert ck.dist_ir.kinds == ["wait", "notify"], ck.asm["dist_ir"]
     assert ck.asm["dist_ir"].count("dist.wait(") == 1 and ck.asm["dist_ir"].count("dist.notify(") == 1
     assert ck.asm["ptx"].count("ld.acquire.sys") == 1
+
+
+@sim_only
+def test_hang_report_collapses_identical_waits():
+    """27 programs per rank blocked on the same word with the same wrong value: one line per rank naming the
+    programs it covers (not 27 identical lines); the report's entries stay one per program."""
+    import bodies_mistakes2 as B
+    from ditron.errors import DitronHangError
+    from ditron.sim.pool import SimCluster
+    with SimCluster(2, hang_timeout=1.5) as w:
+        assert w.run(B.wrong_signal_value, 1) == [True, True]
+        with pytest.raises(DitronHangError) as info:
+            w.run(B.wrong_signal_value, 2)
+    assert len(info.value.report) == 54
+    lines = str(info.value).splitlines()[1:]
+    assert len(lines) == 2, lines
+    for r, line in enumerate(sorted(lines)):
+        assert line.startswith(f"  rank {r}, 27 programs: (0..8, 0..2, 0): blocked in dl.wait "
+                               "at bodies_mistakes2.py:"), line
+        assert "symmetric tensor 'ready'" in line and "expected: == 2; observed: 1" in line
+
+
+def test_ditron_sim_deadlock_report_collapses_identical_waits():
+    """`ditron sim`'s deadlock report (the launcher's printer) collapses them too; different waits stay apart."""
+    import io
+    from ditron.sim.launcher import print_deadlock
+    same = dict(rank=0, primitive="dl.wait", where="k.py:7", signal="symmetric tensor 'ready'", expected="== 2",
+                observed=1)
+    entries = [dict(same, program=(p, 0, 0)) for p in range(200)] + [dict(same, program=(0, 1, 0), observed=0)]
+    out = io.StringIO()
+    print_deadlock({0: {"kind": "hang", "report": entries}}, [None, 0], 30, out)
+    lines = out.getvalue().splitlines()
+    assert lines[1:] == ["  rank 0, 200 programs: (0..199, 0, 0): blocked in dl.wait at k.py:7; signal: symmetric "
+                         "tensor 'ready'; expected: == 2; observed: 1",
+                         "  rank 0, program (0, 1, 0): blocked in dl.wait at k.py:7; signal: symmetric tensor "
+                         "'ready'; expected: == 2; observed: 0",
+                         "  rank 1: finished"], lines

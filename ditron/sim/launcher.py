@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from ..errors import format_report_entry
+from ..errors import format_report_lines
 from ..runtime.heap import HEAP_ALIGN, parse_size, round_up
 from . import forkserver as F
 from . import memory as M
@@ -248,8 +248,8 @@ def print_deadlock(reports, codes, timeout, out):
     for r in range(len(codes)):
         rep = reports.get(r)
         if rep and rep.get("kind") == "hang":
-            for entry in rep.get("report", []):
-                print("  " + format_report_entry(entry), file=out)
+            for line in format_report_lines(rep.get("report", [])):
+                print("  " + line, file=out)
         elif codes[r] == 0:
             print(f"  rank {r}: finished", file=out)
         elif rep and rep.get("kind") == "error":
