@@ -82,3 +82,30 @@ def wrong_signal_value(world, want):
     wrong_value_kernel[(9, 3)](sig, want)
     ditron.barrier_all()
     return True
+
+
+# ---------------------------------------------------------------------------
+# ditron.nn: layers that must be the same on every rank, and a wrong width
+# ---------------------------------------------------------------------------
+
+def tp_mlp_weights(world, seed_per_rank):
+    """TensorParallelMLP.from_linears from nn.Linear layers made after torch.manual_seed(7 + rank)
+    (``seed_per_rank``: the usual mistake) or after torch.manual_seed(7)."""
+    import ditron.nn as dnn
+    from torch import nn
+    torch.manual_seed(7 + world.rank if seed_per_rank else 7)
+    fc1, fc2 = nn.Linear(24, 40).to(torch.bfloat16), nn.Linear(40, 20).to(torch.bfloat16)
+    mlp = dnn.TensorParallelMLP.from_linears(fc1, fc2)
+    x = torch.randn(3, 24, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    with torch.no_grad():
+        return list(mlp(x).shape)
+
+
+def tp_mlp_wrong_width(world):
+    """The input has 40 features; the layer takes 24."""
+    import ditron.nn as dnn
+    from torch import nn
+    torch.manual_seed(7)
+    mlp = dnn.TensorParallelMLP.from_linears(nn.Linear(24, 40).to(torch.bfloat16), nn.Linear(40, 24).to(torch.bfloat16))
+    with torch.no_grad():
+        mlp(torch.zeros(3, 40, dtype=torch.bfloat16))

@@ -157,3 +157,69 @@ def test_ditron_sim_deadlock_report_collapses_identical_waits():
                          "  rank 0, program (0, 1, 0): blocked in dl.wait at k.py:7; signal: symmetric tensor "
                          "'ready'; expected: == 2; observed: 0",
                          "  rank 1: finished"], lines
+
+
+@sim_only
+def test_tp_layers_from_different_modules_fail(dist_world):
+    """TensorParallelMLP.from_linears from nn.Linear layers that differ across ranks (seeded per rank) is an error
+    at construction naming the layer, each rank's weight fingerprint and the fixes; alike layers build and run."""
+    import bodies_mistakes2 as B
+    w = dist_world(2)
+    assert w.run(B.tp_mlp_weights, False) == [[3, 20], [3, 20]]
+    text = _fails(w, B.tp_mlp_weights, True)
+    assert "TensorParallelMLP.from_linears (fc1): ranks disagree on argument 'weight'" in text, text
+    assert "rank 0: bfloat16[40, 24]:" in text and "rank 1: bfloat16[40, 24]:" in text
+    assert "torch.manual_seed" in text and "broadcast" in text and "this rank's own shards" in text
+
+
+@sim_only
+def test_tp_layer_wrong_width_names_the_layer(dist_world):
+    """An input of the wrong width is reported against the layer and its in_features, not the internal op's
+    operand."""
+    import bodies_mistakes2 as B
+    text = _fails(dist_world(2), B.tp_mlp_wrong_width)
+    assert "ditron.nn.ColumnParallelLinear: input must be [rows, 24] (in_features = 24" in text, text
+    assert "got torch.bfloat16[3, 40]" in text
+
+
+def test_fingerprint_sees_every_element():
+    """The weight fingerprint changes with any one element, with a swap of two elements, and with the dtype."""
+    import torch
+    from ditron.nn import fingerprint
+    t = torch.randn(64, 33).to(torch.bfloat16)
+    base = fingerprint(t)
+    assert fingerprint(t.clone()) == base
+    for i in (0, 17, 64 * 33 - 1):
+        u = t.clone().view(-1)
+        u[i] = u[i] + 1
+        assert fingerprint(u.view(64, 33)) != base
+    u = t.clone().view(-1)
+    u[[3, 4]] = u[[4, 3]]
+    assert u[3] == u[4] or fingerprint(u.view(64, 33)) != base
+    assert fingerprint(t.to(torch.float16)) != base and fingerprint(None) == "none"
+
+
+def test_grouped_gemm_on_low_latency_recv_x_names_the_workaround():
+    """grouped_gemm on a low-latency ep_dispatch's 3-D recv_x (the layout docs/zoo.md shows) says what the layout
+    is and what to use (torch.bmm, or a normal-mode context), not only '2-D tensor'."""
+    import torch
+    from ditron.errors import DitronError
+    from ditron.kernels.moe import grouped_gemm
+    recv_x = torch.zeros(2, 8, 16, dtype=torch.bfloat16)
+    w = torch.zeros(2, 16, 16, dtype=torch.bfloat16)
+    with pytest.raises(DitronError) as info:
+        grouped_gemm(recv_x, w, torch.tensor([3, 1], dtype=torch.int32))
+    text = str(info.value)
+    assert "low-latency ep_dispatch's recv_x" in text and "torch.bmm(recv_x, w)" in text and "normal-mode" in text
+
+
+def test_docs_match_behaviour():
+    """docs/porting.md no longer says the simulator runs one thread per program; docs/zoo.md states zig-zag's even
+    rows and shows the low-latency recv_x with torch.bmm, not grouped_gemm."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    porting = open(os.path.join(root, "docs", "porting.md")).read()
+    assert "runs one thread per program" not in porting
+    zoo = open(os.path.join(root, "docs", "zoo.md")).read()
+    assert "any\nsequence length" not in zoo and "this rank's `S` must be even" in zoo
+    ll = zoo[zoo.index('mode="low_latency", capacity=128)'):]
+    assert "torch.bmm(recv_x, w_local)" in ll.split("```")[0]
