@@ -223,3 +223,73 @@ def test_docs_match_behaviour():
     assert "any\nsequence length" not in zoo and "this rank's `S` must be even" in zoo
     ll = zoo[zoo.index('mode="low_latency", capacity=128)'):]
     assert "torch.bmm(recv_x, w_local)" in ll.split("```")[0]
+
+
+EXCHANGE = '''
+import os
+import torch, triton, triton.language as tl
+import ditron, ditron.language as dl
+
+
+@ditron.jit
+def exchange(x_ptr, out_ptr, sig_ptr, n, BLOCK: tl.constexpr, BUG: tl.constexpr):
+    """Each rank writes its block of x, signals its left neighbour, and copies its right neighbour's block."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    rank = dl.rank()
+    left = (rank + dl.num_ranks() - 1) % dl.num_ranks()
+    peer = (rank + 1) % dl.num_ranks()
+    word = tl.program_id(0) * dl.num_ranks()
+    if BUG == "early_signal":
+        dl.notify(sig_ptr + word + rank, left, signal=1, sig_op="set", comm_scope="intra_node")
+    tl.store(x_ptr + offs, (rank * 1000 + offs).to(tl.float32), mask=mask)
+    if BUG != "early_signal":
+        dl.notify(sig_ptr + word + rank, left, signal=1, sig_op="set", comm_scope="intra_node")
+    if BUG == "no_wait":
+        src = dl.symm_at(x_ptr + offs, peer)
+    else:
+        token = dl.wait(sig_ptr + word + peer, 1, "sys", "acquire", waitValue=1)
+        src = dl.consume_token(dl.symm_at(x_ptr + offs, peer), token)
+    tl.store(out_ptr + offs, tl.load(src, mask=mask), mask=mask)
+
+
+world = ditron.init()
+n, B = 300, 128
+x = ditron.symm_zeros((n,), torch.float32, name="x")
+sig = ditron.symm_zeros((triton.cdiv(n, B) * world.world_size,), torch.int32, name="ready")
+out = torch.zeros(n)
+ditron.barrier_all()
+exchange[(triton.cdiv(n, B),)](x, out, sig, n, BLOCK=B, BUG=os.environ["BUG"])
+ditron.barrier_all()
+want = (world.rank + 1) % world.world_size * 1000 + torch.arange(n, dtype=torch.float32)
+assert torch.equal(out, want), f"rank {world.rank}: wrong result"
+print(f"rank {world.rank}: ok")
+ditron.finalize()
+'''
+
+
+@sim_only
+def test_ditron_sim_catches_a_missing_wait_by_default(tmp_path):
+    """`ditron sim` without flags runs the race finder: a consumer without its dl.wait and a dl.notify before the
+    stores it publishes are reported as data races naming both lines (the early signal passed bitwise before,
+    the missing wait whenever the producer happened to be first); the correct kernel passes; --no-race opts
+    out."""
+    import subprocess
+    import sys
+    script = tmp_path / "exchange.py"
+    script.write_text(EXCHANGE)
+    env = {k: v for k, v in os.environ.items() if k not in ("DITRON_SIM_RACE", "DITRON_SIM_SEED")}
+
+    def job(bug, *flags):
+        return subprocess.run([sys.executable, "-m", "ditron", "sim", "-n", "2", *flags, str(script)],
+                              capture_output=True, text=True, timeout=300, env=dict(env, BUG=bug))
+    p = job("none")
+    assert p.returncode == 0 and p.stdout.count(": ok") == 2, p.stderr
+    for bug in ("no_wait", "early_signal"):
+        p = job(bug)
+        assert p.returncode != 0, (bug, p.stdout)
+        assert "data race on symmetric tensor 'x'" in p.stderr, (bug, p.stderr[-3000:])
+        assert "write by rank" in p.stderr and "exchange.py:" in p.stderr
+    from ditron.sim.launcher import build_parser
+    assert build_parser().parse_args(["--no-race", "x.py"]).race is False
+    assert build_parser().parse_args(["x.py"]).race is None          # None: the default, on (race.job_default)
