@@ -97,8 +97,8 @@ def check_same_on_every_rank(what: str, fields, world=None) -> None:
             raise _differ(what, e) from None
         return
     import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()):
-        return
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != world.world_size:
+        return          # (a world on a sub-group: its ranks' keys in the default store would collide; not checked)
     if state is None:
         state = _AGREE[id(world)] = [world, f"ditron/nn/{len(_AGREE)}", 0]
     call = state[2]
