@@ -89,6 +89,37 @@ def function_name(gen):
     return getattr(gen, "function_name", None)
 
 
+def _install_dry_run_marker():
+    """Triton's code generator visits a ``for`` / ``while`` body twice: once in a block it then erases, to find
+    the loop-carried variables (``CodeGenerator._find_carries``: 3.5 to 3.9), and once for real.  Mark the
+    generator while the first visit runs, so that the distributed IR records each op of a loop body once."""
+    try:
+        from triton.compiler.code_generator import CodeGenerator
+    except ImportError:                     # pragma: no cover -- a Triton without the code generator module
+        return
+    orig = getattr(CodeGenerator, "_find_carries", None)
+    if orig is None or getattr(orig, "_ditron_marks_dry_run", False):
+        return
+
+    def _find_carries(self, *args, _orig=orig, **kwargs):
+        self._ditron_dry_run = getattr(self, "_ditron_dry_run", 0) + 1
+        try:
+            return _orig(self, *args, **kwargs)
+        finally:
+            self._ditron_dry_run -= 1
+
+    _find_carries._ditron_marks_dry_run = True
+    CodeGenerator._find_carries = _find_carries
+
+
+_install_dry_run_marker()
+
+
+def in_dry_run(gen) -> bool:
+    """Whether ``gen`` is generating a loop body that Triton will erase (see :func:`_install_dry_run_marker`)."""
+    return bool(getattr(gen, "_ditron_dry_run", 0))
+
+
 def call_jit(gen, fn, args):
     """Emit a call to another ``@triton.jit`` function from inside a builtin."""
     return gen.call_JitFunction(fn, list(args), {})

@@ -163,6 +163,31 @@ def _install_rne_casts():
     _CAST_PATCHED = True
 
 
+_SPLAT_PATCHED = False
+
+
+def _install_bool_splat():
+    """Triton's interpreter tags a comparison's result with its operands' type (``pid >= 0``: data bool, type
+    int32), and its ``create_splat`` makes the splat's data of that type: ``mask & (dl.rank() > 0)`` -- a block
+    mask with a scalar condition -- became an int32 block that ``tl.load`` / ``tl.store`` reject ("mask has
+    unsupported dtype").  A splat to an int1 block of boolean data stays boolean, as on GPUs."""
+    global _SPLAT_PATCHED
+    if _SPLAT_PATCHED:
+        return
+    import numpy as np
+    from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+    orig = InterpreterBuilder.create_splat
+
+    def create_splat(self, ret_ty, arg, _orig=orig):
+        if arg.data.dtype == np.bool_ and getattr(ret_ty, "scalar", None) == tl.int1:
+            fill = arg.data[0] if isinstance(arg.dtype, tl.block_type) else arg.data
+            return TensorHandle(np.full(ret_ty.shape, fill, dtype=np.bool_), tl.int1)
+        return _orig(self, ret_ty, arg)
+
+    InterpreterBuilder.create_splat = create_splat
+    _SPLAT_PATCHED = True
+
+
 _SIMT = threading.local()
 
 
@@ -695,6 +720,7 @@ def interpreter_launch(grid):
     _install_numpy_safe_index()
     _install_bf16_dot()
     _install_rne_casts()
+    _install_bool_splat()
     _install_access_hooks()
     _install_nested_patch_skip()
     _install_overflow_check_skip()

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
 import os
 import platform
@@ -16,6 +17,96 @@ EMIT = {"dist-ir": "dist_ir", "ttir": "ttir", "ttgir": "ttgir", "llir": "llir", 
         "amdgcn": "amdgcn", "hsaco": "hsaco"}
 
 
+def _is_main_guard(stmt) -> bool:
+    """``if __name__ == "__main__":`` (either order of the comparison)."""
+    if not isinstance(stmt, ast.If) or not isinstance(stmt.test, ast.Compare) or len(stmt.test.ops) != 1:
+        return False
+    sides = [stmt.test.left, stmt.test.comparators[0]]
+    return (isinstance(stmt.test.ops[0], ast.Eq) and any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides)
+            and any(isinstance(s, ast.Constant) and s.value == "__main__" for s in sides))
+
+
+class _Names(ast.NodeVisitor):
+    """The module-level names one top-level statement defines and the names it reads (a function's or a
+    class's body: its free names, i.e. the names it reads less its parameters and its own assignments)."""
+
+    def __init__(self):
+        self.defs, self.uses = set(), set()
+
+    def _scope(self, node, args=None):
+        inner = _Names()
+        for stmt in node.body:
+            inner.visit(stmt)
+        local = set(inner.defs)
+        if args is not None:
+            local |= {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+            local |= {a.arg for a in (args.vararg, args.kwarg) if a is not None}
+        self.uses |= inner.uses - local
+
+    def visit_FunctionDef(self, node):
+        self.defs.add(node.name)
+        for expr in node.decorator_list + node.args.defaults + [d for d in node.args.kw_defaults if d]:
+            self.visit(expr)
+        for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs:
+            if a.annotation is not None:
+                self.visit(a.annotation)
+        self._scope(node, node.args)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_ClassDef(self, node):
+        self.defs.add(node.name)
+        for expr in node.decorator_list + node.bases + [k.value for k in node.keywords]:
+            self.visit(expr)
+        self._scope(node)
+
+    def visit_Lambda(self, node):
+        inner = _Names()
+        inner.visit(node.body)
+        self.uses |= inner.uses - {a.arg for a in node.args.args}
+
+    def visit_Name(self, node):
+        (self.defs if isinstance(node.ctx, (ast.Store, ast.Del)) else self.uses).add(node.id)
+
+    def visit_alias(self, node):
+        self.defs.add((node.asname or node.name).split(".")[0])
+
+    def visit_ExceptHandler(self, node):
+        if node.name:
+            self.defs.add(node.name)
+        self.generic_visit(node)
+
+
+def _kernel_slice(tree, name):
+    """The top-level statements of ``tree`` that ``name`` needs: every import, and the definitions and
+    assignments of the names it reads, transitively (a function's body counts).  Everything else -- calls
+    such as ``main()`` or ``ditron.init()``, argument parsing, prints, ``if __name__ == "__main__":`` -- is left
+    out, so that compiling a kernel never runs a script."""
+    facts = []
+    for stmt in tree.body:
+        if _is_main_guard(stmt):
+            continue
+        n = _Names()
+        n.visit(stmt)
+        facts.append((stmt, n.defs, n.uses))
+    keep = {id(s) for s, _, _ in facts if isinstance(s, (ast.Import, ast.ImportFrom))}
+    need, grown = {name}, True
+    while grown:
+        grown = False
+        for stmt, defs, uses in facts:
+            if id(stmt) not in keep and defs & need:
+                keep.add(id(stmt))
+                need |= uses
+                grown = True
+    return [s for s, _, _ in facts if id(s) in keep]
+
+
+GUARD_HINT = ("ditron compile reads the kernel from the file without running it as a script: it runs only the "
+              "file's imports and the definitions and assignments the kernel needs (with __name__ = {mod!r}, "
+              "never '__main__'); keep script code (argument parsing, ditron.init(), launches) out of them, "
+              "under `if __name__ == \"__main__\":`")
+
+
 def _load_kernel(spec: str):
     if "::" not in spec:
         raise SystemExit(f"ditron compile: expected FILE.py::KERNEL, got {spec!r}")
@@ -23,14 +114,37 @@ def _load_kernel(spec: str):
     if not os.path.exists(path):
         raise SystemExit(f"ditron compile: no such file {path!r}")
     mod_name = f"_ditron_cli_{os.path.splitext(os.path.basename(path))[0]}"
+    with open(path, "rb") as f:
+        source = f.read()
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as e:
+        raise SystemExit(f"ditron compile: {path}:{e.lineno}: syntax error: {e.msg}") from None
+    body = _kernel_slice(tree, name)
+    if not any(name in _defs(s) for s in body):
+        guarded = any(_is_main_guard(s) and any(name in _defs(t) for t in s.body) for s in tree.body)
+        raise SystemExit(f"ditron compile: {path} has no kernel {name!r} at its top level"
+                         + (" (it is defined under `if __name__ == \"__main__\":`, which ditron compile does not "
+                            "run: define the kernel at the top level)" if guarded else ""))
     loader_spec = importlib.util.spec_from_file_location(mod_name, path)
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[mod_name] = module
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    loader_spec.loader.exec_module(module)
-    if not hasattr(module, name):
-        raise SystemExit(f"ditron compile: {path} has no kernel {name!r}")
+    for stmt in body:
+        code = compile(ast.Module(body=[stmt], type_ignores=[]), path, "exec")
+        try:
+            exec(code, module.__dict__)
+        except (Exception, SystemExit) as e:    # noqa: BLE001 -- reported with the statement and the rule
+            what = f"exit({e.code})" if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"
+            raise SystemExit(f"ditron compile: {path}:{stmt.lineno}, a statement that kernel {name!r} needs, "
+                             f"failed: {what}\n  " + GUARD_HINT.format(mod=mod_name)) from None
     return getattr(module, name)
+
+
+def _defs(stmt):
+    n = _Names()
+    n.visit(stmt)
+    return n.defs
 
 
 def _parse_value(text: str):

@@ -74,9 +74,30 @@ class DitronRankError(DitronError):
         super().__init__(message + (f"\n--- traceback of rank {rank} ---\n{traceback_text}" if traceback_text else ""))
 
 
-def format_report_entry(e) -> str:
+def _programs_text(programs) -> str:
+    """``program (0, 0, 0)`` for one; a box of the grid as ranges (``27 programs: (0..8, 0..2, 0)``), else the
+    first two and the last (``5 programs: (0, 0, 0), (2, 0, 0), ..., (7, 1, 0)``)."""
+    progs = sorted({tuple(p) for p in programs})
+    if len(progs) == 1:
+        return f"program {progs[0]}"
+    axes = [sorted({p[i] for p in progs}) for i in range(len(progs[0]))]
+    box = 1
+    for a in axes:
+        box *= len(a)
+    if box == len(progs) and all(a[-1] - a[0] + 1 == len(a) for a in axes):
+        return f"{len(progs)} programs: (" + ", ".join(f"{a[0]}..{a[-1]}" if len(a) > 1 else str(a[0])
+                                                      for a in axes) + ")"
+    shown = progs if len(progs) <= 4 else progs[:2] + ["..."] + progs[-1:]
+    return f"{len(progs)} programs: " + ", ".join(str(p) for p in shown)
+
+
+def format_report_entry(e, programs=None) -> str:
+    """One line for a blocked wait; ``programs``: the programs of identical waits it stands for."""
     prog = e.get("program")
-    who = f"rank {e.get('rank')}" + (f", program {tuple(prog)}" if prog is not None else ", host")
+    if programs is not None and len(programs) > 1:
+        who = f"rank {e.get('rank')}, {_programs_text(programs)}"
+    else:
+        who = f"rank {e.get('rank')}" + (f", program {tuple(prog)}" if prog is not None else ", host")
     parts = [f"{who}: blocked in {e.get('primitive', '?')} at {e.get('where', '?')}"]
     if e.get("signal"):
         parts.append(f"signal: {e['signal']}")
@@ -87,5 +108,27 @@ def format_report_entry(e) -> str:
     return "; ".join(parts)
 
 
+def collapse_report(entries):
+    """[(entry, programs)]: blocked waits that differ only in their program (same rank, primitive, line, signal,
+    expected and observed value) as one entry with the programs it covers, in order of first appearance."""
+    groups: dict = {}
+    for e in entries:
+        prog = e.get("program")
+        if prog is None:
+            groups[("host", id(e))] = (e, None)
+            continue
+        key = tuple(str(e.get(k)) for k in ("rank", "primitive", "where", "signal", "expected", "observed"))
+        if key in groups:
+            groups[key][1].append(prog)
+        else:
+            groups[key] = (e, [prog])
+    return list(groups.values())
+
+
+def format_report_lines(entries):
+    """The report's lines: identical blocked waits of several programs collapsed into one line."""
+    return [format_report_entry(e, progs) for e, progs in collapse_report(entries)]
+
+
 def format_report(entries) -> str:
-    return "\n".join("  " + format_report_entry(e) for e in entries)
+    return "\n".join("  " + line for line in format_report_lines(entries))

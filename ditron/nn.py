@@ -10,8 +10,10 @@
   the input features: ``y = sum over ranks of x_r @ W_r^T`` then ``+ b``, by GEMM-ReduceScatter (``"rs"``:
   this rank's rows ``[M / W, n]``, sequence parallel) or GEMM-AllReduce (``"ar"``: all rows ``[M, n]``).
 
-Built from a full ``nn.Linear`` (``from_linear``: every rank passes the same layer and keeps its shard) or
-from this rank's shards (the constructors).  A feature dimension that is not a multiple of the world size is
+Built from a full ``nn.Linear`` (``from_linear``: every rank passes the same layer and keeps its shard; a
+fingerprint of its weight and bias is compared across ranks at construction, one small collective, so layers that
+differ across ranks -- no common seed -- are an error naming the layer and each rank's value) or from this rank's
+shards (the constructors).  A feature dimension that is not a multiple of the world size is
 split in shards of ``ceil(features / W)`` with zero padding on the last ranks (zero weights and bias, so the
 padded columns are 0 and contribute nothing to a following row-parallel layer, provided the activation
 between them maps 0 to 0, as GELU, ReLU and SiLU do); ``local_features`` is the number of real ones on this
@@ -49,6 +51,86 @@ def shard(t: torch.Tensor, dim: int, rank: int, world_size: int):
     return part.contiguous(), hi - lo
 
 
+def fingerprint(t: torch.Tensor | None) -> str:
+    """A digest of a tensor's exact values (bits, position, dtype, shape), computed where the tensor is (chunked
+    integer arithmetic: exact and independent of the summation order), as a short text; ``"none"`` for None."""
+    if t is None:
+        return "none"
+    shape = list(t.shape)
+    t = t.detach().contiguous().reshape(-1)
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    bits = t.view(ints)
+    h1 = h2 = 0
+    step = 1 << 20
+    for lo in range(0, bits.numel(), step):
+        b = bits[lo:lo + step].to(torch.int64)
+        idx = torch.arange(lo, lo + b.numel(), dtype=torch.int64, device=b.device)
+        h1 += int(((b + 40503) * (idx * 2654435761 + 97)).sum())
+        h2 += int(((b ^ 0x5BD1) * (idx * 40503 + 2246822519)).sum())
+    mask = (1 << 64) - 1
+    return f"{str(t.dtype).replace('torch.', '')}{shape}:{h1 & mask:016x}{h2 & mask:016x}"
+
+
+_AGREE: dict = {}      # id(world) -> [world, CallBoard (simulator) or the store prefix (GPUs), calls]
+
+
+def check_same_on_every_rank(what: str, fields, world=None) -> None:
+    """One small collective: every rank's ``fields`` (``[(name, text)]``, e.g. weight fingerprints) must be equal.
+    A layer built from "the same" full module on every rank (``from_linear``) reads its shard from it: modules that
+    differ across ranks (no common seed) would give a silently wrong model.  Simulator: through a small symmetric
+    board (as the zoo's argument checks); GPUs: through torch.distributed's store (host only), when it is up."""
+    world = world or current_world(required=False)
+    if world is None or world.world_size == 1:
+        return
+    from .runtime import consistency as C
+    state = _AGREE.get(id(world))
+    if state is not None and state[0] is not world:           # (another world at a reused id)
+        state = None
+    if world.backend == "sim":
+        words = getattr(state[1], "words", None) if state else None
+        alloc = getattr(words, "_ditron_alloc", None)
+        if state is None or alloc is not None and alloc.freed:        # (a heap_scope freed the board: a new one)
+            state = _AGREE[id(world)] = [world, C.CallBoard(world, "ditron.nn"), 0]
+        try:
+            state[1].check(what, fields)
+        except DitronError as e:
+            raise _differ(what, e) from None
+        return
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != world.world_size:
+        return          # (a world on a sub-group: its ranks' keys in the default store would collide; not checked)
+    if state is None:
+        state = _AGREE[id(world)] = [world, f"ditron/nn/{len(_AGREE)}", 0]
+    call = state[2]
+    state[2] += 1
+    fp = {"op": what, "call": call, "fields": [(k, str(v)) for k, v in fields], "site": C.call_site()}
+    fps = C.exchange_via_store(dist.distributed_c10d._get_default_store(), state[1], world.rank, world.world_size,
+                               fp, call, "ditron.nn layers", C.gpu_timeout_s())
+    try:
+        C.compare(fps, call, "ditron.nn layers")
+    except DitronError as e:
+        raise _differ(what, e) from None
+
+
+def _differ(what, e):
+    return DitronError(f"{e}\nditron.nn.{what} shards a full layer that must be the same on every rank, and it "
+                       "is not: seed every rank alike before building it (torch.manual_seed(S) on every rank), "
+                       "broadcast it from rank 0 (torch.distributed.broadcast of each parameter) or load the same "
+                       "checkpoint everywhere; or build the layer from this rank's own shards "
+                       "(ColumnParallelLinear(weight_shard, bias_shard), RowParallelLinear(weight_shard, bias))")
+
+
+def _linear_fields(linear):
+    return [("weight", fingerprint(linear.weight)), ("bias", fingerprint(linear.bias))]
+
+
+def _check_input(what, x, features, name):
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != features:
+        got = f"{x.dtype}{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise DitronError(f"ditron.nn.{what}: input must be [rows, {features}] ({name} = {features} on this rank), "
+                          f"got {got}")
+
+
 def _param(t):
     return nn.Parameter(t.detach().clone(), requires_grad=False) if t is not None else None
 
@@ -82,14 +164,17 @@ class ColumnParallelLinear(nn.Module):
         self.world_size = _topology(None)[1]
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, world=None):
-        """This rank's shard of the full layer ``linear`` (the same on every rank)."""
+    def from_linear(cls, linear: nn.Linear, world=None, _what="ColumnParallelLinear.from_linear"):
+        """This rank's shard of the full layer ``linear`` (the same on every rank: checked across ranks, one
+        small collective)."""
         rank, W = _topology(world)
+        check_same_on_every_rank(_what, _linear_fields(linear), world)
         w, real = shard(linear.weight, 0, rank, W)
         b = shard(linear.bias, 0, rank, W)[0] if linear.bias is not None else None
         return cls(w, b, real)
 
     def forward(self, x):
+        _check_input("ColumnParallelLinear", x, self.weight.shape[1], "in_features")
         y = torch.ops.ditron.ag_gemm(x, self.weight.t(), self.world_size)
         return y + self.bias if self.bias is not None else y
 
@@ -116,12 +201,16 @@ class RowParallelLinear(nn.Module):
         self.world_size = _topology(None)[1]
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, reduce: str = "rs", world=None):
+    def from_linear(cls, linear: nn.Linear, reduce: str = "rs", world=None, _what="RowParallelLinear.from_linear"):
+        """This rank's shard of the full layer ``linear`` (the same on every rank: checked across ranks)."""
         rank, W = _topology(world)
+        check_same_on_every_rank(_what, _linear_fields(linear), world)
         w, real = shard(linear.weight, 1, rank, W)
         return cls(w, linear.bias, reduce, real)
 
     def forward(self, x):
+        _check_input("RowParallelLinear", x, self.weight.shape[1],
+                     "local in_features, the column-parallel layer's local out_features")
         if self.reduce == "rs":
             y = torch.ops.ditron.gemm_rs(x, self.weight.t(), self.world_size)
         else:
@@ -140,12 +229,19 @@ class TensorParallelMLP(nn.Module):
 
     def __init__(self, fc1: ColumnParallelLinear, fc2: RowParallelLinear, activation=None):
         super().__init__()
+        if fc1.weight.shape[0] != fc2.weight.shape[1]:
+            raise DitronError(f"ditron.nn.TensorParallelMLP: fc1 gives {fc1.weight.shape[0]} features per rank, fc2 "
+                              f"takes {fc2.weight.shape[1]}: fc2's in_features must be fc1's out_features")
         self.fc1, self.fc2 = fc1, fc2
         self.act = activation if activation is not None else nn.GELU()
 
     @classmethod
     def from_linears(cls, fc1: nn.Linear, fc2: nn.Linear, activation=None, reduce: str = "rs", world=None):
-        return cls(ColumnParallelLinear.from_linear(fc1, world), RowParallelLinear.from_linear(fc2, reduce, world),
+        if fc1.out_features != fc2.in_features:
+            raise DitronError(f"ditron.nn.TensorParallelMLP.from_linears: fc1 has {fc1.out_features} out_features, "
+                              f"fc2 {fc2.in_features} in_features: they must be equal")
+        return cls(ColumnParallelLinear.from_linear(fc1, world, _what="TensorParallelMLP.from_linears (fc1)"),
+                   RowParallelLinear.from_linear(fc2, reduce, world, _what="TensorParallelMLP.from_linears (fc2)"),
                    activation)
 
     def forward(self, x):

@@ -188,6 +188,13 @@ def check_counts(op, counts, E, device):
 
 def check_experts_weight(op, a, w, argname="w"):
     E_ = ditron.DitronError
+    if isinstance(a, torch.Tensor) and a.dim() == 3 and isinstance(w, torch.Tensor) and w.dim() == 3 and \
+            a.shape[0] == w.shape[0]:
+        raise E_(f"{op}: argument 'a' is 3-D {list(a.shape)}: a low-latency ep_dispatch's recv_x ([experts, "
+                 f"capacity, K], expert e's rows first, recv_counts[e] of them) is not grouped_gemm's layout (rows "
+                 f"of all experts one after another, [M, K]); compute its experts with torch.bmm(recv_x, w) "
+                 f"(the padding rows are computed and ignored by ep_combine), or use a normal-mode EP context, "
+                 f"whose 2-D recv_x grouped_gemm takes")
     if not isinstance(a, torch.Tensor) or a.dim() != 2:
         raise E_(f"{op}: argument 'a' must be a 2-D tensor [M, K]")
     if not isinstance(w, torch.Tensor) or w.dim() != 3:

@@ -178,10 +178,16 @@ def test_module_run_exit_code_and_atexit_of_a_failing_rank(tmp_path, _sim_zygote
     assert info["name"] == "__main__" and info["argv"] == [str(tmp_path / "probe_mod.py"), "5"]
     assert info["path0"] == str(tmp_path) and info["cwd"] == str(tmp_path) and info["umask"] == _umask()
     assert info["env"] == {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                           "GROUP_RANK": "0", "NODE_RANK": "0", "TRITON_INTERPRET": "1", "DITRON_SIM_RACE": "0",
+                           "GROUP_RANK": "0", "NODE_RANK": "0", "TRITON_INTERPRET": "1",
+                           "DITRON_SIM_RACE": "1" if _race_default() else "0",       # on unless DITRON_SIM_RACE=0
                            "DITRON_SIM_SEED": None, "PROBE_MARK": None}
     assert info["torch"] and info["grandparent"] == _sim_zygote.pid, "forked from a server forked by the zygote"
     _exited_cleanly(tmp_path, p.stdout, range(2))
+
+
+def _race_default():
+    from ditron.sim import race
+    return race.job_default()
 
 
 SCRIPT = textwrap.dedent('''

@@ -65,7 +65,8 @@ def emit(kind, operands, attrs, _semantic, _generator, params=(), aliases=None):
                                      loc=op.loc)
     rule = lookup(kind, target)
     result = rule(LoweringContext(_semantic, _generator, target, op), **operands, **attrs)
-    if recording_active():
+    if recording_active() and not _compat.in_dry_run(_generator):
+        # (a loop body's first visit, which Triton erases, is not recorded: its ops are recorded at the second)
         # (the result's type is only ever read in a recorded module's text: not computed for every op that the
         # simulator executes outside a recording)
         if result is not None:

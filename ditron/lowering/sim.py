@@ -32,8 +32,8 @@ import triton.language as tl
 from .. import _compat
 from . import register
 from .sim_base import (BACKEND, _MC_TAG, _data, _elem_bytes, _elem_ty, _int, _like, _own_offsets, _scalar,
-                       _signal_dtype, _signal_update, _spin_values, _translate, _world, access, not_in_thread_region,
-                       race, where)
+                       _signal_dtype, _signal_update, _spin_values, _translate, _wait_bounds, _world, access,
+                       not_in_thread_region, race, where)
 from . import sim_shmem, sim_thread  # noqa: F401  (their rules register on import)
 
 __all__ = ["where", "race"]       # used by ditron.language.semantic, ditron.sim and ditron.runtime.sim
@@ -75,6 +75,8 @@ def _wait(ctx, barrier_ptrs, num_barriers, wait_value, scope, semantic):
     base = _int(barrier_ptrs)
     if n > 0:
         addrs = np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(_elem_bytes(tt))
+        _wait_bounds(ctx, tr, base, n * _elem_bytes(tt), "barrier_ptrs",
+                     f"num_barriers={n} words from there are more than the tensor holds")
         _spin_values(ctx, tr, addrs, dtype, lambda v: np.all(v == want), f"== {int(want)}", "dl.wait")
         if semantic == "acquire":
             race().signal_acquire(addrs, scope == "sys")

@@ -144,7 +144,7 @@ def _check_rank(ctx, world, rank, arg, local):
                         "shmem.putmem*/getmem* or comm_scope='inter_node' across nodes)", arg=arg)
 
 
-def _tensor_bounds(ctx, tr, first, nbytes, arg, rank):
+def _tensor_bounds(ctx, tr, first, nbytes, arg, rank, fix="the size is too large for the tensor"):
     """``nbytes`` bytes from heap offset ``first`` must lie in one live symmetric tensor (not merely in the heap:
     a put past a tensor's end overwrites the peer's next tensor)."""
     heap = tr.heap
@@ -158,7 +158,7 @@ def _tensor_bounds(ctx, tr, first, nbytes, arg, rank):
         elem = torch.empty((), dtype=alloc.dtype).element_size()
         raise ctx.error(f"{nbytes} bytes from element {(first - alloc.offset) // elem} of {alloc.label()}{on} run "
                         f"{first + nbytes - end} bytes past its end ({alloc.nbytes // elem} elements, "
-                        f"{alloc.nbytes} bytes): the size is too large for the tensor", arg=arg)
+                        f"{alloc.nbytes} bytes): {fix}", arg=arg)
 
 
 def _own_offsets(ctx, tr, addrs, arg, nbytes=1, rank=None):
@@ -178,6 +178,23 @@ def _own_offsets(ctx, tr, addrs, arg, nbytes=1, rank=None):
         raise ctx.error(f"the pointer is not in this rank's symmetric heap ({what}); allocate the tensor with "
                         "ditron.symm_empty / ditron.symm_zeros", arg=arg)
     return off
+
+
+def _wait_bounds(ctx, tr, addr, nbytes, arg, fix):
+    """The ``nbytes`` signal bytes a wait reads from ``addr`` must lie in one live symmetric tensor when ``addr``
+    is in some rank's symmetric heap (a stray word past a tensor's end is another tensor's data or unused heap:
+    the wait would hang, or pass on whatever is there).  An address outside every heap is ordinary memory (a
+    wait between the programs of one rank on a tensor argument) and is not checked here."""
+    where = tr.owner_of(addr)
+    if where is None:
+        return
+    rank, off = where
+    import bisect
+    starts, ends = tr.heap.bounds_lists()
+    i = bisect.bisect_right(starts, off) - 1
+    if i >= 0 and off + nbytes <= ends[i]:
+        return
+    _tensor_bounds(ctx, tr, off, nbytes, arg, rank, fix)
 
 
 def _translate(ctx, tr, world, ptr_data, rank, arg, *, local=True, nbytes=1):

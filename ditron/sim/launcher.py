@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from ..errors import format_report_entry
+from ..errors import format_report_lines
 from ..runtime.heap import HEAP_ALIGN, parse_size, round_up
 from . import forkserver as F
 from . import memory as M
@@ -43,14 +43,14 @@ GRACE_S = 5.0
 
 
 def make_job(nprocs, heap_size, race=None):
-    """The shared files of a job (``race``: also the race finder's, default:
-    whether ``DITRON_SIM_RACE`` is set)."""
+    """The shared files of a job (``race``: also the race finder's, default: on unless
+    ``DITRON_SIM_RACE=0``, :func:`ditron.sim.race.job_default`)."""
     from . import race as R
     sim_dir = M.make_job_dir()          # also removes the directories of killed jobs
     control, heap = M.sim_dir_paths(sim_dir)
     M.create_control(control, nprocs)
     M.create_heap_file(heap, heap_size * nprocs)
-    if R.enabled() if race is None else race:
+    if R.job_default() if race is None else race:
         R.create_race_file(sim_dir, nprocs, heap_size)
     return sim_dir
 
@@ -92,12 +92,12 @@ def run_job(nprocs, argv, *, nnodes=1, heap_size=64 << 20, hang_timeout=30.0, ou
             seed=None):
     """Run ``argv`` (script and its arguments, or ``-m module ...``) on
     ``nprocs`` ranks; returns the exit code.  ``race``: run under the race
-    finder (default: ``DITRON_SIM_RACE``); ``seed``: its ``DITRON_SIM_SEED``."""
+    finder (default: on unless ``DITRON_SIM_RACE=0``); ``seed``: its ``DITRON_SIM_SEED``."""
     from ..runtime.sim import Watchdog
     from . import race as R
     check_topology(nprocs, nnodes)
     heap_size = round_up(int(heap_size), HEAP_ALIGN)
-    race = R.enabled() if race is None else race
+    race = R.job_default() if race is None else race
     sim_dir = make_job(nprocs, heap_size, race)
     control = M.Control(M.sim_dir_paths(sim_dir)[0], nprocs)
     procs = []
@@ -248,8 +248,8 @@ def print_deadlock(reports, codes, timeout, out):
     for r in range(len(codes)):
         rep = reports.get(r)
         if rep and rep.get("kind") == "hang":
-            for entry in rep.get("report", []):
-                print("  " + format_report_entry(entry), file=out)
+            for line in format_report_lines(rep.get("report", [])):
+                print("  " + line, file=out)
         elif codes[r] == 0:
             print(f"  rank {r}: finished", file=out)
         elif rep and rep.get("kind") == "error":
@@ -283,8 +283,10 @@ def build_parser(prog="ditron sim"):
     p.add_argument("--hang-timeout", type=float, default=float(os.environ.get("DITRON_HANG_TIMEOUT_S", 30)),
                    help="seconds without progress before a deadlock is reported (default 30)")
     p.add_argument("--race", action="store_true", default=None,
-                   help="run under the race finder: weak memory model, seeded random interleavings, every data "
-                        "race reported (DITRON_SIM_RACE=1)")
+                   help="run under the race finder (the default): weak memory model, seeded random interleavings, "
+                        "every data race reported -- a missing dl.wait, a signal before its data")
+    p.add_argument("--no-race", dest="race", action="store_false",
+                   help="run without the race finder (DITRON_SIM_RACE=0): faster, but a missing wait may pass")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the race finder's interleavings and stale values (DITRON_SIM_SEED, default 0)")
     p.add_argument("script", help="script to run (or -m module)")

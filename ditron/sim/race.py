@@ -67,6 +67,15 @@ def enabled() -> bool:
     return os.environ.get(ENV, "") not in ("", "0")
 
 
+def job_default() -> bool:
+    """Whether a ``ditron sim`` job (and ``ditron demo``) runs under the race finder when neither ``--race`` nor
+    ``--no-race`` is given: yes, unless ``DITRON_SIM_RACE`` says otherwise (``0``: off).  A missing ``dl.wait``
+    or a signal before its data usually passes a plain simulation bitwise (the ranks run in step); the race
+    finder reports it, at a small cost for a job (``ditron demo``: within its run-to-run noise)."""
+    raw = os.environ.get(ENV)
+    return True if raw is None or raw.strip() == "" else raw.strip() != "0"
+
+
 def seed() -> int:
     raw = os.environ.get(SEED_ENV, "0")
     try:
