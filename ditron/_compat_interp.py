@@ -343,12 +343,60 @@ def _patch_libdevice(_interp, scope):
     """Triton's interpreter hands its semantic layer only to the builtins of
     ``triton.language``; give it to the (already imported) libdevice modules
     too, so that ``libdevice.exp(x)`` reaches the builder's
-    ``create_extern_elementwise`` (which the simulator implements)."""
+    ``create_extern_elementwise`` (which the simulator implements).
+
+    The generic ``triton.language.extra.libdevice`` holds stubs that return
+    None: Triton's code generator replaces them by the backend's functions
+    (``get_module_map``), the interpreter calls them as they are.  For the
+    launch, each stub's code calls the CUDA module's function of its name (the
+    HIP module's where CUDA has none), so ``libdevice.asin(x)`` and a stub
+    imported by name (``from triton.language.extra.libdevice import asin``)
+    both compute."""
     import sys
     for name in _LIBDEVICE_MODULES:
         mod = sys.modules.get(name)
         if mod is not None:
             _interp._patch_builtin(mod, _interp.interpreter_builder, scope)
+    generic = sys.modules.get("triton.language.extra.libdevice")
+    if generic is None:
+        return
+    backends = [m for m in (sys.modules.get("triton.language.extra.cuda.libdevice"),
+                            sys.modules.get("triton.language.extra.hip.libdevice")) if m is not None]
+
+    def dispatch(fname, args, kwargs):
+        for mod in backends:
+            fn = getattr(mod, fname, None)
+            if fn is not None:
+                return fn(*args, **{k: v for k, v in kwargs.items() if k != "_semantic"})
+        raise NotImplementedError(f"triton.language.extra.libdevice.{fname}: no backend module defines it")
+
+    scope.set_attr(generic, "__ditron_libdevice_dispatch__", dispatch)
+    for fname, stub in list(vars(generic).items()):
+        code = _generic_stub_code(stub, fname)
+        if code is not None:
+            scope.set_attr(stub, "__code__", code)
+
+
+_STUB_CODE: dict = {}
+
+
+def _generic_stub_code(stub, fname):
+    """The code that makes a generic libdevice stub dispatch (None: not a stub of the module)."""
+    import types
+    if not isinstance(stub, types.FunctionType) or stub.__module__ != "triton.language.extra.libdevice" or \
+            fname.startswith("_"):
+        return None
+    code = stub.__code__
+    hit = _STUB_CODE.get(code)
+    if hit is not None or code in _STUB_CODE.values():
+        return hit
+    if code.co_freevars:
+        return None
+    src = f"def {fname}(*args, **kwargs):\n    return __ditron_libdevice_dispatch__({fname!r}, args, kwargs)\n"
+    ns: dict = {}
+    exec(compile(src, "<ditron: triton.language.extra.libdevice>", "exec"), {}, ns)
+    _STUB_CODE[code] = ns[fname].__code__
+    return _STUB_CODE[code]
 
 
 _OVERFLOW_SKIP_INSTALLED = False
@@ -621,7 +669,11 @@ def _install_nested_patch_skip():
     ``tl.cdiv`` are such helpers).  Inside a ditron launch :func:`interpreter_launch` has already patched
     ``tl`` and ``tl.core`` (a superset of what a helper's patch touches: it only patches the ``tl`` / ``tl.core``
     modules its globals hold) with the same wrappers of the same builder, so the helper's patch changes nothing
-    and is skipped.  A helper whose module holds neither still gets Triton's own patch (and its error)."""
+    and is skipped.  A helper whose module holds neither still gets Triton's own patch (and its error).
+
+    Outside ditron's launches (a plain ``@triton.jit`` kernel launched by Triton's ``GridExecutor`` on the
+    simulator, and its helpers) the patch also covers the libdevice modules (:func:`_patch_libdevice`), as
+    :func:`interpreter_launch` does for ditron's, so that their functions compute instead of failing."""
     global _NESTED_SKIP_INSTALLED
     if _NESTED_SKIP_INSTALLED:
         return
@@ -634,11 +686,20 @@ def _install_nested_patch_skip():
             if _LAUNCHES > 0 and not args and not kwargs and \
                     any(v is tl or v is _core for v in list(fn.__globals__.values())):
                 return _scope()      # nothing patched, nothing to restore
-            return _orig(fn, *args, **kwargs)
+            scope = _orig(fn, *args, **kwargs)
+            if _LAUNCHES == 0:
+                _patch_libdevice(_interp, scope)
+            return scope
 
         _patch_lang.__wrapped__ = orig
         _interp._patch_lang = _patch_lang
     _NESTED_SKIP_INSTALLED = True
+
+
+def install_libdevice_for_triton_launches():
+    """libdevice for plain ``@triton.jit`` kernels that Triton's interpreter launches (see
+    :func:`_install_nested_patch_skip`); the simulator installs it in every rank."""
+    _install_nested_patch_skip()
 
 
 def _patch_lang_now(_interp, fn):

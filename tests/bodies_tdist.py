@@ -358,6 +358,7 @@ def simt_region_on_sim(world):
     flags.zero_()
     nvshmem_barrier_all_on_stream()
     simt_barrier_kernel[(1,)](flags, world.rank, world.world_size)
+    return flags.cpu().tolist()
 
 
 @triton_dist.jit

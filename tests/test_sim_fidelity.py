@@ -51,7 +51,8 @@ def test_libdevice_functions_compute_real_values(dist_world):
 def test_libdevice_without_counterpart_is_refused():
     from ditron.sim.numerics import libdevice_function
     assert libdevice_function("__nv_expf")[1] is not None and libdevice_function("__nv_fast_expf")[1] is not None
-    assert libdevice_function("__nv_j0f")[1] is None
+    assert libdevice_function("__nv_j0f")[1] is not None         # mpmath's Bessel function (issue 56)
+    assert libdevice_function("__nv_rcp64h")[1] is None           # the hardware's approximation: refused
 
 
 def test_tensor_descriptor_load_store_pads_and_clips(dist_world):

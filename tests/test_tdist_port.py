@@ -59,12 +59,10 @@ def test_missing_names_say_what_to_use():
         U.generate_data
 
 
-def test_simt_region_is_refused_by_the_simulator(dist_world):
-    d = dist_world(2)
-    if d.backend != "sim":
-        pytest.skip("the refusal is the simulator's; GPUs run the region")
-    with pytest.raises(ditron.DitronError, match="simt_exec_region: a SIMT region is not modelled by the simulator"):
-        d.run(B.simt_region_on_sim)
+def test_simt_region_runs_per_thread(dist_world):
+    # issue 56: the simulator runs the region in every thread (it refused it before); the barrier completes and
+    # every flag is consumed, on GPUs as well
+    assert dist_world(2).run(B.simt_region_on_sim) == [[0, 0]] * 2
 
 
 def test_packed_multicast_helpers_name_the_replacement():

@@ -44,8 +44,7 @@ _RS_HELPERS = [(K + "reduce_scatter.py", f) for f in ("add_continuous_kernel", "
 _BARRIERS = [(K + "common_ops.py", f) for f in ("barrier_all_intra_node_atomic_cas_block",
                                                "_barrier_all_intra_node_non_atomic_once_block",
                                                "barrier_all_intra_node_non_atomic_block")]
-PER_THREAD = ("needs per-thread simulation: `if thread_idx < world_size` waits/signals run as thread 0 only "
-              "(a pass is luck: the data may arrive before the host reads it)")
+PER_THREAD = "one item per thread (`if thread_idx < world_size`), simulated per thread"
 POW2 = "; its `tl.arange(0, world_size)` needs a power-of-2 world size (also on GPUs)"
 
 CASES = {
@@ -74,16 +73,13 @@ CASES = {
                              note=PER_THREAD + POW2),
     "ar_one_shot_multimem": dict(src=_GRID_BARRIER + _BARRIERS + [(K + "allreduce.py",
                                                        "allreduce_one_shot_multimem_intra_node_kernel")],
-                                 note="its barrier uses dl.simt_exec_region (refused by the simulator); after it, "
-                                      "multimem_ld_reduce_v4 / multimem_st_* (packed 128-bit) are refused: body "
-                                      "change to dl.multimem_ld_reduce on a tile"),
+                                 note="multimem_ld_reduce_v4 / multimem_st_* (packed 128-bit) are refused: body "
+                                      "change to dl.multimem_ld_reduce on a tile (its SIMT-region barrier runs)"),
     "rs_ring_push_1d": dict(src=_RS_HELPERS + [(K + "reduce_scatter.py",
                                                 "reduce_scatter_ring_push_1d_intra_node_kernel")]),
-    "barrier_atomic_cas_simt": dict(src=[(K + "common_ops.py", "barrier_all_intra_node_atomic_cas_block")],
-                                    note="dl.simt_exec_region: refused by the simulator (one thread per program)"),
+    "barrier_atomic_cas_simt": dict(src=[(K + "common_ops.py", "barrier_all_intra_node_atomic_cas_block")]),
     "barrier_non_atomic": dict(src=[(K + "common_ops.py", f) for f in (
-        "_barrier_all_intra_node_non_atomic_once_block", "barrier_all_intra_node_non_atomic_block")],
-        note="dl.simt_exec_region: refused by the simulator (one thread per program)"),
+        "_barrier_all_intra_node_non_atomic_once_block", "barrier_all_intra_node_non_atomic_block")]),
     "p2p_copy_remote_to_local": dict(src=[(K + "p2p.py", "p2p_copy_remote_to_local_kernel")]),
 }
 

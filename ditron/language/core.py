@@ -221,8 +221,8 @@ def simt_exec_region(_semantic=None, _generator=None):
     Triton's code generator does not.
 
     NVIDIA: ``%tid.x`` and ``%ntid.x``.  AMD: the work-item id and the
-    compile-time thread count.  Simulator: refused with a message -- the region
-    is not modelled yet (per-thread code written as ``if dl.tid() < n:`` is).
+    compile-time thread count.  Simulator: the body runs once per simulated
+    thread, split at its top-level ``syncthreads`` (docs/simulator.md).
     """
     values = emit("simt_region", {}, {}, _semantic, _generator)
     import triton.language as tl

@@ -39,9 +39,14 @@ def _num_threads(ctx):
 
 @register("simt_region", BACKEND)
 def _simt_region(ctx):
-    raise ctx.error("dl.simt_exec_region: a SIMT region is not modelled by the simulator yet (per-thread code is "
-                    "modelled for branches on dl.tid() / dl.laneid(); see docs/simulator.md). Write the region's "
-                    "body as `if dl.tid() < n:` code, or with tiles (tl.arange over the items), or run it on a GPU")
+    """``(thread_idx, block_size)`` of ``dl.simt_exec_region``: ditron.sim.simt runs the region's body once per
+    simulated thread (split at its top-level ``syncthreads``), so the thread is the region's current one."""
+    t = _compat.simt_thread()
+    if t is None:
+        raise ctx.error("dl.simt_exec_region: the region was not rewritten into per-thread code (ditron.sim.simt "
+                        "rewrites `with dl.simt_exec_region() as (thread_idx, block_size):` statements of "
+                        "@ditron.jit kernels and their @triton.jit helpers); enter it with a `with` statement")
+    return _scalar(t, tl.int32), _scalar(_threads_per_program(), tl.int32)
 
 
 @register("num_warps", BACKEND)

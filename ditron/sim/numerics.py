@@ -19,14 +19,13 @@ interpreter's builder, once per process:
   and saturate as Triton's sm_90 lowering (``cvt.rn.satfinite.*``): values
   beyond the largest finite number (infinities too) become it, NaN stays NaN.
   fp8 -> wider types, and fp8 operands of ``tl.dot``, are exact (torch's float8 tables).
-* ``libdevice`` functions (``tl.extra.cuda.libdevice``,
-  ``tl.extra.libdevice``, ``tl.extra.hip.libdevice``) run NumPy's function in
-  the argument's precision; a function without a NumPy counterpart is refused
-  with an error naming it.
+* ``libdevice`` functions (``tl.extra.cuda.libdevice``, the generic
+  ``tl.extra.libdevice``, ``tl.extra.hip.libdevice``) compute as a GPU does
+  (:mod:`ditron.sim.libdevice`); ``rcp64h`` is refused with an error naming it.
+* fp32 / fp64 ``tl.fma`` rounds once (Triton 3.6's interpreter rounds twice).
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import triton.language as tl
@@ -69,6 +68,11 @@ _FLOAT_BINARY = {np.add, np.subtract, np.multiply, np.divide, np.fmod, np.minimu
 
 def _install_bf16(IB, TensorHandle):
     orig_binary, orig_ternary, orig_unary, orig_fma = IB.binary_op, IB.ternary_op, IB.unary_op, IB.create_fma
+    try:        # Triton >= 3.7 rounds fp32 / fp64 fma once itself (C++ helpers)
+        from triton._C.libtriton import interpreter as _native
+        exact_fma = hasattr(_native, "fma_fp32") and hasattr(_native, "fma_fp64")
+    except ImportError:
+        exact_fma = False
 
     def binary_op(self, lhs, rhs, op, _orig=orig_binary):
         if (_is_bf16(lhs) or _is_bf16(rhs)) and op in _FLOAT_BINARY:
@@ -98,6 +102,12 @@ def _install_bf16(IB, TensorHandle):
         if _is_bf16(z):
             wide = [np.asarray(_f32(h), dtype=np.float64) for h in (x, y, z)]
             return TensorHandle(f64_to_bf16_bits(wide[0] * wide[1] + wide[2]), tl.bfloat16)
+        dt = np.asarray(z.data).dtype
+        if not exact_fma and dt in (np.float32, np.float64):
+            # Triton 3.6's interpreter computes x * y + z with two roundings; a GPU's fma.rn rounds once
+            a, b, c = np.broadcast_arrays(x.data, y.data, z.data)
+            out = fma_f32(a, b, c) if dt == np.float32 else _libdevice().fma_exact(a, b, c)
+            return TensorHandle(out, z.dtype.scalar)
         return _orig(self, x, y, z)
 
     IB.binary_op, IB.ternary_op, IB.unary_op, IB.create_fma = binary_op, ternary_op, unary_op, create_fma
@@ -258,56 +268,33 @@ def _install_fp8(IB, TensorHandle, interp):
 # libdevice
 # ---------------------------------------------------------------------------
 
-def _rint(x):
-    return np.rint(x)
+def _libdevice():
+    from . import libdevice
+    return libdevice
 
 
-def _round_away(x):
-    return np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5))
-
-
-def _vec(fn):
-    return np.vectorize(fn, otypes=[np.float64])
-
-
-_LIBDEVICE = {
-    "exp": np.exp, "exp2": np.exp2, "exp10": lambda x: np.power(10.0, x), "expm1": np.expm1,
-    "log": np.log, "log2": np.log2, "log10": np.log10, "log1p": np.log1p,
-    "sin": np.sin, "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
-    "atan2": np.arctan2, "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh, "asinh": np.arcsinh,
-    "acosh": np.arccosh, "atanh": np.arctanh, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
-    "cbrt": np.cbrt, "rcbrt": lambda x: 1.0 / np.cbrt(x), "pow": np.power, "fabs": np.abs, "abs": np.abs,
-    "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "rint": _rint, "nearbyint": _rint,
-    "round": _round_away, "fmin": np.fmin, "fmax": np.fmax, "fmod": np.fmod, "remainder": np.remainder,
-    "hypot": np.hypot, "copysign": np.copysign, "fdim": lambda x, y: np.where(x > y, x - y, 0.0),
-    "erf": _vec(math.erf), "erfc": _vec(math.erfc), "lgamma": _vec(math.lgamma), "tgamma": _vec(math.gamma),
-    "fma": lambda x, y, z: x * y + z, "div_rn": np.divide, "fdiv_rn": np.divide, "mul_rn": np.multiply,
-    "add_rn": np.add, "sub_rn": np.subtract, "fmul_rn": np.multiply, "fadd_rn": np.add,
-    "sqrt_rn": np.sqrt, "fsqrt_rn": np.sqrt, "rcp_rn": lambda x: 1.0 / x, "frcp_rn": lambda x: 1.0 / x,
-    "saturate": lambda x: np.clip(x, 0.0, 1.0), "sinpi": lambda x: np.sin(np.pi * x),
-    "cospi": lambda x: np.cos(np.pi * x), "ldexp": lambda x, e: np.ldexp(x, e.astype(np.int32)),
-    "scalbn": lambda x, e: np.ldexp(x, e.astype(np.int32)), "powi": lambda x, e: np.power(x, e),
-    "isnan": np.isnan, "isinf": np.isinf, "isfinited": np.isfinite, "finitef": np.isfinite,
-    "signbit": np.signbit, "signbitd": np.signbit, "ilogb": lambda x: np.floor(np.log2(np.abs(x))),
-    "logb": lambda x: np.floor(np.log2(np.abs(x))), "nextafter": np.nextafter,
-}
-_PREFIXES = ("__nv_fast_", "__nv_", "__ocml_")
+def fma_f32(a, b, c):
+    """fp32 ``a * b + c`` rounded once to nearest even: the product is exact in fp64, the fp64 sum's error is
+    exact (TwoSum), and it decides the one case where rounding the fp64 sum to fp32 rounds twice (a tie)."""
+    a64, b64, c64 = (np.asarray(v, np.float64) for v in (a, b, c))
+    with np.errstate(all="ignore"):
+        p = a64 * b64
+        s = p + c64
+        bb = s - p
+        e = (p - (s - bb)) + (c64 - bb)
+        f = s.astype(np.float32)
+        other = np.nextafter(f, np.where(f.astype(np.float64) < s, np.float32(np.inf), np.float32(-np.inf)))
+        mid = (f.astype(np.float64) + other.astype(np.float64)) / 2
+        tie = np.isfinite(s) & (mid == s) & (e != 0)
+        up = np.maximum(f, other)
+        down = np.minimum(f, other)
+    return np.where(tie, np.where(e > 0, up, down), f).astype(np.float32)
 
 
 def libdevice_function(symbol):
-    """(name, NumPy function) for a libdevice / OCML symbol, or (name, None)."""
-    name = symbol
-    for p in _PREFIXES:
-        if name.startswith(p):
-            name = name[len(p):]
-            break
-    for suffix in ("_f64", "_f32", "_f16"):
-        if name.endswith(suffix):
-            name = name[:-len(suffix)]
-    for cand in (name, name[:-1] if name.endswith("f") else None, name.replace("_rn", "") + "_rn"):
-        if cand and cand in _LIBDEVICE:
-            return name, _LIBDEVICE[cand]
-    return name, None
+    """(name, implementation) for a libdevice / OCML symbol, or (name, None) (see :mod:`ditron.sim.libdevice`)."""
+    from . import libdevice
+    return libdevice.implementation(symbol)
 
 
 def _install_libdevice(IB, TensorHandle, interp):
@@ -315,7 +302,8 @@ def _install_libdevice(IB, TensorHandle, interp):
         name, fn = libdevice_function(symbol)
         if fn is None:
             raise DitronError(f"the simulator has no implementation of the libdevice function {symbol!r} "
-                              f"({libName}); compute it from triton.language functions instead")
+                              f"({libName or 'libdevice'}): its GPU result is the hardware's approximation; "
+                              f"compute it from triton.language functions instead")
         ret = retType
         scalar = ret.element_ty if hasattr(ret, "element_ty") and hasattr(ret, "shape") else ret
         args = []
@@ -325,13 +313,14 @@ def _install_libdevice(IB, TensorHandle, interp):
                 args.append(_compat.bf16_bits_to_f32(h.data))
             else:
                 args.append(h.data)
-        with np.errstate(all="ignore"):
-            out = np.asarray(fn(*args))
         npd = interp._get_np_dtype(scalar)
+        work = np.dtype(np.float32) if scalar == tl.bfloat16 else np.dtype(npd)
+        with np.errstate(all="ignore"):
+            out = np.asarray(fn(args, work))
         if scalar == tl.bfloat16:
             data = _compat.f32_to_bf16_bits(out.astype(np.float32))
         else:
-            data = out.astype(npd)
+            data = out.astype(npd)          # an int result wraps as two's complement (uint32 declared int32)
         return TensorHandle(data, scalar)
 
     IB.create_extern_elementwise = create_extern_elementwise
@@ -356,4 +345,5 @@ def install():
     _install_bf16_reductions(interp)
     _install_fp8(IB, TensorHandle, interp)
     _install_libdevice(IB, TensorHandle, interp)
+    _compat.install_libdevice_for_triton_launches()     # plain @triton.jit kernels launched by Triton too
     _INSTALLED = True

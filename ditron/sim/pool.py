@@ -66,6 +66,8 @@ def _worker(conn, env):
         from ditron.runtime.world import heap_scope
         from ditron.sim import race
         world = ditron.init()
+        from ditron.sim import numerics
+        numerics.install()          # plain @triton.jit kernels of a body compute as ditron's do
         ctl = world.transport.control
     except BaseException:  # noqa: BLE001
         conn.send(("error", traceback.format_exc(), None))

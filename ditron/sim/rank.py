@@ -70,6 +70,8 @@ def main(argv=None):
     else:
         target, run = script, runpy.run_path
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    from . import numerics
+    numerics.install()      # plain @triton.jit kernels of the script compute as ditron's do (libdevice, bf16)
     try:
         run(target, run_name="__main__", **({"alter_sys": True} if run is runpy.run_module else {}))
     except SystemExit as e:

@@ -38,6 +38,8 @@ _PURE = {"tid", "laneid", "num_threads", "num_warps", "program_id", "num_program
          "cdiv", "minimum", "maximum", "min", "max", "where", "to", "cast", "full", "arange", "multiple_of",
          "max_contiguous", "abs", "int", "float", "remote_ptr", "my_pe", "n_pes", "to_tensor"}
 _VAR = "__ditron_simt_threads__"
+_REGION = "simt_exec_region"
+_BARRIERS = {"syncthreads", "__syncthreads"}
 WARP = 32
 
 
@@ -67,6 +69,16 @@ def _targets(stmt):
     else:
         return set()
     return {n.id for t in tg for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def _simt_with(stmt):
+    """``with dl.simt_exec_region() as (thread_idx, block_size):`` (Triton-distributed's SIMT region)."""
+    return isinstance(stmt, ast.With) and len(stmt.items) == 1 and \
+        isinstance(stmt.items[0].context_expr, ast.Call) and _callee(stmt.items[0].context_expr.func) == _REGION
+
+
+def _is_barrier(stmt):
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and _callee(stmt.value.func) in _BARRIERS
 
 
 def _assigned(node):
@@ -121,6 +133,11 @@ class _Analysis:
                 tg = _targets(s)
                 live = self._loop(s.body, live, lambda c: (c | tg) if dep else (c - tg))
                 live = (live | _assigned(s)) if dep else live
+            elif _simt_with(s):
+                # every thread runs the body: its targets and what it assigns are per-thread
+                inner = set(live) | {n.id for n in ast.walk(s.items[0].optional_vars or ast.Tuple(elts=[]))
+                                     if isinstance(n, ast.Name)}
+                live = self._flow(s.body, inner) | inner | _assigned(s)
             elif isinstance(s, ast.With):
                 live = self._flow(s.body, live)
             elif isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and s.value is not None:
@@ -147,7 +164,8 @@ class _Rewriter:
     def block(self, stmts):
         out = []
         for s in stmts:
-            out.append(self.stmt(s))
+            r = self.stmt(s)
+            out.extend(r if isinstance(r, list) else [r])
         return out
 
     def _region(self, s):
@@ -158,8 +176,33 @@ class _Rewriter:
                        body=body, orelse=[])
         return ast.copy_location(loop, s)
 
+    def _simt_region(self, s):
+        """A SIMT region: the body runs in every thread; a top-level ``syncthreads`` (reached by all threads)
+        splits it, so every thread finishes the code before the barrier before any thread runs the code after
+        it.  Each part is a thread-dependent region that enters the ``with`` again (the thread's own
+        ``thread_idx``); the barriers stay between them, outside any region."""
+        parts, cur = [], []
+        for st in s.body:
+            if _is_barrier(st):
+                parts.append(cur)
+                parts.append(st)
+                cur = []
+            else:
+                cur.append(st)
+        parts.append(cur)
+        out = []
+        for p in parts:
+            if isinstance(p, ast.stmt):
+                out.append(p)
+            elif p:
+                w = ast.With(items=[copy.deepcopy(s.items[0])], body=p)
+                out.append(self._region(ast.copy_location(w, s)))
+        return out
+
     def stmt(self, s):
         live = self.a.at(s)
+        if _simt_with(s):
+            return self._simt_region(s)
 
         def depends(node):
             return self.a.depends(node, live)
@@ -195,7 +238,7 @@ def transform(tree, filename="?", first_line=0):
     if fn is None:
         return False
     src_calls = {_callee(c.func) for c in _calls(fn)}
-    if not (src_calls & _TID):
+    if not (src_calls & (_TID | {_REGION})):
         return False
     rw = _Rewriter(_Analysis(fn), filename, first_line)
     fn.body = rw.block(fn.body)
