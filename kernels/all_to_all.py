@@ -35,8 +35,11 @@ Buffers and signals (symmetric, allocated once):
 
 * ``buf[2][world_size][max_tokens * hidden]`` (``dtype``): ``buf[p][s]`` receives
   rank ``s``'s rows.
-* ``cnt[2 * world_size + 2 * max_programs]`` (int64): ``cnt[p * world_size + s]``
-  receives rank ``s``'s row count; the rest stages counts for remote puts.
+* ``cnt[2 * max_programs * world_size + 2 * max_programs]`` (int64):
+  ``cnt[(p * max_programs + q) * world_size + s]`` receives rank ``s``'s row count from its program ``q`` (every
+  program of a sender sends the count beside its rows and signal, each to its own word: the receiving program
+  ``q`` reads the word its own wait orders, and no two programs write one word); the rest stages counts for
+  remote puts.
 * ``sig[2][max_programs][world_size]`` (int64).
 
 Reuse follows kernels/_common.py (parity ``e % 2``, signal value ``e + 1``; see
@@ -94,7 +97,7 @@ def all_to_all_kernel(x_ptr, out_ptr, splits_ptr, recv_counts_ptr, buf_ptr, cnt_
     sigp = sig_ptr + (par * max_programs + pid) * W
     bufp = buf_ptr + par * (W * ss)
     my_slot = bufp + me * ss
-    cntp = cnt_ptr + par * W
+    cntp = cnt_ptr + (par * max_programs + pid) * W      # this program's count words (see the docstring)
     ridx = tl.arange(0, WP)
     rmask = ridx < W
 
@@ -117,7 +120,7 @@ def all_to_all_kernel(x_ptr, out_ptr, splits_ptr, recv_counts_ptr, buf_ptr, cnt_
             tl.store(dl.symm_at(cntp + me, peer), cnt)
         dl.notify(sigp + me, peer, signal=val, sig_op="set", comm_scope="intra_node")
     if MULTI_NODE:
-        stage_cnt = cnt_ptr + 2 * W + par * max_programs + pid
+        stage_cnt = cnt_ptr + 2 * max_programs * W + par * max_programs + pid
         for k in range(1, NN):
             for l in range(0, LW):
                 peer = ((node + k) % NN) * LW + (local + l) % LW
@@ -177,7 +180,7 @@ class AllToAllContext(CollectiveContext):
         else:
             self.max_programs = int(max_programs or min(64, sm_count(self.device)))
         self.buf = self.symm((2, W, self.slot_stride), dtype, "buf")
-        self.cnt = self.symm((2 * W + 2 * self.max_programs,), torch.int64, "cnt")
+        self.cnt = self.symm((2 * self.max_programs * W + 2 * self.max_programs,), torch.int64, "cnt")
         self.sig = self.symm((2, self.max_programs, W), torch.int64, "sig")
         self.wp = max(2, next_pow2(W))
         ditron.barrier_all()

@@ -109,7 +109,11 @@ class SimDist:
         from ditron.sim.pool import SimCluster
         key = (n, nnodes)
         if key not in _CLUSTERS:
-            _CLUSTERS[key] = SimCluster(n, nnodes, hang_timeout=float(os.environ.get("DITRON_TEST_HANG_S", 20)))
+            # the suite's clusters run without the race finder unless DITRON_SIM_RACE=1 (CI's time budget: ~1.4x
+            # on the zoo's files); the race tests use race_world(), and a user's SimCluster has it on by default
+            from ditron.sim import race
+            _CLUSTERS[key] = SimCluster(n, nnodes, hang_timeout=float(os.environ.get("DITRON_TEST_HANG_S", 20)),
+                                        race=race.enabled())
         self.cluster = _CLUSTERS[key]
         self.world_size = n
         self.nnodes = nnodes

@@ -53,6 +53,16 @@ def test_all_to_all_variable_splits(dist, dtype):
     assert dist.run(B.all_to_all_v_calls, dtype, max_tokens, hidden, 3) == [3] * dist.world_size
 
 
+@pytest.mark.skipif(ON_GPU, reason="the race finder is the simulator's")
+def test_all_to_all_variable_splits_is_race_free():
+    """Under the race finder: each program of a sender writes its count to its own word on the receiver (before,
+    every program wrote the same word: a write-write race on ``all_to_all.cnt`` between programs)."""
+    from ditron.sim.pool import SimCluster
+    with SimCluster(4, race=True, hang_timeout=20) as c:
+        for dtype in ("fp32", "fp16", "fp32", "fp16"):      # (later runs: the programs no longer start in step)
+            assert c.run(B.all_to_all_v_calls, dtype, 13, 37, 3) == [3] * 4
+
+
 def test_all_gather_reuse(dist):
     assert dist.run(B.all_gather_reuse, REUSE_ITERS) == [REUSE_ITERS] * dist.world_size
 

@@ -112,12 +112,13 @@ class SimCluster:
     """``n`` simulated ranks (``nnodes`` nodes) kept alive between runs."""
 
     def __init__(self, n=4, nnodes=1, heap_size=64 << 20, hang_timeout=None, race=None, seed=None):
-        """``race``: run under the race finder (default: ``DITRON_SIM_RACE``);
+        """``race``: run under the race finder (default: on, as ``ditron sim``, unless ``DITRON_SIM_RACE=0``: a
+        missing ``dl.wait`` or a signal before its data usually passes a plain simulation bitwise);
         ``seed``: its ``DITRON_SIM_SEED``."""
         from . import race as R
         check_topology(n, nnodes)
         self.n, self.nnodes = n, nnodes
-        self.race = R.enabled() if race is None else bool(race)
+        self.race = R.job_default() if race is None else bool(race)
         self.seed = seed
         self.heap_size = round_up(int(heap_size), HEAP_ALIGN)
         self.hang_timeout = float(hang_timeout or os.environ.get("DITRON_HANG_TIMEOUT_S", 30))
