@@ -45,6 +45,25 @@ def grad_cases(world, dtype, m=5, K=20, N=13, hidden=7):
     return cases
 
 
+#: the ditron ops each op's backward runs (its kernels, not a fallback to torch.distributed)
+BACKWARD_OPS = {"all_reduce": {"all_reduce"}, "all_gather": {"reduce_scatter"}, "reduce_scatter": {"all_gather"},
+                "all_to_all": {"all_to_all"}, "ag_gemm": {"gemm_rs", "all_gather"},
+                "gemm_rs": {"ag_gemm", "all_gather"}, "gemm_ar": {"all_reduce"}}
+
+
+class DitronOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the names of the ``torch.ops.ditron.*`` ops that run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "ditron":
+            self.ops.add(func._opname)
+        return func(*args, **(kwargs or {}))
+
+
 def ops_backward_match_torch(world, dtype, ops=None):
     """``(y_r * g_r).sum().backward()`` through each op on every rank equals torch autograd of
     ``sum over ranks of <y_r, g_r>`` on the whole data (float32), for each differentiable input; twice for
@@ -63,10 +82,130 @@ def ops_backward_match_torch(world, dtype, ops=None):
         mine = [_dev(world, ts[R]).detach().requires_grad_(True) for ts in per_rank]
         y = getattr(torch.ops.ditron, name)(*mine, *extra)
         _close(y, ref_out[R].detach(), f"rank {R}: {name} forward")
-        (y * _dev(world, cot[R])).sum().backward()
+        with DitronOps() as seen:
+            (y * _dev(world, cot[R])).sum().backward()
+        assert seen.ops == BACKWARD_OPS[name], f"{name}'s backward ran {seen.ops}"
         for i, (t, leaf) in enumerate(zip(mine, leaves)):
             assert t.grad is not None, f"rank {R}: {name}: no gradient for input {i}"
             assert t.grad.dtype == t.dtype and t.grad.shape == t.shape
             _close(t.grad, leaf[R].grad, f"rank {R}: {name} gradient of input {i}")
         done.append(name)
     return sorted(done)
+
+
+# ---------------------------------------------------------------------------
+# ditron.nn layers
+# ---------------------------------------------------------------------------
+
+def _full_mlp(d, hidden, d_out, dtype, bias, seed=11):
+    torch.manual_seed(seed)
+    fc1, fc2 = nn.Linear(d, hidden, bias=bias), nn.Linear(hidden, d_out, bias=bias)
+    with torch.no_grad():
+        for p in list(fc1.parameters()) + list(fc2.parameters()):
+            p.mul_(2.0)
+    return fc1.to(dtype), fc2.to(dtype)
+
+
+def _shard_ref(t, dim, R, W):
+    return dnn.shard(t, dim, R, W)[0]
+
+
+def tp_mlp_backward(world, dtype, reduce="rs", bias=True, m=5, d=24, hidden=40, d_out=20):
+    """TensorParallelMLP (fc1 column-parallel by AG-GEMM, fc2 row-parallel by GEMM-RS or GEMM-AR): the input
+    gradient and every parameter's gradient (this rank's shards, the replicated bias summed over ranks) equal
+    torch autograd of the unsharded float32 MLP with loss ``sum over ranks of <y_r, g_r>``."""
+    dtype = DTYPES[dtype]
+    W, R = world.world_size, world.rank
+    fc1, fc2 = _full_mlp(d, hidden, d_out, dtype, bias)
+    mlp = dnn.TensorParallelMLP.from_linears(fc1, fc2, reduce=reduce).to(world.device)
+    assert all(p.requires_grad for p in mlp.parameters())
+    x = _rand((W * m, d), dtype, 9)
+    f1, f2 = copy.deepcopy(fc1).float(), copy.deepcopy(fc2).float()
+    xf = x.float().requires_grad_(True)
+    y_ref = f2(torch.nn.functional.gelu(f1(xf)))
+    if reduce == "rs":      # rank r's output: its rows; its cotangent: those rows of one full cotangent
+        cot = _rand(tuple(y_ref.shape), dtype, 60)
+        mine = cot[R * m:(R + 1) * m]
+        total = cot.float()
+    else:                   # every rank's output is all rows; each rank its own cotangent
+        cots = [_rand(tuple(y_ref.shape), dtype, 61, r) * 0.5 for r in range(W)]
+        mine, total = cots[R], sum(c.float() for c in cots)
+    (y_ref * total).sum().backward()
+    xr = _dev(world, x[R * m:(R + 1) * m]).requires_grad_(True)
+    y = mlp(xr)
+    _close(y, y_ref.detach()[R * m:(R + 1) * m] if reduce == "rs" else y_ref.detach(), f"rank {R}: forward")
+    (y * _dev(world, mine)).sum().backward()
+    what = f"rank {R}: TensorParallelMLP({reduce}) gradient of"
+    _close(xr.grad, xf.grad[R * m:(R + 1) * m], f"{what} the input")
+    _close(mlp.fc1.weight.grad, _shard_ref(f1.weight.grad, 0, R, W), f"{what} fc1.weight")
+    _close(mlp.fc2.weight.grad, _shard_ref(f2.weight.grad, 1, R, W), f"{what} fc2.weight")
+    if bias:
+        _close(mlp.fc1.bias.grad, _shard_ref(f1.bias.grad, 0, R, W), f"{what} fc1.bias")
+        _close(mlp.fc2.bias.grad, f2.bias.grad, f"{what} fc2.bias")
+    assert mlp.fc1.weight.grad.stride() == mlp.fc1.weight.stride(), "gradient layout differs from the weight's"
+    return True
+
+
+def frozen_weights_now_train(world, inference, steps=3, m=4, d=16, hidden=24):
+    """The issue's planted mistake: a TP MLP from ``from_linears`` with a trainable head after it, trained with
+    AdamW.  Now every parameter, the TP shards included, changes (and stays equal across ranks where
+    replicated), and the loss drops; with ``inference=True`` the training step is an error naming the fix."""
+    W, R = world.world_size, world.rank
+    dtype = torch.bfloat16
+    torch.manual_seed(3)
+    fc1, fc2 = nn.Linear(d, hidden).to(dtype), nn.Linear(hidden, d).to(dtype)
+    head = nn.Linear(d, 1).to(dtype).to(world.device)
+    try:
+        mlp = dnn.TensorParallelMLP.from_linears(fc1, fc2, inference=inference).to(world.device)
+    except ditron.DitronError as e:
+        return str(e)
+    params = list(mlp.parameters()) + list(head.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    before = [p.detach().clone() for p in mlp.parameters()]
+    x = _dev(world, _rand((W * m, d), dtype, 70)[R * m:(R + 1) * m])
+    target = _dev(world, _rand((W * m, 1), dtype, 71)[R * m:(R + 1) * m])
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        try:
+            loss = ((head(mlp(x)) - target).float() ** 2).mean()
+        except ditron.DitronError as e:
+            return str(e)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    changed = [bool((p.detach() != b).any()) for p, b in zip(mlp.parameters(), before)]
+    assert all(changed), f"rank {R}: parameters that did not change: {changed}"
+    # the replicated bias of fc2: the same on every rank after the steps
+    everyone = torch.ops.ditron.all_gather(mlp.fc2.bias.detach().float(), W).reshape(W, -1)
+    assert (everyone == everyone[0]).all(), f"rank {R}: fc2.bias differs across ranks after training"
+    return losses[-1] < losses[0]
+
+
+def state_dict_round_trip(world, tmp_dir, m=3, d=16, hidden=20):
+    """A trained layer's state dict (this rank's shards) saved with torch.save and loaded into a layer built
+    from other weights gives the same outputs; loading another rank's state dict is an error."""
+    W, R = world.world_size, world.rank
+    dtype = torch.bfloat16
+    fc1, fc2 = _full_mlp(d, hidden, d, dtype, True, seed=1)
+    mlp = dnn.TensorParallelMLP.from_linears(fc1, fc2).to(world.device)
+    x = _dev(world, _rand((W * m, d), dtype, 80)[R * m:(R + 1) * m])
+    opt = torch.optim.AdamW(mlp.parameters(), lr=1e-2)
+    mlp(x).float().pow(2).mean().backward()
+    opt.step()
+    path = f"{tmp_dir}/tp_mlp_rank{R}.pt"
+    torch.save(mlp.state_dict(), path)
+    other = dnn.TensorParallelMLP.from_linears(*_full_mlp(d, hidden, d, dtype, True, seed=2)).to(world.device)
+    with torch.no_grad():
+        assert not torch.equal(other(x), mlp(x))
+        other.load_state_dict(torch.load(path))
+        assert torch.equal(other(x), mlp(x)), f"rank {R}: outputs differ after loading the state dict"
+    assert other.fc1.weight.t().is_contiguous(), "loading changed the weight's layout"
+    ditron.barrier_all()
+    if W == 1:
+        return "one rank"
+    try:
+        other.load_state_dict(torch.load(f"{tmp_dir}/tp_mlp_rank{(R + 1) % W}.pt"))
+    except ditron.DitronError as e:
+        return str(e).split(":", 1)[1].split(";")[0].strip()
+    return None

@@ -16,3 +16,27 @@ def test_ops_backward_match_torch(dist_world, n):
 
 def test_collectives_backward_fp32(dist_world):
     assert dist_world(2).run(B.ops_backward_match_torch, "fp32") == [COLLECTIVES] * 2
+
+
+# n = 3: hidden 40 splits 14, 14, 12 (+ padding); shapes not multiples of any tile
+@pytest.mark.parametrize("n,dtype,reduce,bias", [(1, "bf16", "rs", True), (2, "fp16", "rs", False),
+                                                 (3, "bf16", "rs", True), (4, "bf16", "rs", True),
+                                                 (2, "bf16", "ar", True), (3, "fp16", "ar", True)])
+def test_tp_mlp_backward_matches_torch(dist_world, n, dtype, reduce, bias):
+    assert dist_world(n).run(B.tp_mlp_backward, dtype, reduce, bias) == [True] * n
+
+
+def test_frozen_weights_now_train(dist_world):
+    """Issue 54's report: the TP weights never changed in a training loop; now they train and the loss drops."""
+    assert dist_world(2).run(B.frozen_weights_now_train, False) == [True] * 2
+
+
+def test_inference_layer_in_a_training_loop_is_an_error(dist_world):
+    msgs = dist_world(2).run(B.frozen_weights_now_train, True)
+    assert all("ditron.nn.ColumnParallelLinear was built with inference=True" in m and "torch.no_grad()" in m
+               for m in msgs), msgs
+
+
+def test_state_dict_saves_and_loads_shards(dist_world, tmp_path):
+    msgs = dist_world(2).run(B.state_dict_round_trip, str(tmp_path))
+    assert msgs == [f"the state dict holds the shard of rank {(r + 1) % 2} of 2" for r in range(2)], msgs
