@@ -209,3 +209,42 @@ def state_dict_round_trip(world, tmp_dir, m=3, d=16, hidden=20):
     except ditron.DitronError as e:
         return str(e).split(":", 1)[1].split(";")[0].strip()
     return None
+
+
+def compiled_backward_matches_eager(world, backend, m=5, d=24, hidden=40):
+    """``torch.compile(fullgraph=True)`` of a TP MLP's forward and backward (AOTAutograd traces the backward's
+    ditron ops through their fake implementations): the gradients equal eager's, and the backward graph holds
+    the ditron ops."""
+    W, R = world.world_size, world.rank
+    dtype = torch.bfloat16
+    fc1, fc2 = _full_mlp(d, hidden, d, dtype, True)
+    eager = dnn.TensorParallelMLP.from_linears(fc1, fc2).to(world.device)
+    comp = copy.deepcopy(eager)
+    x = _dev(world, _rand((W * m, d), dtype, 90)[R * m:(R + 1) * m])
+    cot = _dev(world, _rand((m, d), dtype, 91, R))
+
+    graphs = []
+
+    def record(gm, example_inputs):            # the backend sees AOTAutograd's forward and backward graphs
+        from functorch.compile import make_boxed_func
+        graphs.append(str(gm.graph))
+        return make_boxed_func(gm.forward)
+
+    if backend == "record":
+        from torch._dynamo.backends.common import aot_autograd
+        backend = aot_autograd(fw_compiler=record, bw_compiler=record)
+    torch._dynamo.reset()
+    step = torch.compile(lambda mod, x: (mod(x) * cot).sum(), fullgraph=True, backend=backend)
+    for mod, fn in ((eager, lambda mod, x: (mod(x) * cot).sum()), (comp, step)):
+        xi = x.clone().requires_grad_(True)
+        fn(mod, xi).backward()
+        mod.x_grad = xi.grad
+    for (name, p), q in zip(eager.named_parameters(), comp.parameters()):
+        _close(q.grad, p.grad, f"rank {R}: compiled gradient of {name}", rel=1e-2)
+    _close(comp.x_grad, eager.x_grad, f"rank {R}: compiled gradient of the input", rel=1e-2)
+    if graphs:
+        assert len(graphs) == 2, len(graphs)
+        fw, bw = graphs
+        assert "ditron.ag_gemm" in fw and "ditron.gemm_rs" in fw, fw
+        assert "ditron.gemm_rs" in bw and "ditron.ag_gemm" in bw and "ditron.all_gather" in bw, bw
+    return True

@@ -40,3 +40,10 @@ def test_inference_layer_in_a_training_loop_is_an_error(dist_world):
 def test_state_dict_saves_and_loads_shards(dist_world, tmp_path):
     msgs = dist_world(2).run(B.state_dict_round_trip, str(tmp_path))
     assert msgs == [f"the state dict holds the shard of rank {(r + 1) % 2} of 2" for r in range(2)], msgs
+
+
+@pytest.mark.parametrize("backend", ["record", "inductor"])
+def test_compiled_backward(dist_world, backend):
+    """torch.compile(fullgraph=True) traces forward and backward through the ops ("record": AOTAutograd's
+    graphs, read; inductor: compiled, CPU C++ around the ops on the simulator)."""
+    assert dist_world(2).run(B.compiled_backward_matches_eager, backend) == [True] * 2
