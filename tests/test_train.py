@@ -47,3 +47,10 @@ def test_compiled_backward(dist_world, backend):
     """torch.compile(fullgraph=True) traces forward and backward through the ops ("record": AOTAutograd's
     graphs, read; inductor: compiled, CPU C++ around the ops on the simulator)."""
     assert dist_world(2).run(B.compiled_backward_matches_eager, backend) == [True] * 2
+
+
+def test_tp_transformer_block_trains_like_torch(dist_world, n=2):
+    """Issue 54: a tiny TP + sequence-parallel transformer block (attention + MLP) trains 20 AdamW steps with
+    the loss curve of the single-device float32 block."""
+    curves = dist_world(n).run(B.train_block)
+    assert all(c == curves[0] for c in curves), curves
