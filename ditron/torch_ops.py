@@ -30,7 +30,12 @@ op                                           inputs                      output
 ``gemm_ar(a, b, method="auto")``             ``a [M, K]``, ``b [K, N]``  ``sum over ranks of a @ b``
 ===========================================  ==========================  ===================================
 
-Outputs are new contiguous tensors.  The ops have no autograd formula (inference and forward passes).
+Outputs are new contiguous tensors.  Every op has an autograd formula (``register_autograd``) whose backward
+runs ditron's ops, so its kernels, also in graphs that ``torch.compile`` traces: AG-GEMM's ``dA`` by GEMM-RS and
+``dB = all_gather(A)^T @ dC``, GEMM-RS's ``dA`` by AG-GEMM and ``dB = A^T @ all_gather(dC)``, GEMM-AR's by an
+all_reduce of ``dC``, all_gather <-> reduce_scatter, all_reduce by all_reduce, all_to_all by all_to_all.  The
+convention: each rank's output is its own tensor and the loss is the sum of every rank's loss (the exact
+adjoints, as torch.distributed's autograd collectives).
 """
 from __future__ import annotations
 
