@@ -323,3 +323,17 @@ def train_block(world, steps=20, m=6, d=32, lr=1e-2):
             every = torch.ops.ditron.all_gather(p.detach().float().reshape(1, -1), W)
             assert (every == every[0]).all(), f"rank {R}: {name} differs across ranks"
     return [round(c, 3) for c in curve[::5]]
+
+
+def opcheck_with_grad(world, dtype="bf16"):
+    """torch.library.opcheck of every op with inputs that require grad: the autograd registration and
+    AOTAutograd's dynamic-shape trace of forward and backward (fake tensors of the backward's ops)."""
+    from torch.library import opcheck
+    dtype = DTYPES[dtype]
+    done = []
+    for name, (per_rank, _, extra) in grad_cases(world, dtype).items():
+        args = [_dev(world, ts[world.rank]).detach().requires_grad_(True) for ts in per_rank]
+        opcheck(getattr(torch.ops.ditron, name).default, (*args, *extra),
+                test_utils=("test_autograd_registration", "test_aot_dispatch_dynamic"))
+        done.append(name)
+    return sorted(done)

@@ -54,3 +54,7 @@ def test_tp_transformer_block_trains_like_torch(dist_world, n=2):
     the loss curve of the single-device float32 block."""
     curves = dist_world(n).run(B.train_block)
     assert all(c == curves[0] for c in curves), curves
+
+
+def test_opcheck_with_grad(dist_world):
+    assert dist_world(2).run(B.opcheck_with_grad) == [sorted(COLLECTIVES + GEMM_OPS)] * 2
