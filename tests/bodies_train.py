@@ -6,7 +6,6 @@ shards), and their state dicts save and load shards.
 The gradient convention (ditron/torch_ops.py): each rank's output is its own tensor, the loss is the sum over
 ranks of each rank's loss; here rank r's loss is ``<y_r, g_r>`` with a random cotangent ``g_r``."""
 import copy
-import io
 
 import torch
 from torch import nn
@@ -25,7 +24,7 @@ def _leaves(ts):
 def grad_cases(world, dtype, m=5, K=20, N=13, hidden=7):
     """{op: (this rank's inputs, index of the differentiable ones, reference(all ranks' float32 leaves) ->
     every rank's outputs)}; shapes not multiples of any tile."""
-    W, R = world.world_size, world.rank
+    W = world.world_size
     xs = [_rand((m, hidden), dtype, 1, r) for r in range(W)]
     big = [_rand((W * m, hidden), dtype, 2, r) for r in range(W)]
     a = [_rand((m, K), dtype, 3, r) * 0.5 for r in range(W)]
