@@ -17,8 +17,16 @@ shards (the constructors).  A feature dimension that is not a multiple of the wo
 split in shards of ``ceil(features / W)`` with zero padding on the last ranks (zero weights and bias, so the
 padded columns are 0 and contribute nothing to a following row-parallel layer, provided the activation
 between them maps 0 to 0, as GELU, ReLU and SiLU do); ``local_features`` is the number of real ones on this
-rank.  float16 / bfloat16 (the GEMM kernels' dtypes).  The ops have no autograd
-formula: use the layers for inference (``torch.no_grad()`` / ``torch.inference_mode()``).
+rank.  float16 / bfloat16 (the GEMM kernels' dtypes).
+
+Training: the parameters (this rank's shards) require grad; the backward runs ditron's ops (the column-parallel
+layer's input gradient by GEMM-ReduceScatter, the row-parallel one's by AllGather-GEMM; see
+``ditron/torch_ops.py``), an optimizer step updates the shards, and ``state_dict`` / ``load_state_dict`` save
+and load this rank's shards (checked against the rank and world size at loading).  Gradients follow the ops'
+convention: the loss is the sum of every rank's loss (each rank's loss on its own rows).  Replicated parameters
+(the row-parallel bias, :class:`SequenceParallelLayerNorm`'s) get the gradient summed over ranks
+(:func:`replicated`), so they stay equal on every rank.  ``inference=True`` builds frozen layers for inference
+only: calling one with gradients enabled is an error (use ``torch.no_grad()`` / ``torch.inference_mode()``).
 """
 from __future__ import annotations
 
@@ -131,15 +139,72 @@ def _check_input(what, x, features, name):
                           f"got {got}")
 
 
-def _param(t):
-    return nn.Parameter(t.detach().clone(), requires_grad=False) if t is not None else None
+def _param(t, inference=False):
+    return nn.Parameter(t.detach().clone(), requires_grad=not inference) if t is not None else None
 
 
-def _weight_param(w):
+def _weight_param(w, inference=False):
     """``w [out, in]`` stored column-major: ``weight.t()`` -- the ``b [K, N]`` operand the GEMM kernels take --
     is then row-major and contiguous (the layout their TMA path needs), and ``weight`` keeps ``nn.Linear``'s
-    shape.  ``Module.to`` keeps the strides."""
-    return nn.Parameter(w.detach().t().contiguous().t(), requires_grad=False)
+    shape.  ``Module.to`` keeps the strides (and so do optimizers' in-place updates and the gradients)."""
+    return nn.Parameter(w.detach().t().contiguous().t(), requires_grad=not inference)
+
+
+class _Replicated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t):
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.ops.ditron.all_reduce(g.contiguous())
+
+
+def replicated(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (a parameter that every rank holds the same, e.g. a bias added after a reduction or a sequence-parallel
+    norm's weight), whose gradient is summed over ranks in the backward (``torch.ops.ditron.all_reduce``): each
+    rank's loss contributes, and the parameter stays the same on every rank after an optimizer step.  ``t``
+    itself when no gradient is recorded or on one rank."""
+    world = current_world(required=False)
+    if world is None or world.world_size == 1 or not (torch.is_grad_enabled() and t.requires_grad):
+        return t
+    return _Replicated.apply(t)
+
+
+class _TPModule(nn.Module):
+    """State shared by the layers: the rank and world size the shards are for (saved in the state dict and
+    checked at loading), ``inference``."""
+
+    def _tp_init(self, inference):
+        self.rank, self.world_size = _topology(None)
+        self.inference = bool(inference)
+
+    def _check_mode(self, what):
+        if self.inference and torch.is_grad_enabled():
+            raise DitronError(f"ditron.nn.{what} was built with inference=True (frozen parameters, for inference "
+                              "only) and is called with gradients enabled: call it under torch.no_grad() / "
+                              "torch.inference_mode(), or build it trainable (the default, inference=False)")
+
+    def get_extra_state(self):
+        return {"rank": self.rank, "world_size": self.world_size, "local_features": self.local_features}
+
+    def set_extra_state(self, state):
+        mine = (self.rank, self.world_size)
+        if (state.get("rank"), state.get("world_size")) != mine:
+            raise DitronError(f"ditron.nn.{type(self).__name__}: the state dict holds the shard of rank "
+                              f"{state.get('rank')} of {state.get('world_size')}; this layer is rank {mine[0]} of "
+                              f"{mine[1]}: load each rank's own state dict")
+        self.local_features = int(state.get("local_features", self.local_features))
+
+
+class SequenceParallelLayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` on this rank's rows (sequence parallel) whose weight and bias, the same on every rank,
+    get their gradients summed over ranks (:func:`replicated`)."""
+
+    def forward(self, x):
+        w = replicated(self.weight) if self.weight is not None else None
+        b = replicated(self.bias) if self.bias is not None else None
+        return nn.functional.layer_norm(x, self.normalized_shape, w, b, self.eps)
 
 
 def _check_weight(what, weight, bias, bias_len):
@@ -150,31 +215,33 @@ def _check_weight(what, weight, bias, bias_len):
         raise DitronError(f"ditron.nn.{what}: bias must be {weight.dtype}[{bias_len}], got {bias.dtype}{list(bias.shape)}")
 
 
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(_TPModule):
     """``y = all_gather(x) @ weight.T + bias`` with this rank's shard ``weight [n_r, in]`` (rows of the full
     weight) and ``bias [n_r]``.  Input: this rank's rows ``x [m, in]`` (the same ``m`` on every rank); output
     ``[W * m, n_r]``."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, local_features: int | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, local_features: int | None = None,
+                 inference: bool = False):
         super().__init__()
         _check_weight("ColumnParallelLinear", weight, bias, weight.shape[0])
-        self.weight = _weight_param(weight)
-        self.bias = _param(bias)
+        self.weight = _weight_param(weight, inference)
+        self.bias = _param(bias, inference)
         self.local_features = weight.shape[0] if local_features is None else int(local_features)
-        self.world_size = _topology(None)[1]
+        self._tp_init(inference)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, world=None, _what="ColumnParallelLinear.from_linear"):
+    def from_linear(cls, linear: nn.Linear, world=None, _what="ColumnParallelLinear.from_linear", inference=False):
         """This rank's shard of the full layer ``linear`` (the same on every rank: checked across ranks, one
         small collective)."""
         rank, W = _topology(world)
         check_same_on_every_rank(_what, _linear_fields(linear), world)
         w, real = shard(linear.weight, 0, rank, W)
         b = shard(linear.bias, 0, rank, W)[0] if linear.bias is not None else None
-        return cls(w, b, real)
+        return cls(w, b, real, inference=inference)
 
     def forward(self, x):
         _check_input("ColumnParallelLinear", x, self.weight.shape[1], "in_features")
+        self._check_mode("ColumnParallelLinear")
         y = torch.ops.ditron.ag_gemm(x, self.weight.t(), self.world_size)
         return y + self.bias if self.bias is not None else y
 
@@ -182,40 +249,42 @@ class ColumnParallelLinear(nn.Module):
         return f"in_features={self.weight.shape[1]}, local_out_features={self.local_features}, bias={self.bias is not None}"
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_TPModule):
     """``y = sum over ranks of x_r @ weight_r.T`` plus ``bias`` (the full ``[out]``, added once, after the
     reduction), with this rank's shard ``weight [out, k_r]`` (columns of the full weight).  Input ``x [M, k_r]``
     (the same ``M`` on every rank).  ``reduce="rs"``: GEMM-ReduceScatter, output this rank's rows ``[M / W, out]``
     (``M`` a multiple of the world size); ``"ar"``: GEMM-AllReduce, output ``[M, out]`` on every rank."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, reduce: str = "rs",
-                 local_features: int | None = None):
+                 local_features: int | None = None, inference: bool = False):
         super().__init__()
         if reduce not in ("rs", "ar"):
             raise DitronError(f"ditron.nn.RowParallelLinear: reduce must be 'rs' or 'ar', got {reduce!r}")
         _check_weight("RowParallelLinear", weight, bias, weight.shape[0])
-        self.weight = _weight_param(weight)
-        self.bias = _param(bias)
+        self.weight = _weight_param(weight, inference)
+        self.bias = _param(bias, inference)
         self.reduce = reduce
         self.local_features = weight.shape[1] if local_features is None else int(local_features)
-        self.world_size = _topology(None)[1]
+        self._tp_init(inference)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, reduce: str = "rs", world=None, _what="RowParallelLinear.from_linear"):
+    def from_linear(cls, linear: nn.Linear, reduce: str = "rs", world=None, _what="RowParallelLinear.from_linear",
+                    inference=False):
         """This rank's shard of the full layer ``linear`` (the same on every rank: checked across ranks)."""
         rank, W = _topology(world)
         check_same_on_every_rank(_what, _linear_fields(linear), world)
         w, real = shard(linear.weight, 1, rank, W)
-        return cls(w, linear.bias, reduce, real)
+        return cls(w, linear.bias, reduce, real, inference=inference)
 
     def forward(self, x):
         _check_input("RowParallelLinear", x, self.weight.shape[1],
                      "local in_features, the column-parallel layer's local out_features")
+        self._check_mode("RowParallelLinear")
         if self.reduce == "rs":
             y = torch.ops.ditron.gemm_rs(x, self.weight.t(), self.world_size)
         else:
             y = torch.ops.ditron.gemm_ar(x, self.weight.t())
-        return y + self.bias if self.bias is not None else y
+        return y + replicated(self.bias) if self.bias is not None else y
 
     def extra_repr(self):
         return (f"local_in_features={self.local_features}, out_features={self.weight.shape[0]}, "
@@ -236,12 +305,15 @@ class TensorParallelMLP(nn.Module):
         self.act = activation if activation is not None else nn.GELU()
 
     @classmethod
-    def from_linears(cls, fc1: nn.Linear, fc2: nn.Linear, activation=None, reduce: str = "rs", world=None):
+    def from_linears(cls, fc1: nn.Linear, fc2: nn.Linear, activation=None, reduce: str = "rs", world=None,
+                     inference: bool = False):
         if fc1.out_features != fc2.in_features:
             raise DitronError(f"ditron.nn.TensorParallelMLP.from_linears: fc1 has {fc1.out_features} out_features, "
                               f"fc2 {fc2.in_features} in_features: they must be equal")
-        return cls(ColumnParallelLinear.from_linear(fc1, world, _what="TensorParallelMLP.from_linears (fc1)"),
-                   RowParallelLinear.from_linear(fc2, reduce, world, _what="TensorParallelMLP.from_linears (fc2)"),
+        return cls(ColumnParallelLinear.from_linear(fc1, world, _what="TensorParallelMLP.from_linears (fc1)",
+                                                    inference=inference),
+                   RowParallelLinear.from_linear(fc2, reduce, world, _what="TensorParallelMLP.from_linears (fc2)",
+                                                 inference=inference),
                    activation)
 
     def forward(self, x):

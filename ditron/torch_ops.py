@@ -30,7 +30,12 @@ op                                           inputs                      output
 ``gemm_ar(a, b, method="auto")``             ``a [M, K]``, ``b [K, N]``  ``sum over ranks of a @ b``
 ===========================================  ==========================  ===================================
 
-Outputs are new contiguous tensors.  The ops have no autograd formula (inference and forward passes).
+Outputs are new contiguous tensors.  Every op has an autograd formula (``register_autograd``) whose backward
+runs ditron's ops, so its kernels, also in graphs that ``torch.compile`` traces: AG-GEMM's ``dA`` by GEMM-RS and
+``dB = all_gather(A)^T @ dC``, GEMM-RS's ``dA`` by AG-GEMM and ``dB = A^T @ all_gather(dC)``, GEMM-AR's by an
+all_reduce of ``dC``, all_gather <-> reduce_scatter, all_reduce by all_reduce, all_to_all by all_to_all.  The
+convention: each rank's output is its own tensor and the loss is the sum of every rank's loss (the exact
+adjoints, as torch.distributed's autograd collectives).
 """
 from __future__ import annotations
 
@@ -279,3 +284,83 @@ def _(a, b, method="auto"):
     M, _, N = _gemm_shapes("gemm_ar", a, b)
     return a.new_empty((M, N))
 
+
+
+# ---------------------------------------------------------------------------
+# autograd: every op's backward, by ditron's ops (so by its kernels, also under torch.compile)
+# ---------------------------------------------------------------------------
+# Convention: each rank's output is its own tensor and the loss is the sum of every rank's loss (the exact adjoint
+# of each op, as torch.distributed's autograd collectives have it).  A replicated output (all_reduce, gemm_ar)
+# used by an identical loss on every rank therefore counts that loss world-size times: see docs/torch.md.
+
+def _setup_collective(ctx, inputs, output):
+    """``inputs``: ``(x, method)`` or ``(x, world_size, method)`` (defaults filled in) or ``(x,)``."""
+    ctx.shape = tuple(inputs[0].shape)
+    ctx.world_size = inputs[1] if len(inputs) == 3 else None
+    ctx.method = inputs[-1] if len(inputs) > 1 else "auto"
+
+
+def _all_reduce_backward(ctx, g):
+    # y = sum over ranks of x_s: every x_s gets the sum over ranks of the gradients of y
+    return torch.ops.ditron.all_reduce(g, ctx.method), None
+
+
+def _all_gather_backward(ctx, g):
+    # block s of the gathered output came from rank s: rank s gets the sum over ranks of their block s
+    g = g.reshape(ctx.world_size, -1) if len(ctx.shape) == 0 else g
+    return torch.ops.ditron.reduce_scatter(g, ctx.world_size, ctx.method).reshape(ctx.shape), None, None
+
+
+def _reduce_scatter_backward(ctx, g):
+    return torch.ops.ditron.all_gather(g, ctx.world_size, ctx.method), None, None
+
+
+def _all_to_all_backward(ctx, g):
+    # out block s on rank r is in block r on rank s: the adjoint sends it back, another all_to_all
+    return torch.ops.ditron.all_to_all(g)
+
+
+def _setup_gemm(ctx, inputs, output):
+    a, b = inputs[0], inputs[1]
+    ctx.save_for_backward(a if ctx.needs_input_grad[1] else None, b if ctx.needs_input_grad[0] else None)
+    ctx.world_size = inputs[2] if isinstance(inputs[2], int) else None      # (gemm_ar: its method instead)
+    ctx.method = inputs[2] if isinstance(inputs[2], str) else "auto"
+
+
+def _ag_gemm_backward(ctx, g):
+    """``C = all_gather(A) @ B`` (rank r's ``B_r``): ``dA`` = this rank's rows of the sum over ranks of
+    ``dC_r @ B_r^T``: GEMM-ReduceScatter; ``dB = all_gather(A)^T @ dC`` (ditron's all_gather, then a local GEMM)."""
+    a, b = ctx.saved_tensors
+    W = ctx.world_size
+    da = torch.ops.ditron.gemm_rs(g, b.t(), W) if ctx.needs_input_grad[0] else None
+    db = torch.ops.ditron.all_gather(a, W).t() @ g if ctx.needs_input_grad[1] else None
+    return da, db, None
+
+
+def _gemm_rs_backward(ctx, g):
+    """``C_r`` = rows r of ``sum over ranks of A_s @ B_s``: ``dA = all_gather(dC) @ B^T``: AllGather-GEMM;
+    ``dB = A^T @ all_gather(dC)``."""
+    a, b = ctx.saved_tensors
+    W = ctx.world_size
+    da = torch.ops.ditron.ag_gemm(g, b.t(), W) if ctx.needs_input_grad[0] else None
+    db = a.t() @ torch.ops.ditron.all_gather(g, W) if ctx.needs_input_grad[1] else None
+    return da, db, None
+
+
+def _gemm_ar_backward(ctx, g):
+    """``C = sum over ranks of A_s @ B_s`` on every rank: ``dC_total = all_reduce(dC)``, then
+    ``dA = dC_total @ B^T``, ``dB = A^T @ dC_total``."""
+    a, b = ctx.saved_tensors
+    g = torch.ops.ditron.all_reduce(g, ctx.method)
+    da = g @ b.t() if ctx.needs_input_grad[0] else None
+    db = a.t() @ g if ctx.needs_input_grad[1] else None
+    return da, db, None
+
+
+all_reduce.register_autograd(_all_reduce_backward, setup_context=_setup_collective)
+all_gather.register_autograd(_all_gather_backward, setup_context=_setup_collective)
+reduce_scatter.register_autograd(_reduce_scatter_backward, setup_context=_setup_collective)
+all_to_all.register_autograd(_all_to_all_backward, setup_context=_setup_collective)
+ag_gemm.register_autograd(_ag_gemm_backward, setup_context=_setup_gemm)
+gemm_rs.register_autograd(_gemm_rs_backward, setup_context=_setup_gemm)
+gemm_ar.register_autograd(_gemm_ar_backward, setup_context=_setup_gemm)
