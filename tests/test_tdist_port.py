@@ -114,3 +114,9 @@ def test_node_team_multicast_refused_on_gfx942():
     with pytest.raises(Exception, match="multicast memory exists only on NVIDIA"):
         compile_for(B.node_team_allreduce_kernel, "gfx942", {"symm_in": "*fp16", "out": "*fp16", "n": "i32"},
                     {"BLOCK": 64})
+
+
+def test_triton_cuda_utils_imported_by_name(dist_world):
+    # issue 56: stock Triton's num_warps() / num_threads() / globaltimer() failed on the interpreter ("Did you
+    # forget to add @triton.jit ?"); smid() is refused with a message
+    assert dist_world(1).run(B.cuda_utils) == [([64, 64, 1], True)]

@@ -354,7 +354,7 @@ def drive_ar_one_shot_multimem(m, w, U):
     n, elems = w.world_size, 256
     x, ref = _ar_inputs(w, elems, torch.bfloat16)
     symm_in = U.nvshmem_create_tensor((elems,), torch.bfloat16)
-    sig = U.nvshmem_create_tensor((2 * n,), torch.int32)
+    sig = U.nvshmem_create_tensor((3 * n,), U.NVSHMEM_SIGNAL_DTYPE)   # as Triton-distributed's context: 64-bit
     sig.zero_()
     out = torch.empty_like(x)
     gb = torch.zeros(1, dtype=torch.int32, device=w.device)
