@@ -118,5 +118,6 @@ def test_node_team_multicast_refused_on_gfx942():
 
 def test_triton_cuda_utils_imported_by_name(dist_world):
     # issue 56: stock Triton's num_warps() / num_threads() / globaltimer() failed on the interpreter ("Did you
-    # forget to add @triton.jit ?"); smid() is refused with a message
-    assert dist_world(1).run(B.cuda_utils) == [([64, 64, 1], True)]
+    # forget to add @triton.jit ?"); smid() is refused with a message; language_extra's num_warps /
+    # threads_per_warp / num_threads (Triton-distributed's EP all-to-alls) were missing
+    assert dist_world(1).run(B.cuda_utils) == [([64, 64, 1, 64], True)]

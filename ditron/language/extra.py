@@ -62,6 +62,37 @@ def ntid(axis, _semantic=None, _generator=None):
     return _dl.num_threads(_semantic=_semantic, _generator=_generator)
 
 
+def _launch_num_warps(sem):
+    if _compat.is_interpreter(sem):          # the simulator: the launch's num_warps
+        from ..lowering import provided
+        return int(getattr(provided("launch"), "num_warps", 4) or 4)
+    return int(getattr(_compat.builder_options(sem), "num_warps", 4) or 4)
+
+
+@builtin
+def num_warps(_semantic=None, _generator=None):
+    """The kernel's ``num_warps``, a constexpr (Triton-distributed's ``language_extra.num_warps``)."""
+    return _compat.constexpr(_launch_num_warps(_semantic))
+
+
+def _warp_size(sem):
+    from ..target import target_from_semantic
+    t = target_from_semantic(sem)
+    return 32 if t.backend == "sim" else int(t.warp_size)     # (the simulator's programs have 32-thread warps)
+
+
+@builtin
+def threads_per_warp(_semantic=None, _generator=None):
+    """Threads of a warp (32) or wavefront (64 on AMD), a constexpr."""
+    return _compat.constexpr(_warp_size(_semantic))
+
+
+@builtin
+def num_threads(_semantic=None, _generator=None):
+    """``num_warps() * threads_per_warp()``, a constexpr."""
+    return _compat.constexpr(_launch_num_warps(_semantic) * _warp_size(_semantic))
+
+
 @builtin
 def laneid(_semantic=None, _generator=None):
     """Lane in the warp / wavefront (``dl.laneid``)."""
@@ -427,7 +458,7 @@ def missing(module, name):
                           "(docs/porting.md)")
 
 
-__all__ = ["notify", "tid", "ntid", "laneid", "__syncthreads", "ld", "ld_acquire", "ld_b32", "st", "st_b32", "atomic_add",
+__all__ = ["notify", "tid", "ntid", "num_warps", "threads_per_warp", "num_threads", "laneid", "__syncthreads", "ld", "ld_acquire", "ld_b32", "st", "st_b32", "atomic_add",
            "atomic_cas", "fence", "__fence", "membar", "__ballot_sync", "__shfl_sync_i32", "__shfl_up_sync_i32",
            "__shfl_down_sync_i32", "__shfl_xor_sync_i32", "globaltimer", "load_v4_u32", "load_v4_b32",
            "load_v4_s32", "load_v2_b64", "st_v4_u32", "st_v4_b32", "st_v2_u32", "pack_b32_v2",
