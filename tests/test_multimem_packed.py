@@ -39,7 +39,7 @@ def test_misaligned_vector_is_refused(dist_world):
 SIG = {"symm_in": "*bf16", "out": "*bf16", "elems": "i32"}
 
 
-def test_packed_helpers_compile_for_sm90a():
+def test_packed_helpers_compile_for_sm90a(nvshmem_bc):      # (remote_mc_ptr links NVSHMEM)
     ck = compile_for(B.one_shot_kernel, "sm_90a", SIG)
     ptx = ck.asm["ptx"]
     assert "multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.bf16x2" in ptx
