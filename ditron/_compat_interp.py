@@ -377,6 +377,58 @@ def _patch_libdevice(_interp, scope):
             scope.set_attr(stub, "__code__", code)
 
 
+#: builtins of ``triton.language.extra.cuda.utils`` (also exported by ``triton.language.extra.cuda``) that stock
+#: Triton's interpreter cannot call (they read the compiler's options or are inline PTX)
+_CUDA_UTILS = ("num_warps", "num_threads", "globaltimer", "smid")
+_CUDA_UTILS_CODE = None
+
+
+def _cuda_utils_code():
+    global _CUDA_UTILS_CODE
+    if _CUDA_UTILS_CODE is None:
+        src = ("def _make(fn):\n    def wrapper(*args, **kwargs):\n"
+               "        return __ditron_cuda_utils__(fn, args, kwargs)\n    return wrapper\n")
+        ns: dict = {}
+        exec(compile(src, "<ditron: triton.language.extra.cuda.utils>", "exec"), {}, ns)
+        _CUDA_UTILS_CODE = ns["_make"](None).__code__
+    return _CUDA_UTILS_CODE
+
+
+def _patch_cuda_utils(scope, num_warps):
+    """Make Triton's ``triton.language.extra.cuda.utils`` builtins compute in a simulated launch, however they
+    were imported (``from triton.language.extra.cuda.utils import num_warps``, as Triton-distributed's
+    all-reduces do): ``num_warps()`` / ``num_threads()`` are the launch's (constexprs, as on a GPU),
+    ``globaltimer()`` is nanoseconds; ``smid()`` is refused (the simulator has no SMs).  Each builtin's wrapper
+    code is swapped for the launch (restored with the scope), since a name imported by value never sees a
+    module attribute that is patched."""
+    import sys
+    import time
+    import numpy as np
+    mod = sys.modules.get("triton.language.extra.cuda.utils")
+    if mod is None:
+        return
+
+    def dispatch(fn, args, kwargs):
+        name = fn.__name__
+        if name == "num_warps":
+            return _core.constexpr(num_warps)
+        if name == "num_threads":
+            return _core.constexpr(num_warps * 32)
+        if name == "globaltimer":
+            return interpreter_value(np.array([time.monotonic_ns()], dtype=np.int64), tl.int64)
+        raise interpreter_error(f"triton.language.extra.cuda.utils.{name}(): the simulator has no streaming "
+                                "multiprocessors (no SM id); code that depends on the SM cannot be simulated")
+
+    scope.set_attr(_core, "__ditron_cuda_utils__", dispatch)
+    code = _cuda_utils_code()
+    for name in _CUDA_UTILS:
+        fn = getattr(mod, name, None)
+        if fn is not None and getattr(fn, "__code__", None) is not None and \
+                fn.__code__.co_freevars == code.co_freevars and getattr(fn, "__globals__", None) is vars(_core):
+            scope.set_attr(fn, "__code__", code)
+
+
+_STUB_CODE: dict = {}
 _STUB_CODE: dict = {}
 
 
@@ -772,10 +824,11 @@ def _replay_lang_patch(_interp):
 
 
 @contextlib.contextmanager
-def interpreter_launch(grid):
+def interpreter_launch(grid, num_warps=4):
     """Patch ``triton.language`` for the interpreter (as Triton's own
     ``GridExecutor`` does) for the duration of one launch and yield the
-    interpreter builder with ``grid`` set.  Restores everything afterwards."""
+    interpreter builder with ``grid`` set.  Restores everything afterwards.
+    ``num_warps``: the launch's (``triton.language.extra.cuda.utils.num_warps()``)."""
     from triton.runtime import interpreter as _interp
     _install_thread_local_grid()
     _install_numpy_safe_index()
@@ -799,6 +852,7 @@ def interpreter_launch(grid):
         scope = _patch_lang_now(_interp, holder)
         _patch_libdevice(_interp, scope)
         _record_lang_patch(_interp, scope)
+    _patch_cuda_utils(scope, int(num_warps))
     builder = _interp.interpreter_builder
     builder.set_grid_dim(*grid)
     _LAUNCHES += 1

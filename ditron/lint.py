@@ -93,6 +93,10 @@ def _builtin_table():
                  "release_tile", "fetch_task"):
         fn = getattr(core, name)
         table[id(fn)] = (f"dl.{name}", fn)
+    from .language import extra
+    for name in ("multimem_st_b32", "multimem_st_b64", "multimem_st_v2", "multimem_st_v4", "multimem_st_p_b32"):
+        fn = getattr(extra, name)
+        table[id(fn)] = ("dl.multimem_st", fn)          # (Triton-distributed's packed multicast stores)
     for name, fn in vars(shmem).items():
         if callable(fn) and not name.startswith("_") and A._param_names(fn) is not None:
             table.setdefault(id(fn), (f"shmem.{name}", fn))
@@ -345,7 +349,7 @@ class _Walker:
                        gpu=bool(at.get("scope", set()) & {"gpu", "cta"}))
             self.event("load", bound.get("ptr"), ctx, call, what)
         elif what == "dl.multimem_st":
-            self.event("store", bound.get("ptrs"), ctx, call, what)
+            self.event("store", bound.get("ptrs") if "ptrs" in bound else bound.get("ptr"), ctx, call, what)
         elif what.startswith("shmem."):
             name = what[6:]
             if name.startswith("putmem_signal"):

@@ -39,3 +39,67 @@ def simt_barrier(world, rounds=2):
         outs.append(out.cpu().tolist())
     assert flag.cpu().tolist() == [0] * n          # every peer's signal consumed: the barrier completed
     return outs
+
+
+# ---------------------------------------------------------------------------
+# issue 56, item 2: a condition on a helper's per-thread result, and a thread's values kept between its regions
+# (the shape of Triton-distributed's grid barrier; ditron's own code)
+# ---------------------------------------------------------------------------
+
+from ditron.language.extra import ld_acquire, tid  # noqa: E402
+
+
+@ditron.jit
+def _leader():
+    return (tid(0) + tid(1) + tid(2)) == 0                 # per thread: only thread 0 leads
+
+
+@ditron.jit
+def _grid_sync(count_ptr):
+    __syncthreads()
+    n = tl.num_programs(0)
+    if _leader():                                          # thread 0 of each program arrives once
+        add = tl.where(tl.program_id(0) == 0, tl.cast(0x80000000, tl.uint32, bitcast=True) - (n - 1), 1)
+        ticket = atomic_add(count_ptr.to(tl.pointer_type(tl.uint32)), add, scope="gpu", semantic="release")
+    else:
+        ticket = tl.cast(0, tl.uint32)
+    if _leader():                                          # the same thread, with its own ticket
+        now = ld_acquire(count_ptr)
+        while ((ticket ^ now) & 0x80000000) == 0:
+            now = ld_acquire(count_ptr)
+    __syncthreads()
+
+
+@ditron.jit
+def grid_sync_kernel(count_ptr, out_ptr):
+    pid = tl.program_id(0)
+    for step in range(3):                                  # three grid barriers: the top bit flips each time
+        _grid_sync(count_ptr)
+        tl.store(out_ptr + pid, step + 1)
+        _grid_sync(count_ptr)
+        total = tl.sum(tl.load(out_ptr + tl.arange(0, 4)))  # every program's store of this step is visible
+        tl.store(out_ptr + 4 + pid * 3 + step, total)
+
+
+@ditron.jit
+def kept_values_kernel(out_ptr):
+    t = tid(0)
+    if t < 4:
+        mine = t * 10                                       # each thread's own value ...
+    else:
+        mine = -1
+    v = 0
+    if t < 4:
+        st(out_ptr + t, mine + v, "gpu", "relaxed")        # ... still its own in the next region
+    mine = 7                                               # rebound outside any region: every thread's is 7
+    if t < 4:
+        st(out_ptr + 4 + t, mine, "gpu", "relaxed")
+
+
+def grid_sync(world):
+    count = torch.zeros(1, dtype=torch.int32, device=world.device)
+    out = torch.zeros(16, dtype=torch.int32, device=world.device)
+    grid_sync_kernel[(4,)](count, out)
+    kept = torch.zeros(8, dtype=torch.int32, device=world.device)
+    kept_values_kernel[(1,)](kept)
+    return count.item() & 0xFFFFFFFF, out[4:].tolist(), kept.tolist()

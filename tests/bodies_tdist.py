@@ -400,3 +400,43 @@ def run_all(world):
     from triton_dist.utils import is_nvshmem_multimem_supported
     return [body(world) if body is not node_team_allreduce or is_nvshmem_multimem_supported() else body.__name__
             for body in ALL]
+
+
+# ---------------------------------------------------------------------------
+# stock Triton's triton.language.extra.cuda.utils, imported by name (Triton-distributed's all-reduces)
+# ---------------------------------------------------------------------------
+
+from triton.language.extra.cuda.utils import globaltimer as _cu_globaltimer  # noqa: E402
+from triton.language.extra.cuda.utils import num_threads as _cu_num_threads  # noqa: E402
+from triton.language.extra.cuda.utils import num_warps as _cu_num_warps  # noqa: E402
+from triton.language.extra.cuda.utils import smid as _cu_smid  # noqa: E402
+from triton_dist.language.extra.language_extra import num_threads as _le_num_threads  # noqa: E402
+from triton_dist.language.extra.language_extra import num_warps as _le_num_warps  # noqa: E402
+from triton_dist.language.extra.language_extra import threads_per_warp as _le_threads_per_warp  # noqa: E402
+
+
+@triton_dist.jit
+def cuda_utils_kernel(out):
+    block_dim = _cu_num_warps() * 32
+    tl.store(out, block_dim)
+    tl.store(out + 1, _cu_num_threads())
+    t0 = _cu_globaltimer()
+    tl.store(out + 2, (_cu_globaltimer() >= t0).to(tl.int32))
+    lanes: tl.constexpr = _le_num_warps() * _le_threads_per_warp()     # language_extra's constexprs
+    tl.store(out + 3 + tl.arange(0, 1), tl.full((1,), lanes, tl.int32) + _le_num_threads() * 0)
+
+
+@triton_dist.jit
+def cuda_smid_kernel(out):
+    tl.store(out, _cu_smid())
+
+
+def cuda_utils(world):
+    out = torch.zeros(4, dtype=torch.int32, device=world.device)
+    cuda_utils_kernel[(1,)](out, num_warps=2)
+    try:
+        cuda_smid_kernel[(1,)](out)
+        smid = "no error"
+    except Exception as e:                    # noqa: BLE001 (the message is the result)
+        smid = str(e)
+    return out.tolist(), "no SM id" in smid

@@ -46,6 +46,7 @@ _BARRIERS = [(K + "common_ops.py", f) for f in ("barrier_all_intra_node_atomic_c
                                                "barrier_all_intra_node_non_atomic_block")]
 PER_THREAD = "one item per thread (`if thread_idx < world_size`), simulated per thread"
 POW2 = "; its `tl.arange(0, world_size)` needs a power-of-2 world size (also on GPUs)"
+PACKED_MC = "packed 128-bit multicast (`multimem_ld_reduce_v4`, `multimem_st_b64`), per thread"
 
 CASES = {
     "t01_notify_wait": dict(src=[(T + "01-distributed-notify-wait.py", "producer_consumer_kernel")]),
@@ -53,10 +54,14 @@ CASES = {
                                     "nvshmem_device_producer_all_gather_2d_put_block_kernel")]),
     "t03_allgather_push_1d": dict(src=[(T + "03-inter-node-allgather.py", "all_gather_push_1d_kernel")],
                                   note=PER_THREAD),
+    "t03_allgather_push_2d": dict(src=[(T + "03-inter-node-allgather.py", "all_gather_push_2d_kernel")],
+                                  note=PER_THREAD),
+    "t03_allgather_push_2d_2nodes": dict(src=[(T + "03-inter-node-allgather.py", "all_gather_push_2d_kernel")],
+                                         nnodes=2, note=PER_THREAD),
     "t03a_allgather_push_1d_amd": dict(src=[(T + "03a-inter-node-allgather.py", "all_gather_push_1d_kernel")],
                                        note=PER_THREAD),
     "t05_ring_reduce": dict(src=[(T + "05-intra-node-reduce-scatter.py", "kernel_ring_reduce")],
-                            note="tensor descriptors (TMA) in the simulator: issue 24's simulator half (i24sim)"),
+                            note="tensor descriptors (TMA), through Triton's interpreter"),
     "t06_inter_node_p2p": dict(src=[(T + "06-inter-node-reduce-scatter.py",
                                      "kernel_inter_node_p2p_for_same_local_rank")], nnodes=2),
     "t07_inter_node_put_block": dict(src=[(T + "07-overlapping-allgather-gemm.py",
@@ -73,8 +78,10 @@ CASES = {
                              note=PER_THREAD + POW2),
     "ar_one_shot_multimem": dict(src=_GRID_BARRIER + _BARRIERS + [(K + "allreduce.py",
                                                        "allreduce_one_shot_multimem_intra_node_kernel")],
-                                 note="multimem_ld_reduce_v4 / multimem_st_* (packed 128-bit) are refused: body "
-                                      "change to dl.multimem_ld_reduce on a tile (its SIMT-region barrier runs)"),
+                                 note=PACKED_MC),
+    "ar_two_shot_multimem": dict(src=_GRID_BARRIER + [(K + "allreduce.py",
+                                                       "allreduce_two_shot_multimem_intra_node_kernel")],
+                                 note=PACKED_MC),
     "rs_ring_push_1d": dict(src=_RS_HELPERS + [(K + "reduce_scatter.py",
                                                 "reduce_scatter_ring_push_1d_intra_node_kernel")]),
     "barrier_atomic_cas_simt": dict(src=[(K + "common_ops.py", "barrier_all_intra_node_atomic_cas_block")]),
@@ -297,6 +304,15 @@ def drive_t03a_allgather_push_1d_amd(m, w, U):
     _push_gather(m, w, U, "all_gather_push_1d_kernel", (n,), lambda b, nb, f: (b, nb, f, n, w.rank, 1, f))
 
 
+def drive_t03_allgather_push_2d(m, w, U):
+    n = w.world_size
+    _push_gather(m, w, U, "all_gather_push_2d_kernel", (n,),
+                 lambda b, nb, f: (b, nb, f, n // w.local_world_size, n, w.rank, 1))
+
+
+drive_t03_allgather_push_2d_2nodes = drive_t03_allgather_push_2d
+
+
 def drive_ll_allgather_pull(m, w, U):
     n = w.world_size
     _push_gather(m, w, U, "_forward_pull_kernel", (n,), lambda b, nb, f: (b, nb, f, n, w.rank, 1))
@@ -354,7 +370,7 @@ def drive_ar_one_shot_multimem(m, w, U):
     n, elems = w.world_size, 256
     x, ref = _ar_inputs(w, elems, torch.bfloat16)
     symm_in = U.nvshmem_create_tensor((elems,), torch.bfloat16)
-    sig = U.nvshmem_create_tensor((2 * n,), torch.int32)
+    sig = U.nvshmem_create_tensor((3 * n,), U.NVSHMEM_SIGNAL_DTYPE)   # as Triton-distributed's context: 64-bit
     sig.zero_()
     out = torch.empty_like(x)
     gb = torch.zeros(1, dtype=torch.int32, device=w.device)
@@ -362,6 +378,21 @@ def drive_ar_one_shot_multimem(m, w, U):
     m.allreduce_one_shot_multimem_intra_node_kernel[(1,)](x, symm_in, sig, out, elems, gb, w.rank, 1, n,
                                                           BLOCK_SIZE=128, HAS_ATOMIC_CAS=True, use_cooperative=False)
     _close(out, ref, "all-reduced", tol=3e-2)
+    U.nvshmem_barrier_all_on_stream()
+
+
+def drive_ar_two_shot_multimem(m, w, U):
+    import torch
+    n = w.world_size
+    elems = 64 * n                               # each rank reduces 64 bf16 (eight 16-byte vectors) in place
+    x, ref = _ar_inputs(w, elems, torch.bfloat16)
+    symm = U.nvshmem_create_tensor((elems,), torch.bfloat16)
+    symm.copy_(x)
+    gb = torch.zeros(1, dtype=torch.int32, device=w.device)
+    U.nvshmem_barrier_all_on_stream()
+    m.allreduce_two_shot_multimem_intra_node_kernel[(2,)](symm, gb, elems, w.rank, n, use_cooperative=False)
+    U.nvshmem_barrier_all_on_stream()
+    _close(symm, ref, "all-reduced in place", tol=3e-2)
     U.nvshmem_barrier_all_on_stream()
 
 

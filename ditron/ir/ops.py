@@ -85,6 +85,16 @@ _add(_spec("multimem_ld_reduce", "tile", [("ptrs", PTR)], {"op": ("sum", "min", 
            result="tensor", effects=("read", "remote"), backends=("cuda", "sim"), min_sm=90))
 _add(_spec("multimem_st", "tile", [("ptrs", PTR), ("value", VALUE)], effects=("write", "remote"),
            backends=("cuda", "sim"), min_sm=90))
+# packed multicast accesses per thread (Triton-distributed's language_extra helpers, ditron.language.extra)
+_add(_spec("multimem_ld_reduce_v4", "thread", [("ptr", PTR), ("mask", VALUE)], {"acc_dtype": object},
+           result="4 x 32-bit words", effects=("read", "remote"), backends=("cuda", "sim"), min_sm=90,
+           doc="one 128-bit multimem.ld_reduce.add per pointer (per thread): the sum over every rank's copy of "
+               "the 16 bytes, per fp32 / fp16 / bf16 lane (16-bit lanes accumulate in fp32), as four 32-bit words "
+               "(fp32 values, or int32 words of two packed 16-bit lanes); a mask skips the access (words 0)"))
+_add(_spec("multimem_st_packed", "thread", [("ptr", PTR), ("values", VALUE), ("mask", VALUE)],
+           {"form": ("b32", "b64", "v2", "v4")}, effects=("write", "remote"), backends=("cuda", "sim"), min_sm=90,
+           doc="one multimem.st per pointer (per thread) of one 32-bit (b32), one 64-bit (b64), two (v2) or four "
+               "(v4) 32-bit words: their bits reach every rank's copy; a mask skips the store"))
 
 # thread level ---------------------------------------------------------------
 _add(_spec("tid", "thread", attrs={"axis": (0, 1, 2)}, result="i32"))
@@ -170,7 +180,7 @@ class Op:
     def text(self) -> str:
         ops = []
         for name, _sort in self.spec.operands:
-            if name not in self.operands:
+            if name not in self.operands or (_sort == VALUE and self.operands[name] is None):
                 continue
             expr = self.exprs.get(name) or _value_text(self.operands[name])
             ops.append(f"{name}={expr} : {type_text(self.operands[name])}")

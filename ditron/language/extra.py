@@ -17,8 +17,9 @@ Differences from Triton-distributed's inline-PTX versions:
   ordering (PTX makes a vector access single-copy atomic only per element),
   more instructions;
 * the packed multicast helpers (``multimem_ld_reduce_v4``, ``multimem_st_*``)
-  are refused with a message naming ``dl.multimem_ld_reduce`` /
-  ``dl.multimem_st``, which take tiles of multicast pointers.
+  are distributed-IR ops of their own (per thread, like Triton-distributed's
+  inline PTX; relaxed at system scope where Triton-distributed leaves the
+  ordering weak), so the simulator runs them.
 
 Names that Triton-distributed has and ditron does not (shared-memory and TMA
 helpers, ``extern_call``, SIMT vectors) raise an ``AttributeError`` that says
@@ -31,6 +32,7 @@ import triton.language as tl
 from .. import _compat
 from ..errors import DitronCompileError
 from . import core as _dl
+from .semantic import emit as _emit
 
 builtin = _compat.builtin
 
@@ -58,6 +60,37 @@ def ntid(axis, _semantic=None, _generator=None):
     if _c(axis) != 0:
         return _compat.constexpr(1)
     return _dl.num_threads(_semantic=_semantic, _generator=_generator)
+
+
+def _launch_num_warps(sem):
+    if _compat.is_interpreter(sem):          # the simulator: the launch's num_warps
+        from ..lowering import provided
+        return int(getattr(provided("launch"), "num_warps", 4) or 4)
+    return int(getattr(_compat.builder_options(sem), "num_warps", 4) or 4)
+
+
+@builtin
+def num_warps(_semantic=None, _generator=None):
+    """The kernel's ``num_warps``, a constexpr (Triton-distributed's ``language_extra.num_warps``)."""
+    return _compat.constexpr(_launch_num_warps(_semantic))
+
+
+def _warp_size(sem):
+    from ..target import target_from_semantic
+    t = target_from_semantic(sem)
+    return 32 if t.backend == "sim" else int(t.warp_size)     # (the simulator's programs have 32-thread warps)
+
+
+@builtin
+def threads_per_warp(_semantic=None, _generator=None):
+    """Threads of a warp (32) or wavefront (64 on AMD), a constexpr."""
+    return _compat.constexpr(_warp_size(_semantic))
+
+
+@builtin
+def num_threads(_semantic=None, _generator=None):
+    """``num_warps() * threads_per_warp()``, a constexpr."""
+    return _compat.constexpr(_launch_num_warps(_semantic) * _warp_size(_semantic))
 
 
 @builtin
@@ -217,7 +250,10 @@ def _store_words(ptr, vals, suffix, scope, semantic, sem, gen):
     p = _as_ptr(ptr, ty, sem)
     for i, v in enumerate(vals):
         pi = p.__add__(i, _semantic=sem) if i else p
-        v = tl.cast(v, ty, _semantic=sem)
+        vt = _compat.to_tensor(sem, v).dtype
+        # a float word of the same width is stored as its bits (a b32 register), as the PTX vector store does
+        v = tl.cast(v, ty, bitcast=vt.is_floating() and vt.primitive_bitwidth == ty.primitive_bitwidth,
+                    _semantic=sem)
         # every calling thread stores (as st.global.v4 does): a scalar tl.store would be done by thread 0 alone
         # (Triton predicates scalar stores to one thread), losing the other threads' words in SIMT-style code
         _dl.st(pi, v, scope or "gpu", semantic or "relaxed", _semantic=sem, _generator=gen)
@@ -278,28 +314,103 @@ def pack_b32_v2(val0, val1, _semantic=None, _generator=None):
 
 
 # ---------------------------------------------------------------------------
-# names that exist in Triton-distributed but not here
+# packed multicast (NVLink SHARP) accesses, per thread
 # ---------------------------------------------------------------------------
 
-def _refuse(name, instead):
-    def fn(*args, _semantic=None, _generator=None, **kwargs):
-        raise DitronCompileError(f"{name} is Triton-distributed's packed 128-bit multicast helper, which ditron "
-                                 f"does not provide; use {instead}", op=name)
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"Refused: use {instead}."
-    return builtin(fn)
+def _mm_elem(ptr, name, sem):
+    t = _compat.to_tensor(sem, ptr).type
+    t = t.element_ty if t.is_block() else t
+    if not t.is_ptr():
+        raise DitronCompileError(f"{name}: expected a pointer (from shmem.remote_mc_ptr), got {t}", op=name,
+                                 arg="ptr")
+    return t.element_ty
 
 
-_MM_LD = ("dl.multimem_ld_reduce(ptr + tl.arange(0, N), acc_dtype=...) (a tile of multicast pointers; "
-          "docs/porting.md section 2)")
-_MM_ST = "dl.multimem_st(ptr + tl.arange(0, N), values) (a tile of multicast pointers; docs/porting.md section 2)"
-multimem_ld_reduce_v4 = _refuse("multimem_ld_reduce_v4", _MM_LD)
-multimem_ld_reduce_p_v4 = _refuse("multimem_ld_reduce_p_v4", _MM_LD)
-multimem_st_b64 = _refuse("multimem_st_b64", _MM_ST)
-multimem_st_b32 = _refuse("multimem_st_b32", _MM_ST)
-multimem_st_v2 = _refuse("multimem_st_v2", _MM_ST)
-multimem_st_v4 = _refuse("multimem_st_v4", _MM_ST)
-multimem_st_p_b32 = _refuse("multimem_st_p_b32", _MM_ST)
+def _mm_ld(ptr, mask, acc_dtype, name, sem, gen):
+    elem = _mm_elem(ptr, name, sem)
+    if not (elem.is_fp32() or elem.is_fp16() or elem.is_bf16()):
+        raise DitronCompileError(f"{name}: only fp16 / bf16 / fp32 pointers are supported, not {elem} (as in "
+                                 "Triton-distributed)", op=name, arg="ptr")
+    acc = _c(acc_dtype)
+    if acc is not None and acc != tl.float32:
+        raise DitronCompileError(f"{name}: acc_dtype must be tl.float32 or None, not {acc} (fp16 / bf16 lanes "
+                                 "accumulate in fp32; Triton-distributed refuses fp16 accumulation as well)",
+                                 op=name, arg="acc_dtype")
+    words = _emit("multimem_ld_reduce_v4", {"ptr": ptr, "mask": mask}, {"acc_dtype": acc}, sem, gen,
+                  params=("ptr", "mask", "acc_dtype"))
+    return tl.tuple(list(words))
+
+
+@builtin
+def multimem_ld_reduce_v4(ptr, acc_dtype=None, _semantic=None, _generator=None):
+    """The 16 bytes at the multicast address ``ptr`` summed over every rank's
+    copy on the node (``multimem.ld_reduce.relaxed.sys.global.add[.acc::f32].v4``),
+    per thread: a tuple of four 32-bit words -- fp32 values for an fp32
+    pointer, int32 words of two packed fp16 / bf16 lanes (the lower address in
+    the low half) otherwise.  16-bit lanes accumulate in fp32 and are rounded
+    once (to nearest even).  ``ptr`` must be 16-byte aligned."""
+    return _mm_ld(ptr, None, acc_dtype, "multimem_ld_reduce_v4", _semantic, _generator)
+
+
+@builtin
+def multimem_ld_reduce_p_v4(ptr, mask, _semantic=None, _generator=None):
+    """:func:`multimem_ld_reduce_v4` where ``mask`` holds (acquire, system
+    scope); elsewhere no access and the words are 0.  ditron branches around
+    the instruction instead of predicating it (Triton-distributed's source
+    notes that ptxas mishandles a predicated multimem)."""
+    return _mm_ld(ptr, mask, None, "multimem_ld_reduce_p_v4", _semantic, _generator)
+
+
+def _mm_st(ptr, values, mask, form, name, sem, gen):
+    elem = _mm_elem(ptr, name, sem)
+    if form in ("v2", "v4") and not (elem.is_fp32() or elem.is_fp16() or elem.is_bf16()):
+        raise DitronCompileError(f"{name}: only fp16 / bf16 / fp32 pointers are supported, not {elem} (as in "
+                                 "Triton-distributed)", op=name, arg="ptr")
+    bits = 64 if form == "b64" else 32
+    for i, v in enumerate(values):
+        t = _compat.to_tensor(sem, v).type
+        t = t.element_ty if t.is_block() else t
+        if t.primitive_bitwidth != bits:
+            raise DitronCompileError(f"{name}: value {i} is {t}; a {bits}-bit value is needed (its bits are "
+                                     "stored)", op=name, arg=f"val{i}")
+    _emit("multimem_st_packed", {"ptr": ptr, "values": tuple(values), "mask": mask}, {"form": form}, sem, gen,
+          params=("ptr",))
+
+
+@builtin
+def multimem_st_b32(ptr, val0, _semantic=None, _generator=None):
+    """Store the 32 bits of ``val0`` at the multicast address ``ptr``: every
+    rank's copy on the node receives them (``multimem.st.relaxed.sys.global.b32``), per thread."""
+    _mm_st(ptr, (val0,), None, "b32", "multimem_st_b32", _semantic, _generator)
+
+
+@builtin
+def multimem_st_b64(ptr, val0, _semantic=None, _generator=None):
+    """Store the 64 bits of ``val0`` (e.g. :func:`pack_b32_v2`) at the
+    multicast address ``ptr`` (8-byte aligned), per thread."""
+    _mm_st(ptr, (val0,), None, "b64", "multimem_st_b64", _semantic, _generator)
+
+
+@builtin
+def multimem_st_v2(ptr, val0, val1, _semantic=None, _generator=None):
+    """Store two 32-bit words (fp32 values, or packed fp16 / bf16 pairs) at
+    the multicast address ``ptr`` (8-byte aligned), per thread."""
+    _mm_st(ptr, (val0, val1), None, "v2", "multimem_st_v2", _semantic, _generator)
+
+
+@builtin
+def multimem_st_v4(ptr, val0, val1, val2, val3, _semantic=None, _generator=None):
+    """Store four 32-bit words (fp32 values, or packed fp16 / bf16 pairs) at
+    the multicast address ``ptr`` (16-byte aligned), per thread."""
+    _mm_st(ptr, (val0, val1, val2, val3), None, "v4", "multimem_st_v4", _semantic, _generator)
+
+
+@builtin
+def multimem_st_p_b32(ptr, val, mask, _semantic=None, _generator=None):
+    """:func:`multimem_st_b32` where ``mask`` holds (a branch around the
+    store, not a predicate: see :func:`multimem_ld_reduce_p_v4`)."""
+    _mm_st(ptr, (val,), mask, "b32", "multimem_st_p_b32", _semantic, _generator)
+
 
 #: Triton-distributed names ditron does not define, and what to use instead
 MISSING = {
@@ -347,7 +458,7 @@ def missing(module, name):
                           "(docs/porting.md)")
 
 
-__all__ = ["notify", "tid", "ntid", "laneid", "__syncthreads", "ld", "ld_acquire", "ld_b32", "st", "st_b32", "atomic_add",
+__all__ = ["notify", "tid", "ntid", "num_warps", "threads_per_warp", "num_threads", "laneid", "__syncthreads", "ld", "ld_acquire", "ld_b32", "st", "st_b32", "atomic_add",
            "atomic_cas", "fence", "__fence", "membar", "__ballot_sync", "__shfl_sync_i32", "__shfl_up_sync_i32",
            "__shfl_down_sync_i32", "__shfl_xor_sync_i32", "globaltimer", "load_v4_u32", "load_v4_b32",
            "load_v4_s32", "load_v2_b64", "st_v4_u32", "st_v4_b32", "st_v2_u32", "pack_b32_v2",

@@ -422,6 +422,64 @@ def _multimem_st(ctx, ptrs, value):
     return None
 
 
+def _mm_vec_type(ctx, ptr):
+    t = _elem(ctx, ptr, "ptr")
+    if t.is_fp32():
+        return t, "f32"
+    if t.is_fp16() or t.is_bf16():
+        return t, "f16x2" if t.is_fp16() else "bf16x2"
+    raise ctx.error(f"packed multimem accesses support fp16 / bf16 / fp32 pointers, not {t}", arg="ptr")
+
+
+def _mm_guard(ctx, mask, body, pre=""):
+    """``body`` run where ``mask`` holds: a branch around it, not a predicate on the multimem instruction
+    (Triton-distributed's source notes that ptxas mishandles predicated multimem instructions)."""
+    if mask is None:
+        return "{\n" + pre + body + "\n}", []
+    return ("{\n.reg .pred %p_mm;\n" + pre + "setp.eq.s32 %p_mm, $MASK, 0;\n@%p_mm bra L_mm_skip_${:uid};\n"
+            + body + "\nL_mm_skip_${:uid}:\n}"), [_compat.cast(ctx.sem, ctx.tensor(mask), tl.int32)]
+
+
+@register("multimem_ld_reduce_v4", BACKEND)
+def _multimem_ld_reduce_v4(ctx, ptr, mask, acc_dtype):
+    """``multimem.ld_reduce.<relaxed|acquire>.sys.global.add[.acc::f32].v4.<f32|f16x2|bf16x2>`` per thread: four
+    32-bit registers (relaxed; ``acquire`` with a mask, as Triton-distributed's ``_p`` variant)."""
+    t, ty = _mm_vec_type(ctx, ptr)
+    accq = "" if t.is_fp32() else ".acc::f32"
+    sem = "relaxed" if mask is None else "acquire"
+    body = f"multimem.ld_reduce.{sem}.sys.global.add{accq}.v4.{ty} {{$0, $1, $2, $3}}, [$4];"
+    pre = "" if mask is None else "mov.b32 $0, 0;\nmov.b32 $1, 0;\nmov.b32 $2, 0;\nmov.b32 $3, 0;\n"
+    asm, extra = _mm_guard(ctx, mask, body, pre)
+    asm = asm.replace("$MASK", "$5")
+    words = ctx.asm(asm, "=r,=r,=r,=r,l" + (",r" if extra else ""), [ptr] + extra, [tl.int32] * 4)
+    if t.is_fp32():
+        words = [_compat.bitcast(ctx.sem, w, tl.float32) for w in words]
+    return tuple(words)
+
+
+_ST_FORMS = {"b32": (1, 32), "b64": (1, 64), "v2": (2, 32), "v4": (4, 32)}
+
+
+@register("multimem_st_packed", BACKEND)
+def _multimem_st_packed(ctx, ptr, values, mask, form):
+    """``multimem.st.relaxed.sys.global.<b32|b64>`` or ``.v2`` / ``.v4.<f32|f16x2|bf16x2>`` per thread: the values'
+    bits reach every rank's copy behind the multicast address."""
+    count, bits = _ST_FORMS[form]
+    regs = [_compat.bitcast(ctx.sem, ctx.tensor(v), _INT_OF[bits]) if ctx.tensor(v).dtype.is_floating()
+            else ctx.tensor(v) for v in values]
+    ops = ", ".join(f"${i + 2}" for i in range(count))
+    if form in ("b32", "b64"):
+        body = f"multimem.st.relaxed.sys.global.{form} [$1], {ops};"
+    else:
+        _, ty = _mm_vec_type(ctx, ptr)
+        body = f"multimem.st.relaxed.sys.global.{form}.{ty} [$1], {{{ops}}};"
+    asm, extra = _mm_guard(ctx, mask, body)
+    asm = asm.replace("$MASK", f"${count + 2}") + "\nmov.u32 $0, 0;"
+    cons = "=r,l," + ",".join(_reg(bits) for _ in range(count)) + (",r" if extra else "")
+    ctx.asm(asm, cons, [ptr] + regs + extra, tl.int32)
+    return None
+
+
 # ---------------------------------------------------------------------------
 # thread level (per thread, exactly as in CUDA)
 # ---------------------------------------------------------------------------

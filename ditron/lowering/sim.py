@@ -173,6 +173,103 @@ def _multimem_st(ctx, ptrs, value):
     return None
 
 
+# packed multicast accesses, per thread (Triton-distributed's language_extra helpers) -------------------------
+
+def _mm_packed(ctx, tr, ptr, mask, nbytes, name, store):
+    """Heap offsets (in this rank's heap) of the 2-byte halves of the ``nbytes``-byte accesses at the multicast
+    pointers ``ptr`` (shape: pointers x halves) and the mask per pointer (``None``: all)."""
+    if store and ptr.type.is_block() and _compat.simt_thread() is not None:
+        raise ctx.error(f"{name} on a tile inside a branch or loop on dl.tid()/dl.laneid(): on a GPU each thread "
+                        "stores the elements its layout gives it, which the simulator cannot know; use one scalar "
+                        "pointer per thread there", arg="ptr")
+    local = _untag(ctx, ptr, "ptr").reshape(-1)
+    live = None
+    if mask is not None:
+        live = np.broadcast_to(_data(ctx.tensor(mask)).astype(bool).reshape(-1) if ptr.type.is_block()
+                               else _data(ctx.tensor(mask)).astype(bool).reshape(-1)[:1], local.shape)
+    act = local if live is None else local[live]
+    bad = act[act % np.uint64(nbytes) != 0]
+    if bad.size:
+        raise ctx.error(f"{name}: a {nbytes}-byte multicast access needs a {nbytes}-byte aligned address, not "
+                        f"{int(bad[0]) % 4096:#x} (mod 4096): a GPU faults (misaligned address)", arg="ptr")
+    if act.size:
+        _own_offsets(ctx, tr, act[:1], "ptr", nbytes=nbytes)
+    off = _own_offsets(ctx, tr, local, "ptr")
+    halves = off[:, None] + np.arange(0, nbytes, 2, dtype=np.int64)[None, :]
+    return halves, live
+
+
+def _mm_lanes(raw_u16, tt):
+    """The 16-bit halves of a packed access as lanes of ``tt``, in fp32 (fp32 lanes: pairs of halves)."""
+    if tt.is_fp32():
+        return np.ascontiguousarray(raw_u16).view(np.float32)
+    if tt.is_bf16():
+        return _compat.bf16_bits_to_f32(raw_u16)
+    return raw_u16.view(np.float16).astype(np.float32)
+
+
+@register("multimem_ld_reduce_v4", BACKEND)
+def _multimem_ld_reduce_v4(ctx, ptr, mask, acc_dtype):
+    """Per pointer, the 16 bytes summed over the node's copies, lane by lane in fp32 (in rank order), rounded once
+    to the lane type (to nearest even: ``.acc::f32`` then the conversion of the result), as four 32-bit words."""
+    from ..sim import memory as M
+    world, tr = _world(ctx)
+    tt = _elem_ty(ptr)
+    halves, live = _mm_packed(ctx, tr, ptr, mask, 16, "multimem_ld_reduce_v4", store=False)
+    n = halves.shape[0]
+    sel = None if live is None else np.repeat(live, halves.shape[1])
+    acc = None
+    for r in _mc_node_ranks(ctx, world):
+        addrs = (np.int64(tr.heap_base(r)) + halves).astype(np.uint64).reshape(-1)
+        raw = M.load(addrs, np.uint16)
+        stale = race().plain_access("read", addrs, sel, raw)
+        raw = (raw if stale is None else stale).reshape(n, 8)
+        lanes = _mm_lanes(raw, tt)
+        acc = lanes if acc is None else acc + lanes          # fp32 arithmetic, one rounding per addition
+    if tt.is_fp32():
+        words = acc.astype(np.float32).view(np.uint32)
+    elif tt.is_bf16():
+        words = np.ascontiguousarray(_compat.f32_to_bf16_bits(acc).astype(np.uint16)).view(np.uint32)
+    else:
+        words = np.ascontiguousarray(acc.astype(np.float16)).view(np.uint32)
+    words = words.reshape(n, 4)
+    if live is not None:
+        words = np.where(live[:, None], words, np.uint32(0))
+    out_t = tl.float32 if tt.is_fp32() else tl.int32
+    npd = np.float32 if tt.is_fp32() else np.int32
+    shape = _data(ptr).shape
+    return tuple(_like(ptr, np.ascontiguousarray(words[:, i]).view(npd).reshape(shape), out_t) for i in range(4))
+
+
+_ST_BYTES = {"b32": 4, "b64": 8, "v2": 8, "v4": 16}
+
+
+@register("multimem_st_packed", BACKEND)
+def _multimem_st_packed(ctx, ptr, values, mask, form):
+    """Per pointer, the bits of the values (32-bit words, or one 64-bit word) stored into every copy on the node."""
+    from ..sim import memory as M
+    world, tr = _world(ctx)
+    nbytes = _ST_BYTES[form]
+    halves, live = _mm_packed(ctx, tr, ptr, mask, nbytes, f"multimem_st ({form})", store=True)
+    n = halves.shape[0]
+    cols = []
+    for v in values:
+        raw = np.ascontiguousarray(_data(ctx.tensor(v)))
+        bits = raw.view(np.uint64 if raw.dtype.itemsize == 8 else np.uint32)
+        cols.append(np.broadcast_to(bits.reshape(-1) if bits.size > 1 else bits.reshape(-1)[:1], (n,)))
+    words = np.ascontiguousarray(np.stack(cols, axis=1))            # (n, words): little-endian, as on a GPU
+    u16 = words.view(np.uint16).reshape(n, nbytes // 2)
+    if live is not None:
+        halves, u16 = halves[live], u16[live]
+    for r in _mc_node_ranks(ctx, world):
+        addrs = (np.int64(tr.heap_base(r)) + halves).astype(np.uint64).reshape(-1)
+        race().plain_access("write", addrs, None, u16.reshape(-1))
+        M.store(addrs, u16.reshape(-1), np.uint16)
+    access().end_poll()
+    tr.control.progress()
+    return None
+
+
 # task level: scoreboard and work queue -------------------------------------------
 
 def _slot_word(ctx, ptr, arg):

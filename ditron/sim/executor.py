@@ -172,7 +172,7 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None, lint_kernel
     if transport is not None:
         transport.active(-1)      # the launching thread only supervises
     try:
-        with _compat.interpreter_launch(grid) as builder:
+        with _compat.interpreter_launch(grid, launch.num_warps) as builder:
             for linear, pid in order:
                 with launch.cv:
                     while launch.running > 0 and not launch.failed:

@@ -95,12 +95,13 @@ class _Analysis:
     value is uniform again, e.g. a loop variable reused after a thread-strided loop; loops iterate to a fixpoint,
     so a value that becomes per-thread later in a loop body is per-thread at the body's start too)."""
 
-    def __init__(self, fn_node):
+    def __init__(self, fn_node, tid_calls=frozenset(_TID)):
         self.live_in = {}
+        self.tid_calls = tid_calls
         self._flow(fn_node.body, set())
 
     def depends(self, node, live):
-        return any(_callee(c.func) in _TID for c in _calls(node)) or bool(_names(node) & live)
+        return any(_callee(c.func) in self.tid_calls for c in _calls(node)) or bool(_names(node) & live)
 
     def at(self, stmt):
         return self.live_in.get(id(stmt), frozenset())
@@ -150,12 +151,16 @@ class _Analysis:
 
 
 class _Rewriter:
-    def __init__(self, analysis, filename, first_line):
+    def __init__(self, analysis, filename, first_line, pure=frozenset(), kept=frozenset()):
         self.a = analysis
         self.replay = []          # thread-dependent pure assignments seen so far, in order
         self.regions = 0
         self.filename = filename
         self.first_line = first_line
+        self.pure = _PURE | set(pure)
+        self.kept = set(kept)     # names some region assigns: each thread's value is kept for later regions
+        self.saved = set()        # names a region rewritten so far assigns (and nothing rebound since)
+        self.ever = set()         # names any region rewritten so far assigns
 
     def _refuse(self, stmt, why):
         raise DitronError(f"{self.filename}:{stmt.lineno}: the simulator cannot model this thread-dependent "
@@ -168,13 +173,35 @@ class _Rewriter:
             out.extend(r if isinstance(r, list) else [r])
         return out
 
-    def _region(self, s):
+    def _region(self, s, live=None):
+        """``s`` once per simulated thread: the replayed assignments, then the thread's own values of the names
+        earlier regions assigned (still per-thread here), ``s``, then the thread's values of what ``s`` assigns
+        are kept (a GPU thread keeps its registers between two branches on its id: ``old = atomic_add(..)`` in
+        one, ``while ld(..) ^ old`` in the next, as in Triton-distributed's grid barrier)."""
         self.regions += 1
-        body = [copy.deepcopy(r) for r in self.replay] + [s]
+        live = self.a.at(s) if live is None else live
+        replayed = {n for r in self.replay for n in _targets(r)}
+        restore = sorted((self.saved & set(live)) - replayed)
+        assigned = sorted(_assigned(s) | (_targets(s) if isinstance(s, ast.For) else set()))
+        body = [copy.deepcopy(r) for r in self.replay] + [_restore(n) for n in restore] + [s] + \
+            [_save(n) for n in assigned]
+        self.saved |= set(assigned)
+        self.ever |= set(assigned)
         loop = ast.For(target=ast.Name(id="__ditron_t", ctx=ast.Store()),
                        iter=ast.Call(func=ast.Name(id=_VAR, ctx=ast.Load()), args=[], keywords=[]),
                        body=body, orelse=[])
         return ast.copy_location(loop, s)
+
+    def _forget(self, s):
+        """After a statement outside regions that rebinds names regions keep: the kept values are stale."""
+        names = sorted(_targets(s) & self.kept) if not isinstance(s, ast.For) else sorted(_assigned(s) & self.kept)
+        if not names:
+            return s
+        call = ast.Expr(ast.Call(func=ast.Name(id=_FORGET, ctx=ast.Load()),
+                                 args=[ast.Name(id=_KEPT, ctx=ast.Load()),
+                                       ast.Tuple(elts=[ast.Constant(n) for n in names], ctx=ast.Load())],
+                                 keywords=[]))
+        return [s, ast.copy_location(call, s)]
 
     def _simt_region(self, s):
         """A SIMT region: the body runs in every thread; a top-level ``syncthreads`` (reached by all threads)
@@ -196,7 +223,7 @@ class _Rewriter:
                 out.append(p)
             elif p:
                 w = ast.With(items=[copy.deepcopy(s.items[0])], body=p)
-                out.append(self._region(ast.copy_location(w, s)))
+                out.append(self._region(ast.copy_location(w, s), live=self.a.at(p[0])))
         return out
 
     def stmt(self, s):
@@ -211,7 +238,7 @@ class _Rewriter:
         if isinstance(s, ast.For) and depends(s.iter):
             return self._region(s)
         if isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and s.value is not None and depends(s.value):
-            impure = [_callee(c.func) for c in _calls(s.value) if _callee(c.func) not in _PURE]
+            impure = [_callee(c.func) for c in _calls(s.value) if _callee(c.func) not in self.pure]
             if impure:
                 self._refuse(s, f"`{ast.unparse(s).strip()}` gives each GPU thread its own value from "
                                 f"{impure[0]}() outside a branch on dl.tid()/dl.laneid(); compute it inside the "
@@ -222,26 +249,161 @@ class _Rewriter:
                                 "per thread, which an update cannot be: assign it (`x = x0 + tid`) or move it into "
                                 "the branch")
             self.replay.append(s)
-            return s
+            self.saved -= _targets(s)        # replayed from now on
+            return self._forget(s)
         if isinstance(s, ast.Expr) and depends(s.value):
             return self._region(s)
         if isinstance(s, (ast.If, ast.While, ast.For, ast.With)):
             s.body = self.block(s.body)
             if getattr(s, "orelse", None):
                 s.orelse = self.block(s.orelse)
+        if isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.For)):
+            self.saved -= _targets(s)        # rebound to a uniform value
+            return self._forget(s)
         return s
 
 
-def transform(tree, filename="?", first_line=0):
-    """Rewrite the function in ``tree`` (a Module) in place; True if it has thread-dependent regions."""
+_KEPT = "__ditron_simt_kept"
+_FORGET = "__ditron_simt_forget__"
+
+
+def _kept_key(name):
+    return ast.Tuple(elts=[ast.Name(id="__ditron_t", ctx=ast.Load()), ast.Constant(name)], ctx=ast.Load())
+
+
+def _restore(name):
+    """``if (t, name) in kept: name = kept[(t, name)]``"""
+    test = ast.Compare(left=_kept_key(name), ops=[ast.In()], comparators=[ast.Name(id=_KEPT, ctx=ast.Load())])
+    get = ast.Subscript(value=ast.Name(id=_KEPT, ctx=ast.Load()), slice=_kept_key(name), ctx=ast.Load())
+    return ast.If(test=test, body=[ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=get)], orelse=[])
+
+
+def _save(name):
+    """``try: kept[(t, name)] = name`` / ``except NameError: pass`` (not bound in this thread's path)."""
+    store = ast.Assign(targets=[ast.Subscript(value=ast.Name(id=_KEPT, ctx=ast.Load()), slice=_kept_key(name),
+                                              ctx=ast.Store())], value=ast.Name(id=name, ctx=ast.Load()))
+    return ast.Try(body=[store], handlers=[ast.ExceptHandler(type=ast.Name(id="NameError", ctx=ast.Load()),
+                                                             name=None, body=[ast.Pass()])],
+                   orelse=[], finalbody=[])
+
+
+def forget(kept, names):
+    for k in [k for k in kept if k[1] in names]:
+        del kept[k]
+
+
+# ---------------------------------------------------------------------------
+# helpers whose result depends on the thread (``_is_cta_master()``: ``tid(0) + tid(1) + tid(2) == 0``)
+# ---------------------------------------------------------------------------
+
+_HELPERS: dict = {}           # code object -> (returns a per-thread value, pure)
+_IN_PROGRESS = object()
+
+
+def _resolve(func, env):
+    """The object a call's callee names in ``env`` (a function's globals): ``f`` or ``mod.f``."""
+    if isinstance(func, ast.Name):
+        return env.get(func.id)
+    if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        base = env.get(func.value.id)
+        return getattr(base, func.attr, None) if base is not None else None
+    return None
+
+
+def _jit_python_fn(obj):
+    import types
+    from triton.runtime.jit import KernelInterface
+    fn = getattr(obj, "fn", None)
+    if isinstance(obj, KernelInterface) and isinstance(fn, types.FunctionType):
+        return fn
+    return None
+
+
+def _thread_helpers(fn_node, env):
+    """Names of the functions ``fn_node`` calls that are ``@jit`` helpers returning a per-thread value, and the
+    pure ones among them (no memory access: they may be replayed)."""
+    tid_names, pure = set(), set()
+    if not env:
+        return tid_names, pure
+    for c in _calls(fn_node):
+        name = _callee(c.func)
+        if name in _TID or name in tid_names:
+            continue
+        py = _jit_python_fn(_resolve(c.func, env))
+        if py is None:
+            continue
+        dep, is_pure = _helper_info(py)
+        if dep:
+            tid_names.add(name)
+            if is_pure:
+                pure.add(name)
+    return tid_names, pure
+
+
+def _helper_info(py):
+    import inspect
+    import textwrap
+    code = py.__code__
+    hit = _HELPERS.get(code)
+    if hit is _IN_PROGRESS:
+        return False, False                  # recursion: not known to depend on the thread
+    if hit is not None:
+        return hit
+    _HELPERS[code] = _IN_PROGRESS
+    info = (False, False)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(py)))
+        node = next((n for n in tree.body if isinstance(n, ast.FunctionDef)), None)
+        if node is not None:
+            more, more_pure = _thread_helpers(node, py.__globals__)
+            a = _Analysis(node, frozenset(_TID | more))
+            callees = {_callee(c.func) for c in _calls(node)}
+            info = (_returns_per_thread(a, node.body, False), callees <= (_PURE | more_pure))
+    except (OSError, TypeError, SyntaxError):
+        pass
+    _HELPERS[code] = info
+    return info
+
+
+def _returns_per_thread(a, stmts, under):
+    for s in stmts:
+        if isinstance(s, ast.Return):
+            if s.value is not None and (under or a.depends(s.value, a.at(s))):
+                return True
+        elif isinstance(s, (ast.If, ast.While)):
+            d = under or a.depends(s.test, a.at(s))
+            if _returns_per_thread(a, s.body, d) or _returns_per_thread(a, s.orelse, d):
+                return True
+        elif isinstance(s, ast.For):
+            d = under or a.depends(s.iter, a.at(s))
+            if _returns_per_thread(a, s.body, d) or _returns_per_thread(a, s.orelse, d):
+                return True
+        elif isinstance(s, ast.With):
+            if _returns_per_thread(a, s.body, under or _simt_with(s)):
+                return True
+    return False
+
+
+def transform(tree, filename="?", first_line=0, env=None):
+    """Rewrite the function in ``tree`` (a Module) in place; True if it has thread-dependent regions.  ``env``:
+    the function's globals, where the ``@jit`` helpers it calls are found (a helper whose result depends on the
+    thread makes a condition on it thread-dependent)."""
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef)), None)
     if fn is None:
         return False
     src_calls = {_callee(c.func) for c in _calls(fn)}
-    if not (src_calls & (_TID | {_REGION})):
+    helpers, pure = _thread_helpers(fn, env)
+    tid_calls = frozenset(_TID | helpers)
+    if not (src_calls & (tid_calls | {_REGION})):
         return False
-    rw = _Rewriter(_Analysis(fn), filename, first_line)
+    shadow = copy.deepcopy(fn)        # a dry run: which names regions assign (in loops: also before them)
+    dry = _Rewriter(_Analysis(shadow, tid_calls), filename, first_line, pure)
+    dry.block(shadow.body)
+    rw = _Rewriter(_Analysis(fn, tid_calls), filename, first_line, pure, kept=dry.ever)
     fn.body = rw.block(fn.body)
+    if rw.ever or rw.kept:
+        init = ast.Assign(targets=[ast.Name(id=_KEPT, ctx=ast.Store())], value=ast.Dict(keys=[], values=[]))
+        fn.body.insert(0, ast.copy_location(init, fn.body[0]))
     ast.fix_missing_locations(tree)
     return rw.regions > 0
 
@@ -285,8 +447,10 @@ def install():
 
     def _transform_ast(self, src, _orig=orig):
         tree = _orig(self, src)
-        if transform(tree, getattr(self, "filename", "?"), getattr(self, "def_file_lineno", 0)):
+        if transform(tree, getattr(self, "filename", "?"), getattr(self, "def_file_lineno", 0),
+                     getattr(self.fn, "__globals__", None)):
             self.fn.__globals__[_VAR] = threads
+            self.fn.__globals__[_FORGET] = forget
         return tree
 
     FR._transform_ast = _transform_ast
