@@ -293,3 +293,15 @@ def test_ditron_sim_catches_a_missing_wait_by_default(tmp_path):
     from ditron.sim.launcher import build_parser
     assert build_parser().parse_args(["--no-race", "x.py"]).race is False
     assert build_parser().parse_args(["x.py"]).race is None          # None: the default, on (race.job_default)
+
+
+def test_simcluster_runs_the_race_finder_by_default(monkeypatch):
+    """The harness users copy (ditron.sim.pool.SimCluster, as in docs/simulator.md) has the race finder on
+    without flags, like `ditron sim`; DITRON_SIM_RACE=0 or race=False opts out (before: off unless asked)."""
+    from ditron.sim.pool import SimCluster
+    monkeypatch.delenv("DITRON_SIM_RACE", raising=False)
+    with SimCluster(1, hang_timeout=10) as c:
+        assert c.race is True
+    monkeypatch.setenv("DITRON_SIM_RACE", "0")
+    with SimCluster(1, hang_timeout=10) as c:
+        assert c.race is False
