@@ -204,7 +204,7 @@ def create_all_to_all_context(max_tokens, hidden, dtype, world=None, max_program
 
 def _launch(ctx, x, out, splits, recv_counts, t_equal, seg_numel, equal):
     block, programs, warps = launch_config(ctx.world, seg_numel, x.element_size(), ctx.max_programs)
-    key = (t_equal, seg_numel, equal, x.shape[0], x.dtype) + tuple(
+    key = (t_equal, seg_numel, equal, x.shape[0], x.dtype, getattr(splits, "dtype", None)) + tuple(
         t.data_ptr() % 16 == 0 if isinstance(t, torch.Tensor) else t for t in (x, out, splits, recv_counts))
     ctx.launch(key, all_to_all_kernel, (programs,),
                (x, out, splits, recv_counts, ctx.buf, ctx.cnt, ctx.sig, ctx.calls, t_equal, x.shape[0], ctx.hidden,

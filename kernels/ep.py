@@ -176,13 +176,18 @@ class EpHandle:
             setattr(self, name, t)
 
 
-def _launch(ctx, name, kernel, grid, *args, **kwargs):
+def _al(t):
+    """Whether ``t``'s address is 16-byte aligned (what Triton specialises a pointer on)."""
+    return t.data_ptr() % 16 == 0
+
+
+def _launch(ctx, name, key, kernel, grid, *args, **kwargs):
     """Every EP launch goes through here: counted (``ctx.launches``), and seen
     by the bench's host account (``LAUNCH_HOOKS``)."""
     ctx.launches[name] = ctx.launches.get(name, 0) + 1
-    # what Triton specialises on: the integers themselves, and every tensor's 16-byte alignment
-    key = (name, grid) + tuple(a.data_ptr() % 16 == 0 if isinstance(a, torch.Tensor) else a for a in args) + \
-        tuple(kwargs.values())
+    # ``key``: what Triton specialises on besides the context's own buffers (fixed): the call's sizes (they fix
+    # every integer argument and the grid) and the 16-byte alignment of the caller's tensors
+    key = (name, grid, bool(ctx.trace)) + key
     if LAUNCH_HOOKS:
         with LAUNCH_HOOKS[-1](name):
             ctx.launch(key, kernel, grid, args, kwargs)
@@ -402,7 +407,7 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
         ll_blk = 4 if sim else max(32, min(4096, next_pow2(max(TK, 1))))
         tr, TR = _trace_args(ctx, 1)
         recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]
-        _launch(ctx, "dispatch", ep_ll_dispatch_kernel, (P,),
+        _launch(ctx, "dispatch", (TK, k, _al(x), _al(topk_idx), topk_idx.dtype), ep_ll_dispatch_kernel, (P,),
                 x, topk_idx, b["key"], b["pslot"], b["dropped"], recv_x, rc, recv_counts, ctx.lrecv, ctx.lcnt,
                 ctx.lstage, ctx.calls, tr, TK, k, H, ctx.hw, El, cap, lper,
                 MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, EP=ctx.route_ep,
@@ -419,13 +424,13 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
     per = blk * cdiv(nblk, min(nblk, nprog))          # pairs per program, whole blocks
     rp = cdiv(max(TK, 1), per)                         # routing programs
     tr, TR = _trace_args(ctx, 0)
-    _launch(ctx, "route", ep_route_kernel, (rp,), topk_idx, b["key"], b["pos"],
+    _launch(ctx, "route", (TK, k, _al(topk_idx), topk_idx.dtype), ep_route_kernel, (rp,), topk_idx, b["key"], b["pos"],
             b["pslot"], b["tok"], b["skey"], b["sslot"], b["cnt"], b["start"], b["dropped"], ctx.route_hist,
             ctx.route_slots, ctx.rcalls, tr, TK, k, E, cap, per, EP=ctx.route_ep, BLK=blk, QB=4 if sim else 32,
             TRACE=TR, num_warps=1 if sim else 8)
     tr, TR = _trace_args(ctx, 1)
     recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]
-    _launch(ctx, "dispatch", ep_dispatch_kernel, (ctx.max_programs,),
+    _launch(ctx, "dispatch", (TK, _al(x)), ep_dispatch_kernel, (ctx.max_programs,),
             x, b["tok"], b["cnt"], recv_x, rc, recv_counts, ctx.buf, ctx.cnt, ctx.stage, ctx.cstage, ctx.sig,
             ctx.calls, tr, TK, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(),
             WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, TRACE=TR, num_warps=ctx.dispatch_warps)
@@ -459,13 +464,14 @@ def ep_combine(y, handle, ctx, out=None):
     br, bh = ctx.blocks()
     tr, TR = _trace_args(ctx, 2)
     if ctx.mode == "normal":
-        _launch(ctx, "combine", ep_combine_kernel, (ctx.max_programs,),
+        _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(handle.weights), handle.weights.dtype), ep_combine_kernel, (ctx.max_programs,),
                 y, out, handle.pos, handle.weights, handle.rc, ctx.cbuf, ctx.ystage, ctx.csig, ctx.ccalls, tr, T,
                 ctx.slot_rows, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=y.element_size(),
                 WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, KT=k, RH=ctx.reduce_cols, TRACE=TR,
                 num_warps=1 if ctx.sim else 4)
     else:
-        _launch(ctx, "combine", ep_ll_combine_kernel, (ctx.max_programs,),
+        _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(handle.weights), handle.weights.dtype), ep_ll_combine_kernel,
+                (ctx.max_programs,),
                 y, out, handle.peid, handle.pslot, handle.weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, tr,
                 T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw,
                 WP=ctx.wp, ELP=ctx.elp, BR=br, BW=bh, KT=k, RB=ctx.reduce_rows, RW=ctx.reduce_cols // ctx.epw, TRACE=TR,

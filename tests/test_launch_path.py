@@ -216,7 +216,9 @@ def test_zoo_ops_direct_launch_is_the_launch_triton_makes(monkeypatch):
         class Recording(real):
             def __call__(self, *args):
                 # (grid, stream, function, packed metadata, <launch metadata: a new object per launch>, hooks, args)
-                seen.append(args[:6] + (type(args[6]).__name__,) + args[7:])
+                seen.append(args[:6] + (type(args[6]).__name__,) + tuple(
+                    (a.data_ptr(), a.dtype, tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a
+                    for a in args[7:]))
                 return super().__call__(*args)
         drv.launcher_cls = Recording
         bf = torch.bfloat16
@@ -246,3 +248,16 @@ def test_zoo_ops_direct_launch_is_the_launch_triton_makes(monkeypatch):
         K.gemm_ar(a, b, gctx, out=o)
         K.gemm_ar(a, b, gctx, out=o)
         assert seen[n0] == seen[n0 + 1]
+        # EP (low latency): dispatch + combine alternate between two buffer sets, so calls 1 and 3 (Triton's
+        # path, then direct) must hand the launcher the same launches
+        T, H, E, k = 8, 64, 4, 2
+        x = torch.randn(T, H, dtype=bf)
+        idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(torch.int32)
+        w = torch.rand(T, k)
+        ectx = K.create_ep_context(T, H, E, k, bf, mode="low_latency")
+        n0 = len(seen)
+        for _ in range(3):
+            recv, _, handle = K.ep_dispatch(x, idx, w, ectx, validate=False)
+            K.ep_combine(recv, handle, ectx)
+        assert len(seen) == n0 + 6
+        assert seen[n0:n0 + 2] == seen[n0 + 4:n0 + 6], "EP's direct launches differ from Triton's"
