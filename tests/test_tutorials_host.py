@@ -96,6 +96,7 @@ def test_tutorial_host_helpers_run_under_sim(tmp_path):
     ("import triton_dist.kernels.nvidia.ep_a2a", "ditron.kernels.create_ep_context"),
     ("from triton_dist.kernels.common_ops import set_signal, wait_eq", "ditron.stream_wait_value"),
     ("from triton_dist.kernels.nvidia.common_ops import barrier_all_intra_node_atomic_cas_block", "ditron.barrier_all"),
+    ("import triton_dist; triton_dist.kernels.nvidia.create_ag_gemm_context", "ditron.kernels.create_ag_gemm_context"),
 ])
 def test_triton_dist_kernels_names_the_zoo_equivalent(stmt, zoo):
     code = f"import sys\ntry:\n    {stmt}\nexcept ImportError as e:\n    print(e)\n    sys.exit(0)\nsys.exit(5)\n"
