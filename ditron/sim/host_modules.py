@@ -28,7 +28,7 @@ def message(fullname: str) -> str:
     pkg, fin = _TOPS[top]
     return (f"{pkg} is not installed in this environment; ditron sim needs none of it: port in two lines, delete "
             f"`import {top if top != 'nvshmem' else 'nvshmem.core'}` and replace `{fin}` with "
-            "`triton_dist.utils.finalize_distributed()` (docs/porting.md section 3)")
+            "`triton_dist.utils.finalize_distributed()` (docs/porting.md section 3.1)")
 
 
 class HostModuleFinder(importlib.abc.MetaPathFinder):

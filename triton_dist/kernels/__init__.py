@@ -66,7 +66,7 @@ def _error(name: str) -> KernelLibraryNotProvided:
     hint = f"use {what}" if what else "see ditron.kernels (docs/zoo.md) for the collectives and overlapped kernels"
     return KernelLibraryNotProvided(
         f"{name}: ditron does not ship Triton-distributed's kernel library (triton_dist.kernels); {hint} "
-        "(docs/porting.md section 3)", name=name)
+        "(docs/porting.md section 3.2)", name=name)
 
 
 def _stub_package(fullname: str):
@@ -99,6 +99,9 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def __getattr__(attr):
     if attr.startswith("__"):
         raise AttributeError(attr)
+    if f"{__name__}.{attr}" in _PACKAGES:       # triton_dist.kernels.nvidia.<name>: the error names <name>
+        import importlib
+        return importlib.import_module(f"{__name__}.{attr}")
     raise _error(f"{__name__}.{attr}")
 
 
