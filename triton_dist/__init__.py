@@ -22,7 +22,7 @@ __all__ = ["jit", "language", "utils"]
 
 
 def __getattr__(name):
-    if name in ("language", "utils"):
+    if name in ("language", "utils", "kernels"):
         import importlib
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'triton_dist' has no attribute {name!r} (ditron provides triton_dist.jit, "

@@ -260,6 +260,9 @@ def print_deadlock(reports, codes, timeout, out):
 
 def print_failure(rank, code, reports, codes, out):
     rep = reports.get(rank) or {}
+    if rep.get("line"):         # an error that one line says all of (ditron/sim/host_modules.py)
+        print(f"ditron sim: {rep['line']}", file=out)
+        return
     print(f"ditron sim: rank {rank} failed (exit code {code}); the other ranks were stopped.", file=out)
     tb = rep.get("traceback")
     if tb:

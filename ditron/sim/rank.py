@@ -72,6 +72,8 @@ def main(argv=None):
         sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     from . import numerics
     numerics.install()      # plain @triton.jit kernels of the script compute as ditron's do (libdevice, bf16)
+    from . import host_modules
+    host_modules.install()  # `import nvshmem.core` without nvshmem4py: one line with the two-line port
     try:
         run(target, run_name="__main__", **({"alter_sys": True} if run is runpy.run_module else {}))
     except SystemExit as e:
@@ -81,7 +83,14 @@ def main(argv=None):
         return code
     except BaseException as e:  # noqa: BLE001 -- reported to the launcher
         from ..errors import DitronHangError
+        from .host_modules import HostModuleNotInstalled
         tb = traceback.format_exc()
+        if isinstance(e, HostModuleNotInstalled):
+            where = traceback.extract_tb(e.__traceback__)
+            where = [f for f in where if f.filename == os.path.abspath(script) or f.filename == script] or where
+            site = f"{where[-1].filename}:{where[-1].lineno}: " if where else ""
+            _report(rank, {"rank": rank, "kind": "error", "line": f"{site}{e}", "traceback": tb})
+            return 1
         if isinstance(e, DitronHangError):
             _report(rank, {"rank": rank, "kind": "hang", "report": e.report, "traceback": tb,
                            "reason": _stop_reason()})
