@@ -17,7 +17,17 @@ def _compile(fn, on):
     torch._dynamo.reset()
     atp.LOG.clear()
     options = {"post_grad_custom_post_pass": atp.AsyncTPPass()} if on else {}
+    # no FX-graph cache: a cached graph (another test run's) is not passed through the pass, so atp.LOG would
+    # stay empty (its code has the ditron ops all the same: see _code)
+    options["fx_graph_cache"] = False
     return torch.compile(fn, fullgraph=True, backend="inductor", options=options)
+
+
+def _code(fn, *args):
+    """The ditron ops named in the code Inductor generated for ``fn(*args)`` (compiled now)."""
+    from torch._inductor.utils import run_and_get_code
+    _, codes = run_and_get_code(fn, *args)
+    return sorted(op for op in ("ag_gemm", "gemm_rs") if any(f"torch.ops.ditron.{op}" in code for code in codes))
 
 
 def funcol_forward_backward(world, store_path, m=8, K=16, N=24):
@@ -54,7 +64,32 @@ def funcol_forward_backward(world, store_path, m=8, K=16, N=24):
             y = c(xs, a, b)
             (y.float() * torch.arange(y.numel()).reshape(y.shape).float().sin()).sum().backward()
             out[on, "train"] = ((y, xs.grad, a.grad, b.grad), list(atp.LOG))
-        atp.disable()
+        # the global opt-in (ditron.torch_ops.enable_async_tp / the context manager) gives the same graphs
+        torch._dynamo.reset()
+        atp.LOG.clear()
+        with ditron.torch_ops.async_tp(), torch._inductor.config.patch(fx_graph_cache=False):
+            assert atp.is_enabled()
+            y = torch.compile(fwd, fullgraph=True, backend="inductor")(x, w1, w2)
+            glob = sorted(d for _, d in atp.LOG)
+            torch._dynamo.reset()
+            code_on = _code(torch.compile(fwd, fullgraph=True, backend="inductor"), x, w1, w2)
+        assert not atp.is_enabled()
+        torch._dynamo.reset()
+        code_off = _code(torch.compile(fwd, fullgraph=True, backend="inductor"), x, w1, w2)
+        assert (y.float() - out[True, "fwd"][0].float()).abs().max() == 0
+
+        # not the patterns: the gathered tensor as the right operand, a mean reduce-scatter: left alone
+        def other(x, w1, w2):
+            g = funcol.all_gather_tensor(x, 0, group)                            # [W m, K]
+            left = torch.mm(torch.ones(4, W * m, dtype=x.dtype), g)              # the gathered tensor on the right
+            mean = funcol.reduce_scatter_tensor(torch.mm(torch.cat([x] * W), w1), "avg", 0, group)   # not a sum
+            return left, mean
+        outs_other = {}
+        for on in (False, True):
+            outs_other[on] = _compile(other, on)(x, w1, w2)
+            outs_other[on, "log"] = list(atp.LOG)
+        for a, b in zip(outs_other[False], outs_other[True]):
+            assert (a.float() - b.float()).abs().max() == 0
         # reference in float32
         xf = torch.cat([_rand((m, K), 100 + r).float() for r in range(W)])
         hs = [torch.relu(xf @ _rand((K, N), 200 + r).float()) for r in range(W)]
@@ -70,6 +105,7 @@ def funcol_forward_backward(world, store_path, m=8, K=16, N=24):
         return {"off_fwd": sorted(d for _, d in out[False, "fwd"][1]),
                 "on_fwd": sorted(d for _, d in out[True, "fwd"][1]),
                 "off_train": sorted(d for _, d in out[False, "train"][1]),
-                "on_train": sorted(d for _, d in out[True, "train"][1])}
+                "on_train": sorted(d for _, d in out[True, "train"][1]),
+                "global": glob, "code_on": code_on, "code_off": code_off, "not_matched": outs_other[True, "log"]}
     finally:
         tdist.destroy_process_group()

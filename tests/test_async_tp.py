@@ -10,8 +10,11 @@ from conftest import GPU_BACKEND
 @pytest.mark.skipif(GPU_BACKEND != "sim", reason="builds its own gloo process group inside the simulated ranks")
 def test_funcol_rewritten_and_equal(dist_world, tmp_path):
     got = dist_world(2).run(B.funcol_forward_backward, str(tmp_path / "store"))
-    print(got)
     for g in got:
         assert g["off_fwd"] == [] and g["off_train"] == []
         assert g["on_fwd"] == ["ag_gemm", "gemm_rs"], g
-        assert "ag_gemm" in g["on_train"] and "gemm_rs" in g["on_train"], g
+        # forward: one each; backward: dh = all_gather(dy) @ w2^T (ag_gemm), dx = reduce_scatter(dg @ w1^T) (gemm_rs)
+        assert g["on_train"] == ["ag_gemm", "ag_gemm", "gemm_rs", "gemm_rs"], g
+        assert g["global"] == ["ag_gemm", "gemm_rs"], g
+        assert g["code_on"] == ["ag_gemm", "gemm_rs"] and g["code_off"] == [], g
+        assert g["not_matched"] == [], g
