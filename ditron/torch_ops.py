@@ -365,25 +365,3 @@ ag_gemm.register_autograd(_ag_gemm_backward, setup_context=_setup_gemm)
 gemm_rs.register_autograd(_gemm_rs_backward, setup_context=_setup_gemm)
 gemm_ar.register_autograd(_gemm_ar_backward, setup_context=_setup_gemm)
 
-
-# ---------------------------------------------------------------------------
-# async TP in torch.compile (ditron/async_tp.py): the opt-in, also reachable from here
-# ---------------------------------------------------------------------------
-
-def enable_async_tp():
-    """Rewrite functional all_gather -> mm into ``ditron.ag_gemm`` and mm -> reduce_scatter into ``ditron.gemm_rs``
-    in every ``torch.compile`` (inductor) from now on: :func:`ditron.async_tp.enable`."""
-    from . import async_tp
-    return async_tp.enable()
-
-
-def disable_async_tp():
-    """Undo :func:`enable_async_tp`: :func:`ditron.async_tp.disable`."""
-    from . import async_tp
-    async_tp.disable()
-
-
-def async_tp():
-    """``with ditron.torch_ops.async_tp(): ...``: the rewrite for the compilations inside the block."""
-    from . import async_tp as _atp
-    return _atp.enabled()

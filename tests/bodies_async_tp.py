@@ -64,10 +64,10 @@ def funcol_forward_backward(world, store_path, m=8, K=16, N=24):
             y = c(xs, a, b)
             (y.float() * torch.arange(y.numel()).reshape(y.shape).float().sin()).sum().backward()
             out[on, "train"] = ((y, xs.grad, a.grad, b.grad), list(atp.LOG))
-        # the global opt-in (ditron.torch_ops.enable_async_tp / the context manager) gives the same graphs
+        # the global opt-in (ditron.async_tp.enable, here by its context manager) gives the same graphs
         torch._dynamo.reset()
         atp.LOG.clear()
-        with ditron.torch_ops.async_tp(), torch._inductor.config.patch(fx_graph_cache=False):
+        with atp.enabled(), torch._inductor.config.patch(fx_graph_cache=False):
             assert atp.is_enabled()
             y = torch.compile(fwd, fullgraph=True, backend="inductor")(x, w1, w2)
             glob = sorted(d for _, d in atp.LOG)
