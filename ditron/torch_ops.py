@@ -364,3 +364,4 @@ all_to_all.register_autograd(_all_to_all_backward, setup_context=_setup_collecti
 ag_gemm.register_autograd(_ag_gemm_backward, setup_context=_setup_gemm)
 gemm_rs.register_autograd(_gemm_rs_backward, setup_context=_setup_gemm)
 gemm_ar.register_autograd(_gemm_ar_backward, setup_context=_setup_gemm)
+
