@@ -169,8 +169,7 @@ class DitronJITFunction(_compat.JITFunction):
         return _unpack_with_targets(super().parse())
 
     def _target(self):
-        from triton.runtime import driver
-        return parse_target(driver.active.get_current_target())
+        return parse_target(_driver.active.get_current_target())
 
     def _launch_state(self, device, world):
         """(libraries, target) of launches on ``device`` in ``world`` under the current compile variant;
@@ -278,9 +277,9 @@ class DitronJITFunction(_compat.JITFunction):
         distributed IR, keep it (``dist_ir``), and lint the kernel once."""
         name = self._name()
         target = parse_target(self.device_caches[device][2])
-        for lib_name, path in getattr(options, "extern_libs", None) or ():
-            if lib_name == devlib_for(target).name:
-                devlib_for(target).path()    # its file again, if a cache cleaner took it since the launch began
+        lib = devlib_for(target)
+        if any(name == lib.name for name, _ in getattr(options, "extern_libs", None) or ()):
+            lib.path()    # its file again, if a cache cleaner took it since the launch state was made
         with recording(name, target.name) as module:
             kernel = super()._do_compile(key, signature, device, constexprs, options, attrs, warmup)
         if module.ops:

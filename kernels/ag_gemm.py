@@ -421,15 +421,14 @@ def ag_gemm(a, b, ctx, out=None):
     if out is None:
         out = torch.empty((M, N), dtype=a.dtype, device=a.device)
     aligned = not ctx.sim and tma_ok(a, b, out)
-    grid, tail, consts = ctx.plan((m, K, N, a.dtype, a.stride(0), b.stride(0), b.stride(1), aligned),
-                                  _consumer_plan, ctx, a, b, m, K, N, aligned)
+    key = (m, K, N, a.dtype, a.stride(0), b.stride(0), b.stride(1), aligned)
+    grid, tail, consts = ctx.plan(key, _consumer_plan, ctx, a, b, m, K, N, aligned)
     if consts["TMA"]:
         ensure_tma_allocator()
     if W > 1:
         (_produce_ce if ctx.producer == "ce" else _produce_sm)(ctx, a, m, K)
-    ctx.launch(("consumer", m, K, N, a.dtype, a.stride(0), b.stride(0), b.stride(1), aligned, a.data_ptr() % 16 == 0,
-                b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0), ag_gemm_consumer_kernel, grid, (a, b, out) + tail,
-               consts)
+    ctx.launch(key + (a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0),
+               ag_gemm_consumer_kernel, grid, (a, b, out) + tail, consts)
     if W > 1 and ctx.overlap:
         torch.cuda.current_stream(a.device).wait_stream(ctx.side_stream())   # later writes to a wait for it
     return out

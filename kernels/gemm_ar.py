@@ -493,14 +493,13 @@ def gemm_ar(a, b, ctx: GemmArContext, out=None, method="auto"):
     if method == "rs_ag":
         return _gemm_ar_rs_ag(a, b, ctx, out, M)
     aligned = not ctx.sim and tma_ok(a, b)
-    grid, tail, consts = ctx.plan((M, K, N, method, a.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                                   out.stride(0), out.stride(1), aligned), _launch_plan, ctx, a, b, out, M, K, N,
-                                  method, aligned)
+    key = (M, K, N, method, a.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
+           aligned)
+    grid, tail, consts = ctx.plan(key, _launch_plan, ctx, a, b, out, M, K, N, method, aligned)
     if consts["TMA"]:
         ensure_tma_allocator()
-    ctx.launch((M, K, N, method, a.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-                out.stride(1), aligned, a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0),
-               gemm_ar_kernel, grid, (a, b, out) + tail, consts)
+    ctx.launch(key + (a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0), gemm_ar_kernel,
+               grid, (a, b, out) + tail, consts)
     return out
 
 

@@ -566,9 +566,8 @@ def gemm_rs(a, b, ctx, out=None):
     if out is None:
         out = torch.empty((M // W, N), dtype=a.dtype, device=a.device)
     aligned = not ctx.sim and tma_ok(a, b)
-    (ggrid, gtail, gconsts), (rgrid, rtail, rconsts) = ctx.plan(
-        (M, K, N, a.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), aligned),
-        _launch_plan, ctx, a, b, out, M, K, N, aligned)
+    key = (M, K, N, a.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), aligned)
+    (ggrid, gtail, gconsts), (rgrid, rtail, rconsts) = ctx.plan(key, _launch_plan, ctx, a, b, out, M, K, N, aligned)
     if gconsts["TMA"]:
         ensure_tma_allocator()
     copies = gconsts["CE"] and W > 1
@@ -580,8 +579,7 @@ def gemm_rs(a, b, ctx, out=None):
         # reduction, so no peer's ready/free word is touched early) but not this call's GEMM, which it
         # runs beside, segment by segment (done flags)
         side.wait_stream(cur)
-    key = (M, K, N, a.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), aligned,
-           a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0)
+    key += (a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0)
     ctx.launch(("gemm",) + key, gemm_rs_gemm_kernel, ggrid, (a, b) + gtail, gconsts)
     if copies:
         _copy_ce(ctx, M // W, N, side)

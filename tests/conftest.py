@@ -83,6 +83,14 @@ def _sim_zygote(tmp_path_factory):
     zygote.stop(proc)
 
 
+def fails_with(world, body, *args):
+    """The text of the DitronError that ``world.run(body, *args)`` raises (the test fails if none is)."""
+    import pytest as _pytest
+    with _pytest.raises(ditron.DitronError) as info:
+        world.run(body, *args)
+    return str(info.value)
+
+
 def has_tool(name):
     return shutil.which(name) is not None
 

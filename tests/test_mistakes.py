@@ -9,10 +9,7 @@ sim_only = pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND"
                               reason="simulator checks")
 
 
-def _fails(world, body, *args):
-    with pytest.raises(DitronError) as info:
-        world.run(body, *args)
-    return str(info.value)
+from conftest import fails_with as _fails  # noqa: E402
 
 
 @sim_only

@@ -5,7 +5,6 @@ import textwrap
 
 import pytest
 
-from ditron.errors import DitronError
 
 sim_only = pytest.mark.skipif(os.environ.get("DITRON_TEST_BACKEND", "sim") != "sim", reason="simulator checks")
 
@@ -80,10 +79,7 @@ def test_compile_names_the_failing_statement_and_the_guard(tmp_path, capsys):
     assert "has no kernel 'late_kernel' at its top level" in text and "defined under `if __name__" in text
 
 
-def _fails(world, body, *args):
-    with pytest.raises(DitronError) as info:
-        world.run(body, *args)
-    return str(info.value)
+from conftest import fails_with as _fails  # noqa: E402
 
 
 @sim_only

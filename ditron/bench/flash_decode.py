@@ -26,24 +26,7 @@ import math
 import os
 import sys
 
-from .harness import Impl, add_run_args, capture_graph, measure, result_meta
-
-
-def queued_us(fn, n=50):
-    """Microseconds per call of ``fn`` captured in a CUDA graph and replayed ``n`` times back to back
-    between two events (device time per call: no host launch latency between the replays)."""
-    import torch
-    g = capture_graph(fn)
-    for _ in range(5):
-        g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(n):
-        g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e3 / n
+from .harness import Impl, add_run_args, measure, queued_us, result_meta
 
 
 def case(world, ctx_len, batch, args, agree, bw):

@@ -95,6 +95,23 @@ def capture_graph(fn):
     return g
 
 
+def queued_us(fn, n=50):
+    """Microseconds per call of ``fn`` captured in a CUDA graph and replayed ``n`` times back to back
+    between two events (device time per call: no host launch latency between the replays)."""
+    import torch
+    g = capture_graph(fn)
+    for _ in range(5):
+        g.replay()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(n):
+        g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3 / n
+
+
 def time_impl(fn, device, warmup=5, iters=25, graph=False):
     """Median time of ``fn()`` in microseconds on this rank."""
     import torch

@@ -37,6 +37,8 @@ import triton.language as tl
 
 import ditron
 
+from .harness import queued_us
+
 GOALS = {"launch": 1.15, "op": 1.5}
 GROUPS = {"launch": ("launch_add", "launch_softmax"),
           "collectives": ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"),
@@ -87,29 +89,13 @@ def host_us(fn, calls, sync):
     return (t1 - t0) / calls * 1e6
 
 
-def device_us(fn, reps=50):
-    """Device time of one call: the call captured in a CUDA graph, replays timed with CUDA events; None
-    where it cannot be captured."""
+def device_us(fn):
+    """Device time of one call (:func:`ditron.bench.harness.queued_us`: the call in a CUDA graph, replays timed
+    with CUDA events); None where it cannot be captured (gloo's collectives, host synchronisations)."""
     import torch
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            fn()                                   # warm (compiles nothing new: the caller warmed it)
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            g.replay()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) * 1e3 / reps
-    except Exception:  # noqa: BLE001 -- not capturable (gloo, host syncs): reported as '-'
+        return queued_us(fn)
+    except Exception:  # noqa: BLE001 -- not capturable: reported as '-'
         try:
             torch.cuda.synchronize()
         except Exception:  # noqa: BLE001
