@@ -1,6 +1,7 @@
 """Run Triton-distributed's own kernels, bodies unchanged, on ditron's simulator.
 
     python tools/port_check.py /path/to/Triton-distributed [--ranks 2 3 4] [--only NAME ...] [--hang-s 15]
+    python tools/port_check.py /path/to/Triton-distributed --tutorials [01 02 ...] [--ranks 2] [--no-race]
 
 Given a local checkout of ByteDance-Seed/Triton-distributed (never committed
 here), this script
@@ -18,7 +19,13 @@ here), this script
    hang is reported by the simulator's deadlock watchdog.
 
 Only the host drivers and the list of kernels are ditron's; every kernel body
-is read from the checkout at run time.  The ``note`` column says why a kernel
+is read from the checkout at run time.
+
+``--tutorials`` instead runs the tutorial *scripts* of the checkout, host code
+included, under ``ditron sim -n N``, each with only the two-line port applied
+(the lines ``import nvshmem.core`` and ``nvshmem.core.finalize()`` deleted;
+docs/porting.md section 3.1), and prints one line per run: pass, or the
+launcher's first line of failure.  The ``note`` column says why a kernel
 is expected to fail (docs/porting.md has the details).
 """
 from __future__ import annotations
@@ -465,6 +472,69 @@ def run_case(world, gen_dir, case):
     return "pass"
 
 
+# ---------------------------------------------------------------------------
+# --tutorials: the tutorial scripts themselves, host code included, under ditron sim
+# ---------------------------------------------------------------------------
+
+_PORT_LINES = ("import nvshmem.core", "nvshmem.core.finalize()")
+#: symmetric heap a tutorial's own sizes need (tutorial 02 gathers an 8192 x 12288 fp16 tensor)
+_TUTORIAL_HEAP = {"02": "256M"}
+
+
+def two_line_port(text):
+    """The tutorial's text with the two lines of the port deleted, and how many were."""
+    keep, dropped = [], 0
+    for line in text.splitlines(keepends=True):
+        if line.strip() in _PORT_LINES:
+            dropped += 1
+            continue
+        keep.append(line)
+    return "".join(keep), dropped
+
+
+def _tutorial_files(checkout, wanted):
+    tdir = os.path.join(checkout, "tutorials")
+    files = sorted(f for f in os.listdir(tdir) if f.endswith(".py") and f[:2].isdigit())
+    return [f for f in files if not wanted or any(f.startswith(w) for w in wanted)]
+
+
+def _failure_line(text):
+    """The launcher's verdict: its one line, or the last line of the failing rank's traceback."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("ditron sim: ") and "failed (exit code" not in ln:
+            return ln[len("ditron sim: "):][:240]
+    tb = [ln for ln in lines if not ln.startswith(" ") and ("Error" in ln or "error" in ln)]
+    return (tb[-1] if tb else (lines[-1] if lines else "no output"))[:240]
+
+
+def run_tutorials(checkout, wanted, ranks, race, hang_s, timeout_s):
+    import subprocess
+    out_dir = tempfile.mkdtemp(prefix="ditron-tutorials-")
+    rows = []
+    for name in _tutorial_files(checkout, wanted):
+        text, dropped = two_line_port(open(os.path.join(checkout, "tutorials", name)).read())
+        path = os.path.join(out_dir, name)
+        with open(path, "w") as f:
+            f.write(text)
+        for n in ranks:
+            cmd = [sys.executable, "-m", "ditron.sim", "-n", str(n), "--hang-timeout", str(hang_s),
+                   "--heap-size", _TUTORIAL_HEAP.get(name[:2], "64M")] + ([] if race else ["--no-race"]) + [path]
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=out_dir)
+                verdict = "pass" if r.returncode == 0 else "FAIL: " + _failure_line(r.stderr + "\n" + r.stdout)
+            except subprocess.TimeoutExpired:
+                verdict = f"FAIL: still running after {timeout_s} s (--timeout-s)"
+            rows.append((name, n, dropped, verdict))
+            print(f"[{n} ranks] {name} ({dropped} lines ported): {verdict}", file=sys.stderr, flush=True)
+    print("| tutorial | ranks | lines deleted | result |\n| --- | --- | --- | --- |")
+    for name, n, dropped, verdict in rows:
+        print(f"| {name} | {n} | {dropped} | {verdict.replace('|', '/')} |")
+    npass = sum(v == "pass" for *_, v in rows)
+    print(f"\n{npass} of {len(rows)} tutorial runs passed" + ("" if race else " (--no-race)"))
+    return 0 if npass == len(rows) else 1
+
+
 def _first_line(e):
     text = (getattr(e, "traceback_text", None) or "").strip().splitlines()
     last = text[-1] if text else str(e).strip().splitlines()[0]
@@ -477,7 +547,15 @@ def main(argv=None):
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--only", nargs="+", default=None, help="case names (default: all)")
     ap.add_argument("--hang-s", type=float, default=15.0, help="deadlock watchdog timeout per case")
+    ap.add_argument("--tutorials", nargs="*", default=None, metavar="NN",
+                    help="run the checkout's tutorial scripts (all, or those whose names start with NN) under "
+                         "ditron sim with the two-line port, instead of the kernel cases")
+    ap.add_argument("--no-race", dest="race", action="store_false", default=True,
+                    help="with --tutorials: run without the race finder (ditron sim --no-race)")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="with --tutorials: limit per run")
     args = ap.parse_args(argv)
+    if args.tutorials is not None:
+        return run_tutorials(args.checkout, args.tutorials, args.ranks, args.race, args.hang_s, args.timeout_s)
     cases = args.only or list(CASES)
     gen_dir = tempfile.mkdtemp(prefix="ditron-port-check-")
     decorated = {case for case in cases if generate(args.checkout, case, gen_dir)[1]}
