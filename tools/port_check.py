@@ -360,7 +360,6 @@ def drive_t05_ring_reduce(m, w, U):
 
 
 def _ar_inputs(w, elems, dtype):
-    import torch
     x = _data(w.rank, elems, dtype, seed=4).to(w.device)
     ref = sum(_data(r, elems, dtype, seed=4).float() for r in range(w.world_size))
     return x, ref
