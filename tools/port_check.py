@@ -1,6 +1,7 @@
 """Run Triton-distributed's own kernels, bodies unchanged, on ditron's simulator.
 
     python tools/port_check.py /path/to/Triton-distributed [--ranks 2 3 4] [--only NAME ...] [--hang-s 15]
+    python tools/port_check.py /path/to/Triton-distributed --tutorials [01 02 ...] [--ranks 2] [--no-race]
 
 Given a local checkout of ByteDance-Seed/Triton-distributed (never committed
 here), this script
@@ -18,7 +19,13 @@ here), this script
    hang is reported by the simulator's deadlock watchdog.
 
 Only the host drivers and the list of kernels are ditron's; every kernel body
-is read from the checkout at run time.  The ``note`` column says why a kernel
+is read from the checkout at run time.
+
+``--tutorials`` instead runs the tutorial *scripts* of the checkout, host code
+included, under ``ditron sim -n N``, each with only the two-line port applied
+(the lines ``import nvshmem.core`` and ``nvshmem.core.finalize()`` deleted;
+docs/porting.md section 3.1), and prints one line per run: pass, or the
+launcher's first line of failure.  The ``note`` column says why a kernel
 is expected to fail (docs/porting.md has the details).
 """
 from __future__ import annotations
@@ -88,6 +95,30 @@ CASES = {
     "barrier_non_atomic": dict(src=[(K + "common_ops.py", f) for f in (
         "_barrier_all_intra_node_non_atomic_once_block", "barrier_all_intra_node_non_atomic_block")]),
     "p2p_copy_remote_to_local": dict(src=[(K + "p2p.py", "p2p_copy_remote_to_local_kernel")]),
+    "ll_allgather_push_2d": dict(src=[(K + "low_latency_allgather.py", "_forward_push_2d_kernel")], note=PER_THREAD),
+    "ll_allgather_push_2d_2nodes": dict(src=[(K + "low_latency_allgather.py", "_forward_push_2d_kernel")], nnodes=2,
+                                        note=PER_THREAD),
+    "ll_allgather_push_2d_ll_2nodes": dict(src=[(K + "low_latency_allgather.py", f) for f in (
+        "_recv_ll_block", "_pack_ll_block", "_forward_push_2d_ll_kernel")], nnodes=2,
+        note="LL protocol (data and flag words interleaved, `load_v4_u32` polling), per thread"),
+    "ll_allgather_push_numa_2d": dict(src=[(K + "low_latency_allgather.py", "_forward_push_numa_2d_kernel")],
+                                      even=True, note=PER_THREAD + "; two NUMA halves (an even world size)"),
+    "p2p_signal": dict(src=[(K + "p2p.py", "p2p_set_signal"), (K + "p2p.py", "p2p_wait_signal")],
+                       note=PER_THREAD),
+    "p2p_copy": dict(src=[(K + "p2p.py", "p2p_copy_kernel")]),
+    "p2p_put": dict(src=[(K + "p2p.py", "p2p_put_kernel")]),
+    # memory_ops.py: plain Triton (one rank's memory), launched with @triton.jit there
+    "mem_copy_1d_tilewise": dict(src=[(K + "memory_ops.py", "copy_1d_tilewise_kernel")]),
+    "mem_copy_2d": dict(src=[(K + "memory_ops.py", f) for f in ("copy_2d_persistent_kernel", "copy_2d_kernel")],
+                        launched=("copy_2d_persistent_kernel",)),
+    "mem_fill": dict(src=[(K + "memory_ops.py", f) for f in ("fill_1d_persistent_kernel", "fill_2d_persistent_kernel",
+                                                             "fill_3d_persistent_kernel")],
+                     launched=("fill_1d_persistent_kernel", "fill_2d_persistent_kernel")),
+    # (reduce_2d_persistent_kernel is left out: its `tl.zeros((BLOCK_SIZE_M), ...)` is a scalar shape, which stock
+    # Triton rejects when compiling for GPUs too)
+    "mem_reduce": dict(src=[(K + "memory_ops.py", f) for f in ("reduce_1d_persistent_kernel",
+                                                               "reduce_3d_persistent_kernel")],
+                       launched=("reduce_1d_persistent_kernel",)),
 }
 
 #: import lines of the source files that are kept (Triton and Triton-distributed's device names); host-only
@@ -137,7 +168,8 @@ def generate(checkout, case, out_dir):
             for line in _imports(*cache[path]):
                 if line not in imports:
                     imports.append(line)
-        text, ch = _function(*cache[path], name, rel, launched=i == len(srcs) - 1)
+        text, ch = _function(*cache[path], name, rel,
+                             launched=i == len(srcs) - 1 or name in CASES[case].get("launched", ()))
         changed |= ch
         bodies.append(f"# {rel}: {name}\n" + text)
     mod = f"pc_{case}"
@@ -328,7 +360,6 @@ def drive_t05_ring_reduce(m, w, U):
 
 
 def _ar_inputs(w, elems, dtype):
-    import torch
     x = _data(w.rank, elems, dtype, seed=4).to(w.device)
     ref = sum(_data(r, elems, dtype, seed=4).float() for r in range(w.world_size))
     return x, ref
@@ -451,6 +482,126 @@ def drive_p2p_copy_remote_to_local(m, w, U):
     U.nvshmem_barrier_all_on_stream()
 
 
+def drive_ll_allgather_push_2d(m, w, U):
+    n = w.world_size
+    _push_gather(m, w, U, "_forward_push_2d_kernel", (n,),
+                 lambda b, nb, f: (b, nb, f, n // w.local_world_size, n, w.rank, 1))
+
+
+drive_ll_allgather_push_2d_2nodes = drive_ll_allgather_push_2d
+
+
+def drive_ll_allgather_push_numa_2d(m, w, U):
+    n = w.world_size
+    _push_gather(m, w, U, "_forward_push_numa_2d_kernel", (n,), lambda b, nb, f: (b, nb, f, 2, n, w.rank, 1))
+
+
+def drive_ll_allgather_push_2d_ll_2nodes(m, w, U):
+    import torch
+    n = w.world_size
+    elems = 64
+    ll = U.nvshmem_create_tensor((2 * n * elems * 4,), torch.int8)      # data and flag words: twice the bytes
+    ll.zero_()
+    _push_gather(m, w, U, "_forward_push_2d_ll_kernel", (n,),
+                 lambda b, nb, f: (b, nb, f, ll, n // w.local_world_size, n, w.rank, 3))
+
+
+def drive_p2p_signal(m, w, U):
+    # every rank sets two signal words on its right neighbour (one thread each), then waits for its own two
+    n = w.world_size
+    sig = U.nvshmem_create_tensor((2,), U.NVSHMEM_SIGNAL_DTYPE)
+    sig.zero_()
+    U.nvshmem_barrier_all_on_stream()
+    m.p2p_set_signal[(1,)](sig, (w.rank + 1) % n, 5 + w.rank, num_barriers=2)
+    m.p2p_wait_signal[(1,)](sig, w.rank, 5 + (w.rank - 1) % n, num_barriers=2)
+    got = sig.clone()
+    U.nvshmem_barrier_all_on_stream()
+    assert got.tolist() == [5 + (w.rank - 1) % n] * 2, got
+
+
+def drive_p2p_copy(m, w, U):
+    # getmem_block from ``src_pe``'s symmetric buffer into this rank's same buffer: as for
+    # p2p_copy_remote_to_local, a rank that is pulled from does not pull
+    import torch
+    elems = 1000
+    buf = U.nvshmem_create_tensor((elems,), torch.float32)
+    buf.copy_(_data(w.rank, elems, torch.float32, seed=11))
+    peer = w.rank + 1 if w.rank + 1 < w.world_size else w.rank - 1
+    U.nvshmem_barrier_all_on_stream()
+    if w.rank % 2 == 0 and peer >= 0:
+        m.p2p_copy_kernel[(3,)](buf, peer, elems * 4)
+        _close(buf, _data(peer, elems, torch.float32, seed=11), "pulled")
+    U.nvshmem_barrier_all_on_stream()
+
+
+def drive_p2p_put(m, w, U):
+    # each rank puts its data into the right neighbour's ``dst`` with one signal per program (nbi + signal)
+    import torch
+    n, elems, grid = w.world_size, 999, 3
+    src = U.nvshmem_create_tensor((elems,), torch.float32)
+    src.copy_(_data(w.rank, elems, torch.float32, seed=12))
+    dst = U.nvshmem_create_tensor((elems,), torch.float32)
+    dst.zero_()
+    sig = U.nvshmem_create_tensor((grid,), U.NVSHMEM_SIGNAL_DTYPE)
+    sig.zero_()
+    U.nvshmem_barrier_all_on_stream()
+    m.p2p_put_kernel[(grid,)](src, dst, (w.rank + 1) % n, elems * 4, sig, 9)
+    U.nvshmem_barrier_all_on_stream()
+    _close(dst, _data((w.rank - 1) % n, elems, torch.float32, seed=12), "put")
+    assert sig.tolist() == [9] * grid, sig
+
+
+def drive_mem_copy_1d_tilewise(m, w, U):
+    import torch
+    for nel in (1000, 1024):                    # with and without a tail tile
+        src = _data(w.rank, nel, torch.float16, seed=13)
+        dst = torch.zeros_like(src)
+        m.copy_1d_tilewise_kernel[(3,)](dst, src, nel, BLOCK_SIZE=128)
+        _close(dst, src, f"copied {nel}", tol=0)
+
+
+def drive_mem_copy_2d(m, w, U):
+    import torch
+    M, N = 37, 50
+    src = _data(w.rank, M * 64, torch.float32, seed=14).view(M, 64)[:, :N]         # strided rows
+    dst = torch.zeros(N, M).t()                                                     # column-major
+    m.copy_2d_persistent_kernel[(3,)](dst, src, M, N, *src.stride(), *dst.stride(), BLOCK_SIZE_M=16, BLOCK_SIZE_N=32)
+    _close(dst, src, "copy_2d_persistent", tol=0)
+    dst2 = torch.zeros(M, N)
+    grid = (triton_cdiv(M, 16) * triton_cdiv(N, 32),)
+    m.copy_2d_kernel[grid](dst2, src, M, N, *src.stride(), *dst2.stride(), BLOCK_SIZE_M=16, BLOCK_SIZE_N=32)
+    _close(dst2, src, "copy_2d", tol=0)
+
+
+def triton_cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def drive_mem_fill(m, w, U):
+    import torch
+    x = torch.zeros(300, dtype=torch.bfloat16)
+    m.fill_1d_persistent_kernel[(2,)](x, 1.5 + w.rank, 300, 1, BLOCK_SIZE_M=64)
+    _close(x, torch.full((300,), 1.5 + w.rank), "fill 1d", tol=0)
+    y = torch.zeros(19, 33, dtype=torch.float32)
+    m.fill_2d_persistent_kernel[(3,)](y, -2.0, 19, 33, *y.stride(), BLOCK_SIZE_M=8, BLOCK_SIZE_N=16)
+    _close(y, torch.full((19, 33), -2.0), "fill 2d", tol=0)
+    z = torch.zeros(3, 9, 17, dtype=torch.int32)
+    m.fill_3d_persistent_kernel[(2,)](z, 7, 3, 9, 17, *z.stride(), BLOCK_SIZE_M=4, BLOCK_SIZE_N=8)
+    assert bool((z == 7).all()), z
+
+
+def drive_mem_reduce(m, w, U):
+    import torch
+    v = _data(w.rank, 500, torch.float32, seed=15)
+    out = torch.zeros(1, dtype=torch.float32)
+    m.reduce_1d_persistent_kernel[(3,)](v, out, 500, 1, BLOCK_SIZE=64)
+    _close(out, v.sum().reshape(1), "reduce 1d", tol=1e-4)
+    b = _data(w.rank, 4 * 10 * 12, torch.bfloat16, seed=17).view(4, 10, 12)
+    out3 = torch.zeros(10, 12, dtype=torch.bfloat16)
+    m.reduce_3d_persistent_kernel[(2,)](b, out3, 4, 10, 12, *b.stride(), BLOCK_SIZE_M=8, BLOCK_SIZE_N=8)
+    _close(out3, b.float().sum(0), "reduce 3d", tol=2e-2)
+
+
 def run_case(world, gen_dir, case):
     """Rank body: import the generated module and run the case's driver (an
     exception stops every rank of the simulated job and is reported)."""
@@ -465,6 +616,69 @@ def run_case(world, gen_dir, case):
     return "pass"
 
 
+# ---------------------------------------------------------------------------
+# --tutorials: the tutorial scripts themselves, host code included, under ditron sim
+# ---------------------------------------------------------------------------
+
+_PORT_LINES = ("import nvshmem.core", "nvshmem.core.finalize()")
+#: symmetric heap a tutorial's own sizes need (tutorial 02 gathers an 8192 x 12288 fp16 tensor)
+_TUTORIAL_HEAP = {"02": "256M"}
+
+
+def two_line_port(text):
+    """The tutorial's text with the two lines of the port deleted, and how many were."""
+    keep, dropped = [], 0
+    for line in text.splitlines(keepends=True):
+        if line.strip() in _PORT_LINES:
+            dropped += 1
+            continue
+        keep.append(line)
+    return "".join(keep), dropped
+
+
+def _tutorial_files(checkout, wanted):
+    tdir = os.path.join(checkout, "tutorials")
+    files = sorted(f for f in os.listdir(tdir) if f.endswith(".py") and f[:2].isdigit())
+    return [f for f in files if not wanted or any(f.startswith(w) for w in wanted)]
+
+
+def _failure_line(text):
+    """The launcher's verdict: its one line, or the last line of the failing rank's traceback."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    for ln in lines:
+        if ln.startswith("ditron sim: ") and "failed (exit code" not in ln:
+            return ln[len("ditron sim: "):][:240]
+    tb = [ln for ln in lines if not ln.startswith(" ") and ("Error" in ln or "error" in ln)]
+    return (tb[-1] if tb else (lines[-1] if lines else "no output"))[:240]
+
+
+def run_tutorials(checkout, wanted, ranks, race, hang_s, timeout_s):
+    import subprocess
+    out_dir = tempfile.mkdtemp(prefix="ditron-tutorials-")
+    rows = []
+    for name in _tutorial_files(checkout, wanted):
+        text, dropped = two_line_port(open(os.path.join(checkout, "tutorials", name)).read())
+        path = os.path.join(out_dir, name)
+        with open(path, "w") as f:
+            f.write(text)
+        for n in ranks:
+            cmd = [sys.executable, "-m", "ditron.sim", "-n", str(n), "--hang-timeout", str(hang_s),
+                   "--heap-size", _TUTORIAL_HEAP.get(name[:2], "64M")] + ([] if race else ["--no-race"]) + [path]
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=out_dir)
+                verdict = "pass" if r.returncode == 0 else "FAIL: " + _failure_line(r.stderr + "\n" + r.stdout)
+            except subprocess.TimeoutExpired:
+                verdict = f"FAIL: still running after {timeout_s} s (--timeout-s)"
+            rows.append((name, n, dropped, verdict))
+            print(f"[{n} ranks] {name} ({dropped} lines ported): {verdict}", file=sys.stderr, flush=True)
+    print("| tutorial | ranks | lines deleted | result |\n| --- | --- | --- | --- |")
+    for name, n, dropped, verdict in rows:
+        print(f"| {name} | {n} | {dropped} | {verdict.replace('|', '/')} |")
+    npass = sum(v == "pass" for *_, v in rows)
+    print(f"\n{npass} of {len(rows)} tutorial runs passed" + ("" if race else " (--no-race)"))
+    return 0 if npass == len(rows) else 1
+
+
 def _first_line(e):
     text = (getattr(e, "traceback_text", None) or "").strip().splitlines()
     last = text[-1] if text else str(e).strip().splitlines()[0]
@@ -477,7 +691,15 @@ def main(argv=None):
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--only", nargs="+", default=None, help="case names (default: all)")
     ap.add_argument("--hang-s", type=float, default=15.0, help="deadlock watchdog timeout per case")
+    ap.add_argument("--tutorials", nargs="*", default=None, metavar="NN",
+                    help="run the checkout's tutorial scripts (all, or those whose names start with NN) under "
+                         "ditron sim with the two-line port, instead of the kernel cases")
+    ap.add_argument("--no-race", dest="race", action="store_false", default=True,
+                    help="with --tutorials: run without the race finder (ditron sim --no-race)")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="with --tutorials: limit per run")
     args = ap.parse_args(argv)
+    if args.tutorials is not None:
+        return run_tutorials(args.checkout, args.tutorials, args.ranks, args.race, args.hang_s, args.timeout_s)
     cases = args.only or list(CASES)
     gen_dir = tempfile.mkdtemp(prefix="ditron-port-check-")
     decorated = {case for case in cases if generate(args.checkout, case, gen_dir)[1]}
@@ -490,6 +712,10 @@ def main(argv=None):
     from ditron.sim.pool import SimCluster
     results = {c: {} for c in cases}
     for n in args.ranks:
+        if n % 2:
+            for case in cases:
+                if CASES[case].get("even"):
+                    results[case][n] = "n/a: an even world size"
         for nnodes in sorted({CASES[c].get("nnodes", 1) for c in cases}):
             if n % nnodes:
                 for case in cases:
@@ -497,7 +723,8 @@ def main(argv=None):
                         results[case][n] = f"n/a: {nnodes} nodes"
                 continue
             _run_size(this, SimCluster, DitronHangError, DitronRankError, n, nnodes,
-                      [c for c in cases if CASES[c].get("nnodes", 1) == nnodes], gen_dir, args.hang_s, results)
+                      [c for c in cases if CASES[c].get("nnodes", 1) == nnodes and n not in results[c]],
+                      gen_dir, args.hang_s, results)
     _print_table(cases, args.ranks, results, decorated)
     npass = sum(r == "pass" for c in cases for r in results[c].values())
     nrun = sum(not r.startswith("n/a") for c in cases for r in results[c].values())

@@ -95,13 +95,16 @@ def initialize_distributed(seed=None, initialize_shmem: bool = True):
     is accepted for compatibility: ditron always sets up its symmetric heap).
     Seeds the random generators with the rank (or ``seed``).  Returns
     ``torch.distributed.group.WORLD`` on GPUs (or the group the world was built
-    on) and a :class:`WorldGroup` on the simulator; both have ``rank()`` and
-    ``size()``."""
+    on).  On the simulator it starts a gloo process group of the simulated
+    ranks (each is a process), so the script's ``torch.distributed``
+    collectives on that group compute on its CPU tensors
+    (:func:`ditron.sim.host_torch.process_group`), and returns it."""
     global _GROUP
     world = ditron.init()
     init_seed(seed if seed is not None else world.rank)
     if world.backend == "sim":
-        _GROUP = WorldGroup(world)
+        from ditron.sim.host_torch import process_group
+        _GROUP = process_group(world)
     else:
         import torch.distributed as tdist
         _GROUP = world.group if world.group is not None else tdist.group.WORLD
@@ -110,9 +113,17 @@ def initialize_distributed(seed=None, initialize_shmem: bool = True):
 
 def finalize_distributed():
     """``ditron.finalize()`` (frees the symmetric heap; the world may be
-    initialised again)."""
+    initialised again).  On the simulator it also ends the torch process group
+    that :func:`initialize_distributed` started, as Triton-distributed's
+    ``finalize_distributed`` does (``torch.distributed.destroy_process_group``)."""
     global _GROUP
+    world = ditron.current_world(required=False)
+    sim = world is not None and world.backend == "sim"
     ditron.finalize()
+    if sim:
+        import torch.distributed as tdist
+        if tdist.is_initialized():
+            tdist.destroy_process_group()
     _GROUP = None
 
 
@@ -295,6 +306,9 @@ def __getattr__(name):
             import importlib
             return importlib.import_module(mod)
         except ImportError:
+            from ditron.sim import host_torch
+            if name == "cuda" and host_torch.active():
+                return host_torch.driver      # under ditron sim: the stream memory operations, modelled
             raise AttributeError(f"triton_dist.utils.{name} is cuda-python's {mod}, which is not installed; ditron's "
                                  "host runtime needs none of it: ditron.stream_write_value / stream_wait_value / "
                                  "rank_copy replace cuStreamWriteValue / cuStreamWaitValue / cudaMemcpyAsync "

@@ -27,8 +27,8 @@ def message(fullname: str) -> str:
     top = fullname.split(".")[0]
     pkg, fin = _TOPS[top]
     return (f"{pkg} is not installed in this environment; ditron sim needs none of it: port in two lines, delete "
-            f"`import {top if top != 'nvshmem' else 'nvshmem.core'}` and replace `{fin}` with "
-            "`triton_dist.utils.finalize_distributed()` (docs/porting.md section 3.1)")
+            f"`import {top if top != 'nvshmem' else 'nvshmem.core'}` and `{fin}` (ditron frees its heap in "
+            "`triton_dist.utils.finalize_distributed()` or at exit; docs/porting.md section 3.1)")
 
 
 class HostModuleFinder(importlib.abc.MetaPathFinder):

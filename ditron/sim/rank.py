@@ -74,6 +74,8 @@ def main(argv=None):
     numerics.install()      # plain @triton.jit kernels of the script compute as ditron's do (libdevice, bf16)
     from . import host_modules
     host_modules.install()  # `import nvshmem.core` without nvshmem4py: one line with the two-line port
+    from . import host_torch
+    host_torch.install()    # the script's .cuda() / device="cuda" / torch.cuda streams: the simulated GPU
     try:
         run(target, run_name="__main__", **({"alter_sys": True} if run is runpy.run_module else {}))
     except SystemExit as e:
