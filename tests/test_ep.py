@@ -139,3 +139,21 @@ def test_ep_ll_dispatch_compiles_for_two_nodes(nvshmem_bc):
 @pytest.mark.parametrize("mode", MODES)
 def test_ep_cuda_graph_replay(dist, mode):
     assert dist.run(B.ep_graph_replay, mode) == [3] * dist.world_size
+
+
+@pytest.mark.parametrize("n,tokens,round_scale,kind", [(1, (5,), False, "uniform"), (2, (6, 0), True, "skewed"),
+                                                       (3, (4, 3, 5), False, "dup")])
+def test_ep_ll_fp8_payload(dist_world, n, tokens, round_scale, kind):
+    # codes and scales exact against the torch quantiser, DeepEP's scale layout, the round-trip bound, the bf16
+    # combine; fp8 and bf16 dispatches alternate on one context; a rank that sends nothing; capacity overflow (3)
+    d = dist_world(n)
+    got = d.run(B.ep_fp8_rounds, tokens, H=256 if not ON_GPU else 7168, k=3 if kind == "dup" else 2,
+                kind=kind, rounds=3 if n < 3 else 2, capacity=4 if n == 3 else None, round_scale=round_scale)
+    assert len(got) == n and sum(got) > 0
+
+
+def test_ep_ll_fp8_errors(dist_world):
+    msgs = dist_world(1).run(B.fp8_errors)[0]
+    assert "hidden % 128 == 0" in msgs["hidden"] and "hidden=72" in msgs["hidden"]
+    assert "low-latency option" in msgs["normal"]
+    assert "round_scale=True needs use_fp8=True" in msgs["round"]
