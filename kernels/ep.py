@@ -121,6 +121,19 @@ most the SM count).  At one rank the LL kernels are compiled without their
 packet paths (``PEERS=False``: no peer, every pair copied or read directly),
 which frees the registers for wider copy and reduce tiles.
 
+fp8 payload (low latency, ``use_fp8=True``)
+------------------------------------------
+The dispatch kernel quantises each row as it sends it, as DeepEP's
+``use_fp8=True``: per group of 128 channels ``amax = max(|x|, 1e-4)``, codes
+``cvt.rn.satfinite.e4m3(x * (448 / amax))`` (``div_rn``), scale ``amax * (1
+/ 448)`` in fp32 (``round_scale``: both powers of two).  A row is ``H / 4``
+packets of 4 codes then ``H / 128`` packets of scales (same slots, same
+flags); an own pair is quantised straight into the fp8 ``recv_x`` and its
+scales (``[E_local, H / 128, W * capacity]`` in memory: returned transposed,
+column-major per expert as DeepEP).  The fp8 outputs are made at the first
+fp8 dispatch of each call parity.  The combine is unchanged (the context's
+dtype).  :func:`fp8_quantize_reference` is the torch reference.
+
 Host side: no allocation, no host read (``validate=False``), two launches
 per normal dispatch (routing, then dispatch), one per LL dispatch and one
 per combine.  The routing,
