@@ -121,6 +121,19 @@ most the SM count).  At one rank the LL kernels are compiled without their
 packet paths (``PEERS=False``: no peer, every pair copied or read directly),
 which frees the registers for wider copy and reduce tiles.
 
+fp8 payload (low latency, ``use_fp8=True``)
+------------------------------------------
+The dispatch kernel quantises each row as it sends it, as DeepEP's
+``use_fp8=True``: per group of 128 channels ``amax = max(|x|, 1e-4)``, codes
+``cvt.rn.satfinite.e4m3(x * (448 / amax))`` (``div_rn``), scale ``amax * (1
+/ 448)`` in fp32 (``round_scale``: both powers of two).  A row is ``H / 4``
+packets of 4 codes then ``H / 128`` packets of scales (same slots, same
+flags); an own pair is quantised straight into the fp8 ``recv_x`` and its
+scales (``[E_local, H / 128, W * capacity]`` in memory: returned transposed,
+column-major per expert as DeepEP).  The fp8 outputs are made at the first
+fp8 dispatch of each call parity.  The combine is unchanged (the context's
+dtype).  :func:`fp8_quantize_reference` is the torch reference.
+
 Host side: no allocation, no host read (``validate=False``), two launches
 per normal dispatch (routing, then dispatch), one per LL dispatch and one
 per combine.  The routing,
@@ -274,6 +287,8 @@ class EpContext(CollectiveContext):
         self.ll_rows = 4 if self.sim else (8 if ll1 else 4)
         self.ll_copy_cols = 32 if self.sim else (1024 if ll1 else 2048) // esize
         self.dispatch_warps = 1 if self.sim else 4
+        # the LL dispatch with use_fp8: groups of 128 channels quantised per step (a [ll_rows, 128 * groups] tile)
+        self.ll_fp8_groups = 1 if self.sim else 4
         # the LL dispatch's pairs per program: a contiguous share (False) or every P-th pair (True: a copy tile's rows
         # are different tokens; each pair ranked by a direct count)
         self.ll_strided = False
@@ -373,12 +388,51 @@ def _trace_args(ctx, row):
     return (ctx.trace_buf[row] if ctx.trace else ctx.trace_buf), bool(ctx.trace)
 
 
-def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
+def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True, use_fp8=False, round_scale=False):
     """Send every (token, slot) pair to its expert's rank; returns ``(recv_x,
     recv_counts, handle)`` (see the module docstring for the layouts).  Two
     launches (the routing, then the dispatch kernel; low latency: one), no allocation, no host
     read unless ``validate``; ``recv_x``, ``recv_counts`` and the handle are
-    the context's and stay valid until the second next ``ep_dispatch``."""
+    the context's and stay valid until the second next ``ep_dispatch``.
+
+    ``use_fp8`` (low-latency mode; ``hidden % 128 == 0``): the rows travel as
+    e4m3 with one fp32 scale per 128 channels, quantised on the fly as
+    DeepEP's ``use_fp8=True`` (module docstring, fp8 payload); ``recv_x`` is
+    then the pair ``(codes, scales)``: ``float8_e4m3fn [E_local, W *
+    capacity, hidden]`` and fp32 ``[E_local, W * capacity, hidden / 128]``
+    (column-major in its last two dimensions, as DeepEP).  ``round_scale``:
+    power-of-two scales.  The combine stays in the context's dtype."""
+    return _dispatch(x, topk_idx, topk_weights, ctx, validate, use_fp8, round_scale)
+
+
+def _check_fp8(ctx, use_fp8, round_scale):
+    E = ditron.DitronError
+    if round_scale and not use_fp8:
+        raise E("ep_dispatch: round_scale=True needs use_fp8=True (it rounds the fp8 scales)")
+    if use_fp8:
+        if ctx.mode != "low_latency":
+            raise E("ep_dispatch: use_fp8=True is a low-latency option (create the context with "
+                    "mode='low_latency'); normal mode sends x as it is")
+        if ctx.hidden % 128:
+            raise E(f"ep_dispatch: use_fp8=True needs hidden % 128 == 0 (one scale per 128 channels); the context "
+                    f"has hidden={ctx.hidden}")
+
+
+def _fp8_out(ctx, b):
+    """The slot's e4m3 ``recv_x`` and its scales (made at the first fp8 dispatch of the slot)."""
+    if "recv_x8" not in b:
+        El, N, H = ctx.local_experts, ctx.world_size * ctx.capacity, ctx.hidden
+        b["recv_x8"] = torch.empty((El, N, H), dtype=torch.float8_e4m3fn, device=ctx.device)
+        b["recv_x8_words"] = b["recv_x8"].view(torch.int32)
+        b["recv_scale"] = torch.empty((El, H // 128, N), dtype=torch.float32, device=ctx.device)
+        b["recv_scale_t"] = b["recv_scale"].transpose(1, 2)
+    return b
+
+
+def _dispatch(x, topk_idx, topk_weights, ctx, validate=True, use_fp8=False, round_scale=False, counts=None):
+    """:func:`ep_dispatch`; ``counts``: another ``[E_local]`` tensor for ``recv_counts`` (low latency; DeepEP's
+    int32 counts)."""
+    _check_fp8(ctx, use_fp8, round_scale)
     T, k = _check_inputs(ctx, x, topk_idx, topk_weights)
     # the cross-rank check of every zoo op (token counts may differ across ranks: rows are not compared)
     enter(ctx, EpContext, "ep_dispatch", lambda: op_fields(x, rows=False) + [("topk", k), ("mode", ctx.mode)],
@@ -406,13 +460,24 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
         ll_br = ctx.ll_rows if sim else min(ctx.ll_rows, max(2, next_pow2(lper)))
         ll_blk = 4 if sim else max(32, min(4096, next_pow2(max(TK, 1))))
         tr, TR = _trace_args(ctx, 1)
-        recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]
-        _launch(ctx, "dispatch", (TK, k, _al(x), _al(topk_idx), topk_idx.dtype), ep_ll_dispatch_kernel, (P,),
-                x, topk_idx, b["key"], b["pslot"], b["dropped"], recv_x, rc, recv_counts, ctx.lrecv, ctx.lcnt,
+        recv_x, rc = b["recv_x"], b["rc"]
+        recv_counts = b["recv_counts"] if counts is None else counts
+        if use_fp8:
+            _fp8_out(ctx, b)
+            out, scale = b["recv_x8_words"], b["recv_scale"]
+        else:
+            out, scale = recv_x, rc           # scale: unused without FP8
+        _launch(ctx, "dispatch", (TK, k, _al(x), _al(topk_idx), topk_idx.dtype, use_fp8, round_scale,
+                                  recv_counts.dtype), ep_ll_dispatch_kernel, (P,),
+                x, topk_idx, b["key"], b["pslot"], b["dropped"], out, scale, rc, recv_counts, ctx.lrecv, ctx.lcnt,
                 ctx.lstage, ctx.calls, tr, TK, k, H, ctx.hw, El, cap, lper,
                 MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, EP=ctx.route_ep,
                 BLK=ll_blk, BR=ll_br,
-                BW=bh, CB=ctx.ll_copy_cols, STRIDED=bool(ctx.ll_strided), TRACE=TR, num_warps=ctx.dispatch_warps)
+                BW=bh, CB=ctx.ll_copy_cols, STRIDED=bool(ctx.ll_strided), TRACE=TR, FP8=bool(use_fp8),
+                ROUND=bool(round_scale), BG=ctx.ll_fp8_groups,
+                num_warps=ctx.dispatch_warps)
+        if use_fp8:
+            recv_x = (b["recv_x8"], b["recv_scale_t"])
         return recv_x, recv_counts, EpHandle("low_latency", T, k, topk_weights, b["dropped"], peid=b["key"],
                                              pslot=b["pslot"], lrc=rc)
     # blocks no larger than needed to give every routing program one (a [BLK, EP] scan per block: at 128 x 8
@@ -437,19 +502,42 @@ def ep_dispatch(x, topk_idx, topk_weights, ctx, validate=True):
     return recv_x, recv_counts, EpHandle("normal", T, k, topk_weights, b["dropped"], pos=b["pos"], rc=rc)
 
 
-def ep_combine(y, handle, ctx, out=None):
+def ep_combine(y, handle, ctx, out=None, topk_weights=None):
     """``out [T, H]``: for each token the ``topk_weights``-weighted sum of its
     pairs' rows of ``y`` (``recv_x``'s layout), accumulated in fp32.  One
     launch; without ``out`` the result is the context's and stays valid until
-    the second next ``ep_combine``."""
+    the second next ``ep_combine``.  ``topk_weights`` (``[T, k]``, float32 or
+    y's dtype): weights other than the dispatch's (DeepEP's low-latency
+    combine takes them here)."""
+    return _combine(y, handle, ctx, out, topk_weights)
+
+
+def _combine(y, handle, ctx, out=None, topk_weights=None, rows=None):
+    """:func:`ep_combine`; ``rows`` (normal mode): ``y`` may be any ``[n, H]`` with ``n >= rows``, the rows
+    received (known to the caller)."""
     E = ditron.DitronError
     if not isinstance(handle, EpHandle) or handle.mode != ctx.mode:
         raise E(f"ep_combine: handle must come from ep_dispatch on this {ctx.mode} context")
     W, El, H = ctx.world_size, ctx.local_experts, ctx.hidden
     shape = (W * ctx.slot_rows, H) if ctx.mode == "normal" else (El, W * ctx.capacity, H)
+    if rows is not None and isinstance(y, torch.Tensor) and y.dim() == 2 and y.shape[0] >= rows and \
+            y.shape[1] == H:
+        shape = tuple(y.shape)
     if not isinstance(y, torch.Tensor) or tuple(y.shape) != shape:
         got = list(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__
         raise E(f"ep_combine: y must have recv_x's shape {list(shape)}, got {got}")
+    weights = handle.weights
+    if topk_weights is not None:
+        if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != (handle.T, handle.k):
+            got = list(topk_weights.shape) if isinstance(topk_weights, torch.Tensor) else \
+                type(topk_weights).__name__
+            raise E(f"ep_combine: topk_weights must be [tokens={handle.T}, k={handle.k}] like the dispatch's "
+                    f"topk_idx, got {got}")
+        if topk_weights.dtype not in (torch.float32, y.dtype):
+            raise E(f"ep_combine: topk_weights is {topk_weights.dtype}; use float32 or y's dtype {y.dtype}")
+        if topk_weights.device != y.device:
+            raise E(f"ep_combine: topk_weights is on {topk_weights.device}, y on {y.device}")
+        weights = topk_weights.contiguous()
     ctx.check_tensor(y.reshape(-1)[:0], "y")
     if not y.is_contiguous():
         raise E("ep_combine: argument 'y' must be contiguous")
@@ -464,15 +552,15 @@ def ep_combine(y, handle, ctx, out=None):
     br, bh = ctx.blocks()
     tr, TR = _trace_args(ctx, 2)
     if ctx.mode == "normal":
-        _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(handle.weights), handle.weights.dtype), ep_combine_kernel, (ctx.max_programs,),
-                y, out, handle.pos, handle.weights, handle.rc, ctx.cbuf, ctx.ystage, ctx.csig, ctx.ccalls, tr, T,
+        _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(weights), weights.dtype), ep_combine_kernel, (ctx.max_programs,),
+                y, out, handle.pos, weights, handle.rc, ctx.cbuf, ctx.ystage, ctx.csig, ctx.ccalls, tr, T,
                 ctx.slot_rows, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=y.element_size(),
                 WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, KT=k, RH=ctx.reduce_cols, TRACE=TR,
                 num_warps=1 if ctx.sim else 4)
     else:
-        _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(handle.weights), handle.weights.dtype), ep_ll_combine_kernel,
+        _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(weights), weights.dtype), ep_ll_combine_kernel,
                 (ctx.max_programs,),
-                y, out, handle.peid, handle.pslot, handle.weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, tr,
+                y, out, handle.peid, handle.pslot, weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, tr,
                 T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw,
                 WP=ctx.wp, ELP=ctx.elp, BR=br, BW=bh, KT=k, RB=ctx.reduce_rows, RW=ctx.reduce_cols // ctx.epw, TRACE=TR,
                 num_warps=ctx.combine_warps)
@@ -505,3 +593,38 @@ def ep_reference(x_all, idx_all, w_all, expert_fn, num_experts):
             if m.any():
                 out[m] += w_all[m, j].float()[:, None] * expert_fn(e, xf[m])
     return out
+
+
+#: DeepEP's fp8 payload: e4m3 codes, one fp32 scale per FP8_GROUP channels, the margin under amax
+FP8_GROUP, FP8_MAX, FP8_MARGIN = 128, 448.0, 1e-4
+
+
+def fp8_quantize_reference(x, round_scale=False):
+    """torch (fp32): the e4m3 codes and scales that ``ep_dispatch(...,
+    use_fp8=True)`` sends for the rows ``x [n, H]`` (``H % 128 == 0``): per
+    group of 128 channels ``amax = max(|x|, 1e-4)``, codes ``x * (448 /
+    amax)`` rounded to nearest even (saturating), scale ``amax * (1 / 448)``
+    in fp32; ``round_scale``: scale ``2 ** ceil(log2(amax / 448))`` and codes
+    ``x / scale``.  Returns ``(codes float8_e4m3fn [n, H], scales fp32 [n, H
+    / 128])``."""
+    n, H = x.shape
+    xf = x.float().reshape(n, H // FP8_GROUP, FP8_GROUP)
+    amax = xf.abs().amax(-1).clamp_min(FP8_MARGIN)
+    inv = torch.tensor(1.0 / FP8_MAX, dtype=torch.float32)
+    if round_scale:
+        bits = (amax * inv).view(torch.int32)
+        e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+        sinv = (e << 23).view(torch.float32)
+        scale = ((254 - e) << 23).view(torch.float32)
+    else:
+        sinv = amax * inv
+        scale = torch.tensor(FP8_MAX, dtype=torch.float32) / amax
+    codes = (xf * scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).reshape(n, H)
+    return codes, sinv
+
+
+def fp8_dequantize(codes, scales):
+    """``codes [..., H]`` (e4m3) times their scales ``[..., H / 128]``, fp32."""
+    shape = codes.shape
+    g = shape[-1] // FP8_GROUP
+    return (codes.float().reshape(*shape[:-1], g, FP8_GROUP) * scales.float()[..., None]).reshape(shape)

@@ -49,6 +49,37 @@ def _unpack_store(pk, out_ptr, rows, ok, w, HW, H, EPW: tl.constexpr, DT: tl.con
         tl.store(out_ptr + rows[:, None] * H + c + 1, hi, mask=m & (c + 1 < H))
 
 
+@triton.jit
+def _fp8_quant(x_ptr, rows, ok, g0, H, G, BG: tl.constexpr, ROUND: tl.constexpr):
+    """Groups ``[g0, g0 + BG)`` of 128 channels of rows ``rows`` of ``x``
+    (``[BR]``, loaded where ``ok``) quantised to e4m3 as DeepEP's
+    ``use_fp8=True``: ``amax = max(|x|, 1e-4)`` per group, ``scale = 448 /
+    amax`` (round to nearest: ``div_rn``), codes ``cvt.rn.satfinite(x *
+    scale)``, stored scale ``amax * (1 / 448)``; ``ROUND``: both scales powers
+    of two (``2 ** ceil(log2(amax / 448))``, DeepEP's ``round_scale``).
+    Returns ``(words, sinv)``: ``[BR, 32 * BG]`` int32 words of 4 codes
+    (channel ``4 w + i`` in byte ``i``) and the ``[BR, BG]`` fp32 scales."""
+    BR: tl.constexpr = rows.shape[0]
+    cols = g0 * 128 + tl.arange(0, BG * 128)
+    m = ok[:, None] & (cols[None, :] < G * 128)
+    v = tl.load(x_ptr + rows[:, None].to(tl.int64) * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    v3 = tl.reshape(v, (BR, BG, 128))
+    amax = tl.maximum(tl.max(tl.abs(v3), 2), 1e-4)
+    if ROUND:
+        bits = (amax * 0.002232142857142857).to(tl.int32, bitcast=True)
+        e = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)      # biased exponent of the ceiling
+        sinv = (e << 23).to(tl.float32, bitcast=True)
+        scale = ((254 - e) << 23).to(tl.float32, bitcast=True)
+    else:
+        sinv = amax * 0.002232142857142857
+        scale = tl.math.div_rn(tl.full(amax.shape, 448.0, tl.float32), amax)
+    q = (v3 * scale[:, :, None]).to(tl.float8e4nv).to(tl.int8, bitcast=True).to(tl.int32) & 0xFF
+    q4 = tl.reshape(q, (BR, BG * 32, 4))
+    sh = tl.arange(0, 4) * 8
+    words = tl.sum(q4 << sh[None, None, :], 2)          # disjoint bytes: the sum is the OR
+    return words, sinv
+
+
 # ---------------------------------------------------------------------------
 # kernels
 # ---------------------------------------------------------------------------
@@ -88,11 +119,12 @@ def _route_rank_direct(idx_ptr, r, TK, E, BLK: tl.constexpr):
 
 
 @ditron.jit(do_not_specialize=["TK", "Eloc", "cap", "per"])
-def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_ptr, lrc_ptr, rcnt_ptr, lrecv_ptr,
-                          lcnt_ptr, lstage_ptr, calls_ptr, trace_ptr, TK, K, H, HW, Eloc, cap, per,
+def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_ptr, scale_ptr, lrc_ptr, rcnt_ptr,
+                          lrecv_ptr, lcnt_ptr, lstage_ptr, calls_ptr, trace_ptr, TK, K, H, HW, Eloc, cap, per,
                           MULTI_NODE: tl.constexpr, PEERS: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
                           ELP: tl.constexpr, EP: tl.constexpr, BLK: tl.constexpr, BR: tl.constexpr, BW: tl.constexpr,
-                          CB: tl.constexpr, STRIDED: tl.constexpr, TRACE: tl.constexpr):
+                          CB: tl.constexpr, STRIDED: tl.constexpr, TRACE: tl.constexpr, FP8: tl.constexpr = False,
+                          ROUND: tl.constexpr = False, BG: tl.constexpr = 1):
     """The LL dispatch with its routing, one launch, no exchange between its
     programs.  ``idx_ptr``: the ``TK = T * K`` expert ids (natural order).
     Program ``q`` owns pairs ``[q * per, (q + 1) * per)`` (``STRIDED``: pairs
@@ -111,7 +143,15 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
     block, local expert, source ``!= rank``) poll and unpack the peers' rows.
     The epochs (``e + 1`` of ``calls_ptr``) make the slots never need a
     reset; the grid is resident (at most the SM count).  Trace phases:
-    counted, rows sent, received."""
+    counted, rows sent, received.
+
+    ``FP8``: each row is quantised on the fly (``_fp8_quant``, ``BG`` groups
+    of 128 channels per step) and travels as ``H / 4`` words of 4 e4m3 codes
+    then ``H / 128`` words of fp32 scales (``HW`` stays the slot stride);
+    ``out_ptr`` is the int32 view of the e4m3 ``recv_x`` (``[E_local, W *
+    cap, H / 4]``) and ``scale_ptr`` the fp32 scales ``[E_local, H / 128, W
+    * cap]`` (column-major per expert, as DeepEP returns them); an own pair
+    is quantised straight into them."""
     _stamp(trace_ptr, 0, TRACE)
     par, flag, fl64, pid, P, me, W, LW, node, local, E, rowsz = _ll_prologue(calls_ptr, Eloc, HW)
     rbox = lrecv_ptr + par * (Eloc * W * cap) * rowsz          # [E_local][W][cap][HW]
@@ -123,6 +163,16 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
     lmask = lidx < Eloc
     node0 = node * LW
     eidx = tl.arange(0, EP)
+    # FP8: a row's words (codes, then scales) and its place in the scales (``NR``: rows per local expert)
+    if FP8:
+        DW = H // 4
+        G = H // 128
+        NW = DW + G
+    else:
+        DW = HW
+        G = 0
+        NW = HW
+    NR = W * cap
     # ---------------- routing: the counts before this program's pairs (program 0: all of them) ----------------
     lo = tl.minimum(pid * per, TK)
     hi = tl.minimum(lo + per, TK)
@@ -179,22 +229,54 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
         own = ok & (dst == me)
         if tl.sum(own.to(tl.int32), 0) > 0:
             ob = tl.sum(tl.where(le[:, None] == lidx[None, :], obase[None, :], 0), 1)
-            _copy_rows_x2(x_ptr, t, out_ptr, le * (W * cap) + ob + sl, own, H, CB)
+            if FP8:
+                orow = le * NR + ob + sl
+                for g0 in range(0, G, BG):
+                    words, sinv = _fp8_quant(x_ptr, t, own, g0, H, G, BG, ROUND)
+                    wi = g0 * 32 + tl.arange(0, BG * 32)
+                    gi = g0 + tl.arange(0, BG)
+                    tl.store(out_ptr + orow[:, None] * DW + wi[None, :], words, mask=own[:, None] & (wi < DW)[None, :])
+                    tl.store(scale_ptr + (le[:, None] * G + gi[None, :]) * NR + (ob + sl)[:, None], sinv,
+                             mask=own[:, None] & (gi < G)[None, :])
+            else:
+                _copy_rows_x2(x_ptr, t, out_ptr, le * (W * cap) + ob + sl, own, H, CB)
         if PEERS:
             ok = ok & (dst != me)
             drow = (le * W + me) * cap + sl
-            # no word to write when every pair of the block is this rank's own or not sent
-            whi = tl.where(tl.sum(ok.to(tl.int32), 0) > 0, HW, 0)
-            for w0 in range(0, whi, BW):
-                w = w0 + ww
-                pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
-                for k in range(1, LW):                   # k = 0: this rank, copied above
-                    peer = node0 + (local + k) % LW
-                    m = (ok & (dst == peer))[:, None] & (w[None, :] < HW)
-                    tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
-                if MULTI_NODE:
-                    sm = ok[:, None] & (w[None, :] < HW)
-                    tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt, mask=sm)
+            anyp = tl.sum(ok.to(tl.int32), 0) > 0
+            if FP8:
+                # codes and scales of BG groups per step, the same packets to whichever peer owns each pair
+                for g0 in range(0, tl.where(anyp, G, 0), BG):
+                    words, sinv = _fp8_quant(x_ptr, t, ok, g0, H, G, BG, ROUND)
+                    wi = g0 * 32 + tl.arange(0, BG * 32)
+                    gi = g0 + tl.arange(0, BG)
+                    pw = fl64 | (words.to(tl.int64) & 0xFFFFFFFF)
+                    ps = fl64 | (sinv.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+                    for k in range(1, LW):
+                        peer = node0 + (local + k) % LW
+                        okp = ok & (dst == peer)
+                        tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + wi[None, :], peer), pw,
+                                 mask=okp[:, None] & (wi < DW)[None, :])
+                        tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + DW + gi[None, :], peer), ps,
+                                 mask=okp[:, None] & (gi < G)[None, :])
+                    if MULTI_NODE:
+                        srow = (par * TK + r.to(tl.int64)) * rowsz
+                        tl.store(lstage_ptr + srow[:, None] + wi[None, :], pw, mask=ok[:, None] & (wi < DW)[None, :])
+                        tl.store(lstage_ptr + srow[:, None] + DW + gi[None, :], ps,
+                                 mask=ok[:, None] & (gi < G)[None, :])
+            else:
+                # no word to write when every pair of the block is this rank's own or not sent
+                for w0 in range(0, tl.where(anyp, HW, 0), BW):
+                    w = w0 + ww
+                    pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
+                    for k in range(1, LW):                   # k = 0: this rank, copied above
+                        peer = node0 + (local + k) % LW
+                        m = (ok & (dst == peer))[:, None] & (w[None, :] < HW)
+                        tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
+                    if MULTI_NODE:
+                        sm = ok[:, None] & (w[None, :] < HW)
+                        tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt,
+                                 mask=sm)
             if MULTI_NODE:
                 dl.fence("release", "sys")
                 dl.syncthreads()
@@ -203,7 +285,7 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
                     if _pick(ok.to(tl.int32), rr, i) != 0:
                         if d_i // LW != node:
                             shmem.putmem_block(rbox + _pick(drow, rr, i) * rowsz,
-                                               lstage_ptr + (par * TK + _pick(r, rr, i)) * rowsz, HW * 8, d_i)
+                                               lstage_ptr + (par * TK + _pick(r, rr, i)) * rowsz, NW * 8, d_i)
     _stamp(trace_ptr, 2, TRACE)
     # ---------------- receive ----------------
     # every count word (every source, this rank included): lrc and recv_counts
@@ -230,11 +312,18 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
                 qok = q < n
                 orow = l * (W * cap) + base + q.to(tl.int64)
                 src = (l * W + s) * cap + q.to(tl.int64)
-                for w0 in range(0, HW, BW):
+                for w0 in range(0, NW, BW):
                     w = w0 + ww
-                    m = qok[:, None] & (w[None, :] < HW)
+                    m = qok[:, None] & (w[None, :] < NW)
                     pk = ll_poll(rbox + src[:, None] * rowsz + w[None, :], m, flag)
-                    _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
+                    if FP8:
+                        word = pk.to(tl.int32)
+                        isd = (w < DW)[None, :]
+                        tl.store(out_ptr + orow[:, None] * DW + w[None, :], word, mask=m & isd)
+                        tl.store(scale_ptr + (l * G + (w - DW))[None, :].to(tl.int64) * NR + (base + q.to(tl.int64))[:, None],
+                                 word.to(tl.float32, bitcast=True), mask=m & (~isd))
+                    else:
+                        _unpack_store(pk, out_ptr, orow, qok, w, HW, H, EPW, out_ptr.dtype.element_ty)
     _stamp(trace_ptr, 3, TRACE)
     epoch_end(calls_ptr)
 

@@ -244,3 +244,94 @@ def ep_graph_replay(world, mode, T=64, H=4104, k=4, experts_per_rank=4, replays=
         torch.cuda.synchronize()
         _check(out, x.float() * w.sum(1, keepdim=True), f"replay {rnd} on rank {world.rank}")
     return replays
+
+
+def ep_fp8_rounds(world, tokens, H=128, k=2, experts_per_rank=2, seed=0, kind="uniform", rounds=2, capacity=None,
+                  round_scale=False, dtype="bf16"):
+    """Low-latency dispatch with ``use_fp8=True`` -> experts on the
+    dequantised rows -> bf16 combine, ``rounds`` times on one context (fp8
+    and bf16 dispatches alternate from round 1 on: the slots' two payloads).
+    Checks: the codes and scales every local expert received are exactly
+    ``fp8_quantize_reference`` of the expected rows (in order), the scales
+    are column-major as DeepEP's, the round trip ``dequant(quant(x))`` is
+    within e4m3's bound, and the combine matches torch on the dequantised
+    rows and the exact ``x`` within the fp8 bound.  Returns the pairs
+    received."""
+    from ditron.kernels.ep import ep_reference, fp8_dequantize, fp8_quantize_reference
+    dt = DTYPES[dtype]
+    W = world.world_size
+    E = experts_per_rank * W
+    El = experts_per_rank
+    ctx = create_ep_context(max(max(tokens), 1), H, E, k, dt, mode="low_latency", capacity=capacity)
+    received = 0
+    for rnd in range(rounds):
+        fp8 = rnd % 2 == 0 or rounds == 1
+        sd = seed + 101 * rnd
+        x, idx, w = _inputs(world, world.rank, tokens, H, k, E, dt, sd, kind)
+        recv, recv_counts, handle = ep_dispatch(x.to(world.device), idx.to(world.device), w.to(world.device), ctx,
+                                                use_fp8=fp8, round_scale=round_scale and fp8)
+        exp_rows, keep = _expected_recv(world, tokens, H, k, E, dt, sd, kind, ctx.capacity)
+        counts = recv_counts.cpu().tolist()
+        assert counts == [len(r) for r in exp_rows], (rnd, counts)
+        if fp8:
+            codes, scales = recv
+            N = W * ctx.capacity
+            assert codes.dtype == torch.float8_e4m3fn and tuple(codes.shape) == (El, N, H)
+            assert scales.dtype == torch.float32 and tuple(scales.shape) == (El, N, H // 128)
+            assert scales.stride() == (N * (H // 128), 1, N), scales.stride()
+            codes, scales = codes.cpu(), scales.cpu()
+            deq = torch.zeros(El, N, H)
+            for l, rows in enumerate(exp_rows):
+                if rows:
+                    ref = torch.stack(rows)
+                    rc, rs = fp8_quantize_reference(ref, round_scale)
+                    n = len(rows)
+                    assert torch.equal(codes[l, :n].view(torch.uint8), rc.view(torch.uint8)), \
+                        f"round {rnd}: e4m3 codes of local expert {l} on rank {world.rank}"
+                    assert torch.equal(scales[l, :n], rs), f"round {rnd}: scales of local expert {l}"
+                    deq[l, :n] = fp8_dequantize(codes[l, :n], scales[l, :n])
+                    # the round trip: e4m3 keeps 3 mantissa bits (relative 2^-4), subnormals 2^-9 of the scale
+                    bound = ref.float().abs() * 2 ** -4 * (2 if round_scale else 1) + \
+                        rs.repeat_interleave(128, 1) * 2 ** -9
+                    assert ((deq[l, :n] - ref.float()).abs() <= bound).all(), f"round {rnd}: round-trip error"
+            y = torch.zeros(El, N, H, dtype=dt)
+            for l, c in enumerate(counts):
+                y[l, :c] = expert_fn(world.rank * El + l, deq[l, :c]).to(dt)
+        else:
+            y = _expert_outputs(recv.cpu(), recv_counts, world.rank, El, "low_latency")
+        received += sum(counts)
+        out = ep_combine(y.to(world.device), handle, ctx)
+        x_me, idx_me, w_me = _inputs(world, world.rank, tokens, H, k, E, dt, sd, kind)
+        w_ref = torch.where(keep[world.rank], w_me, 0.0)
+        fn = (lambda e, v: expert_fn(e, v).to(dt).float())
+        if fp8:
+            qc, qs = fp8_quantize_reference(x_me, round_scale) if x_me.numel() else (None, None)
+            x_deq = fp8_dequantize(qc, qs) if x_me.numel() else x_me.float()
+            ref = ep_reference(x_deq, idx_me, w_ref, fn, E)
+            exact = ep_reference(x_me, idx_me, w_ref, lambda e, v: expert_fn(e, v), E)
+            if out.numel():
+                _check(out, ref, f"round {rnd} fp8 combine on rank {world.rank}")
+                err = (out.float().cpu() - exact).abs().max().item()
+                assert err <= 0.15 * exact.abs().max().item() + 1e-2, f"round {rnd}: fp8 round trip error {err}"
+        else:
+            ref = ep_reference(x_me, idx_me, w_ref, fn, E)
+            if out.numel():
+                _check(out, ref, f"round {rnd} bf16 combine on rank {world.rank}")
+    return received
+
+
+def fp8_errors(world):
+    """use_fp8 misuse: an error before launch."""
+    W = world.world_size
+    dev = world.device
+    ll = create_ep_context(4, 72, 2 * W, 2, torch.bfloat16, mode="low_latency")
+    nm = create_ep_context(4, 128, 2 * W, 2, torch.bfloat16)
+    x72 = torch.ones(2, 72, dtype=torch.bfloat16, device=dev)
+    x = torch.ones(2, 128, dtype=torch.bfloat16, device=dev)
+    idx = torch.zeros(2, 2, dtype=torch.int64, device=dev)
+    w = torch.ones(2, 2, device=dev)
+    return error_messages({
+        "hidden": lambda: ep_dispatch(x72, idx, w, ll, use_fp8=True),
+        "normal": lambda: ep_dispatch(x, idx, w, nm, use_fp8=True),
+        "round": lambda: ep_dispatch(x72, idx, w, ll, round_scale=True),
+    })

@@ -71,3 +71,15 @@ def test_shapes():
                                                         "DeepSeek-MoE"]
     assert bm.parse_shapes("8,16,32,4,2;16,8,8,2,1") == [("T8_H16_I32_E4_k2", 8, 16, 32, 4, 2),
                                                         ("T16_H8_I8_E2_k1", 16, 8, 8, 2, 1)]
+
+
+def test_ep_fp8_bench_on_the_simulator(tmp_path):
+    # ditron bench ep --dtype fp8: the fp8 and bf16 low-latency rows, each checked against torch first
+    p = _sim(tmp_path, 2, "ep", "--dtype", "fp8", "--tokens", "3", "--hidden", "128", "--topk", "2",
+             "--experts-per-rank", "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    data, rows = _rows(tmp_path / "smoke-ep-fp8.json")
+    for impl in ("ditron low_latency fp8", "ditron low_latency bf16"):
+        assert rows[("3 tok/rank", impl)]["status"] == "ok", rows
+    assert rows[("3 tok/rank", "ditron low_latency fp8")]["speedup"] > 0
+    assert "fp8 " in (tmp_path / "smoke-ep-fp8.md").read_text()

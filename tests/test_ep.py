@@ -103,7 +103,7 @@ _I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "s
 _CONST = {"ep_dispatch_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, TRACE=False),
           "ep_combine_kernel": dict(ELEM_BYTES=2, WP=2, ELP=16, BR=8, BH=1024, KT=8, RH=256, TRACE=False),
           "ep_ll_dispatch_kernel": dict(PEERS=True, EPW=2, WP=2, ELP=16, EP=16, BLK=32, BR=4, BW=512, CB=2048,
-                                       STRIDED=False, TRACE=False),
+                                       STRIDED=False, TRACE=False, FP8=False, ROUND=False, BG=1),
           "ep_ll_combine_kernel": dict(PEERS=True, EPW=2, WP=2, ELP=16, BR=4, BW=512, KT=8, RB=8, RW=128, TRACE=False),
           "ep_route_kernel": dict(EP=16, BLK=512, QB=32, TRACE=False)}
 _I32 = {"hist_ptr", "rslot_ptr"}
@@ -139,3 +139,36 @@ def test_ep_ll_dispatch_compiles_for_two_nodes(nvshmem_bc):
 @pytest.mark.parametrize("mode", MODES)
 def test_ep_cuda_graph_replay(dist, mode):
     assert dist.run(B.ep_graph_replay, mode) == [3] * dist.world_size
+
+
+@pytest.mark.parametrize("n,tokens,round_scale,kind", [(1, (5,), False, "uniform"), (2, (6, 0), True, "skewed"),
+                                                       (3, (4, 3, 5), False, "dup")])
+def test_ep_ll_fp8_payload(dist_world, n, tokens, round_scale, kind):
+    # codes and scales exact against the torch quantiser, DeepEP's scale layout, the round-trip bound, the bf16
+    # combine; fp8 and bf16 dispatches alternate on one context; a rank that sends nothing; capacity overflow (3)
+    d = dist_world(n)
+    got = d.run(B.ep_fp8_rounds, tokens, H=256 if not ON_GPU else 7168, k=3 if kind == "dup" else 2,
+                kind=kind, rounds=3 if n < 3 else 2, capacity=4 if n == 3 else None, round_scale=round_scale)
+    assert len(got) == n and sum(got) > 0
+
+
+def test_ep_ll_fp8_errors(dist_world):
+    msgs = dist_world(1).run(B.fp8_errors)[0]
+    assert "hidden % 128 == 0" in msgs["hidden"] and "hidden=72" in msgs["hidden"]
+    assert "low-latency option" in msgs["normal"]
+    assert "round_scale=True needs use_fp8=True" in msgs["round"]
+
+
+def test_ep_ll_fp8_dispatch_compiles_for_sm90a(round_scale=False):
+    # the fp8 payload on sm_90a: e4m3 conversions with satfinite rounding, the round-to-nearest division
+    import inspect
+
+    import ditron
+    from ditron.kernels import ep_ll_kernels
+    k = ep_ll_kernels.ep_ll_dispatch_kernel
+    const = dict(_CONST["ep_ll_dispatch_kernel"], MULTI_NODE=False, FP8=True, ROUND=round_scale, BG=4, BR=8)
+    sig = {p: ("*i64" if p in _I64 else "*i32" if p == "out_ptr" else "*fp32" if p == "scale_ptr" else "*bf16")
+           if p.endswith("_ptr") else "i32" for p in inspect.signature(k.fn).parameters if p not in const}
+    ptx = ditron.compile(k, target="sm_90a", signature=sig, constexprs=const, num_warps=4).asm["ptx"]
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+    assert ("div.rn.f32" in ptx) != round_scale          # power-of-two scales: no division

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -241,7 +240,12 @@ def tp_impls(op, shape, world, dtype, gmm, seed=0):
     return impls, base_name
 
 
-def ep_impls(tokens, world, dtype, H, k, experts_per_rank, modes, seed=0, traced=None):
+def ep_impls(tokens, world, dtype, H, k, experts_per_rank, modes, seed=0, traced=None, fp8=False):
+    if fp8:
+        from .ep_fp8 import ep_fp8_impls
+        x = _rand((tokens, H), seed + 7 * world.rank, dtype, world.device)
+        idx, w = _routing(tokens, experts_per_rank * world.world_size, k, seed + 5 * world.rank, world.device)
+        return ep_fp8_impls(x, idx, w, world, experts_per_rank * world.world_size, _check)
     import torch
     import torch.distributed as dist
 
@@ -340,6 +344,8 @@ def _write(op, rows, summary, args, world, command):
     if vs:
         md += ["Geomean vs torch_grouped_mm (its time / the impl's): " +
                ", ".join(f"{n} {v:.2f}x" for n, v in vs.items() if v), ""]
+    if summary.get("notes"):
+        md += ["Goals (issue 55):", ""] + [f"- {n}" for n in summary["notes"]] + [""]
     failed = [r for r in rows if r["status"] == "failed"]
     if failed:
         md += ["Failures:", ""] + [f"- {r['shape']} {r['impl']}: {r['error']}" for r in failed] + [""]
@@ -359,7 +365,8 @@ def main(argv=None):
     p.add_argument("--topk", type=int, default=8, help="ep: k")
     p.add_argument("--experts-per-rank", type=int, default=8, help="ep: experts per rank")
     p.add_argument("--mode", default="normal,low_latency", help="ep: ditron modes")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"],
+                   help="fp8 (ep): the low-latency fp8 payload (e4m3 + per-128 scales) vs bf16 vs a device copy")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=25)
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replays")
@@ -374,12 +381,15 @@ def main(argv=None):
     import torch
 
     import ditron
+    if args.dtype == "fp8" and args.op != "ep":
+        p.error("--dtype fp8 is for ep here (fp8 GEMMs: ditron bench gemm --dtype fp8)")
     world = ditron.init()
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}[args.dtype]
     gmm = grouped_mm_fn(world.device, dtype)
     agree = agree_fn(world)
     rows = []
     trace_md = []
+    fp8_notes = []
     if args.op == "ep":
         cases = [(f"{t} tok/rank", int(t)) for t in args.tokens.split(",") if t]
     else:
@@ -389,7 +399,10 @@ def main(argv=None):
             traced = [] if args.trace else None
             if args.op == "ep":
                 impls, base = ep_impls(case, world, dtype, args.hidden, args.topk, args.experts_per_rank,
-                                       [m for m in args.mode.split(",") if m], traced=traced), "a2a_single"
+                                       [m for m in args.mode.split(",") if m], traced=traced,
+                                       fp8=args.dtype == "fp8"), "a2a_single"
+                if args.dtype == "fp8":
+                    base = "ditron low_latency bf16"
             else:
                 shape = case
                 if args.op == "grouped_gemm" and args.tp:       # one GPU, ag_moe's per-rank GEMM at TP = --tp
@@ -403,6 +416,9 @@ def main(argv=None):
                        "error": r["error"], "note": r["note"]}
                 if args.op == "ep" and r["ok"]:
                     nbytes = 2 * case * args.topk * args.hidden * torch.empty((), dtype=dtype).element_size()
+                    if "fp8" in impl.name:
+                        from .ep_fp8 import fp8_payload_bytes
+                        nbytes = fp8_payload_bytes(case, args.hidden, args.topk)
                     row["busbw_GBs"] = nbytes * (world.world_size - 1) / max(world.world_size, 1) / (r["us"] * 1e3)
                 rows.append(row)
             for mode, ctx, run in traced or ():
@@ -414,12 +430,15 @@ def main(argv=None):
                 if r and c and r["ok"] and c["ok"]:
                     trace_md += [f"Graph-replay time {r['us']:.1f} us = {r['us'] / c['us']:.2f}x the device copy of "
                                  f"the same bytes ({c['us']:.1f} us).", ""]
+            if args.op == "ep" and args.dtype == "fp8":
+                from .ep_fp8 import goal_notes
+                fp8_notes += goal_notes(res, label)
             base_us = res[base]["us"] if base in res and res[base]["ok"] else None
             for row in rows:
                 if row["shape"] == label and row["status"] == "ok" and row["impl"] != base and base_us:
                     row["speedup"] = base_us / row["us"]
         _release(world.device)
-    summary = {"geomean_speedup": {}}
+    summary = {"geomean_speedup": {}, "notes": fp8_notes}
     for name in dict.fromkeys(r["impl"] for r in rows):
         summary["geomean_speedup"][name] = geomean([r.get("speedup") for r in rows if r["impl"] == name])
     gref = {r["shape"]: r["us"] for r in rows if r["impl"] == "torch_grouped_mm" and r["status"] == "ok"}
