@@ -49,9 +49,10 @@ CANDIDATES = {
     "tl ws 128x256x64 s3 w4": ("tl", C(128, 256, 64, 8, 4, 3, tma=True, warp_specialize=True)),
     "tl ws 128x128x64 s4 w4": ("tl", C(128, 128, 64, 8, 4, 4, tma=True, warp_specialize=True)),
     "gluon coop 128x256x64 s3": ("gluon", HC(128, 256, 64, stages=3, mode="coop")),
+    "gluon coop 128x256x64 s4 epi/2": ("gluon", HC(128, 256, 64, stages=4, mode="coop", epilogue_split=2)),
     "gluon coop 256x128x64 s3": ("gluon", HC(256, 128, 64, stages=3, mode="coop")),
     "gluon pingpong 128x128x64 s4": ("gluon", HC(128, 128, 64, stages=4, mode="pingpong")),
-    "gluon pingpong 128x128x64 s5": ("gluon", HC(128, 128, 64, stages=5, mode="pingpong")),
+    "gluon pingpong 128x128x64 s6 epi/2": ("gluon", HC(128, 128, 64, stages=6, mode="pingpong", epilogue_split=2)),
     "gluon pingpong 64x256x64 s4": ("gluon", HC(64, 256, 64, stages=4, mode="pingpong")),
 }
 

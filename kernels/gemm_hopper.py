@@ -84,6 +84,9 @@ class HopperGemmConfig:
     #: registers per thread of the consumer worker partition and of the producer (``setmaxnreg``)
     consumer_regs: int = 232
     producer_regs: int = 40
+    #: the epilogue stores each consumer's tile in ``epilogue_split`` column slices through one staging buffer
+    #: of that width (1 or 2): less shared memory (a 4th stage for 128 x 256 coop), one more store wait
+    epilogue_split: int = 1
 
     @property
     def consumer_rows(self) -> int:
@@ -91,7 +94,7 @@ class HopperGemmConfig:
 
     def smem_bytes(self, elem=2) -> int:
         ring = self.stages * (self.block_m * self.block_k + self.block_k * self.block_n) * elem
-        staging = 2 * self.consumer_rows * self.block_n * elem       # one C staging buffer per consumer
+        staging = 2 * self.consumer_rows * (self.block_n // self.epilogue_split) * elem   # one per consumer
         return ring + staging + 2 * self.stages * 8
 
     def validate(self, op="matmul_hopper"):
@@ -111,6 +114,8 @@ class HopperGemmConfig:
             raise E(f"{op}: a {self.consumer_rows} x {self.block_n} fp32 accumulator is "
                     f"{self.consumer_rows * self.block_n // 128} registers per thread of a warpgroup; at most 128 "
                     "fit beside the addresses (64 x 256 or 128 x 128 per consumer)")
+        if self.epilogue_split not in (1, 2):
+            raise E(f"{op}: epilogue_split={self.epilogue_split} must be 1 or 2")
         if self.stages < 2:
             raise E(f"{op}: stages={self.stages} must be >= 2")
         if self.group_m < 1:
@@ -118,7 +123,7 @@ class HopperGemmConfig:
         if self.smem_bytes() > 227 * 1024:
             raise E(f"{op}: {self.smem_bytes()} bytes of shared memory ({self.stages} stages of "
                     f"{self.block_m}x{self.block_k} + {self.block_k}x{self.block_n}, two {self.consumer_rows}x"
-                    f"{self.block_n} staging buffers) exceed sm_90's 227 KiB: fewer stages or smaller tiles")
+                    f"{self.block_n // self.epilogue_split} staging buffers) exceed sm_90's 227 KiB: fewer stages or smaller tiles")
         for name in ("consumer_regs", "producer_regs"):
             v = getattr(self, name)
             if v % 8 or not 24 <= v <= 256:
@@ -126,7 +131,9 @@ class HopperGemmConfig:
         return self
 
     def label(self) -> str:
-        return f"gluon {self.mode} {self.block_m}x{self.block_n}x{self.block_k} s{self.stages}"
+        return (f"gluon {self.mode} {self.block_m}x{self.block_n}x{self.block_k} s{self.stages}"
+                + (f" epi/{self.epilogue_split}" if self.epilogue_split > 1 else "")
+                + (f" g{self.group_m}" if self.group_m != 8 else ""))
 
 
 DEFAULT_CONFIG = HopperGemmConfig()
@@ -217,7 +224,8 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, GROUP_
     k_steps = gl.cdiv(K, BK)
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BN, 16])
-    c_smem = gl.allocate_shared_memory(dtype, [SUB_M, BN], c_desc.layout)
+    EPI_N: gl.constexpr = c_desc.block_type.shape[1]        # columns per epilogue store
+    c_smem = gl.allocate_shared_memory(dtype, [SUB_M, EPI_N], c_desc.layout)
     if PINGPONG:
         first = gl.program_id(0) + CID * gl.num_programs(0)
         step = 2 * gl.num_programs(0)
@@ -256,10 +264,23 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, GROUP_
         if PINGPONG:
             count += k_steps                    # skip the other consumer's tile
         # epilogue: the previous tile's TMA store has read the staging buffer before it is overwritten
-        tma.store_wait(0)
-        c_smem.store(acc.to(dtype))
-        fence_async_shared()
-        tma_store(c_desc, [pid_m * BM + row0, pid_n * BN], c_smem)
+        out = acc.to(dtype)
+        if EPI_N == BN:
+            tma.store_wait(0)
+            c_smem.store(out)
+            fence_async_shared()
+            tma_store(c_desc, [pid_m * BM + row0, pid_n * BN], c_smem)
+        else:
+            # two column halves: [SUB_M, BN] -> [SUB_M, 2, BN/2] -> [SUB_M, BN/2, 2] -> split
+            lo, hi = out.reshape([SUB_M, 2, EPI_N]).permute(0, 2, 1).split()
+            tma.store_wait(0)
+            c_smem.store(lo)
+            fence_async_shared()
+            tma_store(c_desc, [pid_m * BM + row0, pid_n * BN], c_smem)
+            tma.store_wait(0)
+            c_smem.store(hi)
+            fence_async_shared()
+            tma_store(c_desc, [pid_m * BM + row0, pid_n * BN + EPI_N], c_smem)
     tma.store_wait(0)
 
 
@@ -296,7 +317,7 @@ def layouts(cfg: HopperGemmConfig, dtype):
     g = _DTYPES[dtype]
     return (gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], g),
             gl.NVMMASharedLayout.get_default_for([cfg.block_k, cfg.block_n], g),
-            gl.NVMMASharedLayout.get_default_for([cfg.consumer_rows, cfg.block_n], g))
+            gl.NVMMASharedLayout.get_default_for([cfg.consumer_rows, cfg.block_n // cfg.epilogue_split], g))
 
 
 def descriptors(a, b, c, cfg: HopperGemmConfig):
@@ -304,7 +325,7 @@ def descriptors(a, b, c, cfg: HopperGemmConfig):
     la, lb, lc = layouts(cfg, a.dtype)
     return (TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k], la),
             TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n], lb),
-            TensorDescriptor.from_tensor(c, [cfg.consumer_rows, cfg.block_n], lc))
+            TensorDescriptor.from_tensor(c, [cfg.consumer_rows, cfg.block_n // cfg.epilogue_split], lc))
 
 
 def kernel_constexprs(cfg: HopperGemmConfig) -> dict:

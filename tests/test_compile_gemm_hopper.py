@@ -19,9 +19,10 @@ HC = H.HopperGemmConfig
 #: the configs bench/gemm_core_levers.py times (and the wgmma each consumer warpgroup issues)
 CONFIGS = [
     (HC(128, 256, 64, stages=3, mode="coop"), "m64n256k16"),
+    (HC(128, 256, 64, stages=4, mode="coop", epilogue_split=2), "m64n256k16"),
     (HC(256, 128, 64, stages=3, mode="coop"), "m64n128k16"),
     (HC(128, 128, 64, stages=4, mode="pingpong"), "m64n128k16"),
-    (HC(128, 128, 64, stages=5, mode="pingpong"), "m64n128k16"),
+    (HC(128, 128, 64, stages=6, mode="pingpong", epilogue_split=2), "m64n128k16"),
     (HC(64, 256, 64, stages=4, mode="pingpong"), "m64n256k16"),
 ]
 
@@ -48,15 +49,17 @@ def test_gluon_core_compiles_warp_specialised(cfg, wgmma):
     assert _count(rf"wgmma\.mma_async\.sync\.aligned\.{wgmma}\.f32\.bf16\.bf16", ptx) >= 2
     assert "wgmma.wait_group.sync.aligned 1" in ptx
     assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::(cluster|cta)\.global\.mbarrier::complete_tx::bytes", ptx)
-    assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in ptx
+    # one TMA store per consumer and epilogue slice
+    assert _count(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.bulk_group", ptx) == 2 * cfg.epilogue_split
     assert "fence.proxy.async.shared::cta" in ptx
     assert _count(r"mbarrier\.try_wait\.parity", ptx) >= 2
     # shared memory: the ring, two staging buffers and the barriers, within the limit
     assert cfg.smem_bytes() <= ck.metadata.shared <= SMEM_LIMIT
 
 
-def test_gluon_core_compiles_fp16():
-    cfg = H.DEFAULT_CONFIG
+@pytest.mark.parametrize("cfg", [H.DEFAULT_CONFIG, HC(128, 256, 64, stages=4, mode="coop", epilogue_split=2)],
+                         ids=["default", "epi2"])
+def test_gluon_core_compiles_fp16(cfg):
     ptx = H.compile_sm90(cfg, torch.float16).asm["ptx"]
     assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.f16\.f16", ptx) >= 2
     assert ".reqntid 384" in ptx
@@ -101,6 +104,9 @@ def test_config_errors():
         HC(stages=1).validate()
     with pytest.raises(E, match="block_n=96"):
         HC(128, 96, 64).validate()
+    with pytest.raises(E, match="epilogue_split=4"):
+        HC(epilogue_split=4).validate()
+    assert HC(128, 256, 64, stages=4, mode="coop", epilogue_split=2).validate()
     with pytest.raises(E, match="consumer_regs=230"):
         HC(consumer_regs=230).validate()
     for cfg, _ in CONFIGS:
