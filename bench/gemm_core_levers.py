@@ -62,6 +62,10 @@ CHECK_SHAPES = [(1000, 1000, 1000), (130, 328, 72), (256, 512, 128), (8192, 5504
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
+#: seconds without progress after which a step counts as hung (a candidate's check compiles 4 kernels; a timing
+#: round at the largest shape takes a few seconds)
+STALL_S = float(os.environ.get("GEMM_LEVERS_STALL_S", "75"))
+
 
 def run_fn(name, a, b, out):
     kind, cfg = CANDIDATES[name]
@@ -134,6 +138,31 @@ def graph_timer(fn, reps=5):
     return run
 
 
+class Watchdog:
+    """A stalled step (a warp-specialised kernel waiting on a barrier that never completes blocks the main thread
+    in a CUDA synchronisation) ends the process after ``limit`` seconds: ``on_stall()`` runs first (report what
+    is known), then ``os._exit(3)``.  ``beat(what)`` marks progress."""
+
+    def __init__(self, limit, on_stall):
+        import threading
+        self.limit, self.on_stall, self.what, self.t = limit, on_stall, "start", time.time()
+        threading.Thread(target=self._watch, daemon=True).start()
+
+    def beat(self, what):
+        self.what, self.t = what, time.time()
+
+    def _watch(self):
+        while True:
+            time.sleep(1.0)
+            if time.time() - self.t > self.limit:
+                print(f"\nWATCHDOG: no progress for {self.limit:.0f} s in {self.what!r}: hung; ending the process",
+                      flush=True)
+                try:
+                    self.on_stall(self.what)
+                finally:
+                    os._exit(3)
+
+
 def short(e):
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"
 
@@ -148,7 +177,9 @@ def do_check(names, progress, seed):
             log.write(line + "\n")
             log.flush()
     bad = 0
+    dog = Watchdog(STALL_S, lambda what: note(f"HUNG {what}"))
     for name in names:
+        dog.beat(name)
         note(f"START {name}")
         msgs = []
         for dname, dtype in DTYPES.items():
@@ -180,8 +211,9 @@ def do_check(names, progress, seed):
     return bad
 
 
-def do_time(names, tps, dtypes, rounds, seed, shapes_spec):
+def do_time(names, tps, dtypes, rounds, seed, shapes_spec, on_stall=None):
     results = []
+    dog = Watchdog(STALL_S, lambda what: on_stall(results) if on_stall else None)
     for tp in tps:
         for dname in dtypes:
             dtype = DTYPES[dname]
@@ -191,8 +223,10 @@ def do_time(names, tps, dtypes, rounds, seed, shapes_spec):
                 a, b = fresh_inputs(M, N, K, dtype, seed + M + 3 * N + 7 * K)
                 ref = a.float() @ b.float()
                 out = torch.empty(M, N, device="cuda", dtype=dtype)
+                dog.beat(f"TP={tp} {dname} {shape.label}: cuBLAS")
                 timers, status = {"cublas": graph_timer(lambda: torch.matmul(a, b, out=out))}, {}
                 for name in names:
+                    dog.beat(f"TP={tp} {dname} {shape.label}: {name}")
                     try:
                         fn = run_fn(name, a, b, out)
                         err = check(fn, out, ref, K, dtype)
@@ -203,6 +237,7 @@ def do_time(names, tps, dtypes, rounds, seed, shapes_spec):
                     except Exception as e:  # noqa: BLE001 -- a candidate that does not fit is reported
                         status[name] = "ERROR " + short(e)
                 del ref
+                dog.beat(f"TP={tp} {dname} {shape.label}: timing rounds")
                 best = {k: math.inf for k in timers}
                 keys = list(timers)
                 for r in range(rounds):
@@ -287,13 +322,18 @@ def main():
         sys.exit(1 if bad else 0)
     tps = [int(x) for x in args.tp.split(",")]
     dtypes = [d.strip() for d in args.dtypes.split(",")]
-    results = do_time(names, tps, dtypes, args.rounds, seed, args.shapes)
-    print(summary(results, names))
-    print(f"timed in {time.time() - t0:.0f} s", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": dev.name, "triton": triton.__version__, "torch": torch.__version__, "seed": seed,
-                       "candidates": {n: repr(CANDIDATES[n][1]) for n in names}, "rows": results}, f, indent=1)
+
+    def report(results, partial=False):
+        print(summary(results, names) + ("\n(partial: the run stopped at a hung step)" if partial else ""))
+        print(f"timed in {time.time() - t0:.0f} s", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": dev.name, "triton": triton.__version__, "torch": torch.__version__,
+                           "seed": seed, "partial": partial,
+                           "candidates": {n: repr(CANDIDATES[n][1]) for n in names}, "rows": results}, f, indent=1)
+    results = do_time(names, tps, dtypes, args.rounds, seed, args.shapes,
+                      on_stall=lambda rows: report(rows, partial=True))
+    report(results)
 
 
 if __name__ == "__main__":

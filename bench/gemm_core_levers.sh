@@ -4,11 +4,13 @@
 #      Gluon core in several configs) at odd and paper shapes, bf16 and fp16, against an fp32 reference, and the
 #      Gluon core bit for bit against its tl twin (same tiles, same BLOCK_K). Each candidate is reported as it
 #      finishes; a candidate that hangs (a warp-specialised kernel waiting on a barrier that never completes) is
-#      killed with the step, named, and the step runs again without it (at most 3 times);
+#      named by the script's watchdog (75 s without progress, GEMM_LEVERS_STALL_S) which ends the step, and the
+#      step runs again without it (at most 3 times);
 #      Then tests/gpu/gemm_hopper_twin.py (the same bit-equality test over more shapes: issue 52 item 4's GPU test);
 #   2. timing, side by side with cuBLAS (torch.matmul, same process, CUDA-graph replays): the paper's per-rank
 #      GEMM shapes at TP=2 and TP=8, bf16 and fp16, only the candidates that passed step 1. The last table is
-#      the summary: per candidate and (TP, dtype) the geomean of cuBLAS time / candidate time and the worst shape.
+#      the summary: per candidate and (TP, dtype) the geomean of cuBLAS time / candidate time and the worst shape
+#      (a step that hangs here ends the run with the partial summary).
 # Output: stdout (the summary last) and $OUT/gemm_core_levers.{log,json} ($OUT default bench/results).
 #
 #   bash bench/gemm_core_levers.sh                        # everything
