@@ -46,6 +46,10 @@ one rounding to the output dtype: the same as the ``tl`` core with the same
 ``BLOCK_K`` on sm_90 (tests/gpu/test_gemm_hopper_twin.py checks bit
 equality on the GPU).
 
+Known noise: on Triton 3.9 (nanobind) a cold compile of an ``epilogue_split=2`` config prints a
+"nanobind: leaked ..." dump at interpreter exit: Gluon's ``reshape`` of an NVMMA-layout tensor keeps IR
+objects alive (a 10-line Gluon kernel doing only that reproduces it); 3.6 (pybind11) has no such check.
+
 Where it runs: NVIDIA sm_90 only (:func:`supported`); the ``tl`` core stays
 the core for AMD, for other NVIDIA GPUs and for the simulator, which runs
 the ``tl`` twin (:data:`TWIN`) instead (:func:`matmul_hopper` refuses a CPU
@@ -370,12 +374,16 @@ def matmul_hopper(a, b, out=None, config: HopperGemmConfig | None = None, num_pr
 # compile on a CPU
 # ---------------------------------------------------------------------------
 
-def compile_sm90(cfg: HopperGemmConfig | None = None, dtype=torch.bfloat16, M=8192, N=5504, K=4096, target="sm_90a"):
+def compile_sm90(cfg: HopperGemmConfig | None = None, dtype=torch.bfloat16, M=1024, N=1024, K=1024, target="sm_90a"):
     """Compile :func:`gemm_ws_kernel` for ``target`` without a GPU
     (``triton.compile`` of a Gluon AST source); returns the compiled kernel
     (``.asm["ttgir"]``, ``["ptx"]``, ``.metadata``).  The descriptors' types
     come from descriptors on CPU tensors of the given shape."""
     from ditron.target import parse_target
+    tgt = parse_target(target)
+    if tgt.backend != "cuda" or tgt.capability != 90:
+        raise ditron.DitronError(f"gemm_hopper: the Gluon core is for sm_90a only, not {tgt.name}; on other targets "
+                                 "(AMD, other NVIDIA GPUs, the simulator) the core is ditron.kernels.gemm.gemm_kernel")
     cfg = (cfg or DEFAULT_CONFIG).validate()
     a = torch.empty((M, K), dtype=dtype)
     b = torch.empty((K, N), dtype=dtype)
@@ -387,7 +395,7 @@ def compile_sm90(cfg: HopperGemmConfig | None = None, dtype=torch.bfloat16, M=81
     for k in consts:
         sig[k] = "constexpr"
     src = _compat.gluon_ast_source(gemm_ws_kernel, sig, consts)
-    return _compat.compile_source(src, parse_target(target).to_triton(), {"num_warps": 4})
+    return _compat.compile_source(src, tgt.to_triton(), {"num_warps": 4})
 
 
 __all__ = ["HopperGemmConfig", "DEFAULT_CONFIG", "MODES", "TWIN", "twin_config", "supported", "matmul_hopper",

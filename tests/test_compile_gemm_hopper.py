@@ -113,6 +113,12 @@ def test_config_errors():
         assert cfg.validate() is cfg
 
 
+@pytest.mark.parametrize("target", ["gfx942", "sm_80", "sim"])
+def test_other_targets_are_refused(target):
+    with pytest.raises(ditron.DitronError, match="sm_90a only.*ditron.kernels.gemm.gemm_kernel"):
+        H.compile_sm90(target=target)
+
+
 def test_refuses_cpu_and_names_the_twin():
     a = torch.randn(64, 32, dtype=torch.bfloat16)
     b = torch.randn(32, 48, dtype=torch.bfloat16)
