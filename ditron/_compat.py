@@ -203,6 +203,53 @@ def ast_source(fn, signature, constexprs, attrs):
     return triton.compiler.ASTSource(fn, signature=signature, constexprs=constexprs, attrs=attrs)
 
 
+# --------------------------------------------------------------------------
+# Gluon (triton.experimental.gluon): the Hopper GEMM core (kernels/gemm_hopper.py)
+# --------------------------------------------------------------------------
+# What the core uses is the same in 3.6.0 and 3.9.0: gl.warp_specialize(functions_and_args, worker_num_warps,
+# worker_num_regs) (3.6 requires worker_num_regs), tma.async_copy_global_to_shared / async_copy_shared_to_global /
+# store_wait, mbarrier.init / expect / wait / arrive (expect's byte count is positional: 3.6 names it ``bytes``,
+# 3.9 ``bytes_per_cta``), warpgroup_mma / warpgroup_mma_wait(num, deps), NVMMADistributedLayout(version,
+# warps_per_cta, instr_shape), NVMMASharedLayout.get_default_for and GluonASTSource(fn, signature, constexprs).
+# Differences: the TMA copies are tma.async_copy_global_to_shared / async_copy_shared_to_global in 3.6 and
+# tma.async_load / async_store in 3.9 (the old names raise there; same arguments: gluon_tma_ops); the
+# partition-wide barrier is gl.thread_barrier in 3.6 and gl.barrier in 3.9 (not used by the core).
+
+def gluon_hopper():
+    """``(gluon, gluon.language, gluon.language.nvidia.hopper)``."""
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia import hopper
+    return gluon, gl, hopper
+
+
+def gluon_tma_ops():
+    """``(load, store)``: the Gluon TMA builtins global -> shared (``desc, coord, barrier, dst[, pred]``) and
+    shared -> global (``desc, coord, src``) of the installed Triton."""
+    from triton.experimental.gluon.language.nvidia.hopper import tma
+    load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+    return load, store
+
+
+def mangle_arg(arg) -> str:
+    """The signature type Triton's launcher gives ``arg`` (e.g. a Gluon
+    ``TensorDescriptor`` -> ``tensordesc<bf16[128, 64],NVMMASharedLayout(...)>``):
+    for compiling with ``triton.compile`` without a GPU."""
+    from triton.runtime.jit import mangle_type
+    return mangle_type(arg)
+
+
+def gluon_ast_source(fn, signature, constexprs):
+    """``triton.compile`` source of a ``@gluon.jit`` kernel; ``signature``
+    maps every parameter name to a type string (``"constexpr"`` for those in
+    ``constexprs``, keyed by name)."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    names = list(signature)
+    consts = {(names.index(k),): v for k, v in constexprs.items()}
+    return GluonASTSource(fn, signature, consts)
+
+
 def _compile_options(options):
     options = dict(options or {})
     if TRITON_VERSION >= (3, 9) and "enable_fp_fusion" not in options:

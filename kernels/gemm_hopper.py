@@ -1,0 +1,403 @@
+"""The GEMM core for Hopper (sm_90a) in Gluon: warp-specialised, persistent.
+
+    from ditron.kernels.gemm_hopper import matmul_hopper, HopperGemmConfig
+    c = matmul_hopper(a, b)                                   # a [M, K], b [K, N], fp16 / bf16, CUDA sm_90
+    c = matmul_hopper(a, b, config=HopperGemmConfig(128, 128, 64, stages=4, mode="pingpong"))
+
+Why
+---
+The ``tl.dot`` core (:mod:`ditron.kernels.gemm`) runs one warpgroup
+pipeline per program: the same warps issue the TMA loads, the ``wgmma``s and
+the epilogue.  ``tl.range(warp_specialize=True)`` does not split that loop on
+sm_90 with Triton 3.6 or 3.9 (issue 52; see :func:`ws_partitions` and
+tests/test_compile_gemm_hopper.py).  This core writes the split explicitly,
+as cuBLAS / CUTLASS do on Hopper:
+
+* a **producer** partition (one warp, few registers) streams A and B tiles
+  with TMA into a ``stages``-deep ring of shared-memory buffers; each slot has
+  a *ready* mbarrier (TMA transaction bytes) and an *empty* mbarrier (the
+  consumers are done with it);
+* two **consumer** warpgroups (4 warps each, ``setmaxnreg``-raised) issue
+  asynchronous ``warpgroup_mma`` on the ring, keeping one in flight, and
+  release each slot as soon as the MMA that read it has retired;
+* the **epilogue** of a tile (fp32 -> fp16/bf16, registers -> shared memory
+  -> TMA store) is asynchronous: the next tile's mainloop starts while the
+  store drains (``tma.store_wait`` only before the staging buffer is reused).
+
+Two consumer schedules (``mode``):
+
+* ``"coop"`` (cooperative): both consumers work on the same ``BM x BN`` tile,
+  consumer ``c`` on rows ``[c * BM/2, (c + 1) * BM/2)`` (128 x 256 tiles: 64 x
+  256 fp32 per warpgroup).  Each slot is released by both (count 2).
+* ``"pingpong"``: each consumer owns whole tiles, alternately (consumer 0 the
+  program's even tiles, 1 the odd ones), ``BM x BN`` each.  The producer fills
+  the ring in tile order, so the consumers' mainloops alternate by
+  construction and one's epilogue runs under the other's mainloop.
+
+The ring is shared; the slot / phase of every load is a function of the
+program's running k-step count, which both sides compute the same way.
+
+Tile order: ``dl.swizzle_2d``'s grouped order (the same formula), program
+``p`` takes tiles ``p, p + P, ...`` like the ``tl`` core, so any signal
+protocol keyed on tiles (issue 52 item 2) reads the same.
+
+Numerics: fp32 accumulation by ``wgmma`` in K order, ``BK`` at a time, then
+one rounding to the output dtype: the same as the ``tl`` core with the same
+``BLOCK_K`` on sm_90 (tests/gpu/test_gemm_hopper_twin.py checks bit
+equality on the GPU).
+
+Known noise: on Triton 3.9 (nanobind) a cold compile of an ``epilogue_split=2`` config prints a
+"nanobind: leaked ..." dump at interpreter exit: Gluon's ``reshape`` of an NVMMA-layout tensor keeps IR
+objects alive (a 10-line Gluon kernel doing only that reproduces it); 3.6 (pybind11) has no such check.
+
+Where it runs: NVIDIA sm_90 only (:func:`supported`); the ``tl`` core stays
+the core for AMD, for other NVIDIA GPUs and for the simulator, which runs
+the ``tl`` twin (:data:`TWIN`) instead (:func:`matmul_hopper` refuses a CPU
+tensor and names it).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+import ditron
+from ditron import _compat
+
+from ._common import cdiv, sm_count
+
+gluon, gl, _hopper = _compat.gluon_hopper()
+tma, mbarrier = _hopper.tma, _hopper.mbarrier
+tma_load, tma_store = _compat.gluon_tma_ops()
+warpgroup_mma, warpgroup_mma_wait, fence_async_shared = (_hopper.warpgroup_mma, _hopper.warpgroup_mma_wait,
+                                                        _hopper.fence_async_shared)
+
+_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+MODES = ("coop", "pingpong")
+
+
+@dataclasses.dataclass(frozen=True)
+class HopperGemmConfig:
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    stages: int = 3
+    #: "coop": two consumer warpgroups split each BM x BN tile by rows; "pingpong": they take alternate tiles
+    mode: str = "coop"
+    group_m: int = 8
+    #: registers per thread of the consumer worker partition and of the producer (``setmaxnreg``)
+    consumer_regs: int = 232
+    producer_regs: int = 40
+    #: the epilogue stores each consumer's tile in ``epilogue_split`` column slices through one staging buffer
+    #: of that width (1 or 2): less shared memory (a 4th stage for 128 x 256 coop), one more store wait
+    epilogue_split: int = 1
+
+    @property
+    def consumer_rows(self) -> int:
+        return self.block_m // 2 if self.mode == "coop" else self.block_m
+
+    def smem_bytes(self, elem=2) -> int:
+        ring = self.stages * (self.block_m * self.block_k + self.block_k * self.block_n) * elem
+        staging = 2 * self.consumer_rows * (self.block_n // self.epilogue_split) * elem   # one per consumer
+        return ring + staging + 2 * self.stages * 8
+
+    def validate(self, op="matmul_hopper"):
+        E = ditron.DitronError
+        if self.mode not in MODES:
+            raise E(f"{op}: mode={self.mode!r}; use one of {', '.join(MODES)}")
+        for name in ("block_m", "block_n", "block_k"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise E(f"{op}: {name}={v} must be a power of two >= 16")
+        if self.consumer_rows not in (64, 128):
+            raise E(f"{op}: each consumer warpgroup computes {self.consumer_rows} rows ({self.mode}, block_m="
+                    f"{self.block_m}); wgmma needs 64 or 128 (coop: block_m 128 or 256; pingpong: 64 or 128)")
+        if self.block_n > 256:
+            raise E(f"{op}: block_n={self.block_n} > 256 (the widest wgmma)")
+        if self.consumer_rows * self.block_n > 128 * 128:
+            raise E(f"{op}: a {self.consumer_rows} x {self.block_n} fp32 accumulator is "
+                    f"{self.consumer_rows * self.block_n // 128} registers per thread of a warpgroup; at most 128 "
+                    "fit beside the addresses (64 x 256 or 128 x 128 per consumer)")
+        if self.epilogue_split not in (1, 2):
+            raise E(f"{op}: epilogue_split={self.epilogue_split} must be 1 or 2")
+        if self.stages < 2:
+            raise E(f"{op}: stages={self.stages} must be >= 2")
+        if self.group_m < 1:
+            raise E(f"{op}: group_m={self.group_m} must be >= 1")
+        if self.smem_bytes() > 227 * 1024:
+            raise E(f"{op}: {self.smem_bytes()} bytes of shared memory ({self.stages} stages of "
+                    f"{self.block_m}x{self.block_k} + {self.block_k}x{self.block_n}, two {self.consumer_rows}x"
+                    f"{self.block_n // self.epilogue_split} staging buffers) exceed sm_90's 227 KiB: fewer stages or smaller tiles")
+        for name in ("consumer_regs", "producer_regs"):
+            v = getattr(self, name)
+            if v % 8 or not 24 <= v <= 256:
+                raise E(f"{op}: {name}={v} must be a multiple of 8 in [24, 256] (setmaxnreg)")
+        return self
+
+    def label(self) -> str:
+        return (f"gluon {self.mode} {self.block_m}x{self.block_n}x{self.block_k} s{self.stages}"
+                + (f" epi/{self.epilogue_split}" if self.epilogue_split > 1 else "")
+                + (f" g{self.group_m}" if self.group_m != 8 else ""))
+
+
+DEFAULT_CONFIG = HopperGemmConfig()
+
+#: the ``tl`` core's config whose tiles and K order match :data:`DEFAULT_CONFIG` (the simulator's twin)
+def twin_config(cfg: HopperGemmConfig | None = None):
+    from .gemm import GemmConfig
+    cfg = cfg or DEFAULT_CONFIG
+    return GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, group_m=cfg.group_m, num_warps=8,
+                      num_stages=min(cfg.stages, 3), tma=True)
+
+
+TWIN = "ditron.kernels.gemm.matmul (the tl core; config=ditron.kernels.gemm_hopper.twin_config(cfg))"
+
+
+def supported(device) -> bool:
+    """Whether the Gluon core runs on ``device``: a CUDA GPU of compute
+    capability 9.x (Hopper).  Queries the device only when asked."""
+    device = torch.device(device)
+    if device.type != "cuda" or getattr(torch.version, "hip", None):
+        return False
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
+# ---------------------------------------------------------------------------
+# device code
+# ---------------------------------------------------------------------------
+
+@gluon.jit
+def _tile_mn(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """``dl.swizzle_2d``'s grouped order (same formula)."""
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = tile // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = gl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    in_group = tile % num_pid_in_group
+    return first_pid_m + in_group % group_size_m, in_group // group_size_m
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[1]
+    M = a_desc.shape[0]
+    K = a_desc.shape[1]
+    N = b_desc.shape[1]
+    num_pid_m = gl.cdiv(M, BM)
+    num_pid_n = gl.cdiv(N, BN)
+    k_steps = gl.cdiv(K, BK)
+    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    count = 0
+    for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile_mn(tile, num_pid_m, num_pid_n, GROUP_M)
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        for ki in range(k_steps):
+            s = count % STAGES
+            # a fresh barrier is in phase 0: waiting for phase 1 passes (the ring starts empty)
+            mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
+            bar = ready.index(s)
+            mbarrier.expect(bar, nbytes)
+            tma_load(a_desc, [off_m, ki * BK], bar, a_bufs.index(s))
+            tma_load(b_desc, [ki * BK, off_n], bar, b_bufs.index(s))
+            count += 1
+
+
+@gluon.jit
+def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, GROUP_M: gl.constexpr,
+              STAGES: gl.constexpr, CID: gl.constexpr, PINGPONG: gl.constexpr):
+    """One consumer warpgroup (4 warps): ``CID`` 0 or 1.
+
+    Ping-pong: the consumers' mainloops take turns (``turn[c]``: consumer
+    ``c`` may start its next mainloop; the other arrives on it when its own
+    mainloop has issued its last MMA).  Besides the overlap this is what keeps
+    the ring's parity waits sound: a consumer never waits for a slot more than
+    one phase ahead of the last phase observed."""
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BK: gl.constexpr = a_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[1]
+    SUB_M: gl.constexpr = c_desc.block_type.shape[0]        # rows of this warpgroup's accumulator
+    dtype: gl.constexpr = c_desc.dtype
+    M = a_desc.shape[0]
+    K = a_desc.shape[1]
+    N = b_desc.shape[1]
+    num_pid_m = gl.cdiv(M, BM)
+    num_pid_n = gl.cdiv(N, BN)
+    k_steps = gl.cdiv(K, BK)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BN, 16])
+    EPI_N: gl.constexpr = c_desc.block_type.shape[1]        # columns per epilogue store
+    c_smem = gl.allocate_shared_memory(dtype, [SUB_M, EPI_N], c_desc.layout)
+    if PINGPONG:
+        first = gl.program_id(0) + CID * gl.num_programs(0)
+        step = 2 * gl.num_programs(0)
+        row0: gl.constexpr = 0
+    else:
+        first = gl.program_id(0)
+        step = gl.num_programs(0)
+        row0: gl.constexpr = CID * SUB_M
+    count = 0
+    if PINGPONG:
+        count = CID * k_steps                   # the other consumer's first tile comes first in the ring
+    i = 0
+    for tile in range(first, num_pid_m * num_pid_n, step):
+        pid_m, pid_n = _tile_mn(tile, num_pid_m, num_pid_n, GROUP_M)
+        acc = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout)
+        if PINGPONG:
+            # consumer 1's i-th mainloop follows consumer 0's i-th; consumer 0's i-th follows consumer 1's (i-1)-th
+            # (for i = 0 the wait is for the phase "before" a fresh barrier's first: it passes)
+            mbarrier.wait(turn.index(CID), (i & 1) ^ (1 - CID))
+        for ki in range(k_steps):
+            s = count % STAGES
+            mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+            a = a_bufs.index(s)
+            if not PINGPONG:
+                a = a.slice(row0, SUB_M, dim=0)
+            acc = warpgroup_mma(a, b_bufs.index(s), acc, is_async=True)
+            # keep this MMA in flight; the previous one has retired: its slot is free
+            acc = warpgroup_mma_wait(1, deps=(acc, ))
+            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=ki > 0)
+            count += 1
+        if PINGPONG:
+            mbarrier.arrive(turn.index(1 - CID))     # every MMA of this tile is issued: the other's turn
+        i += 1
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
+        if PINGPONG:
+            count += k_steps                    # skip the other consumer's tile
+        # epilogue: the previous tile's TMA store has read the staging buffer before it is overwritten
+        out = acc.to(dtype)
+        if EPI_N == BN:
+            tma.store_wait(0)
+            c_smem.store(out)
+            fence_async_shared()
+            tma_store(c_desc, [pid_m * BM + row0, pid_n * BN], c_smem)
+        else:
+            # two column halves: [SUB_M, BN] -> [SUB_M, 2, BN/2] -> [SUB_M, BN/2, 2] -> split
+            lo, hi = out.reshape([SUB_M, 2, EPI_N]).permute(0, 2, 1).split()
+            tma.store_wait(0)
+            c_smem.store(lo)
+            fence_async_shared()
+            tma_store(c_desc, [pid_m * BM + row0, pid_n * BN], c_smem)
+            tma.store_wait(0)
+            c_smem.store(hi)
+            fence_async_shared()
+            tma_store(c_desc, [pid_m * BM + row0, pid_n * BN + EPI_N], c_smem)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def gemm_ws_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                   CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """Persistent warp-specialised ``c = a @ b`` (``num_warps=4``: the
+    default partition is consumer 0; workers: consumer 1 (4 warps), the
+    producer (1 warp))."""
+    dtype: gl.constexpr = a_desc.dtype
+    a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1 if PINGPONG else 2)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    gl.warp_specialize([
+        (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, GROUP_M, STAGES, 0, PINGPONG)),
+        (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, GROUP_M, STAGES, 1, PINGPONG)),
+        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, GROUP_M, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ---------------------------------------------------------------------------
+# host API
+# ---------------------------------------------------------------------------
+
+def layouts(cfg: HopperGemmConfig, dtype):
+    """Shared-memory layouts of the A, B and C blocks (128-byte swizzle where the rows allow)."""
+    g = _DTYPES[dtype]
+    return (gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], g),
+            gl.NVMMASharedLayout.get_default_for([cfg.block_k, cfg.block_n], g),
+            gl.NVMMASharedLayout.get_default_for([cfg.consumer_rows, cfg.block_n // cfg.epilogue_split], g))
+
+
+def descriptors(a, b, c, cfg: HopperGemmConfig):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    la, lb, lc = layouts(cfg, a.dtype)
+    return (TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k], la),
+            TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n], lb),
+            TensorDescriptor.from_tensor(c, [cfg.consumer_rows, cfg.block_n // cfg.epilogue_split], lc))
+
+
+def kernel_constexprs(cfg: HopperGemmConfig) -> dict:
+    return dict(GROUP_M=cfg.group_m, STAGES=cfg.stages, PINGPONG=cfg.mode == "pingpong",
+                CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs)
+
+
+def num_programs(M, N, cfg: HopperGemmConfig, sms: int) -> int:
+    tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
+    if cfg.mode == "pingpong":
+        return max(1, min(sms, cdiv(tiles, 2)) if tiles > 1 else 1)
+    return max(1, min(sms, tiles))
+
+
+def matmul_hopper(a, b, out=None, config: HopperGemmConfig | None = None, num_programs_=None):
+    """``a @ b`` on the Gluon core (fp32 accumulation, ``a``'s dtype): CUDA
+    sm_90 only, row-major operands with 16-byte aligned rows (TMA)."""
+    from .gemm import check_operands, tma_ok
+    check_operands("matmul_hopper", a, b, out, (a.shape[0], b.shape[1]))
+    if a.device.type != "cuda":
+        raise ditron.DitronError(f"matmul_hopper: the Gluon core runs on Hopper GPUs only; on {a.device} use the "
+                                 f"tl twin {TWIN}")
+    if not supported(a.device):
+        raise ditron.DitronError(f"matmul_hopper: {torch.cuda.get_device_name(a.device)} is not sm_90; use "
+                                 "ditron.kernels.gemm.matmul")
+    cfg = (config or DEFAULT_CONFIG).validate()
+    M, K = a.shape
+    N = b.shape[1]
+    if out is None:
+        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    if not tma_ok(a, b, out):
+        raise ditron.DitronError("matmul_hopper: TMA needs row-major operands with 16-byte aligned rows "
+                                 f"(a strides {a.stride()}, b strides {b.stride()}, out strides {out.stride()}); "
+                                 "use ditron.kernels.gemm.matmul")
+    a_desc, b_desc, c_desc = descriptors(a, b, out, cfg)
+    P = int(num_programs_ or num_programs(M, N, cfg, sm_count(a.device)))
+    gemm_ws_kernel[(P,)](a_desc, b_desc, c_desc, num_warps=4, **kernel_constexprs(cfg))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# compile on a CPU
+# ---------------------------------------------------------------------------
+
+def compile_sm90(cfg: HopperGemmConfig | None = None, dtype=torch.bfloat16, M=1024, N=1024, K=1024, target="sm_90a"):
+    """Compile :func:`gemm_ws_kernel` for ``target`` without a GPU
+    (``triton.compile`` of a Gluon AST source); returns the compiled kernel
+    (``.asm["ttgir"]``, ``["ptx"]``, ``.metadata``).  The descriptors' types
+    come from descriptors on CPU tensors of the given shape."""
+    from ditron.target import parse_target
+    tgt = parse_target(target)
+    if tgt.backend != "cuda" or tgt.capability != 90:
+        raise ditron.DitronError(f"gemm_hopper: the Gluon core is for sm_90a only, not {tgt.name}; on other targets "
+                                 "(AMD, other NVIDIA GPUs, the simulator) the core is ditron.kernels.gemm.gemm_kernel")
+    cfg = (cfg or DEFAULT_CONFIG).validate()
+    a = torch.empty((M, K), dtype=dtype)
+    b = torch.empty((K, N), dtype=dtype)
+    c = torch.empty((M, N), dtype=dtype)
+    descs = descriptors(a, b, c, cfg)
+    sig = {"a_desc": _compat.mangle_arg(descs[0]), "b_desc": _compat.mangle_arg(descs[1]),
+           "c_desc": _compat.mangle_arg(descs[2])}
+    consts = kernel_constexprs(cfg)
+    for k in consts:
+        sig[k] = "constexpr"
+    src = _compat.gluon_ast_source(gemm_ws_kernel, sig, consts)
+    return _compat.compile_source(src, tgt.to_triton(), {"num_warps": 4})
+
+
+__all__ = ["HopperGemmConfig", "DEFAULT_CONFIG", "MODES", "TWIN", "twin_config", "supported", "matmul_hopper",
+           "gemm_ws_kernel", "compile_sm90", "descriptors", "layouts"]
+

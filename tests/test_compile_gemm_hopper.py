@@ -1,0 +1,174 @@
+"""The Gluon Hopper GEMM core (kernels/gemm_hopper.py) compiles for sm_90a on a CPU into what it claims to be:
+a producer warp and two consumer warpgroups (warp-specialised partitions, ``setmaxnreg``), TMA loads on
+mbarriers, asynchronous ``wgmma``, a TMA-store epilogue.  And what ``tl.range(warp_specialize=True)`` does to the
+``tl`` core on sm_90 (issue 52, item 1): a producer / two-consumer split at ``num_warps=4``, nothing at 8.
+
+The GPU side (correctness, bit equality with the tl twin, timings against cuBLAS) is bench/gemm_core_levers.sh.
+"""
+import re
+
+import pytest
+import torch
+
+import ditron
+from ditron.kernels import gemm as G
+from ditron.kernels import gemm_hopper as H
+
+HC = H.HopperGemmConfig
+
+#: the configs bench/gemm_core_levers.py times (and the wgmma each consumer warpgroup issues)
+CONFIGS = [
+    (HC(128, 256, 64, stages=3, mode="coop"), "m64n256k16"),
+    (HC(128, 256, 64, stages=4, mode="coop", epilogue_split=2), "m64n256k16"),
+    (HC(256, 128, 64, stages=3, mode="coop"), "m64n128k16"),
+    (HC(128, 128, 64, stages=4, mode="pingpong"), "m64n128k16"),
+    (HC(128, 128, 64, stages=6, mode="pingpong", epilogue_split=2), "m64n128k16"),
+    (HC(64, 256, 64, stages=4, mode="pingpong"), "m64n256k16"),
+]
+
+SMEM_LIMIT = 232448          # sm_90: 227 KiB per block
+
+
+def _count(pattern, text):
+    return len(re.findall(pattern, text))
+
+
+@pytest.mark.parametrize("cfg,wgmma", CONFIGS, ids=[c.label().replace(" ", "-") for c, _ in CONFIGS])
+def test_gluon_core_compiles_warp_specialised(cfg, wgmma):
+    ck = H.compile_sm90(cfg, torch.bfloat16)
+    ttgir, ptx = ck.asm["ttgir"], ck.asm["ptx"]
+    # one warp_specialize region: the default partition (consumer 0) and two workers (consumer 1, the producer)
+    assert _count(r"ttg\.warp_specialize\(", ttgir) == 1
+    assert re.search(r"partition0\(.*\) num_warps\(4\)", ttgir) and re.search(r"partition1\(.*\) num_warps\(1\)", ttgir)
+    assert f"requestedRegisters = array<i32: {cfg.consumer_regs}, {cfg.producer_regs}>" in ttgir
+    # 4 + 4 + 1 warps, padded to three warpgroups; registers moved from the producer to the consumers
+    assert ".reqntid 384" in ptx
+    assert re.search(rf"setmaxnreg\.inc\.sync\.aligned\.u32\s+{cfg.consumer_regs};", ptx)
+    assert re.search(rf"setmaxnreg\.dec\.sync\.aligned\.u32\s+{cfg.producer_regs};", ptx)
+    # asynchronous wgmma of the expected shape in both consumers, TMA loads completing on mbarriers, TMA stores
+    assert _count(rf"wgmma\.mma_async\.sync\.aligned\.{wgmma}\.f32\.bf16\.bf16", ptx) >= 2
+    assert "wgmma.wait_group.sync.aligned 1" in ptx
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::(cluster|cta)\.global\.mbarrier::complete_tx::bytes", ptx)
+    # one TMA store per consumer and epilogue slice
+    assert _count(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.bulk_group", ptx) == 2 * cfg.epilogue_split
+    assert "fence.proxy.async.shared::cta" in ptx
+    assert _count(r"mbarrier\.try_wait\.parity", ptx) >= 2
+    # shared memory: the ring, two staging buffers and the barriers, within the limit
+    assert cfg.smem_bytes() <= ck.metadata.shared <= SMEM_LIMIT
+
+
+@pytest.mark.parametrize("cfg", [H.DEFAULT_CONFIG, HC(128, 256, 64, stages=4, mode="coop", epilogue_split=2)],
+                         ids=["default", "epi2"])
+def test_gluon_core_compiles_fp16(cfg):
+    ptx = H.compile_sm90(cfg, torch.float16).asm["ptx"]
+    assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.f16\.f16", ptx) >= 2
+    assert ".reqntid 384" in ptx
+
+
+_TL_SIG = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+           "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32",
+           "stride_cn": "i32"}
+
+
+@pytest.mark.parametrize("num_warps", [4, 8])
+def test_tl_warp_specialize_on_sm90(num_warps):
+    """Triton's Hopper warp-specialisation pass (3.6 and 3.9) splits the tl core's persistent loop into a
+    producer and two consumer warpgroups only at num_warps=4; at 8 it leaves the kernel as it is (the
+    2026-12-06 H100 probe timed 8 warps: "changes nothing measurable")."""
+    c = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, TMA=True, FLATTEN=False, SUBTILE=1,
+             WARP_SPEC=True)
+    ck = ditron.compile(G.gemm_kernel, target="sm_90a", signature=_TL_SIG, constexprs=c, num_warps=num_warps,
+                        num_stages=3)
+    ttgir, ptx = ck.asm["ttgir"], ck.asm["ptx"]
+    assert "tt.warp_specialize" in ck.asm["ttir"]          # the request reaches Triton either way
+    if num_warps == 4:
+        assert "ttg.warp_specialize(" in ttgir
+        assert ".reqntid 384" in ptx and "setmaxnreg" in ptx
+        assert _count(r"wgmma\.mma_async", ptx) >= 2
+    else:
+        assert "ttg.warp_specialize(" not in ttgir
+        assert ".reqntid 256" in ptx and "setmaxnreg" not in ptx
+
+
+def test_config_errors():
+    E = ditron.DitronError
+    with pytest.raises(E, match="mode='split'"):
+        HC(mode="split").validate()
+    with pytest.raises(E, match="shared memory"):
+        HC(128, 256, 64, stages=4, mode="coop").validate()          # 4 x 48 KiB ring + 2 x 32 KiB staging
+    with pytest.raises(E, match="32 rows"):
+        HC(64, 128, 64, mode="coop").validate()
+    with pytest.raises(E, match="registers"):
+        HC(128, 256, 64, stages=2, mode="pingpong").validate()     # 128 x 256 fp32 in one warpgroup
+    with pytest.raises(E, match="stages=1"):
+        HC(stages=1).validate()
+    with pytest.raises(E, match="block_n=96"):
+        HC(128, 96, 64).validate()
+    with pytest.raises(E, match="epilogue_split=4"):
+        HC(epilogue_split=4).validate()
+    assert HC(128, 256, 64, stages=4, mode="coop", epilogue_split=2).validate()
+    with pytest.raises(E, match="consumer_regs=230"):
+        HC(consumer_regs=230).validate()
+    for cfg, _ in CONFIGS:
+        assert cfg.validate() is cfg
+
+
+@pytest.mark.parametrize("target", ["gfx942", "sm_80", "sim"])
+def test_other_targets_are_refused(target):
+    with pytest.raises(ditron.DitronError, match="sm_90a only.*ditron.kernels.gemm.gemm_kernel"):
+        H.compile_sm90(target=target)
+
+
+def test_refuses_cpu_and_names_the_twin():
+    a = torch.randn(64, 32, dtype=torch.bfloat16)
+    b = torch.randn(32, 48, dtype=torch.bfloat16)
+    with pytest.raises(ditron.DitronError, match="tl twin.*ditron.kernels.gemm.matmul"):
+        H.matmul_hopper(a, b)
+    with pytest.raises(ditron.DitronError, match="argument 'b' is torch.float16"):
+        H.matmul_hopper(a, b.half())
+    assert not H.supported("cpu")
+
+
+@pytest.mark.parametrize("cfg", [c for c, _ in CONFIGS], ids=[c.label().replace(" ", "-") for c, _ in CONFIGS])
+def test_twin_config_has_the_same_tiles_and_k_order(cfg):
+    tw = H.twin_config(cfg).validate()
+    assert (tw.block_m, tw.block_n, tw.block_k, tw.group_m) == (cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m)
+    assert tw.tma and not tw.flatten
+
+
+def test_tile_order_is_swizzle_2d():
+    """The Gluon core's tile order (``_tile_mn``) is ``dl.swizzle_2d``'s: the same formula, checked here on the
+    host against the ``tl`` version run by Triton's interpreter semantics (plain integers)."""
+    import ditron.language.swizzle as S
+    src = S.swizzle_2d.fn if hasattr(S.swizzle_2d, "fn") else S.swizzle_2d
+    ref_fn = getattr(src, "fn", src)
+    mine = H._tile_mn.fn
+
+    class _Min:                       # gl.minimum / tl.minimum on Python ints
+        @staticmethod
+        def minimum(x, y):
+            return min(x, y)
+    g_m, t_m = mine.__globals__["gl"], ref_fn.__globals__["tl"]
+    mine.__globals__["gl"], ref_fn.__globals__["tl"] = _Min, _Min
+    try:
+        for num_pid_m, num_pid_n, group in ((64, 22, 8), (7, 5, 3), (1, 9, 8), (13, 1, 4)):
+            got = [mine(t, num_pid_m, num_pid_n, group) for t in range(num_pid_m * num_pid_n)]
+            want = [ref_fn(t, num_pid_m, num_pid_n, group) for t in range(num_pid_m * num_pid_n)]
+            assert got == want
+            assert sorted(got) == [(m, n) for m in range(num_pid_m) for n in range(num_pid_n)]
+    finally:
+        mine.__globals__["gl"], ref_fn.__globals__["tl"] = g_m, t_m
+
+
+def test_twins_compile_to_wgmma():
+    """Every twin the GPU twin test and the bench launch compiles for sm_90a (TMA loads, wgmma)."""
+    sig = dict(_TL_SIG)
+    for cfg in dict.fromkeys(H.twin_config(c) for c, _ in CONFIGS):
+        ck = ditron.compile(G.gemm_kernel, target="sm_90a", signature=sig, num_warps=cfg.num_warps,
+                            num_stages=cfg.num_stages,
+                            constexprs=dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                                            GROUP_M=cfg.group_m, EVEN_K=False, TMA=True, FLATTEN=False, SUBTILE=1,
+                                            WARP_SPEC=False))
+        ptx = ck.asm["ptx"]
+        assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx, cfg
+        assert ck.metadata.shared <= SMEM_LIMIT, cfg
