@@ -22,9 +22,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 # ditron is not installed on the GPU machines: an editable install maps ditron.kernels to kernels/
-python3 -c "import ditron.kernels.gemm_hopper" 2>/dev/null \
-  || python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . \
-  || { echo "== cannot install ditron"; exit 1; }
+source bench/ensure_ditron.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader || true
 CANDIDATES=${CANDIDATES:-all}
 EXCLUDE=""

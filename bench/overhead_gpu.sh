@@ -14,8 +14,7 @@ MACHINE=${MACHINE:-one GPU}
 OUT=${OUT:-bench/results/overhead}
 WORLDS=${WORLDS:-"1 2 3"}
 mkdir -p "$OUT"
-python3 -c "import ditron.kernels" 2>/dev/null || python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . \
-    || { echo "== cannot install ditron"; exit 1; }
+source bench/ensure_ditron.sh
 status=0
 step() {
   local t=$1; shift

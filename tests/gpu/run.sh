@@ -35,7 +35,7 @@ cd "$(dirname "$0")/../.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export DITRON_TEST_GPU_ONLY=1      # pytest steps keep the tests that run on the GPU world (tests/conftest.py)
-python3 -c "import ditron.kernels" 2>/dev/null || { echo "tests/gpu/run.sh: ditron is not installed here (pip install -e . first)"; exit 2; }
+source bench/ensure_ditron.sh
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 [ "$GPUS" -ge 1 ] || { echo "tests/gpu/run.sh: no CUDA GPU visible"; exit 2; }
 NPROCS=${NPROCS:-${NPROC:-$GPUS}}
