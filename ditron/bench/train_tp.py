@@ -2,9 +2,9 @@
 transformer block (sequence parallel, Megatron-style) with ditron's layers, against torch's own TP on the same
 model in the same run, and the loss curve of every implementation against single-device torch in float32.
 
-    torchrun --standalone --nproc-per-node 1 -m ditron.bench train_tp --tokens 4096 --d 4096 --ffn 14336
+    torchrun --standalone --nproc-per-node 1 -m ditron.bench train_tp --tokens 4096 --hidden 4096 --ffn 14336
     DITRON_RANKS_PER_GPU=2 torchrun --standalone --nproc-per-node 2 -m ditron.bench train_tp    # 2 ranks, 1 GPU
-    ditron sim -n 2 -m ditron.bench train_tp --tokens 16 --d 32 --ffn 48 --heads 4 --steps 4 --iters 1 --warmup 1
+    ditron sim -n 2 -m ditron.bench train_tp --tokens 16 --hidden 32 --ffn 48 --heads 4 --steps 4 --iters 1 --warmup 1
 
 Models (no biases, layer norms without affine parameters: every parameter is sharded): ``mlp`` = ``fc2(gelu(
 fc1(x)))``; ``block`` = ``x + o(attn(q, k, v of ln(x)))``, then ``+ mlp(ln(.))`` (causal SDPA, this rank's heads).
@@ -136,7 +136,7 @@ def main(argv):
     p = argparse.ArgumentParser(prog="ditron bench train_tp", description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="mlp,block", help="comma list of mlp, block")
     p.add_argument("--tokens", type=int, default=4096, help="whole sequence (a multiple of the world size)")
-    p.add_argument("--d", type=int, default=4096)
+    p.add_argument("--hidden", type=int, default=4096, help="model width d")
     p.add_argument("--ffn", type=int, default=14336)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--steps", type=int, default=5, help="training steps of the loss-curve check")
@@ -155,7 +155,7 @@ def main(argv):
     from .harness import _release
     world = ditron.init()
     W, R, dev = world.world_size, world.rank, world.device
-    for name, v in (("tokens", args.tokens), ("d", args.d), ("ffn", args.ffn), ("heads", args.heads)):
+    for name, v in (("tokens", args.tokens), ("hidden", args.hidden), ("ffn", args.ffn), ("heads", args.heads)):
         if v % W:
             raise SystemExit(f"ditron bench train_tp: --{name}={v} is not a multiple of the world size {W}")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -171,10 +171,10 @@ def main(argv):
 
     for kind in (k for k in args.models.split(",") if k):
         torch.manual_seed(1234)
-        full = Full(kind, args.d, args.ffn, args.heads).to(dtype)       # the same on every rank (seeded)
+        full = Full(kind, args.hidden, args.ffn, args.heads).to(dtype)       # the same on every rank (seeded)
         g = torch.Generator().manual_seed(99)
-        x = (torch.randn(args.tokens, args.d, generator=g) * 0.5).to(dtype)
-        target = (torch.randn(args.tokens, args.d, generator=g) * 0.5).to(dtype)
+        x = (torch.randn(args.tokens, args.hidden, generator=g) * 0.5).to(dtype)
+        target = (torch.randn(args.tokens, args.hidden, generator=g) * 0.5).to(dtype)
         xr, tr = x[R * m:(R + 1) * m].to(dev), target[R * m:(R + 1) * m].to(dev)
         # the single-device float32 reference curve
         ref = copy.deepcopy(full).float().to(dev)
@@ -212,7 +212,7 @@ def main(argv):
             opt = torch.optim.AdamW(mod.parameters(), lr=args.lr)
             whole = impl == "torch_1gpu"
             xi, ti = (x.to(dev), target.to(dev)) if whole else (xr, tr)
-            scale = 1.0 / (args.tokens * args.d)
+            scale = 1.0 / (args.tokens * args.hidden)
 
             def step(mod=mod, fwd=fwd, opt=opt, xi=xi, ti=ti, whole=whole):
                 opt.zero_grad(set_to_none=True)
@@ -256,7 +256,7 @@ def main(argv):
             us = f"{row['us']:.0f}" if not math.isnan(row["us"]) else "-"
             lines.append(f"| {row['model']} | {row['impl']} | {us} | {ratio:.2f} | {cur} | {ok} |")
         refs = {r["model"]: r.get("ref_curve") for r in rows if r.get("ref_curve")}
-        md = [f"### TP training step, tokens {args.tokens}, d {args.d}, ffn {args.ffn}, heads {args.heads}, "
+        md = [f"### TP training step, tokens {args.tokens}, d {args.hidden}, ffn {args.ffn}, heads {args.heads}, "
               f"{args.dtype}, {W} rank(s) ({args.machine}, {meta['date']})", "", f"Command: `{command}`", "",
               "\n".join(lines), "",
               "Single-device float32 loss curves: " + "; ".join(f"{k}: {', '.join(f'{v:.4f}' for v in c)}"

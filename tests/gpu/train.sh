@@ -32,13 +32,13 @@ trap '[ "$MPS_STARTED" = 1 ] && echo quit | timeout 20 nvidia-cuda-mps-control' 
 status=0
 echo "== training checks: $NPROC ranks, $DITRON_RANKS_PER_GPU per GPU"
 DITRON_TEST_BACKEND=p2p DITRON_TEST_GPU_ONLY=1 timeout "${PYTEST_TIMEOUT:-600}" \
-    torchrun --standalone --nproc-per-node "$NPROC" -m pytest -q -x -p no:cacheprovider tests/test_train.py \
+    torchrun --standalone --nproc-per-node "$NPROC" -m pytest -q --tb=short -p no:cacheprovider tests/test_train.py \
     || status=1
 [ $status = 0 ] && echo "== PASSED: training checks" || echo "== FAILED: training checks"
 if [ "${BENCH:-1}" = 1 ]; then
     echo "== ditron bench train_tp"
     timeout "${BENCH_TIMEOUT:-900}" torchrun --standalone --nproc-per-node "$NPROC" -m ditron.bench train_tp \
         --machine "${DITRON_MACHINE:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-')}" \
-        ${BENCH_ARGS:---tokens 4096 --d 4096 --ffn 14336 --heads 32} ${OUT:+--out "$OUT"} || status=1
+        ${BENCH_ARGS:---tokens 4096 --hidden 4096 --ffn 14336 --heads 32} ${OUT:+--out "$OUT"} || status=1
 fi
 exit $status
