@@ -38,7 +38,12 @@ def test_inference_layer_in_a_training_loop_is_an_error(dist_world):
 
 
 def test_state_dict_saves_and_loads_shards(dist_world, tmp_path):
-    msgs = dist_world(2).run(B.state_dict_round_trip, str(tmp_path))
+    d = dist_world(2)
+    if d.backend != "sim":      # torchrun: one pytest per rank, each its own tmp_path; the ranks share one directory
+        import os
+        tmp_path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"ditron-state-dict-{os.environ.get('MASTER_PORT')}")
+        os.makedirs(tmp_path, exist_ok=True)
+    msgs = d.run(B.state_dict_round_trip, str(tmp_path))
     assert msgs == [f"the state dict holds the shard of rank {(r + 1) % 2} of 2" for r in range(2)], msgs
 
 

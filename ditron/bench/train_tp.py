@@ -194,6 +194,9 @@ def main(argv):
             if impl.startswith("torch_funcol") or impl == "torch_async_tp":
                 if group is None:
                     why = "no torch.distributed group (the simulator): torch's TP cannot run here"
+                elif cuda and dist.get_backend() != "nccl":
+                    why = (f"torch.distributed runs {dist.get_backend()} here (ranks sharing a GPU): torch's TP on CUDA "
+                           "tensors needs NCCL, one GPU per rank")
                 elif impl == "torch_async_tp" and not cuda:
                     why = "torch's micro-pipeline TP needs CUDA"
             if why:
