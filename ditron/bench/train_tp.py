@@ -140,7 +140,7 @@ def main(argv):
     p.add_argument("--ffn", type=int, default=14336)
     p.add_argument("--heads", type=int, default=32)
     p.add_argument("--steps", type=int, default=5, help="training steps of the loss-curve check")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--impls", default="ditron,ditron+compile,torch_funcol,torch_funcol+ditron_async_tp,"
                                       "torch_async_tp,torch_1gpu")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
@@ -241,7 +241,8 @@ def main(argv):
         for (impl, curve, err), f in zip(impls, flags):
             rr = res.get(impl.name, {"ok": False, "error": err or "failed on another rank", "us": float("nan")})
             rows.append({"model": kind, "impl": impl.name, "ok": rr["ok"], "error": rr["error"],
-                         "us": rr["us"] if rr["ok"] else float("nan"), "curve": curve, "ref_curve": ref_curve})
+                         "us": rr["us"] if rr["ok"] else float("nan"), "curve": curve, "ref_curve": ref_curve,
+                         "curve_ok": bool(f and not err)})
         del impls, ok_impls, res
         _release(dev)
     if R == 0:
@@ -272,7 +273,8 @@ def main(argv):
             json.dump({"meta": meta, "rows": rows}, f, indent=1, default=str)
         print("\n".join(md))
         print(f"wrote {stem}.md, {stem}.json")
-    bad = [row for row in rows if not row["ok"] and row["impl"].startswith("ditron")]
+    # failure: a ditron implementation's loss curve (timings may be refused, e.g. with ranks sharing a GPU)
+    bad = [row for row in rows if row["impl"].startswith("ditron") and not row.get("curve_ok")]
     ditron.finalize()
     return 1 if bad else 0
 
