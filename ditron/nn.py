@@ -318,3 +318,301 @@ class TensorParallelMLP(nn.Module):
 
     def forward(self, x):
         return self.fc2(self.act(self.fc1(x)))
+
+
+# ---------------------------------------------------------------------------
+# mixture of experts, expert parallel (EP dispatch -> grouped GEMM experts -> EP combine), trainable
+# ---------------------------------------------------------------------------
+# The EP kernels (kernels/ep.py) keep their outputs and the dispatch's handle in two slots of their context, reused
+# by the second next call; autograd needs them later (the backward runs after the other layers' forwards), so the
+# functions below copy what they keep: the outputs are new tensors and the handle's tensors are cloned.
+
+def _kernel_module(name):
+    import importlib
+    return importlib.import_module("ditron.kernels." + name)
+
+
+class EpRoute:
+    """What an autograd-aware :func:`ep_dispatch` keeps for its combine and for the backward: the EP context, the
+    routing (``topk_idx``, the ``topk_weights`` as given), the kernels' handle with its tensors copied (valid after
+    later dispatches on the same context), the received counts, and the float32 helper context of the weight
+    gradient (``aux``, see :class:`ExpertParallelMoE`)."""
+
+    def __init__(self, ctx, aux, topk_idx, topk_weights, handle=None, recv_counts=None, validate=False):
+        self.ctx, self.aux, self.topk_idx, self.topk_weights = ctx, aux, topk_idx, topk_weights
+        self.handle, self.recv_counts, self.validate = handle, recv_counts, validate
+
+    def rows(self):
+        return self.ctx.world_size * self.ctx.slot_rows
+
+
+def _copy_handle(handle):
+    """A copy of an EP handle whose tensors are the caller's (the kernels' are reused by the second next dispatch)."""
+    ep = _kernel_module("ep")
+    tensors = {k: v.clone() for k, v in vars(handle).items()
+               if isinstance(v, torch.Tensor) and k not in ("weights", "dropped")}
+    return ep.EpHandle(handle.mode, handle.T, handle.k, handle.weights, handle.dropped.clone(), **tensors)
+
+
+def _with_weights(handle, weights):
+    """The same handle (its tensors shared) with other pair weights (e.g. ones: a plain sum over the pairs)."""
+    ep = _kernel_module("ep")
+    tensors = {k: v for k, v in vars(handle).items()
+               if isinstance(v, torch.Tensor) and k not in ("weights", "dropped")}
+    return ep.EpHandle(handle.mode, handle.T, handle.k, weights, handle.dropped, **tensors)
+
+
+def _ones(handle, device):
+    return torch.ones((handle.T, handle.k), dtype=torch.float32, device=device)
+
+
+def _valid_rows(recv_counts, rows):
+    """``[rows]`` bool: the received rows (the first ``sum(recv_counts)``), on the device (no host read)."""
+    return torch.arange(rows, device=recv_counts.device) < recv_counts.sum()
+
+
+def _raw_dispatch(x, route, validate=False):
+    """The kernels' dispatch of ``x`` along ``route``'s routing: a new ``[W * max_tokens * k, H]`` tensor, rows past
+    the received ones zero."""
+    ep = _kernel_module("ep")
+    recv, counts, handle = ep.ep_dispatch(x.contiguous(), route.topk_idx, route.topk_weights.detach(), route.ctx,
+                                          validate=validate)
+    return torch.where(_valid_rows(counts, recv.shape[0])[:, None], recv, 0), counts, handle
+
+
+def _raw_combine(y, handle, ctx, T):
+    ep = _kernel_module("ep")
+    out = torch.empty((T, ctx.hidden), dtype=y.dtype, device=y.device)
+    return ep.ep_combine(y.contiguous(), handle, ctx, out=out)
+
+
+class _EpDispatchFn(torch.autograd.Function):
+    """``recv_x = dispatch(x)``; backward: ``dx[t] = sum_j d recv_x[row of (t, j)]``, the combine of the gradient
+    with unit weights (EP combine's kernel)."""
+
+    @staticmethod
+    def forward(ctx, x, route):
+        ctx.route = route
+        recv, _, _ = _raw_dispatch_first(x, route)
+        return recv
+
+    @staticmethod
+    def backward(ctx, g):
+        route = ctx.route
+        h = route.handle
+        return _raw_combine(g, _with_weights(h, _ones(h, g.device)), route.ctx, h.T), None
+
+
+def _raw_dispatch_first(x, route):
+    recv, counts, handle = _raw_dispatch(x, route, validate=route.validate)
+    route.handle, route.recv_counts = _copy_handle(handle), counts.clone()
+    return recv, counts, handle
+
+
+def _expert_of_rows(route):
+    """Global expert id of every received row (``-1`` past the received ones)."""
+    c = route.ctx
+    rows = route.rows()
+    ends = torch.cumsum(route.recv_counts, 0)
+    local = torch.searchsorted(ends, torch.arange(rows, device=ends.device), right=True)
+    return torch.where(local < c.local_experts, local + c.rank * c.local_experts, -1)
+
+
+class _EpCombineFn(torch.autograd.Function):
+    """``out[t] = sum_j w[t, j] * y[row of (t, j)]`` (EP combine's kernel, fp32 accumulation).  Backward:
+    ``dy[row of (t, j)] = w[t, j] * dout[t]`` -- a dispatch of ``dout`` (EP dispatch's kernel) scaled per row by
+    its pair's weight -- and ``dw[t, j] = <dout[t], y[row of (t, j)]>``: each row's value goes back to its pair by
+    EP combine on the float32 helper context.  The row weights and slots come from a dispatch of ``[w, topk_idx]``
+    on that context (so a token routed twice to one expert is exact: its rows share the sum of its weights)."""
+
+    @staticmethod
+    def forward(ctx, y, weights, route):
+        ctx.route = route
+        ctx.save_for_backward(y if weights.requires_grad else None, weights)
+        return _raw_combine(y, _with_weights(route.handle, weights.detach()), route.ctx, route.handle.T)
+
+    @staticmethod
+    def backward(ctx, dout):
+        route = ctx.route
+        y, weights = ctx.saved_tensors
+        T, k = route.handle.T, route.handle.k
+        r, _, _ = _raw_dispatch(dout, route)                                   # r[row of (t, j)] = dout[t]
+        # the helper dispatch: every row learns its pair's weights and expert ids ([w, ids] of its token)
+        aux_in = torch.cat([weights.detach().float(), route.topk_idx.float()], 1)
+        aux_route = EpRoute(route.aux, None, route.topk_idx, route.topk_weights)
+        a, _, ahandle = _raw_dispatch(aux_in, aux_route)
+        e_row = _expert_of_rows(route)
+        match = (a[:, k:] == e_row[:, None].float()) & (e_row[:, None] >= 0)      # [rows, k]: the row's slots
+        n = match.sum(1, keepdim=True).clamp_min(1)
+        w_row = (a[:, :k] * match).sum(1) / n[:, 0]
+        dy = (r.float() * w_row[:, None]).to(dout.dtype)
+        dw = None
+        if ctx.needs_input_grad[1]:
+            s = (r.float() * y.float()).sum(1)                                 # <dout[t], y[row]> per row
+            back = torch.zeros_like(a)
+            back[:, :k] = s[:, None] * match / n
+            dw = _raw_combine(back, _with_weights(ahandle, _ones(ahandle, back.device)), route.aux, T)[:, :k]
+            dw = dw.to(weights.dtype)
+        return dy, dw, None
+
+
+def ep_dispatch(x, topk_idx, topk_weights, ctx, aux=None, validate=True):
+    """Autograd-aware EP dispatch (normal mode): ``(recv_x, recv_counts, route)``, ``recv_x`` the kernels' layout
+    (``[W * max_tokens * k, H]``, rows grouped by local expert; a new tensor, the rows past ``recv_counts.sum()``
+    zero).  ``recv_x``'s gradient flows back to ``x`` by EP combine.  ``aux``: the float32 helper context of
+    ``ep_combine``'s weight gradient (:func:`create_ep_aux_context`); without it the weights get no gradient."""
+    if ctx.mode != "normal":
+        raise DitronError("ditron.nn.ep_dispatch: training goes through a normal-mode EP context (low-latency mode is "
+                          "for decode: its [experts, capacity, H] layout has no backward here); create the context "
+                          "with mode='normal'")
+    route = EpRoute(ctx, aux, topk_idx.contiguous(), topk_weights, validate=validate)
+    recv = _EpDispatchFn.apply(x, route)
+    return recv, route.recv_counts, route
+
+
+def ep_combine(y, route):
+    """Autograd-aware EP combine: ``out[t] = sum_j topk_weights[t, j] * y[row of (t, j)]``; gradients flow to
+    ``y`` (by EP dispatch) and, with an ``aux`` context in the dispatch, to ``topk_weights``."""
+    w = route.topk_weights
+    if route.aux is None and isinstance(w, torch.Tensor) and w.requires_grad and torch.is_grad_enabled():
+        raise DitronError("ditron.nn.ep_combine: topk_weights requires grad but the dispatch has no aux context: "
+                          "pass aux=ditron.nn.create_ep_aux_context(...) to ep_dispatch (or detach the weights)")
+    return _EpCombineFn.apply(y, w, route)
+
+
+def create_ep_aux_context(max_tokens, num_experts, topk, world=None):
+    """The float32 EP context (``hidden = 2 * topk``) that carries each pair's weight and expert id to its row in
+    the backward of :func:`ep_combine` (collective, as every EP context)."""
+    return _kernel_module("ep").create_ep_context(max_tokens, 2 * topk, num_experts, topk, torch.float32, world)
+
+
+class _GroupedMMFn(torch.autograd.Function):
+    """``out[rows of e] = a[rows of e] @ w[e]`` (the grouped GEMM kernel).  Backward: ``da`` by the grouped GEMM
+    kernel with ``w[e]^T`` (a strided view); ``dw[e] = a[rows of e]^T @ dout[rows of e]`` by torch matmuls per expert
+    (the counts are read back once: the kernel has no per-expert reduction over rows)."""
+
+    @staticmethod
+    def forward(ctx, a, w, counts):
+        ctx.save_for_backward(a, w, counts)
+        out = torch.zeros((a.shape[0], w.shape[2]), dtype=a.dtype, device=a.device)
+        return _kernel_module("moe").grouped_gemm(a.contiguous(), w, counts, out=out)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, w, counts = ctx.saved_tensors
+        g = g.contiguous()
+        da = dw = None
+        if ctx.needs_input_grad[0]:
+            da = torch.zeros_like(a)
+            _kernel_module("moe").grouped_gemm(g, w.transpose(1, 2), counts, out=da)
+        if ctx.needs_input_grad[1]:
+            dw = torch.zeros((w.shape[0], w.shape[1], w.shape[2]), dtype=torch.float32, device=w.device)
+            off = 0
+            for e, c in enumerate(counts.tolist()):
+                c = max(0, min(int(c), a.shape[0] - off))
+                if c:
+                    dw[e] = a[off:off + c].float().t() @ g[off:off + c].float()
+                off += c
+            dw = dw.to(w.dtype)
+        return da, dw, None
+
+
+def grouped_mm(a, w, counts):
+    """Autograd-aware grouped GEMM (``ditron.kernels.moe.grouped_gemm``): rows past ``sum(counts)`` are zero."""
+    return _GroupedMMFn.apply(a, w, counts)
+
+
+class ExpertParallelMoE(_TPModule):
+    """A mixture-of-experts layer, expert parallel: a router (``gate``: ``[E, H]``, the same on every rank; softmax
+    of ``x @ gate^T`` in float32, top ``k``, renormalized when ``normalize``), EP dispatch, this rank's experts
+    ``act(x @ w1[e]) @ w2[e]`` by the grouped GEMM kernel (``w1 [E_local, H, F]``, ``w2 [E_local, F, H]``: experts
+    ``[rank * E_local, (rank + 1) * E_local)``), EP combine.  Input: this rank's tokens ``x [T, H]`` (``T <=
+    max_tokens``, any number per rank); output ``[T, H]``.
+
+    Training: the experts' weights get their exact gradients on their owner (every token routed to an expert comes
+    there), the gate -- replicated -- gets its gradient summed over ranks (:func:`replicated`); the backward runs EP
+    combine for dispatch, EP dispatch for combine, the grouped GEMM for the input gradient of the experts (their
+    weight gradient by torch matmuls per expert).  Builds two EP contexts (collective: every rank builds its layers
+    in the same order): the data's and a float32 one for the routing weights' gradient."""
+
+    def __init__(self, gate: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk: int, max_tokens: int,
+                 activation=None, normalize: bool = True, inference: bool = False):
+        super().__init__()
+        self._tp_init(inference)
+        W = self.world_size
+        bad = DitronError
+        if w1.dim() != 3 or w2.dim() != 3 or w1.shape[0] != w2.shape[0] or w1.shape[2] != w2.shape[1] or \
+                w1.shape[1] != w2.shape[2]:
+            raise bad(f"ditron.nn.ExpertParallelMoE: w1 must be [E_local, H, F] and w2 [E_local, F, H], got "
+                      f"{list(w1.shape)} and {list(w2.shape)}")
+        El, H = w1.shape[0], w1.shape[1]
+        if gate.dim() != 2 or gate.shape != (El * W, H):
+            raise bad(f"ditron.nn.ExpertParallelMoE: gate must be [num_experts = {El} x {W} ranks, hidden = {H}], "
+                      f"got {list(gate.shape)}")
+        if w1.dtype not in (torch.float16, torch.bfloat16) or w2.dtype != w1.dtype or gate.dtype != w1.dtype:
+            raise bad(f"ditron.nn.ExpertParallelMoE: gate, w1 and w2 must be one float16/bfloat16 dtype, got "
+                      f"{gate.dtype}, {w1.dtype}, {w2.dtype}")
+        if not 1 <= int(topk) <= El * W:
+            raise bad(f"ditron.nn.ExpertParallelMoE: topk={topk} must be in [1, num_experts={El * W}]")
+        self.gate = _param(gate, inference)
+        self.w1, self.w2 = _param(w1, inference), _param(w2, inference)
+        self.topk, self.max_tokens, self.normalize = int(topk), int(max_tokens), bool(normalize)
+        self.num_experts, self.local_features = El * W, El
+        self.act = activation if activation is not None else nn.GELU()
+        ep = _kernel_module("ep")
+        self.ep_ctx = ep.create_ep_context(self.max_tokens, H, self.num_experts, self.topk, w1.dtype)
+        self.aux_ctx = create_ep_aux_context(self.max_tokens, self.num_experts, self.topk)
+
+    @classmethod
+    def from_experts(cls, gate: nn.Linear, w1: torch.Tensor, w2: torch.Tensor, topk: int, max_tokens: int,
+                     activation=None, normalize: bool = True, world=None, inference: bool = False):
+        """This rank's experts of the full layer (``gate``: ``nn.Linear(H, E, bias=False)``, ``w1 [E, H, F]``,
+        ``w2 [E, F, H]``: the same on every rank, checked across ranks, one small collective)."""
+        rank, W = _topology(world)
+        if gate.bias is not None:
+            raise DitronError("ditron.nn.ExpertParallelMoE.from_experts: the gate must have no bias (nn.Linear(hidden, "
+                              "num_experts, bias=False))")
+        check_same_on_every_rank("ExpertParallelMoE.from_experts",
+                                 [("gate", fingerprint(gate.weight)), ("w1", fingerprint(w1)), ("w2", fingerprint(w2))],
+                                 world)
+        E = w1.shape[0]
+        if E % W:
+            raise DitronError(f"ditron.nn.ExpertParallelMoE.from_experts: {E} experts are not a multiple of the world "
+                              f"size {W} (each rank owns num_experts / world_size experts)")
+        El = E // W
+        return cls(gate.weight, w1[rank * El:(rank + 1) * El], w2[rank * El:(rank + 1) * El], topk, max_tokens,
+                   activation, normalize, inference)
+
+    def route(self, x, topk_idx=None):
+        """``(topk_idx, topk_weights)`` for ``x``: the gate's top ``k`` experts (or the given ``topk_idx [T, k]``,
+        e.g. a forced routing) and their softmax probabilities (renormalized when ``normalize``), float32 and
+        differentiable in the gate and ``x``."""
+        logits = nn.functional.linear(x.float(), replicated(self.gate).float())
+        probs = torch.softmax(logits, -1)
+        if topk_idx is None:
+            w, topk_idx = probs.topk(self.topk, -1)
+        else:
+            if not isinstance(topk_idx, torch.Tensor) or tuple(topk_idx.shape) != (x.shape[0], self.topk) or \
+                    topk_idx.dtype not in (torch.int32, torch.int64):
+                raise DitronError(f"ditron.nn.ExpertParallelMoE: topk_idx must be an int32/int64 tensor "
+                                  f"[tokens={x.shape[0]}, topk={self.topk}]")
+            w = probs.gather(1, topk_idx.long())
+        if self.normalize:
+            w = w / w.sum(-1, keepdim=True)
+        return topk_idx, w
+
+    def forward(self, x, topk_idx=None):
+        """``x [T, H]`` -> ``[T, H]``.  ``topk_idx`` given: that routing instead of the gate's top ``k`` (the weights
+        are still the gate's probabilities of those experts)."""
+        H = self.w1.shape[1]
+        _check_input("ExpertParallelMoE", x, H, "hidden")
+        self._check_mode("ExpertParallelMoE")
+        topk_idx, topk_weights = self.route(x, topk_idx)
+        recv, counts, route = ep_dispatch(x, topk_idx, topk_weights, self.ep_ctx, aux=self.aux_ctx)
+        h = self.act(grouped_mm(recv, self.w1, counts))
+        y = grouped_mm(h, self.w2, counts)
+        return ep_combine(y, route)
+
+    def extra_repr(self):
+        return (f"hidden={self.w1.shape[1]}, ffn={self.w1.shape[2]}, num_experts={self.num_experts}, "
+                f"local_experts={self.local_features}, topk={self.topk}, max_tokens={self.max_tokens}")

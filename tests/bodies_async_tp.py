@@ -109,3 +109,83 @@ def funcol_forward_backward(world, store_path, m=8, K=16, N=24):
                 "global": glob, "code_on": code_on, "code_off": code_off, "not_matched": outs_other[True, "log"]}
     finally:
         tdist.destroy_process_group()
+
+
+def more_patterns(world, store_path, S=3, B=2, H=16, N=24):
+    """Real models' shapes: 3-D activations ``[S, B, H]`` (sequence-parallel on dim 0) through ``F.linear`` with a
+    bias (post-grad: reshape -> ``addmm``) and ``matmul`` (reshape -> ``mm`` -> reshape) into a reduce-scatter,
+    forward and backward (the autograd collectives): rewritten, outputs and gradients equal those without the
+    pass.  Left alone, each with its logged reason: a sub-group (a TP group that is a subset of the ranks), a bias
+    added before the reduce-scatter, a gather along dim 1; a group with the world's ranks in order is rewritten."""
+    import torch.distributed as tdist
+    import torch.distributed._functional_collectives as funcol
+    W, R = world.world_size, world.rank
+    tdist.init_process_group("gloo", init_method=f"file://{store_path}", rank=R, world_size=W)
+    try:
+        group = tdist.group.WORLD
+        same = tdist.new_group(list(range(W)))                       # the world's ranks, another group object
+        sub = tdist.new_group([0])                                    # a TP group of rank 0 only (every rank calls)
+        x = _rand((S, B, H), 400 + R)
+        w1, b1 = _rand((N, H), 401 + R), _rand((N,), 402 + R)
+        w2 = _rand((N, H), 403 + R)
+
+        def block(x, w1, b1, w2, grp=group, autograd=False):
+            ag = funcol.all_gather_tensor_autograd if autograd else funcol.all_gather_tensor
+            rs = funcol.reduce_scatter_tensor_autograd if autograd else funcol.reduce_scatter_tensor
+            g = ag(x, 0, grp)                                                  # [W S, B, H]
+            h = torch.relu(torch.nn.functional.linear(g, w1, b1))              # addmm on [W S B, H]
+            return rs(torch.matmul(h, w2), "sum", 0, grp)                      # [S, B, H]
+
+        res = {}
+        for on in (False, True):
+            y = _compile(block, on)(x, w1, b1, w2)
+            res[on, "fwd"] = (y, sorted(d for _, d in atp.LOG))
+            atp.SKIPPED.clear()
+            leaves = [t.clone().requires_grad_(True) for t in (x, w1, b1, w2)]
+            y = _compile(lambda *a: block(*a, autograd=True), on)(*leaves)
+            (y.float() * torch.arange(y.numel()).reshape(y.shape).float().cos()).sum().backward()
+            res[on, "train"] = ([y] + [t.grad for t in leaves], sorted(d for _, d in atp.LOG), list(atp.SKIPPED))
+        for key in ("fwd", "train"):
+            a, b = res[False, key][0], res[True, key][0]
+            for t_off, t_on in zip(a if isinstance(a, list) else [a], b if isinstance(b, list) else [b]):
+                assert t_off.shape == t_on.shape, (key, t_off.shape, t_on.shape)
+                err = (t_off.float() - t_on.float()).abs().max()
+                assert err <= 2e-2 * t_off.float().abs().max() + 2e-2, (key, err)
+        # float32 reference of the forward
+        xs = torch.cat([_rand((S, B, H), 400 + r).float() for r in range(W)])
+        ref = sum(torch.relu(xs @ _rand((N, H), 401 + r).float().t() + _rand((N,), 402 + r).float())
+                  @ _rand((N, H), 403 + r).float() for r in range(W))[R * S:(R + 1) * S]
+        assert (res[True, "fwd"][0].float() - ref).abs().max() <= 2e-2 * ref.abs().max() + 2e-2
+
+        out = {"fwd": res[True, "fwd"][1], "train": res[True, "train"][1], "off": res[False, "fwd"][1]}
+        # a group with the world's ranks in order (another object): rewritten
+        _compile(lambda *a: block(*a, grp=same), True)(x, w1, b1, w2)
+        out["same_group"] = sorted(d for _, d in atp.LOG)
+
+        # a sub-group (a TP group of rank 0 only; rank 1 is not a member): left alone, with the reason
+        def on_sub(x, w1):
+            return torch.mm(funcol.all_gather_tensor(x.reshape(-1, H), 0, sub), w1.t())
+        atp.SKIPPED.clear()
+        atp.LOG.clear()
+        if R == 0:
+            y_on = _compile(on_sub, True)(x, w1)
+            y_off = _compile(on_sub, False)(x, w1)
+            assert torch.equal(y_on, y_off)
+        out["sub"] = (sorted(d for _, d in atp.LOG), [r for _, _, r in atp.SKIPPED])
+
+        # a bias before the reduce-scatter; a gather along dim 1: left alone with their reasons
+        def bias_first(x, w1, b1):
+            return funcol.reduce_scatter_tensor(torch.nn.functional.linear(torch.cat([x] * W).reshape(-1, H), w1, b1),
+                                                "sum", 0, group)
+
+        def dim1(x, w1):
+            return torch.matmul(funcol.all_gather_tensor(x, 1, group), w1.t())
+        for name, fn, args in (("bias_first", bias_first, (x, w1, b1)), ("dim1", dim1, (x, w1))):
+            atp.SKIPPED.clear()
+            a = _compile(fn, True)(*args)
+            b = _compile(fn, False)(*args)
+            assert torch.equal(a, b), name
+            out[name] = [r for _, _, r in atp.SKIPPED]
+        return out
+    finally:
+        tdist.destroy_process_group()

@@ -336,3 +336,116 @@ def opcheck_with_grad(world, dtype="bf16"):
                 test_utils=("test_autograd_registration", "test_aot_dispatch_dynamic"))
         done.append(name)
     return sorted(done)
+
+
+# ---------------------------------------------------------------------------
+# mixture of experts, expert parallel: EP dispatch -> grouped GEMM experts -> EP combine, trained
+# ---------------------------------------------------------------------------
+
+def _full_moe(H, F, E, dtype, seed=21):
+    torch.manual_seed(seed)
+    gate = nn.Linear(H, E, bias=False)
+    with torch.no_grad():
+        gate.weight.mul_(3.0)
+    w1 = (torch.randn(E, H, F) / H ** 0.5).to(dtype)
+    w2 = (torch.randn(E, F, H) / F ** 0.5).to(dtype)
+    return gate.to(dtype), w1, w2
+
+
+def moe_reference(x, gate_w, w1, w2, idx, act=torch.nn.functional.gelu, normalize=True):
+    """Single-device MoE in whatever dtype the arguments have: ``out[t] = sum_j p[t, j] * act(x[t] @ w1[e]) @
+    w2[e]`` with ``p`` the softmax probabilities of ``x @ gate^T`` at ``idx`` (renormalized)."""
+    probs = torch.softmax(x @ gate_w.t(), -1)
+    w = probs.gather(1, idx.long())
+    if normalize:
+        w = w / w.sum(-1, keepdim=True)
+    out = torch.zeros_like(x)
+    for j in range(idx.shape[1]):
+        for e in range(w1.shape[0]):
+            m = idx[:, j] == e
+            if m.any():
+                out = out.index_add(0, m.nonzero()[:, 0], w[m, j, None] * (act(x[m] @ w1[e]) @ w2[e]))
+    return out
+
+
+def moe_backward(world, dtype="bf16", tokens=(5, 3, 4), H=24, F=20, E=6, k=2, dup=False):
+    """ExpertParallelMoE (gate, EP dispatch, grouped-GEMM experts, EP combine) on every rank's own tokens (a different
+    number per rank): the output, the input gradient, the gate's (summed over ranks) and this rank's experts' weight
+    gradients equal torch autograd of the single-device float32 layer on all tokens, loss ``sum over ranks of
+    <y_r, g_r>``.  The routing is the layer's top-k, which the reference takes (a discrete choice); ``dup``: a
+    forced routing with tokens routed twice to one expert.  Returns the ditron ops / kernels' calls seen."""
+    dtype = DTYPES[dtype]
+    W, R = world.world_size, world.rank
+    gate, w1, w2 = _full_moe(H, F, E, dtype)
+    # dup: no renormalization (a token's two equal weights would be 1/2 whatever the gate: no gradient to check)
+    moe = dnn.ExpertParallelMoE.from_experts(gate, w1, w2, topk=k, max_tokens=max(tokens),
+                                             normalize=not dup).to(world.device)
+    assert all(p.requires_grad for p in moe.parameters())
+    T = [tokens[r % len(tokens)] for r in range(W)]
+    xs = [_rand((T[r], H), dtype, 30, r) for r in range(W)]
+    if dup:        # every third token routed twice to one expert, the others to two
+        idxs = [torch.tensor([[(t + r) % E, (t + r) % E if t % 3 == 0 else (t + r + 1 + t % 2) % E]
+                              for t in range(T[r])], dtype=torch.int64).reshape(T[r], k) for r in range(W)]
+    else:          # the gate's choice, computed as the layer does on each rank's tokens
+        idxs = [torch.softmax(torch.nn.functional.linear(x.float(), gate.weight.float()), -1).topk(k, -1)[1]
+                for x in xs]
+    # reference: float32 on all ranks' tokens
+    xf = torch.cat(xs).float().requires_grad_(True)
+    gf, w1f, w2f = (t.detach().float().requires_grad_(True) for t in (gate.weight, w1, w2))
+    ref = moe_reference(xf, gf, w1f, w2f, torch.cat(idxs), normalize=not dup)
+    cots = [_rand((T[r], H), dtype, 31, r) for r in range(W)]
+    (ref * torch.cat(cots).float()).sum().backward()
+    lo = sum(T[:R])
+    xr = _dev(world, xs[R]).requires_grad_(True)
+    before = dict(moe.ep_ctx.launches)
+    y = moe(xr, topk_idx=_dev(world, idxs[R]) if dup else None)
+    if not dup:
+        got_idx = moe.route(xr.detach())[0].cpu()
+        assert torch.equal(got_idx, idxs[R]), f"rank {R}: routing {got_idx.tolist()} vs {idxs[R].tolist()}"
+    _close(y, ref.detach()[lo:lo + T[R]], f"rank {R}: MoE forward")
+    fwd = {n: moe.ep_ctx.launches.get(n, 0) - before.get(n, 0) for n in ("dispatch", "combine")}
+    (y * _dev(world, cots[R])).sum().backward()
+    bwd = {n: moe.ep_ctx.launches.get(n, 0) - before.get(n, 0) - fwd[n] for n in ("dispatch", "combine")}
+    what = f"rank {R}: ExpertParallelMoE gradient of"
+    El = E // W
+    _close(xr.grad, xf.grad[lo:lo + T[R]], f"{what} the input")
+    _close(moe.gate.grad, gf.grad, f"{what} the gate")
+    _close(moe.w1.grad, w1f.grad[R * El:(R + 1) * El], f"{what} w1 (this rank's experts)")
+    _close(moe.w2.grad, w2f.grad[R * El:(R + 1) * El], f"{what} w2 (this rank's experts)")
+    return {"forward": fwd, "backward": bwd, "aux": dict(moe.aux_ctx.launches)}
+
+
+def moe_trains(world, steps=12, T=6, H=16, F=24, E=4, k=2, lr=2e-2):
+    """A MoE layer with a residual, trained ``steps`` AdamW steps on every rank's tokens (rank r's loss its rows'
+    squared error over all ranks' elements), against the same single-device float32 layer: the loss curves agree
+    (bf16 tolerance), the loss falls, the gate stays equal on every rank."""
+    W, R = world.world_size, world.rank
+    gate, w1, w2 = _full_moe(H, F, E * W, torch.bfloat16, seed=22)
+    moe = dnn.ExpertParallelMoE.from_experts(gate, w1, w2, topk=k, max_tokens=T).to(world.device)
+    gf, w1f, w2f = (nn.Parameter(t.detach().float().clone()) for t in (gate.weight, w1, w2))
+    x = _rand((W * T, H), torch.bfloat16, 40)
+    target = _rand((W * T, H), torch.bfloat16, 41) * 0.5
+    xr, tr = _dev(world, x[R * T:(R + 1) * T]), _dev(world, target[R * T:(R + 1) * T])
+    opt = torch.optim.AdamW(moe.parameters(), lr=lr)
+    opt_ref = torch.optim.AdamW([gf, w1f, w2f], lr=lr)
+    curve, ref_curve = [], []
+    for _ in range(steps):
+        opt.zero_grad()
+        idx = moe.route(xr)[0]
+        loss = ((xr + moe(xr, topk_idx=idx)).float() - tr.float()).pow(2).sum() / (W * T * H)
+        loss.backward()
+        opt.step()
+        curve.append(torch.ops.ditron.all_reduce(loss.detach().reshape(1)).item())
+        # the reference takes the ranks' routing (discrete: the same choice, the same gradients)
+        idx_all = torch.ops.ditron.all_gather(idx.float(), W).cpu().long()
+        opt_ref.zero_grad()
+        ref = ((x.float() + moe_reference(x.float(), gf, w1f, w2f, idx_all)) - target.float()).pow(2).mean()
+        ref.backward()
+        opt_ref.step()
+        ref_curve.append(ref.item())
+    for i, (a, b) in enumerate(zip(curve, ref_curve)):
+        assert abs(a - b) <= 0.04 * b + 0.002, f"rank {R}: step {i}: loss {a}, single-device {b}\n{curve}\n{ref_curve}"
+    assert curve[-1] < 0.9 * curve[0], curve
+    every = torch.ops.ditron.all_gather(moe.gate.detach().float().reshape(1, -1), W)
+    assert (every == every[0]).all(), f"rank {R}: the gate differs across ranks after training"
+    return [round(c, 3) for c in curve[::4]]

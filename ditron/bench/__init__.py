@@ -10,6 +10,7 @@
   (grouped_gemm, ag_moe, moe_rs, moe_ar, ep) and :mod:`ditron.bench.megakernel`
   (the Qwen3-like TP decoder step as one persistent kernel) and
   :mod:`ditron.bench.attention` (ring_attn, flash_decode, ulysses: the attention zoo against torch SDPA) and
+  :mod:`ditron.bench.train_tp` (a TP MLP / transformer-block training step against torch's TP) and
   :mod:`ditron.bench.overhead` (the host cost of an eager launch and of every zoo op against Triton and torch).
 
     torchrun --nproc-per-node 4 -m ditron.bench all_reduce --sizes 8K..256M
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import sys
 
-from .registry import ATTN_OPS, COLLECTIVE_OPS, FAMILIES, GEMM_OPS, HOST_OPS, MEGAKERNEL_OPS, MOE_OPS  # noqa: F401
+from .registry import ATTN_OPS, COLLECTIVE_OPS, FAMILIES, GEMM_OPS, HOST_OPS, MEGAKERNEL_OPS, MOE_OPS, TRAIN_OPS  # noqa: F401,E501
 
 
 def usage() -> str:
@@ -52,6 +53,9 @@ def main(argv=None):
         return main(argv[1:])
     elif argv and argv[0] in ATTN_OPS:
         from .attention import main as family_main
+    elif argv and argv[0] == "train_tp":
+        from .train_tp import main
+        return main(argv[1:])
     elif argv and argv[0] == "overhead":
         from .overhead import main
         return main(argv[1:])
