@@ -198,6 +198,11 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             return T.gate_up_prefetch
         return T.linear_cols_prefetch if cols else T.linear_prefetch
     check_cache(cfg, world_size, cache, B)
+    rope_table = w.inv_freq
+    if rope_table is None or rope_table.dtype != torch.float32:
+        raise DitronError(f"decoder: Weights.inv_freq must be the [{D // 2}] float32 RoPE table "
+                          "(DecoderConfig.inv_freq()), got "
+                          f"{None if rope_table is None else (tuple(rope_table.shape), rope_table.dtype)}")
     specs = [TaskSpec("advance", T.advance_tile, 1, {"seq_ptr": buf.seq, "B": B, "BLOCK_B": next_pow2(B)},
                       reads=("seq_ptr",), writes=("seq_ptr",))]
 
@@ -426,8 +431,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             specs.append(TaskSpec(
                 f"attn.{l}", T.attn_rope_split_tile, B * KH * S,
                 {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "eps": cfg.rms_eps,
-                 "log2_theta": math.log2(cfg.rope_theta), **attn_c, **pipe_c},
-                reads=("qkv_ptr", "qn_ptr", "kn_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"),
+                 "inv_ptr": rope_table, "QK_NORM": cfg.qk_norm, **attn_c, **pipe_c},
+                reads=("qkv_ptr", "qn_ptr", "kn_ptr", "inv_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"),
                 writes=("kc_ptr", "vc_ptr", "o_ptr", "lse_ptr"),
                 deps=[(f"qkv.{l}", f) for f in attn_qkv_deps], scalars={"layer": l}, **o_pf))
         else:
@@ -436,9 +441,10 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                 B * KH * rope_per,
                 {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "q_ptr": buf.q, "kc_ptr": k_cache,
                  "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq, "B": B, "QH": QH, "KH": KH, "num_pages": NP,
-                 "max_pages": MP, "eps": cfg.rms_eps, "log2_theta": math.log2(cfg.rope_theta), "PAGE": P,
-                 "HEAD_D": D, "BLOCK_H": next_pow2(D // 2)},
-                reads=("qkv_ptr", "qn_ptr", "kn_ptr", "bt_ptr", "seq_ptr"), writes=("q_ptr", "kc_ptr", "vc_ptr"),
+                 "max_pages": MP, "eps": cfg.rms_eps, "inv_ptr": rope_table, "PAGE": P,
+                 "HEAD_D": D, "BLOCK_H": next_pow2(D // 2), "QK_NORM": cfg.qk_norm},
+                reads=("qkv_ptr", "qn_ptr", "kn_ptr", "inv_ptr", "bt_ptr", "seq_ptr"),
+                writes=("q_ptr", "kc_ptr", "vc_ptr"),
                 deps=([(f"qkv.{l}", f) for f in rope_group_deps] if tc.rope_group
                       else [(f"qkv.{l}", rope_qkv_tiles)]),
                 scalars={"layer": l}))
