@@ -80,6 +80,31 @@ def make_weights(cfg: DecoderConfig, rank: int, world_size: int, device="cpu", s
                    torch.stack(dn), cfg.inv_freq().to(device))
 
 
+@dataclass
+class Head:
+    """The model's ends on this rank (issue 53): ``embed [V, H]`` bf16 (the whole token-embedding table: a step
+    gathers ``B`` rows), ``lm [1, V_r, H]`` bf16 (this rank's rows of the vocab-parallel LM head, ``V_r = cdiv(V,
+    W)``, zero rows past the vocabulary), ``v_off = rank * V_r`` its first token id and ``n_valid`` its real rows;
+    ``max_top_k``: the sampler's candidates per rank (the compiled top-k cap, a power of two)."""
+    embed: torch.Tensor
+    lm: torch.Tensor
+    vocab: int
+    v_off: int
+    n_valid: int
+    max_top_k: int = 64
+
+    def __post_init__(self):
+        K = self.max_top_k
+        if K < 1 or K & (K - 1):
+            raise DitronError(f"Head.max_top_k={K}: must be a power of two >= 1 (1: greedy only)")
+        if self.n_valid < 1:
+            raise DitronError(f"Head: this rank holds no LM-head rows (vocab {self.vocab}, offset {self.v_off}); "
+                              "use fewer ranks")
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.embed, self.lm))
+
+
 #: positions per page of the paged KV cache unless told otherwise (vLLM's default block size)
 PAGE_SIZE = 16
 
