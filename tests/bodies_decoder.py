@@ -13,7 +13,6 @@ in float32, torch rounds them to bf16), so the final hidden states (magnitude
 ~3) may differ by a few bf16 ulps: ``3e-2 * max|ref| + 2e-2``, one order below
 what a wrong mask, position or head mapping gives (>= 0.3, checked by the
 planted-error test)."""
-import math
 import re
 
 import torch
@@ -153,11 +152,13 @@ def rope_tile(world, B=3, QH=4, KH=2, D=12, max_ctx=9, seqs=(6, 1, 9), L=2, laye
     q = torch.zeros(B, QH, D, dtype=torch.bfloat16, device=world.device)
     kc, vc, bt = _pages(world, B, KH, D, L, max_ctx, page, 7.0, 3)
     seq_t = torch.tensor(seqs, dtype=torch.int32, device=world.device)
+    inv = (1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D))).to(world.device)
     mk = _one(T.qk_norm_rope_tile, "rope", B * KH * (G + 2),
               {"qkv_ptr": qkv, "qn_ptr": qn, "kn_ptr": kn, "q_ptr": q, "kc_ptr": kc, "vc_ptr": vc, "bt_ptr": bt,
                "seq_ptr": seq_t, "B": B, "QH": QH, "KH": KH, "num_pages": kc.shape[1], "max_pages": bt.shape[1],
-               "eps": 1e-6, "log2_theta": math.log2(theta), "PAGE": page, "HEAD_D": D, "BLOCK_H": next_pow2(D // 2)},
-              ("qkv_ptr", "qn_ptr", "kn_ptr", "bt_ptr", "seq_ptr"), ("q_ptr", "kc_ptr", "vc_ptr"),
+               "eps": 1e-6, "inv_ptr": inv, "PAGE": page, "HEAD_D": D, "BLOCK_H": next_pow2(D // 2),
+               "QK_NORM": True},
+              ("qkv_ptr", "qn_ptr", "kn_ptr", "inv_ptr", "bt_ptr", "seq_ptr"), ("q_ptr", "kc_ptr", "vc_ptr"),
               scalars={"layer": layer})
     mk.step()
     h = qkv.view(B, QH + 2 * KH, D).cpu()
@@ -379,7 +380,7 @@ def gemv_branches_compiled(world, batch, target="sm_90a", **tiles):
     from ditron.kernels.decoder.weights import Weights
     cfg = qwen3_8b(n_layers=1).with_tiles(**tiles)
     sh = cfg.shard(1)
-    w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)])
+    w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)], torch.empty(1, dtype=torch.float32))
     k = torch.empty((1, 2 * batch, 16, sh.kv_heads, cfg.head_dim), dtype=torch.bfloat16)
     cache = PagedKV(k, k, torch.arange(2 * batch, dtype=torch.int32).view(batch, 2))
     buf = make_buffers(cfg, 1, batch, cache.max_ctx, 8, "cpu")

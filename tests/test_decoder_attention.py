@@ -3,7 +3,6 @@
 tile and the grouped combine / rope tiles against torch over ragged paged contexts, the whole step with them on
 1, 2 and 3 simulated ranks (the contexts change every step), the race finder over their tile dependencies, and
 their compiled branches at Qwen3-8B's shapes for sm_90a (registers, spills, shared memory) and gfx942."""
-import math
 import re
 
 import pytest
@@ -138,9 +137,10 @@ def rope_group_body(world, B_=3, QH=6, KH=2, D=12, max_ctx=9, seqs=(6, 1, 9), L=
         mk = B._one(fn, "rope", tiles,
                     {"qkv_ptr": qkv, "qn_ptr": qn, "kn_ptr": kn, "q_ptr": q, "kc_ptr": kc, "vc_ptr": vc, "bt_ptr": bt,
                      "seq_ptr": seq_t, "B": B_, "QH": QH, "KH": KH, "num_pages": kc.shape[1],
-                     "max_pages": bt.shape[1], "eps": 1e-6, "log2_theta": math.log2(1e4), "PAGE": page, "HEAD_D": D,
-                     "BLOCK_H": next_pow2(D // 2)},
-                    ("qkv_ptr", "qn_ptr", "kn_ptr", "bt_ptr", "seq_ptr"), ("q_ptr", "kc_ptr", "vc_ptr"),
+                     "max_pages": bt.shape[1], "eps": 1e-6, "PAGE": page, "HEAD_D": D, "BLOCK_H": next_pow2(D // 2),
+                     "inv_ptr": (1.0 / (1e4 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))).to(world.device),
+                     "QK_NORM": True},
+                    ("qkv_ptr", "qn_ptr", "kn_ptr", "inv_ptr", "bt_ptr", "seq_ptr"), ("q_ptr", "kc_ptr", "vc_ptr"),
                     scalars={"layer": layer})
         mk.step()
         got.append([t.cpu() for t in (q, kc, vc)])

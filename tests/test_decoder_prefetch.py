@@ -24,7 +24,7 @@ def _names(cfg, world_size, batch):
     from ditron.kernels.decoder.model import decoder_tasks, make_buffers
     from ditron.kernels.decoder.weights import PagedKV, Weights
     sh = cfg.shard(world_size)
-    w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)])
+    w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)], torch.empty(1, dtype=torch.float32))
     k = torch.empty((cfg.n_layers, 1, 16, sh.kv_heads, cfg.head_dim), dtype=torch.bfloat16)
     cache = PagedKV(k, k, torch.zeros((batch, 3), dtype=torch.int32))
     buf = make_buffers(cfg, world_size, batch, cache.max_ctx, 1, "cpu")

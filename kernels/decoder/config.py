@@ -400,8 +400,43 @@ class DecoderConfig:
     rms_eps: float = 1e-6
     rope_theta: float = 1e6
     tiles: TileConfig = TileConfig()
+    #: per-head RMSNorm of q and k before RoPE (Qwen3); ``False``: none (Llama)
+    qk_norm: bool = True
+    #: RoPE scaling as a hashable tuple: ``()`` (none), ``("linear", factor)`` or ``("llama3", factor,
+    #: low_freq_factor, high_freq_factor, original_max_position_embeddings)`` (:meth:`inv_freq`)
+    rope_scaling: tuple = ()
+    #: vocabulary size (0: no embedding / LM head, the decoder stack only; ``kernels/decoder/hf.py`` sets it)
+    vocab: int = 0
+
+    def inv_freq(self):
+        """The RoPE inverse frequencies ``[head_dim / 2]`` float32 (the table the rope tiles read), computed as
+        Hugging Face's ``rope_init_fn`` does for the rope types ``default``, ``linear`` and ``llama3``."""
+        import math
+
+        import torch
+        D = self.head_dim
+        inv = 1.0 / (self.rope_theta ** (torch.arange(0, D, 2, dtype=torch.int64).float() / D))
+        rs = tuple(self.rope_scaling)
+        if not rs:
+            return inv
+        if rs[0] == "linear":
+            return inv / float(rs[1])
+        if rs[0] == "llama3":
+            factor, low, high, old = (float(v) for v in rs[1:5])
+            low_wl, high_wl = old / low, old / high
+            wavelen = 2 * math.pi / inv
+            out = torch.where(wavelen > low_wl, inv / factor, inv)
+            smooth = (old / wavelen - low) / (high - low)
+            smoothed = (1 - smooth) * out / factor + smooth * out
+            medium = ~(wavelen < high_wl) & ~(wavelen > low_wl)
+            return torch.where(medium, smoothed, out)
+        raise DitronError(f"DecoderConfig.rope_scaling={rs!r}: unknown RoPE scaling (supported: (), ('linear', "
+                          "factor), ('llama3', factor, low_freq_factor, high_freq_factor, original_max_positions))")
 
     def __post_init__(self):
+        if self.rope_scaling and self.rope_scaling[0] not in ("linear", "llama3"):
+            raise DitronError(f"DecoderConfig.rope_scaling={self.rope_scaling!r}: supported RoPE scalings are "
+                              "'linear' and 'llama3'")
         for name in ("hidden", "n_q_heads", "n_kv_heads", "head_dim", "intermediate", "n_layers"):
             if getattr(self, name) <= 0:
                 raise DitronError(f"DecoderConfig.{name}={getattr(self, name)}: must be positive")

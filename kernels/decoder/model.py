@@ -54,7 +54,8 @@ from ditron.errors import DitronError
 from . import tiles as T
 from . import tiles_gemv as TG
 from .config import DecoderConfig, cdiv, next_pow2
-from .weights import PagedKV, Weights, contexts
+from . import tiles_head as TH
+from .weights import Head, PagedKV, Weights, contexts
 
 
 @dataclass
@@ -90,10 +91,19 @@ class Buffers:
     hn: torch.Tensor = None          # [B, H] bf16: r * norm weight, the next GEMV's input (TileConfig.prenorm)
     ss_a: torch.Tensor = None        # [B, o tiles] fp32: o_proj tiles' partial sums of r^2 (prenorm)
     ss_m: torch.Tensor = None        # [B, down tiles] fp32: down_proj tiles' partial sums of r^2 (prenorm)
+    # the model's ends (a Head: issue 53); the sampling parameters are per sequence, set between steps
+    tok: torch.Tensor = None         # [B] int32: this step's input tokens; after the step: the sampled next tokens
+    logits: torch.Tensor = None      # [B, V_r] bf16: this rank's LM-head output (vocab-parallel)
+    cand: torch.Tensor = None        # [B, 2K] fp32: this rank's top candidates (values, token ids)
+    cand_all: torch.Tensor = None    # [W, B, 2K] fp32: every rank's (the all-gather's output; cand at one rank)
+    temperature: torch.Tensor = None  # [B] fp32 (<= 0: greedy)
+    top_k: torch.Tensor = None       # [B] int32 (0: max_top_k)
+    top_p: torch.Tensor = None       # [B] fp32 (1: off)
+    seed: torch.Tensor = None        # [B] int32: the sampler's Philox seed per sequence
 
 
 def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, ctx, device,
-                 symmetric: bool = False) -> Buffers:
+                 symmetric: bool = False, head: Optional[Head] = None) -> Buffers:
     """This rank's activation buffers (``ctx``: the sequences' context lengths, an int or one per sequence;
     ``max_ctx``: positions a block table can hold); ``symmetric``: on the symmetric heap (``ditron.symm_zeros``),
     where the simulator's race finder checks every access (tests)."""
@@ -118,6 +128,17 @@ def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, 
         buf.hn = z("hn", (B, H), bf)
         buf.ss_a = z("ss_a", (B, -(-H // cfg.tiles.cols("o", dot))), f32)
         buf.ss_m = z("ss_m", (B, -(-H // cfg.tiles.cols("down", dot))), f32)
+    if head is not None:
+        K = head.max_top_k
+        buf.tok = z("tok", (B,), torch.int32)
+        buf.logits = z("logits", (B, head.lm.shape[1]), bf)
+        buf.cand = z("cand", (B, 2 * K), f32)
+        buf.cand_all = z("cand_all", (world_size, B, 2 * K), f32) if world_size > 1 else buf.cand
+        buf.temperature = z("temperature", (B,), f32)
+        buf.top_k = z("top_k", (B,), torch.int32)
+        buf.top_p = z("top_p", (B,), f32)
+        buf.top_p.fill_(1.0)
+        buf.seed = z("seed", (B,), torch.int32)
     buf.seq.copy_(torch.tensor(contexts(ctx, B), dtype=torch.int32))
     return buf
 
@@ -136,8 +157,10 @@ def check_cache(cfg: DecoderConfig, world_size: int, cache: PagedKV, batch: int)
                           f"(one row of page indices per sequence of the compiled batch)")
 
 
-def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedKV, buf: Buffers) -> list:
-    """The step's tasks on one rank, in topological order (``cache``: this rank's :class:`PagedKV`)."""
+def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedKV, buf: Buffers,
+                  head: Optional[Head] = None) -> list:
+    """The step's tasks on one rank, in topological order (``cache``: this rank's :class:`PagedKV`; ``head``: the
+    token embedding before the layers and the LM head + sampler after the final norm, :func:`head_tasks`)."""
     sh = cfg.shard(world_size)
     tc = cfg.tiles
     B, H, D, L = buf.x.shape[0], cfg.hidden, cfg.head_dim, cfg.n_layers
@@ -198,8 +221,22 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             return T.gate_up_prefetch
         return T.linear_cols_prefetch if cols else T.linear_prefetch
     check_cache(cfg, world_size, cache, B)
+    rope_table = w.inv_freq
+    if rope_table is None or rope_table.dtype != torch.float32:
+        raise DitronError(f"decoder: Weights.inv_freq must be the [{D // 2}] float32 RoPE table "
+                          "(DecoderConfig.inv_freq()), got "
+                          f"{None if rope_table is None else (tuple(rope_table.shape), rope_table.dtype)}")
     specs = [TaskSpec("advance", T.advance_tile, 1, {"seq_ptr": buf.seq, "B": B, "BLOCK_B": next_pow2(B)},
                       reads=("seq_ptr",), writes=("seq_ptr",))]
+    start = [("advance", None)]             # what layer 0's first task waits for
+    if head is not None:
+        if buf.tok is None:
+            raise DitronError("decoder: a Head needs the buffers made with it (make_buffers(..., head=head))")
+        specs.append(TaskSpec("embed", TH.embed_tile, B,
+                              {"tok_ptr": buf.tok, "emb_ptr": head.embed, "x_ptr": buf.x, "H": H,
+                               "BLOCK": min(1024, next_pow2(H))},
+                              reads=("tok_ptr", "emb_ptr"), writes=("x_ptr",)))
+        start.append(("embed", None))
 
     def norm(name, j, deps):
         specs.append(TaskSpec(
@@ -402,11 +439,11 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         elif fuse:
             rms_linear(f"qkv.{l}", "qkv", T.rms_linear_tile, w.qkv, buf.qkv, sh.qkv_cols, l, 2 * l,
                        ([(after_mlp(l - 1), None)] + ([] if fold else [(f"res_m.{l - 1}", None)])) if l
-                       else [("advance", None)])
+                       else start)
             if not fold:
                 commit(f"res_a.{l}", 2 * l, [(f"qkv.{l}", None)])    # after every qkv tile read the old resid
         else:
-            norm(f"norm_a.{l}", 2 * l, [(after_mlp(l - 1), None)] if l else [("advance", None)])
+            norm(f"norm_a.{l}", 2 * l, [(after_mlp(l - 1), None)] if l else start)
             linear(f"qkv.{l}", "qkv", buf.h, w.qkv, buf.qkv, sh.qkv_cols, H, l, [(f"norm_a.{l}", None)])
         attn_c = {"kc_ptr": k_cache, "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq, "o_ptr": buf.o_part,
                   "lse_ptr": buf.lse, "B": B, "QH": QH, "KH": KH, "num_pages": NP, "max_pages": MP, "nsplit": S,
@@ -426,8 +463,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             specs.append(TaskSpec(
                 f"attn.{l}", T.attn_rope_split_tile, B * KH * S,
                 {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "eps": cfg.rms_eps,
-                 "log2_theta": math.log2(cfg.rope_theta), **attn_c, **pipe_c},
-                reads=("qkv_ptr", "qn_ptr", "kn_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"),
+                 "inv_ptr": rope_table, "QK_NORM": cfg.qk_norm, **attn_c, **pipe_c},
+                reads=("qkv_ptr", "qn_ptr", "kn_ptr", "inv_ptr", "kc_ptr", "vc_ptr", "bt_ptr", "seq_ptr"),
                 writes=("kc_ptr", "vc_ptr", "o_ptr", "lse_ptr"),
                 deps=[(f"qkv.{l}", f) for f in attn_qkv_deps], scalars={"layer": l}, **o_pf))
         else:
@@ -436,9 +473,10 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                 B * KH * rope_per,
                 {"qkv_ptr": buf.qkv, "qn_ptr": w.q_norm, "kn_ptr": w.k_norm, "q_ptr": buf.q, "kc_ptr": k_cache,
                  "vc_ptr": v_cache, "bt_ptr": bt, "seq_ptr": buf.seq, "B": B, "QH": QH, "KH": KH, "num_pages": NP,
-                 "max_pages": MP, "eps": cfg.rms_eps, "log2_theta": math.log2(cfg.rope_theta), "PAGE": P,
-                 "HEAD_D": D, "BLOCK_H": next_pow2(D // 2)},
-                reads=("qkv_ptr", "qn_ptr", "kn_ptr", "bt_ptr", "seq_ptr"), writes=("q_ptr", "kc_ptr", "vc_ptr"),
+                 "max_pages": MP, "eps": cfg.rms_eps, "inv_ptr": rope_table, "PAGE": P,
+                 "HEAD_D": D, "BLOCK_H": next_pow2(D // 2), "QK_NORM": cfg.qk_norm},
+                reads=("qkv_ptr", "qn_ptr", "kn_ptr", "inv_ptr", "bt_ptr", "seq_ptr"),
+                writes=("q_ptr", "kc_ptr", "vc_ptr"),
                 deps=([(f"qkv.{l}", f) for f in rope_group_deps] if tc.rope_group
                       else [(f"qkv.{l}", rope_qkv_tiles)]),
                 scalars={"layer": l}))
@@ -511,7 +549,42 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             deps=[(f"down.{L - 1}", None)], scalars={"layer": 2 * L, "first": 1}))
     else:
         norm("final", 2 * L, [(after_mlp(L - 1), None)])
+    if head is not None:
+        head_tasks(specs, cfg, world_size, head, buf, gemv_kdot_c if kdot else gemv_c, kdot)
     return specs
+
+
+def head_tasks(specs, cfg: DecoderConfig, world_size: int, head: Head, buf: Buffers, gemv_c, kdot):
+    """After ``final`` (``h = rms(resid)``): the LM head over this rank's vocabulary rows (``lm_head``, the qkv
+    projection's GEMV tiles), the sampler's stage 1 (``topk``: this rank's best candidates per row), at TP > 1 their
+    all-gather (``gather``), and stage 2 (``sample``: the next token of every row into ``tok``); see
+    :mod:`.tiles_head`."""
+    B, H = buf.x.shape[0], cfg.hidden
+    K, VR = head.max_top_k, head.lm.shape[1]
+    gc = {k: v for k, v in gemv_c("qkv").items() if k != "PREFETCH_K"}
+    fn = T.linear_kdot_tile if kdot else T.linear_tile
+    specs.append(TaskSpec("lm_head", fn, cdiv(VR, gc["BLOCK_N"]),
+                          {"x_ptr": buf.h, "w_ptr": head.lm, "out_ptr": buf.logits, "B": B, "N": VR, "K": H, **gc},
+                          reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=[("final", None)],
+                          scalars={"layer": 0}))
+    specs.append(TaskSpec("topk", TH.topk_tile, B,
+                          {"logits_ptr": buf.logits, "cand_ptr": buf.cand, "temp_ptr": buf.temperature,
+                           "n_valid": head.n_valid, "v_off": head.v_off, "N": VR, "K": K,
+                           "BLOCK": min(1024, next_pow2(VR))},
+                          reads=("logits_ptr", "temp_ptr"), writes=("cand_ptr",), deps=[("lm_head", None)]))
+    last = "topk"
+    if world_size > 1:
+        n = buf.cand.numel()
+        specs.append(TaskSpec("gather", None, cdiv(n, min(1024, next_pow2(n))), {"x": buf.cand, "out": buf.cand_all},
+                              deps=[("topk", None)], comm="all_gather", scalars={"block": min(1024, next_pow2(n))}))
+        last = "gather"
+    specs.append(TaskSpec("sample", TH.sample_tile, B,
+                          {"cand_ptr": buf.cand_all, "tok_ptr": buf.tok, "seq_ptr": buf.seq,
+                           "temp_ptr": buf.temperature, "topk_ptr": buf.top_k, "topp_ptr": buf.top_p,
+                           "seed_ptr": buf.seed, "B": B, "W": world_size, "K": K,
+                           "NC": max(16, next_pow2(world_size * K))},
+                          reads=("cand_ptr", "seq_ptr", "temp_ptr", "topk_ptr", "topp_ptr", "seed_ptr"),
+                          writes=("tok_ptr",), deps=[(last, None)]))
 
 
 class DecoderMegakernel:
@@ -521,8 +594,8 @@ class DecoderMegakernel:
     and appends to, ``seq`` the sequences' context lengths (``[B]`` int32, advanced by each step).  A serving
     engine updates ``seq`` and ``cache.block_table`` in place between steps (the kernel holds their addresses)."""
 
-    def __init__(self, mk, graph, buffers: Buffers, specs, cache: PagedKV = None):
-        self.mk, self.graph, self.buf, self.specs, self.cache = mk, graph, buffers, specs, cache
+    def __init__(self, mk, graph, buffers: Buffers, specs, cache: PagedKV = None, head: Optional[Head] = None):
+        self.mk, self.graph, self.buf, self.specs, self.cache, self.head = mk, graph, buffers, specs, cache, head
 
     @property
     def source(self) -> str:
@@ -536,6 +609,49 @@ class DecoderMegakernel:
     def batch(self) -> int:
         return int(self.buf.x.shape[0])
 
+    @property
+    def tokens(self):
+        """``[B]`` int32 (with a :class:`~.weights.Head`): the step's input tokens; after the step the sampled ones."""
+        return self.buf.tok
+
+    @property
+    def logits(self):
+        """``[B, V_r]`` bf16 (with a Head): this rank's LM-head output of the last step (vocab-parallel columns)."""
+        return self.buf.logits
+
+    def set_sampling(self, temperature=0.0, top_k=0, top_p=1.0, seed=0):
+        """The sampler's parameters, one value for every sequence or one per sequence (the same on every rank):
+        ``temperature <= 0``: greedy; ``top_k``: 0 (all ``max_top_k`` candidates) or ``1..max_top_k``; ``top_p`` in
+        ``(0, 1]``; ``seed``: the Philox seed (int32).  Checked here, before any launch."""
+        if self.head is None:
+            raise DitronError("set_sampling: this megakernel has no Head (no LM head, no sampler)")
+        B, K = self.batch, self.head.max_top_k
+
+        def per_seq(name, v, dtype):
+            vals = list(v) if isinstance(v, (list, tuple)) else [v] * B
+            if len(vals) != B:
+                raise DitronError(f"set_sampling: {len(vals)} values of {name} for a batch of {B}")
+            return torch.tensor(vals, dtype=dtype)
+        t = per_seq("temperature", temperature, torch.float32)
+        k = per_seq("top_k", top_k, torch.int64)
+        p = per_seq("top_p", top_p, torch.float32)
+        sd = per_seq("seed", seed, torch.int64)
+        if ((k < 0) | (k > K)).any():
+            raise DitronError(f"set_sampling: top_k {k.tolist()} must be in 0..{K} (the compiled max_top_k; 0: all)")
+        if ((p <= 0) | (p > 1)).any() or torch.isnan(p).any():
+            raise DitronError(f"set_sampling: top_p {p.tolist()} must be in (0, 1]")
+        if torch.isnan(t).any() or torch.isinf(t).any():
+            raise DitronError(f"set_sampling: temperature {t.tolist()} must be finite")
+        if ((t > 0) & (K == 1)).any():
+            raise DitronError("set_sampling: temperature > 0 with max_top_k=1 would sample from one candidate; "
+                              "build with a larger max_top_k")
+        if ((sd < -2 ** 31) | (sd >= 2 ** 31)).any():
+            raise DitronError(f"set_sampling: seed {sd.tolist()} must fit int32")
+        self.buf.temperature.copy_(t)
+        self.buf.top_k.copy_(k.to(torch.int32))
+        self.buf.top_p.copy_(p)
+        self.buf.seed.copy_(sd.to(torch.int32))
+
     def check_inputs(self, x=None):
         """Raise a :class:`DitronError` naming the sequence and the values if the next step would read or write
         out of bounds: ``x`` with more rows than the compiled batch, a context past its block table, a page index
@@ -546,6 +662,13 @@ class DecoderMegakernel:
             raise DitronError(f"decoder step: input of shape {tuple(x.shape)}; the megakernel was compiled for a batch "
                               f"of {B} sequences of hidden size {self.buf.x.shape[1]} (build another one for a larger "
                               f"batch; pad a smaller one)")
+        if self.head is not None:
+            tok = self.buf.tok.cpu()
+            bad = ((tok < 0) | (tok >= self.head.vocab)).nonzero()
+            if len(bad):
+                b = int(bad[0, 0])
+                raise DitronError(f"decoder step: token {int(tok[b])} of sequence {b} is not in the vocabulary "
+                                  f"(0..{self.head.vocab - 1})")
         if self.cache is None:
             return
         seq = [int(v) for v in self.buf.seq.cpu()]
@@ -572,15 +695,27 @@ class DecoderMegakernel:
                                   f"{key[0]}")
             owner[key] = b
 
-    def step(self, x=None):
+    def step(self, x=None, tokens=None):
+        """One step; returns the final norm's output ``h`` or, with a Head, the sampled tokens ``[B]`` int32
+        (``tokens``: this step's input tokens, copied in first; default: the last step's sampled ones)."""
         import torch
+        if tokens is not None:
+            if self.head is None:
+                raise DitronError("decoder step: tokens given, but this megakernel has no Head (pass x)")
+            tokens = torch.as_tensor(tokens, dtype=torch.int32)
+            if tuple(tokens.shape) != (self.batch,):
+                raise DitronError(f"decoder step: tokens of shape {tuple(tokens.shape)}; the megakernel was compiled "
+                                  f"for a batch of {self.batch}")
+            self.buf.tok.copy_(tokens)
+        elif x is not None and self.head is not None:
+            raise DitronError("decoder step: this megakernel embeds its tokens itself (pass tokens, not x)")
         capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
         if not capturing:
             self.check_inputs(x)
         if x is not None:
             self.buf.x.copy_(x)
         self.mk.step()
-        return self.buf.h
+        return self.buf.tok if self.head is not None else self.buf.h
 
 
 def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
@@ -597,7 +732,13 @@ def register(graph, specs, all_reduce: Optional[Callable] = None) -> dict:
         if "WAIT_OFF" in s.args and inner and tasks[inner[0]].slot_base - graph.num_slots != s.args["WAIT_OFF"]:
             raise DitronError(f"decoder: task '{s.name}' waits on '{inner[0]}' at slot offset {s.args['WAIT_OFF']}, "
                               f"but '{inner[0]}' starts {graph.num_slots - tasks[inner[0]].slot_base} slots before it")
-        if s.comm == "all_reduce":
+        if s.comm == "all_gather":
+            t = dtask.comm.all_gather(graph, s.name, s.args["x"], s.args["out"], deps=deps, **s.scalars)
+            if t.num_tiles != s.num_tiles:
+                raise DitronError(f"decoder: all-gather task '{s.name}' has {t.num_tiles} tiles; expected "
+                                  f"{s.num_tiles}")
+            tasks[s.name] = t
+        elif s.comm == "all_reduce":
             t = all_reduce(graph, s.name, s.args["x"], s.args["out"], deps=deps, **s.scalars)
             if t.num_tiles != s.num_tiles or t.args.get("BLOCK", s.scalars["block"]) != s.scalars["block"]:
                 raise DitronError(f"decoder: all-reduce task '{s.name}' has {t.num_tiles} tiles of "
@@ -621,7 +762,7 @@ def check_target(cfg: DecoderConfig, target: str) -> DecoderConfig:
 
 def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, world_size: int, batch: int, ctx,
                      scheduler="round_robin", num_programs=None, buffers: Optional[Buffers] = None,
-                     all_reduce=None, name="decoder", target: Optional[str] = None,
+                     all_reduce=None, name="decoder", target: Optional[str] = None, head: Optional[Head] = None,
                      **compile_kw) -> DecoderMegakernel:
     """Register this rank's decoder step (``cache``: :class:`PagedKV`; ``ctx``: the sequences' context lengths,
     an int or one per sequence) and compile it into one persistent kernel for ``batch`` sequences.  ``target``: the
@@ -634,8 +775,10 @@ def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, wo
     if target is None:                  # the runtime's: AMD under a ROCm torch on a GPU, else NVIDIA / the simulator
         target = "gfx" if getattr(torch.version, "hip", None) and cache.k.is_cuda else "sm"
     cfg = check_target(cfg, target)
-    buf = buffers or make_buffers(cfg, world_size, batch, cache.max_ctx, ctx, cache.k.device)
-    specs = decoder_tasks(cfg, world_size, weights, cache, buf)
+    if head is not None:
+        check_head(cfg, world_size, head)
+    buf = buffers or make_buffers(cfg, world_size, batch, cache.max_ctx, ctx, cache.k.device, head=head)
+    specs = decoder_tasks(cfg, world_size, weights, cache, buf, head)
     g = dtask.TaskGraph(name)
     register(g, specs, all_reduce)
     if cfg.tiles.wait_acquire != "fence":
@@ -643,6 +786,19 @@ def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, wo
     mk = g.compile(scheduler=scheduler, num_programs=num_programs, num_warps=cfg.tiles.num_warps,
                    maxnreg=cfg.tiles.max_regs or None, programs_per_sm=cfg.tiles.programs_per_sm or None,
                    **compile_kw)
-    dm = DecoderMegakernel(mk, g, buf, specs, cache)
+    dm = DecoderMegakernel(mk, g, buf, specs, cache, head)
     dm.check_inputs()
     return dm
+
+
+def check_head(cfg: DecoderConfig, world_size: int, head: Head):
+    """Shapes of a :class:`~.weights.Head` for this config and TP size (at build time)."""
+    V, H = head.vocab, cfg.hidden
+    VR = cdiv(V, world_size)
+    if tuple(head.embed.shape) != (V, H) or head.embed.dtype != torch.bfloat16:
+        raise DitronError(f"decoder: Head.embed {tuple(head.embed.shape)} {head.embed.dtype}; expected [{V}, {H}] bf16")
+    if tuple(head.lm.shape) != (1, VR, H) or head.lm.dtype != torch.bfloat16:
+        raise DitronError(f"decoder: Head.lm {tuple(head.lm.shape)} {head.lm.dtype}; expected [1, {VR}, {H}] bf16 "
+                          f"(this rank's rows of the vocab-parallel LM head, cdiv({V}, {world_size}))")
+    if head.vocab >= 1 << 24:
+        raise DitronError(f"decoder: vocabulary of {V} tokens: the sampler carries token ids in float32 (< 2**24)")

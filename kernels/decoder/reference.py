@@ -37,9 +37,13 @@ def _rms(x, w, eps):
 
 
 def _rope(x, pos, theta):
-    """``x [B, ..., D]`` float32 at positions ``pos`` (one per row ``b``, or a single one for all)."""
+    """``x [B, ..., D]`` float32 at positions ``pos`` (one per row ``b``, or a single one for all); ``theta``: the
+    RoPE base, or the ``[D / 2]`` inverse-frequency table (``DecoderConfig.inv_freq``)."""
     D = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D))
+    if torch.is_tensor(theta):
+        inv = theta.to(device=x.device, dtype=torch.float32)
+    else:
+        inv = 1.0 / (theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D))
     ang = pos.float().reshape(-1, *([1] * (x.dim() - 1))) * inv
     c, s = torch.cos(ang), torch.sin(ang)
     x1, x2 = x[..., :D // 2], x[..., D // 2:]
@@ -63,10 +67,14 @@ def step_gen(cfg: DecoderConfig, sh: Shard, w: Weights, cache: PagedKV, seq, x):
     for l in range(L):
         h = _rms(resid, w.norm[2 * l], cfg.rms_eps)
         qkv = F.linear(h, w.qkv[l]).view(B, QH + 2 * KH, D)
-        q = _rms(qkv[:, :QH], w.q_norm[l], cfg.rms_eps).float()
-        k = _rms(qkv[:, QH:QH + KH], w.k_norm[l], cfg.rms_eps).float()
-        q = _rope(q, pos, cfg.rope_theta).to(torch.bfloat16)
-        k = _rope(k, pos, cfg.rope_theta).to(torch.bfloat16)
+        if cfg.qk_norm:
+            q = _rms(qkv[:, :QH], w.q_norm[l], cfg.rms_eps).float()
+            k = _rms(qkv[:, QH:QH + KH], w.k_norm[l], cfg.rms_eps).float()
+        else:
+            q, k = qkv[:, :QH].float(), qkv[:, QH:QH + KH].float()
+        theta = w.inv_freq if w.inv_freq is not None else cfg.rope_theta
+        q = _rope(q, pos, theta).to(torch.bfloat16)
+        k = _rope(k, pos, theta).to(torch.bfloat16)
         cache.k[l][page, row] = k
         cache.v[l][page, row] = qkv[:, QH + KH:]
         # every sequence's pages gathered in order ([B, max_pages * P, KH, D] -> [B, KH, T, D]); GQA without

@@ -30,7 +30,7 @@ def kinds_of(specs) -> list:
 def step_specs(cfg: DecoderConfig, batch: int, max_ctx: int = 4272, page_size: int = 16) -> list:
     """The step's task specs at TP=1 (:func:`~.model.decoder_tasks`) on placeholder weights and cache."""
     sh = cfg.shard(1)
-    w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)])
+    w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)], torch.empty(1, dtype=torch.float32))
     pages = -(-max_ctx // page_size)
     # K and V are distinct tensors, as in a real cache: one tensor passed as both is one kernel argument, and the
     # compiler then folds V's loads into K's (the attention branch compiled without its V stream)

@@ -17,7 +17,7 @@ def _kv_rows(bt_ptr, b, pos, layer, num_pages, max_pages, KH, kvh, PAGE: tl.cons
 
 @triton.jit
 def _rope_head(j, b, kvh, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, cache, pos, layer, QH, KH, G, eps,
-               log2_theta, HEAD_D: tl.constexpr, BLOCK_H: tl.constexpr):
+               inv_ptr, HEAD_D: tl.constexpr, BLOCK_H: tl.constexpr, QK_NORM: tl.constexpr):
     """Head ``j`` of kv group ``kvh`` of batch row ``b`` (:func:`qk_norm_rope_tile`); ``cache``: the row offset
     (elements) of position ``pos`` of the sequence's kv head ``kvh`` in the paged cache."""
     HALF: tl.constexpr = HEAD_D // 2
@@ -36,16 +36,20 @@ def _rope_head(j, b, kvh, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, cache,
         tl.store(vc_ptr + cache + i, x1.to(vc_ptr.dtype.element_ty), mask=m)
         tl.store(vc_ptr + cache + HALF + i, x2.to(vc_ptr.dtype.element_ty), mask=m)
     else:
-        if j < G:
-            w1 = tl.load(qn_ptr + layer * HEAD_D + i, mask=m, other=0.0).to(tl.float32)
-            w2 = tl.load(qn_ptr + layer * HEAD_D + HALF + i, mask=m, other=0.0).to(tl.float32)
+        if QK_NORM:
+            if j < G:
+                w1 = tl.load(qn_ptr + layer * HEAD_D + i, mask=m, other=0.0).to(tl.float32)
+                w2 = tl.load(qn_ptr + layer * HEAD_D + HALF + i, mask=m, other=0.0).to(tl.float32)
+            else:
+                w1 = tl.load(kn_ptr + layer * HEAD_D + i, mask=m, other=0.0).to(tl.float32)
+                w2 = tl.load(kn_ptr + layer * HEAD_D + HALF + i, mask=m, other=0.0).to(tl.float32)
+            rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HEAD_D + eps)
+            y1 = (x1 * rstd * w1).to(tl.bfloat16).to(tl.float32)
+            y2 = (x2 * rstd * w2).to(tl.bfloat16).to(tl.float32)
         else:
-            w1 = tl.load(kn_ptr + layer * HEAD_D + i, mask=m, other=0.0).to(tl.float32)
-            w2 = tl.load(kn_ptr + layer * HEAD_D + HALF + i, mask=m, other=0.0).to(tl.float32)
-        rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / HEAD_D + eps)
-        y1 = (x1 * rstd * w1).to(tl.bfloat16).to(tl.float32)
-        y2 = (x2 * rstd * w2).to(tl.bfloat16).to(tl.float32)
-        inv_freq = tl.exp2(-(2.0 * i.to(tl.float32) / HEAD_D) * log2_theta)
+            y1 = x1
+            y2 = x2
+        inv_freq = tl.load(inv_ptr + i, mask=m, other=0.0)
         ang = pos.to(tl.float32) * inv_freq
         c = tl.cos(ang)
         s = tl.sin(ang)
@@ -62,34 +66,35 @@ def _rope_head(j, b, kvh, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, cache,
 
 @triton.jit
 def qk_norm_rope_tile(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, layer, B, QH, KH,
-                      num_pages, max_pages, eps, log2_theta, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
-                      BLOCK_H: tl.constexpr):
+                      num_pages, max_pages, eps, inv_ptr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
+                      BLOCK_H: tl.constexpr, QK_NORM: tl.constexpr):
     """One head of one batch row of the QKV output ``[B, (QH + 2 KH) * D]`` (q heads, k heads, v heads).
     Tiles are ordered ``(b, kv head, j)`` with ``j < G``: q head ``kvh * G + j``, ``j == G``: k head ``kvh``,
     ``j == G + 1``: v head ``kvh`` (``G = QH / KH``), so the tiles one attention tile needs are contiguous.
     :func:`qk_norm_rope_group_tile`: one tile per ``(b, kv head)`` instead.
     q / k: per-head RMSNorm with ``qn[layer]`` / ``kn[layer]`` (rounded to bf16 like Qwen3's q_norm / k_norm),
-    then rotary embedding (rotate-half form, angle ``pos * theta^(-2i/D)`` in float32) at ``pos = seq[b] - 1``;
+    then rotary embedding (rotate-half form, angle ``pos * inv_freq[i]`` in float32, ``inv_ptr``: the ``[D / 2]`` float32
+    table of :meth:`~.config.DecoderConfig.inv_freq`, RoPE scaling included); ``QK_NORM=False`` (Llama): no q / k norm at ``pos = seq[b] - 1``;
     q goes to ``q[B, QH, D]``, k and v to the paged cache at position ``pos`` of sequence ``b`` (:func:`_kv_rows`).
     """
     _rope_group(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, layer, QH, KH, num_pages,
-                max_pages, eps, log2_theta, PAGE, HEAD_D, BLOCK_H, False)
+                max_pages, eps, inv_ptr, PAGE, HEAD_D, BLOCK_H, False, QK_NORM)
 
 
 @triton.jit
 def qk_norm_rope_group_tile(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, layer, B, QH, KH,
-                            num_pages, max_pages, eps, log2_theta, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
-                            BLOCK_H: tl.constexpr):
+                            num_pages, max_pages, eps, inv_ptr, PAGE: tl.constexpr, HEAD_D: tl.constexpr,
+                            BLOCK_H: tl.constexpr, QK_NORM: tl.constexpr):
     """:func:`qk_norm_rope_tile` with one tile per ``(b, kv head)`` doing all ``G + 2`` heads of the group
     (``TileConfig.rope_group``: ``G + 2`` times fewer tiles, one rope dependency per attention tile)."""
     _rope_group(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, layer, QH, KH, num_pages,
-                max_pages, eps, log2_theta, PAGE, HEAD_D, BLOCK_H, True)
+                max_pages, eps, inv_ptr, PAGE, HEAD_D, BLOCK_H, True, QK_NORM)
 
 
 @triton.jit
 def _rope_group(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, layer, QH, KH, num_pages,
-                max_pages, eps, log2_theta, PAGE: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_H: tl.constexpr,
-                GROUP: tl.constexpr):
+                max_pages, eps, inv_ptr, PAGE: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                GROUP: tl.constexpr, QK_NORM: tl.constexpr):
     G = QH // KH
     if GROUP:
         bh = tile
@@ -102,10 +107,10 @@ def _rope_group(tile, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, bt_ptr, se
     if GROUP:
         for j in range(0, G + 2):
             _rope_head(j, b, kvh, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, cache, pos, layer, QH, KH, G, eps,
-                       log2_theta, HEAD_D, BLOCK_H)
+                       inv_ptr, HEAD_D, BLOCK_H, QK_NORM)
     else:
         _rope_head(tile % (G + 2), b, kvh, qkv_ptr, qn_ptr, kn_ptr, q_ptr, kc_ptr, vc_ptr, cache, pos, layer, QH,
-                   KH, G, eps, log2_theta, HEAD_D, BLOCK_H)
+                   KH, G, eps, inv_ptr, HEAD_D, BLOCK_H, QK_NORM)
 
 
 @triton.jit
@@ -174,7 +179,7 @@ def attn_split_tile(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr
     :func:`attn_split_pipe_tile`: the same with the loop over positions software-pipelined."""
     _attn_split(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, QH, KH, num_pages, max_pages,
                 nsplit, sm_scale, PAGE, HEAD_D, BLOCK_D, BLOCK_G, SPLIT, BLOCK_P, 0, False, False, q_ptr, q_ptr, 0.0,
-                0.0)
+                q_ptr, True)
 
 
 @triton.jit
@@ -190,14 +195,15 @@ def attn_split_pipe_tile(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, ls
     is reduced (Triton 3.6 does not pipeline V, the second product's operand, into shared memory)."""
     _attn_split(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, QH, KH, num_pages, max_pages,
                 nsplit, sm_scale, PAGE, HEAD_D, BLOCK_D, BLOCK_G, SPLIT, BLOCK_P, STAGES, PREFETCH_V, False, q_ptr,
-                q_ptr, 0.0, 0.0)
+                q_ptr, 0.0, q_ptr, True)
 
 
 @triton.jit
 def attn_rope_split_tile(tile, qkv_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, B, QH,
-                         KH, num_pages, max_pages, nsplit, sm_scale, eps, log2_theta, PAGE: tl.constexpr,
+                         KH, num_pages, max_pages, nsplit, sm_scale, eps, inv_ptr, PAGE: tl.constexpr,
                          HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_G: tl.constexpr, SPLIT: tl.constexpr,
-                         BLOCK_P: tl.constexpr, STAGES: tl.constexpr, PREFETCH_V: tl.constexpr):
+                         BLOCK_P: tl.constexpr, STAGES: tl.constexpr, PREFETCH_V: tl.constexpr,
+                         QK_NORM: tl.constexpr):
     """:func:`attn_split_pipe_tile` with the rope stage fused in (``TileConfig.attn_fuse_rope``): tile ``(b, kvh,
     s)`` reads its ``G`` q heads from the QKV output ``[B, (QH + 2 KH) * D]`` and applies q_norm and RoPE in
     registers (as :func:`qk_norm_rope_tile` does, bf16-rounded the same way); the one split whose positions hold
@@ -206,11 +212,11 @@ def attn_rope_split_tile(tile, qkv_ptr, qn_ptr, kn_ptr, kc_ptr, vc_ptr, bt_ptr, 
     q, k and v heads."""
     _attn_split(tile, qkv_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, QH, KH, num_pages, max_pages,
                 nsplit, sm_scale, PAGE, HEAD_D, BLOCK_D, BLOCK_G, SPLIT, BLOCK_P, STAGES, PREFETCH_V, True, qn_ptr,
-                kn_ptr, eps, log2_theta)
+                kn_ptr, eps, inv_ptr, QK_NORM)
 
 
 @triton.jit
-def _qk_norm_rope(src_ptr, rows, mr, w_ptr, pos, eps, log2_theta, offs_d, HEAD_D: tl.constexpr):
+def _qk_norm_rope(src_ptr, rows, mr, w_ptr, pos, eps, inv_ptr, offs_d, HEAD_D: tl.constexpr, QK_NORM: tl.constexpr):
     """float32 ``[R, BLOCK_D]``: RMSNorm (weights ``w[HEAD_D]``, rounded to bf16) and RoPE at position ``pos`` of the
     heads starting at elements ``rows`` (``[R]``, masked by ``mr``) of ``src``: :func:`qk_norm_rope_tile`'s maths
     on whole rows (element ``d``'s rotate-half partner ``d +- D/2`` loaded alongside)."""
@@ -221,13 +227,17 @@ def _qk_norm_rope(src_ptr, rows, mr, w_ptr, pos, eps, log2_theta, offs_d, HEAD_D
     m = mr[:, None] & md[None, :]
     x = tl.load(src_ptr + rows[:, None] + offs_d[None, :], mask=m, other=0.0).to(tl.float32)
     xp = tl.load(src_ptr + rows[:, None] + dp[None, :], mask=m, other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + offs_d, mask=md, other=0.0).to(tl.float32)
-    wp = tl.load(w_ptr + dp, mask=md, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HEAD_D + eps)
-    y = (x * rstd[:, None] * w[None, :]).to(tl.bfloat16).to(tl.float32)
-    yp = (xp * rstd[:, None] * wp[None, :]).to(tl.bfloat16).to(tl.float32)
+    if QK_NORM:
+        w = tl.load(w_ptr + offs_d, mask=md, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + dp, mask=md, other=0.0).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HEAD_D + eps)
+        y = (x * rstd[:, None] * w[None, :]).to(tl.bfloat16).to(tl.float32)
+        yp = (xp * rstd[:, None] * wp[None, :]).to(tl.bfloat16).to(tl.float32)
+    else:
+        y = x
+        yp = xp
     i = tl.where(lo, offs_d, offs_d - HALF)
-    ang = pos.to(tl.float32) * tl.exp2(-(2.0 * i.to(tl.float32) / HEAD_D) * log2_theta)
+    ang = pos.to(tl.float32) * tl.load(inv_ptr + i, mask=md, other=0.0)
     sign = tl.where(lo, -1.0, 1.0)
     return y * tl.cos(ang)[None, :] + sign[None, :] * yp * tl.sin(ang)[None, :]
 
@@ -236,7 +246,8 @@ def _qk_norm_rope(src_ptr, rows, mr, w_ptr, pos, eps, log2_theta, offs_d, HEAD_D
 def _attn_split(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, layer, QH, KH, num_pages, max_pages,
                 nsplit, sm_scale, PAGE: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
-                PREFETCH_V: tl.constexpr, FUSE_ROPE: tl.constexpr, qn_ptr, kn_ptr, eps, log2_theta):
+                PREFETCH_V: tl.constexpr, FUSE_ROPE: tl.constexpr, qn_ptr, kn_ptr, eps, inv_ptr,
+                QK_NORM: tl.constexpr):
     """The flash-decoding tiles' body; ``FUSE_ROPE``: ``q_ptr`` is the QKV output and the tile does the rope
     stage's work itself (:func:`attn_rope_split_tile`)."""
     s = tile % nsplit
@@ -255,13 +266,13 @@ def _attn_split(tile, q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, o_ptr, lse_ptr, la
     if FUSE_ROPE:
         pos = seq - 1
         row0 = (b * (QH + 2 * KH) + kvh * G) * HEAD_D                # q head kvh * G of row b of the QKV output
-        q = _qk_norm_rope(q_ptr, row0 + offs_g * HEAD_D, mg, qn_ptr + layer * HEAD_D, pos, eps, log2_theta, offs_d,
-                          HEAD_D).to(kc_ptr.dtype.element_ty)
+        q = _qk_norm_rope(q_ptr, row0 + offs_g * HEAD_D, mg, qn_ptr + layer * HEAD_D, pos, eps, inv_ptr, offs_d,
+                          HEAD_D, QK_NORM).to(kc_ptr.dtype.element_ty)
         if (pos >= start) & (pos < start + SPLIT):                  # this split appends the new position's k, v
             krow = (b * (QH + 2 * KH) + QH + kvh) * HEAD_D
             one = offs_g == 0
-            k_new = _qk_norm_rope(q_ptr, krow + offs_g * 0, one, kn_ptr + layer * HEAD_D, pos, eps, log2_theta,
-                                  offs_d, HEAD_D)
+            k_new = _qk_norm_rope(q_ptr, krow + offs_g * 0, one, kn_ptr + layer * HEAD_D, pos, eps, inv_ptr,
+                                  offs_d, HEAD_D, QK_NORM)
             cache = _kv_rows(bt_ptr, b, pos, layer, num_pages, max_pages, KH, kvh, PAGE, pos >= 0) * HEAD_D
             tl.store(kc_ptr + cache + offs_g[:, None] * 0 + offs_d[None, :], k_new.to(kc_ptr.dtype.element_ty),
                      mask=one[:, None] & md[None, :])

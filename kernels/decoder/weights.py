@@ -8,7 +8,8 @@ generators differ).  Layouts (per rank, bf16, layers stacked first):
 * ``norm [2L + 1, H]``: input_layernorm of layer l at ``2l``, post_attention_layernorm at ``2l + 1``, the
   final norm at ``2L`` (one stacked tensor: every RMSNorm task shares one branch of the megakernel);
 * ``qkv [L, (QH + 2 KH) * D, H]``: this rank's q heads, then its k heads, then its v heads;
-* ``q_norm, k_norm [L, D]``; ``o [L, H, QH * D]`` (row-parallel: this rank's columns);
+* ``q_norm, k_norm [L, D]`` (ones where the model has none: ``DecoderConfig.qk_norm=False``); ``inv_freq [D / 2]``
+  float32, the RoPE table; ``o [L, H, QH * D]`` (row-parallel: this rank's columns);
 * ``gate_up [L, 2 I_r, H]``: this rank's gate rows, then its up rows; ``down [L, H, I_r]`` (row-parallel);
 * KV cache: :class:`PagedKV` (pages ``[L, num_pages, page_size, KH, D]`` and a block table ``[B, max_pages]``),
   random up to each sequence's context, :data:`PAST_END` beyond and in unowned pages (never read when the masks
@@ -44,9 +45,11 @@ class Weights:
     o: torch.Tensor
     gate_up: torch.Tensor
     down: torch.Tensor
+    inv_freq: torch.Tensor = None    # [D / 2] float32: RoPE inverse frequencies (DecoderConfig.inv_freq)
 
     def nbytes(self) -> int:
-        return sum(getattr(self, f.name).numel() * getattr(self, f.name).element_size() for f in fields(self))
+        return sum(t.numel() * t.element_size() for t in (getattr(self, f.name) for f in fields(self))
+                   if t is not None)
 
 
 def make_weights(cfg: DecoderConfig, rank: int, world_size: int, device="cpu", seed: int = 0,
@@ -74,7 +77,32 @@ def make_weights(cfg: DecoderConfig, rank: int, world_size: int, device="cpu", s
         dn.append(_randn((H, inter), seed, l, "down", device, inter ** -0.5)[:, iss].to(dtype).contiguous())
         del w
     return Weights(norm, torch.stack(qkv), torch.stack(qn), torch.stack(kn), torch.stack(o), torch.stack(gu),
-                   torch.stack(dn))
+                   torch.stack(dn), cfg.inv_freq().to(device))
+
+
+@dataclass
+class Head:
+    """The model's ends on this rank (issue 53): ``embed [V, H]`` bf16 (the whole token-embedding table: a step
+    gathers ``B`` rows), ``lm [1, V_r, H]`` bf16 (this rank's rows of the vocab-parallel LM head, ``V_r = cdiv(V,
+    W)``, zero rows past the vocabulary), ``v_off = rank * V_r`` its first token id and ``n_valid`` its real rows;
+    ``max_top_k``: the sampler's candidates per rank (the compiled top-k cap, a power of two)."""
+    embed: torch.Tensor
+    lm: torch.Tensor
+    vocab: int
+    v_off: int
+    n_valid: int
+    max_top_k: int = 64
+
+    def __post_init__(self):
+        K = self.max_top_k
+        if K < 1 or K & (K - 1):
+            raise DitronError(f"Head.max_top_k={K}: must be a power of two >= 1 (1: greedy only)")
+        if self.n_valid < 1:
+            raise DitronError(f"Head: this rank holds no LM-head rows (vocab {self.vocab}, offset {self.v_off}); "
+                              "use fewer ranks")
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.embed, self.lm))
 
 
 #: positions per page of the paged KV cache unless told otherwise (vLLM's default block size)
