@@ -21,8 +21,8 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 NPROC=${NPROC:-2}
 export DITRON_RANKS_PER_GPU=${RANKS_PER_GPU:-2}
-GPUS=$(python3 -c "import ditron.kernels" 2>/dev/null || { echo "tests/gpu/train.sh: ditron is not installed here (python3 -m pip install --no-deps --no-build-isolation -e . first)"; exit 2; }
-python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+source bench/ensure_ditron.sh
+GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 [ "$GPUS" -ge 1 ] || { echo "tests/gpu/train.sh: no CUDA GPU visible"; exit 2; }
 MPS_STARTED=0
 if [ "$DITRON_RANKS_PER_GPU" -gt 1 ] && [ "${MPS:-1}" != 0 ] && command -v nvidia-cuda-mps-control >/dev/null \
