@@ -97,7 +97,7 @@ def test_gemm_rs_errors_before_launch(dist):
 
 _PTRS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "buf_ptr": "*bf16", "cbuf_ptr": "*bf16",
          "sig_ptr": "*i64", "count_ptr": "*i32", "seg_count_ptr": "*i32", "done_ptr": "*i64", "ready_ptr": "*i64",
-         "free_ptr": "*i64", "calls_ptr": "*i64"}
+         "free_ptr": "*i64", "calls_ptr": "*i64", "sa_ptr": "*fp32", "sb_ptr": "*fp32"}
 #: what a GPU launch specialises: sizes and strides that are multiples of 16, unit strides
 _DIV16 = ("N", "K", "slot_stride", "cbuf_stride", "stride_am", "stride_bk", "stride_om")
 _UNIT = ("stride_ak", "stride_bn", "stride_on")
@@ -123,7 +123,8 @@ def _module():
 def _gemm_ptx(method, multi_node, tma=False):
     return _ptx(_module().gemm_rs_gemm_kernel,
                 dict(PULL=method == "pull", CE=method == "ce", MULTI_NODE=multi_node, ELEM_BYTES=2, BLOCK_M=128,
-                     BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, TMA=tma), multi_node, 8, 3)
+                     BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, TMA=tma, SCALE=0, GK=1, GN=1, B_T=False),
+                multi_node, 8, 3)
 
 
 def test_gemm_rs_tma_config_compiles_for_sm90a():
