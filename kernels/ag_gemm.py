@@ -296,7 +296,7 @@ class AgGemmContext(CollectiveContext):
         E = ditron.DitronError
         fp8 = dtype in scaling.FP8_DTYPES
         if dtype not in _GEMM_DTYPES and not fp8:
-            raise E(f"ag_gemm: dtype {dtype} is not supported (use float16, bfloat16 or an fp8 dtype: "
+            raise E(f"ag_gemm: dtype {dtype} is not supported (use float16 or bfloat16, or an fp8 dtype: "
                     "float8_e4m3fn / float8_e5m2)")
         if fp8:
             out_dtype = out_dtype or torch.bfloat16

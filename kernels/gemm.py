@@ -484,7 +484,7 @@ def check_operands(op, a, b, out=None, out_shape=None, out_dtype=None):
     if scaling.is_fp8(a):
         scaling.check_fp8_operands(op, a, b, out_dtype or torch.bfloat16)
     elif a.dtype not in _GEMM_DTYPES:
-        raise E(f"{op}: argument 'a' is {a.dtype}; use float16, bfloat16 or fp8 (float8_e4m3fn / float8_e5m2 "
+        raise E(f"{op}: argument 'a' is {a.dtype}; use float16 or bfloat16 (or fp8: float8_e4m3fn / float8_e5m2 "
                 "with scale_a and scale_b)")
     elif b.dtype != a.dtype:
         raise E(f"{op}: argument 'b' is {b.dtype}, 'a' is {a.dtype}")

@@ -329,8 +329,8 @@ class GemmArContext(CollectiveContext):
                  reduce_programs=None, multicast=None):
         E = ditron.DitronError
         if dtype not in _GEMM_DTYPES + (torch.float32,):
-            raise E(f"gemm_ar: dtype {dtype} is not supported (the partials' and the result's dtype: float16, "
-                    "bfloat16, or float32 for fp8 operands)")
+            raise E(f"gemm_ar: dtype {dtype} is not supported (use float16 or bfloat16, or float32 with fp8 "
+                    "operands: the partials' and the result's dtype)")
         if int(max_m) < 1 or int(n) < 1:
             raise E(f"gemm_ar: max_m ({max_m}) and n ({n}) must be >= 1")
         super().__init__(int(max_m) * int(n), dtype, world)

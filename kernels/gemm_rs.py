@@ -401,8 +401,8 @@ class GemmRsContext(CollectiveContext):
                  num_programs=None):
         E = ditron.DitronError
         if dtype not in _GEMM_DTYPES + (torch.float32,):
-            raise E(f"gemm_rs: dtype {dtype} is not supported (the partials' and the result's dtype: float16, "
-                    "bfloat16, or float32 for fp8 operands)")
+            raise E(f"gemm_rs: dtype {dtype} is not supported (use float16 or bfloat16, or float32 with fp8 "
+                    "operands: the partials' and the result's dtype)")
         if method not in METHODS:
             raise E(f"gemm_rs: unknown method {method!r}; use one of {', '.join(METHODS)}")
         super().__init__(int(max_m) * int(n), dtype, world)
