@@ -92,13 +92,16 @@ def check(got, want, out_dtype, what):
     """fp32 output: within fp32 rounding of a different summation order.  bf16 / fp16: every element at most
     one rounding step of the output dtype from the reference's, and at most 2% of them differ at all (two fp32
     sums that agree to fp32 rounding round to the same bf16 value unless they straddle a rounding boundary;
-    a systematic error of a fraction of an ulp moves far more than 2%)."""
+    a systematic error of a fraction of an ulp moves far more than 2%).  On a GPU the tensor core sums up to
+    one K step (<= 128 products) in its narrower accumulator before each fp32 promotion: there float32
+    results are held to 2e-4 of the largest and 6% of bf16 / fp16 elements may differ by their one step."""
+    gpu = got.device.type == "cuda"
     got = got.cpu().float()
     want = want.float()
     assert got.shape == want.shape, (what, got.shape, want.shape)
     assert torch.isfinite(got).all(), what
     if out_dtype == torch.float32:
-        tol = 2e-6 * want.abs().max().item() + 1e-30
+        tol = (2e-4 if gpu else 2e-6) * want.abs().max().item() + 1e-30
         err = (got - want).abs().max().item()
         assert err <= tol, f"{what}: max abs error {err} > {tol}"
         return
@@ -109,7 +112,7 @@ def check(got, want, out_dtype, what):
     assert bad.numel() == 0, f"{what}: {bad.shape[0]} elements beyond one {out_dtype} ulp, e.g. " \
                              f"{got[tuple(bad[0])].item()} vs {want[tuple(bad[0])].item()}"
     differ = (got != want).float().mean().item()
-    assert differ <= 0.02, f"{what}: {differ:.1%} of the elements differ from the reference"
+    assert differ <= (0.06 if gpu else 0.02), f"{what}: {differ:.1%} of the elements differ from the reference"
 
 
 def matmul_recipes(world, cases):
@@ -158,9 +161,10 @@ def _partials_reference(world, M, N, K, recipe, seed, out_dtype):
 def check_sum(got, want, out_dtype, what, W):
     """A sum of ``W`` rounded partials, rounded again: every element within (W + 1) rounding steps of the
     output dtype of the reference's magnitude, and at most 5% of the elements differ from it."""
+    gpu = got.device.type == "cuda"
     got = got.cpu().float()
     assert torch.isfinite(got).all(), what
-    eps = torch.finfo(out_dtype).eps if out_dtype != torch.float32 else 4e-6
+    eps = torch.finfo(out_dtype).eps if out_dtype != torch.float32 else (2e-4 if gpu else 4e-6)
     err = (got - want).abs()
     bound = (W + 1) * eps * want.abs() + 2e-6 * want.abs().max()
     bad = (err > bound).nonzero()
@@ -168,7 +172,7 @@ def check_sum(got, want, out_dtype, what, W):
                              f"{want[tuple(bad[0])].item()}"
     if out_dtype != torch.float32:
         differ = (got != want.to(out_dtype).float()).float().mean().item()
-        assert differ <= 0.05, f"{what}: {differ:.1%} of the elements differ from the reference"
+        assert differ <= (0.1 if gpu else 0.05), f"{what}: {differ:.1%} of the elements differ from the reference"
 
 
 def gemm_rs_fp8(world, cases, method, config=None):
