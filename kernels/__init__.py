@@ -12,7 +12,7 @@ from .all_reduce import all_reduce, choose_method, create_all_reduce_context, mu
 from .all_to_all import all_to_all, all_to_all_v, create_all_to_all_context
 from .flash_decode import create_flash_decode_context, flash_decode
 from .ep import check_dropped, create_ep_context, ep_combine, ep_dispatch
-from .gemm import GemmConfig, matmul
+from .gemm import GemmConfig, matmul, scaled_mm
 from .gemm_ar import create_gemm_ar_context, gemm_ar
 from .gemm_rs import create_gemm_rs_context, gemm_rs
 from .moe import grouped_gemm
@@ -27,6 +27,6 @@ __all__ = ["create_all_gather_context", "all_gather", "create_reduce_scatter_con
            "create_gemm_ar_context", "gemm_ar", "grouped_gemm", "create_ep_context", "ep_dispatch", "ep_combine",
            "check_dropped", "create_ag_moe_context", "ag_moe", "create_moe_rs_context", "moe_rs",
            "create_moe_ar_context", "moe_ar", "moe_plan", "plan_gemm",
-           "GemmConfig", "matmul", "all_to_all", "all_to_all_v", "copy_kernel", "ready_kernel",
+           "GemmConfig", "matmul", "scaled_mm", "all_to_all", "all_to_all_v", "copy_kernel", "ready_kernel",
            "ring_pull_kernel", "create_ring_attention_context", "ring_attention", "create_flash_decode_context",
            "flash_decode"]

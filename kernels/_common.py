@@ -212,9 +212,12 @@ class CollectiveContext:
         if "__init__" in cls.__dict__:
             cls.__init__ = _guarded_init(cls.__dict__["__init__"])
 
+    #: element types of the context's buffers (a subclass widens it: ag_gemm gathers fp8 rows)
+    dtypes = _FLOAT_DTYPES
+
     def __init__(self, max_numel: int, dtype, world=None):
         self.world = world or ditron.current_world()
-        if dtype not in _FLOAT_DTYPES:
+        if dtype not in self.dtypes:
             raise ditron.DitronError(f"{self.op}: dtype {dtype} is not supported (use float32, float16 or bfloat16)")
         if int(max_numel) < 0:
             raise ditron.DitronError(f"{self.op}: max_numel must be >= 0")

@@ -81,10 +81,14 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
-from ._common import CollectiveContext, enter, op_fields, ce_release, ce_send, epoch_begin, epoch_end, sm_count, topology
+from ._common import (CollectiveContext, enter, op_fields, ce_release, ce_send, epoch_begin, epoch_end, sm_count,
+                      take_flag, topology)
 from ._common import cdiv, next_pow2
-from .gemm import (GemmConfig, check_operands, default_config, ensure_tma_allocator, gemm_tile, gemm_tile_tma,
-                   is_sim_device, store_tile, store_tile_tma, tile_rows, tma_ok)
+from . import scaling
+from .gemm import (GemmConfig, check_fp8_config, check_operands, default_config, ensure_tma_allocator, fp8_tma_ok,
+                   is_sim_device, scale_key, scaled_gemm_tile, scaled_gemm_tile_tma, store_tile,
+                   store_tile_tma,
+                   tile_rows, tma_ok)
 from .all_gather import _chunk, _put_chunk
 
 _SLOT_ALIGN = 128          # elements: every slot starts 256-byte aligned
@@ -95,12 +99,16 @@ _GEMM_DTYPES = (torch.float16, torch.bfloat16)
 # producer: push this rank's shard into every peer's gather buffer
 # ---------------------------------------------------------------------------
 
-@ditron.jit(do_not_specialize=["n", "slot_stride"])
-def ag_gemm_producer_kernel(a_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_stride,
-                            MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr, BLOCK: tl.constexpr):
+@ditron.jit(do_not_specialize=["n", "slot_stride", "ns", "s_slot"])
+def ag_gemm_producer_kernel(a_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_stride, s_ptr, sbuf_ptr, ns, s_slot,
+                            MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr, BLOCK: tl.constexpr,
+                            SCALES: tl.constexpr = False):
     """``n``: elements of the shard (``m * K``); ``slot_stride``: elements
     between two slots of ``buf``.  Program ``g`` pushes its chunk and sets word
-    ``[par][rank][g]`` of every peer's ``sig`` to ``e + 1``."""
+    ``[par][rank][g]`` of every peer's ``sig`` to ``e + 1``.  ``SCALES`` (fp8,
+    one node): it first pushes its chunk of the shard's ``ns`` scale values
+    (``s_ptr``, contiguous) into the peers' ``sbuf`` slots (``s_slot``
+    elements apart), so that the rows' scales arrive with the rows."""
     e = epoch_begin(calls_ptr)
     par = e % 2
     val = e + 1
@@ -125,6 +133,16 @@ def ag_gemm_producer_kernel(a_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_stride,
             for l in range(0, LW):
                 peer = ((node + k) % NN) * LW + (local + l) % LW
                 _put_chunk(my_slot, my_slot, lo, hi, sig_word, val, peer, ELEM_BYTES)
+    if SCALES:
+        my_sslot = sbuf_ptr + par * (W * s_slot.to(tl.int64)) + me * s_slot.to(tl.int64)
+        slo, shi = _chunk(ns, BLOCK)
+        for off in range(slo, shi, BLOCK):
+            offs = off + tl.arange(0, BLOCK)
+            mask = offs < shi
+            v = tl.load(s_ptr + offs, mask=mask)
+            for k in range(1, LW):
+                peer = node0 + (local + k) % LW
+                tl.store(dl.symm_at(my_sslot + offs, peer), v, mask=mask)
     for k in range(1, LW):
         peer = node0 + (local + k) % LW
         dl.notify(sig_word, peer, signal=val, sig_op="set", comm_scope="intra_node")
@@ -135,12 +153,14 @@ def ag_gemm_producer_kernel(a_ptr, buf_ptr, sig_ptr, calls_ptr, n, slot_stride,
 # consumer: persistent GEMM over the gathered rows, in gather-swizzle order
 # ---------------------------------------------------------------------------
 
-@ditron.jit(do_not_specialize=["m", "slot_rows", "P"])
+@ditron.jit(do_not_specialize=["m", "slot_rows", "P", "s_slot"])
 def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, free_ptr, calls_ptr, m, N, K,
                             slot_rows, stride_am, stride_bk, stride_bn, P,
+                            sa_ptr, sbuf_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, s_slot,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, CE: tl.constexpr, TMA: tl.constexpr,
-                            FLATTEN: tl.constexpr = False, SUBTILE: tl.constexpr = 1):
+                            FLATTEN: tl.constexpr = False, SUBTILE: tl.constexpr = 1, SCALE: tl.constexpr = 0,
+                            GK: tl.constexpr = 1, GN: tl.constexpr = 1, B_T: tl.constexpr = False):
     """``c[W*m, N] = gathered_a[W*m, K] @ b[K, N]``; ``a`` (``[m, K]``,
     row-major) is this rank's shard, the others are read from ``buf`` once
     their signals say they have arrived (``ready[s] == 1`` with ``CE``, else
@@ -149,7 +169,14 @@ def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, fr
     is specialised (alignment) even where ``K`` is not.  ``TMA``: tiles never
     straddle segments (``m % BLOCK_M == 0``); each tile builds a descriptor
     of its segment (``a`` or the slot), so one K loop and one set of shared
-    memory buffers serve both."""
+    memory buffers serve both.
+
+    fp8 (``SCALE``, kernels/scaling.py): the A scales travel with their rows:
+    row ``r`` of a segment has its scales at ``r * stride_sam`` (+ ``g *
+    stride_sak`` for K group ``g``) in this rank's ``sa`` (its own rows) or
+    in the segment's slot of ``sbuf`` (``s_slot`` elements apart), which the
+    producer fills before it signals the rows; ``sb``: b's scales; ``B_T``:
+    b's TMA descriptor is of ``b^T`` (K-major)."""
     if CE:
         par = 0
         val = 1
@@ -163,6 +190,8 @@ def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, fr
     M = W * m
     sr = slot_rows.to(tl.int64)
     bufp = buf_ptr + par * (W * sr) * stride_am
+    ss = s_slot.to(tl.int64)
+    sbufp = sbuf_ptr + par * (W * ss)
     if CE:
         sigp = ready_ptr
         per_seg = 1
@@ -179,16 +208,24 @@ def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, fr
                                            block_shape=[BLOCK_M, BLOCK_K])
         g_desc = tl.make_tensor_descriptor(bufp, shape=[W * slot_rows, K], strides=[stride_am, 1],
                                            block_shape=[BLOCK_M, BLOCK_K])
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
-                                           block_shape=[BLOCK_K, BLOCK_N])
+        if B_T:
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_bn, 1],
+                                               block_shape=[BLOCK_N, BLOCK_K])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                               block_shape=[BLOCK_K, BLOCK_N])
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[N, 1],
                                            block_shape=[BLOCK_M, BLOCK_N // SUBTILE])
         local_tiles = (m // BLOCK_M) * num_pid_n
         # local tiles: nothing to wait for, so the loop is software-pipelined across tiles
         for tile in tl.range(tl.program_id(0), local_tiles, tl.num_programs(0), flatten=FLATTEN):
             pid_m, pid_n = dl.swizzle_gather(tile, M, N, BLOCK_M, BLOCK_N, me, W, NN, GROUP_M)
-            acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M - me * m, pid_n * BLOCK_N, K,
-                                BLOCK_M, BLOCK_N, BLOCK_K)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            in_rows = pid_m * BLOCK_M - me * m + tl.arange(0, BLOCK_M)
+            acc = scaled_gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M - me * m, pid_n * BLOCK_N, K,
+                                       sa_ptr + in_rows.to(tl.int64) * stride_sam,
+                                       sb_ptr + (tl.minimum(cols, N - 1) // GN).to(tl.int64) * stride_sbn, cols < N,
+                                       stride_sak, stride_sbk, BLOCK_M, BLOCK_N, BLOCK_K, SCALE, GK, B_T)
             store_tile_tma(c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, acc, BLOCK_M, BLOCK_N, SUBTILE,
                            c_ptr.dtype.element_ty)
         # remote tiles, continuing each program's round robin: wait for the segment, then read it. Not
@@ -200,7 +237,12 @@ def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, fr
             seg = (pid_m * BLOCK_M) // m
             tok = dl.wait(sigp + seg * per_seg, per_seg, "sys", "acquire", waitValue=val)
             row0 = dl.consume_token(seg * slot_rows + (pid_m * BLOCK_M - seg * m), tok)
-            acc = gemm_tile_tma(g_desc, b_desc, row0, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            g_rows = (row0 + tl.arange(0, BLOCK_M)).to(tl.int64)          # rows of the gather buffer
+            srows = sbufp + (g_rows // slot_rows) * ss + (g_rows % slot_rows) * stride_sam
+            acc = scaled_gemm_tile_tma(g_desc, b_desc, row0, pid_n * BLOCK_N, K, srows,
+                                       sb_ptr + (tl.minimum(cols, N - 1) // GN).to(tl.int64) * stride_sbn, cols < N,
+                                       stride_sak, stride_sbk, BLOCK_M, BLOCK_N, BLOCK_K, SCALE, GK, B_T)
             store_tile_tma(c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, acc, BLOCK_M, BLOCK_N, SUBTILE,
                            c_ptr.dtype.element_ty)
     else:
@@ -222,7 +264,11 @@ def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, fr
             in_seg = rows_c.to(tl.int64) - seg64 * m                     # row inside its segment
             a_rows = tl.where(seg == me, a_ptr + in_seg * stride_am, src + (seg64 * sr + in_seg) * stride_am)
             b_cols = b_ptr + cols.to(tl.int64) * stride_bn
-            acc = gemm_tile(a_rows, b_cols, col_ok, 1, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+            ssrc = dl.consume_token(dl.consume_token(sbufp, tok1), tok2)
+            sa_rows = tl.where(seg == me, sa_ptr + in_seg * stride_sam, ssrc + seg64 * ss + in_seg * stride_sam)
+            sb_cols = sb_ptr + (tl.minimum(cols, N - 1) // GN).to(tl.int64) * stride_sbn
+            acc = scaled_gemm_tile(a_rows, b_cols, col_ok, 1, stride_bk, K, sa_rows, sb_cols, stride_sak, stride_sbk,
+                                   BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SCALE, GK)
             store_tile(c_ptr, N, 1, rows, row_ok, cols, col_ok, acc)
     if CE:
         ce_release(calls_ptr, ready_ptr, free_ptr, me, W)
@@ -242,11 +288,25 @@ class AgGemmContext(CollectiveContext):
 
     op = "ag_gemm"
     creator = "create_ag_gemm_context"
+    dtypes = _GEMM_DTYPES + scaling.FP8_DTYPES
 
     def __init__(self, max_m_per_rank, k, dtype, world=None, producer="auto", producer_programs=None,
-                 config: GemmConfig | None = None, num_programs=None, overlap=None, tma=None, **tile_options):
-        if dtype not in _GEMM_DTYPES:
-            raise ditron.DitronError(f"ag_gemm: dtype {dtype} is not supported (use float16 or bfloat16)")
+                 config: GemmConfig | None = None, num_programs=None, overlap=None, tma=None, out_dtype=None,
+                 scale_block=(128, 128), **tile_options):
+        E = ditron.DitronError
+        fp8 = dtype in scaling.FP8_DTYPES
+        if dtype not in _GEMM_DTYPES and not fp8:
+            raise E(f"ag_gemm: dtype {dtype} is not supported (use float16 or bfloat16, or an fp8 dtype: "
+                    "float8_e4m3fn / float8_e5m2)")
+        if fp8:
+            out_dtype = out_dtype or torch.bfloat16
+            if out_dtype not in scaling.OUT_DTYPES:
+                raise E(f"ag_gemm: out_dtype={out_dtype}; fp8 GEMMs write bfloat16, float16 or float32")
+        elif out_dtype is not None and out_dtype != dtype:
+            raise E(f"ag_gemm: out_dtype={out_dtype} applies to fp8 contexts; fp16 / bf16 GEMMs write their dtype")
+        self.fp8 = fp8
+        self.out_dtype = out_dtype or dtype
+        self.scale_block = scaling.check_scale_block("ag_gemm", scale_block)
         if int(max_m_per_rank) < 1 or int(k) < 1:
             raise ditron.DitronError(f"ag_gemm: max_m_per_rank ({max_m_per_rank}) and k ({k}) must be >= 1")
         if producer not in PRODUCERS:
@@ -286,6 +346,12 @@ class AgGemmContext(CollectiveContext):
         self.ready = self.symm((W,), torch.int64, "ready")
         self.free = self.symm((W,), torch.int64, "free")
         self.free.fill_(1)
+        # fp8: the A scales of every slot's rows (room for blockwise: cdiv(k, gk) per row; per-row uses 1)
+        if fp8 and self.multi_node:
+            raise E("ag_gemm: fp8 across nodes is not supported yet (the rows' scales travel by intra-node "
+                    "stores); use one node, or dequantise to bf16")
+        self.s_slot = self.slot_rows * cdiv(self.k, self.scale_block[0]) if fp8 else 1
+        self.sbuf = self.symm((parities, W, self.s_slot), torch.float32, "sbuf") if fp8 else None
         ditron.barrier_all()          # every rank's flags exist (and are initialised) before any peer writes them
 
     def _config(self, config, tile_options):
@@ -312,7 +378,13 @@ def create_ag_gemm_context(max_m_per_rank, k, dtype, world=None, **options):
     ``group_m``, ``num_warps``, ``num_stages``; ``num_programs`` (persistent
     GEMM programs; default one per SM), ``tma`` (``None``: where it applies),
     ``producer_programs`` and ``overlap`` (``"sm"`` producer on a side
-    stream)."""
+    stream).
+
+    fp8 (``dtype`` ``torch.float8_e4m3fn`` / ``float8_e5m2``; one node):
+    the gather buffer holds fp8 rows and a float32 buffer their scales
+    (``cdiv(k, gk)`` per row); ``out_dtype`` (default bfloat16; float16,
+    float32) is the result's dtype, ``scale_block=(gk, gn)`` the blockwise
+    groups (kernels/scaling.py)."""
     return AgGemmContext(max_m_per_rank, k, dtype, world, **options)
 
 
@@ -330,50 +402,67 @@ def _check(ctx, a, b, out):
         raise E(f"ag_gemm: argument 'a' has K={K}, the context was created for k={ctx.k}")
     ctx.check_tensor(a, "a")        # dtype, device, layout
     shape = (ctx.world_size * m, b.shape[1] if isinstance(b, torch.Tensor) and b.dim() == 2 else -1)
-    check_operands("ag_gemm", a, b, out, shape)
+    check_operands("ag_gemm", a, b, out, shape, ctx.out_dtype if ctx.fp8 else None)
     if out is not None and not out.is_contiguous():
         raise E("ag_gemm: argument 'out' must be contiguous")
     return m, K, b.shape[1]
 
 
-def _ce_plan(ctx, m, K):
-    """Per shard size: for each peer ``rank-1, rank-2, ...`` the views the
-    copy-engine producer needs (built once: the host path of a call is a few
-    driver calls)."""
-    plan = ctx._plans.get(m)
+def _ce_plan(ctx, m, K, ns=0):
+    """Per shard size (and ``ns`` scale values per shard, fp8): for each peer
+    ``rank-1, rank-2, ...`` the views the copy-engine producer needs (built
+    once: the host path of a call is a few driver calls)."""
+    plan = ctx._plans.get((m, ns))
     if plan is None:
         W, me = ctx.world_size, ctx.rank
         slot = ctx.buf[0, me, :m * K]
         plan = []
         for k in range(1, W):
             peer = (me - k) % W
+            sdst = ditron.peer_tensor(ctx.sbuf[0, me, :ns], peer) if ns else None
             plan.append((ctx.free[peer:peer + 1], ditron.peer_tensor(slot, peer),
-                         ditron.peer_tensor(ctx.ready[me:me + 1], peer)))
-        ctx._plans = {m: plan}
+                         ditron.peer_tensor(ctx.ready[me:me + 1], peer), sdst))
+        ctx._plans = {(m, ns): plan}
     return plan
 
 
-def _produce_ce(ctx, a, m, K):
-    """Copy-engine pushes of ``a`` into every peer's slot ``rank`` (see the module docstring)."""
+def _produce_ce(ctx, a, m, K, srows=None):
+    """Copy-engine pushes of ``a`` into every peer's slot ``rank`` (see the module docstring); fp8: its
+    rows' scales ``srows`` (contiguous) into the peer's ``sbuf`` slot first, under the same ``free`` /
+    ``ready`` flags (the rows and their scales land before ``ready`` is set)."""
     transport = ctx.world.transport
     stream = None
     if ctx.overlap:
         stream = ctx.side_stream()
         stream.wait_stream(torch.cuda.current_stream(a.device))          # a is written
     src = a.reshape(-1)
-    for free, dst, ready in _ce_plan(ctx, m, K):
-        ce_send(transport, free, dst, src, ready, stream)
+    ns = 0 if srows is None else srows.numel()
+    for free, dst, ready, sdst in _ce_plan(ctx, m, K, ns):
+        if ns:
+            take_flag(transport, free, stream)
+            transport.rank_copy(sdst, srows.reshape(-1), stream)
+            transport.rank_copy(dst, src, stream)
+            transport.write_value(ready, 1, stream)
+        else:
+            ce_send(transport, free, dst, src, ready, stream)
     if stream is not None:
         a.record_stream(stream)
+        if ns:
+            srows.record_stream(stream)
 
 
-def _produce_sm(ctx, a, m, K):
+def _produce_sm(ctx, a, m, K, srows=None):
     P = ctx.producer_programs
     n = m * K
     block = 128 if ctx.sim else max(256, min(4096, next_pow2(cdiv(n, P))))
     producer = ag_gemm_producer_kernel[(P,)]
-    args = (a, ctx.buf, ctx.sig, ctx.pcalls, n, ctx.slot_rows * ctx.k)
-    kw = dict(MULTI_NODE=ctx.multi_node, ELEM_BYTES=a.element_size(), BLOCK=block, num_warps=1 if ctx.sim else 4)
+    if srows is None:
+        sargs = (a, ctx.buf, 0, 1)
+    else:
+        sargs = (srows, ctx.sbuf, srows.numel(), ctx.s_slot)
+    args = (a, ctx.buf, ctx.sig, ctx.pcalls, n, ctx.slot_rows * ctx.k) + sargs
+    kw = dict(MULTI_NODE=ctx.multi_node, ELEM_BYTES=a.element_size(), BLOCK=block, num_warps=1 if ctx.sim else 4,
+              SCALES=srows is not None)
     if ctx.overlap:
         side = ctx.side_stream()
         side.wait_stream(torch.cuda.current_stream(a.device))   # the previous call's consumer (and a's producer)
@@ -384,16 +473,20 @@ def _produce_sm(ctx, a, m, K):
         producer(*args, **kw)
 
 
-def _consumer_plan(ctx, a, b, m, K, N, aligned):
+def _consumer_plan(ctx, a, b, m, K, N, aligned, rec=None, sconsts=scaling.DUMMY_CONSTS):
     """(grid, arguments after a, b and out, keyword arguments) of the consumer kernel for a call of these
     shapes and strides (made once per such call: AgGemmContext.plan)."""
     M = ctx.world_size * m
-    cfg = ctx.config or default_config(M, N, K, a.dtype, a.device)
+    cfg = ctx.config or default_config(M, N, K, a.dtype, a.device, ctx.out_dtype)
+    if rec is not None:
+        check_fp8_config("ag_gemm", cfg, rec)
     # ctx.tma (not config.tma) decides here: None = wherever it applies
-    tma = (not ctx.sim and ctx.tma is not False and m % cfg.block_m == 0 and b.stride(1) == 1 and aligned)
+    b_major = b.stride(0) == 1 if rec is not None else b.stride(1) == 1
+    tma = (not ctx.sim and ctx.tma is not False and m % cfg.block_m == 0 and b_major and aligned)
     if ctx.tma and not tma:
         raise ditron.DitronError(f"ag_gemm: tma=True needs m % block_m == 0 (m={m}, block_m={cfg.block_m}), "
-                                 f"row-major b and 16-byte aligned rows; on GPUs only")
+                                 f"{'column-major (K-major) b for fp8' if rec is not None else 'row-major b'} "
+                                 "and 16-byte aligned rows; on GPUs only")
     tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     if ctx.num_programs:
         P = int(ctx.num_programs)
@@ -405,30 +498,57 @@ def _consumer_plan(ctx, a, b, m, K, N, aligned):
     tail = (ctx.buf, ctx.sig, ctx.ready, ctx.free, ctx.calls, m, N, K, ctx.slot_rows, a.stride(0), b.stride(0),
             b.stride(1), ctx.producer_programs)
     consts = dict(EVEN_K=(K % cfg.block_k == 0), CE=(ctx.producer == "ce"), TMA=tma, FLATTEN=cfg.flatten and tma,
-                  SUBTILE=cfg.epilogue_subtile if tma else 1, **cfg.launch_options())
+                  SUBTILE=cfg.epilogue_subtile if tma else 1, B_T=tma and rec is not None, **sconsts,
+                  **cfg.launch_options())
     return (P,), tail, consts
 
 
-def ag_gemm(a, b, ctx, out=None):
+def _scale_rows(ctx, rec, scale_a, m):
+    """fp8: this shard's A scales as the rows' contiguous ``[m, SK]`` (``SK`` 1, or ``cdiv(K, gk)``
+    blockwise): what travels with the rows and what the consumer reads for its own rows.  A per-tensor
+    scale becomes per-row (one small copy): every rank's shard keeps its own scale."""
+    if rec.mode == scaling.BLOCKWISE:
+        srows = scale_a.contiguous()
+    else:
+        srows = scale_a.reshape(-1, 1).expand(m, 1).contiguous()
+    return srows, srows.shape[1]
+
+
+def ag_gemm(a, b, ctx, out=None, *, scale_a=None, scale_b=None):
     """``all_gather(a) @ b`` (``[world * m, N]``, ``a``'s dtype).  Every rank
     must call it with the same ``m`` and ``K`` (``N`` and ``b`` may differ per
     rank), in the same order as its other calls on ``ctx``.  Wrong shapes,
-    dtypes or devices raise ``DitronError`` before anything is launched."""
+    dtypes or devices raise ``DitronError`` before anything is launched.
+
+    fp8 contexts: ``scale_a`` is this shard's (one element, ``[m, 1]`` or
+    ``[m, cdiv(K, gk)]``; it travels with the rows: the gathered row of rank
+    ``s`` is scaled by rank ``s``'s scale), ``scale_b`` b's (kernels/scaling.py);
+    the result is the context's ``out_dtype``."""
     enter(ctx, AgGemmContext, "ag_gemm", lambda: op_fields(a, name="a"), a=a, b=b, out=out)
     m, K, N = _check(ctx, a, b, out)
     W = ctx.world_size
     M = W * m
+    if ctx.fp8:
+        rec = scaling.recipe("ag_gemm", m, K, N, scale_a, scale_b, a.device, ctx.scale_block)
+        srows, sk = _scale_rows(ctx, rec, scale_a, m)
+        sargs = (srows, ctx.sbuf, scale_b, sk, 1 if rec.mode == scaling.BLOCKWISE else 0) + rec.sb + (ctx.s_slot,)
+        sconsts = rec.consts()
+    else:
+        scaling.no_scales("ag_gemm", scale_a, scale_b)
+        rec, srows, sconsts = None, None, scaling.DUMMY_CONSTS
+        sargs = (a, a, a, 0, 0, 0, 0, 1)
     if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    aligned = not ctx.sim and tma_ok(a, b, out)
-    key = (m, K, N, a.dtype, a.stride(0), b.stride(0), b.stride(1), aligned)
-    grid, tail, consts = ctx.plan(key, _consumer_plan, ctx, a, b, m, K, N, aligned)
+        out = torch.empty((M, N), dtype=ctx.out_dtype, device=a.device)
+    aligned = not ctx.sim and (fp8_tma_ok(a, b, out) if ctx.fp8 else tma_ok(a, b, out))
+    key = (m, K, N, a.dtype, b.dtype, out.dtype, a.stride(0), b.stride(0), b.stride(1), aligned) + scale_key(
+        rec, srows, scale_b)
+    grid, tail, consts = ctx.plan(key, _consumer_plan, ctx, a, b, m, K, N, aligned, rec, sconsts)
     if consts["TMA"]:
         ensure_tma_allocator()
     if W > 1:
-        (_produce_ce if ctx.producer == "ce" else _produce_sm)(ctx, a, m, K)
+        (_produce_ce if ctx.producer == "ce" else _produce_sm)(ctx, a, m, K, srows)
     ctx.launch(key + (a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0),
-               ag_gemm_consumer_kernel, grid, (a, b, out) + tail, consts)
+               ag_gemm_consumer_kernel, grid, (a, b, out) + tail + sargs, consts)
     if W > 1 and ctx.overlap:
         torch.cuda.current_stream(a.device).wait_stream(ctx.side_stream())   # later writes to a wait for it
     return out

@@ -5,6 +5,7 @@ overlap kernels (ag_gemm, gemm_rs, gemm_ar) share, and that runs alone as
     from ditron.kernels.gemm import matmul, GemmConfig
     c = matmul(a, b)                      # a: [M, K], b: [K, N] (any strides), fp16 / bf16
     c = matmul(a, b, config=GemmConfig(128, 256, 64, num_stages=3, num_warps=8))
+    c = matmul(a8, b8, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)   # fp8 (kernels/scaling.py)
 
 Structure
 ---------
@@ -36,6 +37,7 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 
+from . import scaling
 from ._common import sm_count
 from ._common import cdiv
 
@@ -87,7 +89,7 @@ def is_sim_device(device) -> bool:
     return torch.device(device).type == "cpu"
 
 
-def default_config(M, N, K, dtype=torch.bfloat16, device="cuda") -> GemmConfig:
+def default_config(M, N, K, dtype=torch.bfloat16, device="cuda", out_dtype=None) -> GemmConfig:
     """A config for an ``[M, K] @ [K, N]`` GEMM on ``device`` (small tiles on
     the simulator).  On GPUs: TMA descriptors, 128 x 256 x 64 tiles, 3
     stages, 8 warps, the tile loop flattened (the best config at most of the
@@ -97,7 +99,22 @@ def default_config(M, N, K, dtype=torch.bfloat16, device="cuda") -> GemmConfig:
     loads."""
     if is_sim_device(device):
         return SIM_CONFIG
+    if dtype in scaling.FP8_DTYPES:
+        return fp8_config(M, N, K, sm_count(device), out_dtype or torch.bfloat16)
     return gpu_default_config(M, N, K, sm_count(device))
+
+
+def fp8_config(M, N, K, num_sms, out_dtype=torch.bfloat16) -> GemmConfig:
+    """The GPU default for fp8 operands (no device query): 128 x 256 x 128 tiles (K steps of 128: one
+    fp32 promotion and, blockwise, one scale group per step), 3 stages, TMA, the tile loop flattened;
+    128 x 128 where there are fewer tiles than SMs; the TMA-store epilogue in two slices for float32
+    output (shared memory).  TODO(perf): measured on no GPU yet (ditron bench gemm --dtype fp8)."""
+    sub = 2 if out_dtype == torch.float32 else 1
+    if cdiv(M, 128) * cdiv(N, 256) < num_sms:
+        return GemmConfig(128, 128, 128, group_m=8, num_warps=8, num_stages=4, tma=True, flatten=True,
+                          epilogue_subtile=sub)
+    return GemmConfig(128, 256, 128, group_m=8, num_warps=8, num_stages=3, tma=True, flatten=True,
+                      epilogue_subtile=sub)
 
 
 def gpu_default_config(M, N, K, num_sms) -> GemmConfig:
@@ -226,27 +243,122 @@ def gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K,
 
 
 @triton.jit
+def scale_step(acc, part, sa_rows, sb_cols, col_ok, k0, stride_sak, stride_sbk, GK: tl.constexpr):
+    """Blockwise fp8: ``acc + part * scale_a[rows, g] * scale_b[g, cols]`` for the K group ``g`` of ``k0``."""
+    g = k0 // GK
+    sa = tl.load(sa_rows + g * stride_sak)
+    sb = tl.load(sb_cols + g * stride_sbk, mask=col_ok, other=0.0)
+    return acc + part * sa[:, None] * sb[None, :]
+
+
+@triton.jit
+def scale_epilogue(acc, sa_rows, sb_cols, col_ok, SCALE: tl.constexpr):
+    """Per-tensor / per-row / per-column fp8: ``acc * scale_a[rows] * scale_b[cols]`` (``SCALE == 1``)."""
+    if SCALE == 1:
+        sa = tl.load(sa_rows)
+        sb = tl.load(sb_cols, mask=col_ok, other=0.0)
+        acc = acc * sa[:, None] * sb[None, :]
+    return acc
+
+
+@triton.jit
+def scaled_gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K, sa_rows, sb_cols, stride_sak, stride_sbk,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                     SCALE: tl.constexpr, GK: tl.constexpr):
+    """:func:`gemm_tile` with fp8 scales (kernels/scaling.py): ``SCALE`` 0 is :func:`gemm_tile` itself;
+    1 scales the accumulator in the epilogue; 2 (blockwise) scales each ``BLOCK_K`` step's product.
+    ``sa_rows``: pointers to the tile rows' ``scale_a`` entries (group 0), ``sb_cols``: to its columns'
+    ``scale_b`` entries (group 0).  fp8 products are summed in the tensor core for one ``BLOCK_K`` step
+    at most, then promoted to fp32 (``max_num_imprecise_acc``; ``BLOCK_K <= 128``), as
+    ``torch._scaled_mm`` without fast accumulation."""
+    if SCALE == 0:
+        acc = gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        ks = tl.arange(0, BLOCK_K)
+        a_ptrs = a_rows[:, None] + ks[None, :] * stride_ak
+        b_ptrs = b_cols[None, :] + ks[:, None] * stride_bk
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)
+            else:
+                k_ok = (k0 + ks) < K
+                a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if SCALE == 2:
+                part = tl.dot(a, b, max_num_imprecise_acc=BLOCK_K)
+                acc = scale_step(acc, part, sa_rows, sb_cols, col_ok, k0, stride_sak, stride_sbk, GK)
+            else:
+                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
+        acc = scale_epilogue(acc, sa_rows, sb_cols, col_ok, SCALE)
+    return acc
+
+
+@triton.jit
+def scaled_gemm_tile_tma(a_desc, b_desc, off_am, off_n, K, sa_rows, sb_cols, col_ok, stride_sak, stride_sbk,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE: tl.constexpr,
+                         GK: tl.constexpr, B_T: tl.constexpr):
+    """:func:`gemm_tile_tma` with fp8 scales (as :func:`scaled_gemm_tile`).  ``B_T``: ``b_desc`` describes
+    ``b`` transposed (``[N, K]``, K-major: what Hopper's fp8 ``wgmma`` reads; :func:`operand_descriptors`)."""
+    if SCALE == 0:
+        acc = gemm_tile_tma(a_desc, b_desc, off_am, off_n, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(tl.cdiv(K, BLOCK_K)):
+            a = a_desc.load([off_am, ki * BLOCK_K])
+            if B_T:
+                b = b_desc.load([off_n, ki * BLOCK_K]).T
+            else:
+                b = b_desc.load([ki * BLOCK_K, off_n])
+            if SCALE == 2:
+                part = tl.dot(a, b, max_num_imprecise_acc=BLOCK_K)
+                acc = scale_step(acc, part, sa_rows, sb_cols, col_ok, ki * BLOCK_K, stride_sak, stride_sbk, GK)
+            else:
+                acc = tl.dot(a, b, acc, max_num_imprecise_acc=BLOCK_K)
+        acc = scale_epilogue(acc, sa_rows, sb_cols, col_ok, SCALE)
+    return acc
+
+
+@triton.jit
+def scale_ptrs(sa_ptr, sb_ptr, rows_c, cols, stride_sam, stride_sbn, GN: tl.constexpr):
+    """(``sa_rows``, ``sb_cols``) of :func:`scaled_gemm_tile` for clamped rows and columns."""
+    return sa_ptr + rows_c.to(tl.int64) * stride_sam, sb_ptr + (cols // GN).to(tl.int64) * stride_sbn
+
+
+@triton.jit
 def gemm_tile_tma(a_desc, b_desc, off_am, off_n, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
+                  BLOCK_K: tl.constexpr, B_T: tl.constexpr = False):
     """The accumulator of the tile at rows ``off_am`` of ``a_desc``'s matrix
     and columns ``off_n`` of ``b_desc``'s, through TMA."""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ki in range(tl.cdiv(K, BLOCK_K)):
         a = a_desc.load([off_am, ki * BLOCK_K])
-        b = b_desc.load([ki * BLOCK_K, off_n])
+        if B_T:
+            b = b_desc.load([off_n, ki * BLOCK_K]).T
+        else:
+            b = b_desc.load([ki * BLOCK_K, off_n])
         acc = tl.dot(a, b, acc)
     return acc
 
 
 @triton.jit
 def operand_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, TMA: tl.constexpr):
-    """TMA descriptors of row-major A ``[M, K]`` and B ``[K, N]`` (placeholders without ``TMA``)."""
+                        BLOCK_K: tl.constexpr, TMA: tl.constexpr, B_T: tl.constexpr = False, stride_bn=1):
+    """TMA descriptors of row-major A ``[M, K]`` and B ``[K, N]`` (placeholders without ``TMA``); with
+    ``B_T`` B is column-major (``stride_bk == 1``) and its descriptor is of ``B^T`` ``[N, K]`` (K-major
+    tiles, as Hopper's fp8 ``wgmma`` needs them)."""
     if TMA:
         a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[stride_am, 1],
                                            block_shape=[BLOCK_M, BLOCK_K])
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
-                                           block_shape=[BLOCK_K, BLOCK_N])
+        if B_T:
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[stride_bn, 1],
+                                               block_shape=[BLOCK_N, BLOCK_K])
+        else:
+            b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[stride_bk, 1],
+                                               block_shape=[BLOCK_K, BLOCK_N])
     else:
         a_desc = 0
         b_desc = 0
@@ -256,18 +368,33 @@ def operand_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, BLOCK_M: tl
 @triton.jit
 def gemm_tile_at(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                 TMA: tl.constexpr):
+                 TMA: tl.constexpr, sa_ptr=0, sb_ptr=0, stride_sam=0, stride_sak=0, stride_sbk=0, stride_sbn=0,
+                 SCALE: tl.constexpr = 0, GK: tl.constexpr = 1, GN: tl.constexpr = 1, B_T: tl.constexpr = False):
     """Tile ``(pid_m, pid_n)`` of ``a @ b``: ``(rows, row_ok, cols, col_ok,
-    acc)`` through TMA (:func:`operand_descriptors`) or pointer loads."""
+    acc)`` through TMA (:func:`operand_descriptors`) or pointer loads; fp8
+    operands with their scales (``SCALE``: kernels/scaling.py's recipe
+    mode; ``sa_ptr`` ... ``stride_sbn``: the scale tensors and their
+    strides, :meth:`kernels.scaling.Recipe.kernel_args`)."""
     rows, row_ok, rows_c = tile_rows(pid_m, M, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    if TMA:
-        acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+    if SCALE == 0:
+        if TMA:
+            acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K, B_T)
+        else:
+            a_rows = a_ptr + rows_c.to(tl.int64) * stride_am
+            b_cols = b_ptr + cols.to(tl.int64) * stride_bn
+            acc = gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
     else:
-        a_rows = a_ptr + rows_c.to(tl.int64) * stride_am
-        b_cols = b_ptr + cols.to(tl.int64) * stride_bn
-        acc = gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+        sa_rows, sb_cols = scale_ptrs(sa_ptr, sb_ptr, rows_c, tl.minimum(cols, N - 1), stride_sam, stride_sbn, GN)
+        if TMA:
+            acc = scaled_gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, sa_rows, sb_cols, col_ok,
+                                       stride_sak, stride_sbk, BLOCK_M, BLOCK_N, BLOCK_K, SCALE, GK, B_T)
+        else:
+            a_rows = a_ptr + rows_c.to(tl.int64) * stride_am
+            b_cols = b_ptr + cols.to(tl.int64) * stride_bn
+            acc = scaled_gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K, sa_rows, sb_cols, stride_sak,
+                                   stride_sbk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SCALE, GK)
     return rows, row_ok, cols, col_ok, acc
 
 
@@ -298,26 +425,40 @@ def store_tile_tma(c_desc, off_m, off_n, acc, BLOCK_M: tl.constexpr, BLOCK_N: tl
 
 @ditron.jit(do_not_specialize=["M"])
 def gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                 EVEN_K: tl.constexpr, TMA: tl.constexpr, FLATTEN: tl.constexpr, SUBTILE: tl.constexpr,
-                WARP_SPEC: tl.constexpr):
+                WARP_SPEC: tl.constexpr, SCALE: tl.constexpr = 0, GK: tl.constexpr = 1, GN: tl.constexpr = 1,
+                B_T: tl.constexpr = False):
     """Persistent ``c = a @ b``: program ``p`` computes tiles ``p, p + P, ...``
     of the ``dl.swizzle_2d`` order.  ``TMA``: operands and result through
     device-side tensor descriptors (TMA loads, TMA-store epilogue), the tile
     loop software-pipelined across tiles (``FLATTEN``) or warp-specialised
-    (``WARP_SPEC``); otherwise pointer loads and masked stores."""
+    (``WARP_SPEC``); otherwise pointer loads and masked stores.  fp8
+    operands: ``SCALE`` and the scale arguments (kernels/scaling.py), ``B_T``:
+    B's descriptor is of ``B^T`` (K-major)."""
     P = tl.num_programs(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
     if TMA:
         a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, BLOCK_M, BLOCK_N,
-                                             BLOCK_K, TMA)
+                                             BLOCK_K, TMA, B_T, stride_bn)
         c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[stride_cm, 1],
                                            block_shape=[BLOCK_M, BLOCK_N // SUBTILE])
         for tile in tl.range(tl.program_id(0), num_tiles, P, flatten=FLATTEN, warp_specialize=WARP_SPEC):
             pid_m, pid_n = dl.swizzle_2d(tile, num_pid_m, num_pid_n, GROUP_M)
-            acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+            if SCALE == 0:
+                acc = gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+                                    B_T)
+            else:
+                _r, _rok, rows_c = tile_rows(pid_m, M, BLOCK_M)
+                cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+                sa_rows, sb_cols = scale_ptrs(sa_ptr, sb_ptr, rows_c, tl.minimum(cols, N - 1), stride_sam,
+                                              stride_sbn, GN)
+                acc = scaled_gemm_tile_tma(a_desc, b_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, K, sa_rows, sb_cols,
+                                           cols < N, stride_sak, stride_sbk, BLOCK_M, BLOCK_N, BLOCK_K, SCALE, GK,
+                                           B_T)
             store_tile_tma(c_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, acc, BLOCK_M, BLOCK_N, SUBTILE,
                            c_ptr.dtype.element_ty)
     else:
@@ -325,7 +466,8 @@ def gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, s
             pid_m, pid_n = dl.swizzle_2d(tile, num_pid_m, num_pid_n, GROUP_M)
             rows, row_ok, cols, col_ok, acc = gemm_tile_at(a_ptr, b_ptr, 0, 0, pid_m, pid_n, M, N, K, stride_am,
                                                            stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N,
-                                                           BLOCK_K, EVEN_K, TMA)
+                                                           BLOCK_K, EVEN_K, TMA, sa_ptr, sb_ptr, stride_sam,
+                                                           stride_sak, stride_sbk, stride_sbn, SCALE, GK, GN)
             store_tile(c_ptr, stride_cm, stride_cn, rows, row_ok, cols, col_ok, acc)
 
 
@@ -333,17 +475,22 @@ def gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, s
 # host API
 # ---------------------------------------------------------------------------
 
-def check_operands(op, a, b, out=None, out_shape=None):
-    """Shape / dtype / device checks shared by the GEMM kernels (errors name ``op``)."""
+def check_operands(op, a, b, out=None, out_shape=None, out_dtype=None):
+    """Shape / dtype / device checks shared by the GEMM kernels (errors name ``op``).  fp8 operands
+    (kernels/scaling.py) write ``out_dtype``; fp16 / bf16 ones their own dtype."""
     E = ditron.DitronError
     if not isinstance(a, torch.Tensor) or a.dim() != 2:
         raise E(f"{op}: argument 'a' must be a 2-D tensor")
     if not isinstance(b, torch.Tensor) or b.dim() != 2:
         raise E(f"{op}: argument 'b' must be a 2-D tensor [K, N]")
-    if a.dtype not in _GEMM_DTYPES:
-        raise E(f"{op}: argument 'a' is {a.dtype}; use float16 or bfloat16")
-    if b.dtype != a.dtype:
+    if scaling.is_fp8(a):
+        scaling.check_fp8_operands(op, a, b, out_dtype or torch.bfloat16)
+    elif a.dtype not in _GEMM_DTYPES:
+        raise E(f"{op}: argument 'a' is {a.dtype}; use float16 or bfloat16 (or fp8: float8_e4m3fn / float8_e5m2 "
+                "with scale_a and scale_b)")
+    elif b.dtype != a.dtype:
         raise E(f"{op}: argument 'b' is {b.dtype}, 'a' is {a.dtype}")
+    out_dtype = out_dtype or a.dtype
     if b.device != a.device:
         raise E(f"{op}: argument 'b' is on {b.device}, 'a' on {a.device}")
     if b.shape[0] != a.shape[1]:
@@ -353,8 +500,8 @@ def check_operands(op, a, b, out=None, out_shape=None):
     if out is not None:
         if not isinstance(out, torch.Tensor):
             raise E(f"{op}: argument 'out' must be a torch.Tensor")
-        if out.dtype != a.dtype:
-            raise E(f"{op}: argument 'out' is {out.dtype}, expected {a.dtype}")
+        if out.dtype != out_dtype:
+            raise E(f"{op}: argument 'out' is {out.dtype}, expected {out_dtype}")
         if out.device != a.device:
             raise E(f"{op}: argument 'out' is on {out.device}, 'a' on {a.device}")
         if out_shape is not None and tuple(out.shape) != tuple(out_shape):
@@ -382,26 +529,100 @@ def prepare_tma(op, cfg, sim, *tensors) -> bool:
     return True
 
 
-def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=None):
+def fp8_tma_ok(a, b, out=None) -> bool:
+    """TMA for fp8 operands: ``a`` and ``out`` as :func:`tma_ok`, ``b`` column-major (``b = w.t()`` of a
+    row-major ``[N, K]`` weight, as ``torch._scaled_mm`` takes it): its descriptor is of ``w``, whose
+    K-major tiles Hopper's fp8 ``wgmma`` reads without a transpose."""
+    return tma_ok(a, *(() if out is None else (out,))) and b.stride(0) == 1 and tma_ok(b.t())
+
+
+def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=None, *, scale_a=None,
+           scale_b=None, out_dtype=None, scale_block=(128, 128)):
     """``a @ b`` with the zoo's GEMM core (fp32 accumulation, ``a``'s dtype).
     ``config``: a :class:`GemmConfig`, ``None`` (:func:`default_config`) or
     ``"tune"`` (:func:`tune`: the fastest candidate for this shape, timed once
-    and cached)."""
-    check_operands("matmul", a, b, out, (a.shape[0], b.shape[1]))
+    and cached).
+
+    fp8 operands (``float8_e4m3fn`` / ``float8_e5m2``) need ``scale_a`` and
+    ``scale_b`` (float32), whose shapes choose the recipe -- per-tensor,
+    per-row / per-column (``torch._scaled_mm``'s) or blockwise with
+    ``scale_block=(gk, gn)`` groups (DeepSeek-V3's 1 x 128 / 128 x 128):
+    kernels/scaling.py -- and write ``out_dtype`` (default bfloat16; float16,
+    float32).  ``b`` column-major (``w.t()``) is the fast layout on Hopper."""
+    fp8 = scaling.is_fp8(a)
+    if fp8:
+        out_dtype = out_dtype or torch.bfloat16
+    else:
+        scaling.no_scales("matmul", scale_a, scale_b)
+        if out_dtype is not None and out_dtype != getattr(a, "dtype", None):
+            raise ditron.DitronError(f"matmul: out_dtype={out_dtype} applies to fp8 operands; fp16 / bf16 "
+                                     "GEMMs write their operands' dtype")
+    check_operands("matmul", a, b, out, (a.shape[0], b.shape[1]), out_dtype)
     M, K = a.shape
     N = b.shape[1]
+    rec = scaling.recipe("matmul", M, K, N, scale_a, scale_b, a.device, scale_block) if fp8 else None
     if isinstance(config, str):
         if config != "tune":
             raise ditron.DitronError(f"matmul: config={config!r}; give a GemmConfig, None or 'tune'")
+        if fp8:
+            raise ditron.DitronError("matmul: config='tune' is for fp16 / bf16 operands; give fp8 GEMMs a "
+                                     "GemmConfig or None (fp8_config)")
         config = tune(M, N, K, a.dtype, a.device)
-    cfg = (config or default_config(M, N, K, a.dtype, a.device)).validate("matmul")
+    cfg = (config or default_config(M, N, K, a.dtype, a.device, out_dtype)).validate("matmul")
+    if fp8:
+        check_fp8_config("matmul", cfg, rec)
     if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    tma = prepare_tma("matmul", cfg, is_sim_device(a.device), a, b, out)
+        out = torch.empty((M, N), dtype=out_dtype or a.dtype, device=a.device)
+    sim = is_sim_device(a.device)
+    if fp8:
+        tma = cfg.tma and not sim and fp8_tma_ok(a, b, out)
+        if tma:
+            ensure_tma_allocator()
+        sargs, sconsts = rec.kernel_args(scale_a, scale_b), rec.consts()
+    else:
+        tma = prepare_tma("matmul", cfg, sim, a, b, out)
+        sargs, sconsts = scaling.dummy_args(a), scaling.DUMMY_CONSTS
     tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
-    P = max(1, min(tiles, int(num_programs or (4 if is_sim_device(a.device) else sm_count(a.device)))))
+    P = max(1, min(tiles, int(num_programs or (4 if sim else sm_count(a.device)))))
     gemm_kernel[(P,)](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-                      out.stride(1), EVEN_K=(K % cfg.block_k == 0), TMA=tma, FLATTEN=cfg.flatten,
+                      out.stride(1), *sargs, EVEN_K=(K % cfg.block_k == 0), TMA=tma, FLATTEN=cfg.flatten,
                       SUBTILE=cfg.epilogue_subtile if tma else 1, WARP_SPEC=cfg.warp_specialize and tma,
-                      **cfg.launch_options())
+                      B_T=fp8 and tma, **sconsts, **cfg.launch_options())
     return out
+
+
+def scale_plan(op, a, b, M, K, N, scale_a, scale_b, scale_block):
+    """For the overlap ops: ``(recipe, scale kernel arguments, scale constexprs)`` of a call
+    (``recipe`` None and placeholders for fp16 / bf16 operands; kernels/scaling.py)."""
+    if not scaling.is_fp8(a):
+        scaling.no_scales(op, scale_a, scale_b)
+        return None, scaling.dummy_args(a), scaling.DUMMY_CONSTS
+    rec = scaling.recipe(op, M, K, N, scale_a, scale_b, a.device, scale_block)
+    return rec, rec.kernel_args(scale_a, scale_b), rec.consts()
+
+
+def scale_key(rec, scale_a, scale_b):
+    """What a launch key needs of the scales: the recipe (strides, groups) and the tensors' 16-byte alignment."""
+    if rec is None:
+        return (None,)
+    return (rec, scale_a.data_ptr() % 16 == 0, scale_b.data_ptr() % 16 == 0)
+
+
+def scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, out=None, config=None, num_programs=None,
+              scale_block=(128, 128)):
+    """``torch._scaled_mm``'s call on the zoo's fp8 core: ``(a * scale_a) @ (b * scale_b)`` in
+    ``out_dtype`` (:func:`matmul` with fp8 operands; kernels/scaling.py for the recipes)."""
+    return matmul(a, b, out=out, config=config, num_programs=num_programs, scale_a=scale_a, scale_b=scale_b,
+                  out_dtype=out_dtype, scale_block=scale_block)
+
+
+def check_fp8_config(op, cfg, rec):
+    """fp8 constraints of a config: ``block_k <= 128`` (one promotion to fp32 per K step, what the
+    simulator models: ditron/sim/numerics.py) and, blockwise, ``block_k`` dividing the scale group."""
+    E = ditron.DitronError
+    if cfg.block_k > 128:
+        raise E(f"{op}: fp8 operands need block_k <= 128 (got {cfg.block_k}): the fp8 products of one K step "
+                "are summed in the tensor core's narrower accumulator before the fp32 promotion")
+    if rec is not None and rec.mode == scaling.BLOCKWISE and rec.gk % cfg.block_k:
+        raise E(f"{op}: blockwise scales with groups of {rec.gk} along K need block_k dividing {rec.gk} "
+                f"(got block_k={cfg.block_k})")

@@ -113,8 +113,9 @@ from ._common import CollectiveContext, enter, op_fields, epoch_begin, epoch_end
 from ._common import cdiv
 from .all_gather import _put_chunk
 from .all_reduce import AUTO_MULTIMEM_ON_GPU, AUTO_ONE_SHOT_MAX_BYTES, multicast_available
-from .gemm import (GemmConfig, check_operands, default_config, ensure_tma_allocator, gemm_tile_at, operand_descriptors,
-                   store_tile, tile_rows, tma_ok)
+from . import scaling
+from .gemm import (GemmConfig, check_fp8_config, check_operands, default_config, ensure_tma_allocator, fp8_tma_ok,
+                   gemm_tile_at, operand_descriptors, scale_key, scale_plan, store_tile, tile_rows, tma_ok)
 
 METHODS = ("auto", "one_shot", "two_shot", "multimem_one_shot", "multimem_two_shot", "rs_ag")
 MULTIMEM_METHODS = ("multimem_one_shot", "multimem_two_shot")
@@ -185,13 +186,17 @@ def _store_out(out_ptr, stride_cm, stride_cn, t, M, N, v, BLOCK_M: tl.constexpr,
 @ditron.jit(do_not_specialize=["M", "max_tiles", "G"])
 def gemm_ar_kernel(a_ptr, b_ptr, out_ptr, part_ptr, red_ptr, res_ptr, flag_ptr, done_ptr, calls_ptr,
                    M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, max_tiles, G,
+                   sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn,
                    METHOD: tl.constexpr, WORLD: tl.constexpr, MULTI_NODE: tl.constexpr,
                    ELEM_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr):
+                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
+                   SCALE: tl.constexpr = 0, GK: tl.constexpr = 1, GN: tl.constexpr = 1, B_T: tl.constexpr = False):
     """One call of gemm_ar (see the module docstring).  ``METHOD``: 0
     one_shot, 1 two_shot, 2 multimem_one_shot, 3 multimem_two_shot.
     ``max_tiles``: tiles of the context's ``max_m x n`` (buffer capacity);
-    ``G``: GEMM programs, the other ``num_programs - G`` reduce."""
+    ``G``: GEMM programs, the other ``num_programs - G`` reduce.  fp8
+    operands: ``SCALE`` and the scale arguments (kernels/scaling.py; ``B_T``:
+    b's TMA descriptor is of ``b^T``); the partials are the context's dtype."""
     e = epoch_begin(calls_ptr)
     par = e % 2
     val = e + 1
@@ -213,12 +218,13 @@ def gemm_ar_kernel(a_ptr, b_ptr, out_ptr, part_ptr, red_ptr, res_ptr, flag_ptr, 
     if pid < G:
         # ------------------------- persistent GEMM -------------------------
         a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, BLOCK_M, BLOCK_N,
-                                             BLOCK_K, TMA)
+                                             BLOCK_K, TMA, B_T, stride_bn)
         for t in range(pid, num_tiles, G):
             pid_m, pid_n = _tile_pid(t, M, N, BLOCK_M, BLOCK_N, GROUP_M)
             _r, _rok, _c, _cok, acc = gemm_tile_at(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, stride_am,
                                                    stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                                   EVEN_K, TMA)
+                                                   EVEN_K, TMA, sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk,
+                                                   stride_sbn, SCALE, GK, GN, B_T)
             v = acc.to(DT)
             t64 = tl.cast(t, tl.int64)
             own = part + t64 * TILE
@@ -322,8 +328,9 @@ class GemmArContext(CollectiveContext):
     def __init__(self, max_m, n, dtype, world=None, config: GemmConfig | None = None, gemm_programs=None,
                  reduce_programs=None, multicast=None):
         E = ditron.DitronError
-        if dtype not in _GEMM_DTYPES:
-            raise E(f"gemm_ar: dtype {dtype} is not supported (use float16 or bfloat16)")
+        if dtype not in _GEMM_DTYPES + (torch.float32,):
+            raise E(f"gemm_ar: dtype {dtype} is not supported (use float16 or bfloat16, or float32 with fp8 "
+                    "operands: the partials' and the result's dtype)")
         if int(max_m) < 1 or int(n) < 1:
             raise E(f"gemm_ar: max_m ({max_m}) and n ({n}) must be >= 1")
         super().__init__(int(max_m) * int(n), dtype, world)
@@ -422,10 +429,13 @@ def _check(ctx, a, b, out, method):
         raise E("gemm_ar: ctx must come from create_gemm_ar_context()")
     if method not in METHODS:
         raise E(f"gemm_ar: unknown method {method!r}; use one of {', '.join(METHODS)}")
-    check_operands("gemm_ar", a, b, out, (a.shape[0], ctx.n) if isinstance(a, torch.Tensor) else None)
+    fp8 = scaling.is_fp8(a)
+    check_operands("gemm_ar", a, b, out, (a.shape[0], ctx.n) if isinstance(a, torch.Tensor) else None,
+                   ctx.dtype if fp8 else None)
     M, N = a.shape[0], b.shape[1]
-    if a.dtype != ctx.dtype:
-        raise E(f"gemm_ar: argument 'a' is {a.dtype}, the context was created for {ctx.dtype}")
+    if not fp8 and a.dtype != ctx.dtype:
+        raise E(f"gemm_ar: argument 'a' is {a.dtype}, the context was created for {ctx.dtype} (fp8 operands "
+                "write the context's dtype; fp16 / bf16 operands must be of it)")
     dev = torch.device(ctx.device)
     if a.device.type != dev.type or (dev.index is not None and a.device.index != dev.index):
         raise E(f"gemm_ar: argument 'a' is on {a.device}, this rank works on {ctx.device}")
@@ -452,7 +462,7 @@ def _check(ctx, a, b, out, method):
     return M, a.shape[1], N
 
 
-def _gemm_ar_rs_ag(a, b, ctx, out, M):
+def _gemm_ar_rs_ag(a, b, ctx, out, M, scales):
     """Method ``"rs_ag"``: GEMM-ReduceScatter with the copy engine
     (kernels/gemm_rs.py, method ``"ce"``) straight into this rank's rows of
     ``out``, then all_gather's copy-engine method in place.  The partials
@@ -471,42 +481,52 @@ def _gemm_ar_rs_ag(a, b, ctx, out, M):
         ctx._rs_ag = (rs, ag)
     rs, ag = ctx._rs_ag
     own = out[me * m:(me + 1) * m]
-    gemm_rs(a, b, rs, out=own)
+    gemm_rs(a, b, rs, out=own, **scales)
     all_gather(own, ag, out=out, method="ce")
     return out
 
 
-def gemm_ar(a, b, ctx: GemmArContext, out=None, method="auto"):
+def gemm_ar(a, b, ctx: GemmArContext, out=None, method="auto", *, scale_a=None, scale_b=None,
+            scale_block=(128, 128)):
     """``sum over ranks of a @ b`` (``[M, n]``, ``a``'s dtype) on every rank, in
     ``out`` (given or allocated).  Collective: every rank calls it with the
     same ``M`` and ``method``, in the same order as its other calls on ``ctx``
     (``K`` and ``b`` may differ per rank).  ``method``: one of
     :data:`METHODS`.  Wrong shapes, dtypes, devices or methods raise
-    ``DitronError`` before anything is launched.  Returns ``out``."""
+    ``DitronError`` before anything is launched.  Returns ``out``.
+
+    fp8 operands (kernels/scaling.py): ``scale_a`` / ``scale_b`` (their
+    shapes choose the recipe; ``scale_block`` the blockwise groups); each
+    rank's partial is rounded once to the context's dtype (bfloat16, float16
+    or float32), the result's dtype; the reduction sums in fp32."""
     enter(ctx, GemmArContext, "gemm_ar",         # (K may differ per rank: not compared)
           lambda: [("M", getattr(a, "shape", (None,))[0])] + op_fields(a, method, name="a")[1:], a=a, b=b, out=out)
     M, K, N = _check(ctx, a, b, out, method)
     if method == "auto":
         method = choose_method(ctx, M)
+    rec, sargs, sconsts = scale_plan("gemm_ar", a, b, M, K, N, scale_a, scale_b, scale_block)
     if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+        out = torch.empty((M, N), dtype=ctx.dtype, device=a.device)
     if method == "rs_ag":
-        return _gemm_ar_rs_ag(a, b, ctx, out, M)
-    aligned = not ctx.sim and tma_ok(a, b)
-    key = (M, K, N, method, a.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1),
-           aligned)
-    grid, tail, consts = ctx.plan(key, _launch_plan, ctx, a, b, out, M, K, N, method, aligned)
+        return _gemm_ar_rs_ag(a, b, ctx, out, M, dict(scale_a=scale_a, scale_b=scale_b, scale_block=scale_block)
+                              if rec is not None else {})
+    aligned = not ctx.sim and (fp8_tma_ok(a, b) if rec is not None else tma_ok(a, b))
+    key = (M, K, N, method, a.dtype, b.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
+           out.stride(1), aligned) + scale_key(rec, scale_a, scale_b)
+    grid, tail, consts = ctx.plan(key, _launch_plan, ctx, a, b, out, M, K, N, method, aligned, rec, sconsts)
     if consts["TMA"]:
         ensure_tma_allocator()
     ctx.launch(key + (a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0), gemm_ar_kernel,
-               grid, (a, b, out) + tail, consts)
+               grid, (a, b, out) + tail + sargs, consts)
     return out
 
 
-def _launch_plan(ctx, a, b, out, M, K, N, method, aligned):
+def _launch_plan(ctx, a, b, out, M, K, N, method, aligned, rec=None, sconsts=scaling.DUMMY_CONSTS):
     """(grid, arguments after a, b and out, keyword arguments) of a call of these shapes, strides and method
     (made once per such call: GemmArContext.plan)."""
     cfg = ctx.config
+    if rec is not None:
+        check_fp8_config("gemm_ar", cfg, rec)
     tma = bool(cfg.tma and aligned)
     tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     G = min(ctx.gemm_programs, tiles)
@@ -514,7 +534,8 @@ def _launch_plan(ctx, a, b, out, M, K, N, method, aligned):
     return ((G + R,), (ctx.part, ctx.red, ctx.res, ctx.flag, ctx.done, ctx.calls, M, N, K, a.stride(0),
                        a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), ctx.max_tiles, G),
             dict(METHOD=_METHOD_ID[method], WORLD=ctx.world_size, MULTI_NODE=ctx.multi_node,
-                 ELEM_BYTES=a.element_size(), EVEN_K=(K % cfg.block_k == 0), TMA=tma, **cfg.launch_options()))
+                 ELEM_BYTES=ctx.esize, EVEN_K=(K % cfg.block_k == 0), TMA=tma, B_T=tma and rec is not None,
+                 **sconsts, **cfg.launch_options()))
 
 
 __all__ = ["METHODS", "GemmArContext", "create_gemm_ar_context", "gemm_ar", "choose_method"]

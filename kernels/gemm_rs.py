@@ -194,8 +194,10 @@ from ._common import (CollectiveContext, enter, op_fields, ce_release, ce_send, 
                       take_flag, topology, waiting_programs)
 from ._common import cdiv
 from .all_gather import _SLOT_ALIGN, _put_chunk, _round_up
-from .gemm import (GemmConfig, _GEMM_DTYPES, check_operands, default_config, ensure_tma_allocator, gemm_tile_at,
-                   is_sim_device, operand_descriptors, store_tile, tma_ok)
+from . import scaling
+from .gemm import (GemmConfig, _GEMM_DTYPES, check_fp8_config, check_operands, default_config, ensure_tma_allocator,
+                   fp8_tma_ok, gemm_tile_at, is_sim_device, operand_descriptors, scale_key, scale_plan, store_tile,
+                   tma_ok)
 
 METHODS = ("auto", "ce", "scatter", "pull")
 _MIN_BLOCK_M = 16            # GemmConfig.validate's smallest BLOCK_M: sizes the signal array
@@ -247,9 +249,11 @@ def _segments_done(lo, hi, me, m, num_pid_n, seg_count_ptr, done_ptr, BLOCK_M: t
 @ditron.jit(do_not_specialize=["M", "sig_stride"])
 def gemm_rs_gemm_kernel(a_ptr, b_ptr, buf_ptr, cbuf_ptr, sig_ptr, count_ptr, seg_count_ptr, done_ptr, calls_ptr,
                         M, N, K, stride_am, stride_ak, stride_bk, stride_bn, slot_stride, cbuf_stride, sig_stride,
+                        sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn,
                         PULL: tl.constexpr, CE: tl.constexpr, MULTI_NODE: tl.constexpr, ELEM_BYTES: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        EVEN_K: tl.constexpr, TMA: tl.constexpr):
+                        EVEN_K: tl.constexpr, TMA: tl.constexpr, SCALE: tl.constexpr = 0, GK: tl.constexpr = 1,
+                        GN: tl.constexpr = 1, B_T: tl.constexpr = False):
     """This rank's partial ``a @ b`` (``[M, N]``), persistent over the tiles
     in ``dl.swizzle_scatter`` order, delivered to the owners of its rows
     (scatter: their ``buf[p][rank]``; pull: this rank's ``cbuf[p]``) and
@@ -257,7 +261,8 @@ def gemm_rs_gemm_kernel(a_ptr, b_ptr, buf_ptr, cbuf_ptr, sig_ptr, count_ptr, seg
     flagged per peer segment in the local ``done`` (see the module
     docstring).  ``slot_stride``: elements between two slots of ``buf``;
     ``cbuf_stride``: between the two parities of ``cbuf``; ``sig_stride``:
-    words between the two parities of ``sig``."""
+    words between the two parities of ``sig``.  fp8 operands: ``SCALE`` and the scale arguments
+    (kernels/scaling.py; ``B_T``: b's TMA descriptor is of ``b^T``); the partials are the context's dtype."""
     e = epoch_begin(calls_ptr)
     if CE:
         par = 0                       # one buffer: flags that are reset, not epochs
@@ -272,12 +277,14 @@ def gemm_rs_gemm_kernel(a_ptr, b_ptr, buf_ptr, cbuf_ptr, sig_ptr, count_ptr, seg
     sigp = sig_ptr + par * sig_stride.to(tl.int64) + me       # this rank's word of M tile t: sigp + t * W
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, TMA)
+    a_desc, b_desc = operand_descriptors(a_ptr, b_ptr, M, N, K, stride_am, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, TMA,
+                                         B_T, stride_bn)
     for tile in range(tl.program_id(0), num_pid_m * num_pid_n, tl.num_programs(0)):
         pid_m, pid_n = dl.swizzle_scatter(tile, M, N, BLOCK_M, BLOCK_N, me, W, NN, GROUP_M)
         rows, row_ok, cols, col_ok, acc = gemm_tile_at(a_ptr, b_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K,
                                                        stride_am, stride_ak, stride_bk, stride_bn, BLOCK_M, BLOCK_N,
-                                                       BLOCK_K, EVEN_K, TMA)
+                                                       BLOCK_K, EVEN_K, TMA, sa_ptr, sb_ptr, stride_sam, stride_sak,
+                                                       stride_sbk, stride_sbn, SCALE, GK, GN, B_T)
         lo, hi = dl.tile_segments(pid_m, M, BLOCK_M, W)          # the owners of the tile's rows
         if PULL or CE:
             store_tile(cbufp, N, 1, rows, row_ok, cols, col_ok, acc)
@@ -393,8 +400,9 @@ class GemmRsContext(CollectiveContext):
     def __init__(self, max_m, n, dtype, world=None, method="auto", config: GemmConfig | None = None,
                  num_programs=None):
         E = ditron.DitronError
-        if dtype not in _GEMM_DTYPES:
-            raise E(f"gemm_rs: dtype {dtype} is not supported (use float16 or bfloat16)")
+        if dtype not in _GEMM_DTYPES + (torch.float32,):
+            raise E(f"gemm_rs: dtype {dtype} is not supported (use float16 or bfloat16, or float32 with fp8 "
+                    "operands: the partials' and the result's dtype)")
         if method not in METHODS:
             raise E(f"gemm_rs: unknown method {method!r}; use one of {', '.join(METHODS)}")
         super().__init__(int(max_m) * int(n), dtype, world)
@@ -478,12 +486,14 @@ def reduce_programs(ctx, M, N):
 
 def _check(ctx, a, b, out):
     E = ditron.DitronError
-    check_operands("gemm_rs", a, b)
+    fp8 = scaling.is_fp8(a)
+    check_operands("gemm_rs", a, b, out_dtype=ctx.dtype if fp8 else None)
     M, K = a.shape
     N = b.shape[1]
     W = ctx.world_size
-    if a.dtype != ctx.dtype:
-        raise E(f"gemm_rs: argument 'a' is {a.dtype}, the context was created for {ctx.dtype}")
+    if not fp8 and a.dtype != ctx.dtype:
+        raise E(f"gemm_rs: argument 'a' is {a.dtype}, the context was created for {ctx.dtype} (fp8 operands "
+                "write the context's dtype; fp16 / bf16 operands must be of it)")
     dev = torch.device(ctx.device)
     if a.device.type != dev.type or a.device.index not in (None, dev.index) and dev.index is not None:
         raise E(f"gemm_rs: argument 'a' is on {a.device}, this rank works on {ctx.device}")
@@ -495,7 +505,7 @@ def _check(ctx, a, b, out):
     if N != ctx.n:
         raise E(f"gemm_rs: argument 'b' has N={N} columns, the context was created for n={ctx.n}")
     if out is not None:
-        check_operands("gemm_rs", a, b, out, (M // W, N))
+        check_operands("gemm_rs", a, b, out, (M // W, N), ctx.dtype if fp8 else None)
     return M, K, N
 
 
@@ -528,12 +538,14 @@ def _copy_ce(ctx, m, N, stream):
         ce_send(transport, free, dst, src, ready, stream)   # rows [o*m, (o+1)*m) of cbuf -> o's buf[0][rank]
 
 
-def _launch_plan(ctx, a, b, out, M, K, N, aligned):
+def _launch_plan(ctx, a, b, out, M, K, N, aligned, rec, sconsts):
     """((grid, arguments after a and b, keyword arguments) of the GEMM kernel, (grid, arguments after out,
     keyword arguments) of the reduction kernel) for a call of these shapes and strides (made once per such
     call: GemmRsContext.plan)."""
     W = ctx.world_size
-    cfg = ctx.config or default_config(M, N, K, a.dtype, a.device)
+    cfg = ctx.config or default_config(M, N, K, a.dtype, a.device, ctx.dtype)
+    if rec is not None:
+        check_fp8_config("gemm_rs", cfg, rec)
     tma = cfg.tma and aligned
     pull = ctx.method == "pull"
     ce = ctx.method == "ce"
@@ -542,8 +554,9 @@ def _launch_plan(ctx, a, b, out, M, K, N, aligned):
     gemm = ((min(tiles, ctx.num_programs),),
             (ctx.buf, ctx.cbuf, ctx.sig, ctx.count, ctx.seg_count, ctx.done, ctx.gcalls, M, N, K, a.stride(0),
              a.stride(1), b.stride(0), b.stride(1), ctx.slot_stride, ctx.cbuf_stride, sig_stride),
-            dict(PULL=pull, CE=ce, MULTI_NODE=ctx.multi_node, ELEM_BYTES=a.element_size(),
-                 EVEN_K=(K % cfg.block_k == 0), TMA=tma, **cfg.launch_options()))
+            dict(PULL=pull, CE=ce, MULTI_NODE=ctx.multi_node, ELEM_BYTES=ctx.cbuf.element_size(),
+                 EVEN_K=(K % cfg.block_k == 0), TMA=tma, B_T=tma and rec is not None, **sconsts,
+                 **cfg.launch_options()))
     rbm, rbn, warps = ctx.reduce_tile()
     reduce = ((reduce_programs(ctx, M, N),),
               (ctx.buf, ctx.cbuf, ctx.sig, ctx.ready, ctx.free, ctx.calls, M, N, out.stride(0), out.stride(1),
@@ -553,21 +566,29 @@ def _launch_plan(ctx, a, b, out, M, K, N, aligned):
     return gemm, reduce
 
 
-def gemm_rs(a, b, ctx, out=None):
+def gemm_rs(a, b, ctx, out=None, *, scale_a=None, scale_b=None, scale_block=(128, 128)):
     """This rank's rows of ``sum over ranks of a @ b`` (``[M // world, N]``,
     ``a``'s dtype; see the module docstring).  Every rank must call it with
     the same ``M``, ``K`` and ``N``, in the same order as its other calls on
     ``ctx``.  Wrong shapes, dtypes or devices raise ``DitronError`` before
-    anything is launched."""
+    anything is launched.
+
+    fp8 operands (kernels/scaling.py): ``scale_a`` / ``scale_b`` (their
+    shapes choose the recipe; ``scale_block`` the blockwise groups); each
+    rank's partial is rounded once to the context's dtype (bfloat16, float16
+    or float32), which is the result's dtype; the reduction sums in fp32."""
     enter(ctx, GemmRsContext, "gemm_rs", lambda: op_fields(a, name="a") + op_fields(b, name="b")[:1], a=a, b=b,
           out=out)
     M, K, N = _check(ctx, a, b, out)
     W = ctx.world_size
     if out is None:
-        out = torch.empty((M // W, N), dtype=a.dtype, device=a.device)
-    aligned = not ctx.sim and tma_ok(a, b)
-    key = (M, K, N, a.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1), aligned)
-    (ggrid, gtail, gconsts), (rgrid, rtail, rconsts) = ctx.plan(key, _launch_plan, ctx, a, b, out, M, K, N, aligned)
+        out = torch.empty((M // W, N), dtype=ctx.dtype, device=a.device)
+    rec, sargs, sconsts = scale_plan("gemm_rs", a, b, M, K, N, scale_a, scale_b, scale_block)
+    aligned = not ctx.sim and (fp8_tma_ok(a, b) if rec is not None else tma_ok(a, b))
+    key = (M, K, N, a.dtype, b.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
+           out.stride(1), aligned) + scale_key(rec, scale_a, scale_b)
+    (ggrid, gtail, gconsts), (rgrid, rtail, rconsts) = ctx.plan(key, _launch_plan, ctx, a, b, out, M, K, N, aligned,
+                                                                rec, sconsts)
     if gconsts["TMA"]:
         ensure_tma_allocator()
     copies = gconsts["CE"] and W > 1
@@ -580,7 +601,7 @@ def gemm_rs(a, b, ctx, out=None):
         # runs beside, segment by segment (done flags)
         side.wait_stream(cur)
     key += (a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0)
-    ctx.launch(("gemm",) + key, gemm_rs_gemm_kernel, ggrid, (a, b) + gtail, gconsts)
+    ctx.launch(("gemm",) + key, gemm_rs_gemm_kernel, ggrid, (a, b) + gtail + sargs, gconsts)
     if copies:
         _copy_ce(ctx, M // W, N, side)
     ctx.launch(("reduce",) + key, gemm_rs_reduce_kernel, rgrid, (out,) + rtail, rconsts)

@@ -38,7 +38,9 @@ import ditron.language as dl
 from ._common import sm_count
 from ._common import cdiv, next_pow2
 from .all_to_all import _add, _pick     # core builtins only (tl.reduce with our own combine)
-from .gemm import _GEMM_DTYPES, GemmConfig, default_config, gemm_tile, is_sim_device, prepare_tma, store_tile
+from . import scaling
+from .gemm import (_GEMM_DTYPES, GemmConfig, check_fp8_config, default_config, gemm_tile, is_sim_device, prepare_tma,
+                   scaled_gemm_tile, store_tile)
 
 
 @triton.jit
@@ -80,6 +82,28 @@ def expert_tile_acc(a_ptr, idx_ptr, w_ptr, e, rows_c, pid_n, N, K, stride_am, st
     a_rows = a_ptr + src * stride_am
     b_cols = w_ptr + e.to(tl.int64) * stride_we + cols.to(tl.int64) * stride_wn
     acc = gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_wk, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K)
+    return cols, col_ok, acc
+
+
+@triton.jit
+def expert_tile_acc_fp8(a_ptr, idx_ptr, w_ptr, e, rows_c, pid_n, N, K, stride_am, stride_ak, stride_we, stride_wk,
+                        stride_wn, sa_ptr, sw_ptr, stride_sam, stride_sak, stride_swe, stride_swk, stride_swn,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                        GATHER: tl.constexpr, GK: tl.constexpr, GN: tl.constexpr):
+    """:func:`expert_tile_acc` for fp8 operands with blockwise scales: ``sa`` per (row of ``a``, K group;
+    gathered with the row), ``sw`` per (expert, K group, N group) (kernels/scaling.py)."""
+    if GATHER:
+        src = tl.load(idx_ptr + rows_c).to(tl.int64)
+    else:
+        src = rows_c.to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    a_rows = a_ptr + src * stride_am
+    b_cols = w_ptr + e.to(tl.int64) * stride_we + cols.to(tl.int64) * stride_wn
+    sa_rows = sa_ptr + src * stride_sam
+    sb_cols = sw_ptr + e.to(tl.int64) * stride_swe + (tl.minimum(cols, N - 1) // GN).to(tl.int64) * stride_swn
+    acc = scaled_gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_wk, K, sa_rows, sb_cols, stride_sak, stride_swk,
+                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, 2, GK)
     return cols, col_ok, acc
 
 
@@ -128,11 +152,15 @@ def rows_tile_acc_tma_b(a_rows, w_desc, e, pid_n, K, stride_ak, BLOCK_M: tl.cons
 @ditron.jit(do_not_specialize=["M", "num_vm"])
 def grouped_gemm_kernel(a_ptr, w_ptr, c_ptr, counts_ptr, idx_ptr, M, N, K, E, num_vm, stride_am, stride_ak,
                         stride_we, stride_wk, stride_wn, stride_cm,
+                        sa_ptr, sw_ptr, stride_sam, stride_sak, stride_swe, stride_swk, stride_swn,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        EVEN_K: tl.constexpr, EP: tl.constexpr, GATHER: tl.constexpr, TMA: tl.constexpr):
+                        EVEN_K: tl.constexpr, EP: tl.constexpr, GATHER: tl.constexpr, TMA: tl.constexpr,
+                        FP8: tl.constexpr = False, GK: tl.constexpr = 128, GN: tl.constexpr = 128):
     """Persistent grouped GEMM over ``num_vm`` virtual M tiles (see the module
     docstring).  ``TMA``: the weights through a device-side tensor descriptor,
-    and A too without ``GATHER`` (with it, A rows are gathered by pointers)."""
+    and A too without ``GATHER`` (with it, A rows are gathered by pointers).
+    ``FP8``: fp8 operands with blockwise scales ``sa`` / ``sw`` (pointer
+    tiles)."""
     num_pid_n = (N + BLOCK_N - 1) // BLOCK_N
     if TMA:
         w_desc = weight_descriptor(w_ptr, E, K, N, stride_we, stride_wk, BLOCK_N, BLOCK_K)
@@ -153,6 +181,11 @@ def grouped_gemm_kernel(a_ptr, w_ptr, c_ptr, counts_ptr, idx_ptr, M, N, K, E, nu
                     acc = expert_tile_acc_tma(a_desc, w_desc, e, first, pid_n, K, BLOCK_M, BLOCK_N, BLOCK_K)
                 cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
                 col_ok = cols < N
+            elif FP8:
+                cols, col_ok, acc = expert_tile_acc_fp8(a_ptr, idx_ptr, w_ptr, e, rows_c, pid_n, N, K, stride_am,
+                                                        stride_ak, stride_we, stride_wk, stride_wn, sa_ptr, sw_ptr,
+                                                        stride_sam, stride_sak, stride_swe, stride_swk, stride_swn,
+                                                        BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, GATHER, GK, GN)
             else:
                 cols, col_ok, acc = expert_tile_acc(a_ptr, idx_ptr, w_ptr, e, rows_c, pid_n, N, K, stride_am,
                                                     stride_ak, stride_we, stride_wk, stride_wn, BLOCK_M, BLOCK_N,
@@ -186,7 +219,7 @@ def check_counts(op, counts, E, device):
     return counts.contiguous()
 
 
-def check_experts_weight(op, a, w, argname="w"):
+def check_experts_weight(op, a, w, argname="w", fp8_ok=False):
     E_ = ditron.DitronError
     if isinstance(a, torch.Tensor) and a.dim() == 3 and isinstance(w, torch.Tensor) and w.dim() == 3 and \
             a.shape[0] == w.shape[0]:
@@ -199,9 +232,14 @@ def check_experts_weight(op, a, w, argname="w"):
         raise E_(f"{op}: argument 'a' must be a 2-D tensor [M, K]")
     if not isinstance(w, torch.Tensor) or w.dim() != 3:
         raise E_(f"{op}: argument '{argname}' must be a 3-D tensor [experts, K, N]")
-    if a.dtype not in _GEMM_DTYPES:
-        raise E_(f"{op}: argument 'a' is {a.dtype}; use float16 or bfloat16")
-    if w.dtype != a.dtype:
+    if fp8_ok and scaling.is_fp8(a):
+        if not scaling.is_fp8(w):
+            raise E_(f"{op}: argument 'a' is {a.dtype}, '{argname}' is {w.dtype}; fp8 GEMMs take fp8 operands for "
+                     "both")
+    elif a.dtype not in _GEMM_DTYPES:
+        raise E_(f"{op}: argument 'a' is {a.dtype}; use float16 or bfloat16"
+                 + (" or fp8 (float8_e4m3fn / float8_e5m2 with blockwise scale_a and scale_w)" if fp8_ok else ""))
+    elif w.dtype != a.dtype:
         raise E_(f"{op}: argument '{argname}' is {w.dtype}, 'a' is {a.dtype}")
     if w.device != a.device:
         raise E_(f"{op}: argument '{argname}' is on {w.device}, 'a' on {a.device}")
@@ -215,6 +253,8 @@ def moe_config(M, N, K, dtype, device, config=None) -> GemmConfig:
     if config is not None:
         return config.validate("moe")
     cfg = default_config(M, N, K, dtype, device)
+    if dtype in scaling.FP8_DTYPES and not is_sim_device(device):
+        cfg = GemmConfig(128, 128, 128, group_m=8, num_warps=8, num_stages=3)     # pointer tiles (TODO(perf): TMA)
     return cfg
 
 
@@ -227,16 +267,52 @@ def grouped_tma(cfg, a, w) -> bool:
     return prepare_tma("grouped_gemm", cfg, is_sim_device(a.device), a, w)
 
 
-def grouped_gemm(a, w, counts, out=None, gather_idx=None, config: GemmConfig | None = None, num_programs=None):
+def _fp8_scales(op, a, w, scale_a, scale_w, scale_block):
+    """Blockwise scales of an fp8 grouped GEMM: ``scale_a [rows of a, cdiv(K, gk)]`` (a row's scales go with
+    it through ``gather_idx``), ``scale_w [E, cdiv(K, gk), cdiv(N, gn)]`` (kernels/scaling.py)."""
+    E_ = ditron.DitronError
+    E, K, N = w.shape
+    gk, gn = scaling.check_scale_block(op, scale_block)
+    nk, nn = cdiv(K, gk), cdiv(N, gn)
+    for name, s, shape in (("scale_a", scale_a, (a.shape[0], nk)), ("scale_w", scale_w, (E, nk, nn))):
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or s.device != a.device:
+            raise E_(f"{op}: fp8 operands need {name}, a float32 tensor on {a.device} (blockwise scales: "
+                     f"scale_a [rows, cdiv(K, {gk})], scale_w [E, cdiv(K, {gk}), cdiv(N, {gn})])")
+        if tuple(s.shape) != shape:
+            raise E_(f"{op}: {name} has shape {list(s.shape)}; the blockwise recipe (scale_block=({gk}, {gn})) needs "
+                     f"{list(shape)}")
+    return gk, gn
+
+
+def grouped_gemm(a, w, counts, out=None, gather_idx=None, config: GemmConfig | None = None, num_programs=None, *,
+                 scale_a=None, scale_w=None, out_dtype=None, scale_block=(128, 128)):
     """``out[M, N]``: the rows of expert ``e`` (``counts[e]`` of them, in
     expert order) times ``w[e]`` (see the module docstring).  ``a``: ``[rows,
     K]`` (``M = rows``, or ``gather_idx.numel()`` with ``gather_idx``), ``w``:
     ``[E, K, N]`` (any strides), ``counts``: int32/int64 ``[E]`` on the
     device.  Wrong shapes, dtypes or devices raise ``DitronError`` before
-    launch."""
+    launch.
+
+    fp8 operands (DeepSeek-V3's blockwise recipe, kernels/scaling.py):
+    ``scale_a [rows, cdiv(K, gk)]`` (per token and 1 x gk group, gathered
+    with its row), ``scale_w [E, cdiv(K, gk), cdiv(N, gn)]`` (per expert and
+    gk x gn block; a DeepSeek weight ``[E, N, K]`` with scales ``[E, N/128,
+    K/128]`` is ``w.transpose(1, 2)``, ``scale_w.transpose(1, 2)``), result in
+    ``out_dtype`` (default bfloat16).  Pointer tiles (no TMA yet)."""
     op = "grouped_gemm"
-    check_experts_weight(op, a, w)
+    check_experts_weight(op, a, w, fp8_ok=True)
+    fp8 = scaling.is_fp8(a)
     E, K, N = w.shape
+    if fp8:
+        gk, gn = _fp8_scales(op, a, w, scale_a, scale_w, scale_block)
+        out_dtype = out_dtype or torch.bfloat16
+        if out_dtype not in scaling.OUT_DTYPES:
+            raise ditron.DitronError(f"{op}: out_dtype={out_dtype}; fp8 GEMMs write bfloat16, float16 or float32")
+    else:
+        scaling.no_scales(op, scale_a, scale_w)
+        if out_dtype is not None and out_dtype != a.dtype:
+            raise ditron.DitronError(f"{op}: out_dtype applies to fp8 operands; fp16 / bf16 write their dtype")
+        out_dtype = a.dtype
     counts = check_counts(op, counts, E, a.device)
     if gather_idx is not None:
         if not isinstance(gather_idx, torch.Tensor) or gather_idx.dim() != 1 or \
@@ -247,22 +323,29 @@ def grouped_gemm(a, w, counts, out=None, gather_idx=None, config: GemmConfig | N
     else:
         M = a.shape[0]
     if out is None:
-        out = torch.empty((M, N), dtype=a.dtype, device=a.device)
-    elif not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or out.dtype != a.dtype or \
+        out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    elif not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or out.dtype != out_dtype or \
             out.stride(1) != 1:
-        raise ditron.DitronError(f"{op}: argument 'out' must be a row-major ({M}, {N}) {a.dtype} tensor")
+        raise ditron.DitronError(f"{op}: argument 'out' must be a row-major ({M}, {N}) {out_dtype} tensor")
     if M == 0:
         return out
     cfg = moe_config(M, N, K, a.dtype, a.device, config)
+    if fp8:
+        check_fp8_config(op, cfg, scaling.Recipe(scaling.BLOCKWISE, "block", (0, 0), (0, 0), gk, gn))
+        sargs = (scale_a, scale_w, scale_a.stride(0), scale_a.stride(1)) + tuple(scale_w.stride())
+        sconsts = dict(FP8=True, GK=gk, GN=gn)
+    else:
+        sargs, sconsts = (a, a, 0, 0, 0, 0, 0), {}
     num_vm = cdiv(M, cfg.block_m) + E
     tiles = num_vm * cdiv(N, cfg.block_n)
     P = int(num_programs or (4 if is_sim_device(a.device) else sm_count(a.device)))
     P = max(1, min(P, tiles))
-    tma = grouped_tma(cfg, a, w)       # with gather_idx: the weights only (A rows are gathered by pointers)
+    # with gather_idx: the weights only (A rows are gathered by pointers); fp8: pointer tiles
+    tma = not fp8 and grouped_tma(cfg, a, w)
     grouped_gemm_kernel[(P,)](a, w, out, counts, gather_idx if gather_idx is not None else counts, M, N, K, E,
                               num_vm, a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
-                              EVEN_K=(K % cfg.block_k == 0), EP=expert_pow2(E), GATHER=gather_idx is not None,
-                              TMA=tma, **cfg.launch_options())
+                              *sargs, EVEN_K=(K % cfg.block_k == 0), EP=expert_pow2(E), GATHER=gather_idx is not None,
+                              TMA=tma, **sconsts, **cfg.launch_options())
     return out
 
 

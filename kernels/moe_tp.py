@@ -447,8 +447,9 @@ def ag_moe(x, topk_idx, w1, ctx, out=None, validate=True):
         P = ctx.producer_programs
         n = m * K
         block = 128 if ctx.sim else max(256, min(4096, next_pow2(cdiv(n, P))))
-        args = (x, ctx.buf, ctx.sig, ctx.pcalls, n, ctx.slot_rows * K)
-        kw = dict(MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(), BLOCK=block, num_warps=1 if ctx.sim else 4)
+        args = (x, ctx.buf, ctx.sig, ctx.pcalls, n, ctx.slot_rows * K, x, ctx.buf, 0, 1)     # no scales
+        kw = dict(MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(), BLOCK=block, num_warps=1 if ctx.sim else 4,
+                  SCALES=False)
         if ctx.overlap:
             side = ctx.side_stream()
             side.wait_stream(torch.cuda.current_stream(x.device))

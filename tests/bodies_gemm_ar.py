@@ -100,7 +100,7 @@ def errors(world):
         "out_dtype": lambda: GA.gemm_ar(a, b, ctx, out=torch.empty(5, 16, dtype=torch.bfloat16, device=dev)),
         "method": lambda: GA.gemm_ar(a, b, ctx, method="three_shot"),
         "ctx": lambda: GA.gemm_ar(a, b, object()),
-        "ctx_dtype": lambda: GA.create_gemm_ar_context(8, 16, torch.float32),
+        "ctx_dtype": lambda: GA.create_gemm_ar_context(8, 16, torch.float64),     # float32: for fp8 operands
         "ctx_size": lambda: GA.create_gemm_ar_context(0, 16, torch.float16),
         "ctx_programs": lambda: GA.create_gemm_ar_context(8, 16, torch.float16, reduce_programs=-1),
     }

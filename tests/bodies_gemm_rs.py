@@ -130,7 +130,7 @@ def errors(world):
         "a_1d": lambda: gemm_rs(a.reshape(-1), b, ctx),
         "out_shape": lambda: gemm_rs(a, b, ctx, out=t(4 * W + 1, 16)),     # never (M / W, N) = (4, 16), W = 1 too
         "out_dtype": lambda: gemm_rs(a, b, ctx, out=t(4, 16, dtype=torch.bfloat16)),
-        "ctx_dtype": lambda: create_gemm_rs_context(8 * W, 16, torch.float32),
+        "ctx_dtype": lambda: create_gemm_rs_context(8 * W, 16, torch.float64),     # float32: for fp8 operands
         "ctx_method": lambda: create_gemm_rs_context(8 * W, 16, torch.float16, method="ring"),
         "ctx_max_m": lambda: create_gemm_rs_context(W - 1, 16, torch.float16),
         "ctx_config": lambda: create_gemm_rs_context(8 * W, 16, torch.float16,

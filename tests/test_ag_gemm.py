@@ -56,23 +56,35 @@ def test_ag_gemm_errors_before_launch(dist):
     assert "unknown option(s) block_q" in msgs["option"]
 
 
-@pytest.mark.parametrize("ce,tma", [(True, True), (False, True), (True, False), (False, False)])
-def test_ag_gemm_consumer_compiles_for_sm90a(ce, tma):
+def consumer_signature(ab="*bf16", c="*bf16"):
+    sig = {"a_ptr": ab, "b_ptr": ab, "c_ptr": c, "buf_ptr": ab, "sig_ptr": "*i64",
+           "ready_ptr": "*i64", "free_ptr": "*i64", "calls_ptr": "*i64", "m": "i32", "N": "i32", "K": "i32",
+           "slot_rows": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_bn": "i32", "P": "i32",
+           "sa_ptr": "*fp32", "sbuf_ptr": "*fp32", "sb_ptr": "*fp32", "stride_sam": "i32", "stride_sak": "i32",
+           "stride_sbk": "i32", "stride_sbn": "i32", "s_slot": "i32"}
+    return sig
+
+
+@pytest.mark.parametrize("ce,tma,fp8", [(True, True, False), (False, True, False), (True, False, False),
+                                        (False, False, False), (True, True, True), (False, False, True)])
+def test_ag_gemm_consumer_compiles_for_sm90a(ce, tma, fp8):
     """The GPU consumer compiles without a GPU: wgmma; with TMA, descriptor
-    loads, the local tiles' loop flattened, and a TMA-store epilogue."""
+    loads, the local tiles' loop flattened, and a TMA-store epilogue.  fp8
+    (blockwise scales that travel with the rows): e4m3 wgmma, b through a
+    descriptor of b^T (K-major)."""
     import ditron
     from ditron.kernels.ag_gemm import ag_gemm_consumer_kernel
-    sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "buf_ptr": "*bf16", "sig_ptr": "*i64",
-           "ready_ptr": "*i64", "free_ptr": "*i64", "calls_ptr": "*i64", "m": "i32", "N": "i32", "K": "i32",
-           "slot_rows": "i32", "stride_am": "i32", "stride_bk": "i32", "stride_bn": "i32", "P": "i32"}
+    sig = consumer_signature("*fp8e4nv" if fp8 else "*bf16")
+    extra = dict(SCALE=2, GK=128, GN=128, B_T=tma) if fp8 else dict(SCALE=0, GK=1, GN=1, B_T=False)
     ck = ditron.compile(ag_gemm_consumer_kernel, target="sm_90a", signature=sig,
-                        constexprs=dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, CE=ce,
-                                        TMA=tma, FLATTEN=tma, SUBTILE=1), num_warps=8, num_stages=3)
+                        constexprs=dict(BLOCK_M=128, BLOCK_N=256 if not fp8 else 128, BLOCK_K=64 if not fp8 else 128,
+                                        GROUP_M=8, EVEN_K=True, CE=ce, TMA=tma, FLATTEN=tma, SUBTILE=1, **extra),
+                        num_warps=8, num_stages=3)
     ptx = ck.asm["ptx"]
     assert "wgmma.mma_async" in ptx
+    assert (".e4m3.e4m3" in ptx) == fp8
     assert tma_loads(ptx) == tma
     assert tma_stores(ptx) == tma           # TMA-store epilogue
-
 
 
 def test_porting_walkthrough_code(dist):

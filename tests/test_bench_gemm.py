@@ -114,6 +114,25 @@ def test_gemm_core_sweep_on_the_simulator(tmp_path):
     assert "Sweep (TFLOP/s" in md and "| 48,40,96 | 48 x 40 x 96 |" in md
 
 
+def test_gemm_fp8_against_scaled_mm_and_bf16_on_the_simulator(tmp_path):
+    """``ditron bench gemm --dtype fp8``: every implementation checked, the fp8 core, torch._scaled_mm and the
+    two bf16 GEMMs timed in the same run, and the goal ratios reported (blockwise: torch has no CPU kernel,
+    so its baseline is skipped, not failed)."""
+    p = _sim(tmp_path, "gemm", "--dtype", "fp8", "--recipe", "row,block", "--shapes", "40,48,160", "--repeat", "1",
+             n=1)
+    assert p.returncode == 0, p.stdout + p.stderr
+    data = json.loads((tmp_path / "smoke-gemm-fp8.json").read_text())
+    rows = {(r["model"], r["impl"]): r for r in data["rows"]}
+    for impl in ("cublas", "ditron default", "bf16 ditron", "bf16 cublas"):
+        assert rows[("40,48,160 row", impl)]["status"] == "ok", rows[("40,48,160 row", impl)]
+    assert rows[("40,48,160 block", "ditron default")]["status"] == "ok"
+    assert rows[("40,48,160 block", "cublas")]["status"] in ("ok", "skipped")
+    fp8 = data["summary"]["fp8"]["40,48,160 row"]
+    assert fp8["vs_scaled_mm"] > 0 and fp8["vs_ditron_bf16"] > 0
+    md = (tmp_path / "smoke-gemm-fp8.md").read_text()
+    assert "fp8 vs _scaled_mm (goal 0.95x)" in md and "fp8 vs ditron bf16 (goal 1.6x)" in md
+
+
 # ---------------------------------------------------------------------------
 # pure functions
 # ---------------------------------------------------------------------------

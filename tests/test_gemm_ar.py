@@ -128,9 +128,10 @@ def _ptx(method, multi_node, transport, tma=False):
     cfg = GemmConfig(64, 64, 32, num_warps=4, num_stages=2)
     constexprs = dict(METHOD=GA._METHOD_ID[method], WORLD=4, MULTI_NODE=multi_node, ELEM_BYTES=2,
                       BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-                      EVEN_K=True, TMA=tma)
+                      EVEN_K=True, TMA=tma, SCALE=0, GK=1, GN=1, B_T=False)
     names = [p for p in k.arg_names if p not in constexprs]
-    sig = {p: "*bf16" if p in _PTRS else "*i64" if p in _SIGS else "i32" for p in names}
+    sig = {p: "*bf16" if p in _PTRS else "*i64" if p in _SIGS else "*fp32" if p in ("sa_ptr", "sb_ptr") else "i32"
+           for p in names}
     sig.update(stride_ak="constexpr", stride_bn="constexpr", stride_cn="constexpr")
     constexprs.update(stride_ak=1, stride_bn=1, stride_cn=1)
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(sig) if p in _PTRS + _SIGS}

@@ -34,23 +34,34 @@ def test_tune_and_errors(dist_world):
 
 
 _NAMES = ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn",
-          "stride_cm", "stride_cn"]
+          "stride_cm", "stride_cn", "sa_ptr", "sb_ptr", "stride_sam", "stride_sak", "stride_sbk", "stride_sbn"]
 
 
-def _compile_core(cfg, tma):
+def compile_core(cfg, tma, ab="*bf16", c="*bf16", scale=0, gk=1, gn=1, b_t=False, unit=("stride_ak", "stride_bn",
+                                                                                          "stride_cn"),
+                 with_shared=False):
+    """PTX of gemm_kernel for sm_90a as a GPU launch specialises it: 16-byte aligned tensors, sizes and
+    strides that are multiples of 16, the unit strides in ``unit`` (``b_t``: b column-major, its
+    ``stride_bk`` is 1); fp8 with ``ab="*fp8e4nv"`` and a scale recipe (``scale``, ``gk``, ``gn``)."""
     import ditron
-    sig = {n: ("*bf16" if n.endswith("_ptr") else "i32") for n in _NAMES}
-    # what a GPU launch specialises: 16-byte aligned tensors, sizes and strides that are multiples of 16
-    div = {"a_ptr", "b_ptr", "c_ptr", "N", "K", "stride_am", "stride_bk", "stride_cm"}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(_NAMES) if n in div}
+    names = [n for n in _NAMES if n not in unit]
+    sig = {n: (ab if n in ("a_ptr", "b_ptr") else c if n == "c_ptr" else "*fp32" if n in ("sa_ptr", "sb_ptr")
+               else "i32") for n in names}
+    div = {"a_ptr", "b_ptr", "c_ptr", "sa_ptr", "sb_ptr", "N", "K", "stride_am", "stride_bk", "stride_bn",
+           "stride_cm"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in div}
     ck = ditron.compile(G.gemm_kernel, target="sm_90a", signature=sig, attrs=attrs, num_warps=cfg.num_warps,
                         num_stages=cfg.num_stages,
                         constexprs=dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                         GROUP_M=cfg.group_m, EVEN_K=True, TMA=tma, FLATTEN=cfg.flatten,
                                         SUBTILE=cfg.epilogue_subtile if tma else 1,
-                                        WARP_SPEC=cfg.warp_specialize and tma, stride_ak=1, stride_bn=1,
-                                        stride_cn=1))
-    return ck.asm["ptx"]
+                                        WARP_SPEC=cfg.warp_specialize and tma, SCALE=scale, GK=gk, GN=gn, B_T=b_t,
+                                        **{u: 1 for u in unit}))
+    return (ck.asm["ptx"], ck.metadata.shared) if with_shared else ck.asm["ptx"]
+
+
+def _compile_core(cfg, tma):
+    return compile_core(cfg, tma)
 
 
 @pytest.mark.parametrize("shape", [(8192, 4096, 5504), (8192, 26624, 16384), (1024, 512, 4096)])

@@ -97,18 +97,18 @@ def test_gemm_rs_errors_before_launch(dist):
 
 _PTRS = {"a_ptr": "*bf16", "b_ptr": "*bf16", "out_ptr": "*bf16", "buf_ptr": "*bf16", "cbuf_ptr": "*bf16",
          "sig_ptr": "*i64", "count_ptr": "*i32", "seg_count_ptr": "*i32", "done_ptr": "*i64", "ready_ptr": "*i64",
-         "free_ptr": "*i64", "calls_ptr": "*i64"}
+         "free_ptr": "*i64", "calls_ptr": "*i64", "sa_ptr": "*fp32", "sb_ptr": "*fp32"}
 #: what a GPU launch specialises: sizes and strides that are multiples of 16, unit strides
 _DIV16 = ("N", "K", "slot_stride", "cbuf_stride", "stride_am", "stride_bk", "stride_om")
 _UNIT = ("stride_ak", "stride_bn", "stride_on")
 
 
-def _ptx(kernel, constexprs, multi_node, num_warps, num_stages=1):
+def _ptx(kernel, constexprs, multi_node, num_warps, num_stages=1, ptrs=_PTRS, unit=_UNIT):
     import ditron
     from ditron.lowering import cuda
     names = [p for p in kernel.arg_names if p not in constexprs]
-    sig = {p: "constexpr" if p in _UNIT else _PTRS.get(p, "i32") for p in names}     # indices as in the launch
-    cexprs = dict(constexprs, **{p: 1 for p in _UNIT if p in names})
+    sig = {p: "constexpr" if p in unit else ptrs.get(p, "i32") for p in names}     # indices as in the launch
+    cexprs = dict(constexprs, **{p: 1 for p in unit if p in names})
     attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(sig) if p in _PTRS or p in _DIV16}
     with cuda.compile_variant("nvshmem" if multi_node else "p2p"):
         return ditron.compile(kernel, target="sm_90a", signature=sig, constexprs=cexprs, attrs=attrs,
@@ -120,10 +120,20 @@ def _module():
     return importlib.import_module("ditron.kernels.gemm_rs")
 
 
-def _gemm_ptx(method, multi_node, tma=False):
+def _gemm_ptx(method, multi_node, tma=False, fp8=False):
+    scale = dict(SCALE=2, GK=128, GN=128, B_T=tma) if fp8 else dict(SCALE=0, GK=1, GN=1, B_T=False)
+    ptrs = dict(_PTRS, a_ptr="*fp8e4nv", b_ptr="*fp8e4nv") if fp8 else _PTRS
     return _ptx(_module().gemm_rs_gemm_kernel,
                 dict(PULL=method == "pull", CE=method == "ce", MULTI_NODE=multi_node, ELEM_BYTES=2, BLOCK_M=128,
-                     BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, TMA=tma), multi_node, 8, 3)
+                     BLOCK_N=256 if not fp8 else 128, BLOCK_K=64 if not fp8 else 128, GROUP_M=8, EVEN_K=True,
+                     TMA=tma, **scale), multi_node, 8, 3, ptrs=ptrs,
+                unit=("stride_ak", "stride_bk", "stride_on") if fp8 else _UNIT)     # fp8: b column-major
+
+
+def test_gemm_rs_fp8_compiles_for_sm90a():
+    """fp8 operands with blockwise scales: e4m3 wgmma, TMA loads of a and of b^T (K-major)."""
+    ptx = _gemm_ptx("ce", False, tma=True, fp8=True)
+    assert "cp.async.bulk.tensor" in ptx and "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx
 
 
 def test_gemm_rs_tma_config_compiles_for_sm90a():

@@ -113,8 +113,11 @@ def test_zoo_collectives_compile_clean():
          {"METHOD": 0, "MULTI_NODE": False, "ELEM_BYTES": 2, "WORLD": 4, "BLOCK": 256}),
         (all_to_all.all_to_all_kernel, [p16, p16, i64, i64, p16, i64, i64, i64, i32, i32, i32, i32, i32],
          {"EQUAL": True, "MULTI_NODE": False, "ELEM_BYTES": 2, "WP": 4, "BLOCK": 256}),
-        (ag_gemm.ag_gemm_producer_kernel, [p16, p16, i64, i64, i32, i32],
-         {"MULTI_NODE": False, "ELEM_BYTES": 2, "BLOCK": 256}),
+        (ag_gemm.ag_gemm_producer_kernel, [p16, p16, i64, i64, i32, i32, p16, p16, i32, i32],
+         {"MULTI_NODE": False, "ELEM_BYTES": 2, "BLOCK": 256, "SCALES": False}),
+        # fp8: the rows' scales pushed with them
+        (ag_gemm.ag_gemm_producer_kernel, ["*fp8e4nv", "*fp8e4nv", i64, i64, i32, i32, "*fp32", "*fp32", i32, i32],
+         {"MULTI_NODE": False, "ELEM_BYTES": 1, "BLOCK": 256, "SCALES": True}),
     ]
     from ditron import _compat
     for kernel, types, cx in jobs:

@@ -33,18 +33,24 @@ def test_grouped_gemm_errors(dist_world):
     assert "row-major (5, 8)" in msgs["out"]
 
 
+def grouped_gemm_signature(ab="*bf16", c="*bf16"):
+    names = ["a_ptr", "w_ptr", "c_ptr", "counts_ptr", "idx_ptr", "M", "N", "K", "E", "num_vm", "stride_am",
+             "stride_ak", "stride_we", "stride_wk", "stride_wn", "stride_cm", "sa_ptr", "sw_ptr", "stride_sam",
+             "stride_sak", "stride_swe", "stride_swk", "stride_swn"]
+    ptrs = {"counts_ptr": "*i32", "idx_ptr": "*i32", "sa_ptr": "*fp32", "sw_ptr": "*fp32", "c_ptr": c}
+    return {n: ptrs.get(n, ab) if n.endswith("_ptr") else "i32" for n in names}
+
+
 @pytest.mark.parametrize("gather,tma", [(True, False), (False, True), (True, True)])
 def test_grouped_gemm_compiles_for_sm90a(gather, tma):
     import ditron
     from conftest import tma_loads
     from ditron.kernels.moe import grouped_gemm_kernel
-    names = ["a_ptr", "w_ptr", "c_ptr", "counts_ptr", "idx_ptr", "M", "N", "K", "E", "num_vm", "stride_am",
-             "stride_ak", "stride_we", "stride_wk", "stride_wn", "stride_cm"]
-    sig = {n: ("*i32" if n in ("counts_ptr", "idx_ptr") else "*bf16") if n.endswith("_ptr") else "i32"
-           for n in names}
+    sig = grouped_gemm_signature()
     ck = ditron.compile(grouped_gemm_kernel, target="sm_90a", signature=sig,
                         constexprs=dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, EVEN_K=True, EP=64,
-                                        GATHER=gather, TMA=tma), num_warps=8, num_stages=3)
+                                        GATHER=gather, TMA=tma, FP8=False, GK=128, GN=128), num_warps=8,
+                        num_stages=3)
     assert "wgmma.mma_async" in ck.asm["ptx"]
     assert tma_loads(ck.asm["ptx"]) == tma
 

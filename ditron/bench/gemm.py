@@ -3,6 +3,7 @@
     torchrun --standalone --nproc-per-node 4 -m ditron.bench ag_gemm --shapes paper --dtype bf16 --graph
     torchrun --standalone --nproc-per-node 4 -m ditron.bench gemm_rs --shapes "8192,4096,11008;8192,8192,28672"
     torchrun --standalone --nproc-per-node 1 -m ditron.bench gemm --shapes paper --tp 4 --configs sweep
+    torchrun --standalone --nproc-per-node 1 -m ditron.bench gemm --dtype fp8 --recipe row,block --shapes paper --tp 8
     ditron sim -n 2 -m ditron.bench ag_gemm --shapes 64,32,32      # smoke run of the harness on CPU
 
 Shapes are the paper's GLOBAL ``(M, N, K)`` (``--shapes paper``: appendix C.2,
@@ -36,6 +37,12 @@ per-rank GEMM shapes of the three workloads (``--shapes paper`` with ``--tp``;
 explicit ``M,N,K`` are local GEMM shapes ``[M, K] @ [K, N]``), in TFLOP/s;
 ``--configs sweep`` times a list of ``GemmConfig`` and reports the best per
 shape (configs that do not compile, e.g. out of shared memory, are skipped).
+``--dtype fp8`` (gemm only): e4m3 operands quantised with ``--recipe``
+(``tensor``, ``row``, ``block``; several comma-separated) -- the fp8 core
+against ``torch._scaled_mm`` (cuBLASLt; blockwise: ``F.scaled_mm`` where
+this torch has it) in the column ``cuBLAS``, and against ditron's bf16 core
+and cuBLAS bf16 on the same (dequantised) operands, in the same run; a
+second table gives the two goal ratios.
 
 Memory: inputs, outputs and ditron's contexts are allocated per shape and freed
 after it (``ditron.heap_scope``, ``torch.cuda.empty_cache``); the symmetric
@@ -56,8 +63,8 @@ from .gemm_run import (KERNEL_MODULES, Inputs, _kernel_module, eps_of, make_chec
 from .gemm_shapes import (DEFAULT_METHODS, METHOD_PRESETS, OPS, PAPER_SHAPES, PARTS, PEERS,  # noqa: F401
                           SHAPE_SETS, STRONG_SHAPES, Shape, gemm_core_shapes, gemm_flops, local_dims,
                           method_spec, parse_shapes)
-from .gemm_sweep import (SIM_SWEEP, SWEEP, _compile_skip, config_label, gemm_impls, gemm_summary,  # noqa: F401
-                         parse_configs, run_gemm)
+from .gemm_sweep import (FP8_RECIPES, SIM_SWEEP, SWEEP, _compile_skip, config_label, fp8_impls,  # noqa: F401
+                         gemm_impls, gemm_summary, parse_configs, run_gemm)
 from .harness import _release, agree_fn, geomean, result_meta  # noqa: F401
 
 
@@ -74,7 +81,11 @@ def build_parser():
                         "(for 'gemm': local GEMM shapes)")
     p.add_argument("--tp", type=int, default=None,
                    help="tensor-parallel degree (default and, for the overlap ops, required: the world size)")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp8"],
+                   help="fp8 (gemm only): e4m3 operands, timed against torch._scaled_mm and the bf16 GEMMs")
+    p.add_argument("--recipe", default="row",
+                   help="fp8 scaling recipes, comma-separated: tensor, row (per-row / per-column), block "
+                        "(1x128 / 128x128)")
     p.add_argument("--methods", default=None,
                    help="ditron methods, comma-separated, each NAME[:key=value...] (ag_gemm: default, ce, sm, "
                         "sm_overlap; gemm_rs: scatter, pull; gemm_ar: auto, one_shot, two_shot)")
@@ -117,7 +128,13 @@ def main(argv=None):
         if rank0:
             print(f"ditron bench: {msg}", file=sys.stderr, flush=True)
 
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    if args.dtype == "fp8" and op != "gemm":
+        raise SystemExit(f"ditron bench {op}: --dtype fp8 is for 'gemm' (the fp8 core) for now")
+    recipes = [r for r in args.recipe.split(",") if r]
+    bad = [r for r in recipes if r not in FP8_RECIPES]
+    if bad or not recipes:
+        raise SystemExit(f"ditron bench: unknown --recipe {', '.join(bad)}; use {', '.join(FP8_RECIPES)}")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": "fp8"}[args.dtype]
     W = world.world_size
     tp = args.tp or W
     sim = world.backend == "sim"
@@ -125,8 +142,14 @@ def main(argv=None):
     if op == "gemm":
         shapes = gemm_core_shapes(args.shapes, tp)
         configs = parse_configs(args.configs, sim)
-        rows = run_gemm(shapes, world, dtype, configs, warmup=args.warmup, iters=args.iters, graph=args.graph,
-                        repeat=args.repeat, seed=args.seed)
+        if dtype == "fp8":
+            rows = []
+            for recipe in recipes:
+                rows += run_gemm(shapes, world, dtype, configs, warmup=args.warmup, iters=args.iters,
+                                 graph=args.graph, repeat=args.repeat, seed=args.seed, recipe=recipe)
+        else:
+            rows = run_gemm(shapes, world, dtype, configs, warmup=args.warmup, iters=args.iters, graph=args.graph,
+                            repeat=args.repeat, seed=args.seed)
         summary = gemm_summary(rows)
         name = "gemm" + ("-sweep" if args.configs != "default" else "")
         bad_rows = [r for r in rows if r["status"] == "FAILED"]

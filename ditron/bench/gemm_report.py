@@ -117,6 +117,9 @@ def gemm_tables(rows, summary):
         lines.append(f"| {s} | {dims[s]} | {tf(by.get((s, 'cublas')))} | {tf(by.get((s, 'ditron default')))} | "
                      f"{b['impl'][7:] if b else '-'} | {tf(by.get((s, b['impl']))) if b else '-'} |")
     main = "\n".join(lines)
+    if "fp8" in summary:
+        main = "fp8: `cuBLAS` is torch._scaled_mm (cuBLASLt), `ditron default` the fp8 core\n\n" + main + \
+            "\n\n" + fp8_table(rows, summary)
     sweep = ""
     cfgs = [n for n in dict.fromkeys(r["impl"] for r in rows) if n.startswith("ditron ") and n != "ditron default"]
     if cfgs:
@@ -131,6 +134,27 @@ def gemm_tables(rows, summary):
             sl.append(f"| {n[7:]} | " + " | ".join(cells) + f" | {f'{g:.3f}x' if g else '-'} |")
         sweep = "\n".join(sl)
     return main, sweep
+
+
+def fp8_table(rows, summary):
+    """``ditron bench gemm --dtype fp8``: per shape the fp8 core against torch._scaled_mm (goal >= 0.95x)
+    and against ditron's bf16 core on the same shapes (goal >= 1.6x), from the same run."""
+    by = {(r["model"], r["impl"]): r for r in rows}
+    lines = ["| shape | torch._scaled_mm | ditron fp8 | ditron bf16 | cuBLAS bf16 | fp8 vs _scaled_mm (goal 0.95x) "
+             "| fp8 vs ditron bf16 (goal 1.6x) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+
+    def us(r):
+        return "-" if r is None else (f"{r['us']:.1f} us" if r["status"] == "ok" else r["status"])
+
+    def x(v):
+        return f"{v:.2f}x" if v else "-"
+    for s, v in summary["fp8"].items():
+        lines.append(f"| {s} | {us(by.get((s, 'cublas')))} | {us(by.get((s, 'ditron default')))} | "
+                     f"{us(by.get((s, 'bf16 ditron')))} | {us(by.get((s, 'bf16 cublas')))} | {x(v['vs_scaled_mm'])} | "
+                     f"{x(v['vs_ditron_bf16'])} |")
+    g = summary["fp8_geomean"]
+    lines.append(f"| geomean | | | | | {x(g['vs_scaled_mm'])} | {x(g['vs_ditron_bf16'])} |")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------

@@ -87,18 +87,146 @@ def gemm_impls(shape: Shape, device, dtype, configs, seed=0):
     return impls, cfgs, inp
 
 
+#: fp8 recipes of ``ditron bench gemm --dtype fp8`` (``--recipe``)
+FP8_RECIPES = ("tensor", "row", "block")
+
+
+def _fp8_operands(inp, shape, recipe):
+    """Seeded fp8 operands of one shape: ``a [M, K]`` e4m3, ``b [K, N]`` e4m3 column-major (``w.t()``, as
+    torch._scaled_mm takes it), their scales for ``recipe`` and the dequantised bf16 operands (the bf16
+    GEMMs of the same run multiply those)."""
+    import torch
+    E4 = torch.float8_e4m3fn
+    top = torch.finfo(E4).max
+    x = inp.rand((shape.M, shape.K), 0, 0)
+    w = inp.rand((shape.N, shape.K), 0, 1)
+    if recipe == "block":
+        def groups(t, gm):       # t [R, C] -> scales [cdiv(R, gm), cdiv(C, 128)] over gm x 128 blocks
+            R, C = t.shape
+            tp = torch.nn.functional.pad(t, (0, -C % 128, 0, -R % gm))
+            s = tp.reshape(tp.shape[0] // gm, gm, -1, 128).abs().amax(dim=(1, 3)) / top
+            s = s.clamp(min=1e-12)
+            full = s.repeat_interleave(gm, 0).repeat_interleave(128, 1)[:R, :C]
+            return (t / full).to(E4), s.float(), full
+        a, sa, fa = groups(x, 1)
+        wq, sw, fw = groups(w, 128)
+        b, sb = wq.t(), sw.t()
+        a_deq, b_deq = a.float() * fa, (wq.float() * fw).t()
+    else:
+        if recipe == "tensor":
+            sa = (x.abs().max() / top).float().reshape(())
+            sw = (w.abs().max() / top).float().reshape(())
+            sb = sw
+        else:
+            sa = (x.abs().amax(dim=1, keepdim=True) / top).float()
+            sw = (w.abs().amax(dim=1, keepdim=True) / top).float()
+            sb = sw.t()
+        a, wq = (x / sa).to(E4), (w / sw).to(E4)
+        b = wq.t()
+        a_deq, b_deq = a.float() * sa, (wq.float() * sw).t()
+    return a, b, sa, sb, a_deq, b_deq
+
+
+def _vendor_fp8(a, b, sa, sb, recipe, out, ref=None):
+    """The vendor's fp8 GEMM: torch._scaled_mm (cuBLASLt; per-tensor and rowwise scales), or for blockwise
+    scales torch.nn.functional.scaled_mm with BlockWise1x128 / BlockWise128x128 where this torch and GPU
+    have it.  Its scale layouts have changed between torch versions: the layouts tried are checked
+    against ``ref()`` once, and none that works is a skipped baseline (``baseline unavailable``), not a
+    failure of ditron."""
+    import torch
+    if recipe != "block":
+        return lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out.dtype, out=out)
+    F = torch.nn.functional
+    T = getattr(F, "ScalingType", None)
+    if not hasattr(F, "scaled_mm") or not hasattr(T, "BlockWise1x128"):
+        raise RuntimeError("baseline unavailable: this torch has no blockwise scaled_mm")
+    sa_outer = sa.t().contiguous().t()              # [M, K/128], outer-dim-major
+    layouts = [(sa_outer, sb.t().contiguous()), (sa_outer, sb.contiguous()), (sa.contiguous(), sb.t().contiguous()),
+               (sa_outer, sb.t().contiguous().t())]
+    errors = []
+    for sa_t, sb_t in layouts:
+        def run(sa_t=sa_t, sb_t=sb_t):
+            out.copy_(F.scaled_mm(a, b, sa_t, T.BlockWise1x128, sb_t, T.BlockWise128x128, output_dtype=out.dtype))
+        try:
+            run()
+            want = ref()
+            err = (out.float() - want).abs().max().item()
+            if err <= 0.05 * want.abs().max().item():
+                return run
+            errors.append(f"scale_b {list(sb_t.shape)} stride {sb_t.stride()}: off by {err:.3g}")
+        except Exception as e:  # noqa: BLE001 -- try the next layout
+            errors.append(f"scale_b {list(sb_t.shape)} stride {sb_t.stride()}: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}")
+    raise RuntimeError("baseline unavailable: blockwise torch scaled_mm did not run on any scale layout ("
+                       + "; ".join(errors) + ")")
+
+
+def fp8_impls(shape: Shape, device, configs, recipe, seed=0):
+    """``ditron bench gemm --dtype fp8``: the fp8 core against the vendor's fp8 GEMM (``cublas``:
+    torch._scaled_mm) and ditron's and cuBLAS's bf16 GEMMs of the same (dequantised) operands, all checked
+    against the float32 product of the dequantised operands."""
+    import torch
+    gemm_mod = importlib.import_module("ditron.kernels.gemm")
+    inp = Inputs(device, torch.float32, seed)
+    a, b, sa, sb, a_deq, b_deq = _fp8_operands(inp, shape, recipe)
+    a16, b16 = a_deq.to(torch.bfloat16), b_deq.to(torch.bfloat16)
+    b16_rm = b16.contiguous()                # the bf16 core's fast layout (row-major [K, N])
+    check_close = make_check(inp.ref("out", lambda: a_deq @ b_deq), tolerance(torch.bfloat16, shape.K))
+    out = torch.full((shape.M, shape.N), float("nan"), dtype=torch.bfloat16, device=device)
+
+    def check(res):
+        try:
+            check_close(res)
+        finally:
+            out.fill_(float("nan"))
+    try:
+        default = config_label(dataclasses.asdict(gemm_mod.default_config(shape.M, shape.N, shape.K, a.dtype, device)))
+    except Exception:  # noqa: BLE001 -- only a label
+        default = ""
+    try:
+        vendor = Impl("cublas", _vendor_fp8(a, b, sa, sb, recipe, out, inp.ref("out", lambda: a_deq @ b_deq)),
+                      check, f"torch._scaled_mm ({recipe})" if recipe != "block" else "F.scaled_mm (blockwise)")
+    except Exception as e:  # noqa: BLE001
+        vendor = _failing("cublas", e)
+    impls = [vendor,
+             Impl("ditron default", lambda: gemm_mod.matmul(a, b, out=out, scale_a=sa, scale_b=sb), check,
+                  f"fp8 {recipe}; {default}"),
+             Impl("bf16 ditron", lambda: gemm_mod.matmul(a16, b16_rm, out=out), check,
+                  "ditron's bf16 core, same shape"),
+             Impl("bf16 cublas", lambda: torch.matmul(a16, b16_rm, out=out), check, "torch.matmul bf16")]
+    cfgs = {}
+    for c in configs:
+        label = "ditron " + config_label(c)
+        try:
+            known = {f.name for f in dataclasses.fields(gemm_mod.GemmConfig)}
+            cfg = gemm_mod.GemmConfig(**{k: v for k, v in c.items() if k in known})
+        except Exception as e:  # noqa: BLE001
+            impls.append(_failing(label, e))
+            continue
+        cfgs[label] = c
+        impls.append(Impl(label, lambda cfg=cfg: gemm_mod.matmul(a, b, out=out, config=cfg, scale_a=sa, scale_b=sb),
+                          check))
+    return impls, cfgs, inp
+
+
 def _compile_skip(r):
     """A config that does not fit the GPU (shared memory, registers): skipped, not a failure."""
     text = (r.get("exc", "") + " " + r.get("error", "")).lower()
+    if "baseline unavailable" in text:
+        return True
     return "outofresources" in text.replace(" ", "") or "out of resource" in text or "shared memory" in text
 
 
-def run_gemm(shapes, world, dtype, configs, *, warmup, iters, graph, repeat, seed=0, progress=True):
+def run_gemm(shapes, world, dtype, configs, *, warmup, iters, graph, repeat, seed=0, progress=True, recipe=None):
+    """``recipe`` (fp8: ``dtype`` is then ``"fp8"``): the scaling recipe of the fp8 operands."""
     rows = []
     bar = Progress(len(shapes), "gemm", progress and world.rank == 0)
     agree = agree_fn(world)
     for shape in shapes:
-        impls, cfgs, inp = gemm_impls(shape, world.device, dtype, configs, seed)
+        if dtype == "fp8":
+            impls, cfgs, inp = fp8_impls(shape, world.device, configs, recipe, seed)
+        else:
+            impls, cfgs, inp = gemm_impls(shape, world.device, dtype, configs, seed)
         res = measure(impls, world.device, warmup=warmup, iters=iters, graph=graph, barrier=None,
                       repeat=repeat, agree=agree, after_checks=inp.clear)
         _log_local_failures(world, shape, res)
@@ -108,7 +236,7 @@ def run_gemm(shapes, world, dtype, configs, *, warmup, iters, graph, repeat, see
             r = res[impl.name]
             status = "ok" if r["ok"] else ("skipped" if _compile_skip(r) else "FAILED")
             us = r["us"] if r["ok"] else None
-            rows.append({"model": shape.label, "M": shape.M, "N": shape.N, "K": shape.K, "impl": impl.name,
+            rows.append({"model": shape.label + (f" {recipe}" if recipe else ""), "M": shape.M, "N": shape.N, "K": shape.K, "impl": impl.name,
                          "config": cfgs.get(impl.name), "status": status, "ok": r["ok"], "us": us,
                          "rounds_us": r["rounds_us"], "tflops": flops / (us * 1e-6) / 1e12 if us else None,
                          "vs_cublas": base / us if base and us else None, "error": r["error"],
@@ -121,7 +249,8 @@ def run_gemm(shapes, world, dtype, configs, *, warmup, iters, graph, repeat, see
 
 
 def gemm_summary(rows):
-    """Best ditron config per shape, and each config's geomean ratio to cuBLAS."""
+    """Best ditron config per shape, and each config's geomean ratio to cuBLAS (fp8: to torch._scaled_mm,
+    and the fp8 core's ratio to ditron's bf16 core: ``fp8``)."""
     shapes = list(dict.fromkeys(r["model"] for r in rows))
     best = {}
     for s in shapes:
@@ -136,4 +265,15 @@ def gemm_summary(rows):
         per_cfg[name] = {"geomean_vs_cublas": geomean(xs), "shapes": len(xs)}
     full = [n for n, v in per_cfg.items() if v["shapes"] == len(shapes) and v["geomean_vs_cublas"]]
     overall = max(full, key=lambda n: per_cfg[n]["geomean_vs_cublas"]) if full else None
-    return {"best_per_shape": best, "configs": per_cfg, "best_overall": overall}
+    out = {"best_per_shape": best, "configs": per_cfg, "best_overall": overall}
+    by = {(r["model"], r["impl"]): r for r in rows}
+    if any(k[1] == "bf16 ditron" for k in by):
+        fp8 = {}
+        for s in shapes:
+            f, v, d = by.get((s, "ditron default")), by.get((s, "cublas")), by.get((s, "bf16 ditron"))
+            fp8[s] = {"vs_scaled_mm": v["us"] / f["us"] if f and v and f["us"] and v["us"] else None,
+                      "vs_ditron_bf16": d["us"] / f["us"] if f and d and f["us"] and d["us"] else None}
+        out["fp8"] = fp8
+        out["fp8_geomean"] = {k: geomean([x[k] for x in fp8.values() if x[k]]) for k in ("vs_scaled_mm",
+                                                                                          "vs_ditron_bf16")}
+    return out

@@ -18,7 +18,10 @@ interpreter's builder, once per process:
 * fp32/fp16/bf16 -> fp8e4nv (e4m3fn) and fp8e5 (e5m2) round to nearest even
   and saturate as Triton's sm_90 lowering (``cvt.rn.satfinite.*``): values
   beyond the largest finite number (infinities too) become it, NaN stays NaN.
-  fp8 -> wider types, and fp8 operands of ``tl.dot``, are exact (torch's float8 tables).
+  fp8 -> wider types, and fp8 operands of ``tl.dot``, are exact (torch's float8 tables).  An fp8 ``tl.dot``
+  sums its exact products in fp32; one whose sm_90 tensor-core accumulation chain is longer than 128
+  products (``max_num_imprecise_acc``, sm_90's default being the whole K loop) is refused
+  (:func:`check_fp8_accumulation`).
 * ``libdevice`` functions (``tl.extra.cuda.libdevice``, the generic
   ``tl.extra.libdevice``, ``tl.extra.hip.libdevice``) compute as a GPU does
   (:mod:`ditron.sim.libdevice`); ``rcp64h`` is refused with an error naming it.
@@ -257,11 +260,66 @@ def _install_fp8(IB, TensorHandle, interp):
         # fp8 operands: exact fp32 values (the interpreter multiplies raw codes (3.6) or goes through its fp16
         # conversion (3.9), which maps e4m3fn's NaN to a number)
         if _is_fp8(a.dtype.scalar) or _is_fp8(b.dtype.scalar):
+            if _is_fp8(a.dtype.scalar) and _is_fp8(b.dtype.scalar):
+                imprecise = args[1] if len(args) > 1 else None
+                check_fp8_accumulation(a.data.shape[-1], imprecise, d.data)
             a = TensorHandle(to_f32(a), tl.float32) if _is_fp8(a.dtype.scalar) else a
             b = TensorHandle(to_f32(b), tl.float32) if _is_fp8(b.dtype.scalar) else b
         return _orig(self, a, b, d, *args)
 
     IB.create_dot = create_dot
+    # ``max_num_imprecise_acc`` left out of ``tl.dot`` is the backend's default: sm_90's (2**30: the whole K
+    # in the tensor core's accumulator), not the interpreter's 0 (which would read as "promote every step")
+    orig_init = IB.__init__
+
+    def __init__(self, *a, _orig=orig_init, **kw):
+        _orig(self, *a, **kw)
+        _sm90_fp8_default(self)
+
+    IB.__init__ = __init__
+    _sm90_fp8_default(getattr(interp, "interpreter_builder", None))
+
+
+#: sm_90's ``max_num_imprecise_acc_default`` (triton/backends/nvidia/compiler.py): fp8 dots accumulate the whole
+#: K in the tensor core unless ``tl.dot(..., max_num_imprecise_acc=n)`` asks for a promotion every ``n`` products
+SM90_IMPRECISE_DEFAULT = 2 ** 30
+#: the longest run of fp8 products the simulator lets the tensor core accumulate before an fp32 promotion
+FP8_MAX_IMPRECISE = 128
+
+
+def _sm90_fp8_default(builder):
+    import dataclasses
+    opts = getattr(builder, "options", None)
+    if opts is not None and getattr(opts, "max_num_imprecise_acc_default", None) == 0:
+        builder.options = dataclasses.replace(opts, max_num_imprecise_acc_default=SM90_IMPRECISE_DEFAULT)
+
+
+def check_fp8_accumulation(k, imprecise, acc):
+    """Refuse an fp8 x fp8 ``tl.dot`` whose GPU result the simulator cannot reproduce.
+
+    The simulator multiplies fp8 operands exactly and sums in fp32.  sm_90's fp8 ``wgmma`` sums in the
+    tensor core with a narrower accumulator (about 14 bits kept: DeepSeek-V3 measured 2% relative error at
+    K = 4096); Triton promotes that partial sum into a true fp32 add every ``max_num_imprecise_acc`` products
+    only when ``max_num_imprecise_acc <= K`` of the dot (else the incoming accumulator itself is the tensor
+    core's and the chain never ends).  Up to :data:`FP8_MAX_IMPRECISE` products per chain the GPU agrees with
+    the simulator to within the fp32 rounding of a short sum (the same as bf16 dots); a longer chain -- or
+    an unpromoted dot that continues a non-zero accumulator across a K loop -- is refused."""
+    if imprecise is None or imprecise == 0:
+        return                              # promoted after every instruction
+    if imprecise <= k:
+        if imprecise <= FP8_MAX_IMPRECISE:
+            return
+        chain = f"{imprecise} products"
+    else:                                   # no promotion: the chain runs through the incoming accumulator
+        if k <= FP8_MAX_IMPRECISE and not np.any(np.asarray(acc)):
+            return
+        chain = (f"the whole K loop (max_num_imprecise_acc={imprecise} > K={k} of this dot: the accumulator "
+                 "passed in stays in the tensor core)")
+    raise DitronError(
+        "the simulator cannot model this fp8 tl.dot: on sm_90 the tensor core accumulates " + chain + " in its "
+        "reduced-precision accumulator (about 14 bits kept), which the simulator's exact fp32 sum would hide; "
+        f"pass tl.dot(a, b, acc, max_num_imprecise_acc=n) with n <= min(K of the dot, {FP8_MAX_IMPRECISE}) so that "
+        "the partial sums are promoted to fp32 (what torch._scaled_mm's use_fast_accum=False does)")
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,326 @@
+"""Test bodies of tests/test_fp8.py: the fp8 GEMM core and overlap ops against torch._scaled_mm (per-tensor,
+per-row / per-column; torch 2.13 runs it on CPU) and a float32 reference of the blockwise recipe, on
+simulated ranks.  Operands are seeded, scaled so that the fp8 values use the whole e4m3 range."""
+import importlib
+
+import torch
+import triton.language as tl
+
+import ditron
+
+G = importlib.import_module("ditron.kernels.gemm")
+E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def quant_rows(x, dtype=E4):
+    """Per-row fp8 quantisation of a float32 [M, K]: (fp8 values, float32 [M, 1] decode scales)."""
+    top = torch.finfo(dtype).max
+    s = (x.abs().amax(dim=1, keepdim=True) / top).clamp(min=1e-12)
+    return (x / s).to(dtype), s.float()
+
+
+def quant_tensor(x, dtype=E4):
+    top = torch.finfo(dtype).max
+    s = (x.abs().max() / top).clamp(min=1e-12)
+    return (x / s).to(dtype), s.float().reshape(())
+
+
+def quant_groups(x, gk=128, dtype=E4):
+    """DeepSeek activations: one scale per 1 x gk group of a row -> (fp8 [M, K], scales [M, cdiv(K, gk)])."""
+    M, K = x.shape
+    nk = -(-K // gk)
+    xp = torch.nn.functional.pad(x, (0, nk * gk - K)).reshape(M, nk, gk)
+    s = (xp.abs().amax(dim=2) / torch.finfo(dtype).max).clamp(min=1e-12)
+    q = (xp / s[:, :, None]).reshape(M, nk * gk)[:, :K].to(dtype)
+    return q, s.float()
+
+
+def quant_blocks(w, gk=128, gn=128, dtype=E4):
+    """DeepSeek weights: one scale per gk x gn block of b [K, N] -> (fp8 [K, N], scales [cdiv(K, gk), cdiv(N, gn)])."""
+    K, N = w.shape
+    nk, nn = -(-K // gk), -(-N // gn)
+    wp = torch.nn.functional.pad(w, (0, nn * gn - N, 0, nk * gk - K)).reshape(nk, gk, nn, gn)
+    s = (wp.abs().amax(dim=(1, 3)) / torch.finfo(dtype).max).clamp(min=1e-12)
+    q = (wp / s[:, None, :, None]).reshape(nk * gk, nn * gn)[:K, :N].to(dtype)
+    return q, s.float()
+
+
+def blockwise_reference(a, b, sa, sb, gk=128, gn=128):
+    """float32 reference of the blockwise recipe: for each K group g, the exact fp32 product of the fp8
+    slices, scaled by scale_a[:, g] (per row) and scale_b[g, n // gn] (per column block), summed over g."""
+    M, K = a.shape
+    N = b.shape[1]
+    out = torch.zeros(M, N, dtype=torch.float64)
+    for g in range(-(-K // gk)):
+        part = a[:, g * gk:(g + 1) * gk].double() @ b[g * gk:(g + 1) * gk].double()
+        colscale = sb[g].double().repeat_interleave(gn)[:N]
+        out += part * sa[:, g].double()[:, None] * colscale[None, :]
+    return out.float()
+
+
+def rand(shape, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g) * scale
+
+
+def operands(M, N, K, recipe, seed, dtype_a=E4, dtype_b=E4, gk=128, gn=128):
+    """(a [M, K], b [K, N] column-major (w.t()), scale_a, scale_b, reference float32 [M, N])."""
+    x = rand((M, K), seed) * (1 + torch.arange(M)[:, None] % 5)        # rows of different magnitudes
+    w = rand((N, K), seed + 1) * (1 + torch.arange(N)[:, None] % 3)
+    if recipe == "block":
+        a, sa = quant_groups(x, gk, dtype_a)
+        bq, sb = quant_blocks(w.t().contiguous(), gk, gn, dtype_b)
+        b = bq.t().contiguous().t()                                     # column-major, as torch._scaled_mm
+        return a, b, sa, sb, blockwise_reference(a, b, sa, sb, gk, gn)
+    if recipe == "tensor":
+        a, sa = quant_tensor(x, dtype_a)
+        wq, sb = quant_tensor(w, dtype_b)
+    else:
+        a, sa = quant_rows(x, dtype_a)
+        wq, sbt = quant_rows(w, dtype_b)
+        sb = sbt.t()                                                    # [1, N]
+    b = wq.t()
+    return a, b, sa, sb, None
+
+
+def scaled_mm_reference(a, b, sa, sb, out_dtype):
+    """torch._scaled_mm on CPU (torch 2.13 has a CPU kernel for per-tensor and rowwise scales)."""
+    return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+
+
+def check(got, want, out_dtype, what):
+    """fp32 output: within fp32 rounding of a different summation order.  bf16 / fp16: every element at most
+    one rounding step of the output dtype from the reference's, and at most 2% of them differ at all (two fp32
+    sums that agree to fp32 rounding round to the same bf16 value unless they straddle a rounding boundary;
+    a systematic error of a fraction of an ulp moves far more than 2%).  On a GPU the tensor core sums up to
+    one K step (<= 128 products) in its narrower accumulator before each fp32 promotion: there float32
+    results are held to 2e-4 of the largest and 6% of bf16 / fp16 elements may differ by their one step."""
+    gpu = got.device.type == "cuda"
+    got = got.cpu().float()
+    want = want.float()
+    assert got.shape == want.shape, (what, got.shape, want.shape)
+    assert torch.isfinite(got).all(), what
+    if out_dtype == torch.float32:
+        tol = (2e-4 if gpu else 2e-6) * want.abs().max().item() + 1e-30
+        err = (got - want).abs().max().item()
+        assert err <= tol, f"{what}: max abs error {err} > {tol}"
+        return
+    eps = torch.finfo(out_dtype).eps
+    err = (got - want).abs()
+    bound = want.abs() * eps * 1.01 + 1e-6 * want.abs().max()
+    bad = (err > bound).nonzero()
+    assert bad.numel() == 0, f"{what}: {bad.shape[0]} elements beyond one {out_dtype} ulp, e.g. " \
+                             f"{got[tuple(bad[0])].item()} vs {want[tuple(bad[0])].item()}"
+    differ = (got != want).float().mean().item()
+    assert differ <= (0.06 if gpu else 0.02), f"{what}: {differ:.1%} of the elements differ from the reference"
+
+
+def matmul_recipes(world, cases):
+    """matmul on fp8 operands of every recipe against the references; returns the number of cases run."""
+    dev = world.device
+    n = 0
+    for i, (M, N, K, recipe, out_dtype, da, db) in enumerate(cases):
+        out_dtype = getattr(torch, out_dtype)
+        da, db = getattr(torch, da), getattr(torch, db)
+        a, b, sa, sb, ref = operands(M, N, K, recipe, 10 * i, da, db)
+        got = G.matmul(a.to(dev), b.to(dev), scale_a=sa.to(dev), scale_b=sb.to(dev), out_dtype=out_dtype)
+        assert got.dtype == out_dtype
+        if ref is None:
+            if da == E5 and db == E5:       # torch._scaled_mm refuses e5m2 x e5m2 (cuBLASLt); same math in fp64
+                ref = ((a.double() @ b.double()) * sa.double() * sb.double()).to(out_dtype)
+            else:
+                ref = scaled_mm_reference(a, b, sa, sb, out_dtype)
+        else:
+            ref = ref.to(out_dtype) if out_dtype != torch.float32 else ref
+        check(got, ref, out_dtype, f"{M}x{N}x{K} {recipe} -> {out_dtype}")
+        n += 1
+    return n
+
+
+# ---------------------------------------------------------------------------
+# overlap ops on several simulated ranks
+# ---------------------------------------------------------------------------
+
+def _rank_operands(rank, M, N, K, recipe, seed, dtype_a=E4, dtype_b=E4):
+    """Rank ``rank``'s fp8 operands (every rank can rebuild every other rank's) and its partial product's
+    float32 reference (torch._scaled_mm in fp32 for per-tensor / rowwise, the blockwise reference)."""
+    a, b, sa, sb, ref = operands(M, N, K, recipe, 1000 * seed + 17 * rank, dtype_a, dtype_b)
+    if ref is None:
+        ref = scaled_mm_reference(a, b, sa, sb, torch.float32)
+    return a, b, sa, sb, ref
+
+
+def _partials_reference(world, M, N, K, recipe, seed, out_dtype):
+    """``sum_s round(partial_s)`` as the ops compute it (each rank's partial rounded once to the output
+    dtype, summed in fp32) and the bound of its distance to the exact sum."""
+    parts = [_rank_operands(s, M, N, K, recipe, seed)[4] for s in range(world.world_size)]
+    rounded = sum(p.to(out_dtype).float() for p in parts)
+    return rounded
+
+
+def check_sum(got, want, out_dtype, what, W):
+    """A sum of ``W`` rounded partials, rounded again: every element within (W + 1) rounding steps of the
+    output dtype of the reference's magnitude, and at most 5% of the elements differ from it."""
+    gpu = got.device.type == "cuda"
+    got = got.cpu().float()
+    assert torch.isfinite(got).all(), what
+    eps = torch.finfo(out_dtype).eps if out_dtype != torch.float32 else (2e-4 if gpu else 4e-6)
+    err = (got - want).abs()
+    bound = (W + 1) * eps * want.abs() + 2e-6 * want.abs().max()
+    bad = (err > bound).nonzero()
+    assert bad.numel() == 0, f"{what}: {bad.shape[0]} elements off, e.g. {got[tuple(bad[0])].item()} vs " \
+                             f"{want[tuple(bad[0])].item()}"
+    if out_dtype != torch.float32:
+        differ = (got != want.to(out_dtype).float()).float().mean().item()
+        assert differ <= (0.1 if gpu else 0.05), f"{what}: {differ:.1%} of the elements differ from the reference"
+
+
+def gemm_rs_fp8(world, cases, method, config=None):
+    """gemm_rs on fp8 operands: ``(m, N, K, recipe, out dtype)`` per call, one context per call."""
+    from ditron.kernels.gemm_rs import create_gemm_rs_context, gemm_rs
+    W, r, dev = world.world_size, world.rank, world.device
+    n = 0
+    for i, (m, N, K, recipe, out_dtype) in enumerate(cases):
+        out_dtype = getattr(torch, out_dtype)
+        ctx = create_gemm_rs_context(W * m, N, out_dtype, method=method, config=config or G.SIM_CONFIG)
+        a, b, sa, sb, _ = _rank_operands(r, W * m, N, K, recipe, i)
+        got = gemm_rs(a.to(dev), b.to(dev), ctx, scale_a=sa.to(dev), scale_b=sb.to(dev))
+        assert got.dtype == out_dtype and got.shape == (m, N)
+        want = _partials_reference(world, W * m, N, K, recipe, i, out_dtype)[r * m:(r + 1) * m]
+        check_sum(got, want, out_dtype, f"gemm_rs {method} {recipe} call {i} rank {r}", W)
+        n += 1
+    return n
+
+
+def gemm_ar_fp8(world, cases, method):
+    """gemm_ar on fp8 operands: ``(M, N, K, recipe, out dtype)`` per call."""
+    GA = importlib.import_module("ditron.kernels.gemm_ar")
+    W, r, dev = world.world_size, world.rank, world.device
+    n = 0
+    for i, (M, N, K, recipe, out_dtype) in enumerate(cases):
+        out_dtype = getattr(torch, out_dtype)
+        ctx = GA.create_gemm_ar_context(M, N, out_dtype)
+        a, b, sa, sb, _ = _rank_operands(r, M, N, K, recipe, i)
+        got = GA.gemm_ar(a.to(dev), b.to(dev), ctx, method=method, scale_a=sa.to(dev), scale_b=sb.to(dev))
+        assert got.dtype == out_dtype and got.shape == (M, N)
+        check_sum(got, _partials_reference(world, M, N, K, recipe, i, out_dtype), out_dtype,
+                  f"gemm_ar {method} {recipe} call {i} rank {r}", W)
+        n += 1
+    return n
+
+
+def ag_gemm_fp8(world, cases, producer):
+    """ag_gemm on fp8 shards: ``(m, N, K, recipe, out dtype)`` per call, every call on one context (the
+    scales of earlier calls must not leak into later ones).  Rank ``s``'s rows of the result are its shard
+    times b with its own scales (the scales travel with the rows)."""
+    from ditron.kernels.ag_gemm import ag_gemm, create_ag_gemm_context
+    W, r, dev = world.world_size, world.rank, world.device
+    K = cases[0][2]
+    ctx = create_ag_gemm_context(max(c[0] for c in cases), K, E4, producer=producer, config=G.SIM_CONFIG,
+                                 out_dtype=getattr(torch, cases[0][4]))
+    n = 0
+    for i, (m, N, K_, recipe, out_dtype) in enumerate(cases):
+        assert K_ == K and getattr(torch, out_dtype) == ctx.out_dtype
+        out_dtype = ctx.out_dtype
+        a, _, sa, _, _ = _rank_operands(r, m, N, K, recipe, i)
+        _, b, _, sb, _ = _rank_operands(0, m, N, K, recipe, i)            # b is the same on every rank
+        got = ag_gemm(a.to(dev), b.to(dev), ctx, scale_a=sa.to(dev), scale_b=sb.to(dev))
+        assert got.dtype == out_dtype and got.shape == (W * m, N)
+        want = []
+        for s in range(W):
+            a_s, _, sa_s, _, _ = _rank_operands(s, m, N, K, recipe, i)
+            if recipe == "block":
+                want.append(blockwise_reference(a_s, b, sa_s, sb).to(out_dtype))
+            else:
+                want.append(scaled_mm_reference(a_s, b, sa_s, sb, out_dtype))
+        check(got, torch.cat(want), out_dtype, f"ag_gemm {producer} {recipe} call {i} rank {r}")
+        n += 1
+    return n
+
+
+def grouped_gemm_fp8(world, cases):
+    """The MoE grouped GEMM on fp8 tokens and experts with blockwise scales: ``(counts, N, K, gather)`` per
+    case; each expert's rows against the blockwise reference of that expert."""
+    from ditron.kernels.moe import grouped_gemm
+    dev = world.device
+    n = 0
+    for i, (counts, N, K, gather) in enumerate(cases):
+        E, rows = len(counts), sum(counts)
+        x = rand((rows + 3, K), 50 + i) * (1 + torch.arange(rows + 3)[:, None] % 4)
+        a, sa = quant_groups(x)
+        ws, sws = zip(*(quant_blocks(rand((K, N), 60 + 10 * i + e)) for e in range(E)))
+        w, sw = torch.stack(ws), torch.stack(sws)
+        idx = torch.randperm(rows + 3, generator=torch.Generator().manual_seed(i))[:rows] if gather else None
+        if not gather:
+            a, sa = a[:rows], sa[:rows]
+        got = grouped_gemm(a.to(dev), w.to(dev), torch.tensor(counts, device=dev), scale_a=sa.to(dev),
+                           scale_w=sw.to(dev), gather_idx=None if idx is None else idx.to(dev))
+        assert got.dtype == torch.bfloat16 and got.shape == (rows, N)
+        src = idx if gather else torch.arange(rows)
+        want, off = [], 0
+        for e, c in enumerate(counts):
+            r = src[off:off + c]
+            want.append(blockwise_reference(a[r], w[e], sa[r], sw[e]).to(torch.bfloat16))
+            off += c
+        check(got, torch.cat(want), torch.bfloat16, f"grouped_gemm case {i}")
+        n += 1
+    return n
+
+
+def error_cases(world):
+    """Messages of the DitronErrors raised before launch for bad fp8 arguments."""
+    from bodies_ag_gemm import error_messages
+    from ditron.kernels.moe import grouped_gemm
+    dev = world.device
+    a, b, sa, sb, _ = operands(20, 24, 256, "row", 3)
+    a, b, sa, sb = a.to(dev), b.to(dev), sa.to(dev), sb.to(dev)
+    ab, bb, sab, sbb, _ = operands(20, 24, 256, "block", 3)
+    ab, bb, sab, sbb = ab.to(dev), bb.to(dev), sab.to(dev), sbb.to(dev)
+    mm = G.matmul
+    cases = {
+        "no_scales": lambda: mm(a, b),
+        "scale_dtype": lambda: mm(a, b, scale_a=sa.double(), scale_b=sb),
+        "scale_a_shape": lambda: mm(a, b, scale_a=sa[:7], scale_b=sb),
+        "scale_b_shape": lambda: mm(a, b, scale_a=sa, scale_b=sb[:, :5]),
+        "block_b_shape": lambda: mm(ab, bb, scale_a=sab, scale_b=sbb[:1]),
+        "mixed": lambda: mm(ab, bb, scale_a=sab, scale_b=sb),
+        "b_dtype": lambda: mm(a, b.to(torch.bfloat16), scale_a=sa, scale_b=sb),
+        "out_dtype": lambda: mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float8_e4m3fn),
+        "out": lambda: mm(a, b, scale_a=sa, scale_b=sb, out=torch.empty(20, 24, device=dev)),
+        "bf16_scales": lambda: mm(a.float().bfloat16(), b.float().bfloat16(), scale_a=sa, scale_b=sb),
+        "block_k": lambda: mm(ab, bb, scale_a=sab, scale_b=sbb, config=G.GemmConfig(16, 16, 256)),
+        "block_group": lambda: mm(ab, bb, scale_a=sab, scale_b=sbb, scale_block=(32, 128)),
+        "scale_block": lambda: mm(ab, bb, scale_a=sab, scale_b=sbb, scale_block=(100, 128)),
+        "moe_scales": lambda: grouped_gemm(ab, bb.reshape(1, 256, 24), torch.tensor([20], device=dev), scale_a=sab,
+                                           scale_w=sbb),
+    }
+    return error_messages(cases)
+
+
+@ditron.jit
+def fp8_dot_loop_kernel(a_ptr, b_ptr, c_ptr, K, BM: tl.constexpr, BK: tl.constexpr, PROMOTE: tl.constexpr):
+    r = tl.arange(0, BM)
+    ks = tl.arange(0, BK)
+    acc = tl.zeros((BM, BM), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = tl.load(a_ptr + r[:, None] * K + k0 + ks[None, :])
+        b = tl.load(b_ptr + (k0 + ks[:, None]) * BM + r[None, :])
+        if PROMOTE:
+            acc = tl.dot(a, b, acc, max_num_imprecise_acc=BK)
+        else:
+            acc = tl.dot(a, b, acc)
+    tl.store(c_ptr + r[:, None] * BM + r[None, :], acc)
+
+
+def fp8_accumulation(world):
+    from bodies_ag_gemm import error_messages
+    dev = world.device
+    a = rand((16, 64), 1).to(E4).to(dev)
+    b = rand((64, 16), 2).to(E4).to(dev)
+    c = torch.empty(16, 16, device=dev)
+
+    def promoted():
+        fp8_dot_loop_kernel[(1,)](a, b, c, 64, BM=16, BK=32, PROMOTE=True)
+        torch.testing.assert_close(c.cpu(), a.cpu().float() @ b.cpu().float(), rtol=1e-6, atol=1e-5)
+    return error_messages({"default": lambda: fp8_dot_loop_kernel[(1,)](a, b, c, 64, BM=16, BK=32, PROMOTE=False),
+                           "promoted": promoted})

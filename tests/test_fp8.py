@@ -1,0 +1,131 @@
+"""fp8 GEMMs (issue 55): the core (kernels/gemm.py) and the overlap ops with per-tensor, per-row / per-column
+and blockwise scales (kernels/scaling.py), on 1-4 simulated ranks, against torch._scaled_mm (CPU) and a float32
+reference of the blockwise recipe; the simulator's fp8 accumulation check; what sm_90a compiles fp8 to."""
+import importlib
+
+import pytest
+
+import ditron
+
+import bodies_fp8 as B
+
+G = importlib.import_module("ditron.kernels.gemm")
+
+E4, E5 = "float8_e4m3fn", "float8_e5m2"
+# (M, N, K, recipe, out dtype, dtype of a, dtype of b): tails in M, N and K; K over several 128-groups
+CORE_CASES = [
+    (37, 45, 70, "tensor", "bfloat16", E4, E4),
+    (37, 45, 70, "row", "float32", E4, E4),
+    (19, 40, 96, "row", "float16", E5, E4),
+    (16, 33, 64, "tensor", "float32", E5, E5),
+    (21, 150, 300, "block", "bfloat16", E4, E4),
+    (33, 20, 260, "block", "float32", E4, E4),
+]
+
+
+# on GPUs also shapes whose rows are 16-byte aligned: the default config's TMA path (b^T descriptor, TMA-store
+# epilogue), with M, N, K tails of the 128 x 256 x 128 tiles
+GPU_CORE_CASES = [(256, 384, 512, "row", "bfloat16", E4, E4), (200, 264, 384, "block", "bfloat16", E4, E4),
+                  (130, 520, 256, "tensor", "float32", E4, E4), (300, 1032, 640, "block", "float32", E4, E4)]
+
+
+def test_matmul_fp8_recipes(dist_world):
+    from conftest import GPU_BACKEND
+    cases = CORE_CASES + (GPU_CORE_CASES if GPU_BACKEND != "sim" else [])
+    assert dist_world(1).run(B.matmul_recipes, cases) == [len(cases)]
+
+
+# (m or M, N, K, recipe, out dtype): M tails, K over two 128-groups for blockwise
+RS_CASES = [(5, 24, 70, "tensor", "bfloat16"), (3, 40, 160, "block", "float32"), (4, 18, 64, "row", "bfloat16")]
+
+
+@pytest.mark.parametrize("n, method", [(1, "scatter"), (2, "ce"), (3, "pull"), (4, "scatter")])
+def test_gemm_rs_fp8(dist_world, n, method):
+    cases = RS_CASES if n <= 2 else RS_CASES[1:2]
+    assert dist_world(n).run(B.gemm_rs_fp8, cases, method) == [len(cases)] * n
+
+
+@pytest.mark.parametrize("n, method", [(2, "one_shot"), (3, "two_shot"), (2, "rs_ag")])
+def test_gemm_ar_fp8(dist_world, n, method):
+    cases = [(6, 20, 70, "row", "bfloat16"), (4, 36, 200, "block", "float32")] if n == 2 else \
+        [(9, 20, 140, "block", "bfloat16")]
+    assert dist_world(n).run(B.gemm_ar_fp8, cases, method) == [len(cases)] * n
+
+
+@pytest.mark.parametrize("n, producer", [(1, "ce"), (2, "ce"), (3, "sm"), (4, "ce")])
+def test_ag_gemm_fp8_scales_travel_with_rows(dist_world, n, producer):
+    cases = [(5, 24, 160, "tensor", "bfloat16"), (7, 30, 160, "row", "bfloat16"), (4, 40, 160, "block", "bfloat16")]
+    if n > 2:
+        cases = cases[::2]
+    assert dist_world(n).run(B.ag_gemm_fp8, cases, producer) == [len(cases)] * n
+
+
+def test_grouped_gemm_fp8_blockwise(dist_world):
+    # 3 experts, one without rows, tails in every dimension; with and without the gather of rows (and scales)
+    cases = [([7, 0, 12], 40, 160, False), ([5, 9], 24, 130, True)]
+    assert dist_world(1).run(B.grouped_gemm_fp8, cases) == [len(cases)]
+
+
+def test_fp8_errors_before_launch(dist_world):
+    msgs = dist_world(1).run(B.error_cases)[0]
+    assert "need scale_a" in msgs["no_scales"]
+    assert "scales must be float32" in msgs["scale_dtype"]
+    assert "scale_a has shape [7, 1]" in msgs["scale_a_shape"] and "[20, 1] (per-row)" in msgs["scale_a_shape"]
+    assert "scale_b has shape [1, 5]" in msgs["scale_b_shape"]
+    assert "blockwise scales" in msgs["block_b_shape"] and "[2, 1]" in msgs["block_b_shape"]
+    assert "blockwise scales" in msgs["mixed"]
+    assert "fp8 operands (float8_e4m3fn or float8_e5m2) for both" in msgs["b_dtype"]
+    assert "write bfloat16, float16 or float32" in msgs["out_dtype"]
+    assert "expected torch.bfloat16" in msgs["out"]
+    assert "apply to fp8 operands only" in msgs["bf16_scales"]
+    assert "block_k <= 128" in msgs["block_k"]
+    assert "scale_a has shape [20, 2]" in msgs["block_group"] and "[M, cdiv(K, 32)] = [20, 8]" in msgs["block_group"]
+    assert "power of two" in msgs["scale_block"]
+    assert "scale_w has shape [2, 1]" in msgs["moe_scales"]
+
+
+def test_simulator_refuses_unmodelled_fp8_accumulation(dist_world):
+    """An fp8 tl.dot that keeps the whole K loop in sm_90's reduced-precision accumulator (Triton's default) is
+    refused; with max_num_imprecise_acc <= 128 it runs."""
+    msgs = dist_world(1).run(B.fp8_accumulation)[0]
+    assert msgs["default"] is not None and "cannot model this fp8 tl.dot" in msgs["default"]
+    assert "max_num_imprecise_acc" in msgs["default"]
+    assert msgs["promoted"] is None
+
+
+_UNIT_FP8 = ("stride_ak", "stride_bk", "stride_cn")        # b column-major (w.t()): K-major for wgmma
+
+
+@pytest.mark.parametrize("scale", [1, 2], ids=["rowwise", "blockwise"])
+@pytest.mark.parametrize("c", ["*bf16", "*fp32"])
+def test_fp8_core_compiles_to_fp8_wgmma_and_tma(scale, c):
+    """The GPU default config for fp8 at a paper shape: TMA loads of a and of b^T (K-major), fp8 wgmma
+    (e4m3 x e4m3 -> f32), the TMA-store epilogue, and shared memory within an H100's 227 KiB."""
+    from conftest import tma_loads, tma_stores
+    import torch
+    from test_gemm_core import compile_core
+    cfg = G.fp8_config(8192, 7168, 2048, 132, torch.float32 if c == "*fp32" else torch.bfloat16)
+    ptx, shared = compile_core(cfg, True, ab="*fp8e4nv", c=c, scale=scale, gk=128, gn=128, b_t=True, unit=_UNIT_FP8,
+                               with_shared=True)
+    assert "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3" in ptx
+    assert tma_loads(ptx) and tma_stores(ptx)
+    assert shared <= 232448, shared
+
+
+def test_fp8_pointer_tiles_and_e5m2_compile():
+    """Pointer tiles (b of any layout) and an e5m2 operand also reach fp8 wgmma."""
+    from test_gemm_core import compile_core
+    cfg = G.GemmConfig(128, 128, 128, 8, 8, 3)
+    ptx = compile_core(cfg, False, ab="*fp8e4nv", scale=2, gk=128, gn=128)
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ptx
+    ptx = compile_core(cfg, False, ab="*fp8e5", scale=1, unit=_UNIT_FP8)
+    assert ".f32.e5m2.e5m2" in ptx
+
+
+def test_fp8_grouped_gemm_compiles_for_sm90a():
+    from test_moe import grouped_gemm_signature
+    from ditron.kernels.moe import grouped_gemm_kernel
+    ck = ditron.compile(grouped_gemm_kernel, target="sm_90a", signature=grouped_gemm_signature("*fp8e4nv"),
+                        constexprs=dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, EVEN_K=True, EP=64,
+                                        GATHER=True, TMA=False, FP8=True, GK=128, GN=128), num_warps=8, num_stages=3)
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ck.asm["ptx"]
