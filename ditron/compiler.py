@@ -266,7 +266,8 @@ def _as_jit_function(kernel):
 
 def normalize_signature(fn, signature, constexprs):
     """Complete a signature: every parameter needs a type string; parameters
-    given in ``constexprs`` may be left out (they become ``"constexpr"``)."""
+    given in ``constexprs`` may be left out (they become ``"constexpr"``), and
+    so may ``tl.constexpr`` parameters with a default (they take it)."""
     params = _compat.jit_function_params(fn)
     if isinstance(signature, (list, tuple)):
         if len(signature) != len(params):
@@ -278,6 +279,9 @@ def normalize_signature(fn, signature, constexprs):
     unknown = sorted((set(signature) | set(constexprs)) - set(params))
     if unknown:
         raise DitronCompileError(f"kernel {fn.__name__} has no parameter(s) {unknown}; its parameters are {params}")
+    for p in getattr(fn, "params", ()):      # constexpr parameters with a default take it, as at a launch
+        if p.is_constexpr and p.has_default and p.name not in signature and p.name not in constexprs:
+            constexprs[p.name] = p.default
     for name in constexprs:
         signature.setdefault(name, "constexpr")
     missing = [p for p in params if p not in signature]

@@ -67,7 +67,8 @@ def test_gluon_core_compiles_fp16(cfg):
 
 _TL_SIG = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
            "stride_am": "i32", "stride_ak": "i32", "stride_bk": "i32", "stride_bn": "i32", "stride_cm": "i32",
-           "stride_cn": "i32"}
+           "stride_cn": "i32", "sa_ptr": "*fp32", "sb_ptr": "*fp32", "stride_sam": "i32", "stride_sak": "i32",
+           "stride_sbk": "i32", "stride_sbn": "i32"}      # the fp8 scale arguments (unused at SCALE=0, the default)
 
 
 @pytest.mark.parametrize("num_warps", [4, 8])

@@ -123,6 +123,25 @@ def test_signature_must_cover_parameters():
         ditron.compile(K.k_plain, "sm_90a", {"x": "*i32", "out": "*i32", "peer": "i32", "zz": "i32"})
 
 
+def test_defaulted_constexpr_takes_its_default():
+    import triton.language as tl
+
+    @ditron.jit
+    def k_defaults(x, out, N: tl.constexpr = 4, DOUBLE: tl.constexpr = False):
+        v = tl.load(x + tl.arange(0, N))
+        if DOUBLE:
+            v = v * 2
+        tl.store(out + tl.arange(0, N), v)
+
+    sig = {"x": "*i32", "out": "*i32"}
+    plain = ditron.compile(k_defaults, "sm_90a", sig).asm["ttir"]
+    doubled = ditron.compile(k_defaults, "sm_90a", sig, {"DOUBLE": True}).asm["ttir"]
+    assert "arith.muli" not in plain and "arith.muli" in doubled
+    assert ditron.compile(k_defaults, "sm_90a", sig, {"N": 4}).asm["ttir"] == plain
+    with pytest.raises(ditron.DitronCompileError, match=r"missing parameter\(s\) \['out'\]"):
+        ditron.compile(k_defaults, "sm_90a", {"x": "*i32"})
+
+
 def test_sim_target_has_no_binary():
     with pytest.raises(ditron.DitronCompileError, match="sim"):
         ditron.compile(K.k_plain, "sim", {"x": "*i32", "out": "*i32", "peer": "i32"})
