@@ -27,6 +27,7 @@ Two modes:
     python bench/gemm_core_levers.py --tp 2,8 --dtypes bf16,fp16 [--json out.json] [--exclude NAME,...]
 """
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -45,6 +46,7 @@ HC = H.HopperGemmConfig
 
 #: name -> ("tl", GemmConfig or None for the default) | ("gluon", HopperGemmConfig)
 CANDIDATES = {
+    # round 1 (bench/results/h100-2026-12-07-gemm-levers/)
     "tl default": ("tl", None),
     "tl ws 128x256x64 s3 w4": ("tl", C(128, 256, 64, 8, 4, 3, tma=True, warp_specialize=True)),
     "tl ws 128x128x64 s4 w4": ("tl", C(128, 128, 64, 8, 4, 4, tma=True, warp_specialize=True)),
@@ -54,11 +56,44 @@ CANDIDATES = {
     "gluon pingpong 128x128x64 s4": ("gluon", HC(128, 128, 64, stages=4, mode="pingpong")),
     "gluon pingpong 128x128x64 s6 epi/2": ("gluon", HC(128, 128, 64, stages=6, mode="pingpong", epilogue_split=2)),
     "gluon pingpong 64x256x64 s4": ("gluon", HC(64, 256, 64, stages=4, mode="pingpong")),
+    # round 2: levers aimed at the losing shapes (N not a multiple of 256, K = 4096-7168)
+    # L2 grouping of the tile order
+    "tl 128x256x64 s3 g4": ("tl", C(128, 256, 64, 4, 8, 3, tma=True, flatten=True)),
+    "tl 128x256x64 s3 g16": ("tl", C(128, 256, 64, 16, 8, 3, tma=True, flatten=True)),
+    # a 4th stage (the epilogue in two 128-column slices frees the shared memory: 224 KiB)
+    "tl 128x256x64 s4 sub2": ("tl", C(128, 256, 64, 8, 8, 4, tma=True, flatten=True, epilogue_subtile=2)),
+    # BLOCK_K 128: half the k-steps (barriers, wgmma waits) per tile, 2 stages of 96 KiB
+    "tl 128x256x128 s2 sub2": ("tl", C(128, 256, 128, 8, 8, 2, tma=True, flatten=True, epilogue_subtile=2)),
+    # wave quantisation: 8192x5504 is 64 x 21.5 tiles of 128x256 (10.67 waves of 132, the last column half
+    # empty); 256x128 tiles: 32 x 43 (no ragged column), 128x128: 64 x 43 (20.85 waves)
+    "tl 256x128x64 s3": ("tl", C(256, 128, 64, 8, 8, 3, tma=True, flatten=True)),
+    "tl 128x128x64 s5": ("tl", C(128, 128, 64, 8, 8, 5, tma=True, flatten=True)),
+    "tl 128x128x128 s3": ("tl", C(128, 128, 128, 8, 8, 3, tma=True, flatten=True)),
+    "gluon coop 128x256x64 s3 g4": ("gluon", HC(128, 256, 64, stages=3, mode="coop", group_m=4)),
+    "gluon coop 128x256x64 s3 g16": ("gluon", HC(128, 256, 64, stages=3, mode="coop", group_m=16)),
+    "gluon coop 128x256x128 s2 epi/2": ("gluon", HC(128, 256, 128, stages=2, mode="coop", epilogue_split=2)),
+    "gluon coop 256x128x64 s4 epi/2": ("gluon", HC(256, 128, 64, stages=4, mode="coop", epilogue_split=2)),
+    # what matmul runs without a config: the shipped table of this GPU kind (kernels/gemm_tables/; round 1's
+    # per-shape best on H100), else the default rule -- timed, never picked as a shape's best
+    "matmul table": ("table", None),
 }
+
+#: what round 2 times by default (``--candidates round2``): the two round-1 leaders, the round-1 winner at
+#: 8192x5504x4096 (ping-pong s6), and the new levers; ``all``: every candidate; ``round1``: round 1's nine
+ROUND1 = list(CANDIDATES)[:9]
+ROUND2 = ["tl default", "gluon coop 128x256x64 s3", "gluon pingpong 128x128x64 s6 epi/2"] + list(CANDIDATES)[9:]
+#: candidates that stand for a dispatch, not a config: timed beside the others, never a shape's best
+META = {"matmul table"}
+GROUPS = {"all": list(CANDIDATES), "round1": ROUND1, "round2": ROUND2}
 
 #: the check shapes: tails in M, N and K, fewer tiles than SMs (and an odd tile count: ping-pong's consumers get
 #: different numbers of tiles), one paper shape
 CHECK_SHAPES = [(1000, 1000, 1000), (130, 328, 72), (256, 512, 128), (8192, 5504, 4096), (3000, 2056, 4104)]
+#: ``--quick-check``: the tails only (the timing step checks every paper shape before timing it anyway)
+QUICK_CHECK_SHAPES = [(1000, 1000, 1000), (130, 328, 72), (3000, 2056, 4104)]
+
+#: sm_90's shared memory per block (227 KiB)
+SMEM_LIMIT = 232448
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -69,7 +104,11 @@ STALL_S = float(os.environ.get("GEMM_LEVERS_STALL_S", "75"))
 
 def run_fn(name, a, b, out):
     kind, cfg = CANDIDATES[name]
+    if kind == "table":
+        return lambda: G.matmul(a, b, out=out)          # no config: the GPU kind's table, else the default rule
     if kind == "tl":
+        # "tl default": the shipped rule (default_config), not the table matmul reads without a config
+        cfg = cfg or G.default_config(a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
         return lambda: G.matmul(a, b, out=out, config=cfg)
     return lambda: H.matmul_hopper(a, b, out=out, config=cfg)
 
@@ -167,8 +206,8 @@ def short(e):
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"
 
 
-def do_check(names, progress, seed):
-    """Correctness and twin bit-equality of each candidate at CHECK_SHAPES, both dtypes."""
+def do_check(names, progress, seed, dtypes=tuple(DTYPES), shapes=None):
+    """Correctness and twin bit-equality of each candidate at ``shapes`` (CHECK_SHAPES), in ``dtypes``."""
     log = open(progress, "a") if progress else None
 
     def note(line):
@@ -182,8 +221,9 @@ def do_check(names, progress, seed):
         dog.beat(name)
         note(f"START {name}")
         msgs = []
-        for dname, dtype in DTYPES.items():
-            for (M, N, K) in CHECK_SHAPES:
+        for dname in dtypes:
+            dtype = DTYPES[dname]
+            for (M, N, K) in (shapes or CHECK_SHAPES):
                 a, b = fresh_inputs(M, N, K, dtype, seed + M + N + K)
                 ref = a.float() @ b.float()
                 out = torch.empty(M, N, device="cuda", dtype=dtype)
@@ -288,52 +328,257 @@ def summary(results, names):
     return "\n".join(lines)
 
 
+def geo(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def per_shape_best(results, names):
+    """Per (TP, dtype) and shape the best candidate (the achievable ratio of a per-shape dispatch) and the
+    geomean of that table; also each candidate's own geomean for comparison.  Returns (text, best rows)."""
+    lines = ["", "=== per-shape best: the fastest candidate per shape (what a per-shape table dispatches) "
+                 "(goal: geomean >= 1.00, none < 0.95)"]
+    best_rows = []
+    groups = sorted({(r["tp"], r["dtype"]) for r in results}, key=lambda x: (x[0], x[1]))
+    all_best = []
+    for tp, d in groups:
+        rows = [r for r in results if r["tp"] == tp and r["dtype"] == d]
+        lines.append(f"TP={tp} {d}:")
+        ratios = []
+        for r in rows:
+            ok = {n: c["ratio"] for n, c in r["cands"].items() if n in names and n not in META and c.get("ratio")}
+            if not ok:
+                lines.append(f"  {r['shape']:40s} {r['M']}x{r['N']}x{r['K']}: no candidate passed")
+                continue
+            bn = max(ok, key=ok.get)
+            second = sorted(ok.values())[-2] if len(ok) > 1 else float("nan")
+            ratios.append(ok[bn])
+            best_rows.append(dict(r, best=bn, best_ratio=ok[bn]))
+            lines.append(f"  {r['shape']:40s} {r['M']}x{r['N']}x{r['K']}: {ok[bn]:.3f} {bn}"
+                         f"  (runner-up {second:.3f}; tl default {ok.get('tl default', float('nan')):.3f})")
+        all_best += ratios
+        if ratios:
+            lines.append(f"  per-shape best: geomean {geo(ratios):.3f}, worst {min(ratios):.3f}, "
+                         f"{sum(x < 0.95 for x in ratios)} of {len(ratios)} below 0.95")
+    if all_best:
+        lines.append(f"per-shape best over everything: geomean {geo(all_best):.3f}, worst {min(all_best):.3f}")
+    return "\n".join(lines), best_rows
+
+
+def config_fields(name, M=None, N=None, K=None, sms=132):
+    """(core, config fields) of a candidate; ``tl default`` resolved at the shape (the shipped rule)."""
+    kind, cfg = CANDIDATES[name]
+    if cfg is None:
+        cfg = G.gpu_default_config(M, N, K, sms)
+    return kind, dataclasses.asdict(cfg)
+
+
+def build_table(best_rows, device, sms, source):
+    """The per-GPU table (kernels/gemm_table.py) of the per-shape best rows: one entry per (M, N, K, dtype),
+    the best over the TP degrees where a shape occurs twice."""
+    entries = {}
+    for r in best_rows:
+        key = (r["M"], r["N"], r["K"], r["dtype"])
+        if key in entries and entries[key]["ratio_vs_cublas"] >= r["best_ratio"]:
+            continue
+        core, fields = config_fields(r["best"], r["M"], r["N"], r["K"], sms)
+        c = r["cands"][r["best"]]
+        entries[key] = {"M": r["M"], "N": r["N"], "K": r["K"], "dtype": r["dtype"], "core": core, "config": fields,
+                        "candidate": r["best"], "ratio_vs_cublas": round(r["best_ratio"], 4),
+                        "us": round(c["us"], 2), "cublas_us": round(r["cublas_us"], 2), "shape": r["shape"],
+                        "tp": r["tp"]}
+    match = [w for w in ("H100", "H200", "H800", "H20") if w in device][:1] or [device]
+    return {"gpu": device, "match": match, "sms": sms, "max_distance": 1.0, "source": source,
+            "entries": sorted(entries.values(), key=lambda e: (e["dtype"], e["M"], e["N"], e["K"]))}
+
+
+def check_table(path, best_rows, sms):
+    """Load the written table through the kernels' loader and check the rule: every measured shape
+    dispatches (nearest entry) to its own entry, whose config is its best candidate's and builds a valid
+    config.  Returns the number of shapes that do not."""
+    from ditron.kernels.gemm_table import GemmTable
+    t = GemmTable.load(path)
+    wrong, seen = 0, {}
+    for r in best_rows:
+        key = (r["M"], r["N"], r["K"], r["dtype"])
+        if key not in seen or r["best_ratio"] > seen[key]["best_ratio"]:
+            seen[key] = r
+    for key, r in seen.items():
+        e, d = t.lookup(*key)
+        core, fields = config_fields(r["best"], r["M"], r["N"], r["K"], sms)
+        ok = e is not None and d == 0 and e["core"] == core and e["config"] == fields
+        try:
+            G.config_from_entry(e) if e is not None else None
+        except Exception as err:  # noqa: BLE001 -- reported
+            ok = False
+            print(f"table check: {key}: the entry does not build a config: {short(err)}")
+        if not ok:
+            wrong += 1
+            print(f"table check: {key} dispatches to {e and e.get('candidate')} (distance {d:.2f}), not its best "
+                  f"{r['best']}")
+    print(f"table check: {len(seen) - wrong} of {len(seen)} shapes dispatch to their best candidate ({path})")
+    return wrong
+
+
+def compile_only(names, dtypes):
+    """Compile every candidate for sm_90a (no GPU needed): the kernel variants the paper shapes launch (K a
+    multiple of BLOCK_K or not).  Prints shared memory per candidate; returns the names that failed or that
+    exceed sm_90's shared memory (a GPU launch would raise OutOfResources)."""
+    import ditron
+    names_sig = ["a_ptr", "b_ptr", "c_ptr", "M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn",
+                 "stride_cm", "stride_cn", "sa_ptr", "sb_ptr", "stride_sam", "stride_sak", "stride_sbk",
+                 "stride_sbn"]                # the last six: the fp8 scale arguments (unused by bf16 / fp16)
+    div = {"a_ptr", "b_ptr", "c_ptr", "N", "K", "stride_am", "stride_bk", "stride_cm"}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names_sig) if n in div}
+    bad = []
+    for name in names:
+        kind, cfg = CANDIDATES[name]
+        if kind == "table":
+            print(f"compile {name}: a dispatch (its tables' configs: tests/test_gemm_table.py)", flush=True)
+            continue
+        for dname in dtypes:
+            t0 = time.time()
+            try:
+                if kind == "gluon":
+                    ck = H.compile_sm90(cfg, DTYPES[dname])
+                    variants = [ck]
+                else:
+                    cfgs = [cfg] if cfg is not None else list(dict.fromkeys(
+                        G.gpu_default_config(8192, n, 4096, 132) for n in (1376, 26624)))
+                    variants = []
+                    for c in cfgs:
+                        for even_k in (True, False):
+                            sig = {n: ("*fp32" if n in ("sa_ptr", "sb_ptr") else f"*{dname}" if n.endswith("_ptr")
+                                   else "i32") for n in names_sig}
+                            variants.append(ditron.compile(
+                                G.gemm_kernel, target="sm_90a", signature=sig, attrs=attrs, num_warps=c.num_warps,
+                                num_stages=c.num_stages,
+                                constexprs=dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+                                                GROUP_M=c.group_m, EVEN_K=even_k, TMA=c.tma, FLATTEN=c.flatten,
+                                                SUBTILE=c.epilogue_subtile, WARP_SPEC=c.warp_specialize,
+                                                stride_ak=1, stride_bn=1, stride_cn=1)))
+                smem = max(v.metadata.shared for v in variants)
+                ptx_ok = all("wgmma.mma_async" in v.asm["ptx"] for v in variants)
+                verdict = "ok" if smem <= SMEM_LIMIT and ptx_ok else (
+                    "NO wgmma" if not ptx_ok else f"EXCEEDS {SMEM_LIMIT} bytes of shared memory")
+                print(f"compile {name} {dname}: {len(variants)} variant(s), shared {smem} bytes, {verdict} "
+                      f"({time.time() - t0:.1f} s)", flush=True)
+                if verdict != "ok":
+                    bad.append(name)
+            except Exception as e:  # noqa: BLE001 -- reported
+                print(f"compile {name} {dname}: FAILED {short(e)}", flush=True)
+                bad.append(name)
+    return sorted(set(bad))
+
+
+def select(spec, exclude):
+    names = []
+    for item in [n.strip() for n in spec.split(",") if n.strip()]:
+        names += GROUPS.get(item, [item])
+    names = list(dict.fromkeys(names))
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        raise SystemExit(f"unknown candidates {unknown}; known: {list(CANDIDATES)} or groups {list(GROUPS)}")
+    excl = {n.strip() for n in exclude.split(",") if n.strip()}
+    return [n for n in names if n not in excl], excl
+
+
+def finish(results, names, args, meta, partial=False):
+    """The summary, ``--per-shape-best``, ``--json`` and ``--write-table`` of timed rows."""
+    print(summary(results, names) + ("\n(partial: the run stopped at a hung step)" if partial else ""))
+    best_rows = []
+    if args.per_shape_best or args.write_table:
+        text, best_rows = per_shape_best(results, names)
+        print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(meta, partial=partial, candidates={n: repr(CANDIDATES[n][1]) for n in names},
+                           configs={n: (CANDIDATES[n][0], dataclasses.asdict(CANDIDATES[n][1])
+                                        if CANDIDATES[n][1] is not None else None) for n in names},
+                           rows=results), f, indent=1)
+    if args.write_table and best_rows:
+        sms = meta.get("sms") or 132
+        src = (f"bench/gemm_core_levers.py on {meta.get('device')} ({meta.get('date') or 'date not recorded'}), triton "
+               f"{meta.get('triton')}, torch {meta.get('torch')}, candidates: {', '.join(names)}"
+               + (f"; rows from {args.from_json}" if args.from_json else "") + (" (PARTIAL run)" if partial else "")
+               + (f"; {args.source_note}" if args.source_note else ""))
+        table = build_table(best_rows, meta.get("device", "unknown"), sms, src)
+        os.makedirs(os.path.dirname(os.path.abspath(args.write_table)), exist_ok=True)
+        with open(args.write_table, "w") as f:
+            json.dump(table, f, indent=1)
+            f.write("\n")
+        print(f"wrote the table {args.write_table} ({len(table['entries'])} entries, match {table['match']})")
+        return check_table(args.write_table, best_rows, sms)
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="correctness and twin bit-equality only")
+    ap.add_argument("--quick-check", action="store_true",
+                    help="--check at the tail shapes only (the timing step checks each paper shape before timing)")
+    ap.add_argument("--compile-only", action="store_true",
+                    help="compile every candidate for sm_90a (no GPU): shared memory within sm_90's limit, wgmma")
     ap.add_argument("--progress", help="--check: append START/PASS/FAIL lines here")
-    ap.add_argument("--candidates", default="all")
+    ap.add_argument("--candidates", default="round2", help=f"names or groups ({', '.join(GROUPS)}), comma list")
     ap.add_argument("--exclude", default="", help="comma list of candidate names to leave out")
     ap.add_argument("--tp", default="2,8")
-    ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--dtypes", default="bf16", help="bf16, fp16 or bf16,fp16")
     ap.add_argument("--shapes", default="paper")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=None, help="default: fresh (printed)")
     ap.add_argument("--json")
+    ap.add_argument("--per-shape-best", action="store_true",
+                    help="print the best candidate per shape and the geomean of that table")
+    ap.add_argument("--write-table", metavar="PATH",
+                    help="write the per-shape best as a per-GPU table (kernels/gemm_tables/<gpu>.json) and check "
+                         "that every measured shape dispatches to its best candidate through the kernels' lookup")
+    ap.add_argument("--source-note", default="", help="--write-table: appended to the table's 'source'")
+    ap.add_argument("--from-json", metavar="PATH",
+                    help="no GPU: summarise the rows of an earlier --json (with --per-shape-best / --write-table)")
     args = ap.parse_args()
-    names = list(CANDIDATES) if args.candidates == "all" else [n.strip() for n in args.candidates.split(",")]
-    unknown = [n for n in names if n not in CANDIDATES]
-    if unknown:
-        raise SystemExit(f"unknown candidates {unknown}; known: {list(CANDIDATES)}")
-    excl = {n.strip() for n in args.exclude.split(",") if n.strip()}
-    names = [n for n in names if n not in excl]
+    names, excl = select(args.candidates, args.exclude)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    bad_dt = [d for d in dtypes if d not in DTYPES]
+    if bad_dt:
+        raise SystemExit(f"unknown dtypes {bad_dt}; use {', '.join(DTYPES)}")
+    import triton
+    if args.compile_only:
+        t0 = time.time()
+        bad = compile_only(names, dtypes)
+        print(f"compile: {len(names) - len(bad)} of {len(names)} candidates compile for sm_90a within "
+              f"{SMEM_LIMIT} bytes of shared memory (triton {triton.__version__}, {time.time() - t0:.0f} s)"
+              + (f"; failed: {', '.join(bad)}" if bad else ""))
+        sys.exit(1 if bad else 0)
+    if args.from_json:
+        with open(args.from_json) as f:
+            data = json.load(f)
+        rows = data["rows"]
+        names = [n for n in names if any(n in r["cands"] for r in rows)]
+        meta = {k: data.get(k) for k in ("device", "triton", "torch", "seed", "sms", "date")}
+        sys.exit(1 if finish(rows, names, args, meta, bool(data.get("partial"))) else 0)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     dev = torch.cuda.get_device_properties(0)
-    import triton
     print(f"{dev.name} sm_{dev.major}{dev.minor} {dev.multi_processor_count} SMs | torch {torch.__version__} | triton "
           f"{triton.__version__} | seed {seed} | candidates: {', '.join(names)}"
           + (f" | excluded: {', '.join(sorted(excl))}" if excl else ""), flush=True)
     if (dev.major, dev.minor) != (9, 0):
         print("note: not sm_90: the Gluon candidates refuse to run here (they are Hopper-only)", flush=True)
     t0 = time.time()
-    if args.check:
-        bad = do_check(names, args.progress, seed)
+    if args.check or args.quick_check:
+        bad = do_check(names, args.progress, seed, dtypes, QUICK_CHECK_SHAPES if args.quick_check else None)
         print(f"check: {len(names) - bad} of {len(names)} candidates pass in {time.time() - t0:.0f} s", flush=True)
         sys.exit(1 if bad else 0)
     tps = [int(x) for x in args.tp.split(",")]
-    dtypes = [d.strip() for d in args.dtypes.split(",")]
+    meta = {"device": dev.name, "sms": dev.multi_processor_count, "triton": triton.__version__,
+            "torch": torch.__version__, "seed": seed, "date": time.strftime("%Y-%m-%d")}
 
     def report(results, partial=False):
-        print(summary(results, names) + ("\n(partial: the run stopped at a hung step)" if partial else ""))
+        rc = finish(results, names, args, meta, partial)
         print(f"timed in {time.time() - t0:.0f} s", flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"device": dev.name, "triton": triton.__version__, "torch": torch.__version__,
-                           "seed": seed, "partial": partial,
-                           "candidates": {n: repr(CANDIDATES[n][1]) for n in names}, "rows": results}, f, indent=1)
+        return rc
     results = do_time(names, tps, dtypes, args.rounds, seed, args.shapes,
                       on_stall=lambda rows: report(rows, partial=True))
-    report(results)
+    sys.exit(1 if report(results) else 0)
 
 
 if __name__ == "__main__":

@@ -22,13 +22,18 @@ Structure
 * :func:`gemm_kernel`: persistent (``num_programs`` programs, default one
   per SM) over the tiles in ``dl.swizzle_2d`` order.
 
-Configs: :func:`default_config` picks tiles by shape (measured on H200:
-bench/gemm.py and bench/results/h200x4.md); ``config=`` overrides it.
-On the simulator (CPU) every kernel uses small tiles.
+Configs: :func:`matmul` without ``config=`` looks the shape up in the
+measured table of the GPU kind (kernels/gemm_tables/*.json, written by
+bench/gemm_core_levers.py --write-table; :func:`table_choice`), else
+:func:`default_config` picks tiles by shape (measured on H200: bench/gemm.py
+and bench/results/h200x4.md); the overlap kernels use :func:`default_config`.
+``config=`` overrides both.  On the simulator (CPU) every kernel uses small
+tiles.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import triton
@@ -115,6 +120,66 @@ def fp8_config(M, N, K, num_sms, out_dtype=torch.bfloat16) -> GemmConfig:
                           epilogue_subtile=sub)
     return GemmConfig(128, 256, 128, group_m=8, num_warps=8, num_stages=3, tma=True, flatten=True,
                       epilogue_subtile=sub)
+
+
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_DEVICE_INFO: dict = {}
+_CHOICES: dict = {}
+
+
+def _device_info(device):
+    """(name, SM count) of a CUDA device, asked once per device (only when a table is looked up)."""
+    key = str(device)
+    info = _DEVICE_INFO.get(key)
+    if info is None:
+        props = torch.cuda.get_device_properties(device)
+        info = _DEVICE_INFO[key] = (props.name, props.multi_processor_count)
+    return info
+
+
+def config_from_entry(entry, where="GEMM table"):
+    """A table entry's ``(core, config)``: ``("tl", GemmConfig)`` or ``("gluon", HopperGemmConfig)``."""
+    fields = dict(entry["config"])
+    try:
+        if entry["core"] == "gluon":
+            from .gemm_hopper import HopperGemmConfig
+            return "gluon", HopperGemmConfig(**fields).validate(where)
+        return "tl", GemmConfig(**fields).validate(where)
+    except TypeError as e:
+        raise ditron.DitronError(f"{where}: config {fields}: {e}") from None
+
+
+def table_choice(M, N, K, dtype=torch.bfloat16, device="cuda", table=None):
+    """``(core, config, note)`` from the per-GPU table (kernels/gemm_table.py: the table of ``device``'s GPU
+    kind, the nearest entry) for an ``[M, K] @ [K, N]`` GEMM, or None where no table or no entry near enough
+    applies (the simulator: always None).  ``table``: a :class:`~ditron.kernels.gemm_table.GemmTable` to use
+    instead of the device's.  Cached per shape, dtype and device."""
+    if (table is None and is_sim_device(device)) or dtype not in _DTYPE_NAMES:
+        return None                 # the tables hold fp16 / bf16 measurements only
+    key = (int(M), int(N), int(K), dtype, str(device), id(table) if table is not None else None)
+    if key in _CHOICES:
+        return _CHOICES[key]
+    from . import gemm_table
+    if table is None:
+        table = gemm_table.table_for(*_device_info(device))
+    choice = None
+    if table is not None:
+        entry, d = table.lookup(M, N, K, _DTYPE_NAMES[dtype])
+        if entry is not None:
+            core, cfg = config_from_entry(entry, f"GEMM table {table.path}")
+            choice = (core, cfg, f"table {os.path.basename(table.path)}: {entry.get('candidate', core)} "
+                                 f"(entry {entry['M']}x{entry['N']}x{entry['K']}, distance {d:.2f})")
+    _CHOICES[key] = choice
+    return choice
+
+
+def resolve_config(M, N, K, dtype=torch.bfloat16, device="cuda"):
+    """What :func:`matmul` runs without a ``config``: ``(core, config, note)`` -- the per-GPU table's entry
+    (:func:`table_choice`), else ``("tl", default_config(...), "default rule")``."""
+    choice = table_choice(M, N, K, dtype, device)
+    if choice is not None:
+        return choice
+    return "tl", default_config(M, N, K, dtype, device), "default rule"
 
 
 def gpu_default_config(M, N, K, num_sms) -> GemmConfig:
@@ -539,9 +604,12 @@ def fp8_tma_ok(a, b, out=None) -> bool:
 def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=None, *, scale_a=None,
            scale_b=None, out_dtype=None, scale_block=(128, 128)):
     """``a @ b`` with the zoo's GEMM core (fp32 accumulation, ``a``'s dtype).
-    ``config``: a :class:`GemmConfig`, ``None`` (:func:`default_config`) or
-    ``"tune"`` (:func:`tune`: the fastest candidate for this shape, timed once
-    and cached).
+    ``config``: a :class:`GemmConfig`, ``None`` or ``"tune"`` (:func:`tune`:
+    the fastest candidate for this shape, timed once and cached).  ``None``:
+    for fp16 / bf16, the measured table of this GPU kind (:func:`table_choice`,
+    kernels/gemm_tables/; its entry may name the Gluon core, which runs on
+    sm_90 with TMA-able operands, else its ``tl`` twin), else
+    :func:`default_config`.  The overlap kernels do not read the table.
 
     fp8 operands (``float8_e4m3fn`` / ``float8_e5m2``) need ``scale_a`` and
     ``scale_b`` (float32), whose shapes choose the recipe -- per-tensor,
@@ -568,6 +636,17 @@ def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=
             raise ditron.DitronError("matmul: config='tune' is for fp16 / bf16 operands; give fp8 GEMMs a "
                                      "GemmConfig or None (fp8_config)")
         config = tune(M, N, K, a.dtype, a.device)
+    if config is None and not fp8:          # the table holds fp16 / bf16 measurements
+        choice = table_choice(M, N, K, a.dtype, a.device)
+        if choice is not None:
+            core, config, _ = choice
+            if core == "gluon":
+                from . import gemm_hopper
+                if out is None:
+                    out = torch.empty((M, N), dtype=a.dtype, device=a.device)
+                if gemm_hopper.supported(a.device) and tma_ok(a, b, out):
+                    return gemm_hopper.matmul_hopper(a, b, out=out, config=config, num_programs_=num_programs)
+                config = gemm_hopper.twin_config(config)        # same tiles on the tl core
     cfg = (config or default_config(M, N, K, a.dtype, a.device, out_dtype)).validate("matmul")
     if fp8:
         check_fp8_config("matmul", cfg, rec)

@@ -35,6 +35,9 @@ shapes of each speedup.
 ``ditron bench gemm``: the GEMM core (kernels/gemm.py) against cuBLAS at the
 per-rank GEMM shapes of the three workloads (``--shapes paper`` with ``--tp``;
 explicit ``M,N,K`` are local GEMM shapes ``[M, K] @ [K, N]``), in TFLOP/s;
+``ditron default`` is what ``matmul`` runs without a config: the measured
+per-GPU table's entry for the shape (kernels/gemm_tables/, the nearest rule of
+kernels/gemm_table.py; ``--table PATH|off``), else the default rule;
 ``--configs sweep`` times a list of ``GemmConfig`` and reports the best per
 shape (configs that do not compile, e.g. out of shared memory, are skipped).
 ``--dtype fp8`` (gemm only): e4m3 operands quantised with ``--recipe``
@@ -93,6 +96,9 @@ def build_parser():
                    help=f"baselines, comma-separated ('' for none): {', '.join(PEERS)}")
     p.add_argument("--configs", default="default",
                    help="gemm only: 'default', 'sweep', or configs 'BMxBNxBK[:sS][:wW][:gG][:tma],...'")
+    p.add_argument("--table", default=None,
+                   help="gemm only: the per-GPU config table 'ditron default' reads (a JSON path, or 'off' for the "
+                        "default rule alone); default: kernels/gemm_tables/ by GPU kind (DITRON_GEMM_TABLE)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--iters", type=int, default=25)
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replays")
@@ -118,6 +124,8 @@ def main(argv=None):
     if op != "gemm":
         methods = [method_spec(op, s) for s in (args.methods or DEFAULT_METHODS[op]).split(",") if s]
 
+    if args.table is not None:
+        os.environ["DITRON_GEMM_TABLE"] = args.table     # read by kernels/gemm_table.py at the first lookup
     import torch
 
     import ditron

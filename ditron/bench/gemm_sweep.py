@@ -68,7 +68,9 @@ def gemm_impls(shape: Shape, device, dtype, configs, seed=0):
         finally:
             out.fill_(float("nan"))
     try:
-        default = config_label(dataclasses.asdict(gemm_mod.default_config(shape.M, shape.N, shape.K, dtype, device)))
+        # what matmul runs without a config: the GPU kind's measured table, else the default rule
+        core, cfg, why = gemm_mod.resolve_config(shape.M, shape.N, shape.K, dtype, device)
+        default = (cfg.label() if core == "gluon" else config_label(dataclasses.asdict(cfg))) + f" ({why})"
     except Exception:  # noqa: BLE001 -- only a label
         default = ""
     impls = [Impl("cublas", lambda: torch.matmul(a, b, out=out), check, "torch.matmul"),

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Issue 52 item 3's attention-core levers on ONE GPU, in about 4 minutes (bench/attention_core_levers.py says
+# what runs): ring attention's forward core at world size 1 (32/8 heads, d 128, bf16, 8192 / 16384 / 32768
+# keys, causal and not) as shipped and the lever kernel's variants (Q / O through TMA, lazy rescaling, 128x128
+# and 256x64 tiles on two warpgroups, stages, heads-first causal order), each checked against fp32 SDPA at an
+# odd shape and against SDPA cuDNN at every timed shape, then timed beside SDPA cuDNN and flash in the same
+# process (CUDA-graph replays).  Output: stdout (the summary last), $OUT/attention_core_levers.{log,json}.
+#
+#   bash bench/attention_core_levers.sh
+#   CANDIDATES="ditron default,lv 128x64 w4 s2 io=tma lazy" SEQ=8192 bash bench/attention_core_levers.sh
+set -o pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+OUT=${OUT:-bench/results}
+mkdir -p "$OUT"
+source bench/ensure_ditron.sh
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader || true
+T0=$SECONDS
+timeout -k 5 "${ATTN_TIMEOUT:-270}" python3 bench/attention_core_levers.py --candidates "${CANDIDATES:-default}" \
+  --seq "${SEQ:-8192,16384,32768}" --dtype "${DTYPE:-bf16}" --json "$OUT/attention_core_levers.json" 2>&1 \
+  | tee "$OUT/attention_core_levers.log"
+rc=${PIPESTATUS[0]}
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader || true
+echo "== attention_core_levers: exit $rc in $((SECONDS - T0)) s"
+exit $rc
