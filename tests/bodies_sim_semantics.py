@@ -201,6 +201,47 @@ def race_case(world, mode):
     return int(buf[0])
 
 
+@ditron.jit
+def stranded_writer_kernel(buf_ptr, flag_ptr, n, BLOCK: tl.constexpr):
+    """Ranks > 0 write the next rank's ``buf``, tell rank 0 (a relaxed flag), then wait for a signal that never
+    comes (the run is stopped under them); rank 0 waits until all of them wrote."""
+    me = dl.rank()
+    offs = tl.arange(0, BLOCK)
+    if me == 0:
+        dl.wait(flag_ptr + 1, n - 1, "sys", "relaxed", waitValue=1)
+    else:
+        for i in range(3):      # releases advance the program's clock past what the host's next launch starts at
+            dl.notify(flag_ptr + n, me, signal=i, sig_op="set", comm_scope="intra_node")
+        tl.store(dl.symm_at(buf_ptr + offs, (me + 1) % n), offs + me)            # STRANDED_WRITE
+        # a relaxed flag: rank 0 learns that the write happened, but nothing orders the write before anything
+        # of rank 0 (only the end of the run does)
+        dl.st(dl.symm_at(flag_ptr + me, 0), 1, scope="sys", semantic="relaxed")
+        dl.wait(flag_ptr, 1, "sys", "acquire", waitValue=7)
+
+
+@ditron.jit
+def read_own_kernel(buf_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(buf_ptr + offs))
+
+
+def stranded_then_clean(world, stop):
+    """``stop``: the run fails on rank 0 while the other ranks' launches, which wrote a peer's ``buf``, are
+    blocked (and then stopped); else each rank reads its own ``buf``, at the same heap addresses, in a later
+    run: ordered after everything of the failed run (no race)."""
+    n = world.world_size
+    buf = ditron.symm_zeros((16,), torch.int32, name="buf")
+    flag = ditron.symm_zeros((n + 1,), torch.int32, name="flag")
+    ditron.barrier_all()
+    if stop:
+        stranded_writer_kernel[(1,)](buf, flag, n, BLOCK=16)       # blocks on ranks > 0
+        raise RuntimeError("rank 0 stops the run")                  # reached on rank 0 only
+    out = torch.zeros(16, dtype=torch.int32)
+    read_own_kernel[(1,)](buf, out, BLOCK=16)
+    ditron.barrier_all()
+    return int(out.sum())
+
+
 # ---------------------------------------------------------------------------
 # signal operations and the device barrier
 # ---------------------------------------------------------------------------

@@ -141,6 +141,19 @@ def test_race_finder_quiet_paths(race_cluster, mode, value):
     assert race_cluster.run(S.race_case, mode, timeout=120)[0] == value
 
 
+def test_a_stopped_run_leaves_no_false_races():
+    """Regression (issue 56): the launches a failing run stops on the other ranks had written a peer's memory;
+    their programs' clocks must still reach the host, or the next run's accesses to the same heap addresses
+    were reported as races with them (port_check's table listed kernels as racy after a failing case)."""
+    import bodies_sim_semantics as S
+    from ditron.sim.pool import SimCluster
+    with SimCluster(3, race=True, hang_timeout=10) as c:
+        with pytest.raises(DitronRankError) as info:
+            c.run(S.stranded_then_clean, True, timeout=120)
+        assert "rank 0 stops the run" in info.value.traceback_text, info.value.traceback_text
+        assert c.run(S.stranded_then_clean, False, timeout=120) == [0, 0, 0]
+
+
 def test_signal_keys_are_np_unique_s_words():
     """The words a signal operation names (``race._keys``: ascending, each once, heap words as heap offsets + 1)
     are np.unique's, for few words (a set of Python ints) and many (np.unique), masked or not."""

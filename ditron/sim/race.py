@@ -496,10 +496,16 @@ class LaunchRace(LaunchObserver):
             with self.lock:
                 np.maximum(self.join, t.vc, out=self.join)
 
-    def end(self, name):
+    def end(self, name, failed=False):
         st = self.st
+        # the host continues after every program, also those of a failed launch (their accesses stay in the
+        # shadow memory: without this join they would race with everything this rank does next, e.g. the next
+        # run of a SimCluster reusing the heap)
         np.maximum(st.host.vc, self.join, out=st.host.vc)
         st.host.vc[st.host.tid] += 1
+        if failed:
+            st.pending_reports.clear()     # the launch's own error is the one reported
+            return
         take_reports(f"kernel {name}")
 
 
