@@ -225,6 +225,34 @@ def read_own_kernel(buf_ptr, out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, tl.load(buf_ptr + offs))
 
 
+@ditron.jit
+def self_put_kernel(buf_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Triton-distributed's tutorial 02 launched with one program too many: program 1 ``putmem``s this rank's
+    segment onto itself (the same bytes, the same values) while program 0 reads it (as a putmem source would);
+    the values any order gives are the same: not a race.  ``n < 0``: program 1 stores other values instead (a
+    race)."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    if pid == 1:
+        if n > 0:
+            shmem.putmem_block(buf_ptr, buf_ptr, n * 4, dl.rank())                # SELF_PUT
+        else:
+            tl.store(buf_ptr + offs, offs + 100)                                   # SELF_OTHER
+    else:
+        tl.store(out_ptr + offs, tl.load(buf_ptr + offs))                         # SELF_READ
+
+
+def self_put(world, racy):
+    """Returns the sum of what program 0 read (the host wrote 0..15 + rank)."""
+    buf = ditron.symm_empty((16,), torch.int32, name="seg")
+    buf.copy_(torch.arange(16, dtype=torch.int32) + world.rank)
+    out = torch.zeros(16, dtype=torch.int32)
+    ditron.barrier_all()
+    self_put_kernel[(2,)](buf, out, -16 if racy else 16, BLOCK=16)
+    ditron.barrier_all()
+    return int(out.sum())
+
+
 def stranded_then_clean(world, stop):
     """``stop``: the run fails on rank 0 while the other ranks' launches, which wrote a peer's ``buf``, are
     blocked (and then stopped); else each rank reads its own ``buf``, at the same heap addresses, in a later

@@ -154,6 +154,20 @@ def test_a_stopped_run_leaves_no_false_races():
         assert c.run(S.stranded_then_clean, False, timeout=120) == [0, 0, 0]
 
 
+def test_a_put_onto_itself_is_not_a_race(race_cluster):
+    """Regression (issue 56): a program copying a segment onto itself (the values already there, written by the
+    host) while another program reads it was reported (tutorial 02 launched as written); the same-value rule
+    held only over values an earlier kernel store wrote.  A store of other values is still reported.  (Each
+    launch starts its programs in another seeded order: four launches see both orders.)"""
+    import bodies_sim_semantics as S
+    for _ in range(4):
+        assert race_cluster.run(S.self_put, False, timeout=120) == [120 + 16 * r for r in range(3)]
+    with pytest.raises(DitronRankError) as info:
+        race_cluster.run(S.self_put, True, timeout=120)
+    text = info.value.traceback_text
+    assert "data race on symmetric tensor 'seg'" in text and _sem_line("SELF_OTHER") in text, text
+
+
 def test_signal_keys_are_np_unique_s_words():
     """The words a signal operation names (``race._keys``: ascending, each once, heap words as heap offsets + 1)
     are np.unique's, for few words (a set of Python ints) and many (np.unique), masked or not."""

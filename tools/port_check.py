@@ -221,7 +221,9 @@ def _gathered(w, elems, dtype):
     return torch.cat([_data(r, elems, dtype, seed=2) for r in range(w.world_size)])
 
 
-def drive_t02_allgather_put(m, w, U, kernel="nvshmem_device_producer_all_gather_2d_put_block_kernel", extra=()):
+def drive_t02_allgather_put(m, w, U):
+    # launched as the tutorial does: ``num_ranks`` programs and DISPATCH_BLOCK_NUM=num_ranks, so the last program
+    # puts the rank's own segment onto itself (the same values: not a race, docs/porting.md section 6)
     import torch
     elems, n = 96, w.world_size
     buf = U.nvshmem_create_tensor((n * elems,), torch.float16)
@@ -230,8 +232,8 @@ def drive_t02_allgather_put(m, w, U, kernel="nvshmem_device_producer_all_gather_
     sig = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
     sig.zero_()
     U.nvshmem_barrier_all_on_stream()
-    k = getattr(m, kernel)
-    k[(max(n - 1, 1),)](buf, sig, elems, 2, 1, w.rank, n, *extra, DISPATCH_BLOCK_NUM=n - 1)
+    m.nvshmem_device_producer_all_gather_2d_put_block_kernel[(n,)](buf, sig, elems, 2, 1, w.rank, n,
+                                                                   DISPATCH_BLOCK_NUM=n)
     U.nvshmem_barrier_all_on_stream()
     _close(buf, _gathered(w, elems, torch.float16), "gathered")
 

@@ -350,7 +350,10 @@ class _State:
             if data is not None:
                 before = _raw_bits(M.load(a, data.dtype))
                 new = _raw_bits(np.broadcast_to(np.asarray(data), shape).reshape(-1)[idx])
-                same = (before == new) & (w != 0)
+                # (also over a value no checked store wrote -- the host's data, a launch boundary before: no
+                # read of these bytes can return anything else, whatever the order, e.g. a putmem of a segment
+                # onto itself while other programs read it)
+                same = before == new
             else:
                 before, same = None, np.zeros(idx.size, dtype=bool)
             if same.any():
