@@ -7,6 +7,7 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 from ditron.language import shmem
+from ditron.language.extra import load_v4_b32
 
 # ---------------------------------------------------------------------------
 # waits at the boundary
@@ -199,6 +200,28 @@ def race_case(world, mode):
     race_kernel[(1,)](buf, flag, out, MODE=mode)
     ditron.barrier_all()
     return int(buf[0])
+
+
+@ditron.jit
+def vector_poll_kernel(words_ptr, out_ptr):
+    """Program 0 polls four words with one relaxed vector load per iteration (``load_v4_b32``: one load per
+    word) until program 1 of the same launch sets the last one: the poll must lend program 0's turn."""
+    pid = tl.program_id(0)
+    if pid == 0:
+        a, b, c, d = load_v4_b32(words_ptr, scope="gpu", semantic="relaxed")
+        while d != 1:
+            a, b, c, d = load_v4_b32(words_ptr, scope="gpu", semantic="relaxed")
+        tl.store(out_ptr, a + b + c + d)
+    else:
+        dl.st(words_ptr + 3, 1, "gpu", "release")
+
+
+def vector_poll(world):
+    words = ditron.symm_zeros((4,), torch.int32, name="words")
+    words[:3] = torch.tensor([5, 6, 7], dtype=torch.int32)
+    out = torch.zeros(1, dtype=torch.int32)
+    vector_poll_kernel[(2,)](words, out)
+    return int(out[0])
 
 
 @ditron.jit

@@ -41,7 +41,7 @@ def test_racy_protocols_are_reported(race_cluster, mode):
     assert "DitronRaceError" in text and "data race on symmetric tensor 'rx'" in text, text
     assert "element offset" in text and "in rank" in text
     store, load = _line("RACE_STORE"), _line("RACE_LOAD")
-    assert f"write by rank" in text and f"at {store}" in text, text
+    assert "write by rank" in text and f"at {store}" in text, text
     assert f"at {load}" in text, text
     assert "program (0, 0, 0)" in text
     race_cluster.run(B.push, "ok", timeout=120)         # the cluster is usable afterwards
