@@ -201,6 +201,16 @@ def set_simt_thread(t):
     _SIMT.t = t
 
 
+def simt_warp_calls():
+    """The warp-collective calls of the thread-dependent region running in this program (``ditron.sim.simt``
+    sets a fresh dict per region: arrivals of each warp's lanes), or None outside one."""
+    return getattr(_SIMT, "warp_calls", None)
+
+
+def set_simt_warp_calls(calls):
+    _SIMT.warp_calls = calls
+
+
 def _simt_store_check(value):
     """In a thread-dependent region: a scalar store is performed by thread 0
     only (Triton predicates scalar stores to thread 0); False = skip it."""

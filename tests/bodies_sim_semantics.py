@@ -7,6 +7,7 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 from ditron.language import shmem
+from ditron.language.extra import load_v4_b32
 
 # ---------------------------------------------------------------------------
 # waits at the boundary
@@ -199,6 +200,97 @@ def race_case(world, mode):
     race_kernel[(1,)](buf, flag, out, MODE=mode)
     ditron.barrier_all()
     return int(buf[0])
+
+
+@ditron.jit
+def vector_poll_kernel(words_ptr, out_ptr):
+    """Program 0 polls four words with one relaxed vector load per iteration (``load_v4_b32``: one load per
+    word) until program 1 of the same launch sets the last one: the poll must lend program 0's turn."""
+    pid = tl.program_id(0)
+    if pid == 0:
+        a, b, c, d = load_v4_b32(words_ptr, scope="gpu", semantic="relaxed")
+        while d != 1:
+            a, b, c, d = load_v4_b32(words_ptr, scope="gpu", semantic="relaxed")
+        tl.store(out_ptr, a + b + c + d)
+    else:
+        dl.st(words_ptr + 3, 1, "gpu", "release")
+
+
+def vector_poll(world):
+    words = ditron.symm_zeros((4,), torch.int32, name="words")
+    words[:3] = torch.tensor([5, 6, 7], dtype=torch.int32)
+    out = torch.zeros(1, dtype=torch.int32)
+    vector_poll_kernel[(2,)](words, out)
+    return int(out[0])
+
+
+@ditron.jit
+def stranded_writer_kernel(buf_ptr, flag_ptr, n, BLOCK: tl.constexpr):
+    """Ranks > 0 write the next rank's ``buf``, tell rank 0 (a relaxed flag), then wait for a signal that never
+    comes (the run is stopped under them); rank 0 waits until all of them wrote."""
+    me = dl.rank()
+    offs = tl.arange(0, BLOCK)
+    if me == 0:
+        dl.wait(flag_ptr + 1, n - 1, "sys", "relaxed", waitValue=1)
+    else:
+        for i in range(3):      # releases advance the program's clock past what the host's next launch starts at
+            dl.notify(flag_ptr + n, me, signal=i, sig_op="set", comm_scope="intra_node")
+        tl.store(dl.symm_at(buf_ptr + offs, (me + 1) % n), offs + me)            # STRANDED_WRITE
+        # a relaxed flag: rank 0 learns that the write happened, but nothing orders the write before anything
+        # of rank 0 (only the end of the run does)
+        dl.st(dl.symm_at(flag_ptr + me, 0), 1, scope="sys", semantic="relaxed")
+        dl.wait(flag_ptr, 1, "sys", "acquire", waitValue=7)
+
+
+@ditron.jit
+def read_own_kernel(buf_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(buf_ptr + offs))
+
+
+@ditron.jit
+def self_put_kernel(buf_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Triton-distributed's tutorial 02 launched with one program too many: program 1 ``putmem``s this rank's
+    segment onto itself (the same bytes, the same values) while program 0 reads it (as a putmem source would);
+    the values any order gives are the same: not a race.  ``n < 0``: program 1 stores other values instead (a
+    race)."""
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    if pid == 1:
+        if n > 0:
+            shmem.putmem_block(buf_ptr, buf_ptr, n * 4, dl.rank())                # SELF_PUT
+        else:
+            tl.store(buf_ptr + offs, offs + 100)                                   # SELF_OTHER
+    else:
+        tl.store(out_ptr + offs, tl.load(buf_ptr + offs))                         # SELF_READ
+
+
+def self_put(world, racy):
+    """Returns the sum of what program 0 read (the host wrote 0..15 + rank)."""
+    buf = ditron.symm_empty((16,), torch.int32, name="seg")
+    buf.copy_(torch.arange(16, dtype=torch.int32) + world.rank)
+    out = torch.zeros(16, dtype=torch.int32)
+    ditron.barrier_all()
+    self_put_kernel[(2,)](buf, out, -16 if racy else 16, BLOCK=16)
+    ditron.barrier_all()
+    return int(out.sum())
+
+
+def stranded_then_clean(world, stop):
+    """``stop``: the run fails on rank 0 while the other ranks' launches, which wrote a peer's ``buf``, are
+    blocked (and then stopped); else each rank reads its own ``buf``, at the same heap addresses, in a later
+    run: ordered after everything of the failed run (no race)."""
+    n = world.world_size
+    buf = ditron.symm_zeros((16,), torch.int32, name="buf")
+    flag = ditron.symm_zeros((n + 1,), torch.int32, name="flag")
+    ditron.barrier_all()
+    if stop:
+        stranded_writer_kernel[(1,)](buf, flag, n, BLOCK=16)       # blocks on ranks > 0
+        raise RuntimeError("rank 0 stops the run")                  # reached on rank 0 only
+    out = torch.zeros(16, dtype=torch.int32)
+    read_own_kernel[(1,)](buf, out, BLOCK=16)
+    ditron.barrier_all()
+    return int(out.sum())
 
 
 # ---------------------------------------------------------------------------

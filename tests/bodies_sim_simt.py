@@ -103,3 +103,54 @@ def grid_sync(world):
     kept = torch.zeros(8, dtype=torch.int32, device=world.device)
     kept_values_kernel[(1,)](kept)
     return count.item() & 0xFFFFFFFF, out[4:].tolist(), kept.tolist()
+
+
+# ---------------------------------------------------------------------------
+# warp-collective SHMEM calls in a branch every lane of a warp takes (Triton-distributed's
+# _forward_push_2d_ll_kernel: `wid = thread_idx // 32; if wid < nnodes and wid != nid: putmem_nbi_warp(...)`)
+# ---------------------------------------------------------------------------
+
+from ditron.language import shmem  # noqa: E402
+
+
+@ditron.jit
+def warp_put_kernel(src_ptr, dst_ptr, sig_ptr, MODE: tl.constexpr):
+    """num_warps=4: warps 1 and 2 each put their 16-int segment of ``src`` into the next rank's ``dst`` and add 1
+    to its signal word (once per warp, as on a GPU); the other modes are what a GPU cannot do."""
+    thread_idx = dl.tid(0)
+    wid = thread_idx // 32
+    peer = (dl.rank() + 1) % dl.num_ranks()
+    if MODE == "uniform":
+        if wid == 1 or wid == 2:
+            shmem.putmem_signal_nbi_warp(dst_ptr + wid * 16, src_ptr + wid * 16, 64, sig_ptr, 1, "add", peer)
+    elif MODE == "divergent":
+        if thread_idx < 40:                  # warp 1: lanes 0-7 only
+            shmem.putmem_nbi_warp(dst_ptr, src_ptr, 64, peer)
+    else:                                    # "args"
+        if wid == 1:
+            shmem.putmem_warp(dst_ptr + dl.laneid(), src_ptr, 4, peer)
+
+
+@ditron.jit
+def warp_put_after_kernel(src_ptr, dst_ptr, sig_ptr, MODE: tl.constexpr):
+    """A lane's store after the call, in the same branch (refused when the kernel is rewritten)."""
+    wid = dl.tid(0) // 32
+    if wid == 1:
+        shmem.putmem_warp(dst_ptr, src_ptr, 64, (dl.rank() + 1) % dl.num_ranks())
+        dl.st(sig_ptr, 1)
+
+
+def warp_put(world, mode):
+    n = world.world_size
+    src = ditron.symm_empty((64,), torch.int32, name="warp_src")
+    src.copy_(torch.arange(64, dtype=torch.int32) + 100 * world.rank)
+    dst = ditron.symm_zeros((64,), torch.int32, name="warp_dst")
+    sig = ditron.symm_zeros((1,), torch.int64, name="warp_sig")
+    ditron.barrier_all()
+    kernel = warp_put_after_kernel if mode == "after" else warp_put_kernel
+    kernel[(1,)](src, dst, sig, MODE=mode, num_warps=4)
+    ditron.barrier_all()
+    prev = (world.rank - 1) % n
+    want = torch.zeros(64, dtype=torch.int32)
+    want[16:48] = torch.arange(16, 48, dtype=torch.int32) + 100 * prev
+    return bool(torch.equal(dst.cpu(), want)), int(sig.cpu()[0])

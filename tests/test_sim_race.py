@@ -41,7 +41,7 @@ def test_racy_protocols_are_reported(race_cluster, mode):
     assert "DitronRaceError" in text and "data race on symmetric tensor 'rx'" in text, text
     assert "element offset" in text and "in rank" in text
     store, load = _line("RACE_STORE"), _line("RACE_LOAD")
-    assert f"write by rank" in text and f"at {store}" in text, text
+    assert "write by rank" in text and f"at {store}" in text, text
     assert f"at {load}" in text, text
     assert "program (0, 0, 0)" in text
     race_cluster.run(B.push, "ok", timeout=120)         # the cluster is usable afterwards
@@ -139,6 +139,33 @@ def test_race_finder_quiet_paths(race_cluster, mode, value):
     notify / acquire wait, or by signal_op / signal_wait_until, is not either."""
     import bodies_sim_semantics as S
     assert race_cluster.run(S.race_case, mode, timeout=120)[0] == value
+
+
+def test_a_stopped_run_leaves_no_false_races():
+    """Regression (issue 56): the launches a failing run stops on the other ranks had written a peer's memory;
+    their programs' clocks must still reach the host, or the next run's accesses to the same heap addresses
+    were reported as races with them (port_check's table listed kernels as racy after a failing case)."""
+    import bodies_sim_semantics as S
+    from ditron.sim.pool import SimCluster
+    with SimCluster(3, race=True, hang_timeout=10) as c:
+        with pytest.raises(DitronRankError) as info:
+            c.run(S.stranded_then_clean, True, timeout=120)
+        assert "rank 0 stops the run" in info.value.traceback_text, info.value.traceback_text
+        assert c.run(S.stranded_then_clean, False, timeout=120) == [0, 0, 0]
+
+
+def test_a_put_onto_itself_is_not_a_race(race_cluster):
+    """Regression (issue 56): a program copying a segment onto itself (the values already there, written by the
+    host) while another program reads it was reported (tutorial 02 launched as written); the same-value rule
+    held only over values an earlier kernel store wrote.  A store of other values is still reported.  (Each
+    launch starts its programs in another seeded order: four launches see both orders.)"""
+    import bodies_sim_semantics as S
+    for _ in range(4):
+        assert race_cluster.run(S.self_put, False, timeout=120) == [120 + 16 * r for r in range(3)]
+    with pytest.raises(DitronRankError) as info:
+        race_cluster.run(S.self_put, True, timeout=120)
+    text = info.value.traceback_text
+    assert "data race on symmetric tensor 'seg'" in text and _sem_line("SELF_OTHER") in text, text
 
 
 def test_signal_keys_are_np_unique_s_words():

@@ -81,3 +81,13 @@ def test_signal_ops_set_and_add(dist):
 
 def test_device_barrier_waits_for_every_rank(dist):
     assert dist.run(B.barrier_counts) == [dist.world_size] * dist.world_size
+
+
+def test_a_vector_poll_lends_its_turn(dist_world):
+    """Regression (issue 56): a relaxed vector poll (``load_v4_b32(..., semantic="relaxed")``, one load per word)
+    read four addresses in turn, which the spin detector took for four different polls: the polling program
+    never lent its turn and the program it waited for never ran (Triton-distributed's LL receive)."""
+    d = dist_world(1)
+    if d.backend != "sim":
+        pytest.skip("the simulator's scheduling")
+    assert d.run(B.vector_poll, timeout=60) == [19]

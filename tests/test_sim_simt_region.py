@@ -20,3 +20,32 @@ def test_helper_condition_and_kept_values(dist_world):
     count, totals, kept = dist_world(1).run(B.grid_sync)[0]
     assert count == 0 and totals == [4 * (s + 1) for _ in range(4) for s in range(3)]
     assert kept == [0, 10, 20, 30, 7, 7, 7, 7]
+
+
+# ---------------------------------------------------------------------------
+# warp-collective SHMEM calls in a per-thread branch (issue 56: _forward_push_2d_ll_kernel's putmem_nbi_warp)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_warp_collective_call_in_a_warp_uniform_branch(dist_world, n):
+    # warps 1 and 2 of 4 each put one segment and add 1 to the peer's signal: once per warp (2), not per lane
+    assert dist_world(n).run(B.warp_put, "uniform") == [(True, 2)] * n
+
+
+sim_only = pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",
+                              reason="what the simulator refuses (a GPU hangs or computes garbage)")
+
+
+@sim_only
+@pytest.mark.parametrize("mode,message", [
+    ("divergent", "shmem.putmem_nbi_warp is warp-collective, but in warp 1 only lanes 0-7 reached it, lanes 8-31 "
+                  "did not"),
+    ("args", "shmem.putmem_warp is warp-collective, but lane 1 of warp 1 calls it with other arguments than lane 0"),
+    ("after", "`dl.st(sig_ptr, 1)` follows the warp-collective `putmem_warp`"),
+])
+def test_warp_collective_calls_the_simulator_refuses(dist_world, mode, message):
+    from ditron.errors import DitronRankError
+    with pytest.raises(DitronRankError) as info:
+        dist_world(2).run(B.warp_put, mode)
+    text = str(info.value) + (info.value.traceback_text or "")
+    assert message in text, text

@@ -56,7 +56,9 @@ POW2 = "; its `tl.arange(0, world_size)` needs a power-of-2 world size (also on 
 PACKED_MC = "packed 128-bit multicast (`multimem_ld_reduce_v4`, `multimem_st_b64`), per thread"
 
 CASES = {
-    "t01_notify_wait": dict(src=[(T + "01-distributed-notify-wait.py", "producer_consumer_kernel")]),
+    "t01_notify_wait": dict(src=[(T + "01-distributed-notify-wait.py", "producer_consumer_kernel")],
+                            note="PTX data race: its `dl.wait(..., \"gpu\", \"acquire\")` on another GPU's signals "
+                                 "(fix: `\"sys\"`)"),
     "t02_allgather_put": dict(src=[(T + "02-intra-node-allgather.py",
                                     "nvshmem_device_producer_all_gather_2d_put_block_kernel")]),
     "t03_allgather_push_1d": dict(src=[(T + "03-inter-node-allgather.py", "all_gather_push_1d_kernel")],
@@ -90,7 +92,9 @@ CASES = {
                                                        "allreduce_two_shot_multimem_intra_node_kernel")],
                                  note=PACKED_MC),
     "rs_ring_push_1d": dict(src=_RS_HELPERS + [(K + "reduce_scatter.py",
-                                                "reduce_scatter_ring_push_1d_intra_node_kernel")]),
+                                                "reduce_scatter_ring_push_1d_intra_node_kernel")],
+                            note="PTX data race: the counter's `atomic_add(..., semantic=\"release\")` does not "
+                                 "acquire the other programs' pushes before the flag (fix: `\"acq_rel\"`)"),
     "barrier_atomic_cas_simt": dict(src=[(K + "common_ops.py", "barrier_all_intra_node_atomic_cas_block")]),
     "barrier_non_atomic": dict(src=[(K + "common_ops.py", f) for f in (
         "_barrier_all_intra_node_non_atomic_once_block", "barrier_all_intra_node_non_atomic_block")]),
@@ -100,7 +104,8 @@ CASES = {
                                         note=PER_THREAD),
     "ll_allgather_push_2d_ll_2nodes": dict(src=[(K + "low_latency_allgather.py", f) for f in (
         "_recv_ll_block", "_pack_ll_block", "_forward_push_2d_ll_kernel")], nnodes=2,
-        note="LL protocol (data and flag words interleaved, `load_v4_u32` polling), per thread"),
+        note="LL protocol, per thread; `putmem_nbi_warp` in a warp-uniform branch; PTX data race: it polls the LL "
+             "words with weak `load_v4_u32` loads (fix: `load_v4_b32(..., scope=\"sys\", semantic=\"relaxed\")`)"),
     "ll_allgather_push_numa_2d": dict(src=[(K + "low_latency_allgather.py", "_forward_push_numa_2d_kernel")],
                                       even=True, note=PER_THREAD + "; two NUMA halves (an even world size)"),
     "p2p_signal": dict(src=[(K + "p2p.py", "p2p_set_signal"), (K + "p2p.py", "p2p_wait_signal")],
@@ -221,7 +226,9 @@ def _gathered(w, elems, dtype):
     return torch.cat([_data(r, elems, dtype, seed=2) for r in range(w.world_size)])
 
 
-def drive_t02_allgather_put(m, w, U, kernel="nvshmem_device_producer_all_gather_2d_put_block_kernel", extra=()):
+def drive_t02_allgather_put(m, w, U):
+    # launched as the tutorial does: ``num_ranks`` programs and DISPATCH_BLOCK_NUM=num_ranks, so the last program
+    # puts the rank's own segment onto itself (the same values: not a race, docs/porting.md section 6)
     import torch
     elems, n = 96, w.world_size
     buf = U.nvshmem_create_tensor((n * elems,), torch.float16)
@@ -230,8 +237,8 @@ def drive_t02_allgather_put(m, w, U, kernel="nvshmem_device_producer_all_gather_
     sig = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
     sig.zero_()
     U.nvshmem_barrier_all_on_stream()
-    k = getattr(m, kernel)
-    k[(max(n - 1, 1),)](buf, sig, elems, 2, 1, w.rank, n, *extra, DISPATCH_BLOCK_NUM=n - 1)
+    m.nvshmem_device_producer_all_gather_2d_put_block_kernel[(n,)](buf, sig, elems, 2, 1, w.rank, n,
+                                                                   DISPATCH_BLOCK_NUM=n)
     U.nvshmem_barrier_all_on_stream()
     _close(buf, _gathered(w, elems, torch.float16), "gathered")
 

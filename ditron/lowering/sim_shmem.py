@@ -79,18 +79,54 @@ def _copy(ctx, tr, dst_addr, src_addr, nbytes):
     tr.control.progress()
 
 
-def _callers(ctx, coop, primitive):
+def _callers(ctx, coop, primitive, args=()):
     """How many times a GPU performs a ``shmem.*`` call of cooperation level ``coop``: a thread-level call
     runs in every thread that reaches it (all threads of the program outside a thread-dependent region;
-    the simulated thread inside one), a warp-level call once per warp, a block-level call once.  Warp- and
-    block-level calls inside a region are refused: they need every thread of the warp / block."""
-    if _compat.simt_thread() is not None:
-        if coop in ("warp", "block"):
+    the simulated thread inside one), a warp-level call once per warp, a block-level call once.
+
+    Inside a thread-dependent region (whose threads the simulator runs one after another) a warp-level call
+    is legal when every lane of the warp reaches it with the same ``args`` -- a branch that is the same for
+    all lanes of a warp, as on ``dl.tid() // 32``: it is performed once, when the warp's last lane arrives
+    (0 is returned for the other lanes); lanes with other arguments are refused here, a warp whose lanes
+    did not all arrive at the end of the region (``ditron.sim.simt``).  A block-level call is refused: it
+    needs every thread of the program, which threads that skip the branch never provide."""
+    t = _compat.simt_thread()
+    if t is not None:
+        if coop == "block":
             raise ctx.error(f"{primitive}_{coop} inside a branch or loop on dl.tid()/dl.laneid(): a {coop}-"
                             f"cooperative call needs every thread of the {coop}, which threads that skip the branch "
                             "never provide (the GPU hangs); call it outside the branch, or the thread variant inside")
+        if coop == "warp":
+            return _warp_arrival(ctx, t, primitive, args)
         return 1
     return {"thread": _threads_per_program(), "warp": max(1, _threads_per_program() // 32)}.get(coop, 1)
+
+
+def _warp_arrival(ctx, t, primitive, args):
+    calls = _compat.simt_warp_calls()
+    if calls is None:
+        raise ctx.error(f"{primitive}_warp in a thread-dependent region the simulator did not set up")
+    site, warp = where(), t // 32
+    counter = ("n", site, t)                       # the how-manieth time this lane makes this call
+    nth = calls.get(counter, 0)
+    calls[counter] = nth + 1
+    sig = tuple(int(a) for a in args)
+    entry = calls.setdefault((site, warp, nth), {"primitive": f"{primitive}_warp", "args": sig, "lanes": []})
+    if entry["args"] != sig:
+        first = entry["lanes"][0] - warp * 32
+        raise ctx.error(f"{primitive}_warp is warp-collective, but lane {t - warp * 32} of warp {warp} calls it "
+                        f"with other arguments than lane {first} ({_show(sig)} vs {_show(entry['args'])}): every "
+                        "lane of the warp must pass the same values (on a GPU the result is undefined)")
+    entry["lanes"].append(t)
+    return 1 if len(entry["lanes"]) == 32 else 0
+
+
+def _named(primitive, nbi):
+    return primitive + ("_nbi" if _int(nbi) else "")
+
+
+def _show(sig):
+    return "(" + ", ".join(hex(v) if abs(v) > 1 << 20 else str(v) for v in sig) + ")"
 
 
 def _local_side(ctx, tr, addr, nbytes, arg):
@@ -103,36 +139,42 @@ def _local_side(ctx, tr, addr, nbytes, arg):
 
 @register("shmem.putmem", BACKEND)
 def _putmem(ctx, dst, src, nbytes, pe, nbi, coop):
-    _callers(ctx, coop, "shmem.putmem")        # every caller copies the same bytes: once is the same
     world, tr = _world(ctx)
     n = _int(nbytes)
     remote = _translate(ctx, tr, world, _ptr0(ctx, dst, "dst"), _int(pe), "dst", local=False, nbytes=n)
     _local_side(ctx, tr, _ptr0(ctx, src, "src"), n, "src")
-    _copy(ctx, tr, remote[0], _ptr0(ctx, src, "src")[0], n)
+    src0 = _ptr0(ctx, src, "src")[0]
+    # every caller copies the same bytes: once is the same
+    if _callers(ctx, coop, _named("shmem.putmem", nbi), (remote[0], src0, n, _int(pe))):
+        _copy(ctx, tr, remote[0], src0, n)
     return None
 
 
 @register("shmem.getmem", BACKEND)
 def _getmem(ctx, dst, src, nbytes, pe, nbi, coop):
-    _callers(ctx, coop, "shmem.getmem")
     world, tr = _world(ctx)
     n = _int(nbytes)
     remote = _translate(ctx, tr, world, _ptr0(ctx, src, "src"), _int(pe), "src", local=False, nbytes=n)
     _local_side(ctx, tr, _ptr0(ctx, dst, "dst"), n, "dst")
-    _copy(ctx, tr, _ptr0(ctx, dst, "dst")[0], remote[0], n)
+    dst0 = _ptr0(ctx, dst, "dst")[0]
+    if _callers(ctx, coop, _named("shmem.getmem", nbi), (dst0, remote[0], n, _int(pe))):
+        _copy(ctx, tr, dst0, remote[0], n)
     return None
 
 
 @register("shmem.putmem_signal", BACKEND)
 def _putmem_signal(ctx, dst, src, nbytes, sig_addr, signal, pe, nbi, coop, sig_op):
-    callers = _callers(ctx, coop, "shmem.putmem_signal")
     world, tr = _world(ctx)
     n, r = _int(nbytes), _int(pe)
     dtype = _signal_dtype(ctx, _elem_ty(sig_addr), "sig_addr", need64=True)
     remote = _translate(ctx, tr, world, _ptr0(ctx, dst, "dst"), r, "dst", local=False, nbytes=n)
     sig = _translate(ctx, tr, world, _ptr0(ctx, sig_addr, "sig_addr"), r, "sig_addr", local=False, nbytes=8)
     _local_side(ctx, tr, _ptr0(ctx, src, "src"), n, "src")
-    _copy(ctx, tr, remote[0], _ptr0(ctx, src, "src")[0], n)
+    src0 = _ptr0(ctx, src, "src")[0]
+    callers = _callers(ctx, coop, _named("shmem.putmem_signal", nbi), (remote[0], src0, n, sig[0], _int(signal), r))
+    if not callers:
+        return None
+    _copy(ctx, tr, remote[0], src0, n)
     race().signal_release(sig, True)        # the signal is delivered after the data
     for _ in range(callers if sig_op == "add" else 1):    # every caller adds; a set is the same once
         _signal_update(tr, sig, _int(signal), sig_op, dtype)

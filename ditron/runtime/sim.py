@@ -61,6 +61,7 @@ def _skew(event):
 
 
 _POLL = threading.local()     # per program thread: the polling loop it may be in
+_POLL_WORDS = 64              # words of one place remembered (beyond: a scan, not a spin)
 
 
 class Blocked(Exception):
@@ -141,18 +142,29 @@ class SimTransport(Transport):
         self.control.rank_add(self.rank, M.R_ACTIVE, delta)
 
     # -- polling loops (``while dl.ld(...) < v``, ``tl.load(volatile=True)``) -------
-    def poll(self, key, observed, describe, launch=None):
-        """A polling load at ``key`` (source line and addresses) returned
-        ``observed``.  The same value read again at the same place means the
-        program spins: from the second repeat on it counts as blocked (the
-        watchdog can see the hang), lends its turn to the other programs
-        (sleeping a little per poll) and raises :class:`Blocked` with
-        ``describe()`` when the job is aborted.  A new value or any other
+    def poll(self, key, observed, describe, launch=None, addr=None):
+        """A polling load at ``key`` (source line and size) of the words at
+        ``addr`` returned ``observed``.  The same values read again at the same
+        place means the program spins: from the second repeat on it counts as
+        blocked (the watchdog can see the hang), lends its turn to the other
+        programs (sleeping a little per poll) and raises :class:`Blocked` with
+        ``describe()`` when the job is aborted.  A poll of several words in
+        turn at one place (``load_v4_b32(..., semantic="relaxed")``: one load
+        per word) spins when each word repeats.  A new value or any other
         ditron operation ends the spin (:meth:`poll_end`)."""
         st = _POLL.__dict__
-        if st.get("key") != key or not np.array_equal(st.get("value"), observed):
+        seen = st.get("seen") if st.get("key") == key else None
+        if seen is None or len(seen) > _POLL_WORDS:
             self.poll_end(launch)
-            st.update(key=key, value=np.array(observed, copy=True), repeats=0, launch=launch)
+            st.update(key=key, seen={addr: np.array(observed, copy=True)}, repeats=0, launch=launch)
+            return
+        prev = seen.get(addr)
+        if prev is None or not np.array_equal(prev, observed):
+            seen[addr] = np.array(observed, copy=True)
+            if prev is not None:                 # a new value: not spinning
+                if st.pop("blocked", False):
+                    self._leave_blocked(st.get("launch", launch))
+                st["repeats"] = 0
             return
         st["repeats"] += 1
         if st["repeats"] < 2:
@@ -176,7 +188,7 @@ class SimTransport(Transport):
         if st.pop("blocked", False):
             self._leave_blocked(st.get("launch", launch))
         st.pop("key", None)
-        st.pop("value", None)
+        st.pop("seen", None)
 
     def _enter_blocked(self, launch):
         if launch is not None:

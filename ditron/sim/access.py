@@ -37,7 +37,7 @@ def polled(addrs, mask, vals, primitive):
         return
     loc = where()
     prog = current_program()
-    key = (loc, int(addrs[live[0]]), addrs.size)
+    key = (loc, addrs.size)
 
     def describe():
         i = live[0]
@@ -48,7 +48,7 @@ def polled(addrs, mask, vals, primitive):
                 "expected": "another value (a polling loop; nobody writes this address)",
                 "observed": flat[i].item() if flat.size > i else None}
 
-    tr.poll(key, np.asarray(vals).reshape(-1)[live], describe, launch)
+    tr.poll(key, np.asarray(vals).reshape(-1)[live], describe, launch, addr=int(addrs[live[0]]))
 
 
 def end_poll():

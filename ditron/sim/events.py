@@ -44,5 +44,6 @@ class LaunchObserver:
     def program_end(self):
         """On the program's thread, after its body (also when it failed)."""
 
-    def end(self, name):
-        """On the launching thread, after every program finished without error."""
+    def end(self, name, failed=False):
+        """On the launching thread, after every program finished (``failed``: one of them raised; the launch
+        raises that error next)."""

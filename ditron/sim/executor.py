@@ -191,10 +191,12 @@ def execute(name, fn, arg_names, grid, args, kwargs, transport=None, lint_kernel
     finally:
         if transport is not None:
             transport.active(+1)
+    if launch.race is not None:
+        # also after a failure: the programs' clocks reach the host, so that the next run of a cluster is
+        # ordered after whatever this launch wrote (else its accesses would race with the next run's)
+        launch.race.end(name, failed=bool(launch.errors))
     if launch.errors:
         _raise(name, launch)
-    if launch.race is not None:
-        launch.race.end(name)
 
 
 def _raise(name, launch):

@@ -350,7 +350,10 @@ class _State:
             if data is not None:
                 before = _raw_bits(M.load(a, data.dtype))
                 new = _raw_bits(np.broadcast_to(np.asarray(data), shape).reshape(-1)[idx])
-                same = (before == new) & (w != 0)
+                # (also over a value no checked store wrote -- the host's data, a launch boundary before: no
+                # read of these bytes can return anything else, whatever the order, e.g. a putmem of a segment
+                # onto itself while other programs read it)
+                same = before == new
             else:
                 before, same = None, np.zeros(idx.size, dtype=bool)
             if same.any():
@@ -496,10 +499,16 @@ class LaunchRace(LaunchObserver):
             with self.lock:
                 np.maximum(self.join, t.vc, out=self.join)
 
-    def end(self, name):
+    def end(self, name, failed=False):
         st = self.st
+        # the host continues after every program, also those of a failed launch (their accesses stay in the
+        # shadow memory: without this join they would race with everything this rank does next, e.g. the next
+        # run of a SimCluster reusing the heap)
         np.maximum(st.host.vc, self.join, out=st.host.vc)
         st.host.vc[st.host.tid] += 1
+        if failed:
+            st.pending_reports.clear()     # the launch's own error is the one reported
+            return
         take_reports(f"kernel {name}")
 
 

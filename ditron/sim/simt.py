@@ -41,6 +41,10 @@ _VAR = "__ditron_simt_threads__"
 _REGION = "simt_exec_region"
 _BARRIERS = {"syncthreads", "__syncthreads"}
 WARP = 32
+#: warp-collective SHMEM calls: legal in a region when every lane of a warp reaches them (ditron.lowering.sim_shmem)
+WARP_CALLS = {f"{op}{nbi}_warp" for op in ("putmem", "getmem", "putmem_signal") for nbi in ("", "_nbi")}
+# what may follow a warp-collective call in its region (no memory effect the call must come before)
+_AFTER_WARP_CALL = WARP_CALLS | {"fence", "quiet", "range", "static_range", "pointer_type", "constexpr"}
 
 
 def _callee(func):
@@ -179,6 +183,7 @@ class _Rewriter:
         are kept (a GPU thread keeps its registers between two branches on its id: ``old = atomic_add(..)`` in
         one, ``while ld(..) ^ old`` in the next, as in Triton-distributed's grid barrier)."""
         self.regions += 1
+        self._check_warp_calls(s)
         live = self.a.at(s) if live is None else live
         replayed = {n for r in self.replay for n in _targets(r)}
         restore = sorted((self.saved & set(live)) - replayed)
@@ -191,6 +196,34 @@ class _Rewriter:
                        iter=ast.Call(func=ast.Name(id=_VAR, ctx=ast.Load()), args=[], keywords=[]),
                        body=body, orelse=[])
         return ast.copy_location(loop, s)
+
+    def _check_warp_calls(self, s):
+        """A region's threads run one after another, and a warp-collective call is performed when the warp's
+        last lane reaches it: whatever a lane does after the call in the same region would happen before the
+        call on the simulator, and after it on a GPU.  Refused, unless it has no memory effect."""
+        warp_calls = [c for c in _calls(s) if _callee(c.func) in WARP_CALLS]
+        if not warp_calls:
+            return
+        ok = self.pure | _AFTER_WARP_CALL
+
+        def inside(c, w):
+            return (w.lineno, w.col_offset) <= (c.lineno, c.col_offset) and \
+                (c.end_lineno, c.end_col_offset) <= (w.end_lineno, w.end_col_offset)
+        loops = [n for n in ast.walk(s) if isinstance(n, (ast.For, ast.While))]
+        for w in warp_calls:
+            later = [c for c in _calls(s) if (c.lineno, c.col_offset) > (w.end_lineno, w.end_col_offset)]
+            for loop in loops:        # a loop around the call runs its body again after it
+                if any(inside(w, b) for b in loop.body):
+                    later += [c for b in loop.body for c in _calls(b)]
+                    if isinstance(loop, ast.While):
+                        later += _calls(loop.test)
+            bad = [c for c in later if _callee(c.func) not in ok and not inside(c, w)]
+            if bad:
+                self._refuse(bad[0], f"`{ast.unparse(bad[0]).strip()}` follows the warp-collective "
+                             f"`{_callee(w.func)}` (line {w.lineno}) in the same branch on dl.tid(): the simulator "
+                             "runs the branch's threads one after another and performs the warp's call when its "
+                             "last lane arrives, so earlier lanes would do this before the call; end the branch "
+                             "after the call and put what follows in its own `if`")
 
     def _forget(self, s):
         """After a statement outside regions that rebinds names regions keep: the kept values are stale."""
@@ -424,12 +457,44 @@ def threads():
     if cur is not None:
         yield cur
         return
+    calls = {}
+    _compat.set_simt_warp_calls(calls)
     try:
         for t in range(num_threads()):
             _compat.set_simt_thread(t)
             yield t
+        _compat.set_simt_thread(None)
+        _check_warps(calls)
     finally:
         _compat.set_simt_thread(None)
+        _compat.set_simt_warp_calls(None)
+
+
+def _check_warps(calls):
+    """After every thread ran the region: a warp-collective call that some lanes of a warp reached and others
+    did not (a divergent warp; see ``ditron.lowering.sim_shmem``) is refused."""
+    for (site, warp, nth), entry in calls.items():
+        if not isinstance(warp, int) or len(entry["lanes"]) == WARP:
+            continue
+        lanes = sorted(t - warp * WARP for t in entry["lanes"])
+        missing = sorted(set(range(WARP)) - set(lanes))
+        raise DitronError(
+            f"{site}: {entry['primitive']} is warp-collective, but in warp {warp} only lanes {_spans(lanes)} "
+            f"reached it{' (call ' + str(nth + 1) + ')' if nth else ''}, lanes {_spans(missing)} did not: "
+            "every lane of the warp must make the call with the same arguments (on a GPU the warp hangs or the "
+            "result is undefined); make the branch the same for all lanes of a warp (a condition on "
+            "`dl.tid() // 32`), or use the thread variant")
+
+
+def _spans(lanes):
+    out, i = [], 0
+    while i < len(lanes):
+        j = i
+        while j + 1 < len(lanes) and lanes[j + 1] == lanes[j] + 1:
+            j += 1
+        out.append(str(lanes[i]) if i == j else f"{lanes[i]}-{lanes[j]}")
+        i = j + 1
+    return ", ".join(out)
 
 
 _INSTALLED = False
