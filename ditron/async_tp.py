@@ -20,6 +20,14 @@ The matched patterns, in the post-grad (ATen) graph, with ``W`` the ditron world
     p3 = reshape(p, [W * S, B, N])                 (optional: a 3-D activation; leading dims only)
     rs = _c10d_functional.reduce_scatter_tensor(p3, "sum", W, group)
     y  = _c10d_functional.wait_tensor(rs)          -> y = reshape(ditron.gemm_rs(a, b, W), [S, B, N])
+    p  = aten.addmm(c, a, b)                       c: a bias row, [N] or [1, N] (DTensor's row-parallel bias: c =
+                                                   bias / W on every rank)
+                                                   -> y = ditron.gemm_rs(a, b, W) + wait_tensor(all_reduce(c, "sum"))
+
+These are the graphs DTensor gives a model parallelised by ``parallelize_module`` in the sequence-parallel layout
+(``ColwiseParallel(input_layouts=Shard(0))`` + ``RowwiseParallel(output_layouts=Shard(0))``, forward and
+backward; a row-parallel ``nn.Linear``'s bias is the ``addmm(bias / W, ...)`` above): such models get the rewrite
+without code changes (tests/test_async_tp.py ``test_dtensor_*``).
 
 The reshapes must keep the last dimension (they merge or split leading ones: rows keep their order, so the dim-0
 collective commutes with them).  ``group`` is the ditron world's group: its members are the world's ranks in order
@@ -27,7 +35,7 @@ collective commutes with them).  ``group`` is the ditron world's group: its memb
 Anything else is left alone, and each collective left alone is logged (``logging.getLogger("ditron.async_tp")``,
 INFO) and recorded in :data:`SKIPPED` with its reason: another group (e.g. a TP sub-group while the ditron world
 is the whole job), another reduce op, a gathered tensor used as the right operand, a gather along another dim, a
-bias added before the reduce-scatter (``addmm -> reduce_scatter``: every rank's bias would be summed),
+full ``[M, N]`` addend before the reduce-scatter (only a bias row is summed by the small all_reduce),
 ``addmm`` with ``beta`` / ``alpha``, other dtypes, no ditron world at compile time.  The all-gather stays in the
 graph when its result has users other than the rewritten GEMMs (e.g. the backward's ``dB = all_gather(A)^T @
 dC``); the ``mm`` feeding a rewritten reduce-scatter goes when it has no other users (dead code).
@@ -193,7 +201,9 @@ class _Rewriter:
                             "leading dims only (e.g. gathered along another dim, or consumed by another op)")
 
     def reduce_scatter(self, node):
-        """``[mm | addmm] -> [reshapes splitting rows] -> reduce_scatter_tensor(sum) -> wait_tensor``."""
+        """``[mm | addmm] -> [reshapes splitting rows] -> reduce_scatter_tensor(sum) -> wait_tensor``; an
+        ``addmm``'s bias row is summed over the ranks by an ``all_reduce`` of its ``N`` elements (as the
+        reduce-scatter summed it) and added to the GEMM-RS's output."""
         c10d, aten = torch.ops._c10d_functional, torch.ops.aten
         p, op, size, group = node.args[:4]
         reason = self.group_reason(group, size)
@@ -210,10 +220,21 @@ class _Rewriter:
         if not isinstance(src, torch.fx.Node) or src.target not in (aten.mm.default, aten.addmm.default):
             return self.skip(node, "the reduce-scattered tensor is not a GEMM's output (through reshapes of leading "
                                    "dims only)")
+        bias = None
         if src.target is aten.addmm.default:
-            return self.skip(node, "the GEMM adds a bias before the reduce-scatter (every rank's bias would be "
-                                   "summed; add it after the reduce-scatter, as a row-parallel layer does)")
-        a, b = src.args[0], src.args[1]
+            if not _unit_scale(src):
+                return self.skip(node, "addmm with beta / alpha other than 1 before the reduce-scatter")
+            bias, a, b = src.args[0], src.args[1], src.args[2]
+            bv, bw = _val(bias), _val(b)
+            # a bias row ([N] or [1, N], broadcast over the rows): every rank's is summed by the reduce-scatter, so
+            # the rewrite sums it by an all_reduce of N elements (DTensor's row-parallel bias: Replicate -> Partial
+            # is bias / W on every rank, and the sum gives the bias back)
+            if not (isinstance(bv, torch.Tensor) and isinstance(bw, torch.Tensor) and bv.dtype == bw.dtype and
+                    bv.dim() in (1, 2) and bv.shape[-1] == bw.shape[-1] and (bv.dim() == 1 or bv.shape[0] == 1)):
+                return self.skip(node, f"the GEMM adds {_desc(bv)} before the reduce-scatter (only a bias row, [N] "
+                                       "or [1, N] of the GEMM's dtype, is rewritten: gemm_rs + all_reduce(bias))")
+        else:
+            a, b = src.args[0], src.args[1]
         if not (_ok_2d(a) and _ok_2d(b)):
             return self.skip(node, f"the GEMM's operands are {_desc(_val(a))} and {_desc(_val(b))}, not 2-D "
                                    "float16 / bfloat16")
@@ -226,12 +247,20 @@ class _Rewriter:
             return self.skip(node, "the reduce-scatter has users other than one wait_tensor")
         wait = waits[0]
         with self.graph.inserting_before(wait):
+            if bias is not None:        # issued before the GEMM-RS, waited for after it
+                ar = self.graph.call_function(c10d.all_reduce.default, (bias, "sum", group))
+                ar.meta["val"] = _val(bias).new_empty(_val(bias).shape)
             new = self.graph.call_function(torch.ops.ditron.gemm_rs.default, (a, b, self.W))
             new.meta["val"] = _val(a).new_empty((M // self.W, _val(b).shape[1]))
             out = new
+            if bias is not None:
+                summed = self.graph.call_function(c10d.wait_tensor.default, (ar,))
+                summed.meta["val"] = _val(bias).new_empty(_val(bias).shape)
+                out = self.graph.call_function(aten.add.Tensor, (new, summed))
+                out.meta["val"] = _val(new)
             if chain:                           # back to the reduce-scatter's shape: [lead / W, ...]
                 shape = [lead // self.W] + _shape(p)[1:]
-                out = self.graph.call_function(aten.reshape.default, (new, shape))
+                out = self.graph.call_function(aten.reshape.default, (out, shape))
         _copy_meta(out, wait)
         wait.replace_all_uses_with(out)
         self.graph.erase_node(wait)
