@@ -412,3 +412,19 @@ def test_rank_inductor_compile_threads(monkeypatch, value):
         got = cluster.run(B.inductor_threads)
     want = int(value or 1)
     assert got == [(want, str(want))] * 2, got
+
+
+def test_a_listing_that_filters_its_own_prefix_is_not_a_rank_read():
+    """tqdm (imported by torch where it is installed, e.g. beside transformers) lists the environment at import
+    to pick its TQDM_* variables: the server still forks.  Any other module's listing counts as reading every
+    per-rank variable (it could have kept RANK)."""
+    from ditron.sim import forkserver as F
+
+    def list_as(module_name):
+        with F._EnvReads() as reads:
+            exec("_ = {k: v for k, v in os.environ.items() if k.startswith('TQDM_')}",
+                 {"__name__": module_name, "os": os})
+        return reads.per_rank | (reads.keys & {"PATH"})
+
+    assert list_as("tqdm.utils") == set()
+    assert list_as("some_module") >= set(F.PER_RANK) | {"PATH"}

@@ -101,6 +101,20 @@ def _shadowed(argv) -> str | None:
     return None
 
 
+#: modules that list the environment only to pick their own prefixed variables out of it (a listing by them
+#: reads no per-rank variable): tqdm (imported by torch where it is installed, e.g. beside transformers) takes
+#: its ``TQDM_*`` defaults from a listing at import
+FILTERING_LISTERS = frozenset({"tqdm.utils"})
+
+
+def _lister():
+    """The module that is reading or listing ``os.environ`` (the first frame outside the mapping machinery)."""
+    f = sys._getframe(1)
+    while f is not None and f.f_globals.get("__name__") in ("_collections_abc", "os", "collections.abc", __name__):
+        f = f.f_back
+    return None if f is None else f.f_globals.get("__name__")
+
+
 class _EnvReads:
     """Records, while active, which variables Python code reads from ``os.environ`` (``[]``, ``get``, ``in``,
     ``os.getenv``: all go through ``__getitem__``; ``keys`` holds them) and whether it listed the whole
@@ -115,11 +129,13 @@ class _EnvReads:
 
         class Recording(base):
             def __getitem__(self, key):
-                keys.add(key)
+                if _lister() not in FILTERING_LISTERS:     # (items() reads each key it lists)
+                    keys.add(key)
                 return base.__getitem__(self, key)
 
             def __iter__(self):
-                outer.listed = True
+                if _lister() not in FILTERING_LISTERS:
+                    outer.listed = True
                 return base.__iter__(self)
 
         self.base = base

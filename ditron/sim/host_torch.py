@@ -36,6 +36,7 @@ import contextlib
 import datetime
 import enum
 import os
+import sys
 import time
 import types
 
@@ -205,10 +206,36 @@ def _mode_class():
     return SimulatedGPU
 
 
+class _AfterTorchImport:
+    """A meta-path entry that installs the simulated GPU right after the script's own ``import torch`` (a rank
+    does not import torch for a script that never does: started ranks begin without it, as plain Python)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not self]
+        import importlib.util
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            install()
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 def install():
     """Make this ``ditron sim`` rank's torch see a simulated GPU (module
-    docstring).  Idempotent."""
+    docstring): now if torch is imported, else right after the script
+    imports it.  Idempotent."""
     if _STATE["installed"]:
+        return
+    if "torch" not in sys.modules:
+        if not any(isinstance(f, _AfterTorchImport) for f in sys.meta_path):
+            sys.meta_path.insert(0, _AfterTorchImport())
         return
     import torch
     mode = _mode_class()()
