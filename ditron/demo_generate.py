@@ -94,7 +94,7 @@ def run_on_this_rank(model, prompts, steps, batch_ctx, temperature, top_k, top_p
     if check:
         # every rank's vocab columns side by side (rank r holds tokens r * V_r ..; padding only after the last)
         from .bench.harness import gather_ranks
-        full = gather_ranks(logits.to(world.device), world, dim=-1).cpu()[..., :gen.cfg.vocab]
+        full = gather_ranks(logits.to(_gather_device(world)), world, dim=-1).cpu()[..., :gen.cfg.vocab]
         w = gen._pw()
         for b, p in enumerate(prompts):
             seq = list(p)
@@ -135,6 +135,15 @@ def run_on_this_rank(model, prompts, steps, batch_ctx, temperature, top_k, top_p
 
 def _prompts(text):
     return [[int(t) for t in p.split(",") if t.strip()] for p in text.split(";") if p.strip()]
+
+
+def _gather_device(world):
+    """Where ``gather_ranks`` wants its tensor: the GPU under NCCL, the CPU under gloo (ranks sharing a GPU) and on
+    the simulator."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return world.device
+    return "cpu"
 
 
 def main(argv=None):
