@@ -62,7 +62,7 @@ def main(argv=None):
     p.add_argument("--batch", default="1,8")
     p.add_argument("--branches", action="store_true", help="also each task kind compiled alone")
     p.add_argument("--kinds", default="", help="also these sets of task kinds together, e.g. 'o,attn;gu,o,attn'")
-    p.add_argument("--model", choices=["qwen3-8b", "llama3-8b"], default=None,
+    p.add_argument("--model", choices=["qwen3-8b", "llama3-8b", "tiny-qwen3"], default=None,
                    help="the whole model step (embedding, LM head, sampler: kernels/decoder/hf.py HF_CONFIGS) instead "
                         "of Qwen3-8B's decoder stack")
     args = p.parse_args(argv)

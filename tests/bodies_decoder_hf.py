@@ -9,7 +9,7 @@ from ditron.kernels.decoder.tiles_head import sample_tile
 
 def run_cases(world, cases):
     """Every case ``(path, runs[, max_top_k])``: one :class:`Generator` over the checkpoint at ``path`` (compiled for
-    the largest batch and context of its runs), then each run ``dict(prompts=..., **generate kwargs)`` (no stop
+    the largest batch and context of its runs: a smaller run's padding rows cost as much as real ones), then each run ``dict(prompts=..., **generate kwargs)`` (no stop
     tokens unless given); returns per case and run the tokens, this rank's logits of every step ``[steps, B, V_r]``
     and its vocabulary slice ``(v_off, n_valid)``."""
     from ditron.kernels.decoder.generate import Generator

@@ -298,7 +298,7 @@ def main(argv=None):
         argv = argv[1:]
     p = argparse.ArgumentParser(prog="ditron bench megakernel", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", choices=["8b", "tiny"], default="8b")
-    p.add_argument("--model", choices=["qwen3-8b", "llama3-8b"], default=None,
+    p.add_argument("--model", choices=["qwen3-8b", "llama3-8b", "tiny-qwen3"], default=None,
                    help="the whole step of this model (embedding to sampled token; random weights at its shapes) "
                         "against the full step's HBM limit, torch + CUDA graph and transformers under torch.compile "
                         "(ditron/bench/megakernel_model.py); default batches 1,8,16")
@@ -449,7 +449,8 @@ def main(argv=None):
         return dry_run(cfg, ctxs, batches, args)
     if args.model:
         from .megakernel_model import main_model
-        return main_model(args, argv, cfg, ctxs, batches)
+        args.contexts = lambda ctx, batch: case_contexts(ctx, batch, args.ragged)
+        return main_model(args, argv, cfg, ctxs, batches, copy_bandwidth)
     import ditron
     world = ditron.init()
     bw = copy_bandwidth(world.device)

@@ -72,7 +72,9 @@ def hf_stepper(model, batch, ctx, max_len, device):
         if "cache_position" in params:
             kw["cache_position"] = torch.arange(ctx, device=device)
         model(input_ids=ids, **kw)
-    fwd = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    fwd = getattr(model, "_ditron_compiled", None)
+    if fwd is None:         # one compiled forward per model: dynamo recompiles per new shape (batch, cache length)
+        fwd = model._ditron_compiled = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     tok = torch.zeros((batch, 1), dtype=torch.long, device=device)
     kw = {ckw: cache, "use_cache": True, "logits_to_keep": 1,
           "position_ids": torch.full((batch, 1), ctx, dtype=torch.long, device=device)}
@@ -99,16 +101,16 @@ def hf_model(name, device):
 
 
 def model_case(world, cfg, ctx, batch, args, bw, weights, head, hf=None):
-    """Check then time one (context, batch) of the whole step; returns the table row."""
+    """Check then time one (context, batch) of the whole step; returns the table row (``args.contexts(ctx, batch)``:
+    the sequences' contexts)."""
     import torch
 
     import ditron
     from ..kernels.decoder import run as R
     from ..kernels.decoder.model import build_megakernel
     from ..kernels.decoder.reference import graph_replay
-    from .megakernel import case_contexts
     margin = 2 * args.repeat * (args.warmup + args.iters) + 16
-    ctxs = case_contexts(ctx, batch, args.ragged)
+    ctxs = args.contexts(ctx, batch)
     s = R.setup(cfg, world, batch, ctxs, max_ctx=ctx + margin, page_size=args.page_size, weights=weights)
     dm = build_megakernel(cfg, weights, s.cache, world_size=world.world_size, batch=batch, ctx=ctxs, head=head,
                           scheduler=args.scheduler, num_programs=args.programs, name="model_step")
@@ -132,9 +134,10 @@ def model_case(world, cfg, ctx, batch, args, bw, weights, head, hf=None):
            "tasks": len(dm.graph.tasks), "tiles": dm.graph.num_slots, "programs": dm.mk.num_programs}
     dm.buf.tok.copy_(tok0)
     tok_static = tok0.clone()
-    impls = [Impl("torch_graph", graph_replay(lambda: ref.step(tok_static))), ]
+    cuda = str(world.device).startswith("cuda")
+    impls = [Impl("torch_graph", graph_replay(lambda: ref.step(tok_static)) if cuda else lambda: ref.step(tok_static))]
     if ok:
-        impls.append(Impl("megakernel", graph_replay(dm.step)))
+        impls.append(Impl("megakernel", graph_replay(dm.step) if cuda else dm.step))
     hf_cache = None
     if hf is not None and world.world_size == 1 and batch in args.hf_batches:
         try:
@@ -178,16 +181,15 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
-def main_model(args, argv, cfg, ctxs, batches) -> int:
+def main_model(args, argv, cfg, ctxs, batches, copy_bandwidth) -> int:
     """``ditron bench megakernel --model NAME``: every (context, batch) case, rank 0 writes the Markdown table and
-    the JSON rows (``--out``)."""
+    the JSON rows (``--out``).  ``copy_bandwidth(device)``: the HBM limit's bandwidth (bench/megakernel.py)."""
     import json
     import os
 
     import ditron
     from ..kernels.decoder.weights import make_head, make_weights
     from .harness import _release, result_meta
-    from .megakernel import copy_bandwidth
     world = ditron.init()
     bw = copy_bandwidth(world.device)
     weights = make_weights(cfg, world.rank, world.world_size, device=world.device)

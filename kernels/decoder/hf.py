@@ -48,6 +48,12 @@ HF_CONFIGS = {
                                         original_max_position_embeddings=8192),
                       tie_word_embeddings=False, hidden_act="silu", attention_bias=False, mlp_bias=False,
                       bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16"),
+    # the same scripts' CPU smoke runs on the simulator (ditron sim): 2 layers, hidden 64
+    "tiny-qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=64, intermediate_size=96,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=512, tie_word_embeddings=False,
+                       hidden_act="silu", attention_bias=False, eos_token_id=255, initializer_range=0.1,
+                       torch_dtype="bfloat16"),
 }
 
 

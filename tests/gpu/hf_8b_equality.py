@@ -27,26 +27,15 @@ def say(world, *a):
         print(*a, flush=True)
 
 
-def build_reference(name, path, steps, lengths, min_rel, sigma, device):
-    from ditron.kernels.decoder import hf
-    from ditron.models import import_transformers
-    tf = import_transformers()
-    t = time.monotonic()
-    torch.manual_seed(0)
-    cfg = tf.AutoConfig.for_model(**hf.HF_CONFIGS[name])
-    with torch.device(device):
-        m = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-    V = cfg.vocab_size
-    f = torch.exp(torch.randn(V, 1, generator=torch.Generator().manual_seed(1)) * sigma)
-    with torch.no_grad():
-        m.get_output_embeddings().weight.mul_(f.to(device=device, dtype=torch.bfloat16))
-    print(f"built {name} ({sum(p.numel() for p in m.parameters()) / 1e9:.2f} B parameters) in "
-          f"{time.monotonic() - t:.0f} s", flush=True)
+def search(m, V, steps, lengths, min_rel, device):
+    """Prompts of these lengths whose greedy run has a top-2 gap of at least ``min_rel`` of the largest logit at every
+    step and at least 4 distinct tokens, and their references ``(tokens, logits)``; else a string saying what was
+    seen."""
     g = torch.Generator().manual_seed(1234)
-    prompts, refs, seen = [], [], []
+    prompts, refs = [], []
     for n in lengths:
-        hit = None
-        for _ in range(8):
+        seen, hit = [], None
+        for _ in range(6):
             cand = torch.randint(0, V, (32, n), generator=g)
             with torch.no_grad():
                 r = m.generate(cand.to(device), attention_mask=torch.ones_like(cand, device=device),
@@ -68,18 +57,48 @@ def build_reference(name, path, steps, lengths, min_rel, sigma, device):
                                     do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
                 lg1 = torch.stack([x[0].float() for x in r1.logits]).cpu()
                 t2 = lg1.topk(2, -1).values
-                if ((t2[:, 0] - t2[:, 1]) / lg1.abs().amax(-1)).min() >= min_rel:
-                    hit = (p, r1.sequences[0, n:].tolist(), lg1)
+                gap = ((t2[:, 0] - t2[:, 1]) / lg1.abs().amax(-1)).min().item()
+                if gap >= min_rel:
+                    hit = (p, r1.sequences[0, n:].tolist(), lg1, gap)
                     break
             if hit:
                 break
         if not hit:
-            raise SystemExit(f"hf_8b_equality: FAIL: no prompt of length {n} with an unambiguous {steps}-step greedy "
-                             f"run (best (gap, distinct tokens): {sorted(seen)[-5:]}); try --sigma / --min-rel")
+            return f"no prompt of length {n} (best (gap, distinct tokens) of {len(seen)}: {sorted(seen)[-4:]})"
         prompts.append(hit[0])
         refs.append((hit[1], hit[2]))
-        print(f"prompt of length {n}: smallest top-2 gap {min(s for s, _ in seen[-1:]):.3g} of the largest logit; "
-              f"tokens {hit[1]}", flush=True)
+        print(f"prompt of length {n}: smallest top-2 gap {hit[3]:.3g} of the largest logit; tokens {hit[1]}",
+              flush=True)
+    return prompts, refs
+
+
+def build_reference(name, path, steps, lengths, min_rel, sigma, device):
+    from ditron.kernels.decoder import hf
+    from ditron.models import import_transformers
+    tf = import_transformers()
+    t = time.monotonic()
+    torch.manual_seed(0)
+    cfg = tf.AutoConfig.for_model(**hf.HF_CONFIGS[name])
+    with torch.device(device):
+        m = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    print(f"built {name} ({sum(p.numel() for p in m.parameters()) / 1e9:.2f} B parameters) in "
+          f"{time.monotonic() - t:.0f} s", flush=True)
+    V = cfg.vocab_size
+    lm0 = m.get_output_embeddings().weight.detach().clone()
+    for sg in sigma:
+        f = torch.exp(torch.randn(V, 1, generator=torch.Generator().manual_seed(1)) * sg)
+        with torch.no_grad():
+            m.get_output_embeddings().weight.copy_(lm0 * f.to(device=device, dtype=torch.bfloat16))
+        found = search(m, V, steps, lengths, min_rel, device)
+        if isinstance(found, tuple):
+            prompts, refs = found
+            print(f"LM-head row norms log-normal with sigma {sg}: prompts found", flush=True)
+            break
+        print(f"LM-head row norms log-normal with sigma {sg}: {found}", flush=True)
+    else:
+        raise SystemExit(f"hf_8b_equality: FAIL: no prompts with an unambiguous {steps}-step greedy run for any sigma "
+                         f"in {sigma}; try --sigma / --min-rel")
+    del lm0
     t = time.monotonic()
     m.save_pretrained(path, max_shard_size="4GB")
     torch.save({"prompts": prompts, "refs": refs, "steps": steps}, os.path.join(path, "refs.pt"))
@@ -99,13 +118,14 @@ def _gather_device(world):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", choices=["qwen3-8b", "llama3-8b"], default="qwen3-8b")
+    p.add_argument("--model", choices=["qwen3-8b", "llama3-8b", "tiny-qwen3"], default="qwen3-8b")
     p.add_argument("--dir", required=True, help="where the model and the references are (built by a 1-rank run)")
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--lengths", default="24,9", help="prompt lengths (a ragged batch)")
     p.add_argument("--min-rel", type=float, default=0.03,
                    help="smallest top-1 / top-2 logit gap, relative to the largest logit, at every reference step")
-    p.add_argument("--sigma", type=float, default=1.5, help="log-normal sigma of the LM-head row norms")
+    p.add_argument("--sigma", default="1.0,0.5,1.5,0.25",
+                   help="log-normal sigmas of the LM-head row norms to try in turn (comma list)")
     args = p.parse_args()
 
     import ditron
@@ -117,7 +137,7 @@ def main():
         if world.world_size != 1:
             raise SystemExit(f"hf_8b_equality: FAIL: no references in {args.dir}: run once with one rank first")
         build_reference(args.model, args.dir, args.steps, [int(x) for x in args.lengths.split(",")], args.min_rel,
-                        args.sigma, world.device)
+                        [float(x) for x in args.sigma.split(",")], world.device)
     ditron.barrier_all()
     data = torch.load(ref_file)
     prompts, refs, steps = data["prompts"], data["refs"], data["steps"]
