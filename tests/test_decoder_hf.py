@@ -326,3 +326,22 @@ def test_unsupported_configs_fail_before_any_weight(tmp_path):
         ck.shard(0, 3)                                   # 4 q heads, 2 kv heads over 3 ranks
     with pytest.raises(DitronError, match="no config.json"):
         hf.load(str(tmp_path))
+
+
+def test_demo_checkpoint_and_reference(tmp_path):
+    """``ditron demo generate``'s hand-written tiny checkpoint (no transformers needed to write it) is a model
+    transformers loads, and the demo's torch reference (``ditron.models.reference_logits``, the whole sequence
+    recomputed) gives transformers' next-token logits for it (both architectures)."""
+    from ditron.demo_generate import write_tiny
+    from ditron.models import load, reference_logits
+    for arch in ("qwen3", "llama"):
+        d = write_tiny(str(tmp_path / arch), arch)
+        ck = load(d, world_size=2)
+        assert ck.arch == arch and ck.eos == (255,) and ck.cfg.qk_norm == (arch == "qwen3")
+        with one_thread():
+            m = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
+            p = [17, 42, 7, 99, 3, 250]
+            with torch.no_grad():
+                want = m(torch.tensor([p])).logits[0, -1].float()
+            got = reference_logits(ck, p)
+        torch.testing.assert_close(got, want, rtol=0, atol=0.02 * want.abs().max().item())
