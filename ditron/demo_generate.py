@@ -27,7 +27,9 @@ def write_tiny(path: str, arch: str = "qwen3", seed: int = 0) -> str:
     """A random tiny model directory in Hugging Face's layout (two safetensors shards + index, ``config.json``,
     ``generation_config.json``); LM-head rows of log-normal norms so that greedy choices are rarely near-ties."""
     import torch
-    from safetensors.torch import save_file
+
+    from .kernels.decoder.hf import _safetensors
+    save_file = _safetensors().save_file
     g = torch.Generator().manual_seed(seed)
     H, I, L = TINY["hidden_size"], TINY["intermediate_size"], TINY["num_hidden_layers"]
     QH, KH, D, V = TINY["num_attention_heads"], TINY["num_key_value_heads"], TINY["head_dim"], TINY["vocab_size"]

@@ -111,8 +111,17 @@ def config_from_hf(cfg, tiles: Optional[TileConfig] = None) -> DecoderConfig:
                          qk_norm=(mt == "qwen3"), rope_scaling=scaling, vocab=int(_get(cfg, "vocab_size")))
 
 
+def _safetensors():
+    try:
+        import safetensors.torch as st
+    except ImportError as e:
+        raise DitronError("hf: model directories are read with the safetensors package: pip install safetensors "
+                          "(or ditron[models])") from e
+    return st
+
+
 def _read_safetensors(path: str) -> dict:
-    from safetensors.torch import load_file
+    load_file = _safetensors().load_file
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:

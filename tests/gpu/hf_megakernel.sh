@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Issue 53 on one GPU, one command (~8 minutes on an H100): Hugging Face models through the decode megakernel.
+# Issue 53 on one GPU, one command (estimated 8-12 minutes on an H100; not yet timed): Hugging Face models through the decode megakernel.
 #
 #   tests/gpu/hf_megakernel.sh                              # Qwen3-8B shapes: equality TP=1 / TP=2, then the bench
 #   MODELS="qwen3-8b llama3-8b" tests/gpu/hf_megakernel.sh  # both architectures (equality and bench: ~2x the time)
-#   BENCH=0 tests/gpu/hf_megakernel.sh                      # the checks only
+#   BENCH=0 tests/gpu/hf_megakernel.sh                      # the checks only (~4-5 minutes, estimated)
+#   EQ=0 tests/gpu/hf_megakernel.sh                         # the benchmark only (6 megakernel builds, 2-4 HF compiles)
+# Not yet run on a GPU (written without one; both halves smoke-tested on the simulator with --model tiny-qwen3): if
+# one command's limit is 10 minutes, run the two halves as two commands.
 #
 # 1. token equality with transformers at 8B shapes (tests/gpu/hf_8b_equality.py: random weights from the model's
 #    config, made confident, prompts with a clear top-2 gap at every step; 32 greedy steps of a ragged batch of 2,
@@ -32,6 +35,7 @@ fi
 trap '[ "$MPS_STARTED" = 1 ] && echo quit | timeout 20 nvidia-cuda-mps-control; rm -rf "$WORK"' EXIT
 status=0
 for M in $MODELS; do
+    [ "${EQ:-1}" = 1 ] || break
     D="$WORK/$M"
     rm -rf "$D"; mkdir -p "$D"
     echo "== $M: token equality with transformers, TP=1"
@@ -44,7 +48,9 @@ for M in $MODELS; do
     fi
     rm -rf "$D"
 done
-[ $status = 0 ] && echo "== PASSED: token equality" || echo "== FAILED: token equality"
+if [ "${EQ:-1}" = 1 ]; then
+    [ $status = 0 ] && echo "== PASSED: token equality" || echo "== FAILED: token equality"
+fi
 if [ "${BENCH:-1}" = 1 ]; then
     for M in $MODELS; do
         echo "== ditron bench megakernel --model $M"
