@@ -62,6 +62,9 @@ def main(argv=None):
     p.add_argument("--batch", default="1,8")
     p.add_argument("--branches", action="store_true", help="also each task kind compiled alone")
     p.add_argument("--kinds", default="", help="also these sets of task kinds together, e.g. 'o,attn;gu,o,attn'")
+    p.add_argument("--model", choices=["qwen3-8b", "llama3-8b", "tiny-qwen3"], default=None,
+                   help="the whole model step (embedding, LM head, sampler: kernels/decoder/hf.py HF_CONFIGS) instead "
+                        "of Qwen3-8B's decoder stack")
     args = p.parse_args(argv)
     import ditron
     from ditron.kernels.decoder import qwen3_8b
@@ -72,12 +75,17 @@ def main(argv=None):
     print("| lever | batch | what | registers | spill st/ld (B/thread) | shared (B) | programs/SM | cp.async |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name, over in levers:
-        cfg = qwen3_8b(n_layers=1)
+        if args.model:
+            from ditron.kernels.decoder import hf
+            cfg = hf.config_from_hf(hf.HF_CONFIGS[args.model]).with_(n_layers=1)
+        else:
+            cfg = qwen3_8b(n_layers=1)
         cfg = cfg.with_tiles(**over) if over else cfg
         for b in (int(v) for v in args.batch.split(",")):
             kinds = [None]
             if args.branches:
-                kinds += ["advance", "qkv", "res_a", "rope", "attn", "comb", "o", "ar_attn", "gu", "down", "final"]
+                kinds += ["advance", "qkv", "res_a", "rope", "attn", "comb", "o", "ar_attn", "gu", "down", "final",
+                          "embed", "lm_head", "topk", "sample"]
                 if cfg.tiles.down_split_k > 1:
                     kinds.append("dsum")
             kinds += [tuple(k.split(",")) for k in args.kinds.split(";") if k]

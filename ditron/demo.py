@@ -51,6 +51,7 @@ DEMOS = {
     "megakernel": ("ditron.demo_megakernel", "a tensor-parallel decoder step as one persistent kernel"),
     "moe": ("ditron.demo_moe", "expert parallelism: EP dispatch -> expert MLP -> combine"),
     "attention": ("ditron.demo_attention", "a causal ring-attention step on 4 simulated ranks"),
+    "generate": ("ditron.demo_generate", "a Hugging Face Qwen3 / Llama model through the decode megakernel"),
 }
 
 

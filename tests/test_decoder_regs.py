@@ -226,3 +226,25 @@ def test_bench_stream_wait_flags(capsys):
     with pytest.raises(SystemExit):
         main(["--dry-run", "--stream-wait-load", "--stream-wait-fence"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_head_tiles_8b_compile():
+    # issue 53, the model's ends at Qwen3-8B's shapes (vocabulary 151936, hidden 4096) under the 8B tiles: the
+    # embedding gather, the LM head (the qkv projection's GEMV tile over 151936 rows), the sampler's top-k pass and
+    # its draw (a [64 x 64] rank matrix, Philox) compiled alone for sm_90a at batch 1 and 16 stay within the step's
+    # 168-register budget without spilling (the whole step with them, 1 layer: 168 registers, 8 B spilled per thread
+    # on Triton 3.9 against 4 B without the head, 3 programs per SM, no spill in a loop; 22 s to compile, so not
+    # here: `python bench/megakernel_regs.py --levers curve --batch 1 --model qwen3-8b`)
+    import ditron
+    from ditron.kernels.decoder import hf
+    from ditron.kernels.decoder import resources as RZ
+    cfg = hf.config_from_hf(hf.HF_CONFIGS["qwen3-8b"]).with_(n_layers=1)
+    kinds = ("embed", "lm_head", "topk", "sample")
+    ditron.init("sim")
+    try:
+        assert [k for k in RZ.kinds_of(RZ.step_specs(cfg, 1)) if k in kinds] == list(kinds)
+        use = {b: RZ.compile_step(cfg, b, kinds=kinds).usage() for b in (1, 16)}
+    finally:
+        ditron.finalize()
+    for b, u in use.items():
+        assert u["registers"] <= 168 and u["spill_stores"] == 0 and u["spill_loads"] == 0, (b, u)

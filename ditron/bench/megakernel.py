@@ -83,7 +83,11 @@ def copy_bandwidth(device, nbytes=1 << 30, iters=10):
 
 def _config(args):
     from ..kernels.decoder import qwen3_8b, tiny
-    cfg = {"8b": qwen3_8b, "tiny": tiny}[args.config]()
+    if getattr(args, "model", None):
+        from .megakernel_model import model_config
+        cfg = model_config(args.model)
+    else:
+        cfg = {"8b": qwen3_8b, "tiny": tiny}[args.config]()
     if args.layers:
         cfg = cfg.with_(n_layers=args.layers)
     over = {k: v for k, v in (("gemv_block_n", args.gemv_block_n), ("gemv_block_k", args.gemv_block_k),
@@ -294,9 +298,16 @@ def main(argv=None):
         argv = argv[1:]
     p = argparse.ArgumentParser(prog="ditron bench megakernel", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", choices=["8b", "tiny"], default="8b")
+    p.add_argument("--model", choices=["qwen3-8b", "llama3-8b", "tiny-qwen3"], default=None,
+                   help="the whole step of this model (embedding to sampled token; random weights at its shapes) "
+                        "against the full step's HBM limit, torch + CUDA graph and transformers under torch.compile "
+                        "(ditron/bench/megakernel_model.py); default batches 1,8,16")
+    p.add_argument("--hf-batch", default="1,16",
+                   help="with --model: batches at which transformers (static cache, torch.compile reduce-overhead) is "
+                        "timed, one rank only (each compiles once; '' : none)")
     p.add_argument("--layers", type=int, default=0, help="override the number of layers")
     p.add_argument("--ctx", default="512,4096", help="KV positions before the step (comma list)")
-    p.add_argument("--batch", default="1,2,4,8,16", help="batch sizes (comma list)")
+    p.add_argument("--batch", default=None, help="batch sizes (comma list; default 1,2,4,8,16, with --model 1,8,16)")
     p.add_argument("--ragged", action="store_true", help="per-sequence contexts below --ctx (run.ragged)")
     p.add_argument("--page-size", type=int, default=16, help="positions per page of the paged KV cache")
     p.add_argument("--skip-eager", action="store_true", help="time torch + CUDA graph only (not eager torch)")
@@ -427,12 +438,19 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     cfg = _config(args)
+    if args.batch is None:
+        args.batch = "1,8,16" if args.model else "1,2,4,8,16"
+    args.hf_batches = [int(b) for b in args.hf_batch.split(",") if b]
     ctxs = [int(c) for c in args.ctx.split(",") if c]
     batches = [int(b) for b in args.batch.split(",") if b]
     if not ctxs or not batches or min(ctxs) < 1 or min(batches) < 1 or args.page_size < 1:
         p.error(f"--ctx {args.ctx!r}, --batch {args.batch!r}, --page-size {args.page_size}: positive values needed")
     if args.dry_run:
         return dry_run(cfg, ctxs, batches, args)
+    if args.model:
+        from .megakernel_model import main_model
+        args.contexts = lambda ctx, batch: case_contexts(ctx, batch, args.ragged)
+        return main_model(args, argv, cfg, ctxs, batches, copy_bandwidth)
     import ditron
     world = ditron.init()
     bw = copy_bandwidth(world.device)

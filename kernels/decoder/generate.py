@@ -50,6 +50,22 @@ def _rope_hf(x, pos, inv_freq):
 def prefill_kv(ck: "hf.Checkpoint", tokens: Sequence[int], device, weights: Optional[dict] = None):
     """Every layer's keys (after q/k norm and RoPE) and values of ``tokens`` at positions ``0..n-1``:
     ``[L, KH, n, D]`` bf16 each, all kv heads (the caller keeps its rank's)."""
+    ks, vs, _ = _forward(ck, tokens, device, weights)
+    return ks, vs
+
+
+def reference_logits(ck: "hf.Checkpoint", tokens: Sequence[int], device="cpu", weights: Optional[dict] = None):
+    """The model's next-token logits after ``tokens`` (``[V]`` float32), in torch as ``transformers`` computes
+    them (the whole sequence at once, no cache): the demo's and the GPU check's reference where ``transformers``
+    is not at hand."""
+    _, _, x = _forward(ck, tokens, device, weights)
+    w = (lambda n: weights[n]) if weights is not None else (lambda n: ck.tensor(n).to(device=device, dtype=torch.bfloat16))
+    h = _rms_hf(x[-1:], w("model.norm.weight"), ck.cfg.rms_eps)
+    lm = w("lm_head.weight") if "lm_head.weight" in ck.state else w("model.embed_tokens.weight")
+    return F.linear(h, lm)[0].float()
+
+
+def _forward(ck: "hf.Checkpoint", tokens: Sequence[int], device, weights: Optional[dict] = None):
     cfg = ck.cfg
     D, QH, KH, eps = cfg.head_dim, cfg.n_q_heads, cfg.n_kv_heads, cfg.rms_eps
 
@@ -83,7 +99,7 @@ def prefill_kv(ck: "hf.Checkpoint", tokens: Sequence[int], device, weights: Opti
         h = _rms_hf(x, t(p + "post_attention_layernorm.weight"), eps)
         act = F.silu(F.linear(h, t(p + "mlp.gate_proj.weight"))) * F.linear(h, t(p + "mlp.up_proj.weight"))
         x = x + F.linear(act, t(p + "mlp.down_proj.weight"))
-    return torch.stack(ks), torch.stack(vs)
+    return torch.stack(ks), torch.stack(vs), x
 
 
 class Generator:
@@ -96,10 +112,10 @@ class Generator:
     def __init__(self, source, *, world=None, device=None, max_batch: int = 1, max_ctx: int = 256,
                  page_size: int = PAGE_SIZE, max_top_k: int = 64, tiles=None, num_programs=None,
                  cuda_graph: Optional[bool] = None, scheduler: str = "round_robin"):
-        self.ck = ck = source if isinstance(source, hf.Checkpoint) else hf.load(source, tiles)
-        cfg = self.cfg = ck.cfg
         self.rank = world.rank if world is not None else 0
         self.world_size = world.world_size if world is not None else 1
+        self.ck = ck = source if isinstance(source, hf.Checkpoint) else hf.load(source, tiles, self.world_size)
+        cfg = self.cfg = ck.cfg
         self.device = torch.device(world.device if world is not None else (device or "cpu"))
         if max_batch < 1 or max_ctx < 2:
             raise DitronError(f"Generator: max_batch={max_batch} must be >= 1 and max_ctx={max_ctx} >= 2")

@@ -27,9 +27,34 @@ from .weights import Head, Weights
 
 SUPPORTED = ("qwen3", "llama")
 
-#: the simulator's tile sizes for small models (hidden < 1024): the tiny config's
-TILES_SMALL = TileConfig(gemv_block_n=16, gemv_block_k=32, norm_block=32, attn_split=32, attn_block=16, comm_block=32,
+#: the tile sizes for small models (hidden < 1024: the simulator's tiny test models): GEMV tiles of 64 columns x 64
+#: (a tiny model's projections and LM head in a few tiles each: the interpreter runs per tile)
+TILES_SMALL = TileConfig(gemv_block_n=64, gemv_block_k=64, norm_block=64, attn_split=64, attn_block=32, comm_block=64,
                          num_warps=4)
+
+
+#: the configs (``config.json`` fields) of the models ``ditron bench megakernel --model`` and the GPU checks build
+#: with random weights: Qwen3-8B and Llama-3.1-8B (Hugging Face's published configs, abridged)
+HF_CONFIGS = {
+    "qwen3-8b": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=4096, intermediate_size=12288,
+                     num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                     vocab_size=151936, rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,
+                     tie_word_embeddings=False, hidden_act="silu", attention_bias=False, bos_token_id=151643,
+                     eos_token_id=151645, torch_dtype="bfloat16"),
+    "llama3-8b": dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=14336,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                      vocab_size=128256, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+                      rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                        original_max_position_embeddings=8192),
+                      tie_word_embeddings=False, hidden_act="silu", attention_bias=False, mlp_bias=False,
+                      bos_token_id=128000, eos_token_id=128001, torch_dtype="bfloat16"),
+    # the same scripts' CPU smoke runs on the simulator (ditron sim): 2 layers, hidden 64
+    "tiny-qwen3": dict(model_type="qwen3", architectures=["Qwen3ForCausalLM"], hidden_size=64, intermediate_size=96,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=256,
+                       rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=512, tie_word_embeddings=False,
+                       hidden_act="silu", attention_bias=False, eos_token_id=255, initializer_range=0.1,
+                       torch_dtype="bfloat16"),
+}
 
 
 def _get(cfg, name, default=None):
@@ -86,8 +111,17 @@ def config_from_hf(cfg, tiles: Optional[TileConfig] = None) -> DecoderConfig:
                          qk_norm=(mt == "qwen3"), rope_scaling=scaling, vocab=int(_get(cfg, "vocab_size")))
 
 
+def _safetensors():
+    try:
+        import safetensors.torch as st
+    except ImportError as e:
+        raise DitronError("hf: model directories are read with the safetensors package: pip install safetensors "
+                          "(or ditron[models])") from e
+    return st
+
+
 def _read_safetensors(path: str) -> dict:
-    from safetensors.torch import load_file
+    load_file = _safetensors().load_file
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:
@@ -182,9 +216,10 @@ def _eos(gen) -> tuple:
     return tuple(e) if isinstance(e, (list, tuple)) else (int(e),)
 
 
-def load(source, tiles: Optional[TileConfig] = None) -> Checkpoint:
+def load(source, tiles: Optional[TileConfig] = None, world_size: Optional[int] = None) -> Checkpoint:
     """A :class:`Checkpoint` from a model directory (``config.json`` + safetensors) or a ``transformers`` model
-    object.  The config is checked (:func:`config_from_hf`) before any weight is read."""
+    object.  The config is checked (:func:`config_from_hf`; with ``world_size``, also that the head counts and the
+    intermediate size divide by it) before any weight is read."""
     if isinstance(source, (str, os.PathLike)):
         path = os.fspath(source)
         cf = os.path.join(path, "config.json")
@@ -193,6 +228,8 @@ def load(source, tiles: Optional[TileConfig] = None) -> Checkpoint:
         with open(cf) as f:
             hf = json.load(f)
         cfg = config_from_hf(hf, tiles)
+        if world_size:
+            cfg.shard(world_size)
         state = _read_safetensors(path)
         gen = dict(hf)
         gp = os.path.join(path, "generation_config.json")
@@ -202,6 +239,8 @@ def load(source, tiles: Optional[TileConfig] = None) -> Checkpoint:
     elif hasattr(source, "config") and hasattr(source, "state_dict"):
         hf = source.config.to_dict()
         cfg = config_from_hf(hf, tiles)
+        if world_size:
+            cfg.shard(world_size)
         state = {k: v.detach().to("cpu") for k, v in source.state_dict().items()}
         gen = dict(hf)
         gc = getattr(source, "generation_config", None)

@@ -14,7 +14,7 @@ import torch
 
 from .config import DecoderConfig
 from .model import check_target, decoder_tasks, make_buffers, register
-from .weights import PagedKV, Weights
+from .weights import Head, PagedKV, Weights
 
 #: what ``torch.cuda.get_device_properties`` reports for one H100 SXM / H200 (the same per-SM limits)
 H100_SM = {"regs_per_multiprocessor": 65536, "shared_memory_per_multiprocessor": 233472,
@@ -27,8 +27,10 @@ def kinds_of(specs) -> list:
                               for s in specs))
 
 
-def step_specs(cfg: DecoderConfig, batch: int, max_ctx: int = 4272, page_size: int = 16) -> list:
-    """The step's task specs at TP=1 (:func:`~.model.decoder_tasks`) on placeholder weights and cache."""
+def step_specs(cfg: DecoderConfig, batch: int, max_ctx: int = 4272, page_size: int = 16, max_top_k: int = 64) -> list:
+    """The step's task specs at TP=1 (:func:`~.model.decoder_tasks`) on placeholder weights and cache; with
+    ``cfg.vocab`` the model's ends too (embedding gather, LM head, sampler: :class:`~.weights.Head` of placeholder
+    tables with the real shapes, one element of storage)."""
     sh = cfg.shard(1)
     w = Weights(*[torch.empty(1, dtype=torch.bfloat16) for _ in range(7)], torch.empty(1, dtype=torch.float32))
     pages = -(-max_ctx // page_size)
@@ -36,12 +38,17 @@ def step_specs(cfg: DecoderConfig, batch: int, max_ctx: int = 4272, page_size: i
     # compiler then folds V's loads into K's (the attention branch compiled without its V stream)
     k, v = (torch.empty((1, 1, page_size, sh.kv_heads, cfg.head_dim), dtype=torch.bfloat16) for _ in range(2))
     cache = PagedKV(k, v, torch.zeros((batch, pages), dtype=torch.int32))
-    buf = make_buffers(cfg, 1, batch, cache.max_ctx, 1, "cpu")
-    return decoder_tasks(cfg, 1, w, cache, buf)
+    head = None
+    if cfg.vocab:
+        one = torch.empty(1, dtype=torch.bfloat16)
+        head = Head(one.expand(cfg.vocab, cfg.hidden), one.expand(1, cfg.vocab, cfg.hidden), cfg.vocab, 0, cfg.vocab,
+                    max_top_k)
+    buf = make_buffers(cfg, 1, batch, cache.max_ctx, 1, "cpu", head=head)
+    return decoder_tasks(cfg, 1, w, cache, buf, head)
 
 
 def compile_step(cfg: DecoderConfig, batch: int, kinds=None, target: str = "sm_90a", max_ctx: int = 4272,
-                 page_size: int = 16):
+                 page_size: int = 16, max_top_k: int = 64):
     """Compile the decoder step of one rank at TP=1 (``cfg`` with one layer is enough) for ``batch`` sequences and
     a block table of ``max_ctx`` positions; ``kinds``: only these task kinds (e.g. ``("attn",)``; their
     kept task then depends on the one before it).  Needs a ditron world (``ditron.init("sim")``: the all-reduce tasks
@@ -49,7 +56,7 @@ def compile_step(cfg: DecoderConfig, batch: int, kinds=None, target: str = "sm_9
     import ditron
     import ditron.task as dtask
     cfg = check_target(cfg, target)
-    specs = step_specs(cfg, batch, max_ctx, page_size)
+    specs = step_specs(cfg, batch, max_ctx, page_size, max_top_k)
     if kinds is not None:
         keep = set(kinds)
         specs = [s for s in specs if (s.name.rsplit(".", 1)[0] if s.name.rsplit(".", 1)[-1].isdigit() else s.name)

@@ -27,7 +27,8 @@ from ditron.errors import DitronError
 from .config import DecoderConfig, Shard
 
 PAST_END = 1000.0
-_KINDS = {"norm": 1, "qkv": 2, "qk_norm": 3, "o": 4, "gate_up": 5, "down": 6, "k": 7, "v": 8, "x": 9}
+_KINDS = {"norm": 1, "qkv": 2, "qk_norm": 3, "o": 4, "gate_up": 5, "down": 6, "k": 7, "v": 8, "x": 9, "embed": 10,
+          "lm_head": 11}
 
 
 def _randn(shape, seed, layer, kind, device, scale=1.0, offset=0.0):
@@ -103,6 +104,22 @@ class Head:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.embed, self.lm))
+
+
+def make_head(cfg: DecoderConfig, rank: int, world_size: int, device="cpu", seed: int = 0, max_top_k: int = 64,
+              dtype=torch.bfloat16) -> "Head":
+    """This rank's :class:`Head` of seeded global random embedding and LM-head tables (``cfg.vocab`` rows; the
+    benchmark's model ends; a checkpoint's come from :mod:`.hf`): the whole embedding, this rank's LM-head rows."""
+    V, H = cfg.vocab, cfg.hidden
+    if V < 1:
+        raise DitronError("make_head: DecoderConfig.vocab is 0 (no vocabulary)")
+    VR = -(-V // world_size)
+    v_off = rank * VR
+    n = max(0, min(VR, V - v_off))
+    emb = _randn((V, H), seed, 0, "embed", device, 0.02).to(dtype)
+    lm = torch.zeros(1, VR, H, dtype=dtype, device=device)
+    lm[0, :n] = _randn((V, H), seed, 0, "lm_head", device, H ** -0.5)[v_off:v_off + n].to(dtype)
+    return Head(emb, lm, V, v_off, n, max_top_k)
 
 
 #: positions per page of the paged KV cache unless told otherwise (vLLM's default block size)

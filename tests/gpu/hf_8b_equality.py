@@ -1,0 +1,177 @@
+"""Token equality with ``transformers`` at 8B shapes on GPUs (issue 53): Qwen3-8B- or Llama-3.1-8B-shaped models with
+random weights (``from_config``; nothing is downloaded), greedy decoding by the decode megakernel (the whole step in
+one launch, CUDA-graph replay) against ``transformers``' ``generate``, tokens equal for ``--steps`` steps and logits
+within ``0.05 * max|logit| + 0.05`` at every step.
+
+    torchrun --standalone --nproc-per-node 1 tests/gpu/hf_8b_equality.py --model qwen3-8b --dir /tmp/q8   # TP=1
+    DITRON_RANKS_PER_GPU=2 torchrun --standalone --nproc-per-node 2 tests/gpu/hf_8b_equality.py --model qwen3-8b \\
+        --dir /tmp/q8                                                                # TP=2, both ranks on one GPU
+
+The first run (one rank) builds the model, makes it confident as the simulator's tests do (LM-head rows of
+log-normal norms: random 8B weights otherwise put the top two logits within bf16 rounding of each other at most
+steps), picks prompts whose ``transformers`` greedy run has a top-1 / top-2 gap of at least ``--min-rel`` of the
+largest logit at every step (batched candidates, then each confirmed alone), saves the model (``save_pretrained``,
+sharded safetensors) and the references to ``--dir``; every run then loads ``--dir`` through ``ditron.models``.
+Prints ``hf_8b_equality: PASS`` (or ``FAIL: ...``) per rank.
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+
+def say(world, *a):
+    if world is None or world.rank == 0:
+        print(*a, flush=True)
+
+
+def search(m, V, steps, lengths, min_rel, device):
+    """Prompts of these lengths whose greedy run has a top-2 gap of at least ``min_rel`` of the largest logit at every
+    step and at least 4 distinct tokens, and their references ``(tokens, logits)``; else a string saying what was
+    seen."""
+    g = torch.Generator().manual_seed(1234)
+    prompts, refs = [], []
+    for n in lengths:
+        seen, hit = [], None
+        for _ in range(6):
+            cand = torch.randint(0, V, (32, n), generator=g)
+            with torch.no_grad():
+                r = m.generate(cand.to(device), attention_mask=torch.ones_like(cand, device=device),
+                               max_new_tokens=steps, min_new_tokens=steps, do_sample=False, output_logits=True,
+                               return_dict_in_generate=True, pad_token_id=0)
+            lg = torch.stack([x.float() for x in r.logits], 1).cpu()
+            top2 = lg.topk(2, -1).values
+            rel = ((top2[..., 0] - top2[..., 1]) / lg.abs().amax(-1)).amin(-1)
+            for i in rel.argsort(descending=True).tolist():
+                toks = r.sequences[i, n:].tolist()
+                seen.append((round(rel[i].item(), 4), len(set(toks))))
+                if rel[i] < min_rel:
+                    break
+                if len(set(toks)) < 4:
+                    continue
+                p = cand[i].tolist()
+                with torch.no_grad():
+                    r1 = m.generate(torch.tensor([p], device=device), max_new_tokens=steps, min_new_tokens=steps,
+                                    do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+                lg1 = torch.stack([x[0].float() for x in r1.logits]).cpu()
+                t2 = lg1.topk(2, -1).values
+                gap = ((t2[:, 0] - t2[:, 1]) / lg1.abs().amax(-1)).min().item()
+                if gap >= min_rel:
+                    hit = (p, r1.sequences[0, n:].tolist(), lg1, gap)
+                    break
+            if hit:
+                break
+        if not hit:
+            return f"no prompt of length {n} (best (gap, distinct tokens) of {len(seen)}: {sorted(seen)[-4:]})"
+        prompts.append(hit[0])
+        refs.append((hit[1], hit[2]))
+        print(f"prompt of length {n}: smallest top-2 gap {hit[3]:.3g} of the largest logit; tokens {hit[1]}",
+              flush=True)
+    return prompts, refs
+
+
+def build_reference(name, path, steps, lengths, min_rel, sigma, device):
+    from ditron.kernels.decoder import hf
+    from ditron.models import import_transformers
+    tf = import_transformers()
+    t = time.monotonic()
+    torch.manual_seed(0)
+    cfg = tf.AutoConfig.for_model(**hf.HF_CONFIGS[name])
+    with torch.device(device):
+        m = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    print(f"built {name} ({sum(p.numel() for p in m.parameters()) / 1e9:.2f} B parameters) in "
+          f"{time.monotonic() - t:.0f} s", flush=True)
+    V = cfg.vocab_size
+    lm0 = m.get_output_embeddings().weight.detach().clone()
+    for sg in sigma:
+        f = torch.exp(torch.randn(V, 1, generator=torch.Generator().manual_seed(1)) * sg)
+        with torch.no_grad():
+            m.get_output_embeddings().weight.copy_(lm0 * f.to(device=device, dtype=torch.bfloat16))
+        found = search(m, V, steps, lengths, min_rel, device)
+        if isinstance(found, tuple):
+            prompts, refs = found
+            print(f"LM-head row norms log-normal with sigma {sg}: prompts found", flush=True)
+            break
+        print(f"LM-head row norms log-normal with sigma {sg}: {found}", flush=True)
+    else:
+        raise SystemExit(f"hf_8b_equality: FAIL: no prompts with an unambiguous {steps}-step greedy run for any sigma "
+                         f"in {sigma}; try --sigma / --min-rel")
+    del lm0
+    t = time.monotonic()
+    m.save_pretrained(path, max_shard_size="4GB")
+    torch.save({"prompts": prompts, "refs": refs, "steps": steps}, os.path.join(path, "refs.pt"))
+    print(f"saved the model and the references to {path} in {time.monotonic() - t:.0f} s", flush=True)
+    del m
+    torch.cuda.empty_cache()
+
+
+def _gather_device(world):
+    """Where ``gather_ranks`` wants its tensor: the GPU under NCCL, the CPU under gloo (ranks sharing a GPU) and on
+    the simulator."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl":
+        return world.device
+    return "cpu"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", choices=["qwen3-8b", "llama3-8b", "tiny-qwen3"], default="qwen3-8b")
+    p.add_argument("--dir", required=True, help="where the model and the references are (built by a 1-rank run)")
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--lengths", default="24,9", help="prompt lengths (a ragged batch)")
+    p.add_argument("--min-rel", type=float, default=0.03,
+                   help="smallest top-1 / top-2 logit gap, relative to the largest logit, at every reference step")
+    p.add_argument("--sigma", default="1.0,0.5,1.5,0.25",
+                   help="log-normal sigmas of the LM-head row norms to try in turn (comma list)")
+    args = p.parse_args()
+
+    import ditron
+    import ditron.models as M
+    from ditron.bench.harness import gather_ranks
+    world = ditron.init()
+    ref_file = os.path.join(args.dir, "refs.pt")
+    if not os.path.exists(ref_file):
+        if world.world_size != 1:
+            raise SystemExit(f"hf_8b_equality: FAIL: no references in {args.dir}: run once with one rank first")
+        build_reference(args.model, args.dir, args.steps, [int(x) for x in args.lengths.split(",")], args.min_rel,
+                        [float(x) for x in args.sigma.split(",")], world.device)
+    ditron.barrier_all()
+    data = torch.load(ref_file)
+    prompts, refs, steps = data["prompts"], data["refs"], data["steps"]
+    t = time.monotonic()
+    gen = M.from_pretrained(args.dir, world=world, max_batch=len(prompts),
+                            max_ctx=max(len(q) for q in prompts) + steps + 1)
+    say(world, f"[TP={world.world_size}] generator built in {time.monotonic() - t:.0f} s ({gen.cfg.n_layers} layers, "
+               f"vocabulary {gen.cfg.vocab}, {gen.dm.mk.num_programs} programs, CUDA graph "
+               f"{'on' if gen._replay else 'off'})")
+    t = time.monotonic()
+    tokens, logits = gen.generate(prompts, max_new_tokens=steps, stop_tokens=(), return_logits=True)
+    say(world, f"[TP={world.world_size}] {steps} steps of batch {len(prompts)} in {time.monotonic() - t:.1f} s "
+               "(with the logits copied out every step)")
+    full = gather_ranks(logits.to(_gather_device(world)), world, dim=-1).cpu()[..., :gen.cfg.vocab]
+    fails = []
+    for b, (rt, rl) in enumerate(refs):
+        err = (full[:, b] - rl).abs().max().item()
+        scale = rl.abs().max().item()
+        top2 = rl.topk(2, -1).values
+        gap = (top2[:, 0] - top2[:, 1]).min().item()
+        same = tokens[b] == rt
+        say(world, f"[TP={world.world_size}] sequence {b} (prompt length {len(prompts[b])}): tokens "
+                   f"{'equal' if same else 'DIFFER'} over {steps} steps; logits max abs difference {err:.3g} (scale "
+                   f"{scale:.3g}, tolerance {0.05 * scale + 0.05:.3g}); smallest reference top-2 gap {gap:.3g}")
+        if not same:
+            k = next(i for i, (x, y) in enumerate(zip(tokens[b], rt)) if x != y)
+            fails.append(f"sequence {b}: first difference at step {k}: {tokens[b][k]} vs {rt[k]}")
+        if err > 0.05 * scale + 0.05:
+            fails.append(f"sequence {b}: logits differ by {err:.3g}")
+    print(f"hf_8b_equality [{args.model}, rank {world.rank}/{world.world_size}]: "
+          + ("PASS" if not fails else "FAIL: " + "; ".join(fails)), flush=True)
+    ditron.finalize()
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
