@@ -215,7 +215,8 @@ def test_zoo_shmem_kernels_compile_for_gfx942(fake_rocshmem, module, name, const
     const = dict(const, MULTI_NODE=True)
     sig = {p: ("*i64" if p in _ZOO_I64 else "*i32" if p in _ZOO_I32 else "*fp32" if p == "w_ptr" else "*bf16")
            if p.endswith("_ptr") else "i32"
-           for p in inspect.signature(kernel.fn).parameters if p not in const}
+           for p in inspect.signature(kernel.fn).parameters if p not in const
+           and p not in {q.name for q in kernel.params if q.is_constexpr and q.has_default}}   # they take theirs
     ck = ditron.compile(kernel, target="gfx942", signature=sig, constexprs=const, num_warps=4)
     assert ck.libraries == ["rocshmem"]
     _check_linked(ck.asm["llir"], symbols)
