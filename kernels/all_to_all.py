@@ -79,7 +79,24 @@ def _pick(vec, idx, i):
 
 @triton.jit
 def _exclusive_cumsum(vec):
-    return tl.associative_scan(vec, 0, _add) - vec
+    """Exclusive prefix sums of a 1-D tile.  Up to 64 elements (ranks, local experts) a masked
+    ``[N, N]`` reduction, not ``tl.associative_scan``: Triton 3.6's scan lowering aborts
+    (``ScanOpToLLVM.cpp:265``, ``AddPartialReduceOneWarp``) on a blocked layout that holds more
+    elements per thread along a dimension than the tile has there, which the layout passes give a
+    small tile next to a vectorised row copy (``sizePerThread = [1, 8]`` on a 2-wide tile);
+    reductions lower on any layout (tests/test_ep_compile.py)."""
+    N: tl.constexpr = vec.shape[0]
+    if N <= 64:
+        i = tl.arange(0, N)
+        return tl.reduce(tl.where(i[:, None] < i[None, :], vec[:, None], 0), 0, _add)
+    else:
+        return tl.associative_scan(vec, 0, _add) - vec
+
+
+@triton.jit
+def _sum_below(vec, idx, i):
+    """``sum(vec[j] for j < i)`` as a scalar (vec: a small 1-D tile indexed by idx)."""
+    return tl.reduce(tl.where(idx < i, vec, 0), 0, _add)
 
 
 @ditron.jit(do_not_specialize=["t_equal", "x_rows", "H", "slot_stride", "max_programs"])   # 1 -> constexpr

@@ -153,6 +153,8 @@ rank; LL: every peer sends every count word), which followed its call ``e``.
 """
 from __future__ import annotations
 
+import types
+
 import torch
 
 import ditron
@@ -208,6 +210,113 @@ def _launch(ctx, name, key, kernel, grid, *args, **kwargs):
         ctx.launch(key, kernel, grid, args, kwargs)
 
 
+def ep_tiles(mode, world_size, num_experts, hidden, dtype, *, sim=False, sms=132, nnodes=1, max_programs=None):
+    """The tile constants of an EP context of these sizes (``EpContext`` takes them as attributes): the kernels'
+    constexprs, warps and grids follow from them and the call's sizes (:func:`launch_constexprs`).  ``sms``:
+    the SMs a rank may fill (the GPU's; ignored with ``sim``).  A pure function: the compile tests sweep it."""
+    W, E, H = int(world_size), int(num_experts), int(hidden)
+    El = E // W
+    esize = torch.empty((), dtype=dtype).element_size()
+    ll = mode != "normal"
+    t = types.SimpleNamespace(mode=mode, world_size=W, num_experts=E, hidden=H, local_experts=El, sim=bool(sim),
+                              multi_node=int(nnodes) > 1)
+    t.wp = max(2, next_pow2(W))
+    t.elp = max(2, next_pow2(El + 1))
+    # the LL payload: 4-byte words of epw elements, hw of them per row
+    t.epw = 4 // esize
+    t.hw = (H + t.epw - 1) // t.epw
+    # persistent grids; several programs on the simulator too (LL: a polling load lends its turn), so that the
+    # work-unit split of every phase is exercised
+    t.max_programs = int(max_programs or ((3 if ll else 2) if sim else sms))
+    # the combine's reduce tiles: [BR, reduce_cols] elements (LL: [reduce_rows, reduce_cols]), k loads of them
+    # in flight per program.  LL at one rank (every pair its own, no packet path compiled: PEERS=False): tiles
+    # of 4 x 1024 16-bit elements on 8 warps, 64 KB in flight per program and no spill (ptxas, sm_90a: 165
+    # registers; with the packet paths compiled in, it spilled 340 B and 8 x 1024 on 16 warps 3.7 KB)
+    ll1 = ll and W == 1
+    t.reduce_cols = 16 if sim else (2048 // esize if ll1 else 256)
+    t.reduce_rows = 4 if sim or ll1 else 8
+    t.combine_warps = 1 if sim else 8
+    # the LL dispatch: at most ll_rows pairs per step, own rows copied ll_copy_cols columns at a time (two steps
+    # in flight), on dispatch_warps warps.  One rank, H200, 128 tokens (bench/results/h200-2026-11-27): 2 x
+    # [8, 512] 16-bit tiles on 4 warps 9.9 us (kernel), [8, 1024] on 8 warps 10.4, [8, 2048] on 8 warps 12.3
+    t.ll_rows = 4 if sim else (8 if ll1 else 4)
+    t.ll_copy_cols = 32 if sim else (1024 if ll1 else 2048) // esize
+    t.dispatch_warps = 1 if sim else 4
+    # the LL dispatch with use_fp8: groups of 128 channels quantised per step (a [ll_rows, 128 * groups] tile)
+    t.ll_fp8_groups = 1 if sim else 4
+    # the LL dispatch's pairs per program: a contiguous share (False) or every P-th pair (True: a copy tile's rows
+    # are different tokens; each pair ranked by a direct count)
+    t.ll_strided = False
+    # the routing: blocks of route_blk pairs, at most route_programs programs (resident: they wait for each
+    # other once), their counts in route_hist, their release slots in route_slots (epochs: never reset)
+    t.route_ep = next_pow2(E + 1)
+    t.route_blk = 4 if sim else max(16, min(512, 8192 // t.route_ep))
+    t.route_programs = 4 if sim else max(1, int(sms) // 2)      # half the SMs: resident at ease
+    if sim:
+        t.tile_blocks = 4, 32
+    elif not ll:
+        t.tile_blocks = 8, max(64, min(1024, next_pow2(H)))
+    else:
+        t.tile_blocks = 4, max(32, min(512, next_pow2(t.hw)))
+    return t
+
+
+def route_blocks(ctx, TK):
+    """The routing launch of ``TK`` pairs (normal mode): ``(BLK, pairs per program, programs)``.  Blocks no
+    larger than needed to give every routing program one (a ``[BLK, EP]`` scan per block: at 128 x 8 pairs one
+    block of 512 per program on 2 programs took 5 us on an H200, blocks of 32 spread them over 32)."""
+    nprog = ctx.route_programs
+    blk = ctx.route_blk if ctx.sim else max(32, min(ctx.route_blk, next_pow2(cdiv(max(TK, 1), nprog))))
+    nblk = max(1, cdiv(TK, blk))
+    per = blk * cdiv(nblk, min(nblk, nprog))          # pairs per program, whole blocks
+    return blk, per, cdiv(max(TK, 1), per)
+
+
+def ll_dispatch_blocks(ctx, TK):
+    """The low-latency dispatch of ``TK`` pairs: ``(pairs per program, BR, BLK)``: program ``q`` ranks and
+    sends pairs ``[q * lper, (q + 1) * lper)``, in blocks of ``BR``, after counting the pairs before them
+    (blocks of ``BLK``)."""
+    lper = cdiv(max(TK, 1), ctx.max_programs)
+    if ctx.sim:
+        return lper, ctx.ll_rows, 4
+    return lper, min(ctx.ll_rows, max(2, next_pow2(lper))), max(32, min(4096, next_pow2(max(TK, 1))))
+
+
+#: the kernels each mode launches (dispatch, then combine)
+KERNELS = {"normal": ("ep_route_kernel", "ep_dispatch_kernel", "ep_combine_kernel"),
+           "low_latency": ("ep_ll_dispatch_kernel", "ep_ll_combine_kernel")}
+
+
+def launch_constexprs(ctx, TK, k, dtype, use_fp8=False, round_scale=False, trace=False):
+    """``{kernel name: (constexprs, num_warps)}``: what a dispatch of ``TK`` pairs (``k`` per token) of
+    ``dtype`` rows and its combine launch on ``ctx`` (an ``EpContext`` or :func:`ep_tiles`); the launches take
+    theirs from :func:`_constexprs`."""
+    return {name: _constexprs(ctx, name, TK, k, dtype.itemsize, use_fp8, round_scale, trace)
+            for name in KERNELS[ctx.mode]}
+
+
+def _constexprs(ctx, name, TK, k, esize, use_fp8=False, round_scale=False, trace=False):
+    br, bh = ctx.tile_blocks
+    W, TR = ctx.world_size, bool(trace)
+    if name == "ep_ll_dispatch_kernel":
+        _, ll_br, ll_blk = ll_dispatch_blocks(ctx, TK)
+        return dict(MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, EP=ctx.route_ep,
+                    BLK=ll_blk, BR=ll_br, BW=bh, CB=ctx.ll_copy_cols, STRIDED=bool(ctx.ll_strided), TRACE=TR,
+                    FP8=bool(use_fp8), ROUND=bool(round_scale), BG=ctx.ll_fp8_groups), ctx.dispatch_warps
+    if name == "ep_ll_combine_kernel":
+        return dict(MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, BR=br, BW=bh,
+                    KT=k, RB=ctx.reduce_rows, RW=ctx.reduce_cols // ctx.epw, TRACE=TR), ctx.combine_warps
+    if name == "ep_route_kernel":
+        return dict(EP=ctx.route_ep, BLK=route_blocks(ctx, TK)[0], QB=4 if ctx.sim else 32, TRACE=TR), \
+            1 if ctx.sim else 8
+    if name == "ep_dispatch_kernel":
+        return dict(MULTI_NODE=ctx.multi_node, ELEM_BYTES=esize, WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh,
+                    TRACE=TR), ctx.dispatch_warps
+    assert name == "ep_combine_kernel", name
+    return dict(MULTI_NODE=ctx.multi_node, ELEM_BYTES=esize, WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, KT=k,
+                RH=ctx.reduce_cols, TRACE=TR), 1 if ctx.sim else 4
+
+
 class EpContext(CollectiveContext):
     """Symmetric buffers, signals and call counters of EP dispatch / combine
     (see the module docstring)."""
@@ -228,19 +337,19 @@ class EpContext(CollectiveContext):
         if int(num_experts) % W:
             raise E(f"ep: num_experts={num_experts} is not a multiple of the world size {W} (each rank owns "
                     f"num_experts / world_size experts)")
-        self.mode = mode
-        self.max_tokens, self.hidden, self.num_experts, self.topk = int(max_tokens), int(hidden), \
-            int(num_experts), int(topk)
-        self.local_experts = self.num_experts // W
-        self.multi_node = self.world.nnodes > 1
-        self.sim = self.world.backend == "sim"
+        self.max_tokens, self.topk = int(max_tokens), int(topk)
+        sim = self.world.backend == "sim"
+        if mode != "normal" and capacity is not None and int(capacity) < 1:
+            raise E(f"ep: capacity must be >= 1 (got {capacity})")
+        # the tile constants (kernel constexprs, warps, grids): a pure function of the sizes, shared with the
+        # compile tests (tests/test_ep_compile.py), which sweep what it can pick
+        self.__dict__.update(vars(ep_tiles(mode, W, num_experts, hidden, dtype, sim=sim,
+                                           sms=None if sim else sm_count(self.device), nnodes=self.world.nnodes,
+                                           max_programs=max_programs)))
         self.ccalls = torch.zeros(2, dtype=torch.int64, device=self.device)     # combine's call counter
-        self.wp = max(2, next_pow2(W))
-        self.elp = max(2, next_pow2(self.local_experts + 1))
         TK, H, El = self.max_tokens * self.topk, self.hidden, self.local_experts
         self.slot_rows = TK
         if mode == "normal":
-            self.max_programs = int(max_programs or (2 if self.sim else sm_count(self.device)))
             P = self.max_programs
             self.buf = self.symm((2, W, TK * H), dtype, "buf")
             self.cnt = self.symm((2, W, El + 1), torch.int64, "cnt")
@@ -253,14 +362,7 @@ class EpContext(CollectiveContext):
             self.ystage = self.symm((2, W, TK * H) if mn else (1,), dtype, "ystage")
         else:
             cap = int(capacity if capacity is not None else self.max_tokens)
-            if cap < 1:
-                raise E(f"ep: capacity must be >= 1 (got {capacity})")
             self.capacity = cap
-            # several programs on the simulator too (a polling load lends its turn), so that the work-unit
-            # split of every phase is exercised
-            self.max_programs = int(max_programs or (3 if self.sim else sm_count(self.device)))
-            self.epw = 4 // torch.empty((), dtype=dtype).element_size()
-            self.hw = (H + self.epw - 1) // self.epw
             self.lrecv = self.symm((2, El, W, cap, self.hw), torch.int64, "lrecv")
             self.lcnt = self.symm((2, El, W), torch.int64, "lcnt")
             self.lcomb = self.symm((2, W, El, cap, self.hw), torch.int64, "lcomb")
@@ -272,31 +374,6 @@ class EpContext(CollectiveContext):
         self.dcalls_host, self.ccalls_host = 0, 0
         self.launches = {}
         self.trace = False
-        # the combine's reduce tiles: [BR, reduce_cols] elements (LL: [reduce_rows, reduce_cols]), k loads of them
-        # in flight per program.  LL at one rank (every pair its own, no packet path compiled: PEERS=False): tiles
-        # of 4 x 1024 16-bit elements on 8 warps, 64 KB in flight per program and no spill (ptxas, sm_90a: 165
-        # registers; with the packet paths compiled in, it spilled 340 B and 8 x 1024 on 16 warps 3.7 KB)
-        esize = torch.empty((), dtype=dtype).element_size()
-        ll1 = mode != "normal" and W == 1
-        self.reduce_cols = 16 if self.sim else (2048 // esize if ll1 else 256)
-        self.reduce_rows = 4 if self.sim or ll1 else 8
-        self.combine_warps = 1 if self.sim else 8
-        # the LL dispatch: at most ll_rows pairs per step, own rows copied ll_copy_cols columns at a time (two steps
-        # in flight), on dispatch_warps warps.  One rank, H200, 128 tokens (bench/results/h200-2026-11-27): 2 x
-        # [8, 512] 16-bit tiles on 4 warps 9.9 us (kernel), [8, 1024] on 8 warps 10.4, [8, 2048] on 8 warps 12.3
-        self.ll_rows = 4 if self.sim else (8 if ll1 else 4)
-        self.ll_copy_cols = 32 if self.sim else (1024 if ll1 else 2048) // esize
-        self.dispatch_warps = 1 if self.sim else 4
-        # the LL dispatch with use_fp8: groups of 128 channels quantised per step (a [ll_rows, 128 * groups] tile)
-        self.ll_fp8_groups = 1 if self.sim else 4
-        # the LL dispatch's pairs per program: a contiguous share (False) or every P-th pair (True: a copy tile's rows
-        # are different tokens; each pair ranked by a direct count)
-        self.ll_strided = False
-        # the routing: blocks of route_blk pairs, at most route_programs programs (resident: they wait for each
-        # other once), their counts in route_hist, their release slots in route_slots (epochs: never reset)
-        self.route_ep = next_pow2(self.num_experts + 1)
-        self.route_blk = 4 if self.sim else max(16, min(512, 8192 // self.route_ep))
-        self.route_programs = 4 if self.sim else max(1, sm_count(dev) // 2)      # half the SMs: resident at ease
         self.route_hist = torch.zeros(self.route_programs * (self.route_ep + 1), dtype=torch.int32, device=dev)
         self.route_slots = torch.zeros(self.route_programs, dtype=torch.int32, device=dev)
         self.rcalls = torch.zeros(2, dtype=i64, device=dev)
@@ -318,16 +395,7 @@ class EpContext(CollectiveContext):
 
     def blocks(self):
         """(BR, BH or BW): rows and columns (LL: words) of a tile (fixed by the context: made once)."""
-        hit = self.__dict__.get("_blocks")
-        if hit is None:
-            if self.sim:
-                hit = 4, 32
-            elif self.mode == "normal":
-                hit = 8, max(64, min(1024, next_pow2(self.hidden)))
-            else:
-                hit = 4, max(32, min(512, next_pow2(self.hw)))
-            self._blocks = hit
-        return hit
+        return self.tile_blocks
 
 
 def create_ep_context(max_tokens, hidden, num_experts, topk, dtype, world=None, mode="normal", capacity=None,
@@ -445,21 +513,16 @@ def _dispatch(x, topk_idx, topk_weights, ctx, validate=True, use_fp8=False, roun
         topk_weights = topk_weights.contiguous()
     if validate:
         _validate_ids(ctx, topk_idx, k)
-    W, El, H, E = ctx.world_size, ctx.local_experts, ctx.hidden, ctx.num_experts
+    El, H, E = ctx.local_experts, ctx.hidden, ctx.num_experts
     TK = T * k
     b = ctx.slots[ctx.dcalls_host % 2]
     ctx.dcalls_host += 1
-    sim = ctx.sim
     cap = ctx.capacity if ctx.mode != "normal" else TK + 1
-    br, bh = ctx.blocks()
     if ctx.mode != "normal":
-        # low latency: the routing is the dispatch kernel's first phase (one launch): program q ranks and sends pairs
-        # [q * lper, (q + 1) * lper), in blocks of ll_br, after counting the pairs before them (blocks of ll_blk)
+        # low latency: the routing is the dispatch kernel's first phase (one launch)
         P = ctx.max_programs
-        lper = cdiv(max(TK, 1), P)
-        ll_br = ctx.ll_rows if sim else min(ctx.ll_rows, max(2, next_pow2(lper)))
-        ll_blk = 4 if sim else max(32, min(4096, next_pow2(max(TK, 1))))
-        tr, TR = _trace_args(ctx, 1)
+        lper = ll_dispatch_blocks(ctx, TK)[0]
+        tr, _ = _trace_args(ctx, 1)
         recv_x, rc = b["recv_x"], b["rc"]
         recv_counts = b["recv_counts"] if counts is None else counts
         if use_fp8:
@@ -467,38 +530,28 @@ def _dispatch(x, topk_idx, topk_weights, ctx, validate=True, use_fp8=False, roun
             out, scale = b["recv_x8_words"], b["recv_scale"]
         else:
             out, scale = recv_x, rc           # scale: unused without FP8
+        const, warps = _constexprs(ctx, "ep_ll_dispatch_kernel", TK, k, x.element_size(), use_fp8, round_scale,
+                                   ctx.trace)
         _launch(ctx, "dispatch", (TK, k, _al(x), _al(topk_idx), topk_idx.dtype, use_fp8, round_scale,
                                   recv_counts.dtype), ep_ll_dispatch_kernel, (P,),
                 x, topk_idx, b["key"], b["pslot"], b["dropped"], out, scale, rc, recv_counts, ctx.lrecv, ctx.lcnt,
-                ctx.lstage, ctx.calls, tr, TK, k, H, ctx.hw, El, cap, lper,
-                MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, EP=ctx.route_ep,
-                BLK=ll_blk, BR=ll_br,
-                BW=bh, CB=ctx.ll_copy_cols, STRIDED=bool(ctx.ll_strided), TRACE=TR, FP8=bool(use_fp8),
-                ROUND=bool(round_scale), BG=ctx.ll_fp8_groups,
-                num_warps=ctx.dispatch_warps)
+                ctx.lstage, ctx.calls, tr, TK, k, H, ctx.hw, El, cap, lper, **const, num_warps=warps)
         if use_fp8:
             recv_x = (b["recv_x8"], b["recv_scale_t"])
         return recv_x, recv_counts, EpHandle("low_latency", T, k, topk_weights, b["dropped"], peid=b["key"],
                                              pslot=b["pslot"], lrc=rc)
-    # blocks no larger than needed to give every routing program one (a [BLK, EP] scan per block: at 128 x 8
-    # pairs one block of 512 per program on 2 programs took 5 us on an H200, blocks of 32 spread them over 32)
-    nprog = ctx.route_programs
-    blk = ctx.route_blk if sim else max(32, min(ctx.route_blk, next_pow2(cdiv(max(TK, 1),
-                                                                                                 nprog))))
-    nblk = max(1, cdiv(TK, blk))
-    per = blk * cdiv(nblk, min(nblk, nprog))          # pairs per program, whole blocks
-    rp = cdiv(max(TK, 1), per)                         # routing programs
-    tr, TR = _trace_args(ctx, 0)
+    _, per, rp = route_blocks(ctx, TK)
+    tr, _ = _trace_args(ctx, 0)
+    const, warps = _constexprs(ctx, "ep_route_kernel", TK, k, x.element_size(), trace=ctx.trace)
     _launch(ctx, "route", (TK, k, _al(topk_idx), topk_idx.dtype), ep_route_kernel, (rp,), topk_idx, b["key"], b["pos"],
             b["pslot"], b["tok"], b["skey"], b["sslot"], b["cnt"], b["start"], b["dropped"], ctx.route_hist,
-            ctx.route_slots, ctx.rcalls, tr, TK, k, E, cap, per, EP=ctx.route_ep, BLK=blk, QB=4 if sim else 32,
-            TRACE=TR, num_warps=1 if sim else 8)
-    tr, TR = _trace_args(ctx, 1)
+            ctx.route_slots, ctx.rcalls, tr, TK, k, E, cap, per, **const, num_warps=warps)
+    tr, _ = _trace_args(ctx, 1)
     recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]
+    const, warps = _constexprs(ctx, "ep_dispatch_kernel", TK, k, x.element_size(), trace=ctx.trace)
     _launch(ctx, "dispatch", (TK, _al(x)), ep_dispatch_kernel, (ctx.max_programs,),
             x, b["tok"], b["cnt"], recv_x, rc, recv_counts, ctx.buf, ctx.cnt, ctx.stage, ctx.cstage, ctx.sig,
-            ctx.calls, tr, TK, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=x.element_size(),
-            WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, TRACE=TR, num_warps=ctx.dispatch_warps)
+            ctx.calls, tr, TK, H, ctx.slot_rows, El, **const, num_warps=warps)
     return recv_x, recv_counts, EpHandle("normal", T, k, topk_weights, b["dropped"], pos=b["pos"], rc=rc)
 
 
@@ -549,21 +602,18 @@ def _combine(y, handle, ctx, out=None, topk_weights=None, rows=None):
             not out.is_contiguous():
         raise E(f"ep_combine: argument 'out' must be a contiguous ({T}, {H}) {y.dtype} tensor")
     ctx.ccalls_host += 1
-    br, bh = ctx.blocks()
-    tr, TR = _trace_args(ctx, 2)
+    tr, _ = _trace_args(ctx, 2)
     if ctx.mode == "normal":
+        const, warps = _constexprs(ctx, "ep_combine_kernel", 0, k, y.element_size(), trace=ctx.trace)
         _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(weights), weights.dtype), ep_combine_kernel, (ctx.max_programs,),
                 y, out, handle.pos, weights, handle.rc, ctx.cbuf, ctx.ystage, ctx.csig, ctx.ccalls, tr, T,
-                ctx.slot_rows, H, ctx.slot_rows, El, MULTI_NODE=ctx.multi_node, ELEM_BYTES=y.element_size(),
-                WP=ctx.wp, ELP=ctx.elp, BR=br, BH=bh, KT=k, RH=ctx.reduce_cols, TRACE=TR,
-                num_warps=1 if ctx.sim else 4)
+                ctx.slot_rows, H, ctx.slot_rows, El, **const, num_warps=warps)
     else:
+        const, warps = _constexprs(ctx, "ep_ll_combine_kernel", 0, k, y.element_size(), trace=ctx.trace)
         _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(weights), weights.dtype), ep_ll_combine_kernel,
                 (ctx.max_programs,),
                 y, out, handle.peid, handle.pslot, weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, tr,
-                T, T * k, H, ctx.hw, El, ctx.capacity, MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw,
-                WP=ctx.wp, ELP=ctx.elp, BR=br, BW=bh, KT=k, RB=ctx.reduce_rows, RW=ctx.reduce_cols // ctx.epw, TRACE=TR,
-                num_warps=ctx.combine_warps)
+                T, T * k, H, ctx.hw, El, ctx.capacity, **const, num_warps=warps)
     return out
 
 
@@ -621,6 +671,15 @@ def fp8_quantize_reference(x, round_scale=False):
         scale = torch.tensor(FP8_MAX, dtype=torch.float32) / amax
     codes = (xf * scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).reshape(n, H)
     return codes, sinv
+
+
+def fp8_round_trip_bound(x, scales, round_scale=False):
+    """The documented bound of ``|fp8_dequantize(fp8_quantize_reference(x)) - x|`` per element (``x [n, H]``,
+    ``scales [n, H / 128]`` its stored scales): e4m3 keeps 3 mantissa bits, so a normal code is within
+    ``2^-4 |x|`` (``2^-3`` with ``round_scale``: the power-of-two scale leaves up to twice the headroom) and a
+    subnormal one within ``2^-9`` of its group's scale."""
+    rel = 2.0 ** -4 * (2 if round_scale else 1)
+    return x.float().abs() * rel + scales.float().repeat_interleave(FP8_GROUP, -1) * 2.0 ** -9
 
 
 def fp8_dequantize(codes, scales):

@@ -27,19 +27,28 @@ def _row_of(mat, widx, w):
 
 @triton.jit
 def _recv_layout(cnt_ptr, W, Eloc, row_stride, WP: tl.constexpr, ELP: tl.constexpr):
-    """From the ``W x E_local`` counts (row ``s``: source ``s``, ``row_stride``
-    apart): ``(widx, cnt, so, do)`` where ``so[s, l]`` is where local expert
-    ``l``'s rows start in source ``s``'s slot and ``do[s, l]`` where they start
-    in the expert-grouped output (experts in order, inside by source)."""
+    """The ``W x E_local`` counts (row ``s``: source ``s``, ``row_stride``
+    apart): ``(widx, cnt, eoff)``, ``eoff[l]`` where local expert ``l``'s rows
+    start in the expert-grouped output (experts in order, inside by source);
+    :func:`_src_rows` gives one source's row of them.  No ``tl.associative_scan``
+    over the ``[WP, ELP]`` tile (see ``_exclusive_cumsum``)."""
     widx = tl.arange(0, WP)
     lidx = tl.arange(0, ELP)
     m = (widx[:, None] < W) & (lidx[None, :] < Eloc)
     cnt = tl.load(cnt_ptr + widx[:, None] * row_stride + lidx[None, :], mask=m, other=0)
-    so = tl.associative_scan(cnt, 1, _add) - cnt
-    pre = tl.associative_scan(cnt, 0, _add) - cnt
-    tot = tl.reduce(cnt, 0, _add)
-    eoff = tl.associative_scan(tot, 0, _add) - tot
-    return widx, cnt, so, eoff[None, :] + pre
+    eoff = _exclusive_cumsum(tl.reduce(cnt, 0, _add))
+    return widx, cnt, eoff
+
+
+@triton.jit
+def _src_rows(cnt, widx, eoff, s):
+    """Source ``s``'s row of the receive layout: ``(c_row, so_row, do_row)``,
+    its counts per local expert, where local expert ``l``'s rows start in
+    ``s``'s slot (``so``) and in the expert-grouped output (``do``)."""
+    c_row = _row_of(cnt, widx, s)
+    so_row = _exclusive_cumsum(c_row)
+    do_row = eoff + tl.reduce(tl.where(widx[:, None] < s, cnt, 0), 0, _add)
+    return c_row, so_row, do_row
 
 
 @triton.jit
@@ -143,8 +152,17 @@ def _route_rank(idx_ptr, i, hi, E, eidx, carry):
     pairs of the same key, ``carry`` (``[EP]``: the pairs of each key before
     ``i[0]``) moved past the block."""
     inr, valid, key, hot, b = _route_block(idx_ptr, i, hi, E, eidx)
-    below = tl.associative_scan(hot, 0, _add) - hot + carry[None, :]
-    rank = tl.sum(hot * below, 1)
+    R: tl.constexpr = i.shape[0]
+    if R <= 64:
+        # small blocks (the LL dispatch's rows, short routings): the earlier pairs of the same key counted by a
+        # [R, R] comparison, no tl.associative_scan (Triton 3.6 aborts on a scan over a [R, EP] tile that the
+        # layout passes give a wider vectorised layout; see all_to_all._exclusive_cumsum)
+        jj = tl.arange(0, R)
+        same = (key[None, :] == key[:, None]) & inr[None, :] & (jj[None, :] < jj[:, None])
+        rank = tl.where(inr, tl.sum(same.to(tl.int32), 1) + tl.sum(hot * carry[None, :], 1), 0)
+    else:
+        below = tl.associative_scan(hot, 0, _add) - hot + carry[None, :]
+        rank = tl.sum(hot * below, 1)
     return inr, valid, key, hot, rank, carry + tl.sum(hot, 0)
 
 
@@ -193,7 +211,7 @@ def ep_route_kernel(idx_ptr, key_ptr, pos_ptr, pslot_ptr, tok_ptr, skey_ptr, ssl
         tot += tl.sum(h, 0)
         before += tl.sum(tl.where((q < pid)[:, None], h, 0), 0)
         nbad += tl.load(hist_ptr + P * EP + q, mask=q < P, other=0)
-    start = tl.associative_scan(tot, 0, _add) - tot
+    start = _exclusive_cumsum(tot)
     if pid == 0:
         tl.store(cnt_ptr + eidx, tot.to(tl.int64), mask=eidx <= E)
         tl.store(start_ptr + eidx, start.to(tl.int64), mask=eidx <= E)
@@ -298,7 +316,7 @@ def ep_dispatch_kernel(x_ptr, tok_ptr, send_ptr, out_ptr, rc_ptr, rcnt_ptr, buf_
     cntp = dl.consume_token(cntp, tok)
     bufp = dl.consume_token(bufp, tok)
     _stamp(trace_ptr, 2, TRACE)
-    widx, cnt, so, do = _recv_layout(cntp, W, Eloc, CW, WP, ELP)
+    widx, cnt, eoff = _recv_layout(cntp, W, Eloc, CW, WP, ELP)
     if pid == 0:
         rcm = (widx[:, None] < W) & (lidx[None, :] < CW)
         tl.store(rc_ptr + widx[:, None] * CW + lidx[None, :],
@@ -307,9 +325,7 @@ def ep_dispatch_kernel(x_ptr, tok_ptr, send_ptr, out_ptr, rc_ptr, rcnt_ptr, buf_
         tl.store(rcnt_ptr + lidx, tl.reduce(cnt, 0, _add), mask=lmask)
     my_s0 = _pick(soff, widx, me)
     for s in range(0, W):
-        c_row = _row_of(cnt, widx, s)
-        so_row = _row_of(so, widx, s)
-        do_row = _row_of(do, widx, s)
+        c_row, so_row, do_row = _src_rows(cnt, widx, eoff, s)
         n = tl.reduce(c_row, 0, _add)
         lo, hi = _rows_chunk(n, P)
         for r0 in range(lo, hi, BR):
@@ -346,16 +362,14 @@ def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_pt
     CW = Eloc + 1
     cbp = cbuf_ptr + par * TK * H
     sigp = sig_ptr + (par * P + pid) * W
-    widx, cnt, so, do = _recv_layout(rc_ptr, W, Eloc, CW, WP, ELP)
+    widx, cnt, eoff = _recv_layout(rc_ptr, W, Eloc, CW, WP, ELP)
     boff = tl.load(rc_ptr + widx * CW + Eloc, mask=widx < W, other=0)      # my block in each source's order
     rr = tl.arange(0, BR)
     node0 = node * LW
     for k in range(0, LW):
         s = node0 + (local + k) % LW
         if k > 0:                                    # this rank's own rows are read from y by the reduce
-            c_row = _row_of(cnt, widx, s)
-            so_row = _row_of(so, widx, s)
-            do_row = _row_of(do, widx, s)
+            c_row, so_row, do_row = _src_rows(cnt, widx, eoff, s)
             b = _pick(boff, widx, s)
             lo, hi = _rows_chunk(tl.reduce(c_row, 0, _add), P)
             for r0 in range(lo, hi, BR):
@@ -369,9 +383,7 @@ def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_pt
         for k in range(1, NN):
             for l in range(0, LW):
                 s = ((node + k) % NN) * LW + (local + l) % LW
-                c_row = _row_of(cnt, widx, s)
-                so_row = _row_of(so, widx, s)
-                do_row = _row_of(do, widx, s)
+                c_row, so_row, do_row = _src_rows(cnt, widx, eoff, s)
                 b = _pick(boff, widx, s)
                 lo, hi = _rows_chunk(tl.reduce(c_row, 0, _add), P)
                 sst = stg + s * slot_rows.to(tl.int64) * H
@@ -388,9 +400,7 @@ def ep_combine_kernel(y_ptr, out_ptr, pos_ptr, w_ptr, rc_ptr, cbuf_ptr, stage_pt
     cbp = dl.consume_token(cbp, tok)
     _stamp(trace_ptr, 2, TRACE)
     # this rank's own pairs: staging positions [b_me, b_me + n_me) are rows of y
-    c_me = _row_of(cnt, widx, me)
-    so_me = _row_of(so, widx, me)
-    do_me = _row_of(do, widx, me)
+    c_me, so_me, do_me = _src_rows(cnt, widx, eoff, me)
     b_me = _pick(boff, widx, me)
     n_me = tl.reduce(c_me, 0, _add)
     # work units (token block, column block) over all programs

@@ -11,7 +11,7 @@ import ditron.language as dl
 from ditron.language import shmem
 
 from ._common import epoch_begin, epoch_end, ll_poll, topology
-from .all_to_all import _add, _exclusive_cumsum, _pick
+from .all_to_all import _add, _pick, _sum_below
 from .ep_kernels import _copy_rows_x2, _route_count, _route_rank, _stamp
 
 
@@ -307,7 +307,7 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
             n = _pick(cnt, widx, s)
             q0 = qb * BR
             if q0 < n:
-                base = _pick(_exclusive_cumsum(cnt), widx, s)
+                base = _sum_below(cnt, widx, s)
                 q = q0 + rr
                 qok = q < n
                 orow = l * (W * cap) + base + q.to(tl.int64)
@@ -400,7 +400,7 @@ def ep_ll_combine_kernel(y_ptr, out_ptr, peid_ptr, pslot_ptr, w_ptr, lrc_ptr, lc
             n = _pick(cnt, widx, s)
             r0 = rb * BR
             if r0 < n:
-                base = _pick(_exclusive_cumsum(cnt), widx, s)
+                base = _sum_below(cnt, widx, s)
                 remote = (s // LW) != node
                 r = r0 + rr
                 ok = r < n

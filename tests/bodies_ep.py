@@ -247,7 +247,7 @@ def ep_graph_replay(world, mode, T=64, H=4104, k=4, experts_per_rank=4, replays=
 
 
 def ep_fp8_rounds(world, tokens, H=128, k=2, experts_per_rank=2, seed=0, kind="uniform", rounds=2, capacity=None,
-                  round_scale=False, dtype="bf16"):
+                  round_scale=False, dtype="bf16", tune=None):
     """Low-latency dispatch with ``use_fp8=True`` -> experts on the
     dequantised rows -> bf16 combine, ``rounds`` times on one context (fp8
     and bf16 dispatches alternate from round 1 on: the slots' two payloads).
@@ -263,6 +263,8 @@ def ep_fp8_rounds(world, tokens, H=128, k=2, experts_per_rank=2, seed=0, kind="u
     E = experts_per_rank * W
     El = experts_per_rank
     ctx = create_ep_context(max(max(tokens), 1), H, E, k, dt, mode="low_latency", capacity=capacity)
+    for name, v in (tune or {}).items():          # the context's tile attributes (e.g. a GPU's, on the simulator)
+        setattr(ctx, name, v)
     received = 0
     for rnd in range(rounds):
         fp8 = rnd % 2 == 0 or rounds == 1

@@ -83,9 +83,46 @@ def operands(M, N, K, recipe, seed, dtype_a=E4, dtype_b=E4, gk=128, gn=128):
     return a, b, sa, sb, None
 
 
+def exact_scaled_mm(a, b, sa, sb, out_dtype):
+    """``torch._scaled_mm``'s semantics (per-tensor or rowwise scales), exactly: the float64 product of the fp8
+    operands (every product of two fp8 values and every sum of up to 2**20 of them is exact in float64 for these
+    magnitudes), times ``scale_a`` (``[]`` / ``[M, 1]``) and ``scale_b`` (``[]`` / ``[1, N]``), rounded once to
+    float32 and then to ``out_dtype`` (as torch's fp32 accumulation and epilogue)."""
+    return ((a.double() @ b.double()) * sa.double() * sb.double()).float().to(out_dtype)
+
+
+#: why torch._scaled_mm did not give the reference, per device (a refusal of the installed torch: torch 2.11's
+#: CPU build takes per-tensor scales only, cuBLASLt refuses e5m2 x e5m2 and rowwise scales with fp32 output)
+SCALED_MM_REFUSED = {}
+
+
+def _torch_scaled_mm(a, b, sa, sb, out_dtype, device):
+    try:
+        return torch._scaled_mm(a.to(device), b.to(device), scale_a=sa.to(device), scale_b=sb.to(device),
+                                out_dtype=out_dtype)
+    except (RuntimeError, NotImplementedError, ValueError) as e:
+        SCALED_MM_REFUSED[str(device)] = f"{type(e).__name__}: {str(e).splitlines()[0][:400]}"
+        return None
+
+
 def scaled_mm_reference(a, b, sa, sb, out_dtype):
-    """torch._scaled_mm on CPU (torch 2.13 has a CPU kernel for per-tensor and rowwise scales)."""
-    return torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+    """The reference of the per-tensor / rowwise recipes: ``torch._scaled_mm`` on CPU where the installed torch
+    runs it (torch 2.13 has a CPU kernel for per-tensor and rowwise scales; torch 2.11's takes per-tensor
+    only), else :func:`exact_scaled_mm`.  Either way it is held to the exact product first, and so is
+    ``torch._scaled_mm`` on the GPU (cuBLASLt) where one is present and it takes the operands -- the reference
+    and the vendor kernel agree before the op is compared with them."""
+    exact = exact_scaled_mm(a, b, sa, sb, out_dtype)
+    ref = _torch_scaled_mm(a, b, sa, sb, out_dtype, "cpu")
+    if ref is not None:
+        check(ref, exact, out_dtype, "torch._scaled_mm (CPU) against the exact product")
+    else:
+        ref = exact
+    if torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+        on_gpu = _torch_scaled_mm(a, b, sa, sb, out_dtype, dev)
+        if on_gpu is not None:
+            check(on_gpu, exact, out_dtype, "torch._scaled_mm (cuBLASLt) against the exact product")
+    return ref
 
 
 def check(got, want, out_dtype, what):
@@ -126,10 +163,7 @@ def matmul_recipes(world, cases):
         got = G.matmul(a.to(dev), b.to(dev), scale_a=sa.to(dev), scale_b=sb.to(dev), out_dtype=out_dtype)
         assert got.dtype == out_dtype
         if ref is None:
-            if da == E5 and db == E5:       # torch._scaled_mm refuses e5m2 x e5m2 (cuBLASLt); same math in fp64
-                ref = ((a.double() @ b.double()) * sa.double() * sb.double()).to(out_dtype)
-            else:
-                ref = scaled_mm_reference(a, b, sa, sb, out_dtype)
+            ref = scaled_mm_reference(a, b, sa, sb, out_dtype)
         else:
             ref = ref.to(out_dtype) if out_dtype != torch.float32 else ref
         check(got, ref, out_dtype, f"{M}x{N}x{K} {recipe} -> {out_dtype}")

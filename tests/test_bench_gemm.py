@@ -8,7 +8,6 @@ The numbers themselves are meaningless on the simulator."""
 import importlib.util
 import json
 import math
-import os
 import pathlib
 import subprocess
 import sys
@@ -234,3 +233,19 @@ def test_tolerance_separates_rounding_from_errors():
         check(torch.full_like(ref, float("nan")))
     with pytest.raises(AssertionError, match="shape"):
         check(ref[:, :8])
+
+
+def test_blockwise_baseline_scale_layouts_are_torchs():
+    # torch's blockwise fp8 GEMM (1 x 128 for a, 128 x 128 for b): scale_a [M, K/128] with strides (1, M); scale_b
+    # [round_up(K/128, 4), N/128] with strides (1, round_up(K/128, 4)) (and the unpadded form of older torch), the
+    # same values as kernels/scaling.py's [K/128, N/128] scale_b
+    import torch
+    from ditron.bench.gemm_sweep import blockwise_scale_layouts
+    M, kg, ng = 40, 11, 3
+    sa, sb = torch.rand(M, kg), torch.rand(kg, ng)
+    (n0, a0, b0), (n1, a1, b1) = blockwise_scale_layouts(sa, sb)
+    assert a0.shape == (M, kg) and a0.stride() == (1, M) and torch.equal(a0, sa)
+    assert b0.shape == (12, ng) and b0.stride() == (1, 12) and torch.equal(b0[:kg], sb)
+    assert b1.shape == (kg, ng) and b1.stride() == (1, kg) and torch.equal(b1, sb)
+    (_, _, b2), (_, _, b3) = blockwise_scale_layouts(sa[:, :8], sb[:8])        # K/128 already a multiple of 4
+    assert b2.shape == (8, ng) and b2.stride() == (1, 8) and b3.stride() == (ng, 1)

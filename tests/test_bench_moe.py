@@ -83,3 +83,35 @@ def test_ep_fp8_bench_on_the_simulator(tmp_path):
         assert rows[("3 tok/rank", impl)]["status"] == "ok", rows
     assert rows[("3 tok/rank", "ditron low_latency fp8")]["speedup"] > 0
     assert "fp8 " in (tmp_path / "smoke-ep-fp8.md").read_text()
+
+
+def test_ep_fp8_bench_check_is_the_documented_bound():
+    # the bench's check (ditron/bench/ep_fp8.py): exact combine semantics within half a bf16 ulp, the fp8 round
+    # trip within kernels/ep.py's bound; a wrong row, a wrong scale and a lost pair are caught
+    import pytest
+    import torch
+
+    from ditron.bench.ep_fp8 import combine_check
+    from ditron.kernels import ep
+    g = torch.Generator().manual_seed(3)
+    T, H, k = 6, 256, 3
+    x = (torch.randn(T, H, generator=g) * 3).to(torch.bfloat16)
+    w = torch.rand(T, k, generator=g) + 0.1
+    codes, scales = ep.fp8_quantize_reference(x)
+    y = ep.fp8_dequantize(codes, scales).to(torch.bfloat16).float()
+    out = (y * w.sum(1, keepdim=True)).to(torch.bfloat16)           # what a correct dispatch + combine returns
+    check = combine_check(x, w, True, "fp8")
+    check(out)
+    combine_check(x, w, False, "bf16")((x.float() * w.sum(1, keepdim=True)).to(torch.bfloat16))
+    for name, bad in (("row", out.clone().index_copy_(0, torch.tensor([2]), out[3:4])),
+                      ("scale", (y * torch.cat([scales[:, :1] * 1.07, scales[:, 1:]], 1).repeat_interleave(128, 1)
+                                 / scales.repeat_interleave(128, 1) * w.sum(1, keepdim=True)).to(torch.bfloat16)),
+                      ("pair", (y * (w.sum(1, keepdim=True) - w[:, :1])).to(torch.bfloat16))):
+        with pytest.raises(AssertionError, match="beyond the bound"):
+            check(bad)
+    with pytest.raises(AssertionError, match="beyond the bound"):
+        combine_check(x, w, False, "bf16")(out)                     # fp8 rows are not the bf16 payload
+    # the documented round trip holds for torch's quantiser, and is not loose by orders of magnitude
+    err = (ep.fp8_dequantize(codes, scales) - x.float()).abs()
+    bound = ep.fp8_round_trip_bound(x, scales)
+    assert (err <= bound).all() and (err / bound).max() > 0.3

@@ -152,6 +152,23 @@ def test_ep_ll_fp8_payload(dist_world, n, tokens, round_scale, kind):
     assert len(got) == n and sum(got) > 0
 
 
+def test_ep_ll_fp8_payload_at_the_gpu_tiles(dist_world):
+    # the benchmark's case (bench/results/h100-2026-12-07-fp8: its check failed at world size 1 on an H100):
+    # on GPUs 128 tokens, top-8 of 8 experts, hidden 7168 at the tiles the GPU picks (8-row blocks, 4 groups of
+    # 128 channels per quantisation step); on the simulator the same tiles (kernels/ep.py ep_tiles) at 16 tokens
+    import torch
+    from ditron.kernels import ep
+    T, H = (128, 7168) if ON_GPU else (16, 1024)
+    tune = None
+    if not ON_GPU:
+        t = ep.ep_tiles("low_latency", 1, 8, H, torch.bfloat16)
+        tune = {n: getattr(t, n) for n in ("ll_rows", "ll_fp8_groups", "tile_blocks", "reduce_cols", "reduce_rows",
+                                           "ll_copy_cols")}
+        assert tune["ll_rows"] == 8 and tune["ll_fp8_groups"] == 4
+    got = dist_world(1).run(B.ep_fp8_rounds, (T,), H=H, k=8, experts_per_rank=8, rounds=3, tune=tune)
+    assert got == [3 * T * 8]               # every pair delivered in each of the 3 rounds
+
+
 def test_ep_ll_fp8_errors(dist_world):
     msgs = dist_world(1).run(B.fp8_errors)[0]
     assert "hidden % 128 == 0" in msgs["hidden"] and "hidden=72" in msgs["hidden"]

@@ -1,6 +1,7 @@
 """fp8 GEMMs (issue 55): the core (kernels/gemm.py) and the overlap ops with per-tensor, per-row / per-column
-and blockwise scales (kernels/scaling.py), on 1-4 simulated ranks, against torch._scaled_mm (CPU) and a float32
-reference of the blockwise recipe; the simulator's fp8 accumulation check; what sm_90a compiles fp8 to."""
+and blockwise scales (kernels/scaling.py), on 1-4 simulated ranks, against torch._scaled_mm (CPU where the
+installed torch takes the scales, else the exact product of its semantics; both held to each other, and to
+cuBLASLt's on a GPU) and a float32 reference of the blockwise recipe; the simulator's fp8 accumulation check; what sm_90a compiles fp8 to."""
 import importlib
 
 import pytest
@@ -82,6 +83,40 @@ def test_fp8_errors_before_launch(dist_world):
     assert "scale_a has shape [20, 2]" in msgs["block_group"] and "[M, cdiv(K, 32)] = [20, 8]" in msgs["block_group"]
     assert "power of two" in msgs["scale_block"]
     assert "scale_w has shape [2, 1]" in msgs["moe_scales"]
+
+
+def test_reference_when_scaled_mm_refuses_rowwise_on_cpu(monkeypatch):
+    """torch 2.11's CPU build refuses rowwise scales in torch._scaled_mm (per-tensor only; 2.13 takes them): the
+    reference is then the exact product of the same semantics, which agrees with torch._scaled_mm wherever that
+    runs, and a wrong scale is caught."""
+    import torch
+    real = torch._scaled_mm
+
+    def cpu_211(a, b, scale_a=None, scale_b=None, out_dtype=None, **kw):
+        if a.device.type == "cpu" and (scale_a.numel() != 1 or scale_b.numel() != 1):
+            raise RuntimeError('(scale_a.numel() == 1 && scale_b.numel() == 1) INTERNAL ASSERT FAILED at '
+                               '"/pytorch/aten/src/ATen/native/mkldnn/Linear.cpp":516, please report a bug to '
+                               'PyTorch. Now _scaled_mm only supports per-tensor scaling for CPU backend')
+        return real(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", cpu_211)
+    B.SCALED_MM_REFUSED.clear()
+    for i, (recipe, out_dtype, da, db) in enumerate([("row", torch.bfloat16, B.E4, B.E4),
+                                                     ("row", torch.float32, B.E5, B.E4),
+                                                     ("tensor", torch.float16, B.E4, B.E4)]):
+        a, b, sa, sb, _ = B.operands(37, 45, 70, recipe, 3 + i, da, db)
+        got = B.scaled_mm_reference(a, b, sa, sb, out_dtype)
+        exact = B.exact_scaled_mm(a, b, sa, sb, out_dtype)
+        if recipe == "row":
+            assert "per-tensor scaling for CPU" in B.SCALED_MM_REFUSED["cpu"]
+            assert torch.equal(got, exact)
+        try:
+            vendor = real(a, b, scale_a=sa, scale_b=sb, out_dtype=out_dtype)
+        except RuntimeError:
+            continue                                  # this torch's CPU build refuses it too: nothing to compare
+        B.check(vendor, got, out_dtype, f"torch._scaled_mm vs the reference ({recipe})")
+        with pytest.raises(AssertionError):
+            B.check(vendor, B.exact_scaled_mm(a, b, sa, sb * 1.01, out_dtype), out_dtype, "a wrong scale")
 
 
 def test_simulator_refuses_unmodelled_fp8_accumulation(dist_world):

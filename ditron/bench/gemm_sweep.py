@@ -131,36 +131,75 @@ def _fp8_operands(inp, shape, recipe):
 
 def _vendor_fp8(a, b, sa, sb, recipe, out, ref=None):
     """The vendor's fp8 GEMM: torch._scaled_mm (cuBLASLt; per-tensor and rowwise scales), or for blockwise
-    scales torch.nn.functional.scaled_mm with BlockWise1x128 / BlockWise128x128 where this torch and GPU
-    have it.  Its scale layouts have changed between torch versions: the layouts tried are checked
-    against ``ref()`` once, and none that works is a skipped baseline (``baseline unavailable``), not a
-    failure of ditron."""
+    scales :func:`vendor_blockwise`."""
     import torch
     if recipe != "block":
         return lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=out.dtype, out=out)
+    return vendor_blockwise(a, b, sa, sb, out, ref)
+
+
+def blockwise_scale_layouts(sa, sb):
+    """torch's blockwise scale layouts for ``a [M, K]`` with 1 x 128 scales and ``b [K, N]`` with 128 x 128
+    ones, from ``sa [M, K/128]`` and ``sb [K/128, N/128]`` (kernels/scaling.py's layouts).  As torch's CUDA
+    checks name them (aten/src/ATen/native/cuda/ScaledBlas.cpp, ``_scaled_block1x128_block128x128`` and
+    ``is_blockwise_1x128_scaling`` / ``is_blockwise_128x128_scaling``): ``scale_a [M, K/128]`` with strides
+    ``(1, M)`` (outer-dim-major); ``scale_b [round_up(K/128, 4), N/128]`` with strides ``(1, round_up(K/128,
+    4))`` (torch >= 2.10: the K groups padded to a multiple of 4), or unpadded ``[K/128, N/128]`` with strides
+    ``(1, K/128)`` (earlier versions).  Returns ``[(name, scale_a, scale_b)]``."""
+    import torch
+    kg, ng = sb.shape
+    sa_t = sa.t().contiguous().t()
+    kp = -(-kg // 4) * 4
+    pad = torch.ones((ng, kp), dtype=sb.dtype, device=sb.device)
+    pad[:, :kg] = sb.t()
+    out = [("scale_b [round_up(K/128, 4), N/128] K-major", sa_t, pad.t())]
+    if kp != kg:
+        out.append(("scale_b [K/128, N/128] K-major (unpadded)", sa_t, sb.t().contiguous().t()))
+    else:
+        out.append(("scale_b [K/128, N/128] N-major", sa_t, sb.contiguous()))
+    return out
+
+
+def vendor_blockwise(a, b, sa, sb, out, ref=None):
+    """torch's blockwise fp8 GEMM (DeepSeek's 1 x 128 / 128 x 128 scales, cuBLASLt >= 12.9 on sm_90) as a
+    ``run()`` writing ``out``: ``torch._scaled_mm`` (it picks the blockwise kernel from the scales' shapes and
+    strides) or ``torch.nn.functional.scaled_mm`` with ``ScalingType.BlockWise1x128`` / ``BlockWise128x128``,
+    with the scale layouts of :func:`blockwise_scale_layouts`; the first that runs and matches ``ref()``
+    (within 5% of its largest element; an fp32 product of the dequantised operands) is it.  None: a
+    ``RuntimeError`` that starts ``baseline unavailable: not available in this torch`` and gives each try's
+    reason (a refusal, a wrong result, or a call that returned None -- torch 2.11's ``F.scaled_mm``)."""
+    import torch
     F = torch.nn.functional
     T = getattr(F, "ScalingType", None)
-    if not hasattr(F, "scaled_mm") or not hasattr(T, "BlockWise1x128"):
-        raise RuntimeError("baseline unavailable: this torch has no blockwise scaled_mm")
-    sa_outer = sa.t().contiguous().t()              # [M, K/128], outer-dim-major
-    layouts = [(sa_outer, sb.t().contiguous()), (sa_outer, sb.contiguous()), (sa.contiguous(), sb.t().contiguous()),
-               (sa_outer, sb.t().contiguous().t())]
+    tries = []
+    for lname, sa_t, sb_t in blockwise_scale_layouts(sa, sb):
+        def v1(sa_t=sa_t, sb_t=sb_t):
+            return torch._scaled_mm(a, b, scale_a=sa_t, scale_b=sb_t, out_dtype=out.dtype, out=out)
+        tries.append((f"torch._scaled_mm, {lname}", v1))
+        if hasattr(F, "scaled_mm") and hasattr(T, "BlockWise1x128"):
+            def v2(sa_t=sa_t, sb_t=sb_t):
+                r = F.scaled_mm(a, b, sa_t, T.BlockWise1x128, sb_t, T.BlockWise128x128, output_dtype=out.dtype)
+                if r is None:
+                    raise RuntimeError("torch.nn.functional.scaled_mm returned None")
+                return out.copy_(r)
+            tries.append((f"F.scaled_mm, {lname}", v2))
     errors = []
-    for sa_t, sb_t in layouts:
-        def run(sa_t=sa_t, sb_t=sb_t):
-            out.copy_(F.scaled_mm(a, b, sa_t, T.BlockWise1x128, sb_t, T.BlockWise128x128, output_dtype=out.dtype))
+    for name, run in tries:
         try:
+            out.fill_(float("nan"))
             run()
-            want = ref()
-            err = (out.float() - want).abs().max().item()
-            if err <= 0.05 * want.abs().max().item():
-                return run
-            errors.append(f"scale_b {list(sb_t.shape)} stride {sb_t.stride()}: off by {err:.3g}")
-        except Exception as e:  # noqa: BLE001 -- try the next layout
-            errors.append(f"scale_b {list(sb_t.shape)} stride {sb_t.stride()}: {type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}")
-    raise RuntimeError("baseline unavailable: blockwise torch scaled_mm did not run on any scale layout ("
-                       + "; ".join(errors) + ")")
+            torch.cuda.synchronize(out.device) if out.is_cuda else None
+            if ref is not None:
+                want = ref()
+                err = (out.float() - want).abs().max().item()
+                if not err <= 0.05 * want.abs().max().item():
+                    errors.append(f"{name}: off by {err:.3g}")
+                    continue
+            return run
+        except Exception as e:  # noqa: BLE001 -- try the next form
+            errors.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+    raise RuntimeError(f"baseline unavailable: not available in this torch ({torch.__version__}): "
+                       + "; ".join(errors))
 
 
 def fp8_impls(shape: Shape, device, configs, recipe, seed=0):
