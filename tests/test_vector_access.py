@@ -8,7 +8,6 @@ import re
 
 import pytest
 
-import ditron
 import kernels_for_tests as K
 from conftest import code_lines, compile_for
 

@@ -11,7 +11,7 @@ import triton.language as tl
 from .. import _compat
 from . import provided, register
 from .sim_base import (BACKEND, _data, _elem_ty, _int, _launch, _like, _scalar, _threads_per_program, access,
-                       not_in_thread_region, race, where)
+                       not_in_thread_region, race)
 
 
 # ---------------------------------------------------------------------------
@@ -133,7 +133,6 @@ def _ld_vec(ctx, ptr, words, scope, semantic):
     after it.  Weak (``""``): a plain read for the race finder, one access (a stale value is the whole vector's
     or none); relaxed / volatile / acquire: a read of signal words."""
     from ..sim import memory as M
-    from ..sim import taskcheck
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
     bits = tt.primitive_bitwidth
@@ -143,8 +142,7 @@ def _ld_vec(ctx, ptr, words, scope, semantic):
     raw = M.vector_load(addrs, nbytes, stripes, control, abort)          # (n, nbytes // 8) int64
     elems = (addrs[:, None] + np.arange(0, nbytes, bits // 8, dtype=np.uint64)[None, :]).reshape(-1)
     if semantic == "":
-        access().heap_bounds(elems, None, bits // 8, "read")
-        taskcheck.record("read", elems, None, bits // 8, where)
+        access().plain_vector("read", elems, bits // 8)
         u16 = np.ascontiguousarray(raw).view(np.uint16).reshape(-1)
         stale = race().plain_access("read", _granules(addrs, nbytes), None, u16, group=nbytes // 2)
         if stale is not None:
@@ -164,7 +162,6 @@ def _st_vec(ctx, ptr, values, scope, semantic):
     """One access per vector with respect to other vector accesses (ditron.sim.memory.vector_store).  Weak:
     a plain write for the race finder; relaxed / volatile / release: a write of signal words."""
     from ..sim import memory as M
-    from ..sim import taskcheck
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
     bits = tt.primitive_bitwidth
@@ -180,8 +177,7 @@ def _st_vec(ctx, ptr, values, scope, semantic):
     elems = (addrs[:, None] + np.arange(0, nbytes, bits // 8, dtype=np.uint64)[None, :]).reshape(-1)
     access().end_poll()
     if semantic == "":
-        access().heap_bounds(elems, None, bits // 8, "write")
-        taskcheck.record("write", elems, None, bits // 8, where)
+        access().plain_vector("write", elems, bits // 8)
         race().plain_access("write", _granules(addrs, nbytes), None, vals.view(np.uint16).reshape(-1))
     elif semantic == "release":
         race().signal_release(elems, scope == "sys")
