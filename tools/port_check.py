@@ -106,6 +106,10 @@ CASES = {
         "_recv_ll_block", "_pack_ll_block", "_forward_push_2d_ll_kernel")], nnodes=2,
         note="LL protocol, per thread; `putmem_nbi_warp` in a warp-uniform branch; PTX data race: it polls the LL "
              "words with weak `load_v4_u32` loads (fix: `load_v4_b32(..., scope=\"sys\", semantic=\"relaxed\")`)"),
+    "ll_allgather_push_numa_2d_ll": dict(src=[(K + "low_latency_allgather.py", f) for f in (
+        "_recv_ll_block", "_pack_ll_block", "_forward_push_numa_2d_ll_kernel")], even=True,
+        note="LL protocol across two NUMA halves (an even world size), per thread; PTX data race: the same weak "
+             "`load_v4_u32` LL polls (fix: `load_v4_b32(..., scope=\"sys\", semantic=\"relaxed\")`)"),
     "ll_allgather_push_numa_2d": dict(src=[(K + "low_latency_allgather.py", "_forward_push_numa_2d_kernel")],
                                       even=True, note=PER_THREAD + "; two NUMA halves (an even world size)"),
     "p2p_signal": dict(src=[(K + "p2p.py", "p2p_set_signal"), (K + "p2p.py", "p2p_wait_signal")],
@@ -511,6 +515,16 @@ def drive_ll_allgather_push_2d_ll_2nodes(m, w, U):
     ll.zero_()
     _push_gather(m, w, U, "_forward_push_2d_ll_kernel", (n,),
                  lambda b, nb, f: (b, nb, f, ll, n // w.local_world_size, n, w.rank, 3))
+
+
+def drive_ll_allgather_push_numa_2d_ll(m, w, U):
+    import torch
+    n = w.world_size
+    elems = 64
+    ll = U.nvshmem_create_tensor((2 * n * elems * 4,), torch.int8)      # data and flag words: twice the bytes
+    ll.zero_()
+    _push_gather(m, w, U, "_forward_push_numa_2d_ll_kernel", (n,),
+                 lambda b, nb, f: (b, nb, f, ll, 2, n, w.rank, 3))
 
 
 def drive_p2p_signal(m, w, U):
