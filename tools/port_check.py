@@ -91,6 +91,15 @@ CASES = {
     "ar_two_shot_multimem": dict(src=_GRID_BARRIER + [(K + "allreduce.py",
                                                        "allreduce_two_shot_multimem_intra_node_kernel")],
                                  note=PACKED_MC),
+    "ar_double_tree": dict(src=[(K + "allreduce.py", f) for f in ("get_tree_parent_and_children",
+                                                                  "allreduce_double_tree_intra_node_kernel")],
+                           imports=["import math\n"],
+                           note="two complementary binary trees (host: its `get_tree_parent_and_children`, which "
+                                "asserts a power-of-2 world size, on GPUs too)"),
+    "ar_one_shot_tma_push": dict(src=_GRID_BARRIER + [(K + "reduce_scatter.py", "kernel_ring_reduce_tma"),
+                                                      (K + "allreduce.py",
+                                                       "allreduce_one_shot_tma_push_intra_node_kernel")],
+                                 note="tensor descriptors (TMA), through Triton's interpreter" + POW2),
     "rs_ring_push_1d": dict(src=_RS_HELPERS + [(K + "reduce_scatter.py",
                                                 "reduce_scatter_ring_push_1d_intra_node_kernel")],
                             note="PTX data race: the counter's `atomic_add(..., semantic=\"release\")` does not "
@@ -408,6 +417,40 @@ def drive_ar_one_shot_push(m, w, U):
     U.nvshmem_barrier_all_on_stream()
     m.allreduce_one_shot_push_intra_node_kernel[(2,)](x, out, sig, buf, gb, w.rank, n, elems, BLOCK_SIZE=128,
                                                       use_cooperative=False)
+    _close(out, ref, "all-reduced")
+    U.nvshmem_barrier_all_on_stream()
+
+
+def drive_ar_double_tree(m, w, U):
+    import torch
+    n, elems, chunk = w.world_size, 3000, 1024           # 3 chunks: programs 0 (tree 0) and 1, 2 (tree 1)
+    x, ref = _ar_inputs(w, elems, torch.float32)
+    blocks = -(-elems // chunk)
+    buf = U.nvshmem_create_tensor((elems,), torch.float32)
+    buf.copy_(x)
+    sig = U.nvshmem_create_tensor((n * blocks,), U.NVSHMEM_SIGNAL_DTYPE)
+    sig.zero_()
+    out = torch.empty_like(x)
+    trees = m.get_tree_parent_and_children(n, w.rank)
+    U.nvshmem_barrier_all_on_stream()
+    m.allreduce_double_tree_intra_node_kernel[(blocks,)](buf, sig, out, *trees, numel=elems, rank=w.rank,
+                                                          world_size=n, CHUNK_SIZE=chunk, BLOCK_SIZE=256, num_warps=4)
+    U.nvshmem_barrier_all_on_stream()
+    _close(out, ref, "all-reduced")
+
+
+def drive_ar_one_shot_tma_push(m, w, U):
+    import torch
+    n, M, N = w.world_size, 16, 32                        # the host's reshape: (numel,) -> (M, N) per rank
+    x, ref = _ar_inputs(w, M * N, torch.float32)
+    out = torch.empty_like(x)
+    sig = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
+    buf = U.nvshmem_create_tensor((n * M * N,), torch.float32)
+    gb = torch.zeros(1, dtype=torch.int32, device=w.device)
+    U.nvshmem_barrier_all_on_stream()
+    m.allreduce_one_shot_tma_push_intra_node_kernel[(2,)](M, N, x, out, sig, buf, gb, w.rank, n, M * N,
+                                                          BLOCK_SIZE_REDUCE_M=16, BLOCK_SIZE_REDUCE_N=32,
+                                                          use_cooperative=False)
     _close(out, ref, "all-reduced")
     U.nvshmem_barrier_all_on_stream()
 
