@@ -142,6 +142,9 @@ CASES = {
              "race: the same weak `load_v4_u32` LL polls"),
     "ll_allgather_push_numa_2d": dict(src=[(K + "low_latency_allgather.py", "_forward_push_numa_2d_kernel")],
                                       even=True, note=PER_THREAD + "; two NUMA halves (an even world size)"),
+    "ll_all_to_all": dict(src=[(K + "low_latency_all_to_all.py", "all_to_all_kernel")],
+                          note="MoE token all-to-all (`low_latency_all_to_all.py`), called twice (both halves of its "
+                               "double buffer; without and with the scales)"),
     "p2p_signal": dict(src=[(K + "p2p.py", "p2p_set_signal"), (K + "p2p.py", "p2p_wait_signal")],
                        note=PER_THREAD),
     "p2p_copy": dict(src=[(K + "p2p.py", "p2p_copy_kernel")]),
@@ -623,6 +626,56 @@ def drive_ll_allgather_push_2d_ll_multimem_2nodes(m, w, U):
     n, ll = w.world_size, _ll_buffer(w, U)
     _push_gather(m, w, U, "_forward_push_2d_ll_multimem_kernel", (n,),
                  lambda b, nb, f: (b, nb, ll, n // w.local_world_size, n, w.rank, 3))
+
+
+def drive_ll_all_to_all(m, w, U):
+    import torch
+    n, E, max_m, hidden = w.world_size, 2, 16, 32
+    tot = n * E
+
+    def counts(r):                  # rank r's tokens per expert (experts of rank p: p * E ... p * E + E - 1)
+        g = torch.Generator().manual_seed(100 + r)
+        return torch.randint(0, max_m // tot + 1, (tot,), generator=g)          # at most max_m in all
+
+    def tokens(r, call):
+        return _data(r, max_m * hidden, torch.float16, seed=20 + call).view(max_m, hidden)
+
+    def scales(r, call):
+        return _data(r, max_m, torch.float32, seed=30 + call)
+
+    cnt = counts(w.rank)
+    assert int(cnt.sum()) <= max_m
+    cumsum = torch.zeros(tot + 1, dtype=torch.int32)
+    cumsum[1:] = torch.cumsum(cnt, 0)
+    send = U.nvshmem_create_tensor((max_m, hidden), torch.float16)
+    recv = U.nvshmem_create_tensor((n * max_m * 2, hidden), torch.float16)
+    ssend = U.nvshmem_create_tensor((max_m,), torch.float32)
+    srecv = U.nvshmem_create_tensor((n * max_m * 2,), torch.float32)
+    split_send = U.nvshmem_create_tensor((tot,), torch.int32)
+    split_recv = U.nvshmem_create_tensor((tot * 2,), torch.int32)
+    sig = U.nvshmem_create_tensor((n * 2,), U.NVSHMEM_SIGNAL_DTYPE)
+    for t in (recv, srecv, split_send, split_recv, sig):
+        t.zero_()
+    U.nvshmem_barrier_all_on_stream()
+    for call, with_scale in ((1, False), (2, True)):
+        send.copy_(tokens(w.rank, call))
+        ssend.copy_(scales(w.rank, call))
+        U.nvshmem_barrier_all_on_stream()
+        m.all_to_all_kernel[(n,)](send, recv, split_send, split_recv, sig, cumsum.to(w.device), ssend, srecv,
+                                  w.rank, call, WITH_SCALE=with_scale, WORLD_SIZE=n, HIDDEN=hidden, MAX_M=max_m,
+                                  EXPERTS_PER_RANK=E, NUM_TOT_EXPERTS=tot, ELEMENT_SIZE=2, SCALE_ELEMENT_SIZE=4)
+        pos = call % 2
+        got_rows, got_splits, got_scales = recv.clone(), split_recv.clone(), srecv.clone()
+        for s in range(n):          # the kernel's waits made every source's rows visible
+            c = counts(s)
+            lo, k = int(c[:w.rank * E].sum()), int(c[w.rank * E:(w.rank + 1) * E].sum())
+            at = pos * n * max_m + s * max_m
+            _close(got_rows[at:at + k], tokens(s, call)[lo:lo + k], f"call {call}: tokens from rank {s}")
+            want = c[w.rank * E:(w.rank + 1) * E].tolist()
+            assert got_splits[pos * tot + s * E:pos * tot + (s + 1) * E].tolist() == want, (call, s, want)
+            if with_scale:
+                _close(got_scales[at:at + k], scales(s, call)[lo:lo + k], f"call {call}: scales from rank {s}")
+        U.nvshmem_barrier_all_on_stream()
 
 
 def drive_p2p_signal(m, w, U):
