@@ -69,3 +69,23 @@ def misaligned(world):
     p = torch.zeros(8, dtype=torch.int32, device=world.device)
     out = torch.zeros(1, dtype=torch.int32, device=world.device)
     vec_misaligned_kernel[(1,)](p, out)
+
+
+# a spin of failed compare-and-swaps (a spin lock / flag barrier) is a polling loop: it lends its turn ------------
+
+@ditron.jit
+def cas_spin_kernel(flag, out):
+    pid = tl.program_id(0)
+    if pid == 0:                      # waits for a later program of the same launch (one SM each on a GPU)
+        while dl.atomic_cas(flag, 1, 2, "gpu", "acquire") != 1:
+            pass
+        tl.store(out, 1)
+    else:
+        dl.st(flag, 1, "gpu", "release")
+
+
+def cas_spin(world):
+    flag = torch.zeros(1, dtype=torch.int32, device=world.device)
+    out = torch.zeros(1, dtype=torch.int32, device=world.device)
+    cas_spin_kernel[(2,)](flag, out)
+    return flag.item(), out.item()

@@ -75,3 +75,9 @@ def test_weak_vector_poll_is_a_race_for_the_race_finder():
 def test_misaligned_vector_refused(dist_world):
     with pytest.raises(Exception, match="16-byte aligned"):
         dist_world(1).run(B.misaligned)
+
+
+def test_failed_cas_spin_lends_its_turn(dist_world):
+    # program 0 spins on atomic_cas until program 1 has run; a failed CAS writes nothing, so the spin is a
+    # polling loop and lends its turn (before: the simulator counted every CAS as progress and hung)
+    assert dist_world(1).run(B.cas_spin) == [(2, 1)]

@@ -145,6 +145,11 @@ CASES = {
     "ll_all_to_all": dict(src=[(K + "low_latency_all_to_all.py", "all_to_all_kernel")],
                           note="MoE token all-to-all (`low_latency_all_to_all.py`), called twice (both halves of its "
                                "double buffer; without and with the scales)"),
+    "all_to_all_single_2d": dict(src=[(K + "common_ops.py", "barrier_all_intra_node_atomic_cas_block")] + [
+        (K + "all_to_all_single_2d.py", f) for f in ("get_element_at", "all_to_all_single_2d_kernel",
+                                                     "cp_from_recv_buf")],
+        launched=("all_to_all_single_2d_kernel",),
+        note="two kernels (push, then an intra-node barrier and the copy out)" + POW2),
     "p2p_signal": dict(src=[(K + "p2p.py", "p2p_set_signal"), (K + "p2p.py", "p2p_wait_signal")],
                        note=PER_THREAD),
     "p2p_copy": dict(src=[(K + "p2p.py", "p2p_copy_kernel")]),
@@ -676,6 +681,41 @@ def drive_ll_all_to_all(m, w, U):
             if with_scale:
                 _close(got_scales[at:at + k], scales(s, call)[lo:lo + k], f"call {call}: scales from rank {s}")
         U.nvshmem_barrier_all_on_stream()
+
+
+def drive_all_to_all_single_2d(m, w, U):
+    import torch
+    n, max_m, hidden = w.world_size, 16, 24            # hidden: not a power of 2 (the copy's mask)
+
+    def splits(r):                  # rows rank r sends to each rank
+        g = torch.Generator().manual_seed(200 + r)
+        return torch.randint(0, max_m // n + 1, (n,), generator=g).to(torch.int32)
+
+    def rows(r):
+        return _data(r, max_m * hidden, torch.float16, seed=40).view(max_m, hidden)
+
+    in_splits = splits(w.rank)
+    out_splits = torch.tensor([int(splits(s)[w.rank]) for s in range(n)], dtype=torch.int32)
+    send = U.nvshmem_create_tensor((max_m, hidden), torch.float16)
+    send.copy_(rows(w.rank))
+    recv = U.nvshmem_create_tensor((max_m * n, hidden), torch.float16)
+    recv.zero_()
+    sync = U.nvshmem_create_tensor((n, n), torch.int32)
+    sync.zero_()
+    out = torch.zeros(int(out_splits.sum()), hidden, dtype=torch.float16, device=w.device)
+    U.nvshmem_barrier_all_on_stream()
+    m.all_to_all_single_2d_kernel[(2,)](send, recv, in_splits.to(w.device), out_splits.to(w.device), rank=w.rank,
+                                        WORLD_SIZE=n, MAX_M=max_m, HIDDEN_DIM=hidden, ELEMENT_SIZE=2, num_warps=4)
+    m.cp_from_recv_buf[(n,)](w.rank, w.rank, n, sync, output_ptr=out, recv_buf_ptr=recv,
+                             output_split_ptr=out_splits.to(w.device), WORLD_SIZE=n, MAX_M=max_m, HIDDEN_DIM=hidden,
+                             BLOCK_SIZE_M=4, BLOCK_SIZE=32, IS_INTRA_NODE=True, num_warps=4)
+    ref = []
+    for s in range(n):
+        sp = splits(s)
+        lo = int(sp[:w.rank].sum())
+        ref.append(rows(s)[lo:lo + int(sp[w.rank])])
+    _close(out, torch.cat(ref), "all-to-all")
+    U.nvshmem_barrier_all_on_stream()
 
 
 def drive_p2p_signal(m, w, U):

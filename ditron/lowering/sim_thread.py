@@ -241,11 +241,17 @@ def _atomic_cas(ctx, ptr, cmp, value, scope, semantic):
     race().rmw("pre", addrs, semantic, scope == "sys")
     old = np.stack([M.atomic_cas(a, ci, vi, npd)[0] for a, ci, vi in zip(addrs, c, v)]) if addrs.size else \
         np.zeros(0, dtype=npd)
+    wrote = bool(np.any(old == c)) if addrs.size else False
     for _ in range(copies - 1):          # the other threads' attempts (thread 0's result is returned)
         for a, ci, vi in zip(addrs, c, v):
-            M.atomic_cas(a, ci, vi, npd)
+            wrote |= bool(M.atomic_cas(a, ci, vi, npd)[0] == ci)
     race().rmw("post", addrs, semantic, scope == "sys")
-    _progress()
+    if wrote:
+        _progress()
+    else:
+        # a compare-and-swap that fails writes nothing: a loop of them (`while atomic_cas(p, 0, 1, ...) != 0`,
+        # a spin lock or flag barrier) is a polling loop, which lends its turn like a dl.ld poll
+        access().polled(addrs, None, old, "dl.atomic_cas")
     return _like(ptr, old.reshape(shape), tt)
 
 
