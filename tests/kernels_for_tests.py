@@ -5,6 +5,7 @@ import triton.language as tl
 import ditron
 import ditron.language as dl
 from ditron.language import shmem
+from ditron.language import extra as lx
 
 
 @ditron.jit
@@ -187,3 +188,13 @@ def k_prefetch_l2(w, out, n, LINES: tl.constexpr):
     offs = tl.arange(0, LINES) * 64
     dl.prefetch_l2(w + offs, mask=offs < n)
     tl.store(out, tl.sum(tl.load(w + offs, mask=offs < n, other=0.0).to(tl.float32), 0))
+
+
+@ditron.jit
+def k_vec_access(p, q, SCOPE: tl.constexpr, LD_SEM: tl.constexpr, ST_SEM: tl.constexpr):
+    a, b, c, d = lx.load_v4_b32(p, scope=SCOPE, semantic=LD_SEM)
+    lx.st_v4_b32(q, a + 1, b, c, d, scope=SCOPE, semantic=ST_SEM)
+    x, y = lx.load_v2_b64(p + 4)
+    lx.st_v2_u32(q + 4, x.to(tl.int32), y.to(tl.int32))
+    e, f, g, h = lx.load_v4_u32(p + 8)
+    lx.st_v4_u32(q + 8, e, f, g, h)

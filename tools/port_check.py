@@ -91,6 +91,15 @@ CASES = {
     "ar_two_shot_multimem": dict(src=_GRID_BARRIER + [(K + "allreduce.py",
                                                        "allreduce_two_shot_multimem_intra_node_kernel")],
                                  note=PACKED_MC),
+    "ar_double_tree": dict(src=[(K + "allreduce.py", f) for f in ("get_tree_parent_and_children",
+                                                                  "allreduce_double_tree_intra_node_kernel")],
+                           imports=["import math\n"],
+                           note="two complementary binary trees (host: its `get_tree_parent_and_children`, which "
+                                "asserts a power-of-2 world size, on GPUs too)"),
+    "ar_one_shot_tma_push": dict(src=_GRID_BARRIER + [(K + "reduce_scatter.py", "kernel_ring_reduce_tma"),
+                                                      (K + "allreduce.py",
+                                                       "allreduce_one_shot_tma_push_intra_node_kernel")],
+                                 note="tensor descriptors (TMA), through Triton's interpreter" + POW2),
     "rs_ring_push_1d": dict(src=_RS_HELPERS + [(K + "reduce_scatter.py",
                                                 "reduce_scatter_ring_push_1d_intra_node_kernel")],
                             note="PTX data race: the counter's `atomic_add(..., semantic=\"release\")` does not "
@@ -106,8 +115,41 @@ CASES = {
         "_recv_ll_block", "_pack_ll_block", "_forward_push_2d_ll_kernel")], nnodes=2,
         note="LL protocol, per thread; `putmem_nbi_warp` in a warp-uniform branch; PTX data race: it polls the LL "
              "words with weak `load_v4_u32` loads (fix: `load_v4_b32(..., scope=\"sys\", semantic=\"relaxed\")`)"),
+    "ll_allgather_push_numa_2d_ll": dict(src=[(K + "low_latency_allgather.py", f) for f in (
+        "_recv_ll_block", "_pack_ll_block", "_forward_push_numa_2d_ll_kernel")], even=True,
+        note="LL protocol across two NUMA halves (an even world size), per thread; PTX data race: the same weak "
+             "`load_v4_u32` LL polls (fix: `load_v4_b32(..., scope=\"sys\", semantic=\"relaxed\")`)"),
+    "ll_allgather_push_numa_2d_ll_2nodes": dict(src=[(K + "low_latency_allgather.py", f) for f in (
+        "_recv_ll_block", "_pack_ll_block", "_forward_push_numa_2d_ll_multinode_kernel")], nnodes=2, local_even=True,
+        note="LL protocol between nodes, two NUMA halves per node (an even number of ranks per node), per thread; "
+             "PTX data race: the same weak `load_v4_u32` LL polls"),
+    "ll_allgather_push_3d": dict(src=[(K + "low_latency_allgather.py", f) for f in (
+        "_recv_ll_block", "_pack_ll_block", "_forward_push_3d_kernel")], local_even=True,
+        note=PER_THREAD + "; two NUMA halves (an even world size)"),
+    "ll_allgather_push_3d_2nodes": dict(src=[(K + "low_latency_allgather.py", f) for f in (
+        "_recv_ll_block", "_pack_ll_block", "_forward_push_3d_kernel")], nnodes=2, local_even=True,
+        note="`putmem_signal_nbi_warp` between nodes, two NUMA halves per node (an even number of ranks per node)"),
+    "ll_allgather_push_3d_ll_2nodes": dict(src=[(K + "low_latency_allgather.py", f) for f in (
+        "_recv_ll_block", "_pack_ll_block", "_forward_push_3d_kernel")], nnodes=2, local_even=True,
+        note="LL protocol between nodes (`INTER_NODE_WITH_LL`), two NUMA halves per node; PTX data race: the same "
+             "weak `load_v4_u32` LL polls"),
+    "ll_allgather_push_2d_ll_multimem_2nodes": dict(src=[(K + "low_latency_allgather.py", f) for f in (
+        "_recv_ll_block", "_pack_ll_block", "_recv_ll_and_multimem_st_ll_block", "broadcast_naive_block",
+        "_forward_push_2d_ll_multimem_kernel")], nnodes=2,
+        imports=["from triton_dist.language.extra.cuda.language_extra import pack_b32_v2\n"],
+        note="LL protocol between nodes, LL words broadcast in the node with `multimem_st_b64`; `pack_b32_v2` "
+             "imported from `language_extra` (the file takes it from `triton_dist.kernels.common_ops`); PTX data "
+             "race: the same weak `load_v4_u32` LL polls"),
     "ll_allgather_push_numa_2d": dict(src=[(K + "low_latency_allgather.py", "_forward_push_numa_2d_kernel")],
                                       even=True, note=PER_THREAD + "; two NUMA halves (an even world size)"),
+    "ll_all_to_all": dict(src=[(K + "low_latency_all_to_all.py", "all_to_all_kernel")],
+                          note="MoE token all-to-all (`low_latency_all_to_all.py`), called twice (both halves of its "
+                               "double buffer; without and with the scales)"),
+    "all_to_all_single_2d": dict(src=[(K + "common_ops.py", "barrier_all_intra_node_atomic_cas_block")] + [
+        (K + "all_to_all_single_2d.py", f) for f in ("get_element_at", "all_to_all_single_2d_kernel",
+                                                     "cp_from_recv_buf")],
+        launched=("all_to_all_single_2d_kernel",),
+        note="two kernels (push, then an intra-node barrier and the copy out)" + POW2),
     "p2p_signal": dict(src=[(K + "p2p.py", "p2p_set_signal"), (K + "p2p.py", "p2p_wait_signal")],
                        note=PER_THREAD),
     "p2p_copy": dict(src=[(K + "p2p.py", "p2p_copy_kernel")]),
@@ -181,7 +223,7 @@ def generate(checkout, case, out_dir):
     with open(os.path.join(out_dir, mod + ".py"), "w") as f:
         f.write("# generated by tools/port_check.py from a Triton-distributed checkout; not part of ditron\n")
         f.write("import torch\nimport triton\nimport triton.language as tl\nimport triton_dist\n")
-        f.write("".join(imports) + "\n\n" + "\n\n".join(bodies))
+        f.write("".join(imports) + "".join(CASES[case].get("imports", ())) + "\n\n" + "\n\n".join(bodies))
     return mod, changed
 
 
@@ -317,7 +359,7 @@ def drive_t06_inter_node_p2p(m, w, U):
             _close(out[p * M:(p + 1) * M], ref, f"block from rank {sender}")
 
 
-def _push_gather(m, w, U, kernel, grid, args_of, check_before_barrier=True):
+def _push_gather(m, w, U, kernel, grid, args_of, check_before_barrier=True, kwargs=None):
     import torch
     elems, n = 64, w.world_size
     buf = U.nvshmem_create_tensor((n * elems,), torch.float32)
@@ -326,7 +368,7 @@ def _push_gather(m, w, U, kernel, grid, args_of, check_before_barrier=True):
     flag = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
     flag.zero_()
     U.nvshmem_barrier_all_on_stream()
-    getattr(m, kernel)[grid](*args_of(buf, elems * 4, flag))
+    getattr(m, kernel)[grid](*args_of(buf, elems * 4, flag), **(kwargs or {}))
     got = buf.clone()                       # the kernel's waits must have made every segment visible
     U.nvshmem_barrier_all_on_stream()
     _close(got, torch.cat([_data(r, elems, torch.float32, seed=2) for r in range(n)]),
@@ -383,6 +425,40 @@ def drive_ar_one_shot_push(m, w, U):
     U.nvshmem_barrier_all_on_stream()
     m.allreduce_one_shot_push_intra_node_kernel[(2,)](x, out, sig, buf, gb, w.rank, n, elems, BLOCK_SIZE=128,
                                                       use_cooperative=False)
+    _close(out, ref, "all-reduced")
+    U.nvshmem_barrier_all_on_stream()
+
+
+def drive_ar_double_tree(m, w, U):
+    import torch
+    n, elems, chunk = w.world_size, 3000, 1024           # 3 chunks: programs 0 (tree 0) and 1, 2 (tree 1)
+    x, ref = _ar_inputs(w, elems, torch.float32)
+    blocks = -(-elems // chunk)
+    buf = U.nvshmem_create_tensor((elems,), torch.float32)
+    buf.copy_(x)
+    sig = U.nvshmem_create_tensor((n * blocks,), U.NVSHMEM_SIGNAL_DTYPE)
+    sig.zero_()
+    out = torch.empty_like(x)
+    trees = m.get_tree_parent_and_children(n, w.rank)
+    U.nvshmem_barrier_all_on_stream()
+    m.allreduce_double_tree_intra_node_kernel[(blocks,)](buf, sig, out, *trees, numel=elems, rank=w.rank,
+                                                          world_size=n, CHUNK_SIZE=chunk, BLOCK_SIZE=256, num_warps=4)
+    U.nvshmem_barrier_all_on_stream()
+    _close(out, ref, "all-reduced")
+
+
+def drive_ar_one_shot_tma_push(m, w, U):
+    import torch
+    n, M, N = w.world_size, 16, 32                        # the host's reshape: (numel,) -> (M, N) per rank
+    x, ref = _ar_inputs(w, M * N, torch.float32)
+    out = torch.empty_like(x)
+    sig = U.nvshmem_create_tensor((n,), U.NVSHMEM_SIGNAL_DTYPE)
+    buf = U.nvshmem_create_tensor((n * M * N,), torch.float32)
+    gb = torch.zeros(1, dtype=torch.int32, device=w.device)
+    U.nvshmem_barrier_all_on_stream()
+    m.allreduce_one_shot_tma_push_intra_node_kernel[(2,)](M, N, x, out, sig, buf, gb, w.rank, n, M * N,
+                                                          BLOCK_SIZE_REDUCE_M=16, BLOCK_SIZE_REDUCE_N=32,
+                                                          use_cooperative=False)
     _close(out, ref, "all-reduced")
     U.nvshmem_barrier_all_on_stream()
 
@@ -511,6 +587,135 @@ def drive_ll_allgather_push_2d_ll_2nodes(m, w, U):
     ll.zero_()
     _push_gather(m, w, U, "_forward_push_2d_ll_kernel", (n,),
                  lambda b, nb, f: (b, nb, f, ll, n // w.local_world_size, n, w.rank, 3))
+
+
+def drive_ll_allgather_push_numa_2d_ll(m, w, U):
+    import torch
+    n = w.world_size
+    elems = 64
+    ll = U.nvshmem_create_tensor((2 * n * elems * 4,), torch.int8)      # data and flag words: twice the bytes
+    ll.zero_()
+    _push_gather(m, w, U, "_forward_push_numa_2d_ll_kernel", (n,),
+                 lambda b, nb, f: (b, nb, f, ll, 2, n, w.rank, 3))
+
+
+def _ll_buffer(w, U, elems=64):
+    import torch
+    ll = U.nvshmem_create_tensor((2 * w.world_size * elems * 4,), torch.int8)   # data and flag words: twice the bytes
+    ll.zero_()
+    return ll
+
+
+def drive_ll_allgather_push_numa_2d_ll_2nodes(m, w, U):
+    n, ll = w.world_size, _ll_buffer(w, U)
+    _push_gather(m, w, U, "_forward_push_numa_2d_ll_multinode_kernel", (n,),
+                 lambda b, nb, f: (b, nb, f, ll, n // w.local_world_size, 2, n, w.rank, 3))
+
+
+def drive_ll_allgather_push_3d(m, w, U, with_ll=False):
+    n, ll = w.world_size, _ll_buffer(w, U)
+    _push_gather(m, w, U, "_forward_push_3d_kernel", (n,),
+                 lambda b, nb, f: (b, nb, ll, f, n // w.local_world_size, 2, n, w.rank, 3),
+                 kwargs=dict(INTER_NODE_WITH_LL=with_ll, num_warps=4))
+
+
+drive_ll_allgather_push_3d_2nodes = drive_ll_allgather_push_3d
+
+
+def drive_ll_allgather_push_3d_ll_2nodes(m, w, U):
+    drive_ll_allgather_push_3d(m, w, U, with_ll=True)
+
+
+def drive_ll_allgather_push_2d_ll_multimem_2nodes(m, w, U):
+    # no signal words: every segment arrives through its LL words (the kernel's own flags)
+    n, ll = w.world_size, _ll_buffer(w, U)
+    _push_gather(m, w, U, "_forward_push_2d_ll_multimem_kernel", (n,),
+                 lambda b, nb, f: (b, nb, ll, n // w.local_world_size, n, w.rank, 3))
+
+
+def drive_ll_all_to_all(m, w, U):
+    import torch
+    n, E, max_m, hidden = w.world_size, 2, 16, 32
+    tot = n * E
+
+    def counts(r):                  # rank r's tokens per expert (experts of rank p: p * E ... p * E + E - 1)
+        g = torch.Generator().manual_seed(100 + r)
+        return torch.randint(0, max_m // tot + 1, (tot,), generator=g)          # at most max_m in all
+
+    def tokens(r, call):
+        return _data(r, max_m * hidden, torch.float16, seed=20 + call).view(max_m, hidden)
+
+    def scales(r, call):
+        return _data(r, max_m, torch.float32, seed=30 + call)
+
+    cnt = counts(w.rank)
+    assert int(cnt.sum()) <= max_m
+    cumsum = torch.zeros(tot + 1, dtype=torch.int32)
+    cumsum[1:] = torch.cumsum(cnt, 0)
+    send = U.nvshmem_create_tensor((max_m, hidden), torch.float16)
+    recv = U.nvshmem_create_tensor((n * max_m * 2, hidden), torch.float16)
+    ssend = U.nvshmem_create_tensor((max_m,), torch.float32)
+    srecv = U.nvshmem_create_tensor((n * max_m * 2,), torch.float32)
+    split_send = U.nvshmem_create_tensor((tot,), torch.int32)
+    split_recv = U.nvshmem_create_tensor((tot * 2,), torch.int32)
+    sig = U.nvshmem_create_tensor((n * 2,), U.NVSHMEM_SIGNAL_DTYPE)
+    for t in (recv, srecv, split_send, split_recv, sig):
+        t.zero_()
+    U.nvshmem_barrier_all_on_stream()
+    for call, with_scale in ((1, False), (2, True)):
+        send.copy_(tokens(w.rank, call))
+        ssend.copy_(scales(w.rank, call))
+        U.nvshmem_barrier_all_on_stream()
+        m.all_to_all_kernel[(n,)](send, recv, split_send, split_recv, sig, cumsum.to(w.device), ssend, srecv,
+                                  w.rank, call, WITH_SCALE=with_scale, WORLD_SIZE=n, HIDDEN=hidden, MAX_M=max_m,
+                                  EXPERTS_PER_RANK=E, NUM_TOT_EXPERTS=tot, ELEMENT_SIZE=2, SCALE_ELEMENT_SIZE=4)
+        pos = call % 2
+        got_rows, got_splits, got_scales = recv.clone(), split_recv.clone(), srecv.clone()
+        for s in range(n):          # the kernel's waits made every source's rows visible
+            c = counts(s)
+            lo, k = int(c[:w.rank * E].sum()), int(c[w.rank * E:(w.rank + 1) * E].sum())
+            at = pos * n * max_m + s * max_m
+            _close(got_rows[at:at + k], tokens(s, call)[lo:lo + k], f"call {call}: tokens from rank {s}")
+            want = c[w.rank * E:(w.rank + 1) * E].tolist()
+            assert got_splits[pos * tot + s * E:pos * tot + (s + 1) * E].tolist() == want, (call, s, want)
+            if with_scale:
+                _close(got_scales[at:at + k], scales(s, call)[lo:lo + k], f"call {call}: scales from rank {s}")
+        U.nvshmem_barrier_all_on_stream()
+
+
+def drive_all_to_all_single_2d(m, w, U):
+    import torch
+    n, max_m, hidden = w.world_size, 16, 24            # hidden: not a power of 2 (the copy's mask)
+
+    def splits(r):                  # rows rank r sends to each rank
+        g = torch.Generator().manual_seed(200 + r)
+        return torch.randint(0, max_m // n + 1, (n,), generator=g).to(torch.int32)
+
+    def rows(r):
+        return _data(r, max_m * hidden, torch.float16, seed=40).view(max_m, hidden)
+
+    in_splits = splits(w.rank)
+    out_splits = torch.tensor([int(splits(s)[w.rank]) for s in range(n)], dtype=torch.int32)
+    send = U.nvshmem_create_tensor((max_m, hidden), torch.float16)
+    send.copy_(rows(w.rank))
+    recv = U.nvshmem_create_tensor((max_m * n, hidden), torch.float16)
+    recv.zero_()
+    sync = U.nvshmem_create_tensor((n, n), torch.int32)
+    sync.zero_()
+    out = torch.zeros(int(out_splits.sum()), hidden, dtype=torch.float16, device=w.device)
+    U.nvshmem_barrier_all_on_stream()
+    m.all_to_all_single_2d_kernel[(2,)](send, recv, in_splits.to(w.device), out_splits.to(w.device), rank=w.rank,
+                                        WORLD_SIZE=n, MAX_M=max_m, HIDDEN_DIM=hidden, ELEMENT_SIZE=2, num_warps=4)
+    m.cp_from_recv_buf[(n,)](w.rank, w.rank, n, sync, output_ptr=out, recv_buf_ptr=recv,
+                             output_split_ptr=out_splits.to(w.device), WORLD_SIZE=n, MAX_M=max_m, HIDDEN_DIM=hidden,
+                             BLOCK_SIZE_M=4, BLOCK_SIZE=32, IS_INTRA_NODE=True, num_warps=4)
+    ref = []
+    for s in range(n):
+        sp = splits(s)
+        lo = int(sp[:w.rank].sum())
+        ref.append(rows(s)[lo:lo + int(sp[w.rank])])
+    _close(out, torch.cat(ref), "all-to-all")
+    U.nvshmem_barrier_all_on_stream()
 
 
 def drive_p2p_signal(m, w, U):
@@ -723,6 +928,10 @@ def main(argv=None):
             for case in cases:
                 if CASES[case].get("even"):
                     results[case][n] = "n/a: an even world size"
+        for case in cases:
+            per_node = n // CASES[case].get("nnodes", 1)
+            if CASES[case].get("local_even") and n % CASES[case].get("nnodes", 1) == 0 and per_node % 2:
+                results[case][n] = "n/a: an even number of ranks per node"
         for nnodes in sorted({CASES[c].get("nnodes", 1) for c in cases}):
             if n % nnodes:
                 for case in cases:

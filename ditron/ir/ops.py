@@ -107,6 +107,18 @@ _add(_spec("ld", "thread", [("ptr", PTR)], {"scope": THREAD_SCOPES, "semantic": 
            effects=("read", "sync")))
 _add(_spec("st", "thread", [("ptr", PTR), ("value", VALUE)], {"scope": THREAD_SCOPES, "semantic": SEMANTICS_STORE},
            effects=("write", "sync")))
+# one vector access per thread (Triton-distributed's load_v4_* / st_v4_* / load_v2_b64 / st_v2_u32): a 16-byte
+# (or 8-byte) aligned access that a GPU performs as one access; "" semantic is a weak access (no scope)
+_add(_spec("ld_vec", "thread", [("ptr", PTR)], {"words": (2, 4), "scope": ("",) + THREAD_SCOPES,
+                                                "semantic": ("",) + SEMANTICS_LOAD},
+           result="words x the pointer's element (a tuple)", effects=("read", "sync"),
+           doc="one aligned vector load of `words` 32- or 64-bit words at ptr per pointer (per thread): "
+               "ld{.sem.scope}.global.v2/.v4 on NVIDIA, one 128-/64-bit global load on AMD, one access on the "
+               "simulator; the address must be aligned to the vector's size"))
+_add(_spec("st_vec", "thread", [("ptr", PTR), ("values", VALUE)], {"scope": ("",) + THREAD_SCOPES,
+                                                                   "semantic": ("",) + SEMANTICS_STORE},
+           effects=("write", "sync"),
+           doc="one aligned vector store of 2 or 4 words (of the pointer's element type) per pointer (per thread)"))
 _add(_spec("atomic_add", "thread", [("ptr", PTR), ("value", VALUE)],
            {"scope": THREAD_SCOPES, "semantic": SEMANTICS_RMW}, result="old value", effects=("read", "write", "sync")))
 _add(_spec("atomic_cas", "thread", [("ptr", PTR), ("cmp", VALUE), ("value", VALUE)],

@@ -12,10 +12,10 @@ Differences from Triton-distributed's inline-PTX versions:
 * the defaults here are Triton-distributed's (``ld`` / ``st`` / ``atomic_add``
   relaxed at GPU scope, ``fence`` sequentially consistent), not
   ``ditron.language``'s stronger ones;
-* the vector helpers (``load_v4_u32``, ``st_v4_b32``, ...) move their words
-  with one access per word instead of one 128-bit access: the same values and
-  ordering (PTX makes a vector access single-copy atomic only per element),
-  more instructions;
+* the vector helpers (``load_v4_u32``, ``st_v4_b32``, ``load_v2_b64``, ...)
+  are one vector access each (the ``ld_vec`` / ``st_vec`` ops: one
+  ``ld``/``st.global.v4`` / ``.v2`` on NVIDIA, one 128-bit global access on AMD,
+  one access on the simulator, which checks the alignment a GPU faults on);
 * the packed multicast helpers (``multimem_ld_reduce_v4``, ``multimem_st_*``)
   are distributed-IR ops of their own (per thread, like Triton-distributed's
   inline PTX; relaxed at system scope where Triton-distributed leaves the
@@ -223,7 +223,7 @@ def notify(ptr, rank, signal=1, sig_op="set", comm_scope="inter_node", _semantic
 
 
 # ---------------------------------------------------------------------------
-# vector loads and stores: one access per word (see the module docstring)
+# vector loads and stores: one access per vector (see the module docstring)
 # ---------------------------------------------------------------------------
 
 _SUFFIX = {"u32": tl.uint32, "s32": tl.int32, "b32": tl.int32, "b64": tl.int64}
@@ -233,75 +233,90 @@ def _as_ptr(ptr, ty, sem):
     return tl.cast(ptr, tl.pointer_type(ty), bitcast=True, _semantic=sem)
 
 
-def _load_words(ptr, n, suffix, scope, semantic, sem, gen, volatile=False):
+def _vec_attrs(name, scope, semantic):
+    scope, semantic = scope or "", semantic or ""
+    if scope and not semantic:
+        raise DitronCompileError(f"{name}: scope={scope!r} needs a semantic (\"relaxed\" / \"acquire\" for "
+                                 "loads, \"relaxed\" / \"release\" for stores): PTX has no scope on a weak "
+                                 "access", op=name, arg="scope")
+    if semantic in ("relaxed", "acquire", "release") and not scope:
+        scope = "gpu"
+    if semantic == "volatile":
+        scope = ""
+    return {"scope": scope, "semantic": semantic}
+
+
+def _load_words(ptr, n, suffix, scope, semantic, sem, gen, name):
+    """One vector access of ``n`` words (the ``ld_vec`` op): a GPU performs an aligned 16-byte access of one
+    thread as one access, which LL protocols (a data word and its flag word) rely on."""
     p = _as_ptr(ptr, _SUFFIX[suffix], sem)
-    out = []
-    for i in range(n):
-        pi = p.__add__(i, _semantic=sem) if i else p
-        if semantic:
-            out.append(_dl.ld(pi, scope or "gpu", semantic, _semantic=sem, _generator=gen))
-        else:
-            out.append(tl.load(pi, volatile=volatile, _semantic=sem))
-    return tl.tuple(out)
+    words = _emit("ld_vec", {"ptr": p}, dict(words=n, **_vec_attrs(name, scope, semantic)), sem, gen,
+                  params=("ptr",))
+    return tl.tuple(list(words))
 
 
-def _store_words(ptr, vals, suffix, scope, semantic, sem, gen):
+def _store_words(ptr, vals, suffix, scope, semantic, sem, gen, name):
     ty = _SUFFIX[suffix]
     p = _as_ptr(ptr, ty, sem)
-    for i, v in enumerate(vals):
-        pi = p.__add__(i, _semantic=sem) if i else p
+    words = []
+    for v in vals:
         vt = _compat.to_tensor(sem, v).dtype
         # a float word of the same width is stored as its bits (a b32 register), as the PTX vector store does
-        v = tl.cast(v, ty, bitcast=vt.is_floating() and vt.primitive_bitwidth == ty.primitive_bitwidth,
-                    _semantic=sem)
-        # every calling thread stores (as st.global.v4 does): a scalar tl.store would be done by thread 0 alone
-        # (Triton predicates scalar stores to one thread), losing the other threads' words in SIMT-style code
-        _dl.st(pi, v, scope or "gpu", semantic or "relaxed", _semantic=sem, _generator=gen)
+        words.append(tl.cast(v, ty, bitcast=vt.is_floating() and vt.primitive_bitwidth == ty.primitive_bitwidth,
+                             _semantic=sem))
+    # every calling thread stores (as st.global.v4 does), one access per vector
+    _emit("st_vec", {"ptr": p, "values": tuple(words)}, _vec_attrs(name, scope, semantic), sem, gen,
+          params=("ptr",))
 
 
 @builtin
 def load_v4_u32(ptr, _semantic=None, _generator=None):
     """Four uint32 words at ``ptr`` (``ld.global.v4.u32``), as a tuple."""
-    return _load_words(ptr, 4, "u32", "", "", _semantic, _generator)
+    return _load_words(ptr, 4, "u32", "", "", _semantic, _generator, "load_v4_u32")
 
 
 @builtin
 def load_v4_b32(ptr, scope="", semantic="", _semantic=None, _generator=None):
-    """Four int32 words at ``ptr``; with ``semantic`` (``"relaxed"`` /
-    ``"acquire"``) each is a ``dl.ld`` at ``scope``."""
-    return _load_words(ptr, 4, "b32", _c(scope), _c(semantic), _semantic, _generator)
+    """Four int32 words at ``ptr`` (16-byte aligned), one access
+    (``ld.global{.semantic}{.scope}.v4.b32``): weak by default, or
+    ``semantic`` ``"relaxed"`` / ``"acquire"`` / ``"volatile"`` at ``scope``
+    (``"gpu"`` when only the semantic is given)."""
+    return _load_words(ptr, 4, "b32", _c(scope), _c(semantic), _semantic, _generator, "load_v4_b32")
 
 
 @builtin
 def load_v4_s32(ptr, _semantic=None, _generator=None):
     """Four int32 words at ``ptr``, as a tuple."""
-    return _load_words(ptr, 4, "s32", "", "", _semantic, _generator)
+    return _load_words(ptr, 4, "s32", "", "", _semantic, _generator, "load_v4_s32")
 
 
 @builtin
 def load_v2_b64(ptr, _semantic=None, _generator=None):
-    """Two int64 words at ``ptr`` (``ld.volatile.global.v2.b64``: volatile
-    loads), as a tuple."""
-    return _load_words(ptr, 2, "b64", "", "", _semantic, _generator, volatile=True)
+    """Two int64 words at ``ptr`` (16-byte aligned; one
+    ``ld.volatile.global.v2.b64``), as a tuple."""
+    return _load_words(ptr, 2, "b64", "", "volatile", _semantic, _generator, "load_v2_b64")
 
 
 @builtin
 def st_v4_u32(ptr, val0, val1, val2, val3, _semantic=None, _generator=None):
     """Store four uint32 words at ``ptr``."""
-    _store_words(ptr, (val0, val1, val2, val3), "u32", "", "", _semantic, _generator)
+    _store_words(ptr, (val0, val1, val2, val3), "u32", "", "", _semantic, _generator, "st_v4_u32")
 
 
 @builtin
 def st_v4_b32(ptr, val0, val1, val2, val3, scope="", semantic="", _semantic=None, _generator=None):
-    """Store four int32 words at ``ptr``; with ``semantic`` (``"relaxed"`` /
-    ``"release"``) each is a ``dl.st`` at ``scope``."""
-    _store_words(ptr, (val0, val1, val2, val3), "b32", _c(scope), _c(semantic), _semantic, _generator)
+    """Store four int32 words at ``ptr`` (16-byte aligned), one access: weak
+    by default, or ``semantic`` ``"relaxed"`` / ``"release"`` /
+    ``"volatile"`` at ``scope``."""
+    _store_words(ptr, (val0, val1, val2, val3), "b32", _c(scope), _c(semantic), _semantic, _generator,
+                 "st_v4_b32")
 
 
 @builtin
 def st_v2_u32(ptr, val0, val1, _semantic=None, _generator=None):
-    """Store two uint32 words at ``ptr``."""
-    _store_words(ptr, (val0, val1), "u32", "", "", _semantic, _generator)
+    """Store two uint32 words at ``ptr`` (8-byte aligned; one
+    ``st.volatile.global.v2.b32``)."""
+    _store_words(ptr, (val0, val1), "u32", "", "volatile", _semantic, _generator, "st_v2_u32")
 
 
 @builtin

@@ -535,6 +535,38 @@ def _st(ctx, ptr, value, scope, semantic):
     return None
 
 
+def _vec_q(semantic, scope):
+    """``ld``/``st`` qualifiers of a vector access: weak (""), ``volatile.``, or ``<semantic>.<scope>.``."""
+    if not semantic:
+        return ""
+    return _sem_scope(semantic, scope) + "."
+
+
+@register("ld_vec", BACKEND)
+def _ld_vec(ctx, ptr, words, scope, semantic):
+    """One ``ld{.sem.scope}.global.v<words>.b<bits>`` per pointer (per thread): an aligned vector access that
+    the GPU performs at once (LL protocols poll a data word and its flag word with it)."""
+    t = _elem(ctx, ptr, "ptr")
+    bits = _bits(t)
+    outs = ", ".join(f"${i}" for i in range(words))
+    asm = f"ld.{_vec_q(semantic, scope)}global.v{words}.b{bits} {{{outs}}}, [${words}];"
+    ity = _INT_OF[bits] if t.is_floating() else t
+    got = ctx.asm(asm, ",".join([f"={_reg(bits)}"] * words) + ",l", [ptr], [ity] * words)
+    return tuple(_cooked(ctx, w, t) for w in got)
+
+
+@register("st_vec", BACKEND)
+def _st_vec(ctx, ptr, values, scope, semantic):
+    """One ``st{.sem.scope}.global.v<n>.b<bits>`` per pointer (per thread)."""
+    t = _elem(ctx, ptr, "ptr")
+    bits = _bits(t)
+    regs = [_raw(ctx, v, t) for v in values]
+    ins = ", ".join(f"${i + 2}" for i in range(len(regs)))
+    asm = f"st.{_vec_q(semantic, scope)}global.v{len(regs)}.b{bits} [$1], {{{ins}}}; mov.u32 $0, 0;"
+    ctx.asm(asm, "=r,l," + ",".join(_reg(bits) for _ in regs), [ptr] + regs, tl.int32)
+    return None
+
+
 @register("atomic_add", BACKEND)
 def _atomic_add(ctx, ptr, value, scope, semantic):
     t = _elem(ctx, ptr, "ptr")

@@ -381,6 +381,70 @@ def _st(ctx, ptr, value, scope, semantic):
     return None
 
 
+# one vector access per thread (ld_vec / st_vec): one global_load_dwordx4 / _dwordx2 / global_store_* of a VGPR
+# tuple, in inline asm (a library function returns one value, and Triton has no 128-bit type), through four
+# fixed VGPRs that the asm clobbers; cache controls as LLVM's GFX942 memory model gives them
+_VEC_CACHE = {"cta": "sc0", "gpu": "sc1", "sys": "sc0 sc1"}
+
+
+def _vec_regs(n):
+    return f"v[0:{n - 1}]", [f"v{i}" for i in range(n)]
+
+
+@register("ld_vec", BACKEND)
+def _ld_vec(ctx, ptr, words, scope, semantic):
+    elem = _elem(ctx, ptr)
+    bits = elem.primitive_bitwidth
+    n = words * bits // 32                                   # 32-bit registers
+    tup, regs = _vec_regs(n)
+    cache = {"": "", "volatile": "sc0 sc1"}.get(semantic, _VEC_CACHE.get(scope, "sc0 sc1"))
+    lines = [f"global_load_dwordx{n} {tup}, ${n}, off {cache}".rstrip(), "s_waitcnt vmcnt(0)"]
+    if semantic == "acquire":
+        lines.append(f"buffer_inv {_VEC_CACHE[scope]}")
+    lines += [f"v_mov_b32 ${i}, {r}" for i, r in enumerate(regs)]
+    cons = ",".join(["=&v"] * n) + ",v," + ",".join("~{" + r + "}" for r in regs)
+    got = ctx.asm("\n".join(lines), cons, [common.ptr_to_int(ctx, ptr)], [tl.int32] * n)
+    if bits == 32:
+        return tuple(_from_int(ctx, w, elem) for w in got)
+    out = []
+    for lo, hi in zip(got[0::2], got[1::2]):                # little-endian halves of each 64-bit word
+        lo64 = _compat.cast(ctx.sem, _compat.bitcast(ctx.sem, lo, tl.uint32), tl.int64)
+        hi64 = _compat.cast(ctx.sem, hi, tl.int64)
+        w = hi64.__lshift__(32, _semantic=ctx.sem).__or__(lo64, _semantic=ctx.sem)
+        out.append(_from_int(ctx, w, elem))
+    return tuple(out)
+
+
+@register("st_vec", BACKEND)
+def _st_vec(ctx, ptr, values, scope, semantic):
+    elem = _elem(ctx, ptr)
+    bits = elem.primitive_bitwidth
+    halves = []
+    for v in values:
+        w = _as_int(ctx, v, elem)
+        if bits == 32:
+            halves.append(w)
+        else:
+            halves.append(_compat.cast(ctx.sem, w, tl.int32))                                   # low half
+            halves.append(_compat.cast(ctx.sem, w.__rshift__(32, _semantic=ctx.sem), tl.int32))  # high half
+    n = len(halves)
+    tup, regs = _vec_regs(n)
+    cache = {"": "", "volatile": "sc0 sc1"}.get(semantic, _VEC_CACHE.get(scope, "sc0 sc1"))
+    lines = []
+    if semantic == "release":
+        if scope != "cta":
+            lines.append(f"buffer_wbl2 {_VEC_CACHE[scope]}")
+        lines.append("s_waitcnt vmcnt(0) lgkmcnt(0)")
+    lines += [f"v_mov_b32 {r}, ${i + 2}" for i, r in enumerate(regs)]
+    lines.append(f"global_store_dwordx{n} $1, {tup}, off {cache}".rstrip())
+    if semantic == "volatile":
+        lines.append("s_waitcnt vmcnt(0)")
+    lines.append("v_mov_b32 $0, 0")
+    cons = "=v,v," + ",".join(["v"] * n) + "," + ",".join("~{" + r + "}" for r in regs)
+    ctx.asm("\n".join(lines), cons, [common.ptr_to_int(ctx, ptr)] + halves, tl.int32)
+    return None
+
+
 @register("atomic_add", BACKEND)
 def _atomic_add(ctx, ptr, value, scope, semantic):
     elem = _elem(ctx, ptr)

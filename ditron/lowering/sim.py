@@ -175,6 +175,19 @@ def _multimem_st(ctx, ptrs, value):
 
 # packed multicast accesses, per thread (Triton-distributed's language_extra helpers) -------------------------
 
+def _vector_io(tr, starts, nbytes, words=None):
+    """One access per ``nbytes``-byte vector at ``starts`` (ditron.sim.memory.vector_load / vector_store, the
+    lock stripes by heap offset); loads return ``(n, nbytes // 8)`` int64 words."""
+    from ..sim import memory as M
+    starts = np.asarray(starts, dtype=np.uint64).reshape(-1)
+    stripes = (starts.astype(np.int64) - int(tr.base0)) >> 4
+    abort = lambda: tr.control.abort != 0           # noqa: E731
+    if words is None:
+        return M.vector_load(starts, nbytes, stripes, tr.control, abort)
+    M.vector_store(starts, words, nbytes, stripes, tr.control, abort)
+    return None
+
+
 def _mm_packed(ctx, tr, ptr, mask, nbytes, name, store):
     """Heap offsets (in this rank's heap) of the 2-byte halves of the ``nbytes``-byte accesses at the multicast
     pointers ``ptr`` (shape: pointers x halves) and the mask per pointer (``None``: all)."""
@@ -212,17 +225,20 @@ def _mm_lanes(raw_u16, tt):
 def _multimem_ld_reduce_v4(ctx, ptr, mask, acc_dtype):
     """Per pointer, the 16 bytes summed over the node's copies, lane by lane in fp32 (in rank order), rounded once
     to the lane type (to nearest even: ``.acc::f32`` then the conversion of the result), as four 32-bit words."""
-    from ..sim import memory as M
     world, tr = _world(ctx)
     tt = _elem_ty(ptr)
     halves, live = _mm_packed(ctx, tr, ptr, mask, 16, "multimem_ld_reduce_v4", store=False)
     n = halves.shape[0]
     sel = None if live is None else np.repeat(live, halves.shape[1])
     acc = None
+    rows = np.arange(n) if live is None else np.flatnonzero(live)
     for r in _mc_node_ranks(ctx, world):
         addrs = (np.int64(tr.heap_base(r)) + halves).astype(np.uint64).reshape(-1)
-        raw = M.load(addrs, np.uint16)
-        stale = race().plain_access("read", addrs, sel, raw)
+        raw = np.zeros((n, 8), dtype=np.uint16)
+        if rows.size:               # each copy's 16 bytes read as one access (as the switch reads them)
+            raw[rows] = np.ascontiguousarray(_vector_io(tr, addrs.reshape(n, 8)[rows, 0], 16)).view(np.uint16)
+        raw = raw.reshape(-1)
+        stale = race().plain_access("read", addrs, sel, raw, group=8)
         raw = (raw if stale is None else stale).reshape(n, 8)
         lanes = _mm_lanes(raw, tt)
         acc = lanes if acc is None else acc + lanes          # fp32 arithmetic, one rounding per addition
@@ -261,10 +277,15 @@ def _multimem_st_packed(ctx, ptr, values, mask, form):
     u16 = words.view(np.uint16).reshape(n, nbytes // 2)
     if live is not None:
         halves, u16 = halves[live], u16[live]
+    u16 = np.ascontiguousarray(u16)
     for r in _mc_node_ranks(ctx, world):
         addrs = (np.int64(tr.heap_base(r)) + halves).astype(np.uint64).reshape(-1)
         race().plain_access("write", addrs, None, u16.reshape(-1))
-        M.store(addrs, u16.reshape(-1), np.uint16)
+        starts = addrs.reshape(halves.shape)[:, 0] if halves.size else np.zeros(0, np.uint64)
+        if nbytes >= 8:             # one access per copy, as the switch writes it
+            _vector_io(tr, starts, nbytes, u16.view(np.int64).reshape(-1, nbytes // 8))
+        elif starts.size:
+            M.atomic_xchg(starts, u16.view(np.int32).reshape(-1), np.int32)
     access().end_poll()
     tr.control.progress()
     return None

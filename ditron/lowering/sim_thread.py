@@ -100,6 +100,95 @@ def _st(ctx, ptr, value, scope, semantic):
     return None
 
 
+# vector accesses (ld_vec / st_vec): one access per vector ------------------------------------------------------
+
+def _vec_where(ctx, ptr, nbytes, primitive):
+    """The vectors' addresses, their lock stripes (by heap offset: the same in every rank process) and the job's
+    control block; refuses a misaligned address (a GPU faults)."""
+    addrs = _heap_ptrs(ctx, ptr).reshape(-1)
+    bad = addrs[addrs % np.uint64(nbytes) != 0]
+    if bad.size:
+        raise ctx.error(f"{primitive}: a {nbytes}-byte vector access needs a {nbytes}-byte aligned address, not "
+                        f"{int(bad[0]):#x}: a GPU faults (misaligned address)", arg="ptr")
+    world = provided("world")
+    tr = getattr(world, "transport", None) if world is not None and world.backend == "sim" else None
+    control = getattr(tr, "control", None)
+    base = int(getattr(tr, "base0", 0) or 0)
+    stripes = ((addrs.astype(np.int64) - base) >> 4) if control is not None else (addrs.astype(np.int64) >> 4)
+    abort = (lambda: control.abort != 0) if control is not None else None
+    return addrs, stripes, control, abort
+
+
+def _granules(addrs, nbytes):
+    return (addrs[:, None] + np.arange(0, nbytes, 2, dtype=np.uint64)[None, :]).reshape(-1)
+
+
+def _vec_name(words, bits, kind):
+    return f"{kind}.v{words}.b{bits}"
+
+
+@register("ld_vec", BACKEND)
+def _ld_vec(ctx, ptr, words, scope, semantic):
+    """One access per vector (ditron.sim.memory.vector_load): a concurrent write lands wholly before or wholly
+    after it.  Weak (``""``): a plain read for the race finder, one access (a stale value is the whole vector's
+    or none); relaxed / volatile / acquire: a read of signal words."""
+    from ..sim import memory as M
+    tt = _elem_ty(ptr)
+    npd = _compat.interpreter_np_dtype(tt)
+    bits = tt.primitive_bitwidth
+    nbytes = words * bits // 8
+    name = _vec_name(words, bits, "ld")
+    addrs, stripes, control, abort = _vec_where(ctx, ptr, nbytes, name)
+    raw = M.vector_load(addrs, nbytes, stripes, control, abort)          # (n, nbytes // 8) int64
+    elems = (addrs[:, None] + np.arange(0, nbytes, bits // 8, dtype=np.uint64)[None, :]).reshape(-1)
+    if semantic == "":
+        access().plain_vector("read", elems, bits // 8)
+        u16 = np.ascontiguousarray(raw).view(np.uint16).reshape(-1)
+        stale = race().plain_access("read", _granules(addrs, nbytes), None, u16, group=nbytes // 2)
+        if stale is not None:
+            raw = np.ascontiguousarray(stale).view(np.int64).reshape(raw.shape)
+    elif semantic == "acquire":
+        race().signal_acquire(elems, scope == "sys")
+    else:
+        race().signal_relaxed_read(elems)
+    vals = np.ascontiguousarray(raw).view(npd).reshape(addrs.size, words)
+    access().polled(elems, None, vals.reshape(-1), _vec_name(words, bits, "ld"))
+    shape = _data(ptr).shape
+    return tuple(_like(ptr, np.ascontiguousarray(vals[:, i]).reshape(shape), tt) for i in range(words))
+
+
+@register("st_vec", BACKEND)
+def _st_vec(ctx, ptr, values, scope, semantic):
+    """One access per vector with respect to other vector accesses (ditron.sim.memory.vector_store).  Weak:
+    a plain write for the race finder; relaxed / volatile / release: a write of signal words."""
+    from ..sim import memory as M
+    tt = _elem_ty(ptr)
+    npd = _compat.interpreter_np_dtype(tt)
+    bits = tt.primitive_bitwidth
+    words = len(values)
+    nbytes = words * bits // 8
+    name = _vec_name(words, bits, "st")
+    _thread_copies(ctx, ptr, name)           # every thread stores the same scalar vector: once is the same
+    addrs, stripes, control, abort = _vec_where(ctx, ptr, nbytes, name)
+    n = addrs.size
+    cols = [np.broadcast_to(_data(ctx.tensor(v)).astype(npd).reshape(-1), (n,)) if _data(ctx.tensor(v)).size in (1, n)
+            else _data(ctx.tensor(v)).astype(npd).reshape(-1)[:n] for v in values]
+    vals = np.ascontiguousarray(np.stack(cols, axis=1))                      # (n, words), little-endian
+    elems = (addrs[:, None] + np.arange(0, nbytes, bits // 8, dtype=np.uint64)[None, :]).reshape(-1)
+    access().end_poll()
+    if semantic == "":
+        access().plain_vector("write", elems, bits // 8)
+        race().plain_access("write", _granules(addrs, nbytes), None, vals.view(np.uint16).reshape(-1))
+    elif semantic == "release":
+        race().signal_release(elems, scope == "sys")
+    else:
+        race().signal_relaxed_write(elems)
+    M.vector_store(addrs, vals.view(np.int64).reshape(n, nbytes // 8) if nbytes >= 8 else None, nbytes, stripes,
+                   control, abort)
+    _progress()
+    return None
+
+
 def _progress():
     access().end_poll()
     world = provided("world")
@@ -152,11 +241,17 @@ def _atomic_cas(ctx, ptr, cmp, value, scope, semantic):
     race().rmw("pre", addrs, semantic, scope == "sys")
     old = np.stack([M.atomic_cas(a, ci, vi, npd)[0] for a, ci, vi in zip(addrs, c, v)]) if addrs.size else \
         np.zeros(0, dtype=npd)
+    wrote = bool(np.any(old == c)) if addrs.size else False
     for _ in range(copies - 1):          # the other threads' attempts (thread 0's result is returned)
         for a, ci, vi in zip(addrs, c, v):
-            M.atomic_cas(a, ci, vi, npd)
+            wrote |= bool(M.atomic_cas(a, ci, vi, npd)[0] == ci)
     race().rmw("post", addrs, semantic, scope == "sys")
-    _progress()
+    if wrote:
+        _progress()
+    else:
+        # a compare-and-swap that fails writes nothing: a loop of them (`while atomic_cas(p, 0, 1, ...) != 0`,
+        # a spin lock or flag barrier) is a polling loop, which lends its turn like a dl.ld poll
+        access().polled(addrs, None, old, "dl.atomic_cas")
     return _like(ptr, old.reshape(shape), tt)
 
 

@@ -88,6 +88,13 @@ def interp_load(ptrs, mask, data, volatile):
     return race.plain_access("read", ptrs, mask, data) if _RACE[0] else None
 
 
+def plain_vector(kind, ptrs, itemsize):
+    """A weak vector load / store (``ld_vec`` / ``st_vec``) at the element addresses ``ptrs``: the tensor bounds
+    and the megakernel access check of a plain access (the race finder is called by the rule itself)."""
+    heap_bounds(ptrs, None, itemsize, kind)
+    taskcheck.record(kind, ptrs, None, itemsize, _where)
+
+
 def interp_store(ptrs, mask, data):
     end_poll()
     itemsize = np.asarray(data).dtype.itemsize

@@ -89,6 +89,87 @@ def store(addr, value, dtype):
 
 
 # ---------------------------------------------------------------------------
+# Vector accesses: one access per 8- or 16-byte vector
+# ---------------------------------------------------------------------------
+# A GPU performs an aligned 16-byte access of one thread (ld.global.v4.b32, global_load_dwordx4) at once; LL
+# protocols rely on it (a data word and its flag word read together).  The host has no 16-byte atomic that
+# Python reaches, so a vector access here is made one access two ways:
+# * against other vector accesses: a lock word per 16-byte granule stripe (in the job's control block, shared
+#   by the rank processes; the heap offset picks the stripe, the same in every process), held around the access;
+# * a vector load against any other write (a put's memmove, a tl.store, a dl.st): its 8-byte words are read
+#   with atomic loads until two reads in a row agree -- a set of values the memory held at one instant
+#   between the two reads (a "double collect"), never half of a write that lands between its words.
+
+VLOCKS = 64        # lock words of the vector accesses (after the control block's per-rank words)
+_LOCAL_LOCKS = np.zeros(VLOCKS, dtype=np.int64)        # a process without a job's control block
+
+
+def _lock_words(stripes, control):
+    if control is None:
+        base = _LOCAL_LOCKS.ctypes.data
+        return sorted({base + 8 * (int(s) % VLOCKS) for s in stripes})
+    return sorted({control.vlock_addr(int(s)) for s in stripes})
+
+
+def _lock(words, abort=None):
+    import time
+    got = []
+    try:
+        for w in words:
+            spins = 0
+            while int(atomic_cas(w, 0, 1)[0]) != 0:
+                spins += 1
+                time.sleep(0 if spins < 100 else 1e-5)      # (lets a program thread of this process finish)
+                if abort is not None and spins % 1000 == 0 and abort():
+                    raise RuntimeError("simulated job aborted while waiting for a vector-access lock")
+            got.append(w)
+    except BaseException:
+        _unlock(got)
+        raise
+    return got
+
+
+def _unlock(words):
+    for w in reversed(words):
+        atomic_xchg(w, 0)
+
+
+def _collect(words64):
+    first = atomic_add(words64, 0, np.int64)
+    while True:
+        again = atomic_add(words64, 0, np.int64)
+        if np.array_equal(first, again):
+            return first
+        first = again
+
+
+def vector_load(addrs, nbytes, stripes, control=None, abort=None):
+    """The ``nbytes`` (8 or 16) bytes at each of ``addrs`` (aligned), each vector read as one access (see
+    above); returns a ``(len(addrs), nbytes // 8)`` int64 array (little-endian 8-byte words)."""
+    addrs = _addr(addrs)
+    k = nbytes // 8
+    words64 = (addrs[:, None] + np.arange(0, nbytes, 8, dtype=np.uint64)[None, :]).reshape(-1)
+    held = _lock(_lock_words(stripes, control), abort)
+    try:
+        return _collect(words64).reshape(addrs.size, k) if words64.size else np.zeros((0, k), np.int64)
+    finally:
+        _unlock(held)
+
+
+def vector_store(addrs, words, nbytes, stripes, control=None, abort=None):
+    """Store ``words`` (``(len(addrs), nbytes // 8)`` int64, little-endian) at ``addrs``, one access per vector
+    with respect to other vector accesses (see above)."""
+    addrs = _addr(addrs)
+    words64 = (addrs[:, None] + np.arange(0, nbytes, 8, dtype=np.uint64)[None, :]).reshape(-1)
+    held = _lock(_lock_words(stripes, control), abort)
+    try:
+        if words64.size:
+            atomic_xchg(words64, np.ascontiguousarray(words, dtype=np.int64).reshape(-1), np.int64)
+    finally:
+        _unlock(held)
+
+
+# ---------------------------------------------------------------------------
 # Control block: one small shared file per simulated job
 # ---------------------------------------------------------------------------
 CONTROL_WORDS_HEADER = 16
@@ -107,7 +188,7 @@ ABORT_REASONS = {ABORT_DEADLOCK: "deadlock", ABORT_RANK_FAILED: "another rank fa
 
 
 def control_size(world_size: int) -> int:
-    return 8 * (CONTROL_WORDS_HEADER + RANK_WORDS * world_size)
+    return 8 * (CONTROL_WORDS_HEADER + RANK_WORDS * world_size + VLOCKS)
 
 
 def create_control(path: str, world_size: int):
@@ -163,6 +244,10 @@ class Control:
     def request_abort(self, reason: int, failed_rank: int = -1):
         if int(atomic_cas(self.addr(H_ABORT), ABORT_NONE, reason)[0]) == ABORT_NONE and failed_rank >= 0:
             self.set(H_FAILED_RANK, failed_rank)
+
+    def vlock_addr(self, stripe: int) -> int:
+        """The lock word of vector-access stripe ``stripe`` (:func:`vector_load`)."""
+        return self.addr(CONTROL_WORDS_HEADER + RANK_WORDS * self.world_size + stripe % VLOCKS)
 
     def rank_add(self, rank: int, field: int, value: int):
         return self.add(self.rank_word(rank, field), value)

@@ -293,7 +293,7 @@ class _State:
             self.release(t, keys, t.fence_sys, vc=t.fence_vc)
 
     # -- plain accesses --------------------------------------------------------------
-    def access(self, t, kind, addrs, mask, data, where, itemsize=None):
+    def access(self, t, kind, addrs, mask, data, where, itemsize=None, group=None):
         shape = np.shape(addrs)
         addrs = np.asarray(addrs).reshape(-1).astype(np.uint64, copy=False)
         live = np.asarray(mask).reshape(-1).astype(bool) if mask is not None else None
@@ -301,7 +301,7 @@ class _State:
         if live is not None:
             sel &= live
         out = self._access(t, kind, addrs, shape, sel, data, where, itemsize, self.shared, self.lo,
-                           self.tr.describe_addr) if sel.any() else None
+                           self.tr.describe_addr, group) if sel.any() else None
         # ordinary (non-symmetric) tensor arguments: shared by the programs of this launch (a megakernel's
         # activations), checked against a shadow of the launch
         lr = getattr(t, "launch", None)
@@ -312,11 +312,11 @@ class _State:
                     sel &= live
                 if sel.any():
                     got = self._access(t, kind, addrs, shape, sel, data if out is None else out, where, itemsize,
-                                       sh.arrays(), sh.lo, sh.describe)
+                                       sh.arrays(), sh.lo, sh.describe, group)
                     out = got if got is not None else out
         return out
 
-    def _access(self, t, kind, addrs, shape, sel, data, where, itemsize, sh, lo, describe):
+    def _access(self, t, kind, addrs, shape, sel, data, where, itemsize, sh, lo, describe, group=None):
         idx = np.flatnonzero(sel)
         a = addrs[idx]
         g = ((a - np.uint64(lo)) >> np.uint64(_GRAN)).astype(np.int64)
@@ -341,7 +341,7 @@ class _State:
                     bad_w &= ~((sv != 0) & ~self._unordered(t, sv))
             if bad_w.any():
                 self._report(t, "write", "read", a, bad_w, sh.w_info[g], w, info, describe)
-                out = self._stale(data, idx, g, bad_w, sh)
+                out = self._stale(data, idx, g, bad_w, sh, group)
             sh.r_ep[g] = me
             sh.r_info[g] = info
         else:
@@ -414,8 +414,13 @@ class _State:
                 f"barrier or launch boundary orders them)")
         self.pending_reports.append(text)
 
-    def _stale(self, data, idx, g, bad, sh=None):
-        pick = self.rng.random(int(bad.sum())) < 0.5
+    def _stale(self, data, idx, g, bad, sh=None, group=None):
+        if group:
+            # one vector access (ld_vec): the racing granules of a vector are all stale or none is
+            _, inv = np.unique(idx[np.flatnonzero(bad)] // group, return_inverse=True)
+            pick = (self.rng.random(int(inv.max()) + 1 if inv.size else 0) < 0.5)[inv]
+        else:
+            pick = self.rng.random(int(bad.sum())) < 0.5
         if data is None or not pick.any():
             return None
         out = np.array(data, copy=True)
@@ -591,17 +596,19 @@ def maybe_yield():
         launch.blocked(-1)
 
 
-def plain_access(kind, ptrs, mask, data, where=None, itemsize=None):
+def plain_access(kind, ptrs, mask, data, where=None, itemsize=None, group=None):
     """A plain load (``kind="read"``, ``data``: the values loaded) or store
     (``"write"``, ``data``: the values to store) of the calling program;
-    returns replacement data for a load that reads stale values, else None."""
+    returns replacement data for a load that reads stale values, else None.
+    ``group``: elements per access (a vector load of ``group`` granules is
+    one access: its stale values are the whole vector's or none)."""
     st = state()
     if st is None:
         return None
     if where is None:
         from ..lowering.sim import where as _where
         where = _where()
-    return st.access(_thread(st), kind, ptrs, mask, data, where, itemsize)
+    return st.access(_thread(st), kind, ptrs, mask, data, where, itemsize, group)
 
 
 #: keys of the barriers' clocks (heap words are keyed by their offset in the job's heaps + 1, which is
