@@ -152,7 +152,7 @@ def test_cli_help_lists_what_the_commands_accept(capsys):
     with pytest.raises(SystemExit):
         cli.main(["demo", "--help"])
     out = capsys.readouterr().out
-    assert all(name in out for name in DEMOS) and set(DEMOS) == {"megakernel", "moe", "attention"}
+    assert all(name in out for name in DEMOS) and set(DEMOS) == {"megakernel", "moe", "attention", "generate"}
     with pytest.raises(SystemExit):
         cli.main(["compile", "--help"])
     out = " ".join(capsys.readouterr().out.split())
