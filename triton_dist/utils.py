@@ -96,15 +96,17 @@ def initialize_distributed(seed=None, initialize_shmem: bool = True):
     Seeds the random generators with the rank (or ``seed``).  Returns
     ``torch.distributed.group.WORLD`` on GPUs (or the group the world was built
     on).  On the simulator it starts a gloo process group of the simulated
-    ranks (each is a process), so the script's ``torch.distributed``
+    ranks (each is a process) for a script under ``ditron sim``, so the script's ``torch.distributed``
     collectives on that group compute on its CPU tensors
     (:func:`ditron.sim.host_torch.process_group`), and returns it."""
     global _GROUP
     world = ditron.init()
     init_seed(seed if seed is not None else world.rank)
     if world.backend == "sim":
-        from ditron.sim.host_torch import process_group
-        _GROUP = process_group(world)
+        from ditron.sim import host_torch
+        # a script under `ditron sim` gets a torch process group of its ranks; elsewhere on the simulator (the
+        # test suite's shared clusters, where bodies start and end their own groups) the world's WorldGroup
+        _GROUP = host_torch.process_group(world) if host_torch.active() else WorldGroup(world)
     else:
         import torch.distributed as tdist
         _GROUP = world.group if world.group is not None else tdist.group.WORLD
@@ -120,7 +122,8 @@ def finalize_distributed():
     world = ditron.current_world(required=False)
     sim = world is not None and world.backend == "sim"
     ditron.finalize()
-    if sim:
+    from ditron.sim import host_torch
+    if sim and host_torch.active():
         import torch.distributed as tdist
         if tdist.is_initialized():
             tdist.destroy_process_group()
