@@ -280,6 +280,20 @@ def tile_rows(pid_m, M, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def load_k_step(a_ptrs, b_ptrs, col_ok, k0, ks, K, EVEN_K: tl.constexpr):
+    """One ``BLOCK_K`` step's A and B tiles of :func:`gemm_tile` / :func:`scaled_gemm_tile` (K masked unless
+    ``EVEN_K``; B's missing columns read as 0)."""
+    if EVEN_K:
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)
+    else:
+        k_ok = (k0 + ks) < K
+        a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+    return a, b
+
+
+@triton.jit
 def gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     """fp32 ``[BLOCK_M, BLOCK_N]`` accumulator of one tile: ``a_rows`` are
@@ -294,13 +308,7 @@ def gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K,
     a_ptrs = a_rows[:, None] + ks[None, :] * stride_ak
     b_ptrs = b_cols[None, :] + ks[:, None] * stride_bk
     for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)
-        else:
-            k_ok = (k0 + ks) < K
-            a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        a, b = load_k_step(a_ptrs, b_ptrs, col_ok, k0, ks, K, EVEN_K)
         acc = tl.dot(a, b, acc)
         a_ptrs += BLOCK_K * stride_ak
         b_ptrs += BLOCK_K * stride_bk
@@ -344,13 +352,7 @@ def scaled_gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K, sa_rows, s
         a_ptrs = a_rows[:, None] + ks[None, :] * stride_ak
         b_ptrs = b_cols[None, :] + ks[:, None] * stride_bk
         for k0 in range(0, K, BLOCK_K):
-            if EVEN_K:
-                a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)
-            else:
-                k_ok = (k0 + ks) < K
-                a = tl.load(a_ptrs, mask=k_ok[None, :], other=0.0)
-                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            a, b = load_k_step(a_ptrs, b_ptrs, col_ok, k0, ks, K, EVEN_K)
             if SCALE == 2:
                 part = tl.dot(a, b, max_num_imprecise_acc=BLOCK_K)
                 acc = scale_step(acc, part, sa_rows, sb_cols, col_ok, k0, stride_sak, stride_sbk, GK)
