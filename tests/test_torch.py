@@ -27,7 +27,7 @@ def test_opcheck_every_op(dist_world):
     assert dist_world(2).run(B.opcheck_ops, "bf16") == [ALL_OPS] * 2
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n", [3])       # an odd world (2 and 4 ranks: the op tests above and below)
 def test_compiled_model_matches_eager(dist_world, n):
     assert dist_world(n).run(B.compiled_matches_eager, COMPILE_BACKEND) == [(5, 24)] * n
 
