@@ -26,6 +26,7 @@ from .compiler import CompiledKernel, compile
 from .errors import DitronCompileError, DitronError, LibraryError, LoweringError
 from .errors import DitronHangError, DitronLintWarning, DitronRankError
 from .jit import DitronJITFunction, jit
+from . import gluon       # ditron.gluon.jit: distributed Gluon kernels (imports no Gluon until used)
 from .runtime.world import (World, barrier_all, current_world, finalize, heap_scope, init, is_symmetric, peer_tensor,
                             rank_copy, stream_wait_value, stream_write_value, symm_empty, symm_zeros)
 from .target import Target, parse_target

@@ -200,6 +200,12 @@ def backend_option_names(backend: str):
 
 
 def ast_source(fn, signature, constexprs, attrs):
+    """``triton.compile``'s source of ``fn``: a ``GluonASTSource`` for a Gluon kernel (``@gluon.jit`` or
+    ``@ditron.gluon.jit``: ``fn.is_gluon()``), else an ``ASTSource``."""
+    is_gluon = getattr(fn, "is_gluon", None)
+    if is_gluon is not None and is_gluon():
+        from triton.experimental.gluon._runtime import GluonASTSource
+        return GluonASTSource(fn, signature, constexprs, attrs)
     return triton.compiler.ASTSource(fn, signature=signature, constexprs=constexprs, attrs=attrs)
 
 
