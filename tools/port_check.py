@@ -51,6 +51,23 @@ _RS_HELPERS = [(K + "reduce_scatter.py", f) for f in ("add_continuous_kernel", "
 _BARRIERS = [(K + "common_ops.py", f) for f in ("barrier_all_intra_node_atomic_cas_block",
                                                "_barrier_all_intra_node_non_atomic_once_block",
                                                "barrier_all_intra_node_non_atomic_block")]
+#: Triton-distributed's profiler (`triton_dist/tools/profiler/language.py`, a `@tl.core._aggregate` class), which the
+#: all-to-all-v kernels create and record into; driven with `profiling=False` (their host ops' default), where
+#: its `smid()` / `globaltimer_lo()` (which ditron does not provide) are never reached
+_PROFILER = [("python/triton_dist/tools/profiler/language.py", f) for f in (
+    "NUM_BITS_ID", "NUM_BITS_TASK_TYPE", "NUM_BITS_EVENT", "NUM_BITS_PAYLOAD", "Profiler")]
+_PROFILER_IMPORTS = ["from triton_dist.language.extra.cuda.language_extra import fence, pack_b32_v2\n"]
+_VDEV = K + "all_to_all_vdev_2d_offset.py"
+_PREFIX_SUM = [(K + "gemm_rs_threadblock_swizzle.py", "warp_prefix_sum_kernel"),
+               (_VDEV, "single_block_prefix_sum_kernel_scan_scan")]
+_VDEV_HELPERS = (_PROFILER + _GRID_BARRIER + [(K + "common_ops.py", "barrier_all_intra_node_atomic_cas_block")]
+                 + _PREFIX_SUM)
+VDEV_NOTE = ("MoE all-to-all-v with on-device splits (`all_to_all_vdev_2d_offset.py`); its `Profiler` extracted from "
+             "`triton_dist/tools/profiler` (with `profiling=False`: its `smid` / `globaltimer_lo` unused); SIMULATOR "
+             "REFUSES its first statement, `Profiler.create(..., is_leader=(tid(0) == 0))` (a per-thread value "
+             "passed to a call outside a branch on the thread id); the host driver is not yet checked past it")
+SHFL_NOTE = ("SIMULATOR REFUSES `warp_prefix_sum_kernel`'s `__shfl_up_sync_i32` on per-lane values (a warp shuffle "
+             "in per-thread code)")
 PER_THREAD = "one item per thread (`if thread_idx < world_size`), simulated per thread"
 POW2 = "; its `tl.arange(0, world_size)` needs a power-of-2 world size (also on GPUs)"
 PACKED_MC = "packed 128-bit multicast (`multimem_ld_reduce_v4`, `multimem_st_b64`), per thread"
@@ -150,6 +167,24 @@ CASES = {
                                                      "cp_from_recv_buf")],
         launched=("all_to_all_single_2d_kernel",),
         note="two kernels (push, then an intra-node barrier and the copy out)" + POW2),
+    "a2a_vdev_prefix_sum": dict(src=_PREFIX_SUM, note="`all_to_all_vdev_2d_offset.py`'s warp-shuffle prefix sum "
+                                                      "(`MAJOR_ALIGN` 1, 4 and 8), one rank's memory; " + SHFL_NOTE),
+    "a2a_vdev_exchange_splits": dict(src=[(K + "common_ops.py", "barrier_all_intra_node_atomic_cas_block")]
+                                     + _PREFIX_SUM + [(_VDEV, "exchange_split_offset_2d_intra_node")],
+                                     note="the splits / offsets exchange of `all_to_all_v_2d_kernel` (a SIMT region "
+                                          "of `dl.symm_at` stores), launched alone; both split layouts, the caller's input offsets "
+                                          "(`has_input_off=True`; without them it runs the prefix sum first)"),
+    "a2a_vdev_2d": dict(src=_VDEV_HELPERS + [(_VDEV, "exchange_split_offset_2d_intra_node"),
+                                             (_VDEV, "all_to_all_v_2d_kernel")],
+                        imports=_PROFILER_IMPORTS,
+                        note=VDEV_NOTE + "; `all_to_all_vdev_2d` (rank-major splits, `MAJOR_ALIGN` 1 and 4)"),
+    "a2a_vdev_2d_offset": dict(src=_VDEV_HELPERS + [(_VDEV, "exchange_split_offset_2d_intra_node"),
+                                                    (_VDEV, "all_to_all_v_2d_kernel")],
+                               imports=_PROFILER_IMPORTS,
+                               note=VDEV_NOTE + "; `all_to_all_vdev_2d_offset` (expert-major splits, the caller's "
+                                                "input offsets)"),
+    "a2a_vdev_2d_v2": dict(src=_VDEV_HELPERS + [(_VDEV, "all_to_all_v_2d_kernel_v2")], imports=_PROFILER_IMPORTS,
+                           note=VDEV_NOTE + "; `all_to_all_v_2d_kernel_v2` (both split layouts)"),
     "p2p_signal": dict(src=[(K + "p2p.py", "p2p_set_signal"), (K + "p2p.py", "p2p_wait_signal")],
                        note=PER_THREAD),
     "p2p_copy": dict(src=[(K + "p2p.py", "p2p_copy_kernel")]),
@@ -185,11 +220,18 @@ def _imports(tree, lines):
 
 
 def _function(tree, lines, name, path, launched=False):
-    """The function's source as written (its ``jit`` decorator and body).  A
+    """The function's source as written (its ``jit`` decorator and body), or
+    a class (with its decorators) or a module constant ``NAME = ...``.  A
     launched kernel decorated ``@triton.jit`` gets ``@triton_dist.jit``: the
     one documented change (stock Triton's jit attaches no ditron library and
     runs no simulator; helpers it calls keep ``@triton.jit``)."""
     for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:       # e.g. its profiler's `@tl.core._aggregate`
+            decos = [ast.get_source_segment("".join(lines), d) for d in node.decorator_list]
+            return "".join("@" + d + "\n" for d in decos) + "".join(lines[node.lineno - 1:node.end_lineno]), False
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == name):                     # a module constant a class or body reads
+            return "".join(lines[node.lineno - 1:node.end_lineno]), False
         if isinstance(node, ast.FunctionDef) and node.name == name:
             decos = [ast.get_source_segment("".join(lines), d) for d in node.decorator_list
                      if "jit" in ast.unparse(d)]
@@ -716,6 +758,190 @@ def drive_all_to_all_single_2d(m, w, U):
         ref.append(rows(s)[lo:lo + int(sp[w.rank])])
     _close(out, torch.cat(ref), "all-to-all")
     U.nvshmem_barrier_all_on_stream()
+
+
+def _vdev_splits(r, w, ne, k, rank_in_row):
+    """Rank ``r``'s splits: tokens it sends to expert ``e`` of rank ``p``, flattened rank-major ``(p, e)`` or
+    expert-major ``(e, p)``."""
+    import torch
+    g = torch.Generator().manual_seed(300 + r)
+    sp = torch.randint(0, k + 1, (w.world_size, ne), generator=g).to(torch.int32)
+    return sp.reshape(-1) if rank_in_row else sp.t().contiguous().reshape(-1)
+
+
+def _vdev_index(p, e, w, ne, rank_in_row):
+    return p * ne + e if rank_in_row else e * w.world_size + p
+
+
+def _vdev_in_offsets(sp, given):
+    """The caller's input offsets: its segments laid out in reverse order (not the prefix sum the kernel would
+    compute), or the exclusive prefix sum."""
+    import torch
+    if not given:
+        return torch.cumsum(sp, 0) - sp
+    rev = sp.flip(0)
+    return (torch.cumsum(rev, 0) - rev).flip(0).to(torch.int32)
+
+
+def _vdev_reference(w, ne, k, L, rank_in_row, given_off, align=1, with_src=False):
+    """(out_splits, local offsets, output rows) of this rank, in the kernel's output order: expert-major
+    (``rank_in_row``: row ``e`` holds the tokens from rank 0..W-1, each row aligned to ``align``) or
+    source-major (row ``s`` holds experts 0..ne-1)."""
+    import torch
+    n, r = w.world_size, w.rank
+    order = [(s, e) for e in range(ne) for s in range(n)] if rank_in_row else \
+        [(s, e) for s in range(n) for e in range(ne)]
+    splits, offs, rows, srcs, pos = [], [], [], [], 0
+    for i, (s, e) in enumerate(order):
+        sp = _vdev_splits(s, w, ne, k, rank_in_row)
+        j = _vdev_index(r, e, w, ne, rank_in_row)
+        c, lo = int(sp[j]), int(_vdev_in_offsets(sp, given_off)[j])
+        splits.append(c)
+        srcs.append(lo)
+        offs.append(pos)
+        tok = _data(s, int(sp.sum()) * L, torch.float16, seed=50).view(-1, L)
+        rows.append((pos, tok[lo:lo + c]))
+        pos += c
+        if align > 1 and (i + 1) % n == 0:                      # end of an expert's row
+            pos = max((pos + align - 1) // align * align, align)
+    return (splits, offs, rows, srcs) if with_src else (splits, offs, rows)
+
+
+def _vdev_check(out, rows, what):
+    for pos, ref in rows:
+        _close(out[pos:pos + ref.shape[0]], ref, f"{what}: rows {pos}..{pos + ref.shape[0]}")
+
+
+def _drive_vdev(m, w, U, rank_in_row, given_off, aligns):
+    """Host code of `all_to_all_v_offset_op` written on ditron's runtime: its context's buffers (symmetric
+    split/offset and data buffers, a signal pad, a local offset buffer and partial sums), reused across calls
+    as its context does."""
+    import torch
+    n, ne, k, L = w.world_size, 2, 3, 24            # L: a token length that is not a power of 2
+    nsplits = n * ne
+    max_tok = k * nsplits * n
+    split_meta = U.nvshmem_create_tensor((4 * nsplits,), torch.int32)
+    signal = U.nvshmem_create_tensor((n + 8,), torch.int64)
+    signal.zero_()
+    data = U.nvshmem_create_tensor((2 * max_tok * L,), torch.float16)
+    local_off = torch.empty(nsplits, dtype=torch.int32, device=w.device)
+    partial = torch.zeros(2 * triton_cdiv(nsplits, 32), dtype=torch.int32, device=w.device)
+    prof = torch.zeros(8, dtype=torch.int64, device=w.device)
+    dispatch_so, combine_so = split_meta[:2 * nsplits], split_meta[2 * nsplits:]
+    dispatch_data, combine_data = data[:max_tok * L], data[max_tok * L:]
+    in_so, out_so = (dispatch_so, combine_so) if rank_in_row else (combine_so, dispatch_so)
+    send, recv = (dispatch_data, combine_data) if rank_in_row else (combine_data, dispatch_data)
+    sp = _vdev_splits(w.rank, w, ne, k, rank_in_row)
+    tok = _data(w.rank, int(sp.sum()) * L, torch.float16, seed=50)
+    U.nvshmem_barrier_all_on_stream()
+    for align in aligns:
+        in_so[:nsplits].copy_(sp)
+        if given_off:
+            in_so[nsplits:].copy_(_vdev_in_offsets(sp, True))
+        send[:tok.numel()].copy_(tok)
+        U.nvshmem_barrier_all_on_stream()
+        m.all_to_all_v_2d_kernel[(ne,)](
+            prof, in_so, out_so, local_off, partial, signal, recv, send, token_stride=L, num_expert_per_rank=ne,
+            rank_in_row=rank_in_row, has_input_off=given_off, MAJOR_ALIGN=align, num_warps=4,
+            **U.launch_cooperative_grid_options())
+        splits, offs, rows = _vdev_reference(w, ne, k, L, rank_in_row, given_off, align)
+        what = f"rank_in_row={rank_in_row}, MAJOR_ALIGN={align}"
+        assert out_so[:nsplits].tolist() == splits, (what, "out_splits", out_so[:nsplits].tolist(), splits)
+        assert local_off.tolist() == offs, (what, "offsets", local_off.tolist(), offs)
+        assert out_so[nsplits:].tolist() == offs, (what, "written-back offsets", out_so[nsplits:].tolist(), offs)
+        _vdev_check(recv.view(-1, L), rows, what)
+        U.nvshmem_barrier_all_on_stream()
+
+
+def drive_a2a_vdev_exchange_splits(m, w, U):
+    """`exchange_split_offset_2d_intra_node` launched alone (one program): the split / source-offset exchange
+    of `all_to_all_v_2d_kernel`, both layouts, with the caller's offsets, with and without its extra barrier."""
+    import torch
+    n, ne, k = w.world_size, 3, 3
+    nsplits = n * ne
+    in_so = U.nvshmem_create_tensor((2 * nsplits,), torch.int32)
+    out_so = U.nvshmem_create_tensor((2 * nsplits,), torch.int32)
+    signal = U.nvshmem_create_tensor((n,), torch.int64)
+    signal.zero_()
+    partial = torch.zeros(2 * triton_cdiv(nsplits, 32), dtype=torch.int32, device=w.device)
+    # (has_input_off=False first runs the prefix sum, whose warp shuffles the simulator refuses: a2a_vdev_prefix_sum)
+    for rank_in_row, given_off, extra in ((True, True, False), (False, True, True), (True, True, True)):
+        sp = _vdev_splits(w.rank, w, ne, k, rank_in_row)
+        in_so[:nsplits].copy_(sp)
+        in_so[nsplits:].copy_(_vdev_in_offsets(sp, True) if given_off else torch.full((nsplits,), -7))
+        out_so.fill_(-1)
+        U.nvshmem_barrier_all_on_stream()
+        m.exchange_split_offset_2d_intra_node[(1,)](in_so, out_so, partial, signal, ne, rank_in_row=rank_in_row,
+                                                    has_input_off=given_off, extra_barrier=extra, num_warps=4)
+        splits, _, _, srcs = _vdev_reference(w, ne, k, 1, rank_in_row, given_off, with_src=True)
+        what = f"rank_in_row={rank_in_row}, has_input_off={given_off}"
+        assert in_so[nsplits:].tolist() == _vdev_in_offsets(sp, given_off).tolist(), (what, "input offsets")
+        assert out_so[:nsplits].tolist() == splits, (what, "out splits", out_so[:nsplits].tolist(), splits)
+        assert out_so[nsplits:].tolist() == srcs, (what, "source offsets", out_so[nsplits:].tolist(), srcs)
+        U.nvshmem_barrier_all_on_stream()
+
+
+def drive_a2a_vdev_prefix_sum(m, w, U):
+    """`single_block_prefix_sum_kernel_scan_scan` launched alone (one program, each rank its own splits): rows
+    wider than a warp, more tiles than warps, with and without the row alignment."""
+    import torch
+    for M, N, warps, align in ((3, 40, 2, 1), (3, 40, 2, 4), (5, 7, 2, 1), (5, 7, 2, 8)):
+        g = torch.Generator().manual_seed(400 + w.rank)
+        sp = torch.randint(0, 5, (M * N,), generator=g).to(torch.int32)
+        sp[N:2 * N] = 0                                           # an empty row
+        partial = torch.zeros(M * triton_cdiv(N, 32) + 32, dtype=torch.int32, device=w.device)
+        res = torch.full((M * N,), -1, dtype=torch.int32, device=w.device)
+        m.single_block_prefix_sum_kernel_scan_scan[(1,)](sp.to(w.device), partial, res, M, N, num_warps=warps,
+                                                         MAJOR_ALIGN=align)
+        ref, pos = [], 0
+        for i in range(M * N):
+            ref.append(pos)
+            pos += int(sp[i])
+            if align > 1 and (i + 1) % N == 0:
+                pos = max((pos + align - 1) // align * align, align)
+        assert res.tolist() == ref, ((M, N, warps, align), res.tolist(), ref)
+
+
+def drive_a2a_vdev_2d(m, w, U):
+    _drive_vdev(m, w, U, True, False, (1, 4))
+
+
+def drive_a2a_vdev_2d_offset(m, w, U):
+    _drive_vdev(m, w, U, False, True, (1,))
+
+
+def drive_a2a_vdev_2d_v2(m, w, U):
+    """Host code of `all_to_all_v_offset_op_v2` on ditron's runtime; the caller supplies both splits (local)."""
+    import torch
+    n, ne, k, L = w.world_size, 2, 3, 24
+    nsplits = n * ne
+    max_tok = k * nsplits * n
+    split_meta = U.nvshmem_create_tensor((4 * nsplits,), torch.int32)
+    signal = U.nvshmem_create_tensor((n + 8,), torch.int64)
+    signal.zero_()
+    data = U.nvshmem_create_tensor((max_tok * L,), torch.float16)
+    partial = torch.zeros(2 * triton_cdiv(nsplits, 32), dtype=torch.int32, device=w.device)
+    prof = torch.zeros(8, dtype=torch.int64, device=w.device)
+    stats = torch.full((8,), -1, dtype=torch.int32, device=w.device)
+    U.nvshmem_barrier_all_on_stream()
+    for stage, rank_in_row in enumerate((True, False, True)):
+        sp = _vdev_splits(w.rank, w, ne, k, rank_in_row)
+        inp = _data(w.rank, int(sp.sum()) * L, torch.float16, seed=50).view(-1, L)
+        splits, offs, rows = _vdev_reference(w, ne, k, L, rank_in_row, False)
+        out = torch.zeros(max_tok, L, dtype=torch.float16, device=w.device)
+        U.nvshmem_barrier_all_on_stream()
+        m.all_to_all_v_2d_kernel_v2[(ne,)](
+            prof, inp, out, sp.to(w.device), torch.tensor(splits, dtype=torch.int32, device=w.device), stats,
+            split_meta, data, partial_sum_ptr=partial, signal_pad_ptr=signal, stage=stage, total_stages=4,
+            rank_in_row=rank_in_row, token_len=L, num_expert_per_rank=ne, copy_to_symm_buffer=True, num_warps=4,
+            COPY_BLOCK_SIZE=16, **U.launch_cooperative_grid_options())
+        what = f"stage {stage}, rank_in_row={rank_in_row}"
+        assert split_meta[nsplits:2 * nsplits].tolist() == offs, (what, "store offsets")
+        assert stats[2 * stage:2 * stage + 2].tolist() == [inp.shape[0], sum(splits)], (what, stats.tolist())
+        last = (stage + 3) % 4
+        assert stats[2 * last:2 * last + 2].tolist() == [-1, -1], (what, "previous stage reset", stats.tolist())
+        _vdev_check(out, rows, what)
+        U.nvshmem_barrier_all_on_stream()
 
 
 def drive_p2p_signal(m, w, U):
