@@ -281,6 +281,8 @@ def ag_gemm_consumer_kernel(a_ptr, b_ptr, c_ptr, buf_ptr, sig_ptr, ready_ptr, fr
 # ---------------------------------------------------------------------------
 
 PRODUCERS = ("auto", "ce", "sm")
+#: consumers: the tl core (every target, the simulator) or the Gluon Hopper core (kernels/ag_gemm_hopper.py)
+CORES = ("tl", "gluon")
 
 
 class AgGemmContext(CollectiveContext):
@@ -292,8 +294,10 @@ class AgGemmContext(CollectiveContext):
 
     def __init__(self, max_m_per_rank, k, dtype, world=None, producer="auto", producer_programs=None,
                  config: GemmConfig | None = None, num_programs=None, overlap=None, tma=None, out_dtype=None,
-                 scale_block=(128, 128), **tile_options):
+                 scale_block=(128, 128), core="tl", gluon_config=None, **tile_options):
         E = ditron.DitronError
+        if core not in CORES:
+            raise E(f"ag_gemm: core={core!r}; use one of {', '.join(CORES)}")
         fp8 = dtype in scaling.FP8_DTYPES
         if dtype not in _GEMM_DTYPES and not fp8:
             raise E(f"ag_gemm: dtype {dtype} is not supported (use float16 or bfloat16, or an fp8 dtype: "
@@ -323,6 +327,22 @@ class AgGemmContext(CollectiveContext):
             raise ditron.DitronError("ag_gemm: producer='ce' (copy engine) reaches this node's ranks only; this "
                                      f"world has {self.world.nnodes} nodes: use producer='sm'")
         self.producer = producer
+        self.core = core
+        self.gluon_config = None
+        if core == "gluon":
+            # the Gluon consumer (kernels/ag_gemm_hopper.py): the copy-engine protocol, fp16 / bf16
+            if producer != "ce":
+                raise E("ag_gemm: core='gluon' runs the copy-engine protocol (one node, producer='ce'); this "
+                        f"context's producer is {producer!r}: use core='tl'")
+            if fp8:
+                raise E("ag_gemm: core='gluon' takes float16 / bfloat16 (the fp8 consumer is the tl core's): "
+                        "use core='tl'")
+            from .gemm_hopper import DEFAULT_CONFIG, HopperGemmConfig
+            if gluon_config is not None and not isinstance(gluon_config, HopperGemmConfig):
+                raise E("ag_gemm: gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig")
+            self.gluon_config = (gluon_config or DEFAULT_CONFIG).validate("ag_gemm")
+        elif gluon_config is not None:
+            raise E("ag_gemm: gluon_config applies to core='gluon'")
         self.config = self._config(config, tile_options)
         self.num_programs = num_programs
         self.tma = tma            # None: where it applies (GPU, m % block_m == 0, aligned operands)
@@ -384,7 +404,13 @@ def create_ag_gemm_context(max_m_per_rank, k, dtype, world=None, **options):
     the gather buffer holds fp8 rows and a float32 buffer their scales
     (``cdiv(k, gk)`` per row); ``out_dtype`` (default bfloat16; float16,
     float32) is the result's dtype, ``scale_block=(gk, gn)`` the blockwise
-    groups (kernels/scaling.py)."""
+    groups (kernels/scaling.py).
+
+    ``core``: the consumer's GEMM core -- ``"tl"`` (default; every target and
+    the simulator) or ``"gluon"``, the warp-specialised Hopper core
+    (kernels/ag_gemm_hopper.py: one node, float16 / bfloat16, sm_90;
+    ``gluon_config`` a ``HopperGemmConfig``); on the simulator a ``"gluon"``
+    context runs the tl consumer, its twin."""
     return AgGemmContext(max_m_per_rank, k, dtype, world, **options)
 
 
@@ -542,6 +568,16 @@ def ag_gemm(a, b, ctx, out=None, *, scale_a=None, scale_b=None):
     aligned = not ctx.sim and (fp8_tma_ok(a, b, out) if ctx.fp8 else tma_ok(a, b, out))
     key = (m, K, N, a.dtype, b.dtype, out.dtype, a.stride(0), b.stride(0), b.stride(1), aligned) + scale_key(
         rec, srows, scale_b)
+    if ctx.core == "gluon" and not ctx.sim:
+        from . import ag_gemm_hopper
+        ag_gemm_hopper.check_applies(ctx, a, b, out, m, aligned)
+        ensure_tma_allocator()
+        if W > 1:
+            _produce_ce(ctx, a, m, K)
+        ag_gemm_hopper.launch(ctx, a, b, out, m, K, N)
+        if W > 1 and ctx.overlap:
+            torch.cuda.current_stream(a.device).wait_stream(ctx.side_stream())   # later writes to a wait for it
+        return out
     grid, tail, consts = ctx.plan(key, _consumer_plan, ctx, a, b, m, K, N, aligned, rec, sconsts)
     if consts["TMA"]:
         ensure_tma_allocator()

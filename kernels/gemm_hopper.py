@@ -62,6 +62,7 @@ import dataclasses
 import torch
 
 import ditron
+import ditron.language as dl
 from ditron import _compat
 
 from ._common import cdiv, sm_count
@@ -178,11 +179,24 @@ def _tile_mn(tile, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+def _fence_proxy_async_global():
+    """``fence.proxy.async.global``: this thread's generic-proxy view of global memory (e.g. data a peer's
+    release made visible to its acquire) ordered before its later async-proxy (TMA) accesses."""
+    gl.inline_asm_elementwise("fence.proxy.async.global;\n\tmov.u32 $0, 0;", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _producer(a_desc, g_desc, b_desc, a_bufs, b_bufs, ready, empty, M, ROT, flags_ptr, m_local, slot_rows, me,
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):
+    """The TMA producer (one warp).  ``GATHER`` (AG-GEMM, kernels/ag_gemm_hopper.py): the rows of C are the
+    world's shards, ``m_local`` each; this rank's come from ``a_desc``, rank ``s``'s from row ``s * slot_rows``
+    of the gather buffer ``g_desc`` once ``flags_ptr[s] == 1`` -- polled per thread (``dl.ld``, system-scope
+    acquire: a warp-specialised partition has no program-wide barrier), then a proxy fence before the TMA loads.
+    Tiles in the consumers' order (``ROT``: m-tiles rotated so that this rank's come first)."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[1]
-    M = a_desc.shape[0]
     K = a_desc.shape[1]
     N = b_desc.shape[1]
     num_pid_m = gl.cdiv(M, BM)
@@ -192,21 +206,37 @@ def _producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, GROUP_M: gl.constexp
     count = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = _tile_mn(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m = (pid_m + ROT) % num_pid_m
         off_m = pid_m * BM
         off_n = pid_n * BN
+        row = off_m
+        remote = False
+        if GATHER:
+            seg = off_m // m_local
+            remote = seg != me
+            if remote:
+                while dl.ld(flags_ptr + seg, "sys", "acquire") != 1:
+                    pass
+                _fence_proxy_async_global()
+                row = seg * slot_rows + (off_m - seg * m_local)
+            else:
+                row = off_m - me * m_local
         for ki in range(k_steps):
             s = count % STAGES
             # a fresh barrier is in phase 0: waiting for phase 1 passes (the ring starts empty)
             mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
-            tma_load(a_desc, [off_m, ki * BK], bar, a_bufs.index(s))
+            if remote:
+                tma_load(g_desc, [row, ki * BK], bar, a_bufs.index(s))
+            else:
+                tma_load(a_desc, [row, ki * BK], bar, a_bufs.index(s))
             tma_load(b_desc, [ki * BK, off_n], bar, b_bufs.index(s))
             count += 1
 
 
 @gluon.jit
-def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, GROUP_M: gl.constexpr,
+def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, GROUP_M: gl.constexpr,
               STAGES: gl.constexpr, CID: gl.constexpr, PINGPONG: gl.constexpr):
     """One consumer warpgroup (4 warps): ``CID`` 0 or 1.
 
@@ -220,7 +250,6 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, GROUP_
     BN: gl.constexpr = b_desc.block_type.shape[1]
     SUB_M: gl.constexpr = c_desc.block_type.shape[0]        # rows of this warpgroup's accumulator
     dtype: gl.constexpr = c_desc.dtype
-    M = a_desc.shape[0]
     K = a_desc.shape[1]
     N = b_desc.shape[1]
     num_pid_m = gl.cdiv(M, BM)
@@ -244,6 +273,7 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, GROUP_
     i = 0
     for tile in range(first, num_pid_m * num_pid_n, step):
         pid_m, pid_n = _tile_mn(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m = (pid_m + ROT) % num_pid_m
         acc = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout)
         if PINGPONG:
             # consumer 1's i-th mainloop follows consumer 0's i-th; consumer 0's i-th follows consumer 1's (i-1)-th
@@ -289,11 +319,12 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, GROUP_
 
 
 @gluon.jit
-def gemm_ws_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
-                   CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
-    """Persistent warp-specialised ``c = a @ b`` (``num_warps=4``: the
-    default partition is consumer 0; workers: consumer 1 (4 warps), the
-    producer (1 warp))."""
+def ws_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_local, slot_rows, me,
+                 GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, GATHER: gl.constexpr,
+                 CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """The persistent warp-specialised mainloop over the ``M`` rows of ``c`` (the kernels below; the
+    producer's ``GATHER`` arguments are described at :func:`_producer`): shared-memory ring, mbarriers, the
+    default partition is consumer 0; workers: consumer 1 (4 warps), the producer (1 warp)."""
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -306,10 +337,23 @@ def gemm_ws_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.con
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     gl.warp_specialize([
-        (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, GROUP_M, STAGES, 0, PINGPONG)),
-        (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, GROUP_M, STAGES, 1, PINGPONG)),
-        (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, GROUP_M, STAGES)),
+        (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, GROUP_M, STAGES, 0,
+                     PINGPONG)),
+        (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, GROUP_M, STAGES, 1,
+                     PINGPONG)),
+        (_producer, (a_desc, g_desc, b_desc, a_bufs, b_bufs, ready, empty, M, ROT, flags_ptr, m_local, slot_rows,
+                     me, GROUP_M, STAGES, GATHER)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+@gluon.jit
+def gemm_ws_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                   CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    """Persistent warp-specialised ``c = a @ b`` (``num_warps=4``: the
+    default partition is consumer 0; workers: consumer 1 (4 warps), the
+    producer (1 warp))."""
+    ws_gemm_body(a_desc, a_desc, b_desc, c_desc, a_desc.shape[0], 0, 0, 0, 0, 0, GROUP_M, STAGES, PINGPONG, False,
+                 CONSUMER_REGS, PRODUCER_REGS)
 
 
 # ---------------------------------------------------------------------------

@@ -93,6 +93,11 @@ def errors(world):
         "ctx_dtype": lambda: create_ag_gemm_context(8, 32, torch.float32),
         "producer": lambda: create_ag_gemm_context(8, 32, torch.float16, producer="nccl"),
         "option": lambda: create_ag_gemm_context(8, 32, torch.float16, block_q=16),
+        "core": lambda: create_ag_gemm_context(8, 32, torch.float16, core="cublas"),
+        "gluon_sm": lambda: create_ag_gemm_context(8, 32, torch.float16, core="gluon", producer="sm"),
+        "gluon_fp8": lambda: create_ag_gemm_context(8, 32, torch.float8_e4m3fn, core="gluon"),
+        "gluon_config_tl": lambda: create_ag_gemm_context(8, 32, torch.float16, gluon_config=object()),
+        "gluon_config_type": lambda: create_ag_gemm_context(8, 32, torch.float16, core="gluon", gluon_config=3),
     }
     msgs = error_messages(cases)
     assert int(ctx.calls[0]) == 0       # nothing was launched

@@ -54,6 +54,35 @@ def test_ag_gemm_errors_before_launch(dist):
     assert "float16 or bfloat16" in msgs["ctx_dtype"]
     assert "use one of auto, ce, sm" in msgs["producer"]
     assert "unknown option(s) block_q" in msgs["option"]
+    assert "core='cublas'; use one of tl, gluon" in msgs["core"]
+    assert "core='gluon' runs the copy-engine protocol" in msgs["gluon_sm"]
+    assert "core='gluon' takes float16 / bfloat16" in msgs["gluon_fp8"]
+    assert "gluon_config applies to core='gluon'" in msgs["gluon_config_tl"]
+    assert "gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig" in msgs["gluon_config_type"]
+
+
+# core="gluon" (kernels/ag_gemm_hopper.py): on GPUs the warp-specialised Gluon consumer (m a multiple of its
+# 128-row tiles; N and K with tails), on the simulator its tl twin (the tl consumer, small tiles)
+GLUON_SHAPES = ([(128, 200, 96), (256, 40, 96), (128, 200, 96)] if ON_GPU else
+                [(16, 40, K), (32, 16, K), (16, 40, K)])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_ag_gemm_gluon_core(dist_world, n):
+    d = dist_world(n)
+    assert d.run(B.ag_gemm_calls, "bf16", GLUON_SHAPES, per_rank_b=True, seed=5, delay=0.3, core="gluon",
+                 **SIM_BLOCKS) == [len(GLUON_SHAPES)] * n
+
+
+def test_ag_gemm_gluon_consumer_compiles_for_sm90a():
+    from ditron.kernels import ag_gemm_hopper as AH
+    ck = AH.compile_sm90()
+    ptx, ir = ck.asm["ptx"], ck.asm["dist_ir"]
+    assert "wgmma.mma_async" in ptx and "setmaxnreg" in ptx            # the warp-specialised core
+    # the producer's per-thread acquire poll of ready[s], the proxy fence before its TMA loads, the release of
+    # the peers' slots; no program-wide dl.wait / dl.notify inside the partitions
+    assert "ld.acquire.sys" in ptx and "fence.proxy.async.global" in ptx and "st.release.sys" in ptx
+    assert "dist.ld(" in ir and "dist.st(" in ir and "dist.wait(" not in ir and "dist.notify(" not in ir
 
 
 def consumer_signature(ab="*bf16", c="*bf16"):
