@@ -22,6 +22,9 @@ from . import language
 from . import aliases as _aliases
 
 _aliases.install()          # Triton-distributed's triton.* module names (ditron/aliases.py)
+from . import _compat as _compat_mod
+
+_compat_mod.install_interpreted_aggregates()   # @tl.core._aggregate keeps @triton.jit methods when interpreted
 from .compiler import CompiledKernel, compile
 from .errors import DitronCompileError, DitronError, LibraryError, LoweringError
 from .errors import DitronHangError, DitronLintWarning, DitronRankError

@@ -909,3 +909,53 @@ def interpreter_np_dtype(tt):
     (bf16 is stored as uint16, fp8 as uint8)."""
     from triton.runtime.interpreter import _get_np_dtype
     return _get_np_dtype(tt)
+
+
+def install_interpreted_aggregates():
+    """``@tl.core._aggregate`` classes keep their ``@triton.jit`` methods under the interpreter too.  Triton's
+    ``_aggregate`` copies the members that are functions or ``JITCallable``s onto the value class it builds; under
+    ``TRITON_INTERPRET=1`` ``triton.jit`` returns an ``InterpretedFunction``, which is neither, so a method such
+    as Triton-distributed's ``Profiler.create`` / ``.record`` is missing (``AttributeError``) in every simulated
+    rank.  Wrapped once at ``import ditron``: the interpreted methods are copied too (compiled Triton unchanged)."""
+    import triton.language.core as core
+    orig = getattr(core, "_aggregate", None)
+    if orig is None or getattr(orig, "__ditron_wrapped__", False):
+        return
+
+    def _aggregate(cls, _orig=orig):
+        out = _orig(cls)
+        if not interpreter_enabled():
+            return out
+        interpreted = interpreted_function_class()
+        for name, member in vars(cls).items():
+            if isinstance(member, interpreted) and name not in vars(out):
+                setattr(out, name, _BoundOnInstance(member))
+        # a constexpr argument is a plain Python value when interpreted: a `tl.constexpr` field gets it wrapped
+        consts = {n for n, t in getattr(out, "__annotations__", {}).items() if t is core.constexpr}
+        if consts:
+            setter = out.__setattr__
+
+            def __setattr__(self, name, value, _setter=setter):
+                if name in consts and not isinstance(value, core.constexpr):
+                    value = core.constexpr(value)
+                _setter(self, name, value)
+            out.__setattr__ = __setattr__
+        return out
+
+    _aggregate.__ditron_wrapped__ = True
+    _aggregate.__wrapped__ = orig
+    core._aggregate = _aggregate
+
+
+class _BoundOnInstance:
+    """An interpreted ``@triton.jit`` method of an aggregate: ``obj.m(x)`` calls it with ``obj`` first (an
+    ``InterpretedFunction`` is no descriptor); ``Cls.m`` is the function itself (``Profiler.create(...)``)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self.fn
+        import functools
+        return functools.partial(self.fn, obj)

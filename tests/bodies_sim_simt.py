@@ -2,6 +2,7 @@
 simulator, per thread as on a GPU: per-thread CAS loops and ld/st across ranks, per-thread atomics, and a
 ``syncthreads`` inside the region that every thread reaches."""
 import torch
+import triton
 import triton.language as tl
 
 import ditron
@@ -154,3 +155,99 @@ def warp_put(world, mode):
     want = torch.zeros(64, dtype=torch.int32)
     want[16:48] = torch.arange(16, 48, dtype=torch.int32) + 100 * prev
     return bool(torch.equal(dst.cpu(), want)), int(sig.cpu()[0])
+
+
+# ---------------------------------------------------------------------------
+# issue 56 item 1 (Triton-distributed's all_to_all_vdev_2d_offset.py): a warp shuffle on per-lane values inside a
+# branch on the thread id (the warp prefix sum of its single-block scan), and a per-thread value passed to a helper
+# that builds an aggregate outside any branch (its `Profiler.create(..., is_leader=(tid(0) == 0))`)
+# ---------------------------------------------------------------------------
+
+from ditron.language.extra import __shfl_up_sync_i32, __shfl_sync_i32, __shfl_down_sync_i32, laneid  # noqa: E402
+
+
+@ditron.jit
+def _warp_scan(x, lane, n):
+    """Inclusive prefix sum of the first ``n`` lanes' ``x`` (Hillis-Steele over shfl.up)."""
+    step = 1
+    while step < n:
+        got = __shfl_up_sync_i32(0xFFFFFFFF, x, step)
+        if lane >= step:
+            x += got
+        step = step * 2
+    return x
+
+
+@ditron.jit
+def warp_scan_kernel(src_ptr, out_ptr, n, MODE: tl.constexpr):
+    """num_warps=2, 64 threads: each warp scans its 32 inputs (lanes past ``n`` add 0); the last lane of each warp
+    stores its warp's total, and every lane of warp 1 gets lane 0's value through a broadcast."""
+    lane = laneid()
+    warp = tid(0) // 32
+    if warp < 2:                                           # a branch on the thread id, as in the scan kernel
+        v = ld(src_ptr + warp * 32 + lane, "gpu", "relaxed") if lane < n else 0
+        inc = _warp_scan(v, lane, n)
+        if lane < n:
+            st(out_ptr + warp * 32 + lane, inc - v, "gpu", "relaxed")     # exclusive
+        if lane == 31:
+            st(out_ptr + 64 + warp, inc, "gpu", "relaxed")
+    if warp == 1:
+        first = __shfl_sync_i32(0xFFFFFFFF, lane * 7 + 3, 0)
+        st(out_ptr + 66 + lane, first, "gpu", "relaxed")
+    if MODE == "down":                                     # a higher lane's value: not computed yet
+        if warp == 0:
+            st(out_ptr + lane, __shfl_down_sync_i32(0xFFFFFFFF, lane, 1), "gpu", "relaxed")
+    if MODE == "divergent":                                # lanes 16-31 skip the shuffle: undefined on a GPU
+        if lane < 16:
+            st(out_ptr + lane, __shfl_up_sync_i32(0xFFFFFFFF, lane, 1), "gpu", "relaxed")
+
+
+def warp_scan(world, mode="ok", n=32):
+    src = torch.arange(1, 65, dtype=torch.int32, device=world.device) * (world.rank + 1)
+    out = torch.full((98,), -1, dtype=torch.int32, device=world.device)
+    warp_scan_kernel[(1,)](src, out, n, MODE=mode, num_warps=2)
+    return src.cpu(), out.cpu()
+
+
+@tl.core._aggregate
+class Tracer:
+    """A Profiler-like aggregate: a buffer cursor and a per-thread ``is_leader``."""
+    buf: tl.tensor
+    is_leader: tl.tensor
+    ENABLED: tl.constexpr
+
+    def __init__(self, buf, is_leader, ENABLED):
+        self.buf = buf
+        self.is_leader = is_leader
+        self.ENABLED = ENABLED
+
+    @triton.jit
+    def create(buf, is_leader=True, ENABLED: tl.constexpr = True):
+        if ENABLED:
+            tl.store(buf, tl.program_id(0) + 100)          # a scalar store: thread 0 of the program makes it
+        return Tracer(buf + 1, is_leader, ENABLED)
+
+    @triton.jit
+    def record(self, event):
+        nxt = self.buf
+        if self.ENABLED:
+            if self.is_leader:
+                atomic_add(self.buf, event, "gpu", "relaxed")   # per thread: the leader alone
+            nxt = self.buf + 1
+        return Tracer(nxt, self.is_leader, self.ENABLED)
+
+
+@ditron.jit
+def tracer_kernel(buf_ptr, out_ptr, ENABLED: tl.constexpr):
+    tracer = Tracer.create(buf_ptr, is_leader=(tid(0) == 33), ENABLED=ENABLED)
+    if tl.program_id(0) == 0:
+        tracer = tracer.record(5)
+    tracer = tracer.record(7)
+    atomic_add(out_ptr, 1, "gpu", "relaxed")               # outside any branch: every thread adds once
+
+
+def tracer(world, enabled=True):
+    buf = torch.zeros(4, dtype=torch.int32, device=world.device)
+    out = torch.zeros(1, dtype=torch.int32, device=world.device)
+    tracer_kernel[(1,)](buf, out, ENABLED=enabled, num_warps=2)
+    return buf.cpu().tolist(), out.item()

@@ -27,7 +27,6 @@ def test_thread_i_signals_and_waits_for_peer_i(dist_world, n):
     ("tl_atomic", "tl.atomic_* inside a branch or loop on dl.tid()"),
     ("putmem_block", "shmem.putmem_block inside a branch or loop on dl.tid()"),
     ("tile_store", "tl.store of a 2-element tile inside a branch or loop on dl.tid()"),
-    ("per_thread_load", "gives each GPU thread its own value from load()"),
 ])
 @sim_only
 def test_thread_code_the_simulator_cannot_model_is_refused(dist_world, which, message):

@@ -49,3 +49,49 @@ def test_warp_collective_calls_the_simulator_refuses(dist_world, mode, message):
         dist_world(2).run(B.warp_put, mode)
     text = str(info.value) + (info.value.traceback_text or "")
     assert message in text, text
+
+
+# ---------------------------------------------------------------------------
+# shuffles on per-lane values in a branch on the thread id, and per-thread values passed to a helper outside any
+# branch (issue 56 item 1: Triton-distributed's all_to_all_vdev_2d_offset.py; both were refused before)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,lanes", [(1, 32), (3, 32), (2, 5)])
+def test_warp_shuffle_in_a_thread_branch(dist_world, n, lanes):
+    import torch
+    for rank, (src, out) in enumerate(dist_world(n).run(B.warp_scan, "ok", lanes)):
+        for w in range(2):
+            vals = src[w * 32:w * 32 + 32].clone()
+            vals[lanes:] = 0
+            inc, step = vals.clone(), 1                   # the scan's steps on the host, on all 32 lanes
+            while step < lanes:
+                inc[step:] = inc[step:] + inc[:-step].clone()
+                step *= 2
+            assert inc[:lanes].tolist() == torch.cumsum(vals, 0)[:lanes].tolist()
+            assert out[w * 32:w * 32 + lanes].tolist() == (inc - vals)[:lanes].tolist(), (rank, w)
+            assert out[w * 32 + lanes:w * 32 + 32].tolist() == [-1] * (32 - lanes)
+            assert out[64 + w].item() == inc[31].item()          # lane 31's sum (the warp's total when 32)
+        assert out[66:98].tolist() == [3] * 32                    # lane 0's value, broadcast to warp 1
+
+
+@sim_only
+@pytest.mark.parametrize("mode,message", [
+    ("down", "lane 0 of warp 0 reads lane 1's value, which the simulator has not computed yet"),
+    ("divergent", "dl.shfl_up_sync is warp-collective, but in warp 0 only lanes 0-15 reached it, lanes 16-31 did "
+                  "not"),
+])
+def test_warp_shuffles_the_simulator_refuses(dist_world, mode, message):
+    from ditron.errors import DitronRankError
+    with pytest.raises(DitronRankError) as info:
+        dist_world(1).run(B.warp_scan, mode)
+    text = str(info.value) + (info.value.traceback_text or "")
+    assert message in text, text
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_per_thread_value_into_a_helper(dist_world, enabled):
+    # create() runs in every thread (its scalar store: thread 0's), each thread keeps its own aggregate, and only
+    # thread 33 (is_leader) records; 64 threads add 1 after it
+    buf, count = dist_world(1).run(B.tracer, enabled)[0]
+    assert count == 64
+    assert buf == ([100, 5, 7, 0] if enabled else [0, 0, 0, 0])

@@ -269,10 +269,10 @@ def _fence(ctx, semantic, scope):
 
 def _warp_collective(ctx, primitive):
     if _compat.simt_thread() is not None:
-        raise ctx.error(f"{primitive} inside a branch or loop on dl.tid()/dl.laneid(): a warp vote/shuffle needs "
-                        "every lane's value at once, and the simulator runs the threads of such a region one "
-                        "after another; call it on a tile outside the branch (the elements of a 1-D tile are the "
-                        "lanes of a warp)")
+        raise ctx.error(f"{primitive} inside a branch or loop on dl.tid()/dl.laneid(): a warp vote needs every "
+                        "lane's value at once, and the simulator runs the threads of such a region one after "
+                        "another (lower lanes first), so the higher lanes' values do not exist yet; call it on a "
+                        "tile outside the branch (the elements of a 1-D tile are the lanes of a warp)")
 
 
 def _lanes(ctx, value):
@@ -296,26 +296,78 @@ def _ballot_sync(ctx, mask, pred):
     return _scalar(np.array([bits & m], dtype=np.uint32).view(np.int32)[0], tl.int32)
 
 
+def _shfl_source(kind, idx, k, n):
+    """The lane each lane reads (NVIDIA's shfl.sync with the segment the whole warp: a source outside it reads
+    the lane's own value)."""
+    if kind == "idx":
+        return k % n
+    if kind == "up":
+        return np.where(idx - k >= 0, idx - k, idx)
+    if kind == "down":
+        return np.where(idx + k < n, idx + k, idx)
+    x = idx ^ k
+    return np.where(x < n, x, idx)
+
+
+def _shfl_in_thread(ctx, t, kind, primitive, mask, v, lane):
+    """A shuffle in a thread-dependent region, performed by simulated thread ``t``.  The region's threads run one
+    after another, lower lanes first; each lane's value at its n-th arrival at this call is recorded, so a lane
+    reads a lower lane's value (``shfl_up_sync``, ``shfl_sync`` from a lower lane: prefix sums, broadcasts from
+    lane 0) exactly as on a GPU, where every lane of the mask reaches the n-th shuffle together.  A source lane
+    that did not reach the call is the GPU's undefined result (refused); a higher source lane has not computed
+    its value yet (refused).  After the region, every lane of the mask must have made the call
+    (ditron.sim.simt._check_warps)."""
+    if v.type.is_block():
+        raise ctx.error(f"{primitive} on a tile inside a branch or loop on dl.tid()/dl.laneid(): the simulator "
+                        "models a shuffle there per thread, on one scalar per lane", arg="value")
+    calls = _compat.simt_warp_calls()
+    if calls is None:
+        raise ctx.error(f"{primitive} in a thread-dependent region the simulator did not set up")
+    from .sim_base import where
+    site, warp, me = where(), t // 32, t % 32
+    counter = ("n", site, t)                       # the how-manieth time this lane makes this call
+    nth = calls.get(counter, 0)
+    calls[counter] = nth + 1
+    m = _int(mask) & 0xFFFFFFFF
+    need = [i for i in range(32) if m >> i & 1]
+    entry = calls.setdefault((site, warp, nth), {"primitive": primitive, "lanes": [], "values": {}, "need": need})
+    if me not in need:
+        raise ctx.error(f"{primitive}: lane {me} of warp {warp} makes the call, but its mask {m:#010x} does not "
+                        "name it (undefined on a GPU)", arg="mask")
+    val = _data(v).reshape(())
+    entry["lanes"].append(t)
+    entry["values"][me] = val
+    src = int(_shfl_source(kind, np.int64(me), np.int64(_int(lane)), 32))
+    if src == me:
+        return v
+    if src > me:
+        raise ctx.error(f"{primitive} inside a branch or loop on dl.tid()/dl.laneid(): lane {me} of warp {warp} "
+                        f"reads lane {src}'s value, which the simulator has not computed yet (it runs the "
+                        "region's threads one after another, lower lanes first, and can give a lane only the "
+                        "values of lower lanes: shfl_up_sync, or shfl_sync from a lower lane); call it on a tile "
+                        "outside the branch (the elements of a 1-D tile are the lanes of a warp)")
+    if src not in entry["values"]:
+        raise ctx.error(f"{primitive}: lane {me} of warp {warp} reads lane {src}, which did not reach this call"
+                        f"{' (call ' + str(nth + 1) + ')' if nth else ''} (on a GPU the result is undefined): "
+                        "every lane of the mask must make the call", arg="mask")
+    return _like(v, np.asarray(entry["values"][src], dtype=val.dtype).reshape(_data(v).shape))
+
+
 def _shfl(kind):
+    name = "dl.shfl_" + ("" if kind == "idx" else kind + "_") + "sync"
+
     def rule(ctx, mask, value, lane):
-        _warp_collective(ctx, "dl.shfl_" + ("" if kind == "idx" else kind + "_") + "sync")
         v, data = _lanes(ctx, value)
+        t = _compat.simt_thread()
+        if t is not None:
+            return _shfl_in_thread(ctx, t, kind, name, mask, v, lane)
         n = data.size
         if not v.type.is_block():
             return v
         idx = np.arange(n)
         k = _data(ctx.tensor(lane)).astype(np.int64)
         k = np.broadcast_to(k, (n,)) if k.size in (1, n) else k[:n]
-        if kind == "idx":
-            src = k % n
-        elif kind == "up":
-            src = np.where(idx - k >= 0, idx - k, idx)
-        elif kind == "down":
-            src = np.where(idx + k < n, idx + k, idx)
-        else:
-            x = idx ^ k
-            src = np.where(x < n, x, idx)
-        return _like(v, data[src])
+        return _like(v, data[_shfl_source(kind, idx, k, n)])
     return rule
 
 

@@ -272,10 +272,12 @@ class _Rewriter:
             return self._region(s)
         if isinstance(s, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and s.value is not None and depends(s.value):
             impure = [_callee(c.func) for c in _calls(s.value) if _callee(c.func) not in self.pure]
-            if impure:
-                self._refuse(s, f"`{ast.unparse(s).strip()}` gives each GPU thread its own value from "
-                                f"{impure[0]}() outside a branch on dl.tid()/dl.laneid(); compute it inside the "
-                                "branch (`if thread_idx < n: ...`) where the simulator runs each thread")
+            if impure or (_names(s.value) & self.saved):
+                # a call that may touch memory (a helper building an aggregate from a per-thread value:
+                # Triton-distributed's `Profiler.create(..., is_leader=(tid(0) == 0))`), or a value of names
+                # regions keep per thread: every GPU thread runs the statement with its own values, so it is a
+                # region (run once per thread, each thread's result kept), not replayed before later regions
+                return self._region(s)
             if isinstance(s, ast.AugAssign):
                 self._refuse(s, f"`{ast.unparse(s).strip()}` updates a variable with a per-thread value outside a "
                                 "branch on dl.tid()/dl.laneid(); the simulator replays thread-dependent assignments "
@@ -474,16 +476,17 @@ def _check_warps(calls):
     """After every thread ran the region: a warp-collective call that some lanes of a warp reached and others
     did not (a divergent warp; see ``ditron.lowering.sim_shmem``) is refused."""
     for (site, warp, nth), entry in calls.items():
-        if not isinstance(warp, int) or len(entry["lanes"]) == WARP:
+        need = entry.get("need", range(WARP)) if isinstance(entry, dict) else ()
+        if not isinstance(warp, int) or len(entry["lanes"]) == len(need):
             continue
         lanes = sorted(t - warp * WARP for t in entry["lanes"])
-        missing = sorted(set(range(WARP)) - set(lanes))
+        missing = sorted(set(need) - set(lanes))
         raise DitronError(
             f"{site}: {entry['primitive']} is warp-collective, but in warp {warp} only lanes {_spans(lanes)} "
             f"reached it{' (call ' + str(nth + 1) + ')' if nth else ''}, lanes {_spans(missing)} did not: "
-            "every lane of the warp must make the call with the same arguments (on a GPU the warp hangs or the "
-            "result is undefined); make the branch the same for all lanes of a warp (a condition on "
-            "`dl.tid() // 32`), or use the thread variant")
+            "every lane of the warp (of the mask, for a shuffle) must make the call with the same arguments (on a "
+            "GPU the warp hangs or the result is undefined); make the branch the same for all lanes of a warp (a "
+            "condition on `dl.tid() // 32`), or use the thread variant")
 
 
 def _spans(lanes):
