@@ -931,7 +931,9 @@ def install_interpreted_aggregates():
             if isinstance(member, interpreted) and name not in vars(out):
                 setattr(out, name, _BoundOnInstance(member))
         # a constexpr argument is a plain Python value when interpreted: a `tl.constexpr` field gets it wrapped
-        consts = {n for n, t in getattr(out, "__annotations__", {}).items() if t is core.constexpr}
+        # (the annotations are the user class's: Triton 3.6's value class checks them without copying them)
+        annotations = dict(getattr(cls, "__annotations__", {}), **getattr(out, "__annotations__", {}))
+        consts = {n for n, t in annotations.items() if t is core.constexpr}
         if consts:
             setter = out.__setattr__
 
