@@ -747,8 +747,10 @@ def _install_nested_patch_skip():
         def _patch_lang(fn, *args, _orig=orig, _scope=scope_cls, **kwargs):
             if _LAUNCHES > 0 and not args and not kwargs and \
                     any(v is tl or v is _core for v in list(fn.__globals__.values())):
-                return _scope()      # nothing patched, nothing to restore
+                return _patch_named_builtins(fn, _scope())      # tl / tl.core already patched
             scope = _orig(fn, *args, **kwargs)
+            if _LAUNCHES > 0 and not args and not kwargs:
+                _patch_named_builtins(fn, scope)
             if _LAUNCHES == 0:
                 _patch_libdevice(_interp, scope)
             return scope
@@ -756,6 +758,31 @@ def _install_nested_patch_skip():
         _patch_lang.__wrapped__ = orig
         _interp._patch_lang = _patch_lang
     _NESTED_SKIP_INSTALLED = True
+
+
+_NAMED_BUILTINS: dict = {}      # id(a helper's module globals) -> (globals, names of tl.core builtins bound there)
+
+
+def _patch_named_builtins(fn, scope):
+    """A helper whose module imported ``triton.language`` builtins by name (``from triton.language.core import
+    to_tensor``, as Triton-distributed's profiler does): Triton's interpreter patches the ``tl`` / ``tl.core``
+    module attributes only, so the name still held the unpatched builtin (``_semantic argument must be
+    provided``).  For the helper's call the module's name is pointed at the patched builtin (restored with the
+    scope).  The names are found once per module."""
+    import sys
+    g = fn.__globals__
+    hit = _NAMED_BUILTINS.get(id(g))
+    if hit is None or hit[0] is not g:
+        names = tuple(n for n, v in list(g.items()) if _core.is_builtin(v) and hasattr(_core, n))
+        hit = _NAMED_BUILTINS[id(g)] = (g, names)
+    if hit[1]:
+        mod = sys.modules.get(g.get("__name__"))
+        if mod is not None and getattr(mod, "__dict__", None) is g:
+            for n in hit[1]:
+                cur = getattr(_core, n, None)
+                if cur is not None and cur is not g.get(n):
+                    scope.set_attr(mod, n, cur)
+    return scope
 
 
 def install_libdevice_for_triton_launches():

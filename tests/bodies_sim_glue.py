@@ -6,6 +6,7 @@ import triton
 import triton.language as tl
 
 import ditron
+import helpers_named_builtins
 
 
 @triton.jit
@@ -196,3 +197,15 @@ def tuple_type_names(world):
                 assert "name" in vars(ref) and lazy.name == ref.name and lazy == ref, (lazy.name, ref.name)
                 checked += 1
     return checked
+
+
+@ditron.jit
+def _named_builtin_kernel(out_ptr, X: tl.constexpr):
+    tl.store(out_ptr, helpers_named_builtins.plus_one_by_name(X))
+
+
+def named_builtin_helper(world):
+    """A helper whose module imported ``to_tensor`` by name computes (``X + 1``) on every simulated rank."""
+    out = torch.zeros(1, dtype=torch.int32, device=world.device)
+    _named_builtin_kernel[(1,)](out, X=41 + world.rank)
+    return int(out.item())

@@ -22,3 +22,9 @@ def test_launch_patch_is_replayed_and_restored():
 def test_tuple_type_names_are_triton_s(dist_world):
     from ditron._compat import TRITON_VERSION
     assert dist_world(1).run(B.tuple_type_names) == [8 if TRITON_VERSION[:2] == (3, 6) else 0]
+
+
+def test_helper_with_builtins_imported_by_name(dist_world):
+    # Triton's interpreter patched the tl / tl.core module attributes only: a helper module's own name for a
+    # builtin (`from triton.language.core import to_tensor`) failed with "_semantic argument must be provided"
+    assert dist_world(2).run(B.named_builtin_helper) == [42, 43]
