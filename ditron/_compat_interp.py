@@ -779,8 +779,11 @@ def _patch_named_builtins(fn, scope):
         mod = sys.modules.get(g.get("__name__"))
         if mod is not None and getattr(mod, "__dict__", None) is g:
             for n in hit[1]:
+                # only a name that holds the very builtin Triton's patch wrapped (its wrapper keeps it as the
+                # `member` default); a name bound to another builtin (ditron's, an alias's) is left alone
                 cur = getattr(_core, n, None)
-                if cur is not None and cur is not g.get(n):
+                wrapped = (getattr(cur, "__kwdefaults__", None) or {}).get("member")
+                if wrapped is not None and wrapped is g.get(n):
                     scope.set_attr(mod, n, cur)
     return scope
 

@@ -63,11 +63,10 @@ _PREFIX_SUM = [(K + "gemm_rs_threadblock_swizzle.py", "warp_prefix_sum_kernel"),
 _VDEV_HELPERS = (_PROFILER + _GRID_BARRIER + [(K + "common_ops.py", "barrier_all_intra_node_atomic_cas_block")]
                  + _PREFIX_SUM)
 VDEV_NOTE = ("MoE all-to-all-v with on-device splits (`all_to_all_vdev_2d_offset.py`); its `Profiler` extracted from "
-             "`triton_dist/tools/profiler` (with `profiling=False`: its `smid` / `globaltimer_lo` unused); SIMULATOR "
-             "REFUSES its first statement, `Profiler.create(..., is_leader=(tid(0) == 0))` (a per-thread value "
-             "passed to a call outside a branch on the thread id); the host driver is not yet checked past it")
-SHFL_NOTE = ("SIMULATOR REFUSES `warp_prefix_sum_kernel`'s `__shfl_up_sync_i32` on per-lane values (a warp shuffle "
-             "in per-thread code)")
+             "`triton_dist/tools/profiler` (with `profiling=False`: its `smid` / `globaltimer_lo` unused); its "
+             "`Profiler.create(..., is_leader=(tid(0) == 0))` runs per simulated thread")
+SHFL_NOTE = ("`warp_prefix_sum_kernel`'s `__shfl_up_sync_i32` runs (lower lanes' values); SIMULATOR REFUSES a later "
+             "`__shfl_sync` that reads a HIGHER lane in per-thread code (the simulator runs a branch's lanes in order)")
 PER_THREAD = "one item per thread (`if thread_idx < world_size`), simulated per thread"
 POW2 = "; its `tl.arange(0, world_size)` needs a power-of-2 world size (also on GPUs)"
 PACKED_MC = "packed 128-bit multicast (`multimem_ld_reduce_v4`, `multimem_st_b64`), per thread"
@@ -177,7 +176,8 @@ CASES = {
     "a2a_vdev_2d": dict(src=_VDEV_HELPERS + [(_VDEV, "exchange_split_offset_2d_intra_node"),
                                              (_VDEV, "all_to_all_v_2d_kernel")],
                         imports=_PROFILER_IMPORTS,
-                        note=VDEV_NOTE + "; `all_to_all_vdev_2d` (rank-major splits, `MAJOR_ALIGN` 1 and 4)"),
+                        note=VDEV_NOTE + "; `all_to_all_vdev_2d` (rank-major splits, `MAJOR_ALIGN` 1 and 4): its on-device "
+                                         "prefix sum: " + SHFL_NOTE),
     "a2a_vdev_2d_offset": dict(src=_VDEV_HELPERS + [(_VDEV, "exchange_split_offset_2d_intra_node"),
                                                     (_VDEV, "all_to_all_v_2d_kernel")],
                                imports=_PROFILER_IMPORTS,
