@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from . import _compat
 from .errors import DitronError
-from .jit import DitronJITFunction
+from .jit import DitronJITFunction, check_jit_options
 
 
 class DitronGluonJITFunction(DitronJITFunction):
@@ -89,10 +89,7 @@ def jit(fn=None, *, twin=None, **kwargs):
     Takes ``gluon.jit``'s (= ``triton.jit``'s) options.  ``twin``: a ``@ditron.jit`` kernel with the same
     parameters that the simulator runs in this kernel's place (under ``TRITON_INTERPRET=1`` this decorator
     returns the twin itself); without one the kernel is refused at launch under the simulator."""
-    unknown = set(kwargs) - _compat.jit_kwargs_signature()
-    if unknown:
-        raise TypeError(f"ditron.gluon.jit got unknown option(s) {sorted(unknown)}; it takes triton.jit's options: "
-                        f"{sorted(_compat.jit_kwargs_signature())}")
+    check_jit_options("ditron.gluon.jit", kwargs)
     if twin is not None and not (hasattr(twin, "fn") and hasattr(twin, "__getitem__")):
         raise TypeError(f"ditron.gluon.jit: twin= must be a @ditron.jit kernel, got {type(twin).__name__}")
 

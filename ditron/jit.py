@@ -296,6 +296,14 @@ class DitronJITFunction(_compat.JITFunction):
 _JITRun = _compat.JITFunction.run
 
 
+def check_jit_options(who, kwargs):
+    """``triton.jit``'s options only (``who``: the decorator, for the message)."""
+    unknown = set(kwargs) - _compat.jit_kwargs_signature()
+    if unknown:
+        raise TypeError(f"{who} got unknown option(s) {sorted(unknown)}; it takes triton.jit's options: "
+                        f"{sorted(_compat.jit_kwargs_signature())}")
+
+
 def jit(fn=None, **kwargs):
     """Decorate a kernel: ``@ditron.jit`` or ``@ditron.jit(do_not_specialize=[...], ...)``.
 
@@ -304,10 +312,7 @@ def jit(fn=None, **kwargs):
     (:class:`ditron.sim.executor.SimKernel`): programs run concurrently, so
     producer/consumer protocols between programs complete.
     """
-    unknown = set(kwargs) - _compat.jit_kwargs_signature()
-    if unknown:
-        raise TypeError(f"ditron.jit got unknown option(s) {sorted(unknown)}; it takes triton.jit's options: "
-                        f"{sorted(_compat.jit_kwargs_signature())}")
+    check_jit_options("ditron.jit", kwargs)
 
     def decorator(f):
         if _compat.interpreter_enabled():

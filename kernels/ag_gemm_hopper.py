@@ -73,20 +73,21 @@ def check_applies(ctx, a, b, out, m, aligned):
                                  "core='tl'")
 
 
+def _gather_descriptor(g, cfg):
+    """The gather buffer (one ``[W * slot_rows, K]`` matrix) as a TMA descriptor of A's blocks and layout."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    return TensorDescriptor.from_tensor(g, [cfg.block_m, cfg.block_k], H.layouts(cfg, g.dtype)[0])
+
+
 def launch(ctx, a, b, out, m, K, N):
     """Launch the Gluon consumer for this call (descriptors of ``a``, ``b``, ``out`` made per call; the gather
     buffer's once per shard size)."""
     cfg = ctx.gluon_config
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    la, lb, lc = H.layouts(cfg, a.dtype)
     gkey = ("gluon_g", m, K)
     g_desc = ctx._plans.get(gkey)
     if g_desc is None:
-        g = ctx.buf[0].view(ctx.world_size * ctx.slot_rows, K)
-        g_desc = ctx._plans[gkey] = TensorDescriptor.from_tensor(g, [cfg.block_m, cfg.block_k], la)
-    a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k], la)
-    b_desc = TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n], lb)
-    c_desc = TensorDescriptor.from_tensor(out, [cfg.consumer_rows, cfg.block_n // cfg.epilogue_split], lc)
+        g_desc = ctx._plans[gkey] = _gather_descriptor(ctx.buf[0].view(ctx.world_size * ctx.slot_rows, K), cfg)
+    a_desc, b_desc, c_desc = H.descriptors(a, b, out, cfg)
     P = int(ctx.num_programs or H.num_programs(ctx.world_size * m, N, cfg, sm_count(a.device)))
     ag_gemm_ws_kernel[(P,)](a_desc, g_desc, b_desc, c_desc, ctx.ready, ctx.free, ctx.calls, m, ctx.slot_rows,
                             num_warps=4, **H.kernel_constexprs(cfg))
@@ -95,19 +96,13 @@ def launch(ctx, a, b, out, m, K, N):
 def compile_sm90(cfg: H.HopperGemmConfig | None = None, dtype=torch.bfloat16, m=256, N=1024, K=1024, world=2):
     """Compile :func:`ag_gemm_ws_kernel` for sm_90a without a GPU (``ditron.compile``; descriptor types from
     descriptors on CPU tensors of these shapes)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from ditron import _compat
     cfg = (cfg or H.DEFAULT_CONFIG).validate("ag_gemm")
-    la, lb, lc = H.layouts(cfg, dtype)
-    a = torch.empty((m, K), dtype=dtype)
-    g = torch.empty((world * m, K), dtype=dtype)
-    b = torch.empty((K, N), dtype=dtype)
-    c = torch.empty((world * m, N), dtype=dtype)
-    descs = (TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k], la),
-             TensorDescriptor.from_tensor(g, [cfg.block_m, cfg.block_k], la),
-             TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n], lb),
-             TensorDescriptor.from_tensor(c, [cfg.consumer_rows, cfg.block_n // cfg.epilogue_split], lc))
-    sig = {n: _compat.mangle_arg(d) for n, d in zip(("a_desc", "g_desc", "b_desc", "c_desc"), descs)}
+    a, b, c = (torch.empty(shape, dtype=dtype) for shape in ((m, K), (K, N), (world * m, N)))
+    a_desc, b_desc, c_desc = H.descriptors(a, b, c, cfg)
+    g_desc = _gather_descriptor(torch.empty((world * m, K), dtype=dtype), cfg)
+    sig = {n: _compat.mangle_arg(d) for n, d in zip(("a_desc", "g_desc", "b_desc", "c_desc"),
+                                                     (a_desc, g_desc, b_desc, c_desc))}
     sig.update(ready_ptr="*i64", free_ptr="*i64", calls_ptr="*i64", m_local="i32", slot_rows="i32")
     return ditron.compile(ag_gemm_ws_kernel, target="sm_90a", signature=sig, constexprs=H.kernel_constexprs(cfg),
                           num_warps=4)

@@ -208,4 +208,6 @@ def named_builtin_helper(world):
     """A helper whose module imported ``to_tensor`` by name computes (``X + 1``) on every simulated rank."""
     out = torch.zeros(1, dtype=torch.int32, device=world.device)
     _named_builtin_kernel[(1,)](out, X=41 + world.rank)
-    return int(out.item())
+    got = int(out.item())
+    ditron.jit(helpers_named_builtins.store_by_name_kernel.fn)[(1,)](out, X=41 + world.rank)
+    return got, int(out.item())

@@ -8,3 +8,9 @@ from triton.language.core import to_tensor
 @triton.jit
 def plus_one_by_name(x):
     return to_tensor(x) + 1
+
+
+@triton.jit
+def store_by_name_kernel(out_ptr, X: tl.constexpr):
+    """A kernel (launched with ``ditron.jit``) whose own module holds the builtin by name."""
+    tl.store(out_ptr, to_tensor(X) + 2)

@@ -622,21 +622,13 @@ def drive_ll_allgather_push_numa_2d(m, w, U):
 
 
 def drive_ll_allgather_push_2d_ll_2nodes(m, w, U):
-    import torch
-    n = w.world_size
-    elems = 64
-    ll = U.nvshmem_create_tensor((2 * n * elems * 4,), torch.int8)      # data and flag words: twice the bytes
-    ll.zero_()
+    n, ll = w.world_size, _ll_buffer(w, U)
     _push_gather(m, w, U, "_forward_push_2d_ll_kernel", (n,),
                  lambda b, nb, f: (b, nb, f, ll, n // w.local_world_size, n, w.rank, 3))
 
 
 def drive_ll_allgather_push_numa_2d_ll(m, w, U):
-    import torch
-    n = w.world_size
-    elems = 64
-    ll = U.nvshmem_create_tensor((2 * n * elems * 4,), torch.int8)      # data and flag words: twice the bytes
-    ll.zero_()
+    n, ll = w.world_size, _ll_buffer(w, U)
     _push_gather(m, w, U, "_forward_push_numa_2d_ll_kernel", (n,),
                  lambda b, nb, f: (b, nb, f, ll, 2, n, w.rank, 3))
 
