@@ -17,6 +17,9 @@ A ditron kernel is launched exactly like a Triton kernel
 """
 from __future__ import annotations
 
+import dataclasses
+from collections import defaultdict
+
 from . import _compat
 from .ir import recording
 from .libs import NeedLibrary, explain_link_failure
@@ -127,39 +130,25 @@ def _unpack_with_targets(tree):
     return Rewrite().visit(tree)
 
 
-class _Libs(dict):
-    """``extern_libs`` of a launch, with its text made once.  Triton's ``run`` turns the launch's options into
-    text for its cache key on every launch (``str(options)``); the library paths are long, and the same object
-    is passed to every launch of a kernel while its libraries stay the same."""
-
-    __slots__ = ("_text",)
-
-    def __init__(self, items):
-        super().__init__(items)
-        self._text = dict.__repr__(self)
-
-    def __repr__(self):
-        return self._text
-
-    __str__ = __repr__
-
-
 class DitronJITFunction(_compat.JITFunction):
     """A ``triton.runtime.JITFunction`` with ditron's library handling.
 
-    The launch path costs what Triton's does plus a dictionary lookup: what depends only on the kernel, the
-    device, the world and the compile variant (the target, the device libraries and their paths, the world's
-    checks) is computed at the first launch in that state and found again by one key
-    (:meth:`_launch_state`); tracing work (the distributed IR, the lint) runs only when Triton compiles
-    (:meth:`_do_compile`).  ``DITRON_DEBUG=1`` adds nothing here (cross-rank checks live in the zoo's ops)."""
+    The launch path costs what Triton's does plus one frame and two compares.  The device libraries a kernel
+    links depend on the compile variant (the world's transport and bounded waits, or an explicit
+    ``compile_variant``) and are attached when Triton compiles (:meth:`_do_compile`), not passed on every
+    launch: each variant has its own set of Triton's per-device caches (``device_caches``), chosen when the
+    world or the variant changes (:meth:`_switch_state`), so a kernel compiled for one variant is never launched
+    under another.  Tracing work (the distributed IR, the lint) runs only when Triton compiles.
+    ``DITRON_DEBUG=1`` adds nothing here (cross-rank checks live in the zoo's ops)."""
 
     def __init__(self, fn, **kwargs):
         super().__init__(fn, **kwargs)
         self._needs: dict[str, set] = {}
         self.dist_ir = None
         self._linted = False
-        self._launch: dict = {}
-        self._last = (None,) * 5    # (device, world generation, id(world), compile variant, libraries) of the last launch
+        self._caches = {}                 # compile variant -> Triton's device_caches for it
+        self._state = (None, None, None)  # (world generation, id(world), compile override) of device_caches
+        self.libraries = None             # extern_libs of the last compilation (ditron's, the user's, Triton's)
 
     def parse(self):
         """Triton's AST of the function, with ``with f() as (a, b):`` (tuple
@@ -171,28 +160,26 @@ class DitronJITFunction(_compat.JITFunction):
     def _target(self):
         return parse_target(_driver.active.get_current_target())
 
-    def _launch_state(self, device, world):
-        """(libraries, target) of launches on ``device`` in ``world`` under the current compile variant;
-        computed once per such state (the device-library paths and the environment variables that locate the
-        libraries are read then: a new ``ditron.init()`` reads them again).  Keyed by the world's generation
-        and identity, never holding the world (a finalized world's heap must be freed)."""
-        override = _OVERRIDE.get()
-        key = (device, _world_module._GEN, id(world), override)
-        hit = self._launch.get(key)
-        if hit is None:
-            target = parse_target(self.device_caches[device][2])
-            needs = self._needs.setdefault(target.backend, set())
-            if world is not None and world.backend == "sim":
-                from .errors import DitronError
-                raise DitronError(f"kernel {self._name()} was defined for GPUs, but the world is simulated: the "
-                                  "simulator needs TRITON_INTERPRET=1 before kernels are defined (start the "
-                                  "script with `ditron sim`)")
-            hit = (_Libs(library_options(target, needs)), target)
-            if len(self._launch) > 64:        # worlds come and go (init / finalize in one process): keep it small
-                self._launch.clear()
-            self._launch[key] = hit
-        self._last = key + (hit[0],)
-        return hit
+    def _switch_state(self, world, override):
+        """The world or the compile variant changed since the last launch: use Triton's caches of the variant
+        now in force (made on its first use).  Keyed by the variant and the environment that locates the
+        libraries, never by the world object (a finalized world's heap must be freed); a new world with the
+        same variant finds its kernels compiled."""
+        import os
+        if world is not None and world.backend == "sim":
+            from .errors import DitronError
+            raise DitronError(f"kernel {self._name()} was defined for GPUs, but the world is simulated: the "
+                              "simulator needs TRITON_INTERPRET=1 before kernels are defined (start the "
+                              "script with `ditron sim`)")
+        from .lowering import cuda
+        variant = (cuda.current_variant(), tuple(os.environ.get(k) for k in _LIB_ENV))
+        caches = self._caches.get(variant)
+        if caches is None:
+            if len(self._caches) >= 8:     # variants and environments come and go: keep it small
+                self._caches.clear()
+            caches = self._caches[variant] = defaultdict(self.create_binder)
+        self.device_caches = caches
+        self._state = (_world_module._GEN, id(world), override)
 
     def _name(self):
         return self.__name__ if hasattr(self, "__name__") else self.fn.__name__
@@ -207,49 +194,45 @@ class DitronJITFunction(_compat.JITFunction):
 
     def _launcher(self, grid, warmup):
         """The launch function of ``grid``: one frame between the caller and Triton's ``run`` (as Triton's
-        own ``kernel[grid]``), with the launch state found by comparing four values with the last launch's."""
+        own ``kernel[grid]``); the caches of the compile variant are found by comparing three values with
+        the last launch's."""
         def launch(*args, **kwargs):
             if "extern_libs" in kwargs:
                 return self._run_with_user_libs(args, grid, warmup, kwargs)
             world = _world_module._WORLD
-            device = _driver.active.get_current_device()
-            last = self._last
-            if (last[0] == device and last[1] == _world_module._GEN and last[2] == id(world)
-                    and last[3] is _OVERRIDE.get()):
-                libs = last[4]
-            else:
-                libs = self._launch_state(device, world)[0]
+            override = _OVERRIDE.get()
+            state = self._state
+            if state[0] != _world_module._GEN or state[1] != id(world) or state[2] is not override:
+                self._switch_state(world, override)
             if world is not None and not warmup:
                 check_kernel_args(self, args, kwargs, world)
-                world.transport.before_launch(self, args, device)
+                world.transport.before_launch(self, args, _driver.active.get_current_device())
             try:
-                return _JITRun(self, *args, grid=grid, warmup=warmup, extern_libs=libs, **kwargs)
+                return _JITRun(self, *args, grid=grid, warmup=warmup, **kwargs)
             except Exception as e:  # noqa: BLE001 -- re-raised unless it is a library request
-                self._after_failure(e, self._launch_state(device, world)[1], libs)
-            return self._retry(args, grid, warmup, kwargs, device, world)
+                self._after_failure(e)
+            return self._retry(args, grid, warmup, kwargs)
         return launch
 
-    def _retry(self, args, grid, warmup, kwargs, device, world):
-        """The kernel asked for a device library it did not have: launch again with it."""
+    def _retry(self, args, grid, warmup, kwargs):
+        """The kernel asked for a device library it did not have: launch again (the compilation attaches it)."""
         for _ in range(_MAX_LIBRARY_RETRIES):
-            libs, target = self._launch_state(device, world)
             try:
-                return _JITRun(self, *args, grid=grid, warmup=warmup, extern_libs=libs, **kwargs)
+                return _JITRun(self, *args, grid=grid, warmup=warmup, **kwargs)
             except Exception as e:  # noqa: BLE001 -- re-raised unless it is a library request
-                self._after_failure(e, target, libs)
+                self._after_failure(e)
         raise RuntimeError("device libraries kept changing while compiling; this is a ditron bug")
 
-    def _after_failure(self, e, target, libs):
+    def _after_failure(self, e):
         """A failed launch: when tracing asked for a device library the kernel did not have, remember the need
-        (the next try attaches it); otherwise re-raise, explained where a library could not be linked."""
+        (the next compilation attaches it); otherwise re-raise, explained where a library could not be linked."""
         need = find_cause(e, NeedLibrary)
+        target = self._target()
         needs = self._needs.setdefault(target.backend, set())
         if need is not None and need.name not in needs:
             needs.add(need.name)
-            self._launch.clear()
-            self._last = (None,) * 5
             return
-        explained = explain_link_failure(str(e), tuple(libs.items()))
+        explained = explain_link_failure(str(e), tuple((self.libraries or {}).items()))
         if explained is not None:
             raise explained from e
         raise e
@@ -260,12 +243,10 @@ class DitronJITFunction(_compat.JITFunction):
         needs = self._needs.setdefault(target.backend, set())
         user_libs = kwargs.pop("extern_libs")
         world = _world_module._WORLD
-        if world is not None:
-            device = _driver.active.get_current_device()
-            self._launch_state(device, world)     # the world checks of a launch
-            if not warmup:
-                check_kernel_args(self, args, kwargs, world)
-                world.transport.before_launch(self, args, device)
+        self._switch_state(world, _OVERRIDE.get())
+        if world is not None and not warmup:
+            check_kernel_args(self, args, kwargs, world)
+            world.transport.before_launch(self, args, _driver.active.get_current_device())
 
         def once(libs):
             return _compat.JITFunction.run(self, *args, grid=grid, warmup=warmup, extern_libs=libs, **kwargs)
@@ -277,9 +258,14 @@ class DitronJITFunction(_compat.JITFunction):
         distributed IR, keep it (``dist_ir``), and lint the kernel once."""
         name = self._name()
         target = parse_target(self.device_caches[device][2])
+        libs = library_options(target, self._needs.setdefault(target.backend, set()))
         lib = devlib_for(target)
-        if any(name == lib.name for name, _ in getattr(options, "extern_libs", None) or ()):
-            lib.path()    # its file again, if a cache cleaner took it since the launch state was made
+        if lib.name in libs:
+            lib.path()    # its file again, if a cache cleaner took it since the libraries were looked up
+        for k, v in getattr(options, "extern_libs", None) or ():
+            libs.setdefault(k, v)        # the user's, then Triton's own (libdevice / ocml, ockl) after ditron's
+        options = dataclasses.replace(options, extern_libs=tuple(libs.items()))
+        self.libraries = libs
         with recording(name, target.name) as module:
             kernel = super()._do_compile(key, signature, device, constexprs, options, attrs, warmup)
         if module.ops:

@@ -123,14 +123,14 @@ def test_launch_state_follows_the_world_and_the_variant(monkeypatch):
     x, y, o = torch.rand(4096), torch.rand(4096), torch.empty(4096)
     with stub_driver():
         kernel[(4,)](x, y, o, 4096, BLOCK=1024)
-        plain = dict(kernel._last[-1])
+        plain = dict(kernel.libraries)
         with stub_world() as world:
             kernel[(4,)](x, y, o, 4096, BLOCK=1024)
-            in_world = dict(kernel._last[-1])
+            in_world = dict(kernel.libraries)
             ref = weakref.ref(world)
         with cuda.compile_variant("p2p", bounded=True):
             kernel[(4,)](x, y, o, 4096, BLOCK=1024)
-            bounded = dict(kernel._last[-1])
+            bounded = dict(kernel.libraries)
     name = cuda.LIB.name
     assert cuda.variant_of_path(plain[name]) == ("nvshmem", False)
     assert cuda.variant_of_path(in_world[name]) == ("p2p", False)
@@ -153,7 +153,7 @@ def test_shmem_kernel_still_gets_its_library_on_first_launch(monkeypatch, nvshme
     with stub_driver() as drv:
         kernel[(1,)](o)
         assert "libnvshmem_device" in kernel._needs["cuda"]
-        assert any("nvshmem" in k for k in kernel._last[-1])
+        assert any("nvshmem" in k for k in kernel.libraries)
         counts = Counts(monkeypatch, drv)
         for _ in range(20):
             kernel[(1,)](o)
