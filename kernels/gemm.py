@@ -603,8 +603,11 @@ def fp8_tma_ok(a, b, out=None) -> bool:
     return tma_ok(a, *(() if out is None else (out,))) and b.stride(0) == 1 and tma_ok(b.t())
 
 
+CORES = ("tl", "gluon")
+
+
 def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=None, *, scale_a=None,
-           scale_b=None, out_dtype=None, scale_block=(128, 128)):
+           scale_b=None, out_dtype=None, scale_block=(128, 128), core=None):
     """``a @ b`` with the zoo's GEMM core (fp32 accumulation, ``a``'s dtype).
     ``config``: a :class:`GemmConfig`, ``None`` or ``"tune"`` (:func:`tune`:
     the fastest candidate for this shape, timed once and cached).  ``None``:
@@ -618,7 +621,18 @@ def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=
     per-row / per-column (``torch._scaled_mm``'s) or blockwise with
     ``scale_block=(gk, gn)`` groups (DeepSeek-V3's 1 x 128 / 128 x 128):
     kernels/scaling.py -- and write ``out_dtype`` (default bfloat16; float16,
-    float32).  ``b`` column-major (``w.t()``) is the fast layout on Hopper."""
+    float32).  ``b`` column-major (``w.t()``) is the fast layout on Hopper.
+
+    ``core``: ``None`` (the table's choice for fp16 / bf16, else the ``tl`` core), ``"tl"`` or ``"gluon"``:
+    the warp-specialised Gluon core (kernels/gemm_hopper.py; ``config`` a ``HopperGemmConfig`` or None) on
+    sm_90 GPUs -- fp16 / bf16 with row-major TMA-able operands, fp8 with per-tensor or per-row / per-column
+    scales, ``b`` column-major (:func:`~ditron.kernels.gemm_hopper.fp8_plan` checks it before launch,
+    on every device) -- and elsewhere (the simulator, other GPUs) its ``tl`` twin, the same tiles and K
+    order (:func:`~ditron.kernels.gemm_hopper.twin_config`)."""
+    if core is not None and core not in CORES:
+        raise ditron.DitronError(f"matmul: core={core!r}; use None, 'tl' or 'gluon'")
+    if core == "gluon":
+        return _matmul_gluon(a, b, out, config, num_programs, scale_a, scale_b, out_dtype)
     fp8 = scaling.is_fp8(a)
     if fp8:
         out_dtype = out_dtype or torch.bfloat16
@@ -638,7 +652,7 @@ def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=
             raise ditron.DitronError("matmul: config='tune' is for fp16 / bf16 operands; give fp8 GEMMs a "
                                      "GemmConfig or None (fp8_config)")
         config = tune(M, N, K, a.dtype, a.device)
-    if config is None and not fp8:          # the table holds fp16 / bf16 measurements
+    if config is None and not fp8 and core is None:          # the table holds fp16 / bf16 measurements
         choice = table_choice(M, N, K, a.dtype, a.device)
         if choice is not None:
             core, config, _ = choice
@@ -670,6 +684,30 @@ def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=
                       SUBTILE=cfg.epilogue_subtile if tma else 1, WARP_SPEC=cfg.warp_specialize and tma,
                       B_T=fp8 and tma, **sconsts, **cfg.launch_options())
     return out
+
+
+def _matmul_gluon(a, b, out, config, num_programs, scale_a, scale_b, out_dtype):
+    """``matmul(..., core="gluon")``: the Gluon core where it runs, else its tl twin with the same checks."""
+    from . import gemm_hopper as H
+    if config is not None and not isinstance(config, H.HopperGemmConfig):
+        raise ditron.DitronError(f"matmul: core='gluon' takes a HopperGemmConfig (or None), not {config!r}")
+    if scaling.is_fp8(a):
+        out_dtype = out_dtype or torch.bfloat16
+        _rec, cfg = H.fp8_plan("matmul", a, b, out, scale_a, scale_b, out_dtype, config)
+        if a.device.type == "cuda" and H.supported(a.device):
+            return H.scaled_matmul_hopper(a, b, scale_a, scale_b, out_dtype, out=out, config=cfg,
+                                          num_programs_=num_programs)
+        return matmul(a, b, out=out, config=H.twin_config(cfg), num_programs=num_programs, scale_a=scale_a,
+                      scale_b=scale_b, out_dtype=out_dtype, core="tl")
+    scaling.no_scales("matmul", scale_a, scale_b)
+    cfg = (config or H.DEFAULT_CONFIG).validate("matmul")
+    if out is None and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2:
+        out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    if (isinstance(a, torch.Tensor) and a.device.type == "cuda" and H.supported(a.device)
+            and tma_ok(a, b, out)):
+        return H.matmul_hopper(a, b, out=out, config=cfg, num_programs_=num_programs)
+    return matmul(a, b, out=out, config=H.twin_config(cfg), num_programs=num_programs, out_dtype=out_dtype,
+                  core="tl")
 
 
 def scale_plan(op, a, b, M, K, N, scale_a, scale_b, scale_block):

@@ -73,8 +73,10 @@ tma_load, tma_store = _compat.gluon_tma_ops()
 warpgroup_mma, warpgroup_mma_wait, fence_async_shared = (_hopper.warpgroup_mma, _hopper.warpgroup_mma_wait,
                                                         _hopper.fence_async_shared)
 
-_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32,
+           torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5}
 MODES = ("coop", "pingpong")
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,12 +99,16 @@ class HopperGemmConfig:
     def consumer_rows(self) -> int:
         return self.block_m // 2 if self.mode == "coop" else self.block_m
 
-    def smem_bytes(self, elem=2) -> int:
+    def smem_bytes(self, elem=2, out_elem=None) -> int:
+        """Shared memory of a launch: the ring of ``elem``-byte operands, two staging buffers of the output
+        (``out_elem`` bytes, default ``elem``) and the barriers."""
         ring = self.stages * (self.block_m * self.block_k + self.block_k * self.block_n) * elem
-        staging = 2 * self.consumer_rows * (self.block_n // self.epilogue_split) * elem   # one per consumer
+        staging = 2 * self.consumer_rows * (self.block_n // self.epilogue_split) * (out_elem or elem)
         return ring + staging + 2 * self.stages * 8
 
-    def validate(self, op="matmul_hopper"):
+    def validate(self, op="matmul_hopper", elem=2, out_elem=None):
+        """Raise a DitronError naming what does not fit; ``elem`` / ``out_elem``: operand / output bytes (1 /
+        2 or 4 for fp8 operands: the fp8 limits below apply too)."""
         E = ditron.DitronError
         if self.mode not in MODES:
             raise E(f"{op}: mode={self.mode!r}; use one of {', '.join(MODES)}")
@@ -125,8 +131,18 @@ class HopperGemmConfig:
             raise E(f"{op}: stages={self.stages} must be >= 2")
         if self.group_m < 1:
             raise E(f"{op}: group_m={self.group_m} must be >= 1")
-        if self.smem_bytes() > 227 * 1024:
-            raise E(f"{op}: {self.smem_bytes()} bytes of shared memory ({self.stages} stages of "
+        if elem == 1:
+            if self.block_k > 128 or self.block_k < 32:
+                raise E(f"{op}: fp8 operands need 32 <= block_k <= 128 (got {self.block_k}): one wgmma K step is 32 "
+                        "and the fp32 promotion comes every block_k products, as the tl core's")
+            if 2 * self.consumer_rows * self.block_n > 128 * 128:
+                raise E(f"{op}: fp8 with the fp32 promotion keeps two {self.consumer_rows} x {self.block_n} fp32 "
+                        f"accumulators per consumer warpgroup ({2 * self.consumer_rows * self.block_n // 128} "
+                        "registers per thread); at most 128 fit beside the addresses (64 x 128 per consumer: "
+                        "coop 128 x 128 or pingpong 64 x 128)")
+        smem = self.smem_bytes(elem, out_elem)
+        if smem > 227 * 1024:
+            raise E(f"{op}: {smem} bytes of shared memory ({self.stages} stages of "
                     f"{self.block_m}x{self.block_k} + {self.block_k}x{self.block_n}, two {self.consumer_rows}x"
                     f"{self.block_n // self.epilogue_split} staging buffers) exceed sm_90's 227 KiB: fewer stages or smaller tiles")
         for name in ("consumer_regs", "producer_regs"):
@@ -142,6 +158,25 @@ class HopperGemmConfig:
 
 
 DEFAULT_CONFIG = HopperGemmConfig()
+
+def _elem(dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def fp8_default_config(M, N, K, num_sms, out_dtype=torch.bfloat16) -> HopperGemmConfig:
+    """The Gluon core's default for fp8 operands (no device query): 128 x 128 x 128 coop tiles (two
+    64 x 128 consumers: the fp32 promotion keeps a second accumulator, so 64 x 256 per consumer would spill),
+    6 stages (bf16 / fp16 output) or 5 (fp32 output: twice the staging).  TODO(perf): pending GPU measurement
+    (bench/fp8_gluon.sh)."""
+    stages = 5 if out_dtype == torch.float32 else 6
+    return HopperGemmConfig(128, 128, 128, stages=stages, mode="coop")
+
+
+def scale_constexprs(sa_row: bool, sb_col: bool, cfg: HopperGemmConfig) -> dict:
+    """The fp8 constexprs of :func:`scaled_gemm_ws_kernel`: per-row ``scale_a`` / per-column ``scale_b`` or
+    one element each, and the fp32 promotion every ``block_k`` products."""
+    return dict(SA_ROW=bool(sa_row), SB_COL=bool(sb_col), PROMOTE=cfg.block_k)
+
 
 #: the ``tl`` core's config whose tiles and K order match :data:`DEFAULT_CONFIG` (the simulator's twin)
 def twin_config(cfg: HopperGemmConfig | None = None):
@@ -188,17 +223,18 @@ def _fence_proxy_async_global():
 
 @gluon.jit
 def _producer(a_desc, g_desc, b_desc, a_bufs, b_bufs, ready, empty, M, ROT, flags_ptr, m_local, slot_rows, me,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr):
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, B_T: gl.constexpr):
     """The TMA producer (one warp).  ``GATHER`` (AG-GEMM, kernels/ag_gemm_hopper.py): the rows of C are the
     world's shards, ``m_local`` each; this rank's come from ``a_desc``, rank ``s``'s from row ``s * slot_rows``
     of the gather buffer ``g_desc`` once ``flags_ptr[s] == 1`` -- polled per thread (``dl.ld``, system-scope
     acquire: a warp-specialised partition has no program-wide barrier), then a proxy fence before the TMA loads.
-    Tiles in the consumers' order (``ROT``: m-tiles rotated so that this rank's come first)."""
+    Tiles in the consumers' order (``ROT``: m-tiles rotated so that this rank's come first).  ``B_T``:
+    ``b_desc`` describes ``b^T`` ``[N, K]`` (K-major ``[BN, BK]`` tiles: fp8)."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
-    BN: gl.constexpr = b_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0 if B_T else 1]
     K = a_desc.shape[1]
-    N = b_desc.shape[1]
+    N = b_desc.shape[0 if B_T else 1]
     num_pid_m = gl.cdiv(M, BM)
     num_pid_n = gl.cdiv(N, BN)
     k_steps = gl.cdiv(K, BK)
@@ -231,32 +267,66 @@ def _producer(a_desc, g_desc, b_desc, a_bufs, b_bufs, ready, empty, M, ROT, flag
                 tma_load(g_desc, [row, ki * BK], bar, a_bufs.index(s))
             else:
                 tma_load(a_desc, [row, ki * BK], bar, a_bufs.index(s))
-            tma_load(b_desc, [ki * BK, off_n], bar, b_bufs.index(s))
+            if B_T:
+                tma_load(b_desc, [off_n, ki * BK], bar, b_bufs.index(s))
+            else:
+                tma_load(b_desc, [ki * BK, off_n], bar, b_bufs.index(s))
             count += 1
 
 
 @gluon.jit
-def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, GROUP_M: gl.constexpr,
-              STAGES: gl.constexpr, CID: gl.constexpr, PINGPONG: gl.constexpr):
+def _scale_acc(acc, sa_ptr, sb_ptr, stride_sam, stride_sbn, off_m, off_n, M, N, acc_layout: gl.constexpr,
+               SUB_M: gl.constexpr, BN: gl.constexpr, SA_ROW: gl.constexpr, SB_COL: gl.constexpr):
+    """``(acc * scale_a[rows]) * scale_b[cols]`` in fp32 (per-tensor scales: one element each); rows and
+    columns past the matrix read scale 0 (the TMA store clips them)."""
+    if SA_ROW:
+        rows = off_m + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, acc_layout))
+        sa = gl.load(sa_ptr + rows.to(gl.int64) * stride_sam, mask=rows < M, other=0.0)
+        acc = acc * gl.expand_dims(sa, 1)
+    else:
+        acc = acc * gl.load(sa_ptr)
+    if SB_COL:
+        cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
+        sb = gl.load(sb_ptr + cols.to(gl.int64) * stride_sbn, mask=cols < N, other=0.0)
+        acc = acc * gl.expand_dims(sb, 0)
+    else:
+        acc = acc * gl.load(sb_ptr)
+    return acc
+
+
+@gluon.jit
+def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, sa_ptr, sb_ptr, stride_sam,
+              stride_sbn, GROUP_M: gl.constexpr, STAGES: gl.constexpr, CID: gl.constexpr, PINGPONG: gl.constexpr,
+              B_T: gl.constexpr, SCALE: gl.constexpr, SA_ROW: gl.constexpr, SB_COL: gl.constexpr,
+              PROMOTE: gl.constexpr):
     """One consumer warpgroup (4 warps): ``CID`` 0 or 1.
 
     Ping-pong: the consumers' mainloops take turns (``turn[c]``: consumer
     ``c`` may start its next mainloop; the other arrives on it when its own
     mainloop has issued its last MMA).  Besides the overlap this is what keeps
     the ring's parity waits sound: a consumer never waits for a slot more than
-    one phase ahead of the last phase observed."""
+    one phase ahead of the last phase observed.
+
+    fp8 (:func:`ws_scaled_gemm_body`): ``B_T``, B's ring slots hold K-major ``[BN, BK]`` tiles, read
+    permuted (Hopper's fp8 ``wgmma`` takes both operands K-major); ``PROMOTE`` (> 0): the products of each
+    ``wgmma`` (one ``BK`` step, ``PROMOTE == BK``) are summed in a zeroed tensor-core accumulator and added to
+    the fp32 accumulator in fp32 (``max_num_imprecise_acc``: the tl core's ``tl.dot(..., max_num_imprecise_acc=
+    BLOCK_K)``, ``torch._scaled_mm`` without fast accumulation); ``SCALE``: the epilogue multiplies by
+    ``scale_a`` (per row where ``SA_ROW``, else the one element) and then by ``scale_b`` (per column where
+    ``SB_COL``) in fp32 before the one rounding to the output dtype -- ``(acc * sa) * sb``, the tl core's order."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
-    BN: gl.constexpr = b_desc.block_type.shape[1]
+    BN: gl.constexpr = b_desc.block_type.shape[0 if B_T else 1]
     SUB_M: gl.constexpr = c_desc.block_type.shape[0]        # rows of this warpgroup's accumulator
     dtype: gl.constexpr = c_desc.dtype
     K = a_desc.shape[1]
-    N = b_desc.shape[1]
+    N = b_desc.shape[0 if B_T else 1]
     num_pid_m = gl.cdiv(M, BM)
     num_pid_n = gl.cdiv(N, BN)
     k_steps = gl.cdiv(K, BK)
+    INSTR_K: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth        # wgmma's K: 16 (16-bit), 32 (fp8)
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BN, 16])
+                                                         instr_shape=[16, BN, INSTR_K])
     EPI_N: gl.constexpr = c_desc.block_type.shape[1]        # columns per epilogue store
     c_smem = gl.allocate_shared_memory(dtype, [SUB_M, EPI_N], c_desc.layout)
     if PINGPONG:
@@ -279,24 +349,54 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
             # consumer 1's i-th mainloop follows consumer 0's i-th; consumer 0's i-th follows consumer 1's (i-1)-th
             # (for i = 0 the wait is for the phase "before" a fresh barrier's first: it passes)
             mbarrier.wait(turn.index(CID), (i & 1) ^ (1 - CID))
-        for ki in range(k_steps):
-            s = count % STAGES
-            mbarrier.wait(ready.index(s), (count // STAGES) & 1)
-            a = a_bufs.index(s)
-            if not PINGPONG:
-                a = a.slice(row0, SUB_M, dim=0)
-            acc = warpgroup_mma(a, b_bufs.index(s), acc, is_async=True)
-            # keep this MMA in flight; the previous one has retired: its slot is free
-            acc = warpgroup_mma_wait(1, deps=(acc, ))
-            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=ki > 0)
-            count += 1
-        if PINGPONG:
-            mbarrier.arrive(turn.index(1 - CID))     # every MMA of this tile is issued: the other's turn
+        if PROMOTE > 0:
+            # fp8 with the fp32 promotion: each step's products are summed in a zeroed tensor-core accumulator
+            # (``use_acc=False``), then added to ``acc`` in fp32 (acc + part: Triton's max_num_imprecise_acc
+            # promotion, the tl twin's numerics).  The wait is for this step's MMA: ptxas serialises every wgmma
+            # of a kernel that reads a partial sum while another MMA is in flight (C7514, also Triton's own
+            # lowering of max_num_imprecise_acc), so the overlap comes from the other consumer warpgroup (coop)
+            part = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout)
+            for ki in range(k_steps):
+                s = count % STAGES
+                mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+                a = a_bufs.index(s)
+                if not PINGPONG:
+                    a = a.slice(row0, SUB_M, dim=0)
+                b = b_bufs.index(s)
+                if B_T:
+                    b = b.permute((1, 0))
+                part = warpgroup_mma(a, b, part, use_acc=False, is_async=True)
+                part = warpgroup_mma_wait(0, deps=(part, ))
+                mbarrier.arrive(empty.index(s))          # the MMA that read the slot has retired
+                acc = acc + part
+                count += 1
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - CID))     # every MMA of this tile is issued: the other's turn
+        else:
+            for ki in range(k_steps):
+                s = count % STAGES
+                mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+                a = a_bufs.index(s)
+                if not PINGPONG:
+                    a = a.slice(row0, SUB_M, dim=0)
+                b = b_bufs.index(s)
+                if B_T:
+                    b = b.permute((1, 0))
+                acc = warpgroup_mma(a, b, acc, is_async=True)
+                # keep this MMA in flight; the previous one has retired: its slot is free
+                acc = warpgroup_mma_wait(1, deps=(acc, ))
+                mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=ki > 0)
+                count += 1
+            if PINGPONG:
+                mbarrier.arrive(turn.index(1 - CID))     # every MMA of this tile is issued: the other's turn
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
         i += 1
-        acc = warpgroup_mma_wait(0, deps=(acc, ))
-        mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES))
         if PINGPONG:
             count += k_steps                    # skip the other consumer's tile
+        if SCALE:
+            acc = _scale_acc(acc, sa_ptr, sb_ptr, stride_sam, stride_sbn, pid_m * BM + row0, pid_n * BN, M, N,
+                             acc_layout, SUB_M, BN, SA_ROW, SB_COL)
         # epilogue: the previous tile's TMA store has read the staging buffer before it is overwritten
         out = acc.to(dtype)
         if EPI_N == BN:
@@ -325,9 +425,23 @@ def ws_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_local, slo
     """The persistent warp-specialised mainloop over the ``M`` rows of ``c`` (the kernels below; the
     producer's ``GATHER`` arguments are described at :func:`_producer`): shared-memory ring, mbarriers, the
     default partition is consumer 0; workers: consumer 1 (4 warps), the producer (1 warp)."""
+    ws_scaled_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_local, slot_rows, me, 0, 0, 0, 0,
+                        GROUP_M, STAGES, PINGPONG, GATHER, CONSUMER_REGS, PRODUCER_REGS, False, False, False, False,
+                        0)
+
+
+@gluon.jit
+def ws_scaled_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_local, slot_rows, me, sa_ptr, sb_ptr,
+                        stride_sam, stride_sbn, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                        PINGPONG: gl.constexpr, GATHER: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                        PRODUCER_REGS: gl.constexpr, B_T: gl.constexpr, SCALE: gl.constexpr, SA_ROW: gl.constexpr,
+                        SB_COL: gl.constexpr, PROMOTE: gl.constexpr):
+    """:func:`ws_gemm_body` with the fp8 arguments (described at :func:`_consumer`): ``b_desc`` of ``b^T``
+    (``B_T``), the fp32 promotion every ``PROMOTE`` products, the epilogue scales ``sa_ptr`` / ``sb_ptr``
+    (element strides ``stride_sam`` per row, ``stride_sbn`` per column)."""
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
-    b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -337,12 +451,12 @@ def ws_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_local, slo
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     gl.warp_specialize([
-        (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, GROUP_M, STAGES, 0,
-                     PINGPONG)),
-        (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, GROUP_M, STAGES, 1,
-                     PINGPONG)),
+        (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, sa_ptr, sb_ptr, stride_sam,
+                     stride_sbn, GROUP_M, STAGES, 0, PINGPONG, B_T, SCALE, SA_ROW, SB_COL, PROMOTE)),
+        (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, sa_ptr, sb_ptr, stride_sam,
+                     stride_sbn, GROUP_M, STAGES, 1, PINGPONG, B_T, SCALE, SA_ROW, SB_COL, PROMOTE)),
         (_producer, (a_desc, g_desc, b_desc, a_bufs, b_bufs, ready, empty, M, ROT, flags_ptr, m_local, slot_rows,
-                     me, GROUP_M, STAGES, GATHER)),
+                     me, GROUP_M, STAGES, GATHER, B_T)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -356,22 +470,42 @@ def gemm_ws_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.con
                  CONSUMER_REGS, PRODUCER_REGS)
 
 
+@gluon.jit
+def scaled_gemm_ws_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, stride_sam, stride_sbn, GROUP_M: gl.constexpr,
+                          STAGES: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                          PRODUCER_REGS: gl.constexpr, SA_ROW: gl.constexpr, SB_COL: gl.constexpr,
+                          PROMOTE: gl.constexpr):
+    """Persistent warp-specialised fp8 ``c = (a @ b) * scale_a * scale_b``: ``a_desc`` of ``a [M, K]``,
+    ``b_desc`` of ``b^T [N, K]`` (both K-major), per-tensor or per-row / per-column scales in the epilogue
+    (``num_warps=4``, partitions as :func:`gemm_ws_kernel`)."""
+    ws_scaled_gemm_body(a_desc, a_desc, b_desc, c_desc, a_desc.shape[0], 0, 0, 0, 0, 0, sa_ptr, sb_ptr, stride_sam,
+                        stride_sbn, GROUP_M, STAGES, PINGPONG, False, CONSUMER_REGS, PRODUCER_REGS, True, True,
+                        SA_ROW, SB_COL, PROMOTE)
+
+
 # ---------------------------------------------------------------------------
 # host API
 # ---------------------------------------------------------------------------
 
-def layouts(cfg: HopperGemmConfig, dtype):
-    """Shared-memory layouts of the A, B and C blocks (128-byte swizzle where the rows allow)."""
+def layouts(cfg: HopperGemmConfig, dtype, out_dtype=None, b_t=False):
+    """Shared-memory layouts of the A, B and C blocks (128-byte swizzle where the rows allow); ``b_t``: B's
+    block is ``[BN, BK]`` of ``b^T`` (fp8)."""
     g = _DTYPES[dtype]
+    b_block = [cfg.block_n, cfg.block_k] if b_t else [cfg.block_k, cfg.block_n]
     return (gl.NVMMASharedLayout.get_default_for([cfg.block_m, cfg.block_k], g),
-            gl.NVMMASharedLayout.get_default_for([cfg.block_k, cfg.block_n], g),
-            gl.NVMMASharedLayout.get_default_for([cfg.consumer_rows, cfg.block_n // cfg.epilogue_split], g))
+            gl.NVMMASharedLayout.get_default_for(b_block, g),
+            gl.NVMMASharedLayout.get_default_for([cfg.consumer_rows, cfg.block_n // cfg.epilogue_split],
+                                                 _DTYPES[out_dtype or dtype]))
 
 
 def descriptors(a, b, c, cfg: HopperGemmConfig):
+    """TMA descriptors of ``a``, ``b`` and ``c``; for fp8 operands ``b`` is column-major (``w.t()``) and its
+    descriptor is of ``b.t()`` ``[N, K]`` (K-major ``[BN, BK]`` blocks)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    la, lb, lc = layouts(cfg, a.dtype)
+    b_t = a.dtype in _FP8_DTYPES
+    la, lb, lc = layouts(cfg, a.dtype, c.dtype, b_t)
     return (TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k], la),
+            TensorDescriptor.from_tensor(b.t(), [cfg.block_n, cfg.block_k], lb) if b_t else
             TensorDescriptor.from_tensor(b, [cfg.block_k, cfg.block_n], lb),
             TensorDescriptor.from_tensor(c, [cfg.consumer_rows, cfg.block_n // cfg.epilogue_split], lc))
 
@@ -414,34 +548,117 @@ def matmul_hopper(a, b, out=None, config: HopperGemmConfig | None = None, num_pr
     return out
 
 
+def fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config: HopperGemmConfig | None):
+    """Checks of an fp8 call of the Gluon core, all before launch and device-independent (so that the
+    simulator's twin refuses what the GPU would): ``(recipe, config)``.  fp8 ``a [M, K]`` row-major, ``b
+    [K, N]`` column-major (``w.t()`` of a row-major ``[N, K]`` weight, as ``torch._scaled_mm`` takes it), per-
+    tensor or per-row / per-column float32 scales (``[]`` / ``[1]`` / ``[1, 1]``, ``scale_a [M, 1]``,
+    ``scale_b [1, N]``), 16-byte aligned rows (TMA)."""
+    from . import scaling
+    from .gemm import check_operands, tma_ok
+    E = ditron.DitronError
+    if not scaling.is_fp8(a):
+        raise E(f"{op}: argument 'a' is {getattr(a, 'dtype', type(a).__name__)}; the fp8 Gluon core takes "
+                "float8_e4m3fn / float8_e5m2 operands (fp16 / bf16: matmul_hopper)")
+    check_operands(op, a, b, out, (a.shape[0], b.shape[1]), out_dtype)
+    M, K = a.shape
+    N = b.shape[1]
+    rec = scaling.recipe(op, M, K, N, scale_a, scale_b, a.device)
+    if rec.mode != scaling.EPILOGUE:
+        raise E(f"{op}: {rec.name}wise scales are not in the Gluon core (per-tensor and per-row / per-column "
+                "only); blockwise runs on the tl core: ditron.kernels.gemm.matmul(..., core='tl')")
+    if a.stride(1) != 1 or not tma_ok(a):
+        raise E(f"{op}: 'a' must be row-major with 16-byte aligned rows (strides {tuple(a.stride())}, K={K}: "
+                "K a multiple of 16 for fp8); use ditron.kernels.gemm.matmul(..., core='tl')")
+    if b.stride(0) != 1 or not tma_ok(b.t()):
+        raise E(f"{op}: 'b' must be column-major, b = w.t() of a row-major [N, K] weight as torch._scaled_mm "
+                f"takes it (got strides {tuple(b.stride())}; K-major tiles are what Hopper's fp8 wgmma reads), "
+                "with 16-byte aligned columns; pass w.t() or b.t().contiguous().t()")
+    if out is not None and not tma_ok(out):
+        raise E(f"{op}: 'out' must be row-major with 16-byte aligned rows (strides {tuple(out.stride())})")
+    if out is None and (N * _elem(out_dtype)) % 16:
+        raise E(f"{op}: N={N} rows of {out_dtype} are not 16-byte aligned (the TMA-store epilogue); "
+                "use ditron.kernels.gemm.matmul(..., core='tl')")
+    cfg = config or fp8_default_config(M, N, K, 132, out_dtype)
+    if not isinstance(cfg, HopperGemmConfig):
+        raise E(f"{op}: config must be a HopperGemmConfig, not {type(cfg).__name__}")
+    return rec, cfg.validate(op, elem=1, out_elem=_elem(out_dtype))
+
+
+def scaled_matmul_hopper(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, out=None,
+                         config: HopperGemmConfig | None = None, num_programs_=None):
+    """``torch._scaled_mm(a, b, scale_a, scale_b, out_dtype)`` on the Gluon core: fp8 ``a [M, K]`` row-major,
+    ``b [K, N]`` column-major (``w.t()``), per-tensor or rowwise scales (:func:`fp8_plan`); fp32
+    accumulation with the fp32 promotion every ``block_k`` products (no fast accumulation), the scales in
+    the epilogue (``(acc * scale_a[row]) * scale_b[col]`` in fp32), one rounding to ``out_dtype``
+    (bfloat16, float16, float32).  CUDA sm_90 only; on CPU the tl twin is
+    ``ditron.kernels.gemm.matmul(a, b, scale_a=, scale_b=, core="gluon")``."""
+    op = "scaled_matmul_hopper"
+    rec, cfg = fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config)
+    if a.device.type != "cuda":
+        raise ditron.DitronError(f"{op}: the Gluon core runs on Hopper GPUs only; on {a.device} use the tl twin "
+                                 "ditron.kernels.gemm.matmul(a, b, scale_a=, scale_b=, core='gluon')")
+    if not supported(a.device):
+        raise ditron.DitronError(f"{op}: {torch.cuda.get_device_name(a.device)} is not sm_90; use "
+                                 "ditron.kernels.gemm.matmul")
+    M = a.shape[0]
+    N = b.shape[1]
+    if out is None:
+        out = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    a_desc, b_desc, c_desc = descriptors(a, b, out, cfg)
+    P = int(num_programs_ or num_programs(M, N, cfg, sm_count(a.device)))
+    scaled_gemm_ws_kernel[(P,)](a_desc, b_desc, c_desc, scale_a, scale_b, rec.sa[0], rec.sb[1], num_warps=4,
+                                **kernel_constexprs(cfg), **scale_constexprs(rec.sa[0] != 0, rec.sb[1] != 0, cfg))
+    return out
+
+
 # ---------------------------------------------------------------------------
 # compile on a CPU
 # ---------------------------------------------------------------------------
 
-def compile_sm90(cfg: HopperGemmConfig | None = None, dtype=torch.bfloat16, M=1024, N=1024, K=1024, target="sm_90a"):
-    """Compile :func:`gemm_ws_kernel` for ``target`` without a GPU
-    (``triton.compile`` of a Gluon AST source); returns the compiled kernel
-    (``.asm["ttgir"]``, ``["ptx"]``, ``.metadata``).  The descriptors' types
-    come from descriptors on CPU tensors of the given shape."""
+def compile_sm90(cfg: HopperGemmConfig | None = None, dtype=torch.bfloat16, M=1024, N=1024, K=1024, target="sm_90a",
+                 out_dtype=None, scales="row", b_dtype=None):
+    """Compile :func:`gemm_ws_kernel` (fp16 / bf16) or, for fp8 ``dtype``, :func:`scaled_gemm_ws_kernel`
+    (``scales``: ``"row"`` -- ``scale_a [M, 1]``, ``scale_b [1, N]`` -- or ``"tensor"``; ``out_dtype``
+    default bfloat16; ``b_dtype`` default ``dtype``) for ``target`` without a GPU (``triton.compile`` of a
+    Gluon AST source); returns the compiled kernel (``.asm["ttgir"]``, ``["ptx"]``, ``.metadata``).  The
+    descriptors' types come from descriptors on CPU tensors of the given shape."""
     from ditron.target import parse_target
     tgt = parse_target(target)
     if tgt.backend != "cuda" or tgt.capability != 90:
         raise ditron.DitronError(f"gemm_hopper: the Gluon core is for sm_90a only, not {tgt.name}; on other targets "
                                  "(AMD, other NVIDIA GPUs, the simulator) the core is ditron.kernels.gemm.gemm_kernel")
-    cfg = (cfg or DEFAULT_CONFIG).validate()
-    a = torch.empty((M, K), dtype=dtype)
-    b = torch.empty((K, N), dtype=dtype)
-    c = torch.empty((M, N), dtype=dtype)
+    fp8 = dtype in _FP8_DTYPES
+    if fp8:
+        out_dtype = out_dtype or torch.bfloat16
+        cfg = (cfg or fp8_default_config(M, N, K, 132, out_dtype)).validate(elem=1, out_elem=_elem(out_dtype))
+        a = torch.empty((M, K), dtype=dtype)
+        b = torch.empty((N, K), dtype=b_dtype or dtype).t()
+        c = torch.empty((M, N), dtype=out_dtype)
+    else:
+        cfg = (cfg or DEFAULT_CONFIG).validate()
+        a = torch.empty((M, K), dtype=dtype)
+        b = torch.empty((K, N), dtype=dtype)
+        c = torch.empty((M, N), dtype=dtype)
     descs = descriptors(a, b, c, cfg)
     sig = {"a_desc": _compat.mangle_arg(descs[0]), "b_desc": _compat.mangle_arg(descs[1]),
            "c_desc": _compat.mangle_arg(descs[2])}
     consts = kernel_constexprs(cfg)
+    if fp8:
+        if scales not in ("row", "tensor"):
+            raise ditron.DitronError(f"gemm_hopper.compile_sm90: scales={scales!r}; use 'row' or 'tensor'")
+        sig.update(sa_ptr="*fp32", sb_ptr="*fp32", stride_sam="i32", stride_sbn="i32")
+        consts.update(scale_constexprs(scales == "row", scales == "row", cfg))
+        kernel = scaled_gemm_ws_kernel
+    else:
+        kernel = gemm_ws_kernel
     for k in consts:
         sig[k] = "constexpr"
-    src = _compat.gluon_ast_source(gemm_ws_kernel, sig, consts)
+    src = _compat.gluon_ast_source(kernel, sig, consts)
     return _compat.compile_source(src, tgt.to_triton(), {"num_warps": 4})
 
 
 __all__ = ["HopperGemmConfig", "DEFAULT_CONFIG", "MODES", "TWIN", "twin_config", "supported", "matmul_hopper",
-           "gemm_ws_kernel", "compile_sm90", "descriptors", "layouts"]
+           "gemm_ws_kernel", "compile_sm90", "descriptors", "layouts", "scaled_matmul_hopper", "scaled_gemm_ws_kernel",
+           "fp8_default_config", "fp8_plan"]
 

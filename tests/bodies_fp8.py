@@ -358,3 +358,57 @@ def fp8_accumulation(world):
         torch.testing.assert_close(c.cpu(), a.cpu().float() @ b.cpu().float(), rtol=1e-6, atol=1e-5)
     return error_messages({"default": lambda: fp8_dot_loop_kernel[(1,)](a, b, c, 64, BM=16, BK=32, PROMOTE=False),
                            "promoted": promoted})
+
+
+# ---------------------------------------------------------------------------
+# the Gluon core's fp8 path (kernels/gemm_hopper.py): matmul(..., core="gluon")
+# ---------------------------------------------------------------------------
+
+def gluon_core_recipes(world, cases):
+    """``matmul(..., core="gluon")`` on fp8 operands: the Gluon core on an sm_90 GPU, its tl twin (same tiles
+    and K order) on the simulator; ``(M, N, K, recipe, out dtype, dtype a, dtype b, config)`` per case
+    (config: None for the default, else ``HopperGemmConfig`` fields), against torch._scaled_mm's numerics."""
+    from ditron.kernels import gemm_hopper as H
+    dev = world.device
+    n = 0
+    for i, (M, N, K, recipe, out_dtype, da, db, cfg) in enumerate(cases):
+        out_dtype = getattr(torch, out_dtype)
+        a, b, sa, sb, _ = operands(M, N, K, recipe, 50 + i, getattr(torch, da), getattr(torch, db))
+        assert b.stride(0) == 1                                 # w.t(): column-major
+        config = H.HopperGemmConfig(**cfg) if cfg else None
+        got = G.matmul(a.to(dev), b.to(dev), scale_a=sa.to(dev), scale_b=sb.to(dev), out_dtype=out_dtype,
+                       config=config, core="gluon")
+        assert got.dtype == out_dtype and got.shape == (M, N)
+        check(got, scaled_mm_reference(a, b, sa, sb, out_dtype), out_dtype,
+              f"gluon {M}x{N}x{K} {recipe} {da}x{db} -> {out_dtype} {cfg or 'default'}")
+        n += 1
+    return n
+
+
+def gluon_error_cases(world):
+    """Messages of the DitronErrors the fp8 Gluon path raises before launch (on every device)."""
+    from bodies_ag_gemm import error_messages
+    from ditron.kernels import gemm_hopper as H
+    dev = world.device
+    a, b, sa, sb, _ = operands(20, 24, 256, "row", 3)
+    a, b, sa, sb = a.to(dev), b.to(dev), sa.to(dev), sb.to(dev)
+    ab, bb, sab, sbb, _ = operands(20, 24, 256, "block", 3)
+    ab, bb, sab, sbb = ab.to(dev), bb.to(dev), sab.to(dev), sbb.to(dev)
+
+    def mm(*args, **kw):
+        return G.matmul(*args, core="gluon", **kw)
+    cases = {
+        "b_row_major": lambda: mm(a, b.contiguous(), scale_a=sa, scale_b=sb),
+        "a_col_major": lambda: mm(a.t().contiguous().t(), b, scale_a=sa, scale_b=sb),
+        "scale_a_shape": lambda: mm(a, b, scale_a=sa[:7], scale_b=sb),
+        "scale_b_shape": lambda: mm(a, b, scale_a=sa, scale_b=sb.t()),
+        "blockwise": lambda: mm(ab, bb, scale_a=sab, scale_b=sbb),
+        "tl_config": lambda: mm(a, b, scale_a=sa, scale_b=sb, config=G.GemmConfig(128, 128, 128)),
+        "registers": lambda: mm(a, b, scale_a=sa, scale_b=sb, config=H.HopperGemmConfig(128, 256, 128, stages=2)),
+        "smem": lambda: mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32,
+                           config=H.HopperGemmConfig(128, 128, 128, stages=6)),
+        "block_k": lambda: mm(a, b, scale_a=sa, scale_b=sb, config=H.HopperGemmConfig(128, 128, 256, stages=2)),
+        "core": lambda: G.matmul(a, b, scale_a=sa, scale_b=sb, core="cutlass"),
+        "unaligned_k": lambda: mm(*operands(20, 24, 200, "row", 4)[:2], scale_a=sa, scale_b=sb),
+    }
+    return error_messages(cases)

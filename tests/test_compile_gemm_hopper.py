@@ -5,6 +5,7 @@ mbarriers, asynchronous ``wgmma``, a TMA-store epilogue.  And what ``tl.range(wa
 
 The GPU side (correctness, bit equality with the tl twin, timings against cuBLAS) is bench/gemm_core_levers.sh.
 """
+import dataclasses
 import re
 
 import pytest
@@ -173,3 +174,92 @@ def test_twins_compile_to_wgmma():
         ptx = ck.asm["ptx"]
         assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx, cfg
         assert ck.metadata.shared <= SMEM_LIMIT, cfg
+
+
+# ---------------------------------------------------------------------------
+# fp8 (issue 55): scaled_gemm_ws_kernel
+# ---------------------------------------------------------------------------
+
+E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
+
+#: the fp8 configs bench/fp8_gluon.py times (and the wgmma each consumer warpgroup issues)
+FP8_CONFIGS = [
+    (H.fp8_default_config(8192, 4096, 4096, 132, torch.bfloat16), "m64n128k32"),
+    (HC(128, 128, 128, stages=4, mode="coop"), "m64n128k32"),
+    (HC(64, 128, 128, stages=6, mode="pingpong"), "m64n128k32"),
+    (HC(64, 128, 128, stages=4, mode="pingpong"), "m64n128k32"),
+]
+
+
+def _ptxas_log(ptx):
+    """``ptxas -v`` of the PTX (Triton's bundled ptxas): register, spill and wgmma-serialisation notes."""
+    import subprocess
+    import tempfile
+    from triton.backends.nvidia.compiler import get_ptxas
+    with tempfile.TemporaryDirectory() as d:
+        with open(f"{d}/k.ptx", "w") as f:
+            f.write(ptx)
+        return subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
+                              capture_output=True, text=True, check=True).stderr
+
+
+@pytest.mark.parametrize("scales", ["row", "tensor"])
+@pytest.mark.parametrize("out", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("cfg,wgmma", FP8_CONFIGS[:3], ids=[c.label().replace(" ", "-") for c, _ in FP8_CONFIGS[:3]])
+def test_gluon_fp8_compiles_warp_specialised(cfg, wgmma, out, scales):
+    """The fp8 Gluon core: e4m3 x e4m3 wgmma on K-major A and (permuted) B tiles, TMA loads of a and b^T, the
+    producer / two-consumer split, the fp32 promotion (each step's wgmma waited for, then added in fp32),
+    no spills and no wgmma serialisation by ptxas, shared memory within an H100's."""
+    if out == torch.float32:
+        cfg = dataclasses.replace(cfg, stages=min(cfg.stages, 5 if cfg.mode == "coop" else 6))
+    ck = H.compile_sm90(cfg, E4, M=8192, N=4096, K=4096, out_dtype=out, scales=scales)
+    ttgir, ptx = ck.asm["ttgir"], ck.asm["ptx"]
+    assert _count(r"ttg\.warp_specialize\(", ttgir) == 1
+    assert re.search(r"partition0\(.*\) num_warps\(4\)", ttgir) and re.search(r"partition1\(.*\) num_warps\(1\)", ttgir)
+    assert "memdesc_trans" in ttgir                                 # B's [BN, BK] slot read as [BK, BN]
+    assert ".reqntid 384" in ptx and "setmaxnreg.inc.sync.aligned.u32" in ptx
+    assert _count(rf"wgmma\.mma_async\.sync\.aligned\.{wgmma}\.f32\.e4m3\.e4m3", ptx) >= 2
+    assert "wgmma.wait_group.sync.aligned 0" in ptx
+    assert re.search(r"cp\.async\.bulk\.tensor\.2d\.shared::(cluster|cta)\.global\.mbarrier::complete_tx::bytes", ptx)
+    assert _count(r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.bulk_group", ptx) == 2 * cfg.epilogue_split
+    assert _count(r"add\.f32", ptx) >= 2 * 64                         # the promotion: acc + part, 64 per thread
+    log = _ptxas_log(ptx)
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    assert "serialized" not in log and "C7514" not in log, log       # no wgmma serialisation
+    elem = torch.empty((), dtype=out).element_size()
+    assert cfg.smem_bytes(1, elem) <= ck.metadata.shared <= SMEM_LIMIT
+
+
+def test_gluon_fp8_e5m2_and_pingpong_4_stages():
+    ptx = H.compile_sm90(FP8_CONFIGS[3][0], E5, b_dtype=E4, scales="row").asm["ptx"]
+    assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e5m2\.e4m3", ptx) >= 2
+    ptx = H.compile_sm90(FP8_CONFIGS[1][0], E5, scales="tensor", out_dtype=torch.float16).asm["ptx"]
+    assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e5m2\.e5m2", ptx) >= 2
+
+
+def test_gluon_fp8_config_errors():
+    E = ditron.DitronError
+    with pytest.raises(E, match="two 64 x 256 fp32 accumulators"):
+        HC(128, 256, 128, stages=2).validate(elem=1, out_elem=2)
+    with pytest.raises(E, match="32 <= block_k <= 128"):
+        HC(128, 128, 256, stages=2).validate(elem=1, out_elem=2)
+    with pytest.raises(E, match="shared memory"):
+        HC(128, 128, 128, stages=6).validate(elem=1, out_elem=4)       # 6 x 32 KiB ring + 2 x 32 KiB fp32 staging
+    for out in (torch.bfloat16, torch.float16, torch.float32):
+        cfg = H.fp8_default_config(8192, 4096, 4096, 132, out)
+        assert cfg.validate(elem=1, out_elem=torch.empty((), dtype=out).element_size()) is cfg
+    for cfg, _ in FP8_CONFIGS:
+        tw = H.twin_config(cfg).validate()
+        assert (tw.block_m, tw.block_n, tw.block_k) == (cfg.block_m, cfg.block_n, cfg.block_k)
+
+
+def test_scaled_matmul_hopper_refuses_cpu_and_names_the_twin():
+    a = torch.randn(64, 32).to(E4)
+    b = torch.randn(48, 32).to(E4).t()
+    s = torch.ones(())
+    with pytest.raises(ditron.DitronError, match="tl twin.*core='gluon'"):
+        H.scaled_matmul_hopper(a, b, s, s)
+    with pytest.raises(ditron.DitronError, match="fp16 / bf16: matmul_hopper"):
+        H.scaled_matmul_hopper(a.bfloat16(), b.bfloat16(), s, s)
+    with pytest.raises(ditron.DitronError, match="'b' must be column-major"):
+        H.scaled_matmul_hopper(a, b.contiguous(), s, s)

@@ -164,3 +164,35 @@ def test_fp8_grouped_gemm_compiles_for_sm90a():
                         constexprs=dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, EVEN_K=True, EP=64,
                                         GATHER=True, TMA=False, FP8=True, GK=128, GN=128), num_warps=8, num_stages=3)
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in ck.asm["ptx"]
+
+
+# the Gluon core (kernels/gemm_hopper.py) through matmul(core="gluon"): on the simulator its tl twin -- the same
+# tiles (128 x 128 x 128 by default) and K order -- with the same checks; on an sm_90 GPU the Gluon kernel.  M, N
+# not multiples of the tiles, K with a tail of the 128-step; e4m3 and e5m2; coop and pingpong configs
+GLUON_CASES = [
+    (37, 40, 208, "row", "bfloat16", E4, E4, None),
+    (19, 72, 144, "tensor", "float32", E4, E4, None),
+    (45, 24, 96, "row", "float32", E5, E4, dict(block_m=64, block_n=128, block_k=128, stages=4, mode="pingpong")),
+    (130, 136, 272, "row", "float16", E4, E4, dict(block_m=128, block_n=128, block_k=64, stages=4, mode="coop")),
+    (33, 16, 128, "tensor", "bfloat16", E5, E5, dict(block_m=64, block_n=64, block_k=128, stages=3,
+                                                       mode="pingpong")),
+]
+
+
+def test_matmul_fp8_gluon_core(dist_world):
+    assert dist_world(1).run(B.gluon_core_recipes, GLUON_CASES) == [len(GLUON_CASES)]
+
+
+def test_fp8_gluon_errors_before_launch(dist_world):
+    msgs = dist_world(1).run(B.gluon_error_cases)[0]
+    assert "'b' must be column-major, b = w.t()" in msgs["b_row_major"] and "strides (24, 1)" in msgs["b_row_major"]
+    assert "'a' must be row-major" in msgs["a_col_major"]
+    assert "scale_a has shape [7, 1]" in msgs["scale_a_shape"]
+    assert "scale_b has shape [24, 1]" in msgs["scale_b_shape"]
+    assert "blockwise scales are not in the Gluon core" in msgs["blockwise"] and "core='tl'" in msgs["blockwise"]
+    assert "takes a HopperGemmConfig" in msgs["tl_config"]
+    assert "two 64 x 256 fp32 accumulators" in msgs["registers"]
+    assert "shared memory" in msgs["smem"] and "227 KiB" in msgs["smem"]
+    assert "32 <= block_k <= 128" in msgs["block_k"]
+    assert "core='cutlass'" in msgs["core"]
+    assert "'a' must be row-major with 16-byte aligned rows" in msgs["unaligned_k"]
