@@ -141,3 +141,27 @@ def errors(world):
     msgs.update(error_messages(cases))
     assert int(ctx.calls[0]) == 0 and int(ctx.gcalls[0]) == 0       # nothing was launched
     return msgs
+
+
+def gluon_errors(world):
+    """core="gluon" (kernels/gemm_rs_hopper.py): what the context and a call refuse before launch."""
+    W = world.world_size
+    opts = _sim_options(world, {})
+    gctx = create_gemm_rs_context(8 * W, 16, torch.bfloat16, method="ce", core="gluon", **opts)
+    a = torch.ones(4 * W, 32, device=world.device).to(torch.float8_e4m3fn)
+    b = torch.ones(32, 16, device=world.device).to(torch.float8_e4m3fn)
+    sa = torch.ones(4 * W, 1, device=world.device)
+    sb = torch.ones(1, 16, device=world.device)
+    cases = {
+        "core": lambda: create_gemm_rs_context(8 * W, 16, torch.float16, core="cublas"),
+        "gluon_scatter": lambda: create_gemm_rs_context(8 * W, 16, torch.float16, method="scatter", core="gluon"),
+        "gluon_fp32": lambda: create_gemm_rs_context(8 * W, 16, torch.float32, method="ce", core="gluon"),
+        "gluon_config_tl": lambda: create_gemm_rs_context(8 * W, 16, torch.float16, gluon_config=object()),
+        "gluon_config_type": lambda: create_gemm_rs_context(8 * W, 16, torch.float16, method="ce", core="gluon",
+                                                            gluon_config=3),
+        "gluon_fp8_call": lambda: gemm_rs(a, b, gctx, scale_a=sa, scale_b=sb),
+    }
+    msgs = error_messages(cases)
+    assert gctx.core == "gluon" and gctx.gluon_config is not None
+    assert int(gctx.calls[0]) == 0 and int(gctx.gcalls[0]) == 0     # nothing was launched
+    return msgs
