@@ -165,3 +165,22 @@ def gluon_errors(world):
     assert gctx.core == "gluon" and gctx.gluon_config is not None
     assert int(gctx.calls[0]) == 0 and int(gctx.gcalls[0]) == 0     # nothing was launched
     return msgs
+
+
+def gluon_matches_twin(world, shapes, N):
+    """GPUs (issue 52 item 4): on the same operands, a ``core="gluon"`` context and a ``core="tl"`` one whose
+    config is the Gluon config's twin (``gemm_hopper.twin_config``: same tiles, same BLOCK_K) give bit-identical
+    results (the partials are then the same bits, and so are the copies and the reduction), and both are right."""
+    from ditron.kernels import gemm_hopper as H
+    W = world.world_size
+    max_m = W * max(m for m, _ in shapes)
+    gctx = create_gemm_rs_context(max_m, N, torch.bfloat16, method="ce", core="gluon")
+    tctx = create_gemm_rs_context(max_m, N, torch.bfloat16, method="ce", config=H.twin_config(gctx.gluon_config))
+    for i, (m, K) in enumerate(shapes):
+        a, b = (x.to(world.device) for x in _operands(world.rank, W * m, K, N, torch.bfloat16, 21 + i))
+        fast = gemm_rs(a, b, gctx)
+        slow = gemm_rs(a, b, tctx)
+        _check(fast, _reference(world, W * m, K, N, torch.bfloat16, 21 + i), f"gluon m={m} K={K} rank={world.rank}")
+        assert torch.equal(fast, slow), (f"gluon vs tl twin m={m} K={K} rank={world.rank}: "
+                                         f"{int((fast != slow).sum())} of {fast.numel()} entries differ")
+    return len(shapes)

@@ -116,6 +116,12 @@ def test_gemm_rs_gluon_core_on_the_job_world(dist):
     assert _gluon_calls(dist)
 
 
+def test_gemm_rs_gluon_matches_its_twin(_gpu_dist):
+    # GPUs only (the simulator runs the twin for both): the Gluon GEMM and the tl GEMM of the twin config agree
+    # bit for bit through the whole op
+    assert _gpu_dist.run(B.gluon_matches_twin, GLUON_SHAPES, N) == [len(GLUON_SHAPES)] * _gpu_dist.world_size
+
+
 def test_gemm_rs_gluon_errors_before_launch(dist):
     msgs = dist.run(B.gluon_errors)[0]
     assert "core='cublas'; use one of tl, gluon" in msgs["core"]
