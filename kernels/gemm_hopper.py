@@ -41,6 +41,17 @@ Tile order: ``dl.swizzle_2d``'s grouped order (the same formula), program
 ``p`` takes tiles ``p, p + P, ...`` like the ``tl`` core, so any signal
 protocol keyed on tiles (issue 52 item 2) reads the same.
 
+Hooks of the overlap kernels (:func:`ws_gemm_body`'s arguments; off by
+default, so the plain GEMM and AG-GEMM compile to what they did):
+``GATHER`` (AG-GEMM, kernels/ag_gemm_hopper.py): the producer polls a
+segment's flag before loading its rows from the gather buffer;
+``SCATTER`` / ``SIGNAL`` (GEMM-RS, kernels/gemm_rs_hopper.py): tiles in
+``dl.swizzle_scatter`` order, and each consumer signals a stored block of C
+(the copy-engine protocol's segment counts) once its TMA stores have
+completed -- ``cp.async.bulk.wait_group 0`` (not ``.read``), the async-proxy
+fence, the partition's barrier, then one thread's release (the memory-model
+argument is in kernels/gemm_rs_hopper.py).
+
 Numerics: fp32 accumulation by ``wgmma`` in K order, ``BK`` at a time, then
 one rounding to the output dtype: the same as the ``tl`` core with the same
 ``BLOCK_K`` on sm_90 (tests/gpu/test_gemm_hopper_twin.py checks bit

@@ -133,6 +133,61 @@ def test_gemm_rs_gluon_errors_before_launch(dist):
     assert "core='gluon' takes float16 / bfloat16 operands without scales" in msgs["gluon_fp8_call"]
 
 
+def _gluon_signal_model(M, N, W, me, BM, BN, P, pingpong, rng):
+    """A host model of the Gluon GEMM's copy-engine signals (kernels/gemm_hopper.py ``_consumer`` /
+    ``_signal_segments``, the same arithmetic line by line): the blocks each consumer of each program stores, in its
+    tile order (``dl.swizzle_scatter``'s host twin), interleaved at random; checks that every peer segment's
+    ``done`` is raised exactly once, only after every block of its rows is stored, and never the own segment's."""
+    from ditron.language.swizzle import swizzle_scatter_py
+    SUB = BM if pingpong else BM // 2
+    m = M // W
+    npm, npn = -(-M // BM), -(-N // BN)
+    seqs = []
+    for p in range(P):
+        for cid in range(2):
+            tiles = range(p + cid * P, npm * npn, 2 * P) if pingpong else range(p, npm * npn, P)
+            row0 = 0 if pingpong else cid * SUB
+            seq = []
+            for t in tiles:
+                pid_m, pid_n = swizzle_scatter_py(t, M, N, BM, BN, me, W, 1, 8)
+                seq.append((pid_m * BM + row0, pid_n))
+            seqs.append(seq)
+    stored, count, done = set(), [0] * W, [0] * W
+    while any(seqs):
+        seq = rng.choice([q for q in seqs if q])
+        r0, pid_n = seq.pop(0)
+        assert (r0, pid_n) not in stored
+        stored.add((r0, pid_n))
+        if 0 <= r0 < M:                                   # _signal_segments
+            for seg in range(r0 // m, (min(r0 + SUB, M) - 1) // m + 1):
+                if seg != me:
+                    c = count[seg]
+                    count[seg] += 1
+                    blocks = (seg * m + m - 1) // SUB - (seg * m) // SUB + 1
+                    if c == blocks * npn - 1:
+                        count[seg] = 0
+                        assert not done[seg], f"segment {seg} signalled twice"
+                        need = {(j * SUB, n) for j in range(seg * m // SUB, (seg * m + m - 1) // SUB + 1)
+                                for n in range(npn)}
+                        assert need <= stored, f"segment {seg} signalled before {sorted(need - stored)[:3]}"
+                        done[seg] = 1
+    assert done == [int(seg != me) for seg in range(W)] and count == [0] * W
+    assert {(j * SUB, n) for j in range(-(-M // SUB)) for n in range(npn)} <= stored     # every row block
+
+
+def test_gemm_rs_gluon_signal_model():
+    """The block counts' thresholds: m not a multiple of the block (blocks straddling segments, several segments
+    in one block), coop (64-row blocks of 128-row tiles) and ping-pong, fewer and more programs than tiles."""
+    import random
+    rng = random.Random(52)
+    for W in (1, 2, 3, 4):
+        for m in (1, 5, 64, 130):
+            for BM, pingpong in ((128, False), (128, True), (64, True)):
+                for P in (1, 3):
+                    for me in range(W):
+                        _gluon_signal_model(W * m, 200, W, me, BM, 64, P, pingpong, rng)
+
+
 def test_gemm_rs_gluon_check_applies():
     """What the Gluon GEMM refuses per call on a GPU, each named (here on CPU tensors: the device comes last)."""
     import torch
