@@ -383,6 +383,8 @@ class GemmArContext(CollectiveContext):
             if gluon_config is not None and not isinstance(gluon_config, HopperGemmConfig):
                 raise E("gemm_ar: gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig")
             self.gluon_config = (gluon_config or DEFAULT_CONFIG).validate("gemm_ar")
+            from .gemm_rs import _check_gluon_device
+            _check_gluon_device("gemm_ar", self)
             # the fused kernel's buffers are not needed: rs_ag's two contexts hold what it uses
             self.max_tiles = 0
             self.part = self.red = self.res = self.flag = self.done = None

@@ -439,6 +439,7 @@ class GemmRsContext(CollectiveContext):
             if gluon_config is not None and not isinstance(gluon_config, HopperGemmConfig):
                 raise E("gemm_rs: gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig")
             self.gluon_config = (gluon_config or DEFAULT_CONFIG).validate("gemm_rs")
+            _check_gluon_device("gemm_rs", self)
         elif gluon_config is not None:
             raise E("gemm_rs: gluon_config applies to core='gluon'")
         self.method = method
@@ -476,6 +477,17 @@ class GemmRsContext(CollectiveContext):
     def reduce_tile(self):
         """(RBLOCK_M, RBLOCK_N, num_warps) of the reduction kernel."""
         return (16, 64, 1) if self.sim else (32, 128, 4)
+
+
+def _check_gluon_device(op, ctx):
+    """A ``core="gluon"`` context on a GPU that is not a Hopper (sm_90) one, e.g. an AMD GPU: refused when it is
+    created (the simulator runs the tl twin, anywhere)."""
+    from .gemm_hopper import supported
+    if ctx.world.backend == "sim" or is_sim_device(ctx.device) or supported(ctx.device):
+        return
+    dev = torch.device(ctx.device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
+    raise ditron.DitronError(f"{op}: core='gluon' runs on Hopper (sm_90) GPUs only, not on {name}: use core='tl'")
 
 
 def create_gemm_rs_context(max_m, n, dtype, world=None, method="auto", **options):

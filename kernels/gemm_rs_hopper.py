@@ -58,7 +58,8 @@ Deadlock freedom is the ``tl`` kernel's: the GEMM never waits for anything outsi
 Where it applies: one node (``method="ce"``, the default there), float16 / bfloat16 operands (fp8 operands are
 the ``tl`` core's), row-major ``a`` and ``b`` with 16-byte aligned bases and rows, ``N`` a multiple of 8 (TMA
 stores rows of ``cbuf``), a Hopper (sm_90) GPU.  ``core="gluon"`` where one of these does not hold is an error
-before launch that says which.  On the simulator the context runs the ``tl`` kernel (the twin: the same
+before launch that says which (the method, the dtype and the GPU -- e.g. an AMD one -- when the context is
+created; fp8 operands and the operands' layout per call: :func:`check_applies`).  On the simulator the context runs the ``tl`` kernel (the twin: the same
 protocol, tile order and reduction; tests/test_gemm_rs.py).
 """
 from __future__ import annotations
