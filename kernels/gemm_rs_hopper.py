@@ -75,7 +75,7 @@ from ._common import sm_count
 from .gemm import tma_ok
 
 
-@ditron.gluon.jit
+@ditron.gluon.jit(do_not_specialize=["M"])
 def gemm_rs_ws_kernel(a_desc, b_desc, c_desc, seg_count_ptr, done_ptr, calls_ptr, M,
                       GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
                       CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
