@@ -219,7 +219,8 @@ def ast_source(fn, signature, constexprs, attrs):
 # warps_per_cta, instr_shape), NVMMASharedLayout.get_default_for and GluonASTSource(fn, signature, constexprs).
 # Differences: the TMA copies are tma.async_copy_global_to_shared / async_copy_shared_to_global in 3.6 and
 # tma.async_load / async_store in 3.9 (the old names raise there; same arguments: gluon_tma_ops); the
-# partition-wide barrier is gl.thread_barrier in 3.6 and gl.barrier in 3.9 (not used by the core).
+# partition-wide barrier is gl.thread_barrier in 3.6 and gl.barrier in 3.9 (gluon_barrier; the core's GEMM-RS
+# epilogue uses it).
 
 def gluon_hopper():
     """``(gluon, gluon.language, gluon.language.nvidia.hopper)``."""
@@ -236,6 +237,13 @@ def gluon_tma_ops():
     load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
     return load, store
+
+
+def gluon_barrier():
+    """The Gluon builtin that synchronises the calling threads -- inside a ``gl.warp_specialize`` partition,
+    that partition's warps (a named barrier): ``gl.thread_barrier`` (3.6) or ``gl.barrier`` (3.9)."""
+    from triton.experimental.gluon import language as gl
+    return getattr(gl, "barrier", None) or gl.thread_barrier
 
 
 def mangle_arg(arg) -> str:

@@ -118,6 +118,9 @@ from .gemm import (GemmConfig, check_fp8_config, check_operands, default_config,
                    gemm_tile_at, operand_descriptors, scale_key, scale_plan, store_tile, tile_rows, tma_ok)
 
 METHODS = ("auto", "one_shot", "two_shot", "multimem_one_shot", "multimem_two_shot", "rs_ag")
+#: the GEMM's core: the tl core (every method, target and the simulator) or the Gluon Hopper core, which runs
+#: method "rs_ag" (GEMM-RS's copy-engine GEMM on it: kernels/gemm_rs_hopper.py)
+CORES = ("tl", "gluon")
 MULTIMEM_METHODS = ("multimem_one_shot", "multimem_two_shot")
 _METHOD_ID = {"one_shot": 0, "two_shot": 1, "multimem_one_shot": 2, "multimem_two_shot": 3}
 _GEMM_DTYPES = (torch.float16, torch.bfloat16)
@@ -326,8 +329,10 @@ class GemmArContext(CollectiveContext):
     creator = "create_gemm_ar_context"
 
     def __init__(self, max_m, n, dtype, world=None, config: GemmConfig | None = None, gemm_programs=None,
-                 reduce_programs=None, multicast=None):
+                 reduce_programs=None, multicast=None, core="tl", gluon_config=None):
         E = ditron.DitronError
+        if core not in CORES:
+            raise E(f"gemm_ar: core={core!r}; use one of {', '.join(CORES)}")
         if dtype not in _GEMM_DTYPES + (torch.float32,):
             raise E(f"gemm_ar: dtype {dtype} is not supported (use float16 or bfloat16, or float32 with fp8 "
                     "operands: the partials' and the result's dtype)")
@@ -364,6 +369,29 @@ class GemmArContext(CollectiveContext):
                     "these machines)")
         self.multicast = bool(multicast) and not self.multi_node
         self._rs_ag = None          # method "rs_ag": (gemm_rs context, all_gather context), made at its first call
+        self.core = core
+        self.gluon_config = None
+        if core == "gluon":
+            # method "rs_ag" only: gemm_rs's copy-engine GEMM on the Gluon core, then all_gather's copy engine
+            if self.multi_node:
+                raise E("gemm_ar: core='gluon' runs method='rs_ag' (the copy engine: one node); this world has "
+                        f"{w.nnodes} nodes: use core='tl'")
+            if dtype not in _GEMM_DTYPES:
+                raise E(f"gemm_ar: core='gluon' takes float16 / bfloat16 (a {dtype} context is for fp8 operands, "
+                        "whose GEMM is the tl core's): use core='tl'")
+            from .gemm_hopper import DEFAULT_CONFIG, HopperGemmConfig
+            if gluon_config is not None and not isinstance(gluon_config, HopperGemmConfig):
+                raise E("gemm_ar: gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig")
+            self.gluon_config = (gluon_config or DEFAULT_CONFIG).validate("gemm_ar")
+            from .gemm_rs import _check_gluon_device
+            _check_gluon_device("gemm_ar", self)
+            # the fused kernel's buffers are not needed: rs_ag's two contexts hold what it uses
+            self.max_tiles = 0
+            self.part = self.red = self.res = self.flag = self.done = None
+            ditron.barrier_all()
+            return
+        if gluon_config is not None:
+            raise E("gemm_ar: gluon_config applies to core='gluon'")
         cfg = self.config
         self.max_tiles = cdiv(self.max_m, cfg.block_m) * cdiv(self.n, cfg.block_n)
         tile = cfg.block_m * cfg.block_n
@@ -378,7 +406,8 @@ class GemmArContext(CollectiveContext):
     def __repr__(self):
         return (f"GemmArContext(max_m={self.max_m}, n={self.n}, dtype={self.dtype}, world_size={self.world_size}, "
                 f"config={self.config}, gemm_programs={self.gemm_programs}, "
-                f"reduce_programs={self.reduce_programs}, multicast={self.multicast})")
+                f"reduce_programs={self.reduce_programs}, multicast={self.multicast}"
+                + (f", core='gluon', gluon_config={self.gluon_config}" if self.core == "gluon" else "") + ")")
 
 
 def create_gemm_ar_context(max_m, n, dtype, world=None, **options) -> GemmArContext:
@@ -398,7 +427,15 @@ def create_gemm_ar_context(max_m, n, dtype, world=None, **options) -> GemmArCont
 
     Memory per rank: about ``(2 * (S + 2)) * max_m * n`` elements (``S = 1 +
     ranks on other nodes``, tiles rounded up) and ``2 * (W + 1)`` int64 words
-    per tile."""
+    per tile.
+
+    * ``core``: the GEMM's core -- ``"tl"`` (default; every method, target
+      and the simulator) or ``"gluon"``, the warp-specialised Hopper core
+      (sm_90, one node, float16 / bfloat16 operands): such a context runs
+      method ``"rs_ag"`` (``"auto"`` picks it), whose GEMM-RS runs on the
+      Gluon core (kernels/gemm_rs_hopper.py; ``gluon_config`` a
+      ``HopperGemmConfig``), and allocates no buffers of the fused methods;
+      on the simulator it runs the tl GEMM, the Gluon GEMM's twin."""
     return GemmArContext(max_m, n, dtype, world, **options)
 
 
@@ -415,7 +452,9 @@ def choose_method(ctx: GemmArContext, m: int) -> str:
     every rank reads ``W`` partials), two-shot above (4 x H200: two_shot 0.97x,
     one_shot 0.84x; bench/results/h200x4.md).  The multimem variants where the
     context allows multicast (the simulator, one node, or a GPU world with
-    multicast and ``AUTO_MULTIMEM_ON_GPU``)."""
+    multicast and ``AUTO_MULTIMEM_ON_GPU``).  A ``core="gluon"`` context: ``"rs_ag"``, its one method."""
+    if ctx.core == "gluon":
+        return "rs_ag"
     nbytes = m * ctx.n * ctx.esize
     mm = ctx.multicast and (ctx.sim or AUTO_MULTIMEM_ON_GPU)
     if ctx.world_size <= 2 or nbytes <= AUTO_ONE_SHOT_MAX_BYTES * 4 // max(4, ctx.world_size):
@@ -423,7 +462,7 @@ def choose_method(ctx: GemmArContext, m: int) -> str:
     return "multimem_two_shot" if mm else "two_shot"
 
 
-def _check(ctx, a, b, out, method):
+def _check(ctx, a, b, out, method, scales=False):
     E = ditron.DitronError
     if not isinstance(ctx, GemmArContext):
         raise E("gemm_ar: ctx must come from create_gemm_ar_context()")
@@ -444,12 +483,21 @@ def _check(ctx, a, b, out, method):
                 "create a larger context")
     if N != ctx.n:
         raise E(f"gemm_ar: argument 'b' has N={N} columns, the context was created for n={ctx.n}")
-    if method == "rs_ag":
+    gluon = ctx.core == "gluon"
+    if gluon and method not in ("auto", "rs_ag"):
+        raise E(f"gemm_ar: core='gluon' runs method='rs_ag' (GEMM-RS's copy-engine GEMM on the Gluon core, then "
+                f"the copy-engine all-gather); method={method!r} is the tl core's: create the context with "
+                "core='tl'")
+    if gluon and (fp8 or scales):
+        raise E("gemm_ar: core='gluon' takes float16 / bfloat16 operands without scales (the fp8 GEMM is the tl "
+                "core's): create the context with core='tl'")
+    if method == "rs_ag" or gluon:
         if ctx.multi_node:
             raise E("gemm_ar: method='rs_ag' (copy engine) needs every rank on one node; use one_shot or two_shot")
         if M % ctx.world_size:
             raise E(f"gemm_ar: method='rs_ag' needs M ({M}) to be a multiple of the world size "
-                    f"({ctx.world_size}); use one_shot or two_shot")
+                    f"({ctx.world_size}); " + ("the other methods take any M: create the context with core='tl'"
+                                               if gluon else "use one_shot or two_shot"))
         if out is not None and not out.is_contiguous():
             raise E("gemm_ar: method='rs_ag' needs a contiguous 'out'")
     if method in MULTIMEM_METHODS:
@@ -476,7 +524,7 @@ def _gemm_ar_rs_ag(a, b, ctx, out, M, scales):
     m = M // W
     if ctx._rs_ag is None:
         rs = create_gemm_rs_context(W * (ctx.max_m // W), ctx.n, ctx.dtype, ctx.world, method="ce",
-                                    config=ctx.config)
+                                    config=ctx.config, core=ctx.core, gluon_config=ctx.gluon_config)
         ag = create_all_gather_context((ctx.max_m // W) * ctx.n, ctx.dtype, ctx.world)
         ctx._rs_ag = (rs, ag)
     rs, ag = ctx._rs_ag
@@ -501,7 +549,7 @@ def gemm_ar(a, b, ctx: GemmArContext, out=None, method="auto", *, scale_a=None, 
     or float32), the result's dtype; the reduction sums in fp32."""
     enter(ctx, GemmArContext, "gemm_ar",         # (K may differ per rank: not compared)
           lambda: [("M", getattr(a, "shape", (None,))[0])] + op_fields(a, method, name="a")[1:], a=a, b=b, out=out)
-    M, K, N = _check(ctx, a, b, out, method)
+    M, K, N = _check(ctx, a, b, out, method, scale_a is not None or scale_b is not None)
     if method == "auto":
         method = choose_method(ctx, M)
     rec, sargs, sconsts = scale_plan("gemm_ar", a, b, M, K, N, scale_a, scale_b, scale_block)

@@ -41,6 +41,17 @@ Tile order: ``dl.swizzle_2d``'s grouped order (the same formula), program
 ``p`` takes tiles ``p, p + P, ...`` like the ``tl`` core, so any signal
 protocol keyed on tiles (issue 52 item 2) reads the same.
 
+Hooks of the overlap kernels (:func:`ws_gemm_body`'s arguments; off by
+default, so the plain GEMM and AG-GEMM compile to what they did):
+``GATHER`` (AG-GEMM, kernels/ag_gemm_hopper.py): the producer polls a
+segment's flag before loading its rows from the gather buffer;
+``SCATTER`` / ``SIGNAL`` (GEMM-RS, kernels/gemm_rs_hopper.py): tiles in
+``dl.swizzle_scatter`` order, and each consumer signals a stored block of C
+(the copy-engine protocol's segment counts) once its TMA stores have
+completed -- ``cp.async.bulk.wait_group 0`` (not ``.read``), the async-proxy
+fence, the partition's barrier, then one thread's release (the memory-model
+argument is in kernels/gemm_rs_hopper.py).
+
 Numerics: fp32 accumulation by ``wgmma`` in K order, ``BK`` at a time, then
 one rounding to the output dtype: the same as the ``tl`` core with the same
 ``BLOCK_K`` on sm_90 (tests/gpu/test_gemm_hopper_twin.py checks bit
@@ -70,6 +81,7 @@ from ._common import cdiv, sm_count
 gluon, gl, _hopper = _compat.gluon_hopper()
 tma, mbarrier = _hopper.tma, _hopper.mbarrier
 tma_load, tma_store = _compat.gluon_tma_ops()
+_partition_barrier = _compat.gluon_barrier()
 warpgroup_mma, warpgroup_mma_wait, fence_async_shared = (_hopper.warpgroup_mma, _hopper.warpgroup_mma_wait,
                                                         _hopper.fence_async_shared)
 
@@ -222,14 +234,29 @@ def _fence_proxy_async_global():
 
 
 @gluon.jit
+def _tile_at(tile, M, N, num_pid_m, num_pid_n, ROT, me, world, BM: gl.constexpr, BN: gl.constexpr,
+             GROUP_M: gl.constexpr, SCATTER: gl.constexpr):
+    """Tile ``tile``'s ``(pid_m, pid_n)``: ``dl.swizzle_2d``'s grouped order with the m-tiles rotated by ``ROT``,
+    or (``SCATTER``, GEMM-RS) ``dl.swizzle_scatter``'s order for rank ``me`` of ``world`` on one node (the
+    tl kernel's own function: other ranks' segments first, ``me + 1, me + 2, ...``, the own segment last)."""
+    if SCATTER:
+        pid_m, pid_n = dl.swizzle_scatter(tile, M, N, BM, BN, me, world, 1, GROUP_M)
+    else:
+        pid_m, pid_n = _tile_mn(tile, num_pid_m, num_pid_n, GROUP_M)
+        pid_m = (pid_m + ROT) % num_pid_m
+    return pid_m, pid_n
+
+
+@gluon.jit
 def _producer(a_desc, g_desc, b_desc, a_bufs, b_bufs, ready, empty, M, ROT, flags_ptr, m_local, slot_rows, me,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, B_T: gl.constexpr):
+              world, GROUP_M: gl.constexpr, STAGES: gl.constexpr, GATHER: gl.constexpr, B_T: gl.constexpr,
+              SCATTER: gl.constexpr):
     """The TMA producer (one warp).  ``GATHER`` (AG-GEMM, kernels/ag_gemm_hopper.py): the rows of C are the
     world's shards, ``m_local`` each; this rank's come from ``a_desc``, rank ``s``'s from row ``s * slot_rows``
     of the gather buffer ``g_desc`` once ``flags_ptr[s] == 1`` -- polled per thread (``dl.ld``, system-scope
     acquire: a warp-specialised partition has no program-wide barrier), then a proxy fence before the TMA loads.
-    Tiles in the consumers' order (``ROT``: m-tiles rotated so that this rank's come first).  ``B_T``:
-    ``b_desc`` describes ``b^T`` ``[N, K]`` (K-major ``[BN, BK]`` tiles: fp8)."""
+    Tiles in the consumers' order (:func:`_tile_at`; ``ROT``: m-tiles rotated so that this rank's come
+    first).  ``B_T``: ``b_desc`` describes ``b^T`` ``[N, K]`` (K-major ``[BN, BK]`` tiles: fp8)."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0 if B_T else 1]
@@ -241,8 +268,7 @@ def _producer(a_desc, g_desc, b_desc, a_bufs, b_bufs, ready, empty, M, ROT, flag
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     count = 0
     for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_mn(tile, num_pid_m, num_pid_n, GROUP_M)
-        pid_m = (pid_m + ROT) % num_pid_m
+        pid_m, pid_n = _tile_at(tile, M, N, num_pid_m, num_pid_n, ROT, me, world, BM, BN, GROUP_M, SCATTER)
         off_m = pid_m * BM
         off_n = pid_n * BN
         row = off_m
@@ -294,11 +320,59 @@ def _scale_acc(acc, sa_ptr, sb_ptr, stride_sam, stride_sbn, off_m, off_n, M, N, 
     return acc
 
 
+def _store_complete_fence():
+    """``cp.async.bulk.wait_group 0`` -- not ``.read`` (``tma.store_wait``): this thread's bulk stores have
+    *completed*, their writes visible to it -- then ``fence.proxy.async.global``: those async-proxy writes
+    ordered before this thread's later generic-proxy accesses (the signal's release).  Every thread runs it;
+    a thread without outstanding bulk groups passes the wait at once."""
+    gl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n\tfence.proxy.async.global;\n\tmov.u32 $0, 0;", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _signal_segments(r0, SUB_M: gl.constexpr, M, me, world, num_pid_n, seg_count_ptr, done_ptr):
+    """GEMM-RS's copy-engine epilogue protocol (kernels/gemm_rs.py ``_segments_done``) for one consumer's
+    finished ``SUB_M``-row block of C starting at row ``r0`` (``r0 < 0``: none): count it in
+    ``seg_count[s]`` (``atom.add.acq_rel.sys``) for every peer segment ``s`` its rows touch; the block that
+    completes segment ``s`` -- its ``(SUB_M-row blocks touching s) * num_pid_n``-th -- resets the count and sets
+    the local ``done[s] = 1`` (``atom.exch.release.sys``).  One thread (element 0 of a 4-warp tensor) does
+    the atomics; the caller has made the block's TMA stores complete and visible to it (see the module
+    docstring, "Signals after TMA stores")."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    lane = gl.arange(0, 128, layout=layout)
+    one = lane == 0
+    zero = lane * 0
+    m = M // world
+    if r0 >= 0:
+        if r0 < M:
+            lo = r0 // m
+            hi = (gl.minimum(r0 + SUB_M, M) - 1) // m
+            for s in range(lo, hi + 1):
+                if s != me:                 # the own segment is read by the reduction, later on this stream
+                    c = gl.atomic_add(seg_count_ptr + s + zero, zero + 1, mask=one, sem="acq_rel", scope="sys")
+                    blocks = (s * m + m - 1) // SUB_M - (s * m) // SUB_M + 1
+                    last = one & (c == blocks * num_pid_n - 1)
+                    gl.store(seg_count_ptr + s + zero, zero, mask=last)    # nobody counts s again in this call
+                    gl.atomic_xchg(done_ptr + s + zero, (zero + 1).to(gl.int64), mask=last, sem="release",
+                                   scope="sys")
+
+
+@gluon.jit
+def _publish(prev_r0, SUB_M: gl.constexpr, M, me, world, num_pid_n, seg_count_ptr, done_ptr):
+    """Signal the previous block (``prev_r0``) of this consumer: every thread completes its bulk stores and
+    fences (:func:`_store_complete_fence`), the partition's barrier orders that before the one thread's
+    release (:func:`_signal_segments`)."""
+    _store_complete_fence()
+    _partition_barrier()
+    _signal_segments(prev_r0, SUB_M, M, me, world, num_pid_n, seg_count_ptr, done_ptr)
+
+
 @gluon.jit
 def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, sa_ptr, sb_ptr, stride_sam,
-              stride_sbn, GROUP_M: gl.constexpr, STAGES: gl.constexpr, CID: gl.constexpr, PINGPONG: gl.constexpr,
-              B_T: gl.constexpr, SCALE: gl.constexpr, SA_ROW: gl.constexpr, SB_COL: gl.constexpr,
-              PROMOTE: gl.constexpr):
+              stride_sbn, me, world, seg_count_ptr, done_ptr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+              CID: gl.constexpr, PINGPONG: gl.constexpr, B_T: gl.constexpr, SCALE: gl.constexpr,
+              SA_ROW: gl.constexpr, SB_COL: gl.constexpr, PROMOTE: gl.constexpr, SCATTER: gl.constexpr,
+              SIGNAL: gl.constexpr):
     """One consumer warpgroup (4 warps): ``CID`` 0 or 1.
 
     Ping-pong: the consumers' mainloops take turns (``turn[c]``: consumer
@@ -313,7 +387,11 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
     the fp32 accumulator in fp32 (``max_num_imprecise_acc``: the tl core's ``tl.dot(..., max_num_imprecise_acc=
     BLOCK_K)``, ``torch._scaled_mm`` without fast accumulation); ``SCALE``: the epilogue multiplies by
     ``scale_a`` (per row where ``SA_ROW``, else the one element) and then by ``scale_b`` (per column where
-    ``SB_COL``) in fp32 before the one rounding to the output dtype -- ``(acc * sa) * sb``, the tl core's order."""
+    ``SB_COL``) in fp32 before the one rounding to the output dtype -- ``(acc * sa) * sb``, the tl core's order.
+
+    ``SIGNAL`` (GEMM-RS, copy-engine protocol): each finished block is signalled (:func:`_signal_segments`)
+    once its TMA stores have completed -- at the next block's epilogue, which waits for the staging buffer
+    anyway (so the store still drains under the next mainloop), and after the loop for the last one."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BK: gl.constexpr = a_desc.block_type.shape[1]
     BN: gl.constexpr = b_desc.block_type.shape[0 if B_T else 1]
@@ -341,9 +419,9 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
     if PINGPONG:
         count = CID * k_steps                   # the other consumer's first tile comes first in the ring
     i = 0
+    prev_r0 = -1                                # SIGNAL: first row of the block stored last, not yet signalled
     for tile in range(first, num_pid_m * num_pid_n, step):
-        pid_m, pid_n = _tile_mn(tile, num_pid_m, num_pid_n, GROUP_M)
-        pid_m = (pid_m + ROT) % num_pid_m
+        pid_m, pid_n = _tile_at(tile, M, N, num_pid_m, num_pid_n, ROT, me, world, BM, BN, GROUP_M, SCATTER)
         acc = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout)
         if PINGPONG:
             # consumer 1's i-th mainloop follows consumer 0's i-th; consumer 0's i-th follows consumer 1's (i-1)-th
@@ -401,6 +479,8 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
         out = acc.to(dtype)
         if EPI_N == BN:
             tma.store_wait(0)
+            if SIGNAL:
+                _publish(prev_r0, SUB_M, M, me, world, num_pid_n, seg_count_ptr, done_ptr)
             c_smem.store(out)
             fence_async_shared()
             tma_store(c_desc, [pid_m * BM + row0, pid_n * BN], c_smem)
@@ -408,6 +488,8 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
             # two column halves: [SUB_M, BN] -> [SUB_M, 2, BN/2] -> [SUB_M, BN/2, 2] -> split
             lo, hi = out.reshape([SUB_M, 2, EPI_N]).permute(0, 2, 1).split()
             tma.store_wait(0)
+            if SIGNAL:
+                _publish(prev_r0, SUB_M, M, me, world, num_pid_n, seg_count_ptr, done_ptr)
             c_smem.store(lo)
             fence_async_shared()
             tma_store(c_desc, [pid_m * BM + row0, pid_n * BN], c_smem)
@@ -415,19 +497,28 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
             c_smem.store(hi)
             fence_async_shared()
             tma_store(c_desc, [pid_m * BM + row0, pid_n * BN + EPI_N], c_smem)
+        prev_r0 = pid_m * BM + row0
     tma.store_wait(0)
+    if SIGNAL:
+        _publish(prev_r0, SUB_M, M, me, world, num_pid_n, seg_count_ptr, done_ptr)
 
 
 @gluon.jit
 def ws_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_local, slot_rows, me,
                  GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, GATHER: gl.constexpr,
-                 CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                 CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, world=1, seg_count_ptr=0, done_ptr=0,
+                 SCATTER: gl.constexpr = False, SIGNAL: gl.constexpr = False):
     """The persistent warp-specialised mainloop over the ``M`` rows of ``c`` (the kernels below; the
     producer's ``GATHER`` arguments are described at :func:`_producer`): shared-memory ring, mbarriers, the
-    default partition is consumer 0; workers: consumer 1 (4 warps), the producer (1 warp)."""
+    default partition is consumer 0; workers: consumer 1 (4 warps), the producer (1 warp).
+
+    GEMM-RS's hooks (kernels/gemm_rs_hopper.py): ``SCATTER`` takes the tiles in ``dl.swizzle_scatter``'s
+    order for rank ``me`` of ``world`` (:func:`_tile_at`); ``SIGNAL`` signals each stored block of C by the
+    copy-engine protocol's segment counts (``seg_count_ptr``, ``done_ptr``: :func:`_signal_segments`), each
+    after its TMA stores have completed.  Off (the defaults), the core is the plain GEMM / AG-GEMM's."""
     ws_scaled_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_local, slot_rows, me, 0, 0, 0, 0,
                         GROUP_M, STAGES, PINGPONG, GATHER, CONSUMER_REGS, PRODUCER_REGS, False, False, False, False,
-                        0)
+                        0, world, seg_count_ptr, done_ptr, SCATTER, SIGNAL)
 
 
 @gluon.jit
@@ -435,10 +526,11 @@ def ws_scaled_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_loc
                         stride_sam, stride_sbn, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                         PINGPONG: gl.constexpr, GATHER: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                         PRODUCER_REGS: gl.constexpr, B_T: gl.constexpr, SCALE: gl.constexpr, SA_ROW: gl.constexpr,
-                        SB_COL: gl.constexpr, PROMOTE: gl.constexpr):
+                        SB_COL: gl.constexpr, PROMOTE: gl.constexpr, world=1, seg_count_ptr=0, done_ptr=0,
+                        SCATTER: gl.constexpr = False, SIGNAL: gl.constexpr = False):
     """:func:`ws_gemm_body` with the fp8 arguments (described at :func:`_consumer`): ``b_desc`` of ``b^T``
     (``B_T``), the fp32 promotion every ``PROMOTE`` products, the epilogue scales ``sa_ptr`` / ``sb_ptr``
-    (element strides ``stride_sam`` per row, ``stride_sbn`` per column)."""
+    (element strides ``stride_sam`` per row, ``stride_sbn`` per column); GEMM-RS's hooks as :func:`ws_gemm_body`."""
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -452,11 +544,13 @@ def ws_scaled_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_loc
         mbarrier.init(turn.index(i), count=1)
     gl.warp_specialize([
         (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, sa_ptr, sb_ptr, stride_sam,
-                     stride_sbn, GROUP_M, STAGES, 0, PINGPONG, B_T, SCALE, SA_ROW, SB_COL, PROMOTE)),
+                     stride_sbn, me, world, seg_count_ptr, done_ptr, GROUP_M, STAGES, 0, PINGPONG, B_T, SCALE, SA_ROW,
+                     SB_COL, PROMOTE, SCATTER, SIGNAL)),
         (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, sa_ptr, sb_ptr, stride_sam,
-                     stride_sbn, GROUP_M, STAGES, 1, PINGPONG, B_T, SCALE, SA_ROW, SB_COL, PROMOTE)),
+                     stride_sbn, me, world, seg_count_ptr, done_ptr, GROUP_M, STAGES, 1, PINGPONG, B_T, SCALE, SA_ROW,
+                     SB_COL, PROMOTE, SCATTER, SIGNAL)),
         (_producer, (a_desc, g_desc, b_desc, a_bufs, b_bufs, ready, empty, M, ROT, flags_ptr, m_local, slot_rows,
-                     me, GROUP_M, STAGES, GATHER, B_T)),
+                     me, world, GROUP_M, STAGES, GATHER, B_T, SCATTER)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 

@@ -200,6 +200,8 @@ from .gemm import (GemmConfig, _GEMM_DTYPES, check_fp8_config, check_operands, d
                    tma_ok)
 
 METHODS = ("auto", "ce", "scatter", "pull")
+#: the GEMM's core: the tl core (every target, the simulator) or the Gluon Hopper core (kernels/gemm_rs_hopper.py)
+CORES = ("tl", "gluon")
 _MIN_BLOCK_M = 16            # GemmConfig.validate's smallest BLOCK_M: sizes the signal array
 
 
@@ -398,8 +400,10 @@ class GemmRsContext(CollectiveContext):
     creator = "create_gemm_rs_context"
 
     def __init__(self, max_m, n, dtype, world=None, method="auto", config: GemmConfig | None = None,
-                 num_programs=None):
+                 num_programs=None, core="tl", gluon_config=None):
         E = ditron.DitronError
+        if core not in CORES:
+            raise E(f"gemm_rs: core={core!r}; use one of {', '.join(CORES)}")
         if dtype not in _GEMM_DTYPES + (torch.float32,):
             raise E(f"gemm_rs: dtype {dtype} is not supported (use float16 or bfloat16, or float32 with fp8 "
                     "operands: the partials' and the result's dtype)")
@@ -420,6 +424,24 @@ class GemmRsContext(CollectiveContext):
             raise E("gemm_rs: method='ce' (copy engine) reaches this node's ranks only; this world has "
                     f"{self.world.nnodes} nodes: use method='scatter'")
         self.config = config.validate("gemm_rs") if config is not None else None
+        self.core = core
+        self.gluon_config = None
+        self._gluon_descs = {}
+        if core == "gluon":
+            # the Gluon GEMM (kernels/gemm_rs_hopper.py): the copy-engine protocol, fp16 / bf16 partials
+            if method != "ce":
+                raise E("gemm_rs: core='gluon' runs the copy-engine protocol (one node, method='ce'); this "
+                        f"context's method is {method!r}: use core='tl'")
+            if dtype not in _GEMM_DTYPES:
+                raise E(f"gemm_rs: core='gluon' takes float16 / bfloat16 (a {dtype} context is for fp8 operands, "
+                        "whose GEMM is the tl core's): use core='tl'")
+            from .gemm_hopper import DEFAULT_CONFIG, HopperGemmConfig
+            if gluon_config is not None and not isinstance(gluon_config, HopperGemmConfig):
+                raise E("gemm_rs: gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig")
+            self.gluon_config = (gluon_config or DEFAULT_CONFIG).validate("gemm_rs")
+            _check_gluon_device("gemm_rs", self)
+        elif gluon_config is not None:
+            raise E("gemm_rs: gluon_config applies to core='gluon'")
         self.method = method
         self.max_m = int(max_m)
         self.n = int(n)
@@ -457,6 +479,17 @@ class GemmRsContext(CollectiveContext):
         return (16, 64, 1) if self.sim else (32, 128, 4)
 
 
+def _check_gluon_device(op, ctx):
+    """A ``core="gluon"`` context on a GPU that is not a Hopper (sm_90) one, e.g. an AMD GPU: refused when it is
+    created (the simulator runs the tl twin, anywhere)."""
+    from .gemm_hopper import supported
+    if ctx.world.backend == "sim" or is_sim_device(ctx.device) or supported(ctx.device):
+        return
+    dev = torch.device(ctx.device)
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
+    raise ditron.DitronError(f"{op}: core='gluon' runs on Hopper (sm_90) GPUs only, not on {name}: use core='tl'")
+
+
 def create_gemm_rs_context(max_m, n, dtype, world=None, method="auto", **options):
     """Allocate gemm_rs's symmetric buffers for ``M <= max_m`` (total rows of
     ``a``) and ``N = n``: ce ``2 * max_m * n`` elements of ``dtype`` (one
@@ -469,7 +502,14 @@ def create_gemm_rs_context(max_m, n, dtype, world=None, method="auto", **options
     :class:`~ditron.kernels.gemm.GemmConfig`, the same on every rank; default
     :func:`~ditron.kernels.gemm.default_config` per call; its ``flatten`` is
     not used: the tile loop's epilogue signals), ``num_programs``
-    (persistent GEMM programs; default one per SM, 4 on the simulator)."""
+    (persistent GEMM programs; default one per SM, 4 on the simulator).
+
+    ``core``: the GEMM's core -- ``"tl"`` (default; every target and the
+    simulator) or ``"gluon"``, the warp-specialised Hopper core
+    (kernels/gemm_rs_hopper.py: ``method="ce"``, one node, float16 /
+    bfloat16 operands, row-major TMA-aligned ``a`` and ``b``, ``N`` a
+    multiple of 8, sm_90; ``gluon_config`` a ``HopperGemmConfig``); on the
+    simulator a ``"gluon"`` context runs the tl GEMM (``config``), its twin."""
     return GemmRsContext(max_m, n, dtype, world, method, **options)
 
 
@@ -581,6 +621,13 @@ def gemm_rs(a, b, ctx, out=None, *, scale_a=None, scale_b=None, scale_block=(128
           out=out)
     M, K, N = _check(ctx, a, b, out)
     W = ctx.world_size
+    if ctx.core == "gluon" and (scaling.is_fp8(a) or scale_a is not None or scale_b is not None):
+        raise ditron.DitronError("gemm_rs: core='gluon' takes float16 / bfloat16 operands without scales (the fp8 "
+                                 "GEMM is the tl core's): create the context with core='tl'")
+    gluon = ctx.core == "gluon" and not ctx.sim          # on the simulator: the tl GEMM, the Gluon GEMM's twin
+    if gluon:
+        from . import gemm_rs_hopper
+        gemm_rs_hopper.check_applies(ctx, a, b, N)
     if out is None:
         out = torch.empty((M // W, N), dtype=ctx.dtype, device=a.device)
     rec, sargs, sconsts = scale_plan("gemm_rs", a, b, M, K, N, scale_a, scale_b, scale_block)
@@ -589,7 +636,7 @@ def gemm_rs(a, b, ctx, out=None, *, scale_a=None, scale_b=None, scale_block=(128
            out.stride(1), aligned) + scale_key(rec, scale_a, scale_b)
     (ggrid, gtail, gconsts), (rgrid, rtail, rconsts) = ctx.plan(key, _launch_plan, ctx, a, b, out, M, K, N, aligned,
                                                                 rec, sconsts)
-    if gconsts["TMA"]:
+    if gconsts["TMA"] or gluon:
         ensure_tma_allocator()
     copies = gconsts["CE"] and W > 1
     side = cur = None
@@ -601,7 +648,10 @@ def gemm_rs(a, b, ctx, out=None, *, scale_a=None, scale_b=None, scale_block=(128
         # runs beside, segment by segment (done flags)
         side.wait_stream(cur)
     key += (a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0)
-    ctx.launch(("gemm",) + key, gemm_rs_gemm_kernel, ggrid, (a, b) + gtail + sargs, gconsts)
+    if gluon:
+        gemm_rs_hopper.launch(ctx, a, b, M, K, N)
+    else:
+        ctx.launch(("gemm",) + key, gemm_rs_gemm_kernel, ggrid, (a, b) + gtail + sargs, gconsts)
     if copies:
         _copy_ce(ctx, M // W, N, side)
     ctx.launch(("reduce",) + key, gemm_rs_reduce_kernel, rgrid, (out,) + rtail, rconsts)

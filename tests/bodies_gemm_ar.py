@@ -124,26 +124,53 @@ def multimem_multi_node_error(world):
     return msgs, GA.choose_method(ctx, 5), ctx.multicast
 
 
-def rs_ag_calls(world, calls=3, m=6, N=40, K=48, seed=5, delay=0.3):
+def rs_ag_calls(world, calls=3, m=6, N=40, K=48, seed=5, delay=0.3, method="rs_ag", **options):
     """Method "rs_ag" (gemm_rs "ce" + all_gather "ce"): reused context, a
-    delayed rank per call, against torch; then its errors."""
+    delayed rank per call, against torch; then its errors.  ``options``: the
+    context's (``core="gluon"``: "auto" is "rs_ag")."""
     W = world.world_size
     dtype = torch.bfloat16
-    ctx = GA.create_gemm_ar_context(W * m, N, dtype)
+    ctx = GA.create_gemm_ar_context(W * m, N, dtype, **options)
     for i in range(calls):
         if delay and W > 1 and world.rank == i % W:
             time.sleep(delay)
         a = _rand_of(world.rank, (W * m, K), dtype, seed + i).to(world.device)
         b = _rand_of(world.rank, (K, N), dtype, seed + i, salt=1).to(world.device)
-        out = GA.gemm_ar(a, b, ctx, method="rs_ag")
+        out = GA.gemm_ar(a, b, ctx, method=method)
         ref = sum(_rand_of(r, (W * m, K), dtype, seed + i).float() @ _rand_of(r, (K, N), dtype, seed + i, salt=1).float()
                   for r in range(W))
         _check(out, ref, f"rs_ag call {i}")
     msgs = []
     for fn in (lambda: GA.gemm_ar(torch.ones(W * m - 1 if W > 1 else 0, K, dtype=dtype, device=world.device),
-                                  torch.ones(K, N, dtype=dtype, device=world.device), ctx, method="rs_ag"),):
+                                  torch.ones(K, N, dtype=dtype, device=world.device), ctx, method=method),):
         try:
             fn()
         except ditron.DitronError as e:
             msgs.append(str(e))
     return calls, msgs
+
+
+def gluon_errors(world):
+    """core="gluon": what the context and a call refuse before launch (several nodes: the context)."""
+    dev = world.device
+    W = world.world_size
+    if world.nnodes > 1:
+        return error_messages({"gluon_nodes": lambda: GA.create_gemm_ar_context(8, 16, torch.bfloat16, core="gluon")})
+    ctx = GA.create_gemm_ar_context(4 * W, 16, torch.bfloat16, core="gluon")
+    a = torch.ones(4 * W, 32, dtype=torch.bfloat16, device=dev)
+    b = torch.ones(32, 16, dtype=torch.bfloat16, device=dev)
+    f8 = torch.float8_e4m3fn
+    cases = {
+        "core": lambda: GA.create_gemm_ar_context(8, 16, torch.float16, core="cublas"),
+        "gluon_fp32": lambda: GA.create_gemm_ar_context(8, 16, torch.float32, core="gluon"),
+        "gluon_config_tl": lambda: GA.create_gemm_ar_context(8, 16, torch.float16, gluon_config=object()),
+        "gluon_config_type": lambda: GA.create_gemm_ar_context(8, 16, torch.float16, core="gluon", gluon_config=3),
+        "gluon_method": lambda: GA.gemm_ar(a, b, ctx, method="one_shot"),
+        "gluon_fp8": lambda: GA.gemm_ar(a.to(f8), b.to(f8), ctx, scale_a=torch.ones(4 * W, 1, device=dev),
+                                        scale_b=torch.ones(1, 16, device=dev)),
+    }
+    if W > 1:
+        cases["gluon_m"] = lambda: GA.gemm_ar(a[:4 * W - 1], b, ctx)
+    msgs = error_messages(cases)
+    assert GA.choose_method(ctx, 4 * W) == "rs_ag" and ctx._rs_ag is None     # nothing was launched
+    return msgs

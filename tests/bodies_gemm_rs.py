@@ -141,3 +141,46 @@ def errors(world):
     msgs.update(error_messages(cases))
     assert int(ctx.calls[0]) == 0 and int(ctx.gcalls[0]) == 0       # nothing was launched
     return msgs
+
+
+def gluon_errors(world):
+    """core="gluon" (kernels/gemm_rs_hopper.py): what the context and a call refuse before launch."""
+    W = world.world_size
+    opts = _sim_options(world, {})
+    gctx = create_gemm_rs_context(8 * W, 16, torch.bfloat16, method="ce", core="gluon", **opts)
+    a = torch.ones(4 * W, 32, device=world.device).to(torch.float8_e4m3fn)
+    b = torch.ones(32, 16, device=world.device).to(torch.float8_e4m3fn)
+    sa = torch.ones(4 * W, 1, device=world.device)
+    sb = torch.ones(1, 16, device=world.device)
+    cases = {
+        "core": lambda: create_gemm_rs_context(8 * W, 16, torch.float16, core="cublas"),
+        "gluon_scatter": lambda: create_gemm_rs_context(8 * W, 16, torch.float16, method="scatter", core="gluon"),
+        "gluon_fp32": lambda: create_gemm_rs_context(8 * W, 16, torch.float32, method="ce", core="gluon"),
+        "gluon_config_tl": lambda: create_gemm_rs_context(8 * W, 16, torch.float16, gluon_config=object()),
+        "gluon_config_type": lambda: create_gemm_rs_context(8 * W, 16, torch.float16, method="ce", core="gluon",
+                                                            gluon_config=3),
+        "gluon_fp8_call": lambda: gemm_rs(a, b, gctx, scale_a=sa, scale_b=sb),
+    }
+    msgs = error_messages(cases)
+    assert gctx.core == "gluon" and gctx.gluon_config is not None
+    assert int(gctx.calls[0]) == 0 and int(gctx.gcalls[0]) == 0     # nothing was launched
+    return msgs
+
+
+def gluon_matches_twin(world, shapes, N):
+    """GPUs (issue 52 item 4): on the same operands, a ``core="gluon"`` context and a ``core="tl"`` one whose
+    config is the Gluon config's twin (``gemm_hopper.twin_config``: same tiles, same BLOCK_K) give bit-identical
+    results (the partials are then the same bits, and so are the copies and the reduction), and both are right."""
+    from ditron.kernels import gemm_hopper as H
+    W = world.world_size
+    max_m = W * max(m for m, _ in shapes)
+    gctx = create_gemm_rs_context(max_m, N, torch.bfloat16, method="ce", core="gluon")
+    tctx = create_gemm_rs_context(max_m, N, torch.bfloat16, method="ce", config=H.twin_config(gctx.gluon_config))
+    for i, (m, K) in enumerate(shapes):
+        a, b = (x.to(world.device) for x in _operands(world.rank, W * m, K, N, torch.bfloat16, 21 + i))
+        fast = gemm_rs(a, b, gctx)
+        slow = gemm_rs(a, b, tctx)
+        _check(fast, _reference(world, W * m, K, N, torch.bfloat16, 21 + i), f"gluon m={m} K={K} rank={world.rank}")
+        assert torch.equal(fast, slow), (f"gluon vs tl twin m={m} K={K} rank={world.rank}: "
+                                         f"{int((fast != slow).sum())} of {fast.numel()} entries differ")
+    return len(shapes)

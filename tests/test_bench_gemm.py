@@ -173,6 +173,10 @@ def test_methods_and_configs():
     assert bg.method_spec("ag_gemm", "sm_overlap") == ("sm_overlap", {"producer": "sm", "overlap": True}, {})
     assert bg.method_spec("ag_gemm", "ce:block_n=256") == ("ce:block_n=256", {"producer": "ce", "block_n": 256}, {})
     assert bg.method_spec("gemm_rs", "pull") == ("pull", {"method": "pull"}, {})
+    # the Gluon Hopper core (issue 52): a context option
+    assert bg.method_spec("gemm_rs", "ce:core=gluon") == ("ce:core=gluon", {"method": "ce", "core": "gluon"}, {})
+    assert bg.method_spec("gemm_ar", "rs_ag:core=gluon") == ("rs_ag:core=gluon", {"core": "gluon"},
+                                                             {"method": "rs_ag"})
     assert bg.method_spec("gemm_ar", "two_shot:call.x=1") == ("two_shot:call.x=1", {}, {"method": "two_shot",
                                                                                           "x": 1})
     with pytest.raises(SystemExit, match="unknown method"):

@@ -168,6 +168,41 @@ def test_rs_ag_copy_engine_composition(dist):
         assert any(want in m for m in msgs), msgs
 
 
+# core="gluon": method "rs_ag" with GEMM-RS's GEMM on the Gluon Hopper core (kernels/gemm_rs_hopper.py); on the
+# simulator its tl twin
+@pytest.mark.parametrize("n", [1, 3])
+def test_gemm_ar_gluon_core(dist_world, n):
+    res = dist_world(n).run(B.rs_ag_calls, calls=2, method="auto", core="gluon")
+    assert [calls for calls, _ in res] == [2] * n
+
+
+def test_gemm_ar_gluon_core_on_the_job_world(dist):
+    # the suite's world (4 simulated ranks; on GPUs whatever torchrun started); m = 200 rows per rank on GPUs
+    m = 200 if ON_GPU else 6
+    res = dist.run(B.rs_ag_calls, calls=2, m=m, method="auto", core="gluon")
+    assert [calls for calls, _ in res] == [2] * dist.world_size
+
+
+@pytest.mark.parametrize("nnodes", [1, 2])
+def test_gemm_ar_gluon_errors_before_launch(dist, dist_world, nnodes):
+    d = dist if nnodes == 1 else dist_world(4, 2)
+    msgs = d.run(B.gluon_errors)[0]
+    if nnodes == 2:
+        assert "core='gluon' runs method='rs_ag' (the copy engine: one node); this world has 2 nodes" in \
+            msgs["gluon_nodes"]
+        return
+    assert "core='cublas'; use one of tl, gluon" in msgs["core"]
+    assert "core='gluon' takes float16 / bfloat16 (a torch.float32 context is for fp8" in msgs["gluon_fp32"]
+    assert "gluon_config applies to core='gluon'" in msgs["gluon_config_tl"]
+    assert "gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig" in msgs["gluon_config_type"]
+    assert "core='gluon' runs method='rs_ag'" in msgs["gluon_method"] and "'one_shot' is the tl core's" in \
+        msgs["gluon_method"]
+    assert "core='gluon' takes float16 / bfloat16 operands without scales" in msgs["gluon_fp8"]
+    if d.world_size > 1:
+        assert "multiple of the world size" in msgs["gluon_m"] and "create the context with core='tl'" in \
+            msgs["gluon_m"]
+
+
 def test_tma_config_compiles_for_sm90a():
     """config.tma: the GEMM programs load their operands through tensor descriptors."""
     ptx = _ptx("two_shot", False, "p2p", tma=True)

@@ -92,6 +92,155 @@ def test_gemm_rs_errors_before_launch(dist):
 
 
 # ---------------------------------------------------------------------------
+# core="gluon" (kernels/gemm_rs_hopper.py): on GPUs the warp-specialised Gluon GEMM of the copy-engine method
+# (m not a multiple of its 128-row tiles: blocks straddling segments; N a multiple of 8 with a tail of the
+# 256-column tile; K with a tail), on the simulator its tl twin (the tl GEMM, small tiles)
+# ---------------------------------------------------------------------------
+
+GLUON_SHAPES = ([(24, 48), (200, 96), (1, 64), (1000, 4096), (24, 48)] if ON_GPU else [(24, 48), (5, 48)])
+
+
+def _gluon_calls(d):
+    res = d.run(B.gemm_rs_calls, "bf16", "ce", GLUON_SHAPES, N, seed=11, delay=0.01 if ON_GPU else 0.25,
+                core="gluon")
+    return res == [(len(GLUON_SHAPES),) * 2] * d.world_size
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_gemm_rs_gluon_core(dist_world, n):
+    assert _gluon_calls(dist_world(n))
+
+
+def test_gemm_rs_gluon_core_on_the_job_world(dist):
+    # the suite's world (4 simulated ranks; on GPUs whatever torchrun started)
+    assert _gluon_calls(dist)
+
+
+def test_gemm_rs_gluon_matches_its_twin(_gpu_dist):
+    # GPUs only (the simulator runs the twin for both): the Gluon GEMM and the tl GEMM of the twin config agree
+    # bit for bit through the whole op
+    assert _gpu_dist.run(B.gluon_matches_twin, GLUON_SHAPES, N) == [len(GLUON_SHAPES)] * _gpu_dist.world_size
+
+
+def test_gemm_rs_gluon_errors_before_launch(dist):
+    msgs = dist.run(B.gluon_errors)[0]
+    assert "core='cublas'; use one of tl, gluon" in msgs["core"]
+    assert ("core='gluon' runs the copy-engine protocol (one node, method='ce'); this context's method is "
+            "'scatter': use core='tl'") in msgs["gluon_scatter"]
+    assert "core='gluon' takes float16 / bfloat16 (a torch.float32 context is for fp8" in msgs["gluon_fp32"]
+    assert "gluon_config applies to core='gluon'" in msgs["gluon_config_tl"]
+    assert "gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig" in msgs["gluon_config_type"]
+    assert "core='gluon' takes float16 / bfloat16 operands without scales" in msgs["gluon_fp8_call"]
+
+
+def _gluon_signal_model(M, N, W, me, BM, BN, P, pingpong, rng):
+    """A host model of the Gluon GEMM's copy-engine signals (kernels/gemm_hopper.py ``_consumer`` /
+    ``_signal_segments``, the same arithmetic line by line): the blocks each consumer of each program stores, in its
+    tile order (``dl.swizzle_scatter``'s host twin), interleaved at random; checks that every peer segment's
+    ``done`` is raised exactly once, only after every block of its rows is stored, and never the own segment's."""
+    from ditron.language.swizzle import swizzle_scatter_py
+    SUB = BM if pingpong else BM // 2
+    m = M // W
+    npm, npn = -(-M // BM), -(-N // BN)
+    seqs = []
+    for p in range(P):
+        for cid in range(2):
+            tiles = range(p + cid * P, npm * npn, 2 * P) if pingpong else range(p, npm * npn, P)
+            row0 = 0 if pingpong else cid * SUB
+            seq = []
+            for t in tiles:
+                pid_m, pid_n = swizzle_scatter_py(t, M, N, BM, BN, me, W, 1, 8)
+                seq.append((pid_m * BM + row0, pid_n))
+            seqs.append(seq)
+    stored, count, done = set(), [0] * W, [0] * W
+    while any(seqs):
+        seq = rng.choice([q for q in seqs if q])
+        r0, pid_n = seq.pop(0)
+        assert (r0, pid_n) not in stored
+        stored.add((r0, pid_n))
+        if 0 <= r0 < M:                                   # _signal_segments
+            for seg in range(r0 // m, (min(r0 + SUB, M) - 1) // m + 1):
+                if seg != me:
+                    c = count[seg]
+                    count[seg] += 1
+                    blocks = (seg * m + m - 1) // SUB - (seg * m) // SUB + 1
+                    if c == blocks * npn - 1:
+                        count[seg] = 0
+                        assert not done[seg], f"segment {seg} signalled twice"
+                        need = {(j * SUB, n) for j in range(seg * m // SUB, (seg * m + m - 1) // SUB + 1)
+                                for n in range(npn)}
+                        assert need <= stored, f"segment {seg} signalled before {sorted(need - stored)[:3]}"
+                        done[seg] = 1
+    assert done == [int(seg != me) for seg in range(W)] and count == [0] * W
+    assert {(j * SUB, n) for j in range(-(-M // SUB)) for n in range(npn)} <= stored     # every row block
+
+
+def test_gemm_rs_gluon_signal_model():
+    """The block counts' thresholds: m not a multiple of the block (blocks straddling segments, several segments
+    in one block), coop (64-row blocks of 128-row tiles) and ping-pong, fewer and more programs than tiles."""
+    import random
+    rng = random.Random(52)
+    for W in (1, 2, 3, 4):
+        for m in (1, 5, 64, 130):
+            for BM, pingpong in ((128, False), (128, True), (64, True)):
+                for P in (1, 3):
+                    for me in range(W):
+                        _gluon_signal_model(W * m, 200, W, me, BM, 64, P, pingpong, rng)
+
+
+def test_gemm_rs_gluon_check_applies():
+    """What the Gluon GEMM refuses per call on a GPU, each named (here on CPU tensors: the device comes last)."""
+    import torch
+    import ditron
+    from ditron.kernels import gemm_rs_hopper as RH
+
+    def why(a, b, N):
+        with pytest.raises(ditron.DitronError) as info:
+            RH.check_applies(None, a, b, N)
+        assert "gemm_rs: core='gluon' cannot take this call" in str(info.value)
+        assert "create the context with core='tl'" in str(info.value)
+        return str(info.value)
+
+    t = lambda *s: torch.empty(*s, dtype=torch.bfloat16)            # noqa: E731
+    assert "a and b must be row-major" in why(t(64, 32), t(16, 32).t(), 16)
+    assert "TMA needs 16-byte aligned bases and rows" in why(t(64, 12), t(12, 16), 16)
+    assert "N=20: the partial product's rows must be 16-byte aligned" in why(t(64, 32), t(32, 20), 20)
+    assert "it runs on Hopper (sm_90) GPUs only" in why(t(64, 32), t(32, 16), 16)
+
+
+@pytest.mark.parametrize("mode,split", [("coop", 1), ("pingpong", 2)])
+def test_gemm_rs_gluon_compiles_for_sm90a(mode, split):
+    """The Gluon GEMM of the copy-engine method: warp-specialised partitions, wgmma, TMA stores into cbuf; per
+    block, after the staging buffer's store wait, the full completion wait of the bulk stores (not ``.read``),
+    the async-proxy fence and the partition's barrier, then the one thread's acq_rel count and release of
+    ``done[s]``; no program-wide barrier or dl.wait / dl.notify inside the partitions."""
+    import re
+    from conftest import code_lines
+    from ditron.kernels import gemm_hopper as H, gemm_rs_hopper as RH
+    cfg = H.HopperGemmConfig(block_m=128, block_n=256 if mode == "coop" else 128, mode=mode, epilogue_split=split)
+    ck = RH.compile_sm90(cfg)
+    ptx, ttgir, ir = ck.asm["ptx"], ck.asm["ttgir"], ck.asm["dist_ir"]
+    assert "ttg.warp_specialize" in ttgir and "setmaxnreg" in ptx and "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx              # TMA stores of C
+    lines = code_lines(ptx)
+    seq = [i for i, ln in enumerate(lines) if re.match(r"(cp\.async\.bulk\.wait_group 0;|fence\.proxy\.async\.global;"
+                                                      r"|bar\.sync\s+\d+, 128;|@%p\d+ atom\.global\.sys\.(acq_rel\.add|"
+                                                      r"release\.exch))", ln)]
+    kinds = [lines[i].split()[0] if not lines[i].startswith("@") else lines[i].split()[1] for i in seq]
+    # each of the three places that signal (in each consumer: at the next tile's epilogue and after the loop)
+    # has wait_group 0, then the fence, then a partition barrier, then the count, then the release
+    pubs = [k for k, x in enumerate(kinds) if x == "cp.async.bulk.wait_group"]
+    assert len(pubs) >= 3, kinds
+    for k in pubs:
+        rest = kinds[k:]
+        assert rest[1] == "fence.proxy.async.global;" and rest[2] == "bar.sync", rest[:6]
+        add = rest.index("atom.global.sys.acq_rel.add.u32")
+        assert "atom.global.sys.release.exch.b64" in rest[add:], rest
+    assert "bar.sync \t0;" not in ptx and not re.search(r"bar\.sync\s+0;", ptx)   # no program-wide barrier
+    assert "dist.wait(" not in ir and "dist.notify(" not in ir
+
+
+# ---------------------------------------------------------------------------
 # compiled for sm_90a (no GPU needed)
 # ---------------------------------------------------------------------------
 

@@ -91,7 +91,8 @@ def build_parser():
                         "(1x128 / 128x128)")
     p.add_argument("--methods", default=None,
                    help="ditron methods, comma-separated, each NAME[:key=value...] (ag_gemm: default, ce, sm, "
-                        "sm_overlap; gemm_rs: scatter, pull; gemm_ar: auto, one_shot, two_shot)")
+                        "sm_overlap; gemm_rs: ce, scatter, pull; gemm_ar: auto, one_shot, two_shot, rs_ag); "
+                        "the Gluon Hopper core: ag_gemm / gemm_rs ce:core=gluon, gemm_ar rs_ag:core=gluon")
     p.add_argument("--peers", default=",".join(PEERS),
                    help=f"baselines, comma-separated ('' for none): {', '.join(PEERS)}")
     p.add_argument("--configs", default="default",
