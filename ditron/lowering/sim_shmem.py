@@ -103,6 +103,23 @@ def _callers(ctx, coop, primitive, args=()):
 
 
 def _warp_arrival(ctx, t, primitive, args):
+    sig = tuple(int(a) for a in args)
+    lanes = _compat.simt_lanes()
+    if lanes is not None:
+        # lockstep lanes (ditron.sim.simt.Lanes): the warp's lanes meet at the call; the last one to arrive
+        # performs it before any lane goes on
+        warp = t // 32
+
+        def resolve(parts, last):
+            first = min(parts)
+            for i in sorted(parts):
+                if parts[i] != parts[first]:
+                    raise ctx.error(f"{primitive}_warp is warp-collective, but lane {i} of warp {warp} calls it with "
+                                    f"other arguments than lane {first} ({_show(parts[i])} vs "
+                                    f"{_show(parts[first])}): every lane of the warp must pass the same values (on "
+                                    "a GPU the result is undefined)")
+            return {i: int(i == last) for i in parts}
+        return lanes.meet(t, where(), f"{primitive}_warp", 0xFFFFFFFF, sig, resolve)
     calls = _compat.simt_warp_calls()
     if calls is None:
         raise ctx.error(f"{primitive}_warp in a thread-dependent region the simulator did not set up")
@@ -110,7 +127,6 @@ def _warp_arrival(ctx, t, primitive, args):
     counter = ("n", site, t)                       # the how-manieth time this lane makes this call
     nth = calls.get(counter, 0)
     calls[counter] = nth + 1
-    sig = tuple(int(a) for a in args)
     entry = calls.setdefault((site, warp, nth), {"primitive": f"{primitive}_warp", "args": sig, "lanes": []})
     if entry["args"] != sig:
         first = entry["lanes"][0] - warp * 32

@@ -49,6 +49,13 @@ def polled(addrs, mask, vals, primitive):
                 "observed": flat[i].item() if flat.size > i else None}
 
     tr.poll(key, np.asarray(vals).reshape(-1)[live], describe, launch, addr=int(addrs[live[0]]))
+    lanes = _compat.simt_lanes()
+    if lanes is not None:
+        # a lane of a region run as cooperative lanes (ditron.sim.simt.Lanes) that reads the same value again
+        # spins: the other lanes of its program run first (one of them may set the flag)
+        from ..runtime.sim import _POLL
+        if _POLL.__dict__.get("repeats", 0) >= 1:
+            lanes.spin(_compat.simt_thread())
 
 
 def end_poll():
