@@ -85,6 +85,7 @@ def _st(ctx, ptr, value, scope, semantic):
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
     addrs = _heap_ptrs(ctx, ptr).reshape(-1)
+    access().thread_write_bounds(addrs, np.dtype(npd).itemsize, "dl.st")
     vals = np.broadcast_to(_data(ctx.tensor(value)).astype(npd), _data(ptr).shape).reshape(-1)
     if tt.is_int() and tt.primitive_bitwidth in (32, 64):
         if semantic == "release":
@@ -170,6 +171,7 @@ def _st_vec(ctx, ptr, values, scope, semantic):
     name = _vec_name(words, bits, "st")
     _thread_copies(ctx, ptr, name)           # every thread stores the same scalar vector: once is the same
     addrs, stripes, control, abort = _vec_where(ctx, ptr, nbytes, name)
+    access().thread_write_bounds(addrs, nbytes, name)
     n = addrs.size
     cols = [np.broadcast_to(_data(ctx.tensor(v)).astype(npd).reshape(-1), (n,)) if _data(ctx.tensor(v)).size in (1, n)
             else _data(ctx.tensor(v)).astype(npd).reshape(-1)[:n] for v in values]
@@ -217,6 +219,7 @@ def _atomic_add(ctx, ptr, value, scope, semantic):
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
     addrs = _heap_ptrs(ctx, ptr).reshape(-1)
+    access().thread_write_bounds(addrs, np.dtype(npd).itemsize, "dl.atomic_add")
     vals = np.broadcast_to(_data(ctx.tensor(value)).astype(npd), _data(ptr).shape).reshape(-1).copy()
     op = I.RMW_OP.FADD if tt.is_floating() else I.RMW_OP.ADD
     race().rmw("pre", addrs, semantic, scope == "sys")
@@ -236,6 +239,7 @@ def _atomic_cas(ctx, ptr, cmp, value, scope, semantic):
     npd = _compat.interpreter_np_dtype(tt)
     shape = _data(ptr).shape
     addrs = _heap_ptrs(ctx, ptr).reshape(-1)
+    access().thread_write_bounds(addrs, np.dtype(npd).itemsize, "dl.atomic_cas")
     c = np.broadcast_to(_data(ctx.tensor(cmp)).astype(npd), shape).reshape(-1)
     v = np.broadcast_to(_data(ctx.tensor(value)).astype(npd), shape).reshape(-1)
     race().rmw("pre", addrs, semantic, scope == "sys")

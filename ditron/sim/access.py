@@ -116,7 +116,48 @@ def _elem_size(dtype):
     return torch.empty((), dtype=dtype).element_size()
 
 
-def heap_bounds(ptrs, mask, itemsize, kind):
+#: how far past the end (or before the start) of a tensor argument a per-thread write counts as an index past it
+_NEAR = 1 << 16
+
+
+def thread_write_bounds(addrs, itemsize, primitive):
+    """A write of a per-thread primitive (``dl.st``, ``dl.atomic_*``: raw addresses, which the simulator writes
+    in the host's memory): in the symmetric heaps, inside a live symmetric tensor (as ``tl.store``); elsewhere,
+    not just past the end (or before the start) of a tensor argument of the launch -- an index past the tensor,
+    which on a GPU overwrites whatever follows it (and on the simulator the host's memory).  Addresses far from
+    every argument (a pointer read from memory) are not checked."""
+    launch = current_launch()
+    if launch is None or launch.transport is None:
+        return
+    heap_bounds(addrs, None, itemsize, "write", primitive)
+    args = launch.tensor_args
+    if not args:
+        return
+    tr = launch.transport
+    lo = tr.heap_base(0)
+    hi = lo + tr.world_size * tr.heap_size
+    a = np.asarray(addrs).reshape(-1).astype(np.int64)
+    a = a[(a < lo) | (a >= hi)]
+    if a.size == 0:
+        return
+    inside = np.zeros(a.size, dtype=bool)
+    for _, start, nbytes in args:
+        inside |= (a >= start) & (a + itemsize <= start + max(nbytes, 1))
+    a = a[~inside]
+    for name, start, nbytes in args:
+        end = start + nbytes
+        near = a[((a + itemsize > end) & (a < end + _NEAR)) | ((a < start) & (a >= start - _NEAR))]
+        if near.size:
+            from ..lowering.sim import where
+            elem = launch.tensor_elems.get(name, itemsize) or itemsize
+            el = (int(near[0]) - start) // elem
+            where_ = "past its end" if el >= 0 else "before its start"
+            raise _bounds_error(f"rank {tr.rank}, program {current_program()}, at {where()}: {primitive} writes "
+                                f"element {el} of argument '{name}', {where_} ({nbytes // elem} elements): on a GPU "
+                                "it overwrites whatever memory is there; guard the index")
+
+
+def heap_bounds(ptrs, mask, itemsize, kind, primitive=None):
     """Tensor bounds, not heap bounds: a plain load / store (``tl.load`` / ``tl.store``, also through
     ``dl.symm_at``) whose lanes in the symmetric heaps leave the symmetric tensor of its lowest lane (or fall
     outside every live tensor) is an error naming the tensor, the element and the rank."""
@@ -166,8 +207,9 @@ def heap_bounds(ptrs, mask, itemsize, kind):
     from ..lowering.sim import where
     prog = current_program()
     who = f"rank {tr.rank}, program {prog}, at {where()}"
+    prim = primitive or f"tl.{'store' if kind == 'write' else 'load'}"
     if home < 0:
-        raise _bounds_error(f"{who}: tl.{'store' if kind == 'write' else 'load'} {verb} rank "
+        raise _bounds_error(f"{who}: {prim} {verb} rank "
                             f"{int(rel[first] // tr.heap_size)}'s copy of the symmetric heap outside every live "
                             f"symmetric tensor: {tr.heap.describe_gap(int(off[first]))}")
     alloc = tr.heap.allocations[home]
@@ -176,7 +218,7 @@ def heap_bounds(ptrs, mask, itemsize, kind):
     n = alloc.nbytes // elem
     other = tr.heap.allocation_at(int(off[bad]))
     into = f"; the address is in {other.label()}" if other is not None else ""
-    raise _bounds_error(f"{who}: tl.{'store' if kind == 'write' else 'load'} {verb} {alloc.label()} on rank {rank} "
+    raise _bounds_error(f"{who}: {prim} {verb} {alloc.label()} on rank {rank} "
                         f"at element {el}, past its end ({n} elements){into}: mask the lanes past the tensor")
 
 

@@ -20,7 +20,24 @@ message: primitives with a CTA barrier (``dl.wait``, ``dl.notify``,
 (Triton broadcasts a scalar atomic's result through shared memory behind a
 barrier), tile stores (which elements a thread stores depends on the
 layout), and thread-dependent values computed by memory operations outside a
-region.  Threads of a region run one after another, in thread order.
+region.
+
+Threads of a region run one after another, in thread order -- unless the
+region makes a warp-collective call (a shuffle, ``ballot_sync``, a ``*_warp``
+SHMEM call; directly or through the ``@jit`` helpers it calls by name, seen in
+their source).  Such a region becomes a function of the thread, which
+:class:`Lanes` runs in one cooperative Python thread per simulated thread (one
+runs at a time, inheriting the program's launch, program id, race-finder and
+task-check state): the lanes of a warp named in the mask meet at each n-th
+call, as PTX's ``shfl.sync`` / ``vote.sync`` make them, so a lane reads a
+higher lane's value (``shfl_down``, ``shfl_xor``, a broadcast from lane 31) and
+a vote sees every lane.  A source lane the mask leaves out is refused (the GPU's
+value is undefined); a lane of the mask that leaves the region or waits at
+another collective is reported (a GPU hangs or computes garbage), never waited
+for.  A lane that spins in a polling loop lends its turn to the other lanes of
+its program (independent thread scheduling, Volta and later).  A collective the
+rewrite does not see (called through an aggregate's method or a variable) runs
+in the one-after-another order: a lane reads only lower lanes' values there.
 """
 from __future__ import annotations
 
