@@ -167,7 +167,7 @@ def warp_put(world, mode):
 # that builds an aggregate outside any branch (its `Profiler.create(..., is_leader=(tid(0) == 0))`)
 # ---------------------------------------------------------------------------
 
-from ditron.language.extra import __shfl_up_sync_i32, __shfl_sync_i32, __shfl_down_sync_i32, laneid  # noqa: E402
+from ditron.language.extra import __ballot_sync, __shfl_up_sync_i32, __shfl_sync_i32, __shfl_down_sync_i32, laneid  # noqa: E402,E501
 
 
 @ditron.jit
@@ -201,6 +201,12 @@ def warp_scan_kernel(src_ptr, out_ptr, n, MODE: tl.constexpr):
     if MODE == "down":                                     # a higher lane's value (lockstep lanes)
         if warp == 0:
             st(out_ptr + lane, __shfl_down_sync_i32(0xFFFFFFFF, lane * 5, 1), "gpu", "relaxed")
+    if MODE == "mismatched":                               # the two halves of warp 0 at different collectives
+        if warp == 0:
+            if lane < 16:
+                st(out_ptr + lane, __shfl_up_sync_i32(0xFFFFFFFF, lane, 1), "gpu", "relaxed")
+            else:
+                st(out_ptr + lane, __ballot_sync(0xFFFFFFFF, lane > 20), "gpu", "relaxed")
     if MODE == "outside_mask":                             # lane 15 reads lane 16, which the mask leaves out
         if lane < 16:
             st(out_ptr + lane, __shfl_down_sync_i32(0x0000FFFF, lane, 1), "gpu", "relaxed")
@@ -266,7 +272,7 @@ def tracer(world, enabled=True):
 # prefix sum: Triton-distributed's single_block_prefix_sum_kernel_scan_scan) and votes see every lane
 # ---------------------------------------------------------------------------
 
-from ditron.language.extra import __shfl_xor_sync_i32, __ballot_sync  # noqa: E402
+from ditron.language.extra import __shfl_xor_sync_i32  # noqa: E402
 
 
 @ditron.jit
@@ -332,8 +338,39 @@ def lane_flag_kernel(flag_ptr, out_ptr):
             st(flag_ptr, 1, "gpu", "release")
 
 
+@ditron.jit
+def lane_signal_kernel(sig_ptr, out_ptr):
+    """The same with OpenSHMEM's wait: lane 0 waits for its own rank's signal word, which lane 5 sets."""
+    lane = laneid()
+    if tid(0) < 32:
+        got = __shfl_sync_i32(0xFFFFFFFF, lane + 100, 31)
+        if lane == 0:
+            shmem.signal_wait_until(sig_ptr, "ge", 1)
+            st(out_ptr, ld(out_ptr + 1, "gpu", "relaxed"), "gpu", "relaxed")
+        if lane == 5:
+            st(out_ptr + 1, got, "gpu", "relaxed")
+            shmem.signal_op(sig_ptr, 1, "set", dl.rank())
+
+
 def lane_flag(world):
     flag = torch.zeros(2, dtype=torch.int32, device=world.device)
     out = torch.zeros(1, dtype=torch.int32, device=world.device)
     lane_flag_kernel[(1,)](flag, out, num_warps=1)
-    return out.item()
+    sig = ditron.symm_zeros((1,), torch.int64, name="lane_sig")
+    out2 = torch.zeros(2, dtype=torch.int32, device=world.device)
+    lane_signal_kernel[(1,)](sig, out2, num_warps=1)
+    return out.item(), out2[0].item()
+
+
+@ditron.jit
+def past_the_end_kernel(out_ptr):
+    """Threads 0-7 each store one int, into a 4-element argument: threads 4-7 write past its end."""
+    t = tid(0)
+    if t < 8:
+        st(out_ptr + t, t + 1, "gpu", "relaxed")
+
+
+def past_the_end(world):
+    buf = torch.zeros(8, dtype=torch.int32, device=world.device)
+    past_the_end_kernel[(1,)](buf[:4], num_warps=1)          # a view: the writes past it stay in `buf`
+    return buf.tolist()

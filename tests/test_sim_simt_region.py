@@ -146,7 +146,8 @@ def test_ballot_in_a_thread_branch(dist_world):
 def test_a_lane_spins_on_a_flag_another_lane_sets(dist_world):
     # lane 0 polls a flag that lane 5 sets after the shuffle: the spinning lane lends its turn to its warp's
     # other lanes, as independent thread scheduling does on Volta and later GPUs
-    assert dist_world(1).run(B.lane_flag) == [131]
+    # (a dl.ld loop, and shmem.signal_wait_until)
+    assert dist_world(1).run(B.lane_flag) == [(131, 131)]
 
 
 @sim_only
@@ -154,6 +155,8 @@ def test_a_lane_spins_on_a_flag_another_lane_sets(dist_world):
     ("outside_mask", "dl.shfl_down_sync: lane 15 of warp 0 reads lane 16, which its mask 0x0000ffff does not name"),
     ("divergent", "dl.shfl_up_sync is warp-collective, but in warp 0 only lanes 0-15 reached it, lanes 16-31 did "
                   "not (lanes 16-31 left the region without making it)"),
+    ("mismatched", "dl.shfl_up_sync is warp-collective, but in warp 0 only lanes 0-15 reached it, lanes 16-31 did "
+                   "not (lanes 16-31 wait at dl.ballot_sync at bodies_sim_simt.py:"),
 ])
 def test_warp_shuffles_the_simulator_refuses(dist_world, mode, message):
     from ditron.errors import DitronRankError
@@ -170,3 +173,15 @@ def test_per_thread_value_into_a_helper(dist_world, enabled):
     buf, count = dist_world(1).run(B.tracer, enabled)[0]
     assert count == 64
     assert buf == ([100, 5, 7, 0] if enabled else [0, 0, 0, 0])
+
+
+@sim_only
+def test_a_per_thread_store_past_a_tensor_is_reported(dist_world):
+    # dl.st writes raw addresses; before, a store past the end of an argument silently wrote whatever memory
+    # followed it (on the simulator: the host's heap -- Triton-distributed's prefix sum with MAJOR_ALIGN > 1 crashed
+    # its rank with "malloc_consolidate(): invalid chunk size")
+    from ditron.errors import DitronRankError
+    with pytest.raises(DitronRankError) as info:
+        dist_world(1).run(B.past_the_end)
+    text = str(info.value) + (info.value.traceback_text or "")
+    assert "dl.st writes element 4 of argument 'out_ptr', past its end (4 elements)" in text, text

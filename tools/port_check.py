@@ -588,7 +588,9 @@ def drive_barrier_atomic_cas_simt(m, w, U):
 
 def drive_barrier_non_atomic(m, w, U):
     import torch
-    flags = U.nvshmem_create_tensor((w.local_world_size,), torch.int32)
+    # "symm_flags ... has at least num_ranks * 2 elements" (its docstring: the second round uses the upper half;
+    # with num_ranks elements it wrote past the tensor, which the simulator now reports)
+    flags = U.nvshmem_create_tensor((2 * w.local_world_size,), torch.int32)
     flags.zero_()
     U.nvshmem_barrier_all_on_stream()
     for v in (1, 2):
