@@ -129,14 +129,28 @@ def thread_write_bounds(addrs, itemsize, primitive):
     launch = current_launch()
     if launch is None or launch.transport is None:
         return
-    heap_bounds(addrs, None, itemsize, "write", primitive)
-    args = launch.tensor_args
-    if not args:
-        return
     tr = launch.transport
     lo = tr.heap_base(0)
     hi = lo + tr.world_size * tr.heap_size
-    a = np.asarray(addrs).reshape(-1).astype(np.int64)
+    a = np.asarray(addrs).reshape(-1)
+    if a.size == 1:                        # the common case (one thread's scalar): Python ints
+        x = int(a[0])
+        if lo <= x < hi:
+            heap_bounds(a, None, itemsize, "write", primitive)
+            return
+        args = launch.tensor_args
+        if any(start <= x and x + itemsize <= start + max(nbytes, 1) for _, start, nbytes in args):
+            return
+        for name, start, nbytes in args:
+            end = start + nbytes
+            if end < x + itemsize <= end + _NEAR or start - _NEAR <= x < start:
+                _past(launch, tr, name, start, nbytes, x, itemsize, primitive)
+        return
+    heap_bounds(a, None, itemsize, "write", primitive)
+    args = launch.tensor_args
+    if not args:
+        return
+    a = a.astype(np.int64)
     a = a[(a < lo) | (a >= hi)]
     if a.size == 0:
         return
@@ -148,13 +162,17 @@ def thread_write_bounds(addrs, itemsize, primitive):
         end = start + nbytes
         near = a[((a + itemsize > end) & (a < end + _NEAR)) | ((a < start) & (a >= start - _NEAR))]
         if near.size:
-            from ..lowering.sim import where
-            elem = launch.tensor_elems.get(name, itemsize) or itemsize
-            el = (int(near[0]) - start) // elem
-            where_ = "past its end" if el >= 0 else "before its start"
-            raise _bounds_error(f"rank {tr.rank}, program {current_program()}, at {where()}: {primitive} writes "
-                                f"element {el} of argument '{name}', {where_} ({nbytes // elem} elements): on a GPU "
-                                "it overwrites whatever memory is there; guard the index")
+            _past(launch, tr, name, start, nbytes, int(near[0]), itemsize, primitive)
+
+
+def _past(launch, tr, name, start, nbytes, addr, itemsize, primitive):
+    from ..lowering.sim import where
+    elem = launch.tensor_elems.get(name, itemsize) or itemsize
+    el = (addr - start) // elem
+    side = "past its end" if el >= 0 else "before its start"
+    raise _bounds_error(f"rank {tr.rank}, program {current_program()}, at {where()}: {primitive} writes element {el} "
+                        f"of argument '{name}', {side} ({nbytes // elem} elements): on a GPU it overwrites whatever "
+                        "memory is there; guard the index")
 
 
 def heap_bounds(ptrs, mask, itemsize, kind, primitive=None):
