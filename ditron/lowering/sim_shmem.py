@@ -84,11 +84,12 @@ def _callers(ctx, coop, primitive, args=()):
     runs in every thread that reaches it (all threads of the program outside a thread-dependent region;
     the simulated thread inside one), a warp-level call once per warp, a block-level call once.
 
-    Inside a thread-dependent region (whose threads the simulator runs one after another) a warp-level call
-    is legal when every lane of the warp reaches it with the same ``args`` -- a branch that is the same for
-    all lanes of a warp, as on ``dl.tid() // 32``: it is performed once, when the warp's last lane arrives
-    (0 is returned for the other lanes); lanes with other arguments are refused here, a warp whose lanes
-    did not all arrive at the end of the region (``ditron.sim.simt``).  A block-level call is refused: it
+    Inside a thread-dependent region a warp-level call is legal when every lane of the warp reaches it with the
+    same ``args``.  The region makes a warp-collective call, so the simulator runs its threads as lockstep lanes
+    (ditron.sim.simt.Lanes): the lanes meet at the call, the last one to arrive performs it once (1; 0 for the
+    others) before any lane goes on; lanes with other arguments, or lanes that never arrive, are reported.  (A
+    call the rewrite did not see runs in the region's one-after-another order: performed when the warp's last
+    lane arrives, a divergent warp refused at the end of the region.)  A block-level call is refused: it
     needs every thread of the program, which threads that skip the branch never provide."""
     t = _compat.simt_thread()
     if t is not None:
