@@ -483,7 +483,8 @@ def ditron_cache_dir():
 # Triton's interpreter (the simulator runs kernels on it): ditron/_compat_interp.py, named here
 from ._compat_interp import (  # noqa: E402,F401
     interpreter_enabled, interpreter_runtime, interpreter_semantic, interpreted_function_class, f32_to_bf16_bits,
-    bf16_bits_to_f32, simt_thread, set_simt_thread, simt_warp_calls, set_simt_warp_calls, ACCESS_HOOKS,
+    bf16_bits_to_f32, simt_thread, set_simt_thread, simt_warp_calls, set_simt_warp_calls, simt_lanes,
+    set_simt_lanes, ACCESS_HOOKS,
     interpreter_launch, interpreter_convert_arg, interpreter_normalize_annotation, interpreter_error,
     interpreter_value, interpreter_np_dtype, install_libdevice_for_triton_launches, install_interpreted_aggregates)
 

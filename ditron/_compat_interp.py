@@ -211,6 +211,16 @@ def set_simt_warp_calls(calls):
     _SIMT.warp_calls = calls
 
 
+def simt_lanes():
+    """The lanes of the thread-dependent region this simulated thread runs in, when the region's threads run as
+    cooperative lanes (``ditron.sim.simt.Lanes``: a region with a warp collective), else None."""
+    return getattr(_SIMT, "lanes", None)
+
+
+def set_simt_lanes(lanes):
+    _SIMT.lanes = lanes
+
+
 def _simt_store_check(value):
     """In a thread-dependent region: a scalar store is performed by thread 0
     only (Triton predicates scalar stores to thread 0); False = skip it."""

@@ -55,7 +55,7 @@ def refused_kernel(flag_ptr, WHICH: tl.constexpr):
         if t < 2:
             dl.wait(flag_ptr, 1, "sys", "acquire", waitValue=0)
     elif WHICH == "ballot":
-        if t < 32:
+        if t < 16:                         # lanes 16-31 of warp 0 never vote, though the mask names them
             dl.ballot_sync(-1, t > 3)
     elif WHICH == "tl_atomic":
         if t < 2:

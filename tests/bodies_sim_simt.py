@@ -134,11 +134,15 @@ def warp_put_kernel(src_ptr, dst_ptr, sig_ptr, MODE: tl.constexpr):
 
 @ditron.jit
 def warp_put_after_kernel(src_ptr, dst_ptr, sig_ptr, MODE: tl.constexpr):
-    """A lane's store after the call, in the same branch (refused when the kernel is rewritten)."""
+    """Warp 1 puts its 32 ints into the next rank's ``dst``, then each of its lanes reads its element back there
+    and counts it in ``sig`` when it arrived: the put is complete in every lane when it returns."""
     wid = dl.tid(0) // 32
+    peer = (dl.rank() + 1) % dl.num_ranks()
     if wid == 1:
-        shmem.putmem_warp(dst_ptr, src_ptr, 64, (dl.rank() + 1) % dl.num_ranks())
-        dl.st(sig_ptr, 1)
+        shmem.putmem_warp(dst_ptr + 16, src_ptr + 16, 128, peer)
+        i = 16 + dl.laneid()
+        if ld(dl.symm_at(dst_ptr + i, peer), "gpu", "relaxed") == ld(src_ptr + i, "gpu", "relaxed"):
+            atomic_add(sig_ptr, 1, "gpu", "relaxed")
 
 
 def warp_put(world, mode):
@@ -163,7 +167,7 @@ def warp_put(world, mode):
 # that builds an aggregate outside any branch (its `Profiler.create(..., is_leader=(tid(0) == 0))`)
 # ---------------------------------------------------------------------------
 
-from ditron.language.extra import __shfl_up_sync_i32, __shfl_sync_i32, __shfl_down_sync_i32, laneid  # noqa: E402
+from ditron.language.extra import __ballot_sync, __shfl_up_sync_i32, __shfl_sync_i32, __shfl_down_sync_i32, laneid  # noqa: E402,E501
 
 
 @ditron.jit
@@ -194,9 +198,18 @@ def warp_scan_kernel(src_ptr, out_ptr, n, MODE: tl.constexpr):
     if warp == 1:
         first = __shfl_sync_i32(0xFFFFFFFF, lane * 7 + 3, 0)
         st(out_ptr + 66 + lane, first, "gpu", "relaxed")
-    if MODE == "down":                                     # a higher lane's value: not computed yet
+    if MODE == "down":                                     # a higher lane's value (lockstep lanes)
         if warp == 0:
-            st(out_ptr + lane, __shfl_down_sync_i32(0xFFFFFFFF, lane, 1), "gpu", "relaxed")
+            st(out_ptr + lane, __shfl_down_sync_i32(0xFFFFFFFF, lane * 5, 1), "gpu", "relaxed")
+    if MODE == "mismatched":                               # the two halves of warp 0 at different collectives
+        if warp == 0:
+            if lane < 16:
+                st(out_ptr + lane, __shfl_up_sync_i32(0xFFFFFFFF, lane, 1), "gpu", "relaxed")
+            else:
+                st(out_ptr + lane, __ballot_sync(0xFFFFFFFF, lane > 20), "gpu", "relaxed")
+    if MODE == "outside_mask":                             # lane 15 reads lane 16, which the mask leaves out
+        if lane < 16:
+            st(out_ptr + lane, __shfl_down_sync_i32(0x0000FFFF, lane, 1), "gpu", "relaxed")
     if MODE == "divergent":                                # lanes 16-31 skip the shuffle: undefined on a GPU
         if lane < 16:
             st(out_ptr + lane, __shfl_up_sync_i32(0xFFFFFFFF, lane, 1), "gpu", "relaxed")
@@ -251,3 +264,113 @@ def tracer(world, enabled=True):
     out = torch.zeros(1, dtype=torch.int32, device=world.device)
     tracer_kernel[(1,)](buf, out, ENABLED=enabled, num_warps=2)
     return buf.cpu().tolist(), out.item()
+
+
+# ---------------------------------------------------------------------------
+# issue 56 item 1, lockstep lanes: the lanes of a warp meet at every warp collective in a branch on the thread id,
+# so a lane reads a higher lane's value (shfl_down / shfl_xor reductions, a broadcast from lane 31 after a warp
+# prefix sum: Triton-distributed's single_block_prefix_sum_kernel_scan_scan) and votes see every lane
+# ---------------------------------------------------------------------------
+
+from ditron.language.extra import __shfl_xor_sync_i32  # noqa: E402
+
+
+@ditron.jit
+def _butterfly_sum(x):
+    """Every lane gets the warp's sum (shfl.bfly: each lane reads a higher and a lower lane)."""
+    for i in tl.static_range(5):
+        x += __shfl_xor_sync_i32(0xFFFFFFFF, x, 16 >> i)
+    return x
+
+
+@ditron.jit
+def lockstep_kernel(src_ptr, out_ptr, n, MODE: tl.constexpr):
+    """num_warps=2 (64 threads); ``out`` has 6 rows of 64 (one value per thread each)."""
+    t = tid(0)
+    lane = laneid()
+    warp = t // 32
+    v = ld(src_ptr + t, "gpu", "relaxed")
+    if warp < 2:                                             # every lane of both warps, in a per-thread branch
+        if MODE == "scan_bcast":
+            inc = _warp_scan(v, lane, n)                     # inclusive prefix sum of the first n lanes
+            total = __shfl_sync_i32(0xFFFFFFFF, inc, n - 1)  # the last lane's sum, to every lane
+            st(out_ptr + t, inc, "gpu", "relaxed")
+            st(out_ptr + 64 + t, total, "gpu", "relaxed")
+            st(out_ptr + 128 + t, __shfl_sync_i32(0xFFFFFFFF, v, 31 - lane), "gpu", "relaxed")    # reversed
+        if MODE == "reduce":
+            x = v
+            off = 16
+            while off > 0:                                   # tree reduction: lane 0 ends with the sum
+                x += __shfl_down_sync_i32(0xFFFFFFFF, x, off)
+                off = off // 2
+            st(out_ptr + t, x, "gpu", "relaxed")
+            st(out_ptr + 64 + t, _butterfly_sum(v), "gpu", "relaxed")
+        if MODE == "ballot":
+            st(out_ptr + t, __ballot_sync(0xFFFFFFFF, v % 3 == 0), "gpu", "relaxed")
+    if MODE == "ballot":
+        if lane < 16:                                         # half of each warp: a mask of those lanes
+            st(out_ptr + 64 + t, dl.ballot_sync(0x0000FFFF, v % 2 == 0), "gpu", "relaxed")
+        else:                                                 # the other half votes apart, with its own mask
+            st(out_ptr + 64 + t, dl.ballot_sync(0xFFFF0000, v > 50), "gpu", "relaxed")
+
+
+def lockstep(world, mode, n=32):
+    g = torch.Generator().manual_seed(56 + world.rank)
+    src = torch.randint(0, 100, (64,), generator=g, dtype=torch.int32).to(world.device)
+    out = torch.full((3 * 64,), -1, dtype=torch.int32, device=world.device)
+    lockstep_kernel[(1,)](src, out, n, MODE=mode, num_warps=2)
+    return src.cpu().numpy(), out.cpu().numpy().reshape(3, 64)
+
+
+@ditron.jit
+def lane_flag_kernel(flag_ptr, out_ptr):
+    """Lane 0 spins on a flag that lane 5 of the same warp sets after a shuffle (the region runs as lockstep
+    lanes): on Volta and later GPUs independent thread scheduling lets lane 5 run while lane 0 spins."""
+    lane = laneid()
+    if tid(0) < 32:
+        got = __shfl_sync_i32(0xFFFFFFFF, lane + 100, 31)
+        if lane == 0:
+            while ld(flag_ptr, "gpu", "acquire") == 0:
+                pass
+            st(out_ptr, ld(flag_ptr + 1, "gpu", "relaxed"), "gpu", "relaxed")
+        if lane == 5:
+            st(flag_ptr + 1, got, "gpu", "relaxed")
+            st(flag_ptr, 1, "gpu", "release")
+
+
+@ditron.jit
+def lane_signal_kernel(sig_ptr, out_ptr):
+    """The same with OpenSHMEM's wait: lane 0 waits for its own rank's signal word, which lane 5 sets."""
+    lane = laneid()
+    if tid(0) < 32:
+        got = __shfl_sync_i32(0xFFFFFFFF, lane + 100, 31)
+        if lane == 0:
+            shmem.signal_wait_until(sig_ptr, "ge", 1)
+            st(out_ptr, ld(out_ptr + 1, "gpu", "relaxed"), "gpu", "relaxed")
+        if lane == 5:
+            st(out_ptr + 1, got, "gpu", "relaxed")
+            shmem.signal_op(sig_ptr, 1, "set", dl.rank())
+
+
+def lane_flag(world):
+    flag = torch.zeros(2, dtype=torch.int32, device=world.device)
+    out = torch.zeros(1, dtype=torch.int32, device=world.device)
+    lane_flag_kernel[(1,)](flag, out, num_warps=1)
+    sig = ditron.symm_zeros((1,), torch.int64, name="lane_sig")
+    out2 = torch.zeros(2, dtype=torch.int32, device=world.device)
+    lane_signal_kernel[(1,)](sig, out2, num_warps=1)
+    return out.item(), out2[0].item()
+
+
+@ditron.jit
+def past_the_end_kernel(out_ptr):
+    """Threads 0-7 each store one int, into a 4-element argument: threads 4-7 write past its end."""
+    t = tid(0)
+    if t < 8:
+        st(out_ptr + t, t + 1, "gpu", "relaxed")
+
+
+def past_the_end(world):
+    buf = torch.zeros(8, dtype=torch.int32, device=world.device)
+    past_the_end_kernel[(1,)](buf[:4], num_warps=1)          # a view: the writes past it stay in `buf`
+    return buf.tolist()

@@ -23,7 +23,7 @@ def test_thread_i_signals_and_waits_for_peer_i(dist_world, n):
 
 @pytest.mark.parametrize("which,message", [
     ("wait", "dl.wait inside a branch or loop on dl.tid()"),
-    ("ballot", "dl.ballot_sync inside a branch or loop on dl.tid()"),
+    ("ballot", "dl.ballot_sync is warp-collective, but in warp 0 only lanes 0-15 reached it, lanes 16-31 did not"),
     ("tl_atomic", "tl.atomic_* inside a branch or loop on dl.tid()"),
     ("putmem_block", "shmem.putmem_block inside a branch or loop on dl.tid()"),
     ("tile_store", "tl.store of a 2-element tile inside a branch or loop on dl.tid()"),

@@ -65,8 +65,12 @@ _VDEV_HELPERS = (_PROFILER + _GRID_BARRIER + [(K + "common_ops.py", "barrier_all
 VDEV_NOTE = ("MoE all-to-all-v with on-device splits (`all_to_all_vdev_2d_offset.py`); its `Profiler` extracted from "
              "`triton_dist/tools/profiler` (with `profiling=False`: its `smid` / `globaltimer_lo` unused); its "
              "`Profiler.create(..., is_leader=(tid(0) == 0))` runs per simulated thread")
-SHFL_NOTE = ("`warp_prefix_sum_kernel`'s `__shfl_up_sync_i32` runs (lower lanes' values); SIMULATOR REFUSES a later "
-             "`__shfl_sync` that reads a HIGHER lane in per-thread code (the simulator runs a branch's lanes in order)")
+SHFL_NOTE = ("its warp shuffles (`warp_prefix_sum_kernel`'s `__shfl_up_sync_i32`, then `__shfl_sync` from a higher "
+             "lane) run in lockstep lanes and compute the right sums; with `MAJOR_ALIGN` > 1 its last block (`if lane_id "
+             "< valid_len: st(res_ptr + tile_start_flat + lane_id, ...)`, not guarded by `is_valid_tile`) stores the "
+             "rows of the warps past the last tile PAST THE END of its output (also on GPUs: Triton-distributed's own "
+             "host code allocates that buffer with `nsplits` elements and launches 32 warps); the simulator reports "
+             "the out-of-bounds `dl.st`")
 PER_THREAD = "one item per thread (`if thread_idx < world_size`), simulated per thread"
 POW2 = "; its `tl.arange(0, world_size)` needs a power-of-2 world size (also on GPUs)"
 PACKED_MC = "packed 128-bit multicast (`multimem_ld_reduce_v4`, `multimem_st_b64`), per thread"
@@ -171,8 +175,9 @@ CASES = {
     "a2a_vdev_exchange_splits": dict(src=[(K + "common_ops.py", "barrier_all_intra_node_atomic_cas_block")]
                                      + _PREFIX_SUM + [(_VDEV, "exchange_split_offset_2d_intra_node")],
                                      note="the splits / offsets exchange of `all_to_all_v_2d_kernel` (a SIMT region "
-                                          "of `dl.symm_at` stores), launched alone; both split layouts, the caller's input offsets "
-                                          "(`has_input_off=True`; without them it runs the prefix sum first)"),
+                                          "of `dl.symm_at` stores), launched alone; both split layouts, with the "
+                                          "caller's input offsets (`has_input_off=True`) and without them (it runs "
+                                          "the warp-shuffle prefix sum first, `MAJOR_ALIGN` 1)"),
     "a2a_vdev_2d": dict(src=_VDEV_HELPERS + [(_VDEV, "exchange_split_offset_2d_intra_node"),
                                              (_VDEV, "all_to_all_v_2d_kernel")],
                         imports=_PROFILER_IMPORTS,
@@ -583,7 +588,9 @@ def drive_barrier_atomic_cas_simt(m, w, U):
 
 def drive_barrier_non_atomic(m, w, U):
     import torch
-    flags = U.nvshmem_create_tensor((w.local_world_size,), torch.int32)
+    # "symm_flags ... has at least num_ranks * 2 elements" (its docstring: the second round uses the upper half;
+    # with num_ranks elements it wrote past the tensor, which the simulator now reports)
+    flags = U.nvshmem_create_tensor((2 * w.local_world_size,), torch.int32)
     flags.zero_()
     U.nvshmem_barrier_all_on_stream()
     for v in (1, 2):
@@ -856,8 +863,9 @@ def drive_a2a_vdev_exchange_splits(m, w, U):
     signal = U.nvshmem_create_tensor((n,), torch.int64)
     signal.zero_()
     partial = torch.zeros(2 * triton_cdiv(nsplits, 32), dtype=torch.int32, device=w.device)
-    # (has_input_off=False first runs the prefix sum, whose warp shuffles the simulator refuses: a2a_vdev_prefix_sum)
-    for rank_in_row, given_off, extra in ((True, True, False), (False, True, True), (True, True, True)):
+    # (has_input_off=False first runs the warp-shuffle prefix sum on the splits, into the input offsets)
+    for rank_in_row, given_off, extra in ((True, True, False), (False, True, True), (True, True, True),
+                                          (True, False, False), (False, False, True)):
         sp = _vdev_splits(w.rank, w, ne, k, rank_in_row)
         in_so[:nsplits].copy_(sp)
         in_so[nsplits:].copy_(_vdev_in_offsets(sp, True) if given_off else torch.full((nsplits,), -7))

@@ -211,9 +211,18 @@ def _spin_values(ctx, tr, addrs, dtype, ok, expected_text, primitive):
     loc = where()
     world_rank = tr.rank
 
+    lanes = _compat.simt_lanes()
+
     def check():
         vals = M.atomic_load(addrs, dtype)
-        return bool(ok(vals)), vals
+        done = bool(ok(vals))
+        if not done and lanes is not None:
+            # a lane of a region run as lockstep lanes (ditron.sim.simt.Lanes): the program's other lanes run
+            # first (one of them may write the word)
+            lanes.spin(_compat.simt_thread())
+            vals = M.atomic_load(addrs, dtype)
+            done = bool(ok(vals))
+        return done, vals
 
     def describe(vals):
         bad = [i for i, v in enumerate(vals) if not ok(np.asarray([v]))]

@@ -84,11 +84,12 @@ def _callers(ctx, coop, primitive, args=()):
     runs in every thread that reaches it (all threads of the program outside a thread-dependent region;
     the simulated thread inside one), a warp-level call once per warp, a block-level call once.
 
-    Inside a thread-dependent region (whose threads the simulator runs one after another) a warp-level call
-    is legal when every lane of the warp reaches it with the same ``args`` -- a branch that is the same for
-    all lanes of a warp, as on ``dl.tid() // 32``: it is performed once, when the warp's last lane arrives
-    (0 is returned for the other lanes); lanes with other arguments are refused here, a warp whose lanes
-    did not all arrive at the end of the region (``ditron.sim.simt``).  A block-level call is refused: it
+    Inside a thread-dependent region a warp-level call is legal when every lane of the warp reaches it with the
+    same ``args``.  The region makes a warp-collective call, so the simulator runs its threads as lockstep lanes
+    (ditron.sim.simt.Lanes): the lanes meet at the call, the last one to arrive performs it once (1; 0 for the
+    others) before any lane goes on; lanes with other arguments, or lanes that never arrive, are reported.  (A
+    call the rewrite did not see runs in the region's one-after-another order: performed when the warp's last
+    lane arrives, a divergent warp refused at the end of the region.)  A block-level call is refused: it
     needs every thread of the program, which threads that skip the branch never provide."""
     t = _compat.simt_thread()
     if t is not None:
@@ -103,6 +104,23 @@ def _callers(ctx, coop, primitive, args=()):
 
 
 def _warp_arrival(ctx, t, primitive, args):
+    sig = tuple(int(a) for a in args)
+    lanes = _compat.simt_lanes()
+    if lanes is not None:
+        # lockstep lanes (ditron.sim.simt.Lanes): the warp's lanes meet at the call; the last one to arrive
+        # performs it before any lane goes on
+        warp = t // 32
+
+        def resolve(parts, last):
+            first = min(parts)
+            for i in sorted(parts):
+                if parts[i] != parts[first]:
+                    raise ctx.error(f"{primitive}_warp is warp-collective, but lane {i} of warp {warp} calls it with "
+                                    f"other arguments than lane {first} ({_show(parts[i])} vs "
+                                    f"{_show(parts[first])}): every lane of the warp must pass the same values (on "
+                                    "a GPU the result is undefined)")
+            return {i: int(i == last) for i in parts}
+        return lanes.meet(t, where(), f"{primitive}_warp", 0xFFFFFFFF, sig, resolve)
     calls = _compat.simt_warp_calls()
     if calls is None:
         raise ctx.error(f"{primitive}_warp in a thread-dependent region the simulator did not set up")
@@ -110,7 +128,6 @@ def _warp_arrival(ctx, t, primitive, args):
     counter = ("n", site, t)                       # the how-manieth time this lane makes this call
     nth = calls.get(counter, 0)
     calls[counter] = nth + 1
-    sig = tuple(int(a) for a in args)
     entry = calls.setdefault((site, warp, nth), {"primitive": f"{primitive}_warp", "args": sig, "lanes": []})
     if entry["args"] != sig:
         first = entry["lanes"][0] - warp * 32

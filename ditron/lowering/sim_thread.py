@@ -85,6 +85,7 @@ def _st(ctx, ptr, value, scope, semantic):
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
     addrs = _heap_ptrs(ctx, ptr).reshape(-1)
+    access().thread_write_bounds(addrs, np.dtype(npd).itemsize, "dl.st")
     vals = np.broadcast_to(_data(ctx.tensor(value)).astype(npd), _data(ptr).shape).reshape(-1)
     if tt.is_int() and tt.primitive_bitwidth in (32, 64):
         if semantic == "release":
@@ -170,6 +171,7 @@ def _st_vec(ctx, ptr, values, scope, semantic):
     name = _vec_name(words, bits, "st")
     _thread_copies(ctx, ptr, name)           # every thread stores the same scalar vector: once is the same
     addrs, stripes, control, abort = _vec_where(ctx, ptr, nbytes, name)
+    access().thread_write_bounds(addrs, nbytes, name)
     n = addrs.size
     cols = [np.broadcast_to(_data(ctx.tensor(v)).astype(npd).reshape(-1), (n,)) if _data(ctx.tensor(v)).size in (1, n)
             else _data(ctx.tensor(v)).astype(npd).reshape(-1)[:n] for v in values]
@@ -217,6 +219,7 @@ def _atomic_add(ctx, ptr, value, scope, semantic):
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
     addrs = _heap_ptrs(ctx, ptr).reshape(-1)
+    access().thread_write_bounds(addrs, np.dtype(npd).itemsize, "dl.atomic_add")
     vals = np.broadcast_to(_data(ctx.tensor(value)).astype(npd), _data(ptr).shape).reshape(-1).copy()
     op = I.RMW_OP.FADD if tt.is_floating() else I.RMW_OP.ADD
     race().rmw("pre", addrs, semantic, scope == "sys")
@@ -236,6 +239,7 @@ def _atomic_cas(ctx, ptr, cmp, value, scope, semantic):
     npd = _compat.interpreter_np_dtype(tt)
     shape = _data(ptr).shape
     addrs = _heap_ptrs(ctx, ptr).reshape(-1)
+    access().thread_write_bounds(addrs, np.dtype(npd).itemsize, "dl.atomic_cas")
     c = np.broadcast_to(_data(ctx.tensor(cmp)).astype(npd), shape).reshape(-1)
     v = np.broadcast_to(_data(ctx.tensor(value)).astype(npd), shape).reshape(-1)
     race().rmw("pre", addrs, semantic, scope == "sys")
@@ -267,12 +271,52 @@ def _fence(ctx, semantic, scope):
     return None
 
 
-def _warp_collective(ctx, primitive):
-    if _compat.simt_thread() is not None:
-        raise ctx.error(f"{primitive} inside a branch or loop on dl.tid()/dl.laneid(): a warp vote needs every "
-                        "lane's value at once, and the simulator runs the threads of such a region one after "
-                        "another (lower lanes first), so the higher lanes' values do not exist yet; call it on a "
-                        "tile outside the branch (the elements of a 1-D tile are the lanes of a warp)")
+_NOT_SEEN = ("the simulator runs a branch or loop on dl.tid()/dl.laneid() in lockstep lanes when it sees a warp "
+             "collective in it (called directly or through the @jit helpers it calls by name), and did not see "
+             "this one (a call through an aggregate's method or a variable), so it ran the threads one after "
+             "another, lower lanes first")
+
+
+def _scalar_per_lane(ctx, primitive, v, arg):
+    if v.type.is_block():
+        raise ctx.error(f"{primitive} on a tile inside a branch or loop on dl.tid()/dl.laneid(): the simulator "
+                        "models it there per thread, on one scalar per lane", arg=arg)
+
+
+@register("ballot_sync", BACKEND)
+def _ballot_sync(ctx, mask, pred):
+    t = _compat.simt_thread()
+    if t is not None:
+        lanes = _compat.simt_lanes()
+        if lanes is None:
+            raise ctx.error(f"dl.ballot_sync inside a branch or loop on dl.tid()/dl.laneid(): a warp vote needs "
+                            f"every lane's value at once; {_NOT_SEEN}; call the helper by name, or vote on a tile "
+                            "outside the branch (the elements of a 1-D tile are the lanes of a warp)")
+        p = ctx.tensor(pred)
+        _scalar_per_lane(ctx, "dl.ballot_sync", p, "pred")
+        m = _int(mask) & 0xFFFFFFFF
+        from .sim_base import where
+        _in_mask(ctx, "dl.ballot_sync", t, m)
+
+        def resolve(parts, me):
+            bits = sum(1 << i for i, b in parts.items() if b) & m
+            word = np.array([bits], dtype=np.uint32).view(np.int32)[0]
+            return {i: word for i in parts}
+        word = lanes.meet(t, where(), "dl.ballot_sync", m, bool(_data(p).reshape(())), resolve)
+        return _scalar(word, tl.int32)
+    _, data = _lanes(ctx, pred)
+    bits = 0
+    for i, p in enumerate(data.reshape(-1)[:32]):
+        if p:
+            bits |= 1 << i
+    m = _int(mask) & 0xFFFFFFFF
+    return _scalar(np.array([bits & m], dtype=np.uint32).view(np.int32)[0], tl.int32)
+
+
+def _in_mask(ctx, primitive, t, m):
+    if not m >> (t % 32) & 1:
+        raise ctx.error(f"{primitive}: lane {t % 32} of warp {t // 32} makes the call, but its mask {m:#010x} does "
+                        "not name it (undefined on a GPU)", arg="mask")
 
 
 def _lanes(ctx, value):
@@ -284,16 +328,6 @@ def _lanes(ctx, value):
     return v, data
 
 
-@register("ballot_sync", BACKEND)
-def _ballot_sync(ctx, mask, pred):
-    _warp_collective(ctx, "dl.ballot_sync")
-    _, data = _lanes(ctx, pred)
-    bits = 0
-    for i, p in enumerate(data.reshape(-1)[:32]):
-        if p:
-            bits |= 1 << i
-    m = _int(mask) & 0xFFFFFFFF
-    return _scalar(np.array([bits & m], dtype=np.uint32).view(np.int32)[0], tl.int32)
 
 
 def _shfl_source(kind, idx, k, n):
@@ -310,42 +344,53 @@ def _shfl_source(kind, idx, k, n):
 
 
 def _shfl_in_thread(ctx, t, kind, primitive, mask, v, lane):
-    """A shuffle in a thread-dependent region, performed by simulated thread ``t``.  The region's threads run one
-    after another, lower lanes first; each lane's value at its n-th arrival at this call is recorded, so a lane
-    reads a lower lane's value (``shfl_up_sync``, ``shfl_sync`` from a lower lane: prefix sums, broadcasts from
-    lane 0) exactly as on a GPU, where every lane of the mask reaches the n-th shuffle together.  A source lane
-    that did not reach the call is the GPU's undefined result (refused); a higher source lane has not computed
-    its value yet (refused).  After the region, every lane of the mask must have made the call
-    (ditron.sim.simt._check_warps)."""
-    if v.type.is_block():
-        raise ctx.error(f"{primitive} on a tile inside a branch or loop on dl.tid()/dl.laneid(): the simulator "
-                        "models a shuffle there per thread, on one scalar per lane", arg="value")
+    """A shuffle in a thread-dependent region, performed by simulated thread ``t``.  In a region the simulator
+    runs as lockstep lanes (ditron.sim.simt.Lanes: it saw the shuffle), every lane of the warp named in the mask
+    makes its n-th call of the shuffle before any lane reads: each reads its source lane's value, as on a GPU; a
+    source lane outside the mask is the GPU's undefined value (refused).  Otherwise (a shuffle the simulator did
+    not see in the region) the threads run one after another, lower lanes first: a lane reads a lower lane's
+    value, recorded when that lane reached the call, and a higher lane's is refused."""
+    _scalar_per_lane(ctx, primitive, v, "value")
+    m = _int(mask) & 0xFFFFFFFF
+    from .sim_base import where
+    site, warp, me = where(), t // 32, t % 32
+    val = _data(v).reshape(())
+    k = _int(lane)
+    lanes = _compat.simt_lanes()
+    if lanes is not None:
+        _in_mask(ctx, primitive, t, m)
+
+        def resolve(parts, last):
+            out = {}
+            for i, (x, ki) in parts.items():
+                src = int(_shfl_source(kind, np.int64(i), np.int64(ki), 32))
+                if src not in parts:
+                    raise ctx.error(f"{primitive}: lane {i} of warp {warp} reads lane {src}, which its mask "
+                                    f"{m:#010x} does not name (on a GPU the value is undefined): name every source "
+                                    "lane in the mask", arg="mask")
+                out[i] = parts[src][0]
+            return out
+        got = lanes.meet(t, site, primitive, m, (val, k), resolve)
+        return _like(v, np.asarray(got, dtype=val.dtype).reshape(_data(v).shape))
     calls = _compat.simt_warp_calls()
     if calls is None:
         raise ctx.error(f"{primitive} in a thread-dependent region the simulator did not set up")
-    from .sim_base import where
-    site, warp, me = where(), t // 32, t % 32
     counter = ("n", site, t)                       # the how-manieth time this lane makes this call
     nth = calls.get(counter, 0)
     calls[counter] = nth + 1
-    m = _int(mask) & 0xFFFFFFFF
     need = [i for i in range(32) if m >> i & 1]
     entry = calls.setdefault((site, warp, nth), {"primitive": primitive, "lanes": [], "values": {}, "need": need})
-    if me not in need:
-        raise ctx.error(f"{primitive}: lane {me} of warp {warp} makes the call, but its mask {m:#010x} does not "
-                        "name it (undefined on a GPU)", arg="mask")
-    val = _data(v).reshape(())
+    _in_mask(ctx, primitive, t, m)
     entry["lanes"].append(t)
     entry["values"][me] = val
-    src = int(_shfl_source(kind, np.int64(me), np.int64(_int(lane)), 32))
+    src = int(_shfl_source(kind, np.int64(me), np.int64(k), 32))
     if src == me:
         return v
     if src > me:
         raise ctx.error(f"{primitive} inside a branch or loop on dl.tid()/dl.laneid(): lane {me} of warp {warp} "
-                        f"reads lane {src}'s value, which the simulator has not computed yet (it runs the "
-                        "region's threads one after another, lower lanes first, and can give a lane only the "
-                        "values of lower lanes: shfl_up_sync, or shfl_sync from a lower lane); call it on a tile "
-                        "outside the branch (the elements of a 1-D tile are the lanes of a warp)")
+                        f"reads lane {src}'s value, which the simulator has not computed yet: {_NOT_SEEN}; call "
+                        "the helper by name, or shuffle a tile outside the branch (the elements of a 1-D tile are "
+                        "the lanes of a warp)")
     if src not in entry["values"]:
         raise ctx.error(f"{primitive}: lane {me} of warp {warp} reads lane {src}, which did not reach this call"
                         f"{' (call ' + str(nth + 1) + ')' if nth else ''} (on a GPU the result is undefined): "

@@ -49,6 +49,13 @@ def polled(addrs, mask, vals, primitive):
                 "observed": flat[i].item() if flat.size > i else None}
 
     tr.poll(key, np.asarray(vals).reshape(-1)[live], describe, launch, addr=int(addrs[live[0]]))
+    lanes = _compat.simt_lanes()
+    if lanes is not None:
+        # a lane of a region run as cooperative lanes (ditron.sim.simt.Lanes) that reads the same value again
+        # spins: the other lanes of its program run first (one of them may set the flag)
+        from ..runtime.sim import _POLL
+        if _POLL.__dict__.get("repeats", 0) >= 1:
+            lanes.spin(_compat.simt_thread())
 
 
 def end_poll():
@@ -109,7 +116,66 @@ def _elem_size(dtype):
     return torch.empty((), dtype=dtype).element_size()
 
 
-def heap_bounds(ptrs, mask, itemsize, kind):
+#: how far past the end (or before the start) of a tensor argument a per-thread write counts as an index past it
+_NEAR = 1 << 16
+
+
+def thread_write_bounds(addrs, itemsize, primitive):
+    """A write of a per-thread primitive (``dl.st``, ``dl.atomic_*``: raw addresses, which the simulator writes
+    in the host's memory): in the symmetric heaps, inside a live symmetric tensor (as ``tl.store``); elsewhere,
+    not just past the end (or before the start) of a tensor argument of the launch -- an index past the tensor,
+    which on a GPU overwrites whatever follows it (and on the simulator the host's memory).  Addresses far from
+    every argument (a pointer read from memory) are not checked."""
+    launch = current_launch()
+    if launch is None or launch.transport is None:
+        return
+    tr = launch.transport
+    lo = tr.heap_base(0)
+    hi = lo + tr.world_size * tr.heap_size
+    a = np.asarray(addrs).reshape(-1)
+    if a.size == 1:                        # the common case (one thread's scalar): Python ints
+        x = int(a[0])
+        if lo <= x < hi:
+            heap_bounds(a, None, itemsize, "write", primitive)
+            return
+        args = launch.tensor_args
+        if any(start <= x and x + itemsize <= start + max(nbytes, 1) for _, start, nbytes in args):
+            return
+        for name, start, nbytes in args:
+            end = start + nbytes
+            if end < x + itemsize <= end + _NEAR or start - _NEAR <= x < start:
+                _past(launch, tr, name, start, nbytes, x, itemsize, primitive)
+        return
+    heap_bounds(a, None, itemsize, "write", primitive)
+    args = launch.tensor_args
+    if not args:
+        return
+    a = a.astype(np.int64)
+    a = a[(a < lo) | (a >= hi)]
+    if a.size == 0:
+        return
+    inside = np.zeros(a.size, dtype=bool)
+    for _, start, nbytes in args:
+        inside |= (a >= start) & (a + itemsize <= start + max(nbytes, 1))
+    a = a[~inside]
+    for name, start, nbytes in args:
+        end = start + nbytes
+        near = a[((a + itemsize > end) & (a < end + _NEAR)) | ((a < start) & (a >= start - _NEAR))]
+        if near.size:
+            _past(launch, tr, name, start, nbytes, int(near[0]), itemsize, primitive)
+
+
+def _past(launch, tr, name, start, nbytes, addr, itemsize, primitive):
+    from ..lowering.sim import where
+    elem = launch.tensor_elems.get(name, itemsize) or itemsize
+    el = (addr - start) // elem
+    side = "past its end" if el >= 0 else "before its start"
+    raise _bounds_error(f"rank {tr.rank}, program {current_program()}, at {where()}: {primitive} writes element {el} "
+                        f"of argument '{name}', {side} ({nbytes // elem} elements): on a GPU it overwrites whatever "
+                        "memory is there; guard the index")
+
+
+def heap_bounds(ptrs, mask, itemsize, kind, primitive=None):
     """Tensor bounds, not heap bounds: a plain load / store (``tl.load`` / ``tl.store``, also through
     ``dl.symm_at``) whose lanes in the symmetric heaps leave the symmetric tensor of its lowest lane (or fall
     outside every live tensor) is an error naming the tensor, the element and the rank."""
@@ -159,8 +225,9 @@ def heap_bounds(ptrs, mask, itemsize, kind):
     from ..lowering.sim import where
     prog = current_program()
     who = f"rank {tr.rank}, program {prog}, at {where()}"
+    prim = primitive or f"tl.{'store' if kind == 'write' else 'load'}"
     if home < 0:
-        raise _bounds_error(f"{who}: tl.{'store' if kind == 'write' else 'load'} {verb} rank "
+        raise _bounds_error(f"{who}: {prim} {verb} rank "
                             f"{int(rel[first] // tr.heap_size)}'s copy of the symmetric heap outside every live "
                             f"symmetric tensor: {tr.heap.describe_gap(int(off[first]))}")
     alloc = tr.heap.allocations[home]
@@ -169,7 +236,7 @@ def heap_bounds(ptrs, mask, itemsize, kind):
     n = alloc.nbytes // elem
     other = tr.heap.allocation_at(int(off[bad]))
     into = f"; the address is in {other.label()}" if other is not None else ""
-    raise _bounds_error(f"{who}: tl.{'store' if kind == 'write' else 'load'} {verb} {alloc.label()} on rank {rank} "
+    raise _bounds_error(f"{who}: {prim} {verb} {alloc.label()} on rank {rank} "
                         f"at element {el}, past its end ({n} elements){into}: mask the lanes past the tensor")
 
 

@@ -20,7 +20,24 @@ message: primitives with a CTA barrier (``dl.wait``, ``dl.notify``,
 (Triton broadcasts a scalar atomic's result through shared memory behind a
 barrier), tile stores (which elements a thread stores depends on the
 layout), and thread-dependent values computed by memory operations outside a
-region.  Threads of a region run one after another, in thread order.
+region.
+
+Threads of a region run one after another, in thread order -- unless the
+region makes a warp-collective call (a shuffle, ``ballot_sync``, a ``*_warp``
+SHMEM call; directly or through the ``@jit`` helpers it calls by name, seen in
+their source).  Such a region becomes a function of the thread, which
+:class:`Lanes` runs in one cooperative Python thread per simulated thread (one
+runs at a time, inheriting the program's launch, program id, race-finder and
+task-check state): the lanes of a warp named in the mask meet at each n-th
+call, as PTX's ``shfl.sync`` / ``vote.sync`` make them, so a lane reads a
+higher lane's value (``shfl_down``, ``shfl_xor``, a broadcast from lane 31) and
+a vote sees every lane.  A source lane the mask leaves out is refused (the GPU's
+value is undefined); a lane of the mask that leaves the region or waits at
+another collective is reported (a GPU hangs or computes garbage), never waited
+for.  A lane that spins in a polling loop lends its turn to the other lanes of
+its program (independent thread scheduling, Volta and later).  A collective the
+rewrite does not see (called through an aggregate's method or a variable) runs
+in the one-after-another order: a lane reads only lower lanes' values there.
 """
 from __future__ import annotations
 
@@ -43,8 +60,12 @@ _BARRIERS = {"syncthreads", "__syncthreads"}
 WARP = 32
 #: warp-collective SHMEM calls: legal in a region when every lane of a warp reaches them (ditron.lowering.sim_shmem)
 WARP_CALLS = {f"{op}{nbi}_warp" for op in ("putmem", "getmem", "putmem_signal") for nbi in ("", "_nbi")}
-# what may follow a warp-collective call in its region (no memory effect the call must come before)
-_AFTER_WARP_CALL = WARP_CALLS | {"fence", "quiet", "range", "static_range", "pointer_type", "constexpr"}
+#: warp collectives: every lane of the warp (of the mask) meets the others at the call.  A region that calls one
+#: (directly or through the @jit helpers it calls) runs its threads as cooperative lanes (:class:`Lanes`)
+COLLECTIVES = WARP_CALLS | {"shfl_sync", "shfl_up_sync", "shfl_down_sync", "shfl_xor_sync", "ballot_sync",
+                            "__shfl_sync_i32", "__shfl_up_sync_i32", "__shfl_down_sync_i32", "__shfl_xor_sync_i32",
+                            "__ballot_sync"}
+_LANES = "__ditron_simt_lanes__"
 
 
 def _callee(func):
@@ -155,8 +176,10 @@ class _Analysis:
 
 
 class _Rewriter:
-    def __init__(self, analysis, filename, first_line, pure=frozenset(), kept=frozenset()):
+    def __init__(self, analysis, filename, first_line, pure=frozenset(), kept=frozenset(), env=None):
         self.a = analysis
+        self.env = env            # the function's globals: the @jit helpers a region calls
+        self.lane_regions = 0
         self.replay = []          # thread-dependent pure assignments seen so far, in order
         self.regions = 0
         self.filename = filename
@@ -181,9 +204,10 @@ class _Rewriter:
         """``s`` once per simulated thread: the replayed assignments, then the thread's own values of the names
         earlier regions assigned (still per-thread here), ``s``, then the thread's values of what ``s`` assigns
         are kept (a GPU thread keeps its registers between two branches on its id: ``old = atomic_add(..)`` in
-        one, ``while ld(..) ^ old`` in the next, as in Triton-distributed's grid barrier)."""
+        one, ``while ld(..) ^ old`` in the next, as in Triton-distributed's grid barrier).  A region that makes a
+        warp-collective call runs its threads as cooperative lanes (:meth:`_lane_region`), any other in a loop
+        over the threads, one after another."""
         self.regions += 1
-        self._check_warp_calls(s)
         live = self.a.at(s) if live is None else live
         replayed = {n for r in self.replay for n in _targets(r)}
         restore = sorted((self.saved & set(live)) - replayed)
@@ -192,38 +216,43 @@ class _Rewriter:
             [_save(n) for n in assigned]
         self.saved |= set(assigned)
         self.ever |= set(assigned)
+        if _collective_calls(s, self.env):
+            return self._lane_region(s, body)
         loop = ast.For(target=ast.Name(id="__ditron_t", ctx=ast.Store()),
                        iter=ast.Call(func=ast.Name(id=_VAR, ctx=ast.Load()), args=[], keywords=[]),
                        body=body, orelse=[])
         return ast.copy_location(loop, s)
 
-    def _check_warp_calls(self, s):
-        """A region's threads run one after another, and a warp-collective call is performed when the warp's
-        last lane reaches it: whatever a lane does after the call in the same region would happen before the
-        call on the simulator, and after it on a GPU.  Refused, unless it has no memory effect."""
-        warp_calls = [c for c in _calls(s) if _callee(c.func) in WARP_CALLS]
-        if not warp_calls:
-            return
-        ok = self.pure | _AFTER_WARP_CALL
-
-        def inside(c, w):
-            return (w.lineno, w.col_offset) <= (c.lineno, c.col_offset) and \
-                (c.end_lineno, c.end_col_offset) <= (w.end_lineno, w.end_col_offset)
-        loops = [n for n in ast.walk(s) if isinstance(n, (ast.For, ast.While))]
-        for w in warp_calls:
-            later = [c for c in _calls(s) if (c.lineno, c.col_offset) > (w.end_lineno, w.end_col_offset)]
-            for loop in loops:        # a loop around the call runs its body again after it
-                if any(inside(w, b) for b in loop.body):
-                    later += [c for b in loop.body for c in _calls(b)]
-                    if isinstance(loop, ast.While):
-                        later += _calls(loop.test)
-            bad = [c for c in later if _callee(c.func) not in ok and not inside(c, w)]
-            if bad:
-                self._refuse(bad[0], f"`{ast.unparse(bad[0]).strip()}` follows the warp-collective "
-                             f"`{_callee(w.func)}` (line {w.lineno}) in the same branch on dl.tid(): the simulator "
-                             "runs the branch's threads one after another and performs the warp's call when its "
-                             "last lane arrives, so earlier lanes would do this before the call; end the branch "
-                             "after the call and put what follows in its own `if`")
+    def _lane_region(self, s, body):
+        """The region as a function of the thread (``def __ditron_lane_k(__ditron_t, __ditron_in)``) that
+        :func:`lanes` runs in one cooperative Python thread per simulated thread, so that the lanes of a warp
+        meet at each warp-collective call as on a GPU.  Each lane starts from the values the names it binds have
+        before the region (``__ditron_in``) and keeps its own; afterwards the names hold the last thread's
+        values, as after the loop of the other regions."""
+        bad = _escapes(s)
+        if bad is not None:
+            self._refuse(bad, f"`{ast.unparse(bad).strip()}` leaves a branch or loop on dl.tid()/dl.laneid() "
+                              "that makes a warp-collective call (the simulator runs such a branch as a function "
+                              "of the thread, one per lane); restructure it so that every lane reaches the "
+                              "branch's end")
+        self.lane_regions += 1
+        bound = sorted(n for n in _stored(body) if not n.startswith("__ditron"))
+        name = f"__ditron_lane_{self.regions}"
+        init = [_from_dict("__ditron_in", n) for n in bound]
+        out = [_assign("__ditron_out", ast.Dict(keys=[], values=[]))] + [_to_dict("__ditron_out", n) for n in bound] + \
+            [ast.Return(value=ast.Name(id="__ditron_out", ctx=ast.Load()))]
+        args = ast.arguments(posonlyargs=[], args=[ast.arg(arg="__ditron_t"), ast.arg(arg="__ditron_in")],
+                             kwonlyargs=[], kw_defaults=[], defaults=[])
+        fdef = ast.FunctionDef(name=name, args=args, body=init + body + out, decorator_list=[], returns=None)
+        if "type_params" in ast.FunctionDef._fields:
+            fdef.type_params = []
+        call = ast.Call(func=ast.Name(id=_LANES, ctx=ast.Load()),
+                        args=[ast.Name(id=name, ctx=ast.Load()), ast.Name(id="__ditron_in", ctx=ast.Load())],
+                        keywords=[])
+        stmts = [fdef, _assign("__ditron_in", ast.Dict(keys=[], values=[]))] + \
+            [_to_dict("__ditron_in", n) for n in bound] + [_assign("__ditron_out", call)] + \
+            [_from_dict("__ditron_out", n) for n in bound]
+        return [ast.copy_location(x, s) for x in stmts]
 
     def _forget(self, s):
         """After a statement outside regions that rebinds names regions keep: the kept values are stale."""
@@ -256,7 +285,8 @@ class _Rewriter:
                 out.append(p)
             elif p:
                 w = ast.With(items=[copy.deepcopy(s.items[0])], body=p)
-                out.append(self._region(ast.copy_location(w, s), live=self.a.at(p[0])))
+                r = self._region(ast.copy_location(w, s), live=self.a.at(p[0]))
+                out.extend(r if isinstance(r, list) else [r])
         return out
 
     def stmt(self, s):
@@ -300,6 +330,93 @@ class _Rewriter:
 
 _KEPT = "__ditron_simt_kept"
 _FORGET = "__ditron_simt_forget__"
+
+
+def _assign(name, value):
+    return ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=value)
+
+
+def _from_dict(d, name):
+    """``if 'name' in d: name = d['name']``"""
+    test = ast.Compare(left=ast.Constant(name), ops=[ast.In()], comparators=[ast.Name(id=d, ctx=ast.Load())])
+    get = ast.Subscript(value=ast.Name(id=d, ctx=ast.Load()), slice=ast.Constant(name), ctx=ast.Load())
+    return ast.If(test=test, body=[_assign(name, get)], orelse=[])
+
+
+def _to_dict(d, name):
+    """``try: d['name'] = name`` / ``except NameError: pass`` (not bound here)."""
+    store = ast.Assign(targets=[ast.Subscript(value=ast.Name(id=d, ctx=ast.Load()), slice=ast.Constant(name),
+                                              ctx=ast.Store())], value=ast.Name(id=name, ctx=ast.Load()))
+    return ast.Try(body=[store], handlers=[ast.ExceptHandler(type=ast.Name(id="NameError", ctx=ast.Load()),
+                                                             name=None, body=[ast.Pass()])],
+                   orelse=[], finalbody=[])
+
+
+def _stored(stmts):
+    return {n.id for st in stmts for n in ast.walk(st) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _escapes(s):
+    """A ``return`` in ``s``, or a ``break`` / ``continue`` of a loop around ``s``: what a function of the thread
+    cannot do (None if there is none)."""
+    def esc(node, in_loop):
+        if isinstance(node, ast.Return):
+            return node
+        if isinstance(node, (ast.Break, ast.Continue)):
+            return None if in_loop else node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return None
+        if isinstance(node, (ast.For, ast.While)):
+            parts = [(st, True) for st in node.body] + [(st, in_loop) for st in node.orelse]
+        else:
+            parts = [(child, in_loop) for child in ast.iter_child_nodes(node)]
+        for child, inside in parts:
+            found = esc(child, inside)
+            if found is not None:
+                return found
+        return None
+    return esc(s, False)
+
+
+# ---------------------------------------------------------------------------
+# which regions make warp-collective calls (statically: the region's calls and the @jit helpers they reach)
+# ---------------------------------------------------------------------------
+
+_COLLECTIVE_HELPERS: dict = {}     # code object -> whether the helper (or one it calls) makes a warp collective
+
+
+def _collective_calls(node, env):
+    """Whether ``node`` calls a warp collective, directly or through the ``@jit`` helpers it calls (found in
+    ``env``, the calling function's globals)."""
+    for c in _calls(node):
+        if _callee(c.func) in COLLECTIVES:
+            return True
+    if not env:
+        return False
+    for c in _calls(node):
+        py = _jit_python_fn(_resolve(c.func, env))
+        if py is not None and _helper_collective(py):
+            return True
+    return False
+
+
+def _helper_collective(py):
+    import inspect
+    import textwrap
+    code = py.__code__
+    hit = _COLLECTIVE_HELPERS.get(code)
+    if hit is not None:
+        return hit
+    _COLLECTIVE_HELPERS[code] = False            # recursion: not known to make one (yet)
+    found = False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(py)))
+        node = next((n for n in tree.body if isinstance(n, ast.FunctionDef)), None)
+        found = node is not None and _collective_calls(node, py.__globals__)
+    except (OSError, TypeError, SyntaxError):
+        pass
+    _COLLECTIVE_HELPERS[code] = found
+    return found
 
 
 def _kept_key(name):
@@ -432,9 +549,9 @@ def transform(tree, filename="?", first_line=0, env=None):
     if not (src_calls & (tid_calls | {_REGION})):
         return False
     shadow = copy.deepcopy(fn)        # a dry run: which names regions assign (in loops: also before them)
-    dry = _Rewriter(_Analysis(shadow, tid_calls), filename, first_line, pure)
+    dry = _Rewriter(_Analysis(shadow, tid_calls), filename, first_line, pure, env=env)
     dry.block(shadow.body)
-    rw = _Rewriter(_Analysis(fn, tid_calls), filename, first_line, pure, kept=dry.ever)
+    rw = _Rewriter(_Analysis(fn, tid_calls), filename, first_line, pure, kept=dry.ever, env=env)
     fn.body = rw.block(fn.body)
     if rw.ever or rw.kept:
         init = ast.Assign(targets=[ast.Name(id=_KEPT, ctx=ast.Store())], value=ast.Dict(keys=[], values=[]))
@@ -470,6 +587,229 @@ def threads():
     finally:
         _compat.set_simt_thread(None)
         _compat.set_simt_warp_calls(None)
+
+
+# ---------------------------------------------------------------------------
+# regions with warp collectives: the threads run as cooperative lanes
+# ---------------------------------------------------------------------------
+
+_READY, _WAIT, _DONE = "ready", "waiting", "done"
+
+
+class _Abort(BaseException):
+    """Ends a parked lane when its region failed (a BaseException: Triton's interpreter wraps Exceptions)."""
+
+
+class _LaneLaunch:
+    """The launch as the lanes of one region see it: a lane's polling loop that spins counts as blocked for the
+    watchdog (``SimTransport.poll`` calls :meth:`blocked`) only when every lane that can run spins, so the
+    program counts as blocked once, not once per lane, and not while one of its lanes still runs."""
+
+    def __init__(self, launch, lanes):
+        self._launch = launch
+        self._lanes = lanes
+
+    def __getattr__(self, name):
+        return getattr(self._launch, name)
+
+    def blocked(self, delta):
+        self._lanes.spinning += delta
+        self._lanes.recount()
+
+
+class Lanes:
+    """The simulated threads of one execution of a thread-dependent region that makes warp-collective calls, run
+    as cooperative Python threads: exactly one lane runs at a time (the program's thread schedules them, lowest
+    thread first, round robin); a lane runs until it reaches a warp collective, spins in a polling loop
+    (:meth:`spin`: a lane waiting for a flag that another lane of its program sets lends it its turn, as
+    independent thread scheduling lets it on Volta and later GPUs) or leaves the region.  At a collective
+    (:meth:`meet`) a lane waits until every lane of its warp named in the mask made its n-th call of that call
+    site; the last one to arrive computes every lane's result, and the lanes go on.  When no lane can run but some
+    wait at a collective, lanes of the mask left the region or wait at another collective: a GPU hangs or
+    computes an undefined value, and the region fails with a report naming the lanes."""
+
+    def __init__(self, n, launch):
+        self.n = n
+        self.state = [_READY] * n
+        self.go = [threading.Lock() for _ in range(n)]
+        for g in self.go:
+            g.acquire()
+        self.back = threading.Lock()
+        self.back.acquire()
+        self.counts = {}          # (site, thread) -> how many times the thread made the call
+        self.groups = {}          # (site, warp, nth) -> the lanes' arrivals at the warp's nth call
+        self.error = None
+        self.abort = False
+        self.out = {}
+        self.launch = launch
+        self.view = _LaneLaunch(launch, self) if launch is not None else None
+        self.spinning = 0         # lanes counted as blocked in a polling loop (SimTransport.poll)
+        self.blocked = False      # the program counts as blocked (every runnable lane spins)
+
+    # -- lanes' side ------------------------------------------------------------------------------------------
+    def _park(self, t):
+        self.back.release()
+        self.go[t].acquire()
+        if self.abort:
+            raise _Abort()
+
+    def spin(self, t):
+        """Lane ``t`` read the same value again in a polling loop: the other lanes run first."""
+        self._park(t)
+
+    def meet(self, t, site, primitive, mask, payload, resolve):
+        """Lane ``t``'s arrival at a warp collective ``primitive`` (at ``site``, for messages): ``payload`` is its
+        part; returns its result once every lane of its warp named in ``mask`` made its n-th call of
+        ``primitive`` with that mask.  As PTX's ``shfl.sync`` / ``vote.sync`` (sm_70 and later), the lanes meet
+        at the same kind of call with the same mask, not necessarily at the same call site, and lanes with other
+        masks (two half-warps) meet apart.  The last lane to arrive calls ``resolve(parts, me)`` (``parts``:
+        lane -> payload), which gives every lane's result (a dict lane -> result)."""
+        warp, me = divmod(t, 32)
+        nth = self.counts.get((t, primitive, mask), 0)
+        self.counts[(t, primitive, mask)] = nth + 1
+        key = (warp, primitive, mask, nth)
+        g = self.groups.get(key)
+        if g is None:
+            g = self.groups[key] = {"primitive": primitive, "site": site, "need": [i for i in range(32) if mask >> i & 1],
+                                    "parts": {}, "out": None}
+        g["parts"][me] = payload
+        if len(g["parts"]) == len(g["need"]):
+            del self.groups[key]
+            g["out"] = resolve(g["parts"], me)
+            for i in g["parts"]:
+                if i != me:
+                    self.state[warp * 32 + i] = _READY
+            self.recount()
+            return g["out"][me]
+        self.state[t] = _WAIT
+        self._end_poll()
+        self.recount()
+        self._park(t)
+        return g["out"][me]
+
+    def _end_poll(self):
+        from .access import end_poll
+        end_poll()
+
+    def recount(self):
+        """The program counts as blocked while every lane that can run spins in a polling loop."""
+        if self.launch is None:
+            return
+        runnable = self.state.count(_READY)
+        want = runnable > 0 and self.spinning >= runnable
+        if want != self.blocked:
+            self.blocked = want
+            self.launch.blocked(+1 if want else -1)
+
+    def _lane(self, t, body, env, inherit):
+        for local, values in inherit:
+            local.__dict__.update(values)
+        from .events import _CURRENT
+        _CURRENT.launch = self.view
+        _compat.set_simt_thread(t)
+        _compat.set_simt_lanes(self)
+        _compat.set_simt_warp_calls(None)
+        self.go[t].acquire()
+        try:
+            if not self.abort:
+                out = body(t, env)
+                if t == self.n - 1:
+                    self.out = out
+        except _Abort:
+            pass
+        except BaseException as e:  # noqa: BLE001 -- the region's error, raised by the program's thread
+            if self.error is None:
+                self.error = e
+        finally:
+            try:
+                self._end_poll()
+            finally:
+                self.state[t] = _DONE
+                self.recount()
+                self.back.release()
+
+    # -- the program's side --------------------------------------------------------------------------------------
+    def run(self, body, env):
+        inherit = _inherited()
+        workers = [threading.Thread(target=self._lane, args=(t, body, env, inherit), daemon=True,
+                                    name=f"{threading.current_thread().name}.lane{t}") for t in range(self.n)]
+        for w in workers:
+            w.start()
+        t = 0
+        try:
+            while self.error is None:
+                nxt = next((i % self.n for i in range(t, t + self.n) if self.state[i % self.n] == _READY), None)
+                if nxt is None:
+                    if _WAIT in self.state:
+                        self.error = self._stuck()
+                    break
+                self.go[nxt].release()
+                self.back.acquire()
+                t = nxt + 1
+        finally:
+            self.abort = True
+            for i in range(self.n):
+                if self.state[i] != _DONE:
+                    self.go[i].release()
+                    self.back.acquire()
+            for w in workers:
+                w.join()
+            if self.blocked and self.launch is not None:
+                self.blocked = False
+                self.launch.blocked(-1)
+        if self.error is not None:
+            raise self.error
+        return self.out
+
+    def _stuck(self):
+        (warp, _, mask, nth), g = min(self.groups.items(), key=lambda kv: (kv[0][0], kv[0][3], kv[1]["site"]))
+        arrived = sorted(g["parts"])
+        missing = [i for i in g["need"] if i not in g["parts"]]
+        left = [i for i in missing if self.state[warp * 32 + i] == _DONE]
+        elsewhere = {}
+        for (w2, _, m2, n2), g2 in self.groups.items():
+            if w2 == warp and g2 is not g:
+                for i in g2["parts"]:
+                    if i in missing:
+                        call = f" (call {n2 + 1})" if n2 else ""
+                        elsewhere.setdefault(f"{g2['primitive']} at {g2['site']}{call} with mask {m2:#010x}",
+                                             []).append(i)
+        why = []
+        if left:
+            why.append(f"lanes {_spans(left)} left the region without making it")
+        for where_, ls in elsewhere.items():
+            why.append(f"lanes {_spans(sorted(ls))} wait at {where_}")
+        mask_note = "" if mask == 0xFFFFFFFF else f" (mask {mask:#010x})"
+        return DitronError(
+            f"{g['site']}: {g['primitive']} is warp-collective, but in warp {warp} only lanes {_spans(arrived)} "
+            f"reached it{' (call ' + str(nth + 1) + ')' if nth else ''}{mask_note}, lanes {_spans(missing)} did not"
+            f"{' (' + '; '.join(why) + ')' if why else ''}: every lane of the warp named in the mask must make the "
+            "call (with the same arguments, for a SHMEM call); on a GPU the warp hangs or the result is undefined. "
+            "Make the branch the same for all lanes of a warp (a condition on `dl.tid() // 32`), or pass a mask that "
+            "names only the lanes that make the call")
+
+
+def _inherited():
+    """The program thread's per-thread state that its lanes run with: its launch and program (events), its
+    program id (Triton's interpreter), its race-finder clock (shared: the lanes of a program are one program for
+    the race finder, as when they run one after another) and its task-check state."""
+    from .. import _compat_interp
+    from . import events, race, taskcheck
+    return [(local, dict(local.__dict__)) for local in (events._CURRENT, _compat_interp._GRID_TLS, race._T,
+                                                         taskcheck._T)]
+
+
+def lanes(body, env):
+    """A region with warp collectives (``__ditron_simt_lanes__(lane_fn, values)``): ``body(t, env)`` in every
+    simulated thread ``t``, as cooperative lanes (:class:`Lanes`); returns the last thread's values.  A nested
+    region runs in its thread."""
+    cur = _compat.simt_thread()
+    if cur is not None:
+        return body(cur, env)
+    from ..lowering.sim_base import access
+    access().end_poll()
+    from .events import current_launch
+    return Lanes(num_threads(), current_launch()).run(body, env)
 
 
 def _check_warps(calls):
@@ -518,6 +858,7 @@ def install():
         if transform(tree, getattr(self, "filename", "?"), getattr(self, "def_file_lineno", 0),
                      getattr(self.fn, "__globals__", None)):
             self.fn.__globals__[_VAR] = threads
+            self.fn.__globals__[_LANES] = lanes
             self.fn.__globals__[_FORGET] = forget
         return tree
 
