@@ -320,6 +320,7 @@ def _scale_acc(acc, sa_ptr, sb_ptr, stride_sam, stride_sbn, off_m, off_n, M, N, 
     return acc
 
 
+@gluon.jit
 def _store_complete_fence():
     """``cp.async.bulk.wait_group 0`` -- not ``.read`` (``tma.store_wait``): this thread's bulk stores have
     *completed*, their writes visible to it -- then ``fence.proxy.async.global``: those async-proxy writes
