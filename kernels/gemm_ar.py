@@ -376,15 +376,8 @@ class GemmArContext(CollectiveContext):
             if self.multi_node:
                 raise E("gemm_ar: core='gluon' runs method='rs_ag' (the copy engine: one node); this world has "
                         f"{w.nnodes} nodes: use core='tl'")
-            if dtype not in _GEMM_DTYPES:
-                raise E(f"gemm_ar: core='gluon' takes float16 / bfloat16 (a {dtype} context is for fp8 operands, "
-                        "whose GEMM is the tl core's): use core='tl'")
-            from .gemm_hopper import DEFAULT_CONFIG, HopperGemmConfig
-            if gluon_config is not None and not isinstance(gluon_config, HopperGemmConfig):
-                raise E("gemm_ar: gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig")
-            self.gluon_config = (gluon_config or DEFAULT_CONFIG).validate("gemm_ar")
-            from .gemm_rs import _check_gluon_device
-            _check_gluon_device("gemm_ar", self)
+            from .gemm_rs import gluon_core_config
+            self.gluon_config = gluon_core_config("gemm_ar", self, dtype, gluon_config)
             # the fused kernel's buffers are not needed: rs_ag's two contexts hold what it uses
             self.max_tiles = 0
             self.part = self.red = self.res = self.flag = self.done = None

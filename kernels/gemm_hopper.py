@@ -369,6 +369,21 @@ def _publish(prev_r0, SUB_M: gl.constexpr, M, me, world, num_pid_n, seg_count_pt
 
 
 @gluon.jit
+def _ring_operands(a_bufs, b_bufs, ready, s, count, row0: gl.constexpr, SUB_M: gl.constexpr, STAGES: gl.constexpr,
+                   PINGPONG: gl.constexpr, B_T: gl.constexpr):
+    """Wait for ring slot ``s`` (the ``count``-th load) and return its A rows of this consumer and its B tile
+    as ``wgmma`` reads them (``B_T``: K-major ``[BN, BK]``, permuted)."""
+    mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+    a = a_bufs.index(s)
+    if not PINGPONG:
+        a = a.slice(row0, SUB_M, dim=0)
+    b = b_bufs.index(s)
+    if B_T:
+        b = b.permute((1, 0))
+    return a, b
+
+
+@gluon.jit
 def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, sa_ptr, sb_ptr, stride_sam,
               stride_sbn, me, world, seg_count_ptr, done_ptr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
               CID: gl.constexpr, PINGPONG: gl.constexpr, B_T: gl.constexpr, SCALE: gl.constexpr,
@@ -437,13 +452,7 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
             part = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout)
             for ki in range(k_steps):
                 s = count % STAGES
-                mbarrier.wait(ready.index(s), (count // STAGES) & 1)
-                a = a_bufs.index(s)
-                if not PINGPONG:
-                    a = a.slice(row0, SUB_M, dim=0)
-                b = b_bufs.index(s)
-                if B_T:
-                    b = b.permute((1, 0))
+                a, b = _ring_operands(a_bufs, b_bufs, ready, s, count, row0, SUB_M, STAGES, PINGPONG, B_T)
                 part = warpgroup_mma(a, b, part, use_acc=False, is_async=True)
                 part = warpgroup_mma_wait(0, deps=(part, ))
                 mbarrier.arrive(empty.index(s))          # the MMA that read the slot has retired
@@ -454,13 +463,7 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
         else:
             for ki in range(k_steps):
                 s = count % STAGES
-                mbarrier.wait(ready.index(s), (count // STAGES) & 1)
-                a = a_bufs.index(s)
-                if not PINGPONG:
-                    a = a.slice(row0, SUB_M, dim=0)
-                b = b_bufs.index(s)
-                if B_T:
-                    b = b.permute((1, 0))
+                a, b = _ring_operands(a_bufs, b_bufs, ready, s, count, row0, SUB_M, STAGES, PINGPONG, B_T)
                 acc = warpgroup_mma(a, b, acc, is_async=True)
                 # keep this MMA in flight; the previous one has retired: its slot is free
                 acc = warpgroup_mma_wait(1, deps=(acc, ))

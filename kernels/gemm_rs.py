@@ -432,14 +432,7 @@ class GemmRsContext(CollectiveContext):
             if method != "ce":
                 raise E("gemm_rs: core='gluon' runs the copy-engine protocol (one node, method='ce'); this "
                         f"context's method is {method!r}: use core='tl'")
-            if dtype not in _GEMM_DTYPES:
-                raise E(f"gemm_rs: core='gluon' takes float16 / bfloat16 (a {dtype} context is for fp8 operands, "
-                        "whose GEMM is the tl core's): use core='tl'")
-            from .gemm_hopper import DEFAULT_CONFIG, HopperGemmConfig
-            if gluon_config is not None and not isinstance(gluon_config, HopperGemmConfig):
-                raise E("gemm_rs: gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig")
-            self.gluon_config = (gluon_config or DEFAULT_CONFIG).validate("gemm_rs")
-            _check_gluon_device("gemm_rs", self)
+            self.gluon_config = gluon_core_config("gemm_rs", self, dtype, gluon_config)
         elif gluon_config is not None:
             raise E("gemm_rs: gluon_config applies to core='gluon'")
         self.method = method
@@ -477,6 +470,20 @@ class GemmRsContext(CollectiveContext):
     def reduce_tile(self):
         """(RBLOCK_M, RBLOCK_N, num_warps) of the reduction kernel."""
         return (16, 64, 1) if self.sim else (32, 128, 4)
+
+
+def gluon_core_config(op, ctx, dtype, gluon_config):
+    """The Hopper config of a ``core="gluon"`` context (GEMM-RS, GEMM-AR's rs_ag), checked when it is created:
+    fp16 / bf16 operands, a ``HopperGemmConfig`` (or None: the default), a Hopper GPU (or the simulator)."""
+    from .gemm_hopper import DEFAULT_CONFIG, HopperGemmConfig
+    if dtype not in _GEMM_DTYPES:
+        raise ditron.DitronError(f"{op}: core='gluon' takes float16 / bfloat16 (a {dtype} context is for fp8 "
+                                 "operands, whose GEMM is the tl core's): use core='tl'")
+    if gluon_config is not None and not isinstance(gluon_config, HopperGemmConfig):
+        raise ditron.DitronError(f"{op}: gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig")
+    config = (gluon_config or DEFAULT_CONFIG).validate(op)
+    _check_gluon_device(op, ctx)
+    return config
 
 
 def _check_gluon_device(op, ctx):
