@@ -625,14 +625,15 @@ def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=
 
     ``core``: ``None`` (the table's choice for fp16 / bf16, else the ``tl`` core), ``"tl"`` or ``"gluon"``:
     the warp-specialised Gluon core (kernels/gemm_hopper.py; ``config`` a ``HopperGemmConfig`` or None) on
-    sm_90 GPUs -- fp16 / bf16 with row-major TMA-able operands, fp8 with per-tensor or per-row / per-column
-    scales, ``b`` column-major (:func:`~ditron.kernels.gemm_hopper.fp8_plan` checks it before launch,
-    on every device) -- and elsewhere (the simulator, other GPUs) its ``tl`` twin, the same tiles and K
-    order (:func:`~ditron.kernels.gemm_hopper.twin_config`)."""
+    sm_90 GPUs -- fp16 / bf16 with row-major TMA-able operands, fp8 with per-tensor, per-row / per-column or
+    blockwise scales (``block_k`` dividing the K group), ``b`` column-major
+    (:func:`~ditron.kernels.gemm_hopper.fp8_plan` checks it before launch, on every device) -- and elsewhere
+    (the simulator, other GPUs) its ``tl`` twin, the same tiles and K order
+    (:func:`~ditron.kernels.gemm_hopper.twin_config`)."""
     if core is not None and core not in CORES:
         raise ditron.DitronError(f"matmul: core={core!r}; use None, 'tl' or 'gluon'")
     if core == "gluon":
-        return _matmul_gluon(a, b, out, config, num_programs, scale_a, scale_b, out_dtype)
+        return _matmul_gluon(a, b, out, config, num_programs, scale_a, scale_b, out_dtype, scale_block)
     fp8 = scaling.is_fp8(a)
     if fp8:
         out_dtype = out_dtype or torch.bfloat16
@@ -686,19 +687,19 @@ def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=
     return out
 
 
-def _matmul_gluon(a, b, out, config, num_programs, scale_a, scale_b, out_dtype):
+def _matmul_gluon(a, b, out, config, num_programs, scale_a, scale_b, out_dtype, scale_block):
     """``matmul(..., core="gluon")``: the Gluon core where it runs, else its tl twin with the same checks."""
     from . import gemm_hopper as H
     if config is not None and not isinstance(config, H.HopperGemmConfig):
         raise ditron.DitronError(f"matmul: core='gluon' takes a HopperGemmConfig (or None), not {config!r}")
     if scaling.is_fp8(a):
         out_dtype = out_dtype or torch.bfloat16
-        _rec, cfg = H.fp8_plan("matmul", a, b, out, scale_a, scale_b, out_dtype, config)
+        _rec, cfg = H.fp8_plan("matmul", a, b, out, scale_a, scale_b, out_dtype, config, scale_block)
         if a.device.type == "cuda" and H.supported(a.device):
             return H.scaled_matmul_hopper(a, b, scale_a, scale_b, out_dtype, out=out, config=cfg,
-                                          num_programs_=num_programs)
+                                          num_programs_=num_programs, scale_block=scale_block)
         return matmul(a, b, out=out, config=H.twin_config(cfg), num_programs=num_programs, scale_a=scale_a,
-                      scale_b=scale_b, out_dtype=out_dtype, core="tl")
+                      scale_b=scale_b, out_dtype=out_dtype, scale_block=scale_block, core="tl")
     scaling.no_scales("matmul", scale_a, scale_b)
     cfg = (config or H.DEFAULT_CONFIG).validate("matmul")
     if out is None and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dim() == 2 and b.dim() == 2:

@@ -76,6 +76,7 @@ import ditron
 import ditron.language as dl
 from ditron import _compat
 
+from . import scaling
 from ._common import cdiv, sm_count
 
 gluon, gl, _hopper = _compat.gluon_hopper()
@@ -175,19 +176,24 @@ def _elem(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def fp8_default_config(M, N, K, num_sms, out_dtype=torch.bfloat16) -> HopperGemmConfig:
+def fp8_default_config(M, N, K, num_sms, out_dtype=torch.bfloat16, group_k=None) -> HopperGemmConfig:
     """The Gluon core's default for fp8 operands (no device query): 128 x 128 x 128 coop tiles (two
     64 x 128 consumers: the fp32 promotion keeps a second accumulator, so 64 x 256 per consumer would spill),
-    6 stages (bf16 / fp16 output) or 5 (fp32 output: twice the staging).  TODO(perf): pending GPU measurement
-    (bench/fp8_gluon.sh)."""
+    6 stages (bf16 / fp16 output) or 5 (fp32 output: twice the staging).  ``group_k``: blockwise scales'
+    group along K; ``block_k`` is ``min(128, group_k)`` (it must divide the group).  TODO(perf): pending GPU
+    measurement (bench/fp8_gluon.sh)."""
     stages = 5 if out_dtype == torch.float32 else 6
-    return HopperGemmConfig(128, 128, 128, stages=stages, mode="coop")
+    block_k = 128 if group_k is None else max(32, min(128, int(group_k)))
+    return HopperGemmConfig(128, 128, block_k, stages=stages, mode="coop")
 
 
-def scale_constexprs(sa_row: bool, sb_col: bool, cfg: HopperGemmConfig) -> dict:
+def scale_constexprs(sa_row: bool, sb_col: bool, cfg: HopperGemmConfig, block=None) -> dict:
     """The fp8 constexprs of :func:`scaled_gemm_ws_kernel`: per-row ``scale_a`` / per-column ``scale_b`` or
-    one element each, and the fp32 promotion every ``block_k`` products."""
-    return dict(SA_ROW=bool(sa_row), SB_COL=bool(sb_col), PROMOTE=cfg.block_k)
+    one element each, and the fp32 promotion every ``block_k`` products; ``block``: ``(gk, gn)`` of
+    blockwise scales (then the scales apply per K step, not in the epilogue)."""
+    gk, gn = block or (128, 128)
+    return dict(SA_ROW=bool(sa_row), SB_COL=bool(sb_col), PROMOTE=cfg.block_k, BLOCKWISE=block is not None,
+                GK=int(gk), GN=int(gn))
 
 
 #: the ``tl`` core's config whose tiles and K order match :data:`DEFAULT_CONFIG` (the simulator's twin)
@@ -321,6 +327,20 @@ def _scale_acc(acc, sa_ptr, sb_ptr, stride_sam, stride_sbn, off_m, off_n, M, N, 
 
 
 @gluon.jit
+def _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M, N, g,
+                  acc_layout: gl.constexpr, SUB_M: gl.constexpr, BN: gl.constexpr, GN: gl.constexpr):
+    """Blockwise fp8 (DeepSeek-V3): the K group ``g``'s scales of this consumer's rows and the tile's columns,
+    shaped to broadcast against the accumulator: ``scale_a[rows, g]`` ``[SUB_M, 1]`` and ``scale_b[g, cols //
+    GN]`` ``[1, BN]``, the tl core's ``scale_step`` loads (rows past ``M`` and columns past ``N`` read 0: their
+    products are TMA zero-fill, 0 * 0, and the TMA store clips them)."""
+    rows = off_m + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, acc_layout))
+    sa = gl.load(sa_ptr + rows.to(gl.int64) * stride_sam + g * stride_sak, mask=rows < M, other=0.0)
+    cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
+    sb = gl.load(sb_ptr + (cols // GN).to(gl.int64) * stride_sbn + g * stride_sbk, mask=cols < N, other=0.0)
+    return gl.expand_dims(sa, 1), gl.expand_dims(sb, 0)
+
+
+@gluon.jit
 def _store_complete_fence():
     """``cp.async.bulk.wait_group 0`` -- not ``.read`` (``tma.store_wait``): this thread's bulk stores have
     *completed*, their writes visible to it -- then ``fence.proxy.async.global``: those async-proxy writes
@@ -388,7 +408,8 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
               stride_sbn, me, world, seg_count_ptr, done_ptr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
               CID: gl.constexpr, PINGPONG: gl.constexpr, B_T: gl.constexpr, SCALE: gl.constexpr,
               SA_ROW: gl.constexpr, SB_COL: gl.constexpr, PROMOTE: gl.constexpr, SCATTER: gl.constexpr,
-              SIGNAL: gl.constexpr):
+              SIGNAL: gl.constexpr, stride_sak, stride_sbk, BLOCKWISE: gl.constexpr, GK: gl.constexpr,
+              GN: gl.constexpr):
     """One consumer warpgroup (4 warps): ``CID`` 0 or 1.
 
     Ping-pong: the consumers' mainloops take turns (``turn[c]``: consumer
@@ -404,6 +425,11 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
     BLOCK_K)``, ``torch._scaled_mm`` without fast accumulation); ``SCALE``: the epilogue multiplies by
     ``scale_a`` (per row where ``SA_ROW``, else the one element) and then by ``scale_b`` (per column where
     ``SB_COL``) in fp32 before the one rounding to the output dtype -- ``(acc * sa) * sb``, the tl core's order.
+    ``BLOCKWISE`` (DeepSeek-V3 scales, with ``PROMOTE``; no epilogue scale): each step's product ``part`` (K
+    group ``g = k0 // GK``, ``BK`` dividing ``GK``) is added as ``acc + part * scale_a[rows, g] * scale_b[g,
+    cols // GN]`` in fp32 -- ``(part * sa) * sb``, then the add: the tl core's ``scale_step`` -- the scales
+    loaded while the step's ``wgmma`` runs (:func:`_block_scales`; element strides ``stride_sam``,
+    ``stride_sak`` of ``scale_a``, ``stride_sbk``, ``stride_sbn`` of ``scale_b``).
 
     ``SIGNAL`` (GEMM-RS, copy-engine protocol): each finished block is signalled (:func:`_signal_segments`)
     once its TMA stores have completed -- at the next block's epilogue, which waits for the staging buffer
@@ -454,9 +480,16 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
                 s = count % STAGES
                 a, b = _ring_operands(a_bufs, b_bufs, ready, s, count, row0, SUB_M, STAGES, PINGPONG, B_T)
                 part = warpgroup_mma(a, b, part, use_acc=False, is_async=True)
+                if BLOCKWISE:                            # the step's scales, loaded under its MMA
+                    sa, sb = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn,
+                                           pid_m * BM + row0, pid_n * BN, M, N, (ki * BK) // GK, acc_layout,
+                                           SUB_M, BN, GN)
                 part = warpgroup_mma_wait(0, deps=(part, ))
                 mbarrier.arrive(empty.index(s))          # the MMA that read the slot has retired
-                acc = acc + part
+                if BLOCKWISE:
+                    acc = acc + part * sa * sb
+                else:
+                    acc = acc + part
                 count += 1
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - CID))     # every MMA of this tile is issued: the other's turn
@@ -476,7 +509,7 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
         i += 1
         if PINGPONG:
             count += k_steps                    # skip the other consumer's tile
-        if SCALE:
+        if SCALE and not BLOCKWISE:
             acc = _scale_acc(acc, sa_ptr, sb_ptr, stride_sam, stride_sbn, pid_m * BM + row0, pid_n * BN, M, N,
                              acc_layout, SUB_M, BN, SA_ROW, SB_COL)
         # epilogue: the previous tile's TMA store has read the staging buffer before it is overwritten
@@ -531,10 +564,13 @@ def ws_scaled_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_loc
                         PINGPONG: gl.constexpr, GATHER: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                         PRODUCER_REGS: gl.constexpr, B_T: gl.constexpr, SCALE: gl.constexpr, SA_ROW: gl.constexpr,
                         SB_COL: gl.constexpr, PROMOTE: gl.constexpr, world=1, seg_count_ptr=0, done_ptr=0,
-                        SCATTER: gl.constexpr = False, SIGNAL: gl.constexpr = False):
+                        SCATTER: gl.constexpr = False, SIGNAL: gl.constexpr = False, stride_sak=0, stride_sbk=0,
+                        BLOCKWISE: gl.constexpr = False, GK: gl.constexpr = 128, GN: gl.constexpr = 128):
     """:func:`ws_gemm_body` with the fp8 arguments (described at :func:`_consumer`): ``b_desc`` of ``b^T``
     (``B_T``), the fp32 promotion every ``PROMOTE`` products, the epilogue scales ``sa_ptr`` / ``sb_ptr``
-    (element strides ``stride_sam`` per row, ``stride_sbn`` per column); GEMM-RS's hooks as :func:`ws_gemm_body`."""
+    (element strides ``stride_sam`` per row, ``stride_sbn`` per column), or with ``BLOCKWISE`` the scales of
+    each K step (``stride_sak`` / ``stride_sbk`` per K group, groups of ``GK`` x ``GN``: :func:`_consumer`);
+    GEMM-RS's hooks as :func:`ws_gemm_body`."""
     dtype: gl.constexpr = a_desc.dtype
     a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
@@ -549,10 +585,10 @@ def ws_scaled_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_loc
     gl.warp_specialize([
         (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, sa_ptr, sb_ptr, stride_sam,
                      stride_sbn, me, world, seg_count_ptr, done_ptr, GROUP_M, STAGES, 0, PINGPONG, B_T, SCALE, SA_ROW,
-                     SB_COL, PROMOTE, SCATTER, SIGNAL)),
+                     SB_COL, PROMOTE, SCATTER, SIGNAL, stride_sak, stride_sbk, BLOCKWISE, GK, GN)),
         (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, sa_ptr, sb_ptr, stride_sam,
                      stride_sbn, me, world, seg_count_ptr, done_ptr, GROUP_M, STAGES, 1, PINGPONG, B_T, SCALE, SA_ROW,
-                     SB_COL, PROMOTE, SCATTER, SIGNAL)),
+                     SB_COL, PROMOTE, SCATTER, SIGNAL, stride_sak, stride_sbk, BLOCKWISE, GK, GN)),
         (_producer, (a_desc, g_desc, b_desc, a_bufs, b_bufs, ready, empty, M, ROT, flags_ptr, m_local, slot_rows,
                      me, world, GROUP_M, STAGES, GATHER, B_T, SCATTER)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -569,16 +605,18 @@ def gemm_ws_kernel(a_desc, b_desc, c_desc, GROUP_M: gl.constexpr, STAGES: gl.con
 
 
 @gluon.jit
-def scaled_gemm_ws_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, stride_sam, stride_sbn, GROUP_M: gl.constexpr,
-                          STAGES: gl.constexpr, PINGPONG: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                          PRODUCER_REGS: gl.constexpr, SA_ROW: gl.constexpr, SB_COL: gl.constexpr,
-                          PROMOTE: gl.constexpr):
-    """Persistent warp-specialised fp8 ``c = (a @ b) * scale_a * scale_b``: ``a_desc`` of ``a [M, K]``,
-    ``b_desc`` of ``b^T [N, K]`` (both K-major), per-tensor or per-row / per-column scales in the epilogue
-    (``num_warps=4``, partitions as :func:`gemm_ws_kernel`)."""
+def scaled_gemm_ws_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn,
+                          GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                          CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, SA_ROW: gl.constexpr,
+                          SB_COL: gl.constexpr, PROMOTE: gl.constexpr, BLOCKWISE: gl.constexpr, GK: gl.constexpr,
+                          GN: gl.constexpr):
+    """Persistent warp-specialised fp8 ``c = (a * scale_a) @ (b * scale_b)``: ``a_desc`` of ``a [M, K]``,
+    ``b_desc`` of ``b^T [N, K]`` (both K-major), per-tensor or per-row / per-column scales in the epilogue, or
+    (``BLOCKWISE``) DeepSeek-V3 blockwise scales per K step (``num_warps=4``, partitions as
+    :func:`gemm_ws_kernel`; the scale arguments are :meth:`ditron.kernels.scaling.Recipe.kernel_args`')."""
     ws_scaled_gemm_body(a_desc, a_desc, b_desc, c_desc, a_desc.shape[0], 0, 0, 0, 0, 0, sa_ptr, sb_ptr, stride_sam,
                         stride_sbn, GROUP_M, STAGES, PINGPONG, False, CONSUMER_REGS, PRODUCER_REGS, True, True,
-                        SA_ROW, SB_COL, PROMOTE)
+                        SA_ROW, SB_COL, PROMOTE, 1, 0, 0, False, False, stride_sak, stride_sbk, BLOCKWISE, GK, GN)
 
 
 # ---------------------------------------------------------------------------
@@ -646,13 +684,15 @@ def matmul_hopper(a, b, out=None, config: HopperGemmConfig | None = None, num_pr
     return out
 
 
-def fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config: HopperGemmConfig | None):
+def fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config: HopperGemmConfig | None,
+             scale_block=(128, 128)):
     """Checks of an fp8 call of the Gluon core, all before launch and device-independent (so that the
     simulator's twin refuses what the GPU would): ``(recipe, config)``.  fp8 ``a [M, K]`` row-major, ``b
     [K, N]`` column-major (``w.t()`` of a row-major ``[N, K]`` weight, as ``torch._scaled_mm`` takes it), per-
     tensor or per-row / per-column float32 scales (``[]`` / ``[1]`` / ``[1, 1]``, ``scale_a [M, 1]``,
-    ``scale_b [1, N]``), 16-byte aligned rows (TMA)."""
-    from . import scaling
+    ``scale_b [1, N]``) or blockwise ones (``scale_a [M, cdiv(K, gk)]``, ``scale_b [cdiv(K, gk), cdiv(N,
+    gn)]``, ``scale_block=(gk, gn)``: ``block_k`` must divide ``gk``, so ``gk >= 32``; the default config's
+    ``block_k`` is ``min(128, gk)``), 16-byte aligned rows (TMA)."""
     from .gemm import check_operands, tma_ok
     E = ditron.DitronError
     if not scaling.is_fp8(a):
@@ -661,10 +701,12 @@ def fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config: HopperGemmConfi
     check_operands(op, a, b, out, (a.shape[0], b.shape[1]), out_dtype)
     M, K = a.shape
     N = b.shape[1]
-    rec = scaling.recipe(op, M, K, N, scale_a, scale_b, a.device)
-    if rec.mode != scaling.EPILOGUE:
-        raise E(f"{op}: {rec.name}wise scales are not in the Gluon core (per-tensor and per-row / per-column "
-                "only); blockwise runs on the tl core: ditron.kernels.gemm.matmul(..., core='tl')")
+    rec = scaling.recipe(op, M, K, N, scale_a, scale_b, a.device, scale_block)
+    block = rec.mode == scaling.BLOCKWISE
+    if block and rec.gk < 32:
+        raise E(f"{op}: blockwise scales with groups of {rec.gk} along K (scale_block={tuple(scale_block)}) are not "
+                "in the Gluon core: its fp8 K step (block_k, 32 to 128) must lie in one group; use "
+                "ditron.kernels.gemm.matmul(..., core='tl')")
     if a.stride(1) != 1 or not tma_ok(a):
         raise E(f"{op}: 'a' must be row-major with 16-byte aligned rows (strides {tuple(a.stride())}, K={K}: "
                 "K a multiple of 16 for fp8); use ditron.kernels.gemm.matmul(..., core='tl')")
@@ -677,22 +719,28 @@ def fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config: HopperGemmConfi
     if out is None and (N * _elem(out_dtype)) % 16:
         raise E(f"{op}: N={N} rows of {out_dtype} are not 16-byte aligned (the TMA-store epilogue); "
                 "use ditron.kernels.gemm.matmul(..., core='tl')")
-    cfg = config or fp8_default_config(M, N, K, 132, out_dtype)
+    cfg = config or fp8_default_config(M, N, K, 132, out_dtype, rec.gk if block else None)
     if not isinstance(cfg, HopperGemmConfig):
         raise E(f"{op}: config must be a HopperGemmConfig, not {type(cfg).__name__}")
-    return rec, cfg.validate(op, elem=1, out_elem=_elem(out_dtype))
+    cfg.validate(op, elem=1, out_elem=_elem(out_dtype))
+    if block and rec.gk % cfg.block_k:
+        raise E(f"{op}: blockwise scales with groups of {rec.gk} along K need block_k dividing {rec.gk} (one K "
+                f"group per K step; got block_k={cfg.block_k}); give the Gluon core a config with block_k="
+                f"{min(128, rec.gk)} or use ditron.kernels.gemm.matmul(..., core='tl')")
+    return rec, cfg
 
 
 def scaled_matmul_hopper(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, out=None,
-                         config: HopperGemmConfig | None = None, num_programs_=None):
+                         config: HopperGemmConfig | None = None, num_programs_=None, scale_block=(128, 128)):
     """``torch._scaled_mm(a, b, scale_a, scale_b, out_dtype)`` on the Gluon core: fp8 ``a [M, K]`` row-major,
-    ``b [K, N]`` column-major (``w.t()``), per-tensor or rowwise scales (:func:`fp8_plan`); fp32
-    accumulation with the fp32 promotion every ``block_k`` products (no fast accumulation), the scales in
-    the epilogue (``(acc * scale_a[row]) * scale_b[col]`` in fp32), one rounding to ``out_dtype``
-    (bfloat16, float16, float32).  CUDA sm_90 only; on CPU the tl twin is
-    ``ditron.kernels.gemm.matmul(a, b, scale_a=, scale_b=, core="gluon")``."""
+    ``b [K, N]`` column-major (``w.t()``), per-tensor, rowwise or blockwise scales (:func:`fp8_plan`;
+    kernels/scaling.py); fp32 accumulation with the fp32 promotion every ``block_k`` products (no fast
+    accumulation), the per-tensor / rowwise scales in the epilogue (``(acc * scale_a[row]) * scale_b[col]``
+    in fp32), blockwise ones per K step (``acc + part * scale_a[row, g] * scale_b[g, col // gn]`` in fp32, the
+    tl core's order), one rounding to ``out_dtype`` (bfloat16, float16, float32).  CUDA sm_90 only; on CPU
+    the tl twin is ``ditron.kernels.gemm.matmul(a, b, scale_a=, scale_b=, core="gluon")``."""
     op = "scaled_matmul_hopper"
-    rec, cfg = fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config)
+    rec, cfg = fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config, scale_block)
     if a.device.type != "cuda":
         raise ditron.DitronError(f"{op}: the Gluon core runs on Hopper GPUs only; on {a.device} use the tl twin "
                                  "ditron.kernels.gemm.matmul(a, b, scale_a=, scale_b=, core='gluon')")
@@ -705,8 +753,10 @@ def scaled_matmul_hopper(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, out=N
         out = torch.empty((M, N), dtype=out_dtype, device=a.device)
     a_desc, b_desc, c_desc = descriptors(a, b, out, cfg)
     P = int(num_programs_ or num_programs(M, N, cfg, sm_count(a.device)))
-    scaled_gemm_ws_kernel[(P,)](a_desc, b_desc, c_desc, scale_a, scale_b, rec.sa[0], rec.sb[1], num_warps=4,
-                                **kernel_constexprs(cfg), **scale_constexprs(rec.sa[0] != 0, rec.sb[1] != 0, cfg))
+    block = (rec.gk, rec.gn) if rec.mode == scaling.BLOCKWISE else None
+    scaled_gemm_ws_kernel[(P,)](a_desc, b_desc, c_desc, *rec.kernel_args(scale_a, scale_b), num_warps=4,
+                                **kernel_constexprs(cfg), **scale_constexprs(rec.sa[0] != 0, rec.sb[1] != 0, cfg,
+                                                                             block))
     return out
 
 
@@ -715,10 +765,11 @@ def scaled_matmul_hopper(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, out=N
 # ---------------------------------------------------------------------------
 
 def compile_sm90(cfg: HopperGemmConfig | None = None, dtype=torch.bfloat16, M=1024, N=1024, K=1024, target="sm_90a",
-                 out_dtype=None, scales="row", b_dtype=None):
+                 out_dtype=None, scales="row", b_dtype=None, scale_block=(128, 128)):
     """Compile :func:`gemm_ws_kernel` (fp16 / bf16) or, for fp8 ``dtype``, :func:`scaled_gemm_ws_kernel`
-    (``scales``: ``"row"`` -- ``scale_a [M, 1]``, ``scale_b [1, N]`` -- or ``"tensor"``; ``out_dtype``
-    default bfloat16; ``b_dtype`` default ``dtype``) for ``target`` without a GPU (``triton.compile`` of a
+    (``scales``: ``"row"`` -- ``scale_a [M, 1]``, ``scale_b [1, N]`` --, ``"tensor"`` or ``"block"`` --
+    blockwise, ``scale_block=(gk, gn)``; ``out_dtype`` default bfloat16; ``b_dtype`` default ``dtype``) for
+    ``target`` without a GPU (``triton.compile`` of a
     Gluon AST source); returns the compiled kernel (``.asm["ttgir"]``, ``["ptx"]``, ``.metadata``).  The
     descriptors' types come from descriptors on CPU tensors of the given shape."""
     from ditron.target import parse_target
@@ -729,7 +780,8 @@ def compile_sm90(cfg: HopperGemmConfig | None = None, dtype=torch.bfloat16, M=10
     fp8 = dtype in _FP8_DTYPES
     if fp8:
         out_dtype = out_dtype or torch.bfloat16
-        cfg = (cfg or fp8_default_config(M, N, K, 132, out_dtype)).validate(elem=1, out_elem=_elem(out_dtype))
+        gk = scaling.check_scale_block("gemm_hopper.compile_sm90", scale_block)[0] if scales == "block" else None
+        cfg = (cfg or fp8_default_config(M, N, K, 132, out_dtype, gk)).validate(elem=1, out_elem=_elem(out_dtype))
         a = torch.empty((M, K), dtype=dtype)
         b = torch.empty((N, K), dtype=b_dtype or dtype).t()
         c = torch.empty((M, N), dtype=out_dtype)
@@ -743,10 +795,12 @@ def compile_sm90(cfg: HopperGemmConfig | None = None, dtype=torch.bfloat16, M=10
            "c_desc": _compat.mangle_arg(descs[2])}
     consts = kernel_constexprs(cfg)
     if fp8:
-        if scales not in ("row", "tensor"):
-            raise ditron.DitronError(f"gemm_hopper.compile_sm90: scales={scales!r}; use 'row' or 'tensor'")
-        sig.update(sa_ptr="*fp32", sb_ptr="*fp32", stride_sam="i32", stride_sbn="i32")
-        consts.update(scale_constexprs(scales == "row", scales == "row", cfg))
+        if scales not in ("row", "tensor", "block"):
+            raise ditron.DitronError(f"gemm_hopper.compile_sm90: scales={scales!r}; use 'row', 'tensor' or 'block'")
+        sig.update(sa_ptr="*fp32", sb_ptr="*fp32", stride_sam="i32", stride_sak="i32", stride_sbk="i32",
+                   stride_sbn="i32")
+        block = scaling.check_scale_block("gemm_hopper.compile_sm90", scale_block) if scales == "block" else None
+        consts.update(scale_constexprs(scales != "tensor", scales != "tensor", cfg, block))
         kernel = scaled_gemm_ws_kernel
     else:
         kernel = gemm_ws_kernel

@@ -367,20 +367,34 @@ def fp8_accumulation(world):
 def gluon_core_recipes(world, cases):
     """``matmul(..., core="gluon")`` on fp8 operands: the Gluon core on an sm_90 GPU, its tl twin (same tiles
     and K order) on the simulator; ``(M, N, K, recipe, out dtype, dtype a, dtype b, config)`` per case
-    (config: None for the default, else ``HopperGemmConfig`` fields), against torch._scaled_mm's numerics."""
+    (config: None for the default, else ``HopperGemmConfig`` fields and optionally ``scale_block``), against
+    torch._scaled_mm's numerics (per-tensor, rowwise) or the float32 reference of the blockwise recipe."""
     from ditron.kernels import gemm_hopper as H
     dev = world.device
     n = 0
     for i, (M, N, K, recipe, out_dtype, da, db, cfg) in enumerate(cases):
         out_dtype = getattr(torch, out_dtype)
-        a, b, sa, sb, _ = operands(M, N, K, recipe, 50 + i, getattr(torch, da), getattr(torch, db))
+        fields = dict(cfg or {})
+        gk, gn = fields.pop("scale_block", (128, 128))
+        a, b, sa, sb, ref = operands(M, N, K, recipe, 50 + i, getattr(torch, da), getattr(torch, db), gk, gn)
         assert b.stride(0) == 1                                 # w.t(): column-major
-        config = H.HopperGemmConfig(**cfg) if cfg else None
+        config = H.HopperGemmConfig(**fields) if fields else None
         got = G.matmul(a.to(dev), b.to(dev), scale_a=sa.to(dev), scale_b=sb.to(dev), out_dtype=out_dtype,
-                       config=config, core="gluon")
+                       config=config, scale_block=(gk, gn), core="gluon")
         assert got.dtype == out_dtype and got.shape == (M, N)
-        check(got, scaled_mm_reference(a, b, sa, sb, out_dtype), out_dtype,
-              f"gluon {M}x{N}x{K} {recipe} {da}x{db} -> {out_dtype} {cfg or 'default'}")
+        if ref is None:
+            ref = scaled_mm_reference(a, b, sa, sb, out_dtype)
+        elif out_dtype != torch.float32:
+            ref = ref.to(out_dtype)
+        check(got, ref, out_dtype, f"gluon {M}x{N}x{K} {recipe} {da}x{db} -> {out_dtype} {cfg or 'default'}")
+        if recipe == "block" and torch.device(dev).type == "cuda" and H.supported(dev):
+            # on an sm_90 GPU the Gluon kernel ran: its tl twin (what the simulator runs) gives the same bits
+            cfg_used = config or H.fp8_default_config(M, N, K, 132, out_dtype, gk)
+            twin = G.matmul(a.to(dev), b.to(dev), scale_a=sa.to(dev), scale_b=sb.to(dev), out_dtype=out_dtype,
+                            config=H.twin_config(cfg_used), scale_block=(gk, gn), core="tl")
+            differ = int((twin != got).sum())
+            assert differ == 0, f"gluon blockwise {M}x{N}x{K} {cfg or 'default'}: {differ} elements differ " \
+                                "from the tl twin's"
         n += 1
     return n
 
@@ -392,8 +406,7 @@ def gluon_error_cases(world):
     dev = world.device
     a, b, sa, sb, _ = operands(20, 24, 256, "row", 3)
     a, b, sa, sb = a.to(dev), b.to(dev), sa.to(dev), sb.to(dev)
-    ab, bb, sab, sbb, _ = operands(20, 24, 256, "block", 3)
-    ab, bb, sab, sbb = ab.to(dev), bb.to(dev), sab.to(dev), sbb.to(dev)
+    blocks = {gk: [t.to(dev) for t in operands(20, 24, 256, "block", 3, gk=gk)[:4]] for gk in (16, 64)}
 
     def mm(*args, **kw):
         return G.matmul(*args, core="gluon", **kw)
@@ -402,7 +415,10 @@ def gluon_error_cases(world):
         "a_col_major": lambda: mm(a.t().contiguous().t(), b, scale_a=sa, scale_b=sb),
         "scale_a_shape": lambda: mm(a, b, scale_a=sa[:7], scale_b=sb),
         "scale_b_shape": lambda: mm(a, b, scale_a=sa, scale_b=sb.t()),
-        "blockwise": lambda: mm(ab, bb, scale_a=sab, scale_b=sbb),
+        "blockwise": lambda: mm(*blocks[16][:2], scale_a=blocks[16][2], scale_b=blocks[16][3],
+                                scale_block=(16, 128)),
+        "block_k_group": lambda: mm(*blocks[64][:2], scale_a=blocks[64][2], scale_b=blocks[64][3],
+                                    scale_block=(64, 128), config=H.HopperGemmConfig(128, 128, 128, stages=4)),
         "tl_config": lambda: mm(a, b, scale_a=sa, scale_b=sb, config=G.GemmConfig(128, 128, 128)),
         "registers": lambda: mm(a, b, scale_a=sa, scale_b=sb, config=H.HopperGemmConfig(128, 256, 128, stages=2)),
         "smem": lambda: mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32,

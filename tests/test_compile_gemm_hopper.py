@@ -237,6 +237,31 @@ def test_gluon_fp8_compiles_warp_specialised(i, out, scales):
     assert cfg.smem_bytes(1, elem) <= ck.metadata.shared <= SMEM_LIMIT
 
 
+#: blockwise (DeepSeek-V3) scales: the default config with 128 x 128 groups (bf16 out), and pingpong with 128 x 64
+#: groups (two column groups per tile: the per-column scale_b loads) and fp32 out
+FP8_BLOCK_CASES = [(None, (128, 128), torch.bfloat16), (FP8_CONFIGS[3][0], (128, 64), torch.float32)]
+
+
+@pytest.mark.parametrize("cfg,block,out", FP8_BLOCK_CASES, ids=["default-128x128-bf16", "pingpong-128x64-fp32"])
+def test_gluon_fp8_blockwise_compiles(cfg, block, out):
+    """Blockwise scales on the fp8 Gluon core: e4m3 wgmma; each K step's scales loaded between issuing its
+    wgmma and waiting for it; per step and accumulator element one fp32 multiply (part * scale_a) and one
+    multiply-add (* scale_b + acc: the tl core's ``acc + part * sa * sb``, contracted as there); no epilogue
+    scale; no spills and no wgmma serialisation by ptxas."""
+    ck = H.compile_sm90(cfg, E4, M=8192, N=4096, K=4096, out_dtype=out, scales="block", scale_block=block)
+    ptx = ck.asm["ptx"]
+    assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3", ptx) >= 2
+    # per consumer (2) and thread: 64 accumulator elements, 2 rows of scale_a and 32 columns of scale_b
+    assert _count(r"fma\.rn\.f32", ptx) == 2 * 64 and _count(r"mul\.f32", ptx) == 2 * 64
+    assert _count(r"ld\.global\.b32", ptx) == 2 * (2 + 32)
+    body = ptx[ptx.index("wgmma.mma_async"):]
+    issued, waited = body.index("wgmma.commit_group"), body.index("wgmma.wait_group.sync.aligned 0")
+    assert _count(r"ld\.global\.b32", body[issued:waited]) == 2 + 32          # the scales load under the MMA
+    log = _ptxas_log(ptx)
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    assert "serialized" not in log and "C7514" not in log, log
+
+
 def test_gluon_fp8_e5m2_and_pingpong_4_stages():
     ptx = H.compile_sm90(FP8_CONFIGS[3][0], E5, b_dtype=E4, scales="row").asm["ptx"]
     assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e5m2\.e4m3", ptx) >= 2
@@ -255,6 +280,7 @@ def test_gluon_fp8_config_errors():
     for out in (torch.bfloat16, torch.float16, torch.float32):
         cfg = H.fp8_default_config(8192, 4096, 4096, 132, out)
         assert cfg.validate(elem=1, out_elem=torch.empty((), dtype=out).element_size()) is cfg
+    assert H.fp8_default_config(8192, 4096, 4096, 132, group_k=64).block_k == 64
     for cfg, _ in FP8_CONFIGS:
         tw = H.twin_config(cfg).validate()
         assert (tw.block_m, tw.block_n, tw.block_k) == (cfg.block_m, cfg.block_n, cfg.block_k)

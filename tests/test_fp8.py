@@ -168,7 +168,9 @@ def test_fp8_grouped_gemm_compiles_for_sm90a():
 
 # the Gluon core (kernels/gemm_hopper.py) through matmul(core="gluon"): on the simulator its tl twin -- the same
 # tiles (128 x 128 x 128 by default) and K order -- with the same checks; on an sm_90 GPU the Gluon kernel.  M, N
-# not multiples of the tiles, K with a tail of the 128-step; e4m3 and e5m2; coop and pingpong configs
+# not multiples of the tiles, K with a tail of the 128-step; e4m3 and e5m2; coop and pingpong configs; blockwise
+# (DeepSeek-V3 1 x 128 / 128 x 128: the default config, one K group per step; and 128 x 64 groups with 64-deep
+# steps, two per group, two column groups per tile) against the float32 reference of the recipe
 GLUON_CASES = [
     (37, 40, 208, "row", "bfloat16", E4, E4, None),
     (19, 72, 144, "tensor", "float32", E4, E4, None),
@@ -176,6 +178,9 @@ GLUON_CASES = [
     (130, 136, 272, "row", "float16", E4, E4, dict(block_m=128, block_n=128, block_k=64, stages=4, mode="coop")),
     (33, 16, 128, "tensor", "bfloat16", E5, E5, dict(block_m=64, block_n=64, block_k=128, stages=3,
                                                        mode="pingpong")),
+    (37, 200, 272, "block", "bfloat16", E4, E4, None),
+    (45, 96, 160, "block", "float32", E4, E4, dict(block_m=64, block_n=128, block_k=64, stages=4, mode="pingpong",
+                                                   scale_block=(128, 64))),
 ]
 
 
@@ -189,7 +194,10 @@ def test_fp8_gluon_errors_before_launch(dist_world):
     assert "'a' must be row-major" in msgs["a_col_major"]
     assert "scale_a has shape [7, 1]" in msgs["scale_a_shape"]
     assert "scale_b has shape [24, 1]" in msgs["scale_b_shape"]
-    assert "blockwise scales are not in the Gluon core" in msgs["blockwise"] and "core='tl'" in msgs["blockwise"]
+    assert "groups of 16 along K (scale_block=(16, 128)) are not in the Gluon core" in msgs["blockwise"]
+    assert "core='tl'" in msgs["blockwise"]
+    assert "need block_k dividing 64" in msgs["block_k_group"] and "got block_k=128" in msgs["block_k_group"]
+    assert "core='tl'" in msgs["block_k_group"]
     assert "takes a HopperGemmConfig" in msgs["tl_config"]
     assert "two 64 x 256 fp32 accumulators" in msgs["registers"]
     assert "shared memory" in msgs["smem"] and "227 KiB" in msgs["smem"]
