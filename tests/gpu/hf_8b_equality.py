@@ -27,15 +27,15 @@ def say(world, *a):
         print(*a, flush=True)
 
 
-def search(m, V, steps, lengths, min_rel, device):
+def search(m, V, steps, lengths, min_rel, device, batches=16):
     """Prompts of these lengths whose greedy run has a top-2 gap of at least ``min_rel`` of the largest logit at every
     step and at least 4 distinct tokens, and their references ``(tokens, logits)``; else a string saying what was
     seen."""
     g = torch.Generator().manual_seed(1234)
     prompts, refs = [], []
     for n in lengths:
-        seen, hit = [], None
-        for _ in range(6):
+        seen, alone, hit = [], [], None
+        for _ in range(batches):          # 32 candidates each; stop at the first confirmed one
             cand = torch.randint(0, V, (32, n), generator=g)
             with torch.no_grad():
                 r = m.generate(cand.to(device), attention_mask=torch.ones_like(cand, device=device),
@@ -58,13 +58,15 @@ def search(m, V, steps, lengths, min_rel, device):
                 lg1 = torch.stack([x[0].float() for x in r1.logits]).cpu()
                 t2 = lg1.topk(2, -1).values
                 gap = ((t2[:, 0] - t2[:, 1]) / lg1.abs().amax(-1)).min().item()
+                alone.append(round(gap, 4))       # the batched run's gap, confirmed (or not) by the prompt alone
                 if gap >= min_rel:
                     hit = (p, r1.sequences[0, n:].tolist(), lg1, gap)
                     break
             if hit:
                 break
         if not hit:
-            return f"no prompt of length {n} (best (gap, distinct tokens) of {len(seen)}: {sorted(seen)[-4:]})"
+            return (f"no prompt of length {n} (best (gap, distinct tokens) of {len(seen)} batched runs: "
+                    f"{sorted(seen)[-4:]}; gaps of those rerun alone: {sorted(alone)[-4:]})")
         prompts.append(hit[0])
         refs.append((hit[1], hit[2]))
         print(f"prompt of length {n}: smallest top-2 gap {hit[3]:.3g} of the largest logit; tokens {hit[1]}",
@@ -124,7 +126,7 @@ def main():
     p.add_argument("--lengths", default="24,9", help="prompt lengths (a ragged batch)")
     p.add_argument("--min-rel", type=float, default=0.03,
                    help="smallest top-1 / top-2 logit gap, relative to the largest logit, at every reference step")
-    p.add_argument("--sigma", default="1.0,0.5,1.5,0.25",
+    p.add_argument("--sigma", default="1.5,1.0,2.0,0.5",
                    help="log-normal sigmas of the LM-head row norms to try in turn (comma list)")
     args = p.parse_args()
 

@@ -5,8 +5,10 @@
 #   MODELS="qwen3-8b llama3-8b" tests/gpu/hf_megakernel.sh  # both architectures (equality and bench: ~2x the time)
 #   BENCH=0 tests/gpu/hf_megakernel.sh                      # the checks only (~4-5 minutes, estimated)
 #   EQ=0 tests/gpu/hf_megakernel.sh                         # the benchmark only (6 megakernel builds, 2-4 HF compiles)
-# Not yet run on a GPU (written without one; both halves smoke-tested on the simulator with --model tiny-qwen3): if
-# one command's limit is 10 minutes, run the two halves as two commands.
+# First GPU run (H100, 2026-12-07, bench/results/h100-2026-12-07c-checks/): the equality half stopped in its prompt
+# search (no Qwen3-8B prompt kept a clear top-2 gap for 32 steps when rerun alone); the search now tries 16 batches
+# of 32 candidates and the sigmas 1.5, 1.0, 2.0, 0.5 (not yet rerun on a GPU; smoke-tested on the simulator with
+# --model tiny-qwen3).  If one command's limit is 10 minutes, run the two halves as two commands.
 #
 # 1. token equality with transformers at 8B shapes (tests/gpu/hf_8b_equality.py: random weights from the model's
 #    config, made confident, prompts with a clear top-2 gap at every step; 32 greedy steps of a ragged batch of 2,
