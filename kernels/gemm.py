@@ -623,7 +623,9 @@ def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=
     kernels/scaling.py -- and write ``out_dtype`` (default bfloat16; float16,
     float32).  ``b`` column-major (``w.t()``) is the fast layout on Hopper.
 
-    ``core``: ``None`` (the table's choice for fp16 / bf16, else the ``tl`` core), ``"tl"`` or ``"gluon"``:
+    ``core``: ``None`` (the table's choice for fp16 / bf16; for fp8 with per-tensor / per-row scales on a Hopper
+    GPU the Gluon core where its layout holds, :func:`_gluon_fp8_default`; else the ``tl`` core), ``"tl"`` or
+    ``"gluon"``:
     the warp-specialised Gluon core (kernels/gemm_hopper.py; ``config`` a ``HopperGemmConfig`` or None) on
     sm_90 GPUs -- fp16 / bf16 with row-major TMA-able operands, fp8 with per-tensor, per-row / per-column or
     blockwise scales (``block_k`` dividing the K group), ``b`` column-major
@@ -646,6 +648,10 @@ def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=
     M, K = a.shape
     N = b.shape[1]
     rec = scaling.recipe("matmul", M, K, N, scale_a, scale_b, a.device, scale_block) if fp8 else None
+    if fp8 and core is None and config is None and rec.mode != scaling.BLOCKWISE and not is_sim_device(a.device):
+        hit = _gluon_fp8_default(a, b, out, scale_a, scale_b, out_dtype, num_programs, scale_block)
+        if hit is not None:
+            return hit
     if isinstance(config, str):
         if config != "tune":
             raise ditron.DitronError(f"matmul: config={config!r}; give a GemmConfig, None or 'tune'")
@@ -685,6 +691,23 @@ def matmul(a, b, out=None, config: GemmConfig | str | None = None, num_programs=
                       SUBTILE=cfg.epilogue_subtile if tma else 1, WARP_SPEC=cfg.warp_specialize and tma,
                       B_T=fp8 and tma, **sconsts, **cfg.launch_options())
     return out
+
+
+def _gluon_fp8_default(a, b, out, scale_a, scale_b, out_dtype, num_programs, scale_block):
+    """fp8 with per-tensor or per-row / per-column scales on a Hopper GPU, without a ``config`` or ``core``: the
+    Gluon core (measured on an H100 at the paper's TP=8 shapes, bench/results/h100-2026-12-07-fp8-gluon/: rowwise
+    0.97x ``torch._scaled_mm`` by geomean against the tl core's 0.70x, per-tensor 0.86x against 0.61x), where its
+    layout holds (``b`` column-major, TMA-aligned; :func:`~ditron.kernels.gemm_hopper.fp8_plan`); else None (the
+    tl core, which takes any layout).  Blockwise scales stay on the tl core until the Gluon path is measured."""
+    from . import gemm_hopper as H
+    if not H.supported(a.device):
+        return None
+    try:
+        _rec, cfg = H.fp8_plan("matmul", a, b, out, scale_a, scale_b, out_dtype, None, scale_block)
+    except ditron.DitronError:
+        return None             # a layout the Gluon core does not take: the tl core's path checks and runs it
+    return H.scaled_matmul_hopper(a, b, scale_a, scale_b, out_dtype, out=out, config=cfg, num_programs_=num_programs,
+                                  scale_block=scale_block)
 
 
 def _matmul_gluon(a, b, out, config, num_programs, scale_a, scale_b, out_dtype, scale_block):

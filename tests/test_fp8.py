@@ -204,3 +204,34 @@ def test_fp8_gluon_errors_before_launch(dist_world):
     assert "32 <= block_k <= 128" in msgs["block_k"]
     assert "core='cutlass'" in msgs["core"]
     assert "'a' must be row-major with 16-byte aligned rows" in msgs["unaligned_k"]
+
+
+def test_fp8_matmul_defaults_to_the_gluon_core_on_hopper(monkeypatch):
+    """Without ``core`` or ``config``, fp8 ``matmul`` with per-tensor / per-row scales goes to the Gluon core on
+    a Hopper GPU (measured faster: bench/results/h100-2026-12-07-fp8-gluon/) where its layout holds; a ``b`` the
+    Gluon core cannot take (row-major) and blockwise scales stay on the tl core.  CPU tensors stand in for the
+    GPU's: ``supported`` and both launches are patched (only the routing is under test)."""
+    import functools
+    import torch
+    import ditron.kernels.gemm as G
+    import ditron.kernels.gemm_hopper as H
+    calls = []
+    monkeypatch.setattr(H, "supported", lambda device: True)
+    monkeypatch.setattr(G, "is_sim_device", lambda device: False)
+    monkeypatch.setattr(H, "scaled_matmul_hopper", lambda *a, **k: calls.append("gluon") or "gluon")
+
+    class TlCore:
+        def __getitem__(self, grid):
+            return lambda *a, **k: calls.append("tl")
+    monkeypatch.setattr(G, "gemm_kernel", TlCore())
+    M, N, K = 256, 256, 256
+    a = torch.randn(M, K).to(torch.float8_e4m3fn)
+    w = torch.randn(N, K).to(torch.float8_e4m3fn)
+    sa, sb = torch.rand(M, 1) + 0.5, torch.rand(1, N) + 0.5
+    mm = functools.partial(G.matmul, num_programs=4)
+    assert mm(a, w.t(), scale_a=sa, scale_b=sb) == "gluon"
+    assert mm(a, w.t(), scale_a=torch.tensor(0.5), scale_b=torch.tensor(2.0)) == "gluon"
+    mm(a, w.t().contiguous(), scale_a=sa, scale_b=sb)                        # b row-major: the tl core
+    mm(a, w.t(), scale_a=sa, scale_b=sb, core="tl")
+    mm(a, w.t(), scale_a=torch.rand(M, K // 128), scale_b=torch.rand(K // 128, N // 128))   # blockwise
+    assert calls == ["gluon", "gluon", "tl", "tl", "tl"], calls
