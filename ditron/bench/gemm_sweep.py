@@ -231,7 +231,8 @@ def fp8_impls(shape: Shape, device, configs, recipe, seed=0):
         vendor = _failing("cublas", e)
     impls = [vendor,
              Impl("ditron default", lambda: gemm_mod.matmul(a, b, out=out, scale_a=sa, scale_b=sb), check,
-                  f"fp8 {recipe}; {default}"),
+                  f"fp8 {recipe}; " + ("the Gluon core's default on Hopper (matmul's choice), else "
+                                       if recipe != "block" else "") + f"tl {default}"),
              Impl("bf16 ditron", lambda: gemm_mod.matmul(a16, b16_rm, out=out), check,
                   "ditron's bf16 core, same shape"),
              Impl("bf16 cublas", lambda: torch.matmul(a16, b16_rm, out=out), check, "torch.matmul bf16")]
