@@ -703,11 +703,10 @@ def _gluon_fp8_default(a, b, out, scale_a, scale_b, out_dtype, num_programs, sca
     if not H.supported(a.device):
         return None
     try:
-        _rec, cfg = H.fp8_plan("matmul", a, b, out, scale_a, scale_b, out_dtype, None, scale_block)
+        rec, cfg = H.fp8_plan("matmul", a, b, out, scale_a, scale_b, out_dtype, None, scale_block)
     except ditron.DitronError:
         return None             # a layout the Gluon core does not take: the tl core's path checks and runs it
-    return H.scaled_matmul_hopper(a, b, scale_a, scale_b, out_dtype, out=out, config=cfg, num_programs_=num_programs,
-                                  scale_block=scale_block)
+    return H.launch_scaled(a, b, scale_a, scale_b, out_dtype, out, rec, cfg, num_programs)
 
 
 def _matmul_gluon(a, b, out, config, num_programs, scale_a, scale_b, out_dtype, scale_block):
@@ -717,10 +716,9 @@ def _matmul_gluon(a, b, out, config, num_programs, scale_a, scale_b, out_dtype, 
         raise ditron.DitronError(f"matmul: core='gluon' takes a HopperGemmConfig (or None), not {config!r}")
     if scaling.is_fp8(a):
         out_dtype = out_dtype or torch.bfloat16
-        _rec, cfg = H.fp8_plan("matmul", a, b, out, scale_a, scale_b, out_dtype, config, scale_block)
+        rec, cfg = H.fp8_plan("matmul", a, b, out, scale_a, scale_b, out_dtype, config, scale_block)
         if a.device.type == "cuda" and H.supported(a.device):
-            return H.scaled_matmul_hopper(a, b, scale_a, scale_b, out_dtype, out=out, config=cfg,
-                                          num_programs_=num_programs, scale_block=scale_block)
+            return H.launch_scaled(a, b, scale_a, scale_b, out_dtype, out, rec, cfg, num_programs)
         return matmul(a, b, out=out, config=H.twin_config(cfg), num_programs=num_programs, scale_a=scale_a,
                       scale_b=scale_b, out_dtype=out_dtype, scale_block=scale_block, core="tl")
     scaling.no_scales("matmul", scale_a, scale_b)

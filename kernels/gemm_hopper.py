@@ -747,6 +747,12 @@ def scaled_matmul_hopper(a, b, scale_a, scale_b, out_dtype=torch.bfloat16, out=N
     if not supported(a.device):
         raise ditron.DitronError(f"{op}: {torch.cuda.get_device_name(a.device)} is not sm_90; use "
                                  "ditron.kernels.gemm.matmul")
+    return launch_scaled(a, b, scale_a, scale_b, out_dtype, out, rec, cfg, num_programs_)
+
+
+def launch_scaled(a, b, scale_a, scale_b, out_dtype, out, rec, cfg: HopperGemmConfig, num_programs_=None):
+    """Launch the fp8 Gluon core with the ``(recipe, config)`` :func:`fp8_plan` made (and checked) for this call
+    on a Hopper GPU (:func:`scaled_matmul_hopper`; ``ditron.kernels.gemm.matmul``, which has planned the call)."""
     M = a.shape[0]
     N = b.shape[1]
     if out is None:

@@ -218,7 +218,7 @@ def test_fp8_matmul_defaults_to_the_gluon_core_on_hopper(monkeypatch):
     calls = []
     monkeypatch.setattr(H, "supported", lambda device: True)
     monkeypatch.setattr(G, "is_sim_device", lambda device: False)
-    monkeypatch.setattr(H, "scaled_matmul_hopper", lambda *a, **k: calls.append("gluon") or "gluon")
+    monkeypatch.setattr(H, "launch_scaled", lambda *a, **k: calls.append("gluon") or "gluon")
 
     class TlCore:
         def __getitem__(self, grid):
