@@ -105,6 +105,13 @@ def _torch_scaled_mm(a, b, sa, sb, out_dtype, device):
         return None
 
 
+def _cuda_usable():
+    """A GPU this process may use: not in a simulated rank forked from a parent that had started CUDA (CUDA
+    cannot start again in a forked child; the simulator's ranks are forked on Linux)."""
+    bad_fork = getattr(torch.cuda, "_is_in_bad_fork", lambda: False)
+    return torch.cuda.is_available() and not bad_fork()
+
+
 def scaled_mm_reference(a, b, sa, sb, out_dtype):
     """The reference of the per-tensor / rowwise recipes: ``torch._scaled_mm`` on CPU where the installed torch
     runs it (torch 2.13 has a CPU kernel for per-tensor and rowwise scales; torch 2.11's takes per-tensor
@@ -117,7 +124,7 @@ def scaled_mm_reference(a, b, sa, sb, out_dtype):
         check(ref, exact, out_dtype, "torch._scaled_mm (CPU) against the exact product")
     else:
         ref = exact
-    if torch.cuda.is_available():
+    if _cuda_usable():
         dev = torch.device("cuda", torch.cuda.current_device())
         on_gpu = _torch_scaled_mm(a, b, sa, sb, out_dtype, dev)
         if on_gpu is not None:

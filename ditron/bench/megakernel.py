@@ -302,6 +302,11 @@ def main(argv=None):
                    help="the whole step of this model (embedding to sampled token; random weights at its shapes) "
                         "against the full step's HBM limit, torch + CUDA graph and transformers under torch.compile "
                         "(ditron/bench/megakernel_model.py); default batches 1,8,16")
+    p.add_argument("--check-rel", type=float, default=None,
+                   help="--model: the step's check holds the logits to REL * max|logit| + 0.02 of torch's "
+                        "(default 0.06 with --model: 36 random bfloat16 layers put any two bfloat16 "
+                        "implementations ~4%% apart; tests/gpu/hf_8b_equality.py holds the same step to "
+                        "transformers in float32)")
     p.add_argument("--hf-batch", default="1,16",
                    help="with --model: batches at which transformers (static cache, torch.compile reduce-overhead) is "
                         "timed, one rank only (each compiles once; '' : none)")

@@ -57,6 +57,14 @@ class TorchFullStep:
         return torch.argmax(self.logits, -1).to(torch.int32)
 
 
+#: the whole-step check's tolerance for the Hugging Face models (relative to the largest logit): at 36 layers of
+#: random bfloat16 weights the megakernel and torch's step (both keep the residual stream in float32; their
+#: bfloat16 roundings differ) are 4.2-4.3% of the largest logit apart (H100, 2026-12-07, batch 1 and 8), as
+#: ditron and transformers are; the accuracy itself is held to transformers in float32 by
+#: tests/gpu/hf_8b_equality.py.  The token check (every sequence whose top-2 gap is clear) stays exact.
+CHECK_REL = 0.06
+
+
 def hf_stepper(model, batch, ctx, max_len, device):
     """One compiled ``transformers`` decode step of ``batch`` sequences at position ``ctx`` (static cache of
     ``max_len`` positions, prefilled with ``ctx`` tokens): ``step() -> next tokens``.  Works with the keyword names of
@@ -72,9 +80,15 @@ def hf_stepper(model, batch, ctx, max_len, device):
         if "cache_position" in params:
             kw["cache_position"] = torch.arange(ctx, device=device)
         model(input_ids=ids, **kw)
-    fwd = getattr(model, "_ditron_compiled", None)
-    if fwd is None:         # one compiled forward per model: dynamo recompiles per new shape (batch, cache length)
-        fwd = model._ditron_compiled = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    # a fresh compilation per case: reusing one compiled forward across cases (a recompilation per batch and cache,
+    # under the same CUDA-graph tree) ended in an illegal memory access at the second batch size (H100, 2026-12-07)
+    torch._dynamo.reset()
+    try:
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+        reset_cudagraph_trees()
+    except ImportError:
+        pass
+    fwd = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     tok = torch.zeros((batch, 1), dtype=torch.long, device=device)
     kw = {ckw: cache, "use_cache": True, "logits_to_keep": 1,
           "position_ids": torch.full((batch, 1), ctx, dtype=torch.long, device=device)}
@@ -126,7 +140,8 @@ def model_case(world, cfg, ctx, batch, args, bw, weights, head, hf=None):
     top2 = theirs.topk(2, -1).values
     clear = (top2[:, 0] - top2[:, 1]) > 2 * err
     tok_ok = bool(((got.long() == want.long()) | ~clear).all())
-    ok = err <= R.REL * scale + R.ABS and tok_ok
+    rel = args.check_rel if getattr(args, "check_rel", None) is not None else CHECK_REL
+    ok = err <= rel * scale + R.ABS and tok_ok
     ok = agree_fn(world)([ok])[0]
     nbytes = step_bytes(cfg, world.world_size, ctxs)
     row = {"ctx": ctx, "batch": batch, "check": "ok" if ok else "FAILED", "max_abs_err": err, "scale": scale,

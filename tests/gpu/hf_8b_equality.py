@@ -1,7 +1,10 @@
 """Token equality with ``transformers`` at 8B shapes on GPUs (issue 53): Qwen3-8B- or Llama-3.1-8B-shaped models with
 random weights (``from_config``; nothing is downloaded), greedy decoding by the decode megakernel (the whole step in
-one launch, CUDA-graph replay) against ``transformers``' ``generate``, tokens equal for ``--steps`` steps and logits
-within ``0.05 * max|logit| + 0.05`` at every step.
+one launch, CUDA-graph replay) against ``transformers``' ``generate``: tokens equal for ``--steps`` steps, and logits
+no further from ``transformers``' float32 logits (the same weights in float32, teacher-forced on the same tokens)
+than twice ``transformers``' own bfloat16 logits are, plus 1% of the largest logit.  A fixed fraction of the largest
+logit is no bound at 8B depth: 36 bfloat16 layers of random weights move the logits by several percent in any
+bfloat16 implementation (transformers' included), and by more at TP=2 (partial sums rounded per rank).
 
     torchrun --standalone --nproc-per-node 1 tests/gpu/hf_8b_equality.py --model qwen3-8b --dir /tmp/q8   # TP=1
     DITRON_RANKS_PER_GPU=2 torchrun --standalone --nproc-per-node 2 tests/gpu/hf_8b_equality.py --model qwen3-8b \\
@@ -103,10 +106,26 @@ def build_reference(name, path, steps, lengths, min_rel, sigma, device):
     del lm0
     t = time.monotonic()
     m.save_pretrained(path, max_shard_size="4GB")
-    torch.save({"prompts": prompts, "refs": refs, "steps": steps}, os.path.join(path, "refs.pt"))
+    refs32 = exact_logits(m, prompts, refs)
+    torch.save({"prompts": prompts, "refs": refs, "refs32": refs32, "steps": steps}, os.path.join(path, "refs.pt"))
     print(f"saved the model and the references to {path} in {time.monotonic() - t:.0f} s", flush=True)
     del m
     torch.cuda.empty_cache()
+
+
+def exact_logits(m, prompts, refs):
+    """``transformers``' logits in float32 (the model converted in place) at each reference step, teacher-forced
+    on the prompt and the bfloat16 run's tokens: one forward per sequence over its whole length."""
+    m.float()
+    dev = next(m.parameters()).device
+    out = []
+    with torch.no_grad():
+        for p, (toks, lg) in zip(prompts, refs):
+            ids = torch.tensor([p + toks[:-1]], device=dev)
+            full = m(input_ids=ids).logits[0].float()
+            out.append(full[len(p) - 1:].cpu())
+            assert out[-1].shape == lg.shape, (out[-1].shape, lg.shape)
+    return out
 
 
 def _gather_device(world):
@@ -142,7 +161,7 @@ def main():
                         [float(x) for x in args.sigma.split(",")], world.device)
     ditron.barrier_all()
     data = torch.load(ref_file)
-    prompts, refs, steps = data["prompts"], data["refs"], data["steps"]
+    prompts, refs, refs32, steps = data["prompts"], data["refs"], data["refs32"], data["steps"]
     t = time.monotonic()
     gen = M.from_pretrained(args.dir, world=world, max_batch=len(prompts),
                             max_ctx=max(len(q) for q in prompts) + steps + 1)
@@ -156,19 +175,25 @@ def main():
     full = gather_ranks(logits.to(_gather_device(world)), world, dim=-1).cpu()[..., :gen.cfg.vocab]
     fails = []
     for b, (rt, rl) in enumerate(refs):
-        err = (full[:, b] - rl).abs().max().item()
-        scale = rl.abs().max().item()
+        exact = refs32[b]
+        err = (full[:, b] - exact).abs().max().item()        # ditron against transformers in float32
+        err_hf = (rl - exact).abs().max().item()             # transformers in bfloat16 against the same
+        diff = (full[:, b] - rl).abs().max().item()          # ditron against transformers in bfloat16
+        scale = exact.abs().max().item()
+        tol = 2 * err_hf + 0.01 * scale
         top2 = rl.topk(2, -1).values
         gap = (top2[:, 0] - top2[:, 1]).min().item()
         same = tokens[b] == rt
         say(world, f"[TP={world.world_size}] sequence {b} (prompt length {len(prompts[b])}): tokens "
-                   f"{'equal' if same else 'DIFFER'} over {steps} steps; logits max abs difference {err:.3g} (scale "
-                   f"{scale:.3g}, tolerance {0.05 * scale + 0.05:.3g}); smallest reference top-2 gap {gap:.3g}")
+                   f"{'equal' if same else 'DIFFER'} over {steps} steps; logits against transformers in float32: "
+                   f"ditron {err:.3g}, transformers bf16 {err_hf:.3g} (ratio {err / max(err_hf, 1e-30):.2f}; "
+                   f"tolerance {tol:.3g} = 2 x transformers' + 1% of the largest {scale:.3g}); ditron against "
+                   f"transformers bf16 {diff:.3g}; smallest reference top-2 gap {gap:.3g}")
         if not same:
             k = next(i for i, (x, y) in enumerate(zip(tokens[b], rt)) if x != y)
             fails.append(f"sequence {b}: first difference at step {k}: {tokens[b][k]} vs {rt[k]}")
-        if err > 0.05 * scale + 0.05:
-            fails.append(f"sequence {b}: logits differ by {err:.3g}")
+        if err > tol:
+            fails.append(f"sequence {b}: logits {err:.3g} from float32 (transformers bf16: {err_hf:.3g})")
     print(f"hf_8b_equality [{args.model}, rank {world.rank}/{world.world_size}]: "
           + ("PASS" if not fails else "FAIL: " + "; ".join(fails)), flush=True)
     ditron.finalize()
