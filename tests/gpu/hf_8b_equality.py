@@ -145,7 +145,7 @@ def main():
     p.add_argument("--lengths", default="24,9", help="prompt lengths (a ragged batch)")
     p.add_argument("--min-rel", type=float, default=0.03,
                    help="smallest top-1 / top-2 logit gap, relative to the largest logit, at every reference step")
-    p.add_argument("--sigma", default="1.5,1.0,2.0,0.5",
+    p.add_argument("--sigma", default="2.0,1.5,1.0,0.5",
                    help="log-normal sigmas of the LM-head row norms to try in turn (comma list)")
     args = p.parse_args()
 
