@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ditron.kernels.decoder.tiles_head import sample_tile
+from ditron.kernels.decoder.tiles_head import sample_tile, topk_merge_tile, topk_part_tile
 
 
 def run_cases(world, cases):
@@ -34,6 +34,34 @@ def run_cases(world, cases):
 def _sample_rows(cand_ptr, tok_ptr, seq_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, B, W, K: tl.constexpr,
                  NC: tl.constexpr):
     sample_tile(tl.program_id(0), cand_ptr, tok_ptr, seq_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, B, W, K, NC)
+
+
+@triton.jit
+def _topk_parts(logits_ptr, part_ptr, temp_ptr, n_valid, N: tl.constexpr, K: tl.constexpr, NSPLIT: tl.constexpr,
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    topk_part_tile(tl.program_id(0), logits_ptr, part_ptr, temp_ptr, n_valid, N, K, NSPLIT, CHUNK, BLOCK)
+
+
+@triton.jit
+def _topk_merge(part_ptr, cand_ptr, temp_ptr, v_off, K: tl.constexpr, NSPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    topk_merge_tile(tl.program_id(0), part_ptr, cand_ptr, temp_ptr, v_off, K, NSPLIT, BLOCK)
+
+
+def sampler_topk(world, logits, n_valid, temperature, K, v_off, block=None):
+    """Stage 1 of the sampler (:func:`topk_part_tile` over :func:`topk_splits`'s chunks, then
+    :func:`topk_merge_tile`) on ``logits [B, N]`` (float32; the first ``n_valid`` columns are tokens ``v_off + j``)
+    with per-row ``temperature``; returns ``cand [B, 2K]`` and the number of chunks."""
+    from ditron.kernels.decoder.tiles_head import topk_splits
+    B, N = logits.shape
+    nsplit, chunk = topk_splits(N)
+    bl = block or min(1024, triton.next_power_of_2(chunk))
+    part = torch.zeros((B, nsplit, 2 * K), dtype=torch.float32)
+    cand = torch.zeros((B, 2 * K), dtype=torch.float32)
+    temp = torch.tensor(temperature, dtype=torch.float32)
+    _topk_parts[(B * nsplit,)](logits, part, temp, n_valid, N=N, K=K, NSPLIT=nsplit, CHUNK=chunk, BLOCK=bl)
+    _topk_merge[(B,)](part, cand, temp, v_off, K=K, NSPLIT=nsplit,
+                      BLOCK=min(1024, triton.next_power_of_2(nsplit * K)))
+    return cand, nsplit
 
 
 def sampler_draws(world, values, n, temperature, top_k, top_p, seed):

@@ -261,6 +261,30 @@ def test_sampler_draw_frequencies(dist_world):
     assert chi2 < 16.27, (counts, (n * q).tolist(), chi2)
 
 
+@pytest.mark.parametrize("N,n_valid,K,block", [(256, 250, 4, None), (5000, 4999, 3, None), (9000, 9000, 5, 256)])
+def test_sampler_topk_chunks(dist_world, N, n_valid, K, block):
+    """Stage 1 of the sampler in chunks (``topk_part`` + ``topk``) against torch's order over the whole row: the
+    ``K`` best of a sampled row and the best of a greedy row, (value descending, id ascending), logits rounded to
+    bf16 so that ties are common (across chunks too), columns past ``n_valid`` never chosen even where larger.
+    N = 256: one chunk; 5000: three; 9000 with 256-wide blocks: five chunks of 1800, several blocks each."""
+    g = torch.Generator().manual_seed(N + K)
+    B, v_off = 3, 1000
+    lg = (torch.randn(B, N, generator=g) * 2).to(torch.bfloat16).float()
+    lg[:, n_valid:] = 100.0                    # padding columns (vocab-parallel padding) are never candidates
+    lg[1, 7] = lg[1, N // 2] = lg[1, n_valid - 1] = lg[1, :n_valid].max().item() + 1   # a three-way tie at the top
+    temps = [1.0, 1.0, 0.0]                    # rows 0, 1 sampled (K candidates), row 2 greedy (one)
+    (cand, nsplit), = dist_world(1).run(BH.sampler_topk, lg, n_valid, temps, K, v_off, block)
+    assert nsplit == {256: 1, 5000: 3, 9000: 5}[N]
+    for b in range(B):
+        v = lg[b, :n_valid]
+        order = sorted(range(n_valid), key=lambda j: (-v[j].item(), j))
+        k = K if temps[b] > 0 else 1
+        want_v = [v[j].item() for j in order[:k]] + [float("-inf")] * (K - k)
+        want_i = [float(j + v_off) for j in order[:k]] + [-1.0] * (K - k)
+        assert cand[b, :K].tolist() == want_v, (b, cand[b], want_v)
+        assert cand[b, K:].tolist() == want_i, (b, cand[b], want_i)
+
+
 def test_two_and_three_ranks_greedy(dist_world, tmp_path):
     """The vocab-parallel LM head and sampler across ranks, ragged batches, every rank's tokens and logits equal to
     transformers': 2 ranks, Llama (untied, Llama 3 RoPE) over 32 greedy steps and Qwen3 with tied embeddings over 8;

@@ -94,6 +94,7 @@ class Buffers:
     # the model's ends (a Head: issue 53); the sampling parameters are per sequence, set between steps
     tok: torch.Tensor = None         # [B] int32: this step's input tokens; after the step: the sampled next tokens
     logits: torch.Tensor = None      # [B, V_r] bf16: this rank's LM-head output (vocab-parallel)
+    cand_part: torch.Tensor = None   # [B, NSPLIT, 2K] fp32: each chunk's top candidates (values, column ids)
     cand: torch.Tensor = None        # [B, 2K] fp32: this rank's top candidates (values, token ids)
     cand_all: torch.Tensor = None    # [W, B, 2K] fp32: every rank's (the all-gather's output; cand at one rank)
     temperature: torch.Tensor = None  # [B] fp32 (<= 0: greedy)
@@ -132,6 +133,7 @@ def make_buffers(cfg: DecoderConfig, world_size: int, batch: int, max_ctx: int, 
         K = head.max_top_k
         buf.tok = z("tok", (B,), torch.int32)
         buf.logits = z("logits", (B, head.lm.shape[1]), bf)
+        buf.cand_part = z("cand_part", (B, TH.topk_splits(head.lm.shape[1])[0], 2 * K), f32)
         buf.cand = z("cand", (B, 2 * K), f32)
         buf.cand_all = z("cand_all", (world_size, B, 2 * K), f32) if world_size > 1 else buf.cand
         buf.temperature = z("temperature", (B,), f32)
@@ -556,7 +558,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
 
 def head_tasks(specs, cfg: DecoderConfig, world_size: int, head: Head, buf: Buffers, gemv_c, kdot):
     """After ``final`` (``h = rms(resid)``): the LM head over this rank's vocabulary rows (``lm_head``, the qkv
-    projection's GEMV tiles), the sampler's stage 1 (``topk``: this rank's best candidates per row), at TP > 1 their
+    projection's GEMV tiles), the sampler's stage 1 (``topk_part``: each chunk's best candidates, as soon as its LM-head
+    tiles are done; ``topk``: this rank's best candidates per row), at TP > 1 their
     all-gather (``gather``), and stage 2 (``sample``: the next token of every row into ``tok``); see
     :mod:`.tiles_head`."""
     B, H = buf.x.shape[0], cfg.hidden
@@ -567,11 +570,23 @@ def head_tasks(specs, cfg: DecoderConfig, world_size: int, head: Head, buf: Buff
                           {"x_ptr": buf.h, "w_ptr": head.lm, "out_ptr": buf.logits, "B": B, "N": VR, "K": H, **gc},
                           reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=[("final", None)],
                           scalars={"layer": 0}))
-    specs.append(TaskSpec("topk", TH.topk_tile, B,
-                          {"logits_ptr": buf.logits, "cand_ptr": buf.cand, "temp_ptr": buf.temperature,
-                           "n_valid": head.n_valid, "v_off": head.v_off, "N": VR, "K": K,
-                           "BLOCK": min(1024, next_pow2(VR))},
-                          reads=("logits_ptr", "temp_ptr"), writes=("cand_ptr",), deps=[("lm_head", None)]))
+    nsplit, chunk = TH.topk_splits(VR)
+    bn = gc["BLOCK_N"]
+
+    def chunk_lm_tiles(t):          # topk_part tile t -> the LM-head tiles holding its chunk's columns
+        lo = (t % nsplit) * chunk
+        return lo // bn, cdiv(min(lo + chunk, VR), bn)
+    specs.append(TaskSpec("topk_part", TH.topk_part_tile, B * nsplit,
+                          {"logits_ptr": buf.logits, "part_ptr": buf.cand_part, "temp_ptr": buf.temperature,
+                           "n_valid": head.n_valid, "N": VR, "K": K, "NSPLIT": nsplit, "CHUNK": chunk,
+                           "BLOCK": min(1024, next_pow2(chunk))},
+                          reads=("logits_ptr", "temp_ptr"), writes=("part_ptr",), deps=[("lm_head", chunk_lm_tiles)]))
+    specs.append(TaskSpec("topk", TH.topk_merge_tile, B,
+                          {"part_ptr": buf.cand_part, "cand_ptr": buf.cand, "temp_ptr": buf.temperature,
+                           "v_off": head.v_off, "K": K, "NSPLIT": nsplit,
+                           "BLOCK": min(1024, next_pow2(nsplit * K))},
+                          reads=("part_ptr", "temp_ptr"), writes=("cand_ptr",),
+                          deps=[("topk_part", lambda t: (t * nsplit, (t + 1) * nsplit))]))
     last = "topk"
     if world_size > 1:
         n = buf.cand.numel()

@@ -5,9 +5,15 @@ the LM head (a plain GEMV task, :func:`~.tiles_gemv.linear_tile`) the on-device 
 The sampler works in two stages so that the LM head can be vocab-parallel (rank ``r`` holds rows
 ``[r * V_r, r * V_r + n_valid)`` of the LM head and so columns of the logits):
 
-1. :func:`topk_tile` (one tile per batch row, on every rank): the ``kpass`` largest of this rank's logits, in order,
-   ties to the smaller token id (``kpass = 1`` for a greedy row, ``K`` -- the compiled ``max_top_k`` -- for a sampled
-   one; unused slots hold ``-inf``), as ``cand[b] = [K values, K token ids]`` (float32; ids < 2**24 are exact);
+1. the ``kpass`` largest of this rank's logits, in order, ties to the smaller token id (``kpass = 1`` for a greedy
+   row, ``K`` -- the compiled ``max_top_k`` -- for a sampled one; unused slots hold ``-inf``), as ``cand[b] = [K
+   values, K token ids]`` (float32; ids < 2**24 are exact), in two tasks so that no single program walks a whole
+   vocabulary row: :func:`topk_part_tile` (``B * NSPLIT`` tiles, :func:`topk_splits`) takes the ``kpass`` best of
+   one contiguous chunk of the row, each as soon as the LM-head tiles of its chunk are done, and
+   :func:`topk_merge_tile` (one tile per row) the ``kpass`` best of the ``NSPLIT * kpass`` candidates (the union of
+   the chunks' bests holds the row's best; the order is the same, so the result is the one a single pass over the
+   row gives).  One program per row over 151936 logits was ~150 dependent 1024-wide steps for greedy and ~9,500 for
+   ``K = 64`` at the very end of the step, with the rest of the GPU idle;
 2. (at TP > 1 an all-gather of ``cand`` to ``[W, B, 2K]`` on every rank, ``ditron.task.comm.all_gather``), then
    :func:`sample_tile` (one tile per batch row, on every rank, identical inputs: identical tokens): the ``W * K``
    candidates contain the global top ``K`` tokens; greedy (``temperature[b] <= 0``) takes the largest (the smallest id
@@ -34,17 +40,39 @@ def embed_tile(tile, tok_ptr, emb_ptr, x_ptr, H: tl.constexpr, BLOCK: tl.constex
         tl.store(x_ptr + tile * H + offs, tl.load(emb_ptr + t * H + offs, mask=m, other=0.0), mask=m)
 
 
+def topk_splits(n_cols: int) -> tuple:
+    """``(NSPLIT, CHUNK)``: the chunks stage 1 splits a row of ``n_cols`` logits into (at most 64, each at least
+    2048 columns but the last)."""
+    nsplit = max(1, min(64, -(-n_cols // 2048)))
+    chunk = -(-n_cols // nsplit)
+    return nsplit, chunk
+
+
 @triton.jit
-def topk_tile(tile, logits_ptr, cand_ptr, temp_ptr, n_valid, v_off, N: tl.constexpr, K: tl.constexpr,
-              BLOCK: tl.constexpr):
-    """Stage 1 of the sampler for batch row ``tile`` over this rank's logits ``[B, N]`` (the first ``n_valid``
-    columns are tokens ``v_off + j``): ``kpass`` passes, each the largest logit after the previous pass's in the order
-    (value descending, id ascending)."""
-    b = tile
+def _best_after(vals, ids, m, prev_v, prev_i, best_v, best_i):
+    """Fold one block of candidates (``vals``, int32 ``ids``, valid where ``m``) into ``(best_v, best_i)``: the
+    largest in the order (value descending, id ascending) among those after ``(prev_v, prev_i)``."""
+    ok = m & ((vals < prev_v) | ((vals == prev_v) & (ids > prev_i)))
+    v = tl.where(ok, vals, float("-inf"))
+    cm = tl.max(v, axis=0)
+    ci = tl.min(tl.where(ok & (v == cm), ids, 2147483647), axis=0)
+    better = (cm > best_v) | ((cm == best_v) & (ci < best_i))
+    return tl.where(better, cm, best_v), tl.where(better, ci, best_i)
+
+
+@triton.jit
+def topk_part_tile(tile, logits_ptr, part_ptr, temp_ptr, n_valid, N: tl.constexpr, K: tl.constexpr,
+                   NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Stage 1a for row ``tile // NSPLIT``, chunk ``tile % NSPLIT`` (columns ``[s * CHUNK, +CHUNK)`` of the first
+    ``n_valid``): its ``kpass`` best as ``part[b, s] = [K values, K column ids]`` (ids local to this rank)."""
+    b = tile // NSPLIT
+    s = tile % NSPLIT
+    lo = s * CHUNK
+    hi = tl.minimum(lo + CHUNK, n_valid)
     temp = tl.load(temp_ptr + b)
     kpass = tl.where(temp > 0.0, K, 1)
     row = logits_ptr + b.to(tl.int64) * N
-    out = cand_ptr + b * (2 * K)
+    out = part_ptr + tile * (2 * K)
     zf = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)        # scalar tensors: loop-carried values keep a type
     zi = tl.sum(tl.zeros([BLOCK], tl.int32), axis=0)
     prev_v = zf + float("inf")
@@ -52,19 +80,47 @@ def topk_tile(tile, logits_ptr, cand_ptr, temp_ptr, n_valid, v_off, N: tl.conste
     for k in range(0, kpass):
         best_v = zf - float("inf")
         best_i = zi + 2147483647
-        for j0 in range(0, n_valid, BLOCK):
+        for j0 in range(lo, hi, BLOCK):
             offs = j0 + tl.arange(0, BLOCK)
-            m = offs < n_valid
+            m = offs < hi
             v = tl.load(row + offs, mask=m, other=float("-inf")).to(tl.float32)
-            ok = m & ((v < prev_v) | ((v == prev_v) & (offs > prev_i)))
-            v = tl.where(ok, v, float("-inf"))
-            cm = tl.max(v, axis=0)
-            ci = tl.min(tl.where(ok & (v == cm), offs, 2147483647), axis=0)
-            better = (cm > best_v) | ((cm == best_v) & (ci < best_i))
-            best_v = tl.where(better, cm, best_v)
-            best_i = tl.where(better, ci, best_i)
+            best_v, best_i = _best_after(v, offs, m, prev_v, prev_i, best_v, best_i)
         tl.store(out + k, best_v)
-        tl.store(out + K + k, (best_i + v_off).to(tl.float32))
+        tl.store(out + K + k, tl.where(best_v > float("-inf"), best_i, -1).to(tl.float32))
+        prev_v = best_v
+        prev_i = best_i
+    for k in range(kpass, K):
+        tl.store(out + k, float("-inf"))
+        tl.store(out + K + k, -1.0)
+
+
+@triton.jit
+def topk_merge_tile(tile, part_ptr, cand_ptr, temp_ptr, v_off, K: tl.constexpr, NSPLIT: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """Stage 1b for row ``tile``: the ``kpass`` best of its chunks' candidates ``part[b, :, :]`` as ``cand[b] = [K
+    values, K token ids]`` (ids ``v_off + column``)."""
+    b = tile
+    temp = tl.load(temp_ptr + b)
+    kpass = tl.where(temp > 0.0, K, 1)
+    n = NSPLIT * kpass
+    base = part_ptr + b * (NSPLIT * 2 * K)
+    out = cand_ptr + b * (2 * K)
+    zf = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+    zi = tl.sum(tl.zeros([BLOCK], tl.int32), axis=0)
+    prev_v = zf + float("inf")
+    prev_i = zi - 1
+    for k in range(0, kpass):
+        best_v = zf - float("inf")
+        best_i = zi + 2147483647
+        for j0 in range(0, n, BLOCK):
+            j = j0 + tl.arange(0, BLOCK)
+            m = j < n
+            addr = base + (j // kpass) * (2 * K) + j % kpass
+            v = tl.load(addr, mask=m, other=float("-inf"))
+            ids = tl.load(addr + K, mask=m, other=-1.0).to(tl.int32)
+            best_v, best_i = _best_after(v, ids, m & (ids >= 0), prev_v, prev_i, best_v, best_i)
+        tl.store(out + k, best_v)
+        tl.store(out + K + k, tl.where(best_v > float("-inf"), best_i + v_off, -1).to(tl.float32))
         prev_v = best_v
         prev_i = best_i
     for k in range(kpass, K):
