@@ -564,12 +564,14 @@ def head_tasks(specs, cfg: DecoderConfig, world_size: int, head: Head, buf: Buff
     :mod:`.tiles_head`."""
     B, H = buf.x.shape[0], cfg.hidden
     K, VR = head.max_top_k, head.lm.shape[1]
-    gc = {k: v for k, v in gemv_c("qkv").items() if k != "PREFETCH_K"}
+    gc = gemv_c("qkv")
     fn = T.linear_kdot_tile if kdot else T.linear_tile
+    # the qkv tiles' L2 prefetch where the config has one (TileConfig.prefetch_for): each program's first LM-head
+    # tile pulls its weight rows in while the final norm is still pending
     specs.append(TaskSpec("lm_head", fn, cdiv(VR, gc["BLOCK_N"]),
                           {"x_ptr": buf.h, "w_ptr": head.lm, "out_ptr": buf.logits, "B": B, "N": VR, "K": H, **gc},
                           reads=("x_ptr", "w_ptr"), writes=("out_ptr",), deps=[("final", None)],
-                          scalars={"layer": 0}))
+                          scalars={"layer": 0}, prefetch=T.linear_prefetch if "PREFETCH_K" in gc else None))
     nsplit, chunk = TH.topk_splits(VR)
     bn = gc["BLOCK_N"]
 
