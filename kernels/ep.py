@@ -187,8 +187,7 @@ class EpHandle:
 
     def __init__(self, mode, T, k, weights, dropped, **tensors):
         self.mode, self.T, self.k, self.weights, self.dropped = mode, T, k, weights, dropped
-        for name, t in tensors.items():
-            setattr(self, name, t)
+        self.__dict__.update(tensors)
 
 
 def _al(t):
@@ -295,6 +294,16 @@ def launch_constexprs(ctx, TK, k, dtype, use_fp8=False, round_scale=False, trace
             for name in KERNELS[ctx.mode]}
 
 
+def _plan(ctx, name, TK, k, esize, use_fp8=False, round_scale=False, trace=False):
+    """:func:`_constexprs` of a context's call, computed at the first call of these sizes and options and found
+    again in O(1) (``ctx.plans``): the eager path's per-call work (issue 51)."""
+    key = (name, TK, k, esize, use_fp8, round_scale, trace)
+    plan = ctx.plans.get(key)
+    if plan is None:
+        plan = ctx.plans[key] = _constexprs(ctx, name, TK, k, esize, use_fp8, round_scale, trace)
+    return plan
+
+
 def _constexprs(ctx, name, TK, k, esize, use_fp8=False, round_scale=False, trace=False):
     br, bh = ctx.tile_blocks
     W, TR = ctx.world_size, bool(trace)
@@ -323,6 +332,12 @@ class EpContext(CollectiveContext):
 
     op = "ep"
 
+    def __setattr__(self, name, value):
+        plans = self.__dict__.get("plans")
+        if plans and name in self.__dict__.get("tile_attrs", ()):
+            plans.clear()                       # a tuning attribute changed: the launches' constants follow it
+        object.__setattr__(self, name, value)
+
     def __init__(self, max_tokens, hidden, num_experts, topk, dtype, world=None, mode="normal", capacity=None,
                  max_programs=None):
         E = ditron.DitronError
@@ -343,9 +358,11 @@ class EpContext(CollectiveContext):
             raise E(f"ep: capacity must be >= 1 (got {capacity})")
         # the tile constants (kernel constexprs, warps, grids): a pure function of the sizes, shared with the
         # compile tests (tests/test_ep_compile.py), which sweep what it can pick
-        self.__dict__.update(vars(ep_tiles(mode, W, num_experts, hidden, dtype, sim=sim,
-                                           sms=None if sim else sm_count(self.device), nnodes=self.world.nnodes,
-                                           max_programs=max_programs)))
+        tiles = vars(ep_tiles(mode, W, num_experts, hidden, dtype, sim=sim,
+                              sms=None if sim else sm_count(self.device), nnodes=self.world.nnodes,
+                              max_programs=max_programs))
+        self.__dict__.update(tiles)
+        self.tile_attrs = frozenset(tiles)
         self.ccalls = torch.zeros(2, dtype=torch.int64, device=self.device)     # combine's call counter
         TK, H, El = self.max_tokens * self.topk, self.hidden, self.local_experts
         self.slot_rows = TK
@@ -372,6 +389,9 @@ class EpContext(CollectiveContext):
         # the outputs live here (an op's outputs stay valid until the second next call of that op)
         dev, i64 = self.device, torch.int64
         self.dcalls_host, self.ccalls_host = 0, 0
+        # (kernel, call sizes, options) -> its constexprs and warps, computed once (_plan); emptied when a tile
+        # attribute (ep_tiles: e.g. ll_strided) is set on the context
+        self.plans = {}
         self.launches = {}
         self.trace = False
         self.route_hist = torch.zeros(self.route_programs * (self.route_ep + 1), dtype=torch.int32, device=dev)
@@ -530,8 +550,8 @@ def _dispatch(x, topk_idx, topk_weights, ctx, validate=True, use_fp8=False, roun
             out, scale = b["recv_x8_words"], b["recv_scale"]
         else:
             out, scale = recv_x, rc           # scale: unused without FP8
-        const, warps = _constexprs(ctx, "ep_ll_dispatch_kernel", TK, k, x.element_size(), use_fp8, round_scale,
-                                   ctx.trace)
+        const, warps = _plan(ctx, "ep_ll_dispatch_kernel", TK, k, x.element_size(), use_fp8, round_scale,
+                             bool(ctx.trace))
         _launch(ctx, "dispatch", (TK, k, _al(x), _al(topk_idx), topk_idx.dtype, use_fp8, round_scale,
                                   recv_counts.dtype), ep_ll_dispatch_kernel, (P,),
                 x, topk_idx, b["key"], b["pslot"], b["dropped"], out, scale, rc, recv_counts, ctx.lrecv, ctx.lcnt,
@@ -542,13 +562,13 @@ def _dispatch(x, topk_idx, topk_weights, ctx, validate=True, use_fp8=False, roun
                                              pslot=b["pslot"], lrc=rc)
     _, per, rp = route_blocks(ctx, TK)
     tr, _ = _trace_args(ctx, 0)
-    const, warps = _constexprs(ctx, "ep_route_kernel", TK, k, x.element_size(), trace=ctx.trace)
+    const, warps = _plan(ctx, "ep_route_kernel", TK, k, x.element_size(), trace=bool(ctx.trace))
     _launch(ctx, "route", (TK, k, _al(topk_idx), topk_idx.dtype), ep_route_kernel, (rp,), topk_idx, b["key"], b["pos"],
             b["pslot"], b["tok"], b["skey"], b["sslot"], b["cnt"], b["start"], b["dropped"], ctx.route_hist,
             ctx.route_slots, ctx.rcalls, tr, TK, k, E, cap, per, **const, num_warps=warps)
     tr, _ = _trace_args(ctx, 1)
     recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]
-    const, warps = _constexprs(ctx, "ep_dispatch_kernel", TK, k, x.element_size(), trace=ctx.trace)
+    const, warps = _plan(ctx, "ep_dispatch_kernel", TK, k, x.element_size(), trace=bool(ctx.trace))
     _launch(ctx, "dispatch", (TK, _al(x)), ep_dispatch_kernel, (ctx.max_programs,),
             x, b["tok"], b["cnt"], recv_x, rc, recv_counts, ctx.buf, ctx.cnt, ctx.stage, ctx.cstage, ctx.sig,
             ctx.calls, tr, TK, H, ctx.slot_rows, El, **const, num_warps=warps)
@@ -604,12 +624,12 @@ def _combine(y, handle, ctx, out=None, topk_weights=None, rows=None):
     ctx.ccalls_host += 1
     tr, _ = _trace_args(ctx, 2)
     if ctx.mode == "normal":
-        const, warps = _constexprs(ctx, "ep_combine_kernel", 0, k, y.element_size(), trace=ctx.trace)
+        const, warps = _plan(ctx, "ep_combine_kernel", 0, k, y.element_size(), trace=bool(ctx.trace))
         _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(weights), weights.dtype), ep_combine_kernel, (ctx.max_programs,),
                 y, out, handle.pos, weights, handle.rc, ctx.cbuf, ctx.ystage, ctx.csig, ctx.ccalls, tr, T,
                 ctx.slot_rows, H, ctx.slot_rows, El, **const, num_warps=warps)
     else:
-        const, warps = _constexprs(ctx, "ep_ll_combine_kernel", 0, k, y.element_size(), trace=ctx.trace)
+        const, warps = _plan(ctx, "ep_ll_combine_kernel", 0, k, y.element_size(), trace=bool(ctx.trace))
         _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(weights), weights.dtype), ep_ll_combine_kernel,
                 (ctx.max_programs,),
                 y, out, handle.peid, handle.pslot, weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, tr,
