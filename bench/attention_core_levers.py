@@ -20,9 +20,15 @@ causal and not.  Candidates (``--candidates``, comma list of names or groups; de
     producer from the consumers, as it does for the GEMM core) -- not in the default set: the pass fails on
     this loop for sm_90a with Triton 3.9 (``--compile-only --candidates ws``);
   - tiles 128x64 on one warpgroup, 128x128 and 256x64 on two (num_warps=8: two consumer warpgroups sharing
-    the K / V tiles), stages 2-3.
+    the K / V tiles), stages 2-3;
+* ``gluon ws 128x<block_n> s<stages>[ pingpong]`` (group ``gluon``, not in ``default``) -- the warp-specialised
+  Gluon core (kernels/attention_hopper.py, FlashAttention-3 style: a TMA producer warp, two consumer warpgroups
+  of 64 query rows sharing K / V rings, Q K^T of tile j+1 issued before P V of tile j, ping-pong between the
+  consumers) through ``flash_attention(..., core="gluon")``.  New: a hang (a barrier protocol error) shows as
+  the last ``checking ...`` line before the shell's timeout (``ATTN_TIMEOUT``) kills the run.
 
-Each candidate is first checked against fp32 math SDPA at an odd shape (not a tile multiple, causal and not),
+Each candidate is first checked against fp32 math SDPA at an odd shape (batch 2, 8 / 2 heads, 1000 rows: not a
+tile multiple; causal and not; the ``ditron`` and ``gluon`` ones also their LSE against fp32 and the tl core's),
 then per timed shape against SDPA cuDNN's output on the same inputs, then timed: CUDA-graph replays, the
 median of ``--reps`` replays in ``--rounds`` rounds alternating the order, best round kept; SDPA cuDNN
 (``sdpa_kernel(SDPBackend.CUDNN_ATTENTION)``) and flash timed the same way.  Prints per shape x cuDNN (> 1:
@@ -183,9 +189,10 @@ def lever_attention(q, k, v, causal, lv: Lever, out=None):
     return out
 
 
-#: name -> ("ditron", AttnConfig or None for the shipped default) | ("lever", Lever)
+#: name -> ("ditron", AttnConfig or None for the shipped default) | ("lever", Lever) | ("gluon", HopperAttnConfig)
 def candidates():
     from ditron.kernels import attention as A
+    from ditron.kernels import attention_hopper as AH
     AC = A.AttnConfig
     return {
         "ditron default": ("ditron", None),
@@ -205,19 +212,22 @@ def candidates():
         "lv 128x128 w4 s2 ws": ("lever", Lever(128, 128, 4, 2, io_tma=False, ws=True)),
         "lv 128x64 w4 s2 io=tma lazy heads-first": ("lever", Lever(128, 64, 4, 2, lazy=True, heads_first=True)),
         "ditron 64x64w4s3t": ("ditron", AC(64, 64, 4, 3, tma=True)),
+        **{c.label(): ("gluon", c) for c in AH.CONFIGS},
     }
 
 
 def default_names(cands):
-    """What runs by default: every candidate but the warp-specialised ones (they do not compile on sm_90a)."""
-    return [n for n, (kind, c) in cands.items() if not (kind == "lever" and c.ws)]
+    """What runs by default: every candidate but the warp-specialised lever ones (they do not compile on sm_90a)
+    and the Gluon core's (group ``gluon``: not yet run on a GPU)."""
+    return [n for n, (kind, c) in cands.items() if not (kind == "lever" and c.ws) and kind != "gluon"]
 
 
 def run_fn(cands, name, q, k, v, causal, out):
     kind, cfg = cands[name]
-    if kind == "ditron":
+    if kind in ("ditron", "gluon"):
         from ditron.kernels import attention as A
-        return lambda: A.flash_attention(q, k, v, causal=causal, config=cfg, out=out)
+        core = "gluon" if kind == "gluon" else "tl"
+        return lambda: A.flash_attention(q, k, v, causal=causal, config=cfg, out=out, core=core)
     return lambda: lever_attention(q, k, v, causal, cfg, out=out)
 
 
@@ -236,10 +246,37 @@ def compile_lever(lv: Lever, causal, dtype="bf16", head_d=128, target="sm_90a"):
                           constexprs=lv.constexprs(causal, head_d), **lv.options())
 
 
+def compile_gluon(name, cfg, dtype=torch.bfloat16):
+    """Compile the Gluon core's config for sm_90a (causal and not); the names that fail."""
+    from ditron.kernels import attention_hopper as AH
+    bad = []
+    for causal in (False, True):
+        t0 = time.time()
+        try:
+            ck = AH.compile_sm90(cfg, causal=causal, dtype=dtype)
+            ptx = ck.asm["ptx"]
+            smem = ck.metadata.shared
+            ws = "ttg.warp_specialize(" in ck.asm["ttgir"] and "setmaxnreg" in ptx
+            ok = smem <= SMEM_LIMIT and "wgmma.mma_async" in ptx and ws
+            threads = ptx.split(".reqntid")[1].split()[0] if ".reqntid" in ptx else "?"
+            print(f"compile {name} causal={causal}: shared {smem} bytes, warp-specialised {ws}, {threads} threads, "
+                  f"{time.time() - t0:.1f} s{'' if ok else ' <- not as intended'}", flush=True)
+            if not ok:
+                bad.append(name)
+        except Exception as e:  # noqa: BLE001 -- reported
+            print(f"compile {name} causal={causal}: FAILED {type(e).__name__}: "
+                  f"{(str(e).splitlines() or [''])[0][:200]}", flush=True)
+            bad.append(name)
+    return bad
+
+
 def compile_only(names, cands):
     bad = []
     for name in names:
         kind, lv = cands[name]
+        if kind == "gluon":
+            bad += compile_gluon(name, lv)
+            continue
         if kind != "lever":
             print(f"compile {name}: the shipped core (tests/test_zoo_attention.py compiles it)")
             continue
@@ -282,6 +319,30 @@ def _ref32(q, k, v, causal):
     G = q.shape[1] // k.shape[1]
     return F.scaled_dot_product_attention(q.float(), k.float().repeat_interleave(G, 1),
                                           v.float().repeat_interleave(G, 1), is_causal=causal)
+
+
+#: max abs error of the natural-log LSE (fp32 statistics of rounded inputs: ~1e-5 expected)
+LSE_TOL = 1e-3
+
+
+def _ref_lse(q, k, causal):
+    """fp32 natural-log log-sum-exp of the scaled scores per query row ``[B, Hq, S]``."""
+    G = q.shape[1] // k.shape[1]
+    s = (q.float() @ k.float().repeat_interleave(G, 1).transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if causal:
+        S = q.shape[2]
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return torch.logsumexp(s, -1)
+
+
+def lse_of(cands, name, q, k, v, causal):
+    """The LSE output of a ``ditron`` / ``gluon`` candidate (``flash_attention(..., return_lse=True)``)."""
+    from ditron.kernels import attention as A
+    kind, cfg = cands[name]
+    _, lse = A.flash_attention(q, k, v, causal=causal, config=cfg, return_lse=True,
+                               core="gluon" if kind == "gluon" else "tl")
+    torch.cuda.synchronize()
+    return lse
 
 
 def _inputs(B, HQ, HKV, S, D, dtype, seed):
@@ -339,7 +400,8 @@ def main():
     args = ap.parse_args()
     cands = candidates()
     groups = {"default": default_names(cands), "all": list(cands), "ws": [n for n in cands if cands[n][0] == "lever"
-                                                                          and cands[n][1].ws]}
+                                                                          and cands[n][1].ws],
+              "gluon": [n for n in cands if cands[n][0] == "gluon"]}
     names = []
     for item in [n.strip() for n in args.candidates.split(",") if n.strip()]:
         names += groups.get(item, [item])
@@ -351,8 +413,8 @@ def main():
     names = [n for n in names if n not in excl]
     if args.compile_only:
         bad = compile_only(names, cands)
-        print(f"compile: {sum(cands[n][0] == 'lever' for n in names) - len(bad)} of "
-              f"{sum(cands[n][0] == 'lever' for n in names)} lever kernels compile for sm_90a as intended "
+        nk = sum(cands[n][0] in ("lever", "gluon") for n in names)
+        print(f"compile: {nk - len(bad)} of {nk} lever / Gluon kernels compile for sm_90a as intended "
               f"(triton {triton.__version__})" + (f"; not: {', '.join(bad)}" if bad else ""))
         sys.exit(1 if bad else 0)
     from torch.nn.attention import SDPBackend
@@ -371,8 +433,10 @@ def main():
     ok_names = []
     for name in names:
         msgs = []
+        if cands[name][0] == "gluon":
+            print(f"checking {name} ...", flush=True)        # a hang stops here (the shell's timeout ends it)
         for causal in (False, True):
-            q, k, v = _inputs(1, 8, 2, 1000, D, dtype, seed + causal)
+            q, k, v = _inputs(2, 8, 2, 1000, D, dtype, seed + causal)     # batch 2: head indexing
             ref = _ref32(q, k, v, causal)
             out = torch.empty_like(q)
             try:
@@ -382,6 +446,18 @@ def main():
                 continue
             if not err <= tol:
                 msgs.append(f"causal={causal}: max abs error {err:.3g} > {tol}")
+            if cands[name][0] in ("ditron", "gluon"):
+                # the log-sum-exp ring attention merges with: against fp32, and against the tl core's
+                try:
+                    lse = lse_of(cands, name, q, k, v, causal)
+                    lerr = (lse - _ref_lse(q, k, causal)).abs().max().item()
+                    lerr_tl = (lse - lse_of(cands, "ditron default", q, k, v, causal)).abs().max().item()
+                except Exception as e:  # noqa: BLE001 -- reported
+                    msgs.append(f"causal={causal} lse: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}")
+                    continue
+                if not (lerr <= LSE_TOL and lerr_tl <= LSE_TOL):
+                    msgs.append(f"causal={causal}: lse max abs error {lerr:.3g} (fp32), {lerr_tl:.3g} (tl core) > "
+                                f"{LSE_TOL}")
         print(f"{'FAIL' if msgs else 'PASS'} {name}" + (": " + "; ".join(msgs) if msgs else ""), flush=True)
         if not msgs:
             ok_names.append(name)

@@ -8,6 +8,8 @@
 #
 #   bash bench/attention_core_levers.sh
 #   CANDIDATES="ditron default,lv 128x64 w4 s2 io=tma lazy" SEQ=8192 bash bench/attention_core_levers.sh
+#   CANDIDATES="ditron default,lv 128x64 w4 s2 io=tma,gluon" bash bench/attention_core_levers.sh   # + the Gluon core
+#   (group "gluon": kernels/attention_hopper.py's configs; DTYPE=fp16, HEAD_DIM=64 for the other cases it takes)
 set -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -17,7 +19,7 @@ source bench/ensure_ditron.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader || true
 T0=$SECONDS
 timeout -k 5 "${ATTN_TIMEOUT:-270}" python3 bench/attention_core_levers.py --candidates "${CANDIDATES:-default}" \
-  --seq "${SEQ:-8192,16384,32768}" --dtype "${DTYPE:-bf16}" --json "$OUT/attention_core_levers.json" 2>&1 \
+  --seq "${SEQ:-8192,16384,32768}" --dtype "${DTYPE:-bf16}" --head-dim "${HEAD_DIM:-128}" --json "$OUT/attention_core_levers.json" 2>&1 \
   | tee "$OUT/attention_core_levers.log"
 rc=${PIPESTATUS[0]}
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader || true

@@ -39,6 +39,12 @@ is resident).  A rank is at most one call ahead of a peer (the argument of
 kernels/all_gather.py): a call's attention waits for every peer's staging of
 the same call, which a peer starts only after its previous call's attention.
 
+Cores (``core=``): ``"tl"`` (kernels/attention_core.py, the default, GPUs and the simulator) or ``"gluon"``
+(kernels/attention_hopper.py: the warp-specialised FlashAttention-3-style core -- a TMA producer warp, two
+consumer warpgroups, ping-pong -- on Hopper GPUs at world size 1 only; refused on the simulator and elsewhere
+with a message naming ``core="tl"``; not the default until a GPU run has checked and timed it,
+bench/attention_core_levers.sh ``CANDIDATES=gluon``).
+
 Tuning: :class:`AttnConfig` (tiles, warps, stages, TMA descriptors for this
 rank's K/V on Hopper, a persistent grid, ``maxnreg``, ``heads_first``); without
 one, :func:`default_config` looks the shape up in :data:`RING_TABLE` (set from
@@ -67,6 +73,10 @@ from ._common import cdiv
 from .attention_core import M_INIT, attend_source, chunk_id, store_rows
 
 LAYOUTS = ("contiguous", "zigzag")
+#: the attention cores: ``"tl"`` (kernels/attention_core.py; GPUs and the simulator, the default) and
+#: ``"gluon"`` (kernels/attention_hopper.py: warp-specialised, Hopper GPUs only, world size 1; not the default
+#: until a GPU run has checked and timed it)
+CORES = ("tl", "gluon")
 _DTYPES = (torch.float16, torch.bfloat16)
 #: signal words (pieces) per KV head and source on GPUs / on the simulator
 GPU_NSPLIT = 4
@@ -448,22 +458,42 @@ def _check_inputs(ctx, q, k, v, layout):
 
 
 def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None, sm_scale=None,
-                   config: AttnConfig | None = None, return_lse=False, out=None, _plant_no_wait=False):
+                   config=None, return_lse=False, out=None, _plant_no_wait=False, core="tl"):
     """This rank's rows of attention over the whole sequence (module
     docstring).  Collective: every rank calls it with the same shapes,
     ``causal``, ``layout`` and ``config``.  Returns ``out`` (``[B, Hq, S, D]``)
-    or ``(out, lse)`` with the fp32 natural-log log-sum-exp ``[B, Hq, S]``."""
+    or ``(out, lse)`` with the fp32 natural-log log-sum-exp ``[B, Hq, S]``.
+
+    ``core``: ``"tl"`` (the default; ``config`` an :class:`AttnConfig` or None) or ``"gluon"``: the
+    warp-specialised Gluon core (kernels/attention_hopper.py; ``config`` a ``HopperAttnConfig`` or None) at
+    world size 1 on a Hopper GPU -- refused elsewhere (the simulator, other GPUs, several ranks) with a message
+    naming the tl core."""
+    if core not in CORES:
+        raise ditron.DitronError(f"ring_attention: core={core!r}; use one of {', '.join(CORES)}")
     if layout is None:
         layout = "zigzag" if causal else "contiguous"
     seq = q.shape[2] * ctx.world_size if isinstance(q, torch.Tensor) and q.dim() == 4 and \
         isinstance(ctx, RingAttentionContext) else None
-    cfg = (config or default_config(q.device, seq, causal, ctx.world_size if isinstance(ctx, RingAttentionContext)
-                                    else 1)).validate()
+    if core == "gluon":
+        cfg = _gluon_config("ring_attention", config)
+    else:
+        cfg = (config or default_config(q.device, seq, causal, ctx.world_size if isinstance(ctx, RingAttentionContext)
+                                        else 1)).validate()
     enter(ctx, RingAttentionContext, "ring_attention",
           [("q.shape", tuple(q.shape) if isinstance(q, torch.Tensor) else None),
            ("k.shape", tuple(k.shape) if isinstance(k, torch.Tensor) else None),
-           ("causal", bool(causal)), ("layout", layout), ("config", cfg.short())], q=q, k=k, v=v, out=out)
+           ("causal", bool(causal)), ("layout", layout),
+           ("config", cfg.label() if core == "gluon" else cfg.short())], q=q, k=k, v=v, out=out)
     _check_inputs(ctx, q, k, v, layout)
+    if core == "gluon":
+        if ctx.world_size > 1:
+            raise ditron.DitronError(f"ring_attention: core='gluon' runs at world size 1 only (the Gluon core has no "
+                                     f"ring loop over peers' K / V yet); this world has {ctx.world_size} ranks: use "
+                                     "core='tl'")
+        if out is not None:
+            ctx.check_tensor(out, "out", numel=q.numel())
+        res = _run_gluon("ring_attention", q, k, v, causal, sm_scale, cfg, out)
+        return res if return_lse else res[0]
     B, HQ, S, D = q.shape
     HKV = k.shape[1]
     W = ctx.world_size
@@ -494,13 +524,39 @@ def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None
     return (out, lse) if return_lse else out
 
 
-def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | None = None, return_lse=False,
-                    out=None):
+def _gluon_config(op, config):
+    """The validated ``HopperAttnConfig`` of a ``core="gluon"`` call (None: its default)."""
+    from . import attention_hopper as H
+    if config is not None and not isinstance(config, H.HopperAttnConfig):
+        raise ditron.DitronError(f"{op}: core='gluon' takes a HopperAttnConfig (or None), not {config!r}")
+    return config or H.DEFAULT_CONFIG
+
+
+def _run_gluon(op, q, k, v, causal, sm_scale, cfg, out):
+    """``(out, lse)`` from the Gluon core after its checks (kernels/attention_hopper.py), or the refusal
+    naming the tl core where it cannot run."""
+    from . import attention_hopper as H
+    H.check_inputs(op, q, k, v, out, cfg)
+    if q.device.type != "cuda" or not H.supported(q.device):
+        where = "the simulator" if q.device.type == "cpu" else str(q.device)
+        raise ditron.DitronError(f"{op}: core='gluon' (the warp-specialised Gluon core) runs on Hopper GPUs only, "
+                                 f"not on {where}; use core='tl', its tl twin (the same outputs o and lse)")
+    return H.attention_hopper(q, k, v, causal=causal, sm_scale=sm_scale, config=cfg, out=out, return_lse=True)
+
+
+def flash_attention(q, k, v, causal=False, sm_scale=None, config=None, return_lse=False, out=None, core="tl"):
     """Single-device attention with the same core (no context, no
     communication): ``q`` ``[B, Hq, S, D]``, ``k`` / ``v`` ``[B, Hkv, S, D]``
     (any tensors, symmetric or not; contiguous), fp16 / bf16.  Used by
-    Ulysses (kernels/ulysses.py) on its whole-sequence head shards."""
+    Ulysses (kernels/ulysses.py) on its whole-sequence head shards.
+    ``core``: ``"tl"`` (the default; ``config`` an :class:`AttnConfig`) or ``"gluon"`` (Hopper GPUs only;
+    ``config`` a ``HopperAttnConfig``; D 64 or 128), as :func:`ring_attention`."""
     E = ditron.DitronError
+    if core not in CORES:
+        raise E(f"flash_attention: core={core!r}; use one of {', '.join(CORES)}")
+    if core == "gluon":
+        res = _run_gluon("flash_attention", q, k, v, causal, sm_scale, _gluon_config("flash_attention", config), out)
+        return res if return_lse else res[0]
     cfg = (config or default_config(q.device, q.shape[2] if q.dim() == 4 else None, causal)).validate(
         "flash_attention")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -530,4 +586,4 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config: AttnConfig | N
 
 __all__ = ["AttnConfig", "RingAttentionContext", "flash_attention", "create_ring_attention_context", "ring_attention", "shard",
            "unshard", "LAYOUTS", "TUNE_CONFIGS", "LEVER_CONFIGS", "GPU_CONFIG", "GPU_SHORT_CONFIG", "SHORT_SEQ", "SIM_CONFIG",
-           "default_config", "RING_TABLE", "RING_TABLE_MULTI", "HOPPER_CONFIG", "GPU_CAUSAL_SHORT_CONFIG"]
+           "default_config", "RING_TABLE", "RING_TABLE_MULTI", "HOPPER_CONFIG", "GPU_CAUSAL_SHORT_CONFIG", "CORES"]

@@ -36,10 +36,16 @@ def reference(q, k, v, causal):
     return o, torch.logsumexp(s, -1)
 
 
-def ring_cases(world, cases, config=None, calls=1, plant_no_wait=False):
+def ring_cases(world, cases, config=None, calls=1, plant_no_wait=False, core="tl"):
     """``cases``: (B, Hq, Hkv, S per rank, D, causal, layout, dtype).  One
     context for all of them; every case is run ``calls`` times with fresh
-    inputs (context reuse).  Returns the number of checked outputs."""
+    inputs (context reuse).  Returns the number of checked outputs.
+    ``core="gluon"``: the Gluon Hopper core (world size 1 on a Hopper GPU;
+    elsewhere returns None without running anything)."""
+    if core == "gluon":
+        from ditron.kernels import attention_hopper as AH
+        if world.world_size != 1 or not AH.supported(world.device):
+            return None
     W, r = world.world_size, world.rank
     maxb = max(c[0] * c[2] for c in cases)
     ctx = A.create_ring_attention_context(1, max(c[3] for c in cases), maxb, max(c[4] for c in cases),
@@ -54,7 +60,7 @@ def ring_cases(world, cases, config=None, calls=1, plant_no_wait=False):
             o_ref, lse_ref = reference(q, k, v, causal)
             sh = [A.shard(t, r, W, layout).to(world.device) for t in (q, k, v)]
             out, lse = A.ring_attention(*sh, ctx, causal=causal, layout=layout, config=config, return_lse=True,
-                                        _plant_no_wait=plant_no_wait)
+                                        _plant_no_wait=plant_no_wait, core=core)
             what = f"rank {r}/{W} case {(B, HQ, HKV, S, D, causal, layout, dt)} call {call}"
             torch.testing.assert_close(out.float().cpu(), A.shard(o_ref, r, W, layout), rtol=TOL[dtype],
                                        atol=TOL[dtype], msg=lambda m: f"{what}: out: {m}")
@@ -87,6 +93,15 @@ def errors(world):
     grab("layout", lambda: A.ring_attention(q, k, k, ctx, layout="striped"))
     grab("head_dim", lambda: A.create_ring_attention_context(1, 8, 2, 24, torch.float16))
     grab("shape", lambda: A.ring_attention(q, k[:, :, :4].contiguous(), k[:, :, :4].contiguous(), ctx))
+    grab("core", lambda: A.ring_attention(q, k, k, ctx, core="cudnn"))
+    grab("gluon_config", lambda: A.ring_attention(q, k, k, ctx, core="gluon", config=A.SIM_CONFIG))
+    if ctx.sim:
+        # the Gluon core is refused on the simulator, naming the tl core (head_dim 64: a shape it takes)
+        ctx64 = A.create_ring_attention_context(1, 8, 2, 64, torch.float16)
+        q64 = torch.zeros(1, 4, 8, 64, dtype=torch.float16, device=dev)
+        k64 = torch.zeros(1, 2, 8, 64, dtype=torch.float16, device=dev)
+        grab("gluon_sim", lambda: A.ring_attention(q64, k64, k64, ctx64, core="gluon"))
+        grab("gluon_head_dim", lambda: A.ring_attention(q, k, k, ctx, core="gluon"))
     fctx = FD.create_flash_decode_context(1, 4, 2, 16, torch.float16)
     lens = torch.full((1,), 8, dtype=torch.int32, device=dev)
     grab("fuse_splits", lambda: FD.flash_decode(q[:, :, 0].contiguous(), k, k, lens, fctx,

@@ -75,6 +75,26 @@ def test_errors_before_launch(dist_world):
     assert "head_dim=24 must be a power of two" in msgs["head_dim"]
     assert "must be [batch=1, kv_heads, seq=8" in msgs["shape"]
     assert "fuse_combine needs world size 1 and at most 64 splits" in msgs["fuse_splits"]
+    assert "core='cudnn'; use one of tl, gluon" in msgs["core"]
+    assert "core='gluon' takes a HopperAttnConfig" in msgs["gluon_config"]
+    if not ON_GPU:
+        assert "runs on Hopper GPUs only, not on the simulator; use core='tl'" in msgs["gluon_sim"]
+        assert "head_dim=16; the Gluon core takes 64 or 128" in msgs["gluon_head_dim"]
+
+
+#: the Gluon Hopper core through ring_attention(core="gluon") at world size 1: odd lengths (a partial last
+#: query tile and key tail), GQA, batch 2, D 64 and 128, fp16 and bf16
+GLUON_CASES = [(1, 32, 8, 1000, 128, True, "zigzag", "bf16"), (1, 32, 8, 1000, 128, False, "contiguous", "bf16"),
+               (2, 4, 2, 300, 64, True, "contiguous", "fp16"), (2, 4, 2, 129, 64, False, "contiguous", "fp16")]
+
+
+def test_world_size_one_gluon_core(dist_world):
+    if not ON_GPU:
+        pytest.skip("the Gluon core runs on Hopper GPUs only (the simulator refuses it: test_errors_before_launch)")
+    got = dist_world(1).run(B.ring_cases, GLUON_CASES, core="gluon")
+    if got == [None]:
+        pytest.skip("not a Hopper GPU")
+    assert got == [len(GLUON_CASES)]
 
 
 @pytest.fixture(scope="module")
