@@ -8,7 +8,8 @@
 #
 #   bash bench/fp8_gluon.sh
 #   CONFIGS="coop 128x128x128 s6" ROUNDS=1 bash bench/fp8_gluon.sh
-#   RECIPES=block BLOCK_CONFIGS="coop 128x128x128 s6" bash bench/fp8_gluon.sh
+#   RECIPES=block bash bench/fp8_gluon.sh                  # blockwise: overlapped vs serial consumer, vendor, tl, bf16
+#   RECIPES=block BLOCK_CONFIGS="coop 128x128x128 s6,coop 128x128x128 s6 serial" bash bench/fp8_gluon.sh
 set -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"

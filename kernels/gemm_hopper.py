@@ -107,6 +107,12 @@ class HopperGemmConfig:
     #: the epilogue stores each consumer's tile in ``epilogue_split`` column slices through one staging buffer
     #: of that width (1 or 2): less shared memory (a 4th stage for 128 x 256 coop), one more store wait
     epilogue_split: int = 1
+    #: blockwise fp8 only: each consumer issues step k+1's ``wgmma`` (into a second partial accumulator) before
+    #: it waits for step k's and promotes it, so its tensor-core work runs under its own promotion FMAs and
+    #: scale loads (three 64 x 128 fp32 accumulators per warpgroup); False: wait for every step's ``wgmma``
+    #: before promoting it (the first Gluon blockwise consumer, bench/results/h100-2026-12-07d-fp8-block).
+    #: The same fp32 operations in the same K order either way: the output is bitwise the same.
+    block_overlap: bool = True
 
     @property
     def consumer_rows(self) -> int:
@@ -119,9 +125,10 @@ class HopperGemmConfig:
         staging = 2 * self.consumer_rows * (self.block_n // self.epilogue_split) * (out_elem or elem)
         return ring + staging + 2 * self.stages * 8
 
-    def validate(self, op="matmul_hopper", elem=2, out_elem=None):
+    def validate(self, op="matmul_hopper", elem=2, out_elem=None, blockwise=False):
         """Raise a DitronError naming what does not fit; ``elem`` / ``out_elem``: operand / output bytes (1 /
-        2 or 4 for fp8 operands: the fp8 limits below apply too)."""
+        2 or 4 for fp8 operands: the fp8 limits below apply too); ``blockwise``: the launch runs the overlapped
+        blockwise consumer (:func:`block_overlap`: three accumulators per consumer warpgroup)."""
         E = ditron.DitronError
         if self.mode not in MODES:
             raise E(f"{op}: mode={self.mode!r}; use one of {', '.join(MODES)}")
@@ -148,11 +155,12 @@ class HopperGemmConfig:
             if self.block_k > 128 or self.block_k < 32:
                 raise E(f"{op}: fp8 operands need 32 <= block_k <= 128 (got {self.block_k}): one wgmma K step is 32 "
                         "and the fp32 promotion comes every block_k products, as the tl core's")
-            if 2 * self.consumer_rows * self.block_n > 128 * 128:
-                raise E(f"{op}: fp8 with the fp32 promotion keeps two {self.consumer_rows} x {self.block_n} fp32 "
-                        f"accumulators per consumer warpgroup ({2 * self.consumer_rows * self.block_n // 128} "
-                        "registers per thread); at most 128 fit beside the addresses (64 x 128 per consumer: "
-                        "coop 128 x 128 or pingpong 64 x 128)")
+            n_acc = 3 if blockwise and self.block_overlap else 2
+            if self.consumer_rows * self.block_n > 64 * 128:
+                raise E(f"{op}: fp8 with the fp32 promotion keeps {('two', 'three')[n_acc - 2]} {self.consumer_rows} x {self.block_n} fp32 "
+                        f"accumulators per consumer warpgroup ({n_acc * self.consumer_rows * self.block_n // 128} "
+                        f"registers per thread); at most {64 * n_acc} fit beside the addresses (64 x 128 per "
+                        "consumer: coop 128 x 128 or pingpong 64 x 128)")
         smem = self.smem_bytes(elem, out_elem)
         if smem > 227 * 1024:
             raise E(f"{op}: {smem} bytes of shared memory ({self.stages} stages of "
@@ -167,7 +175,8 @@ class HopperGemmConfig:
     def label(self) -> str:
         return (f"gluon {self.mode} {self.block_m}x{self.block_n}x{self.block_k} s{self.stages}"
                 + (f" epi/{self.epilogue_split}" if self.epilogue_split > 1 else "")
-                + (f" g{self.group_m}" if self.group_m != 8 else ""))
+                + (f" g{self.group_m}" if self.group_m != 8 else "")
+                + ("" if self.block_overlap else " serial"))
 
 
 DEFAULT_CONFIG = HopperGemmConfig()
@@ -193,7 +202,15 @@ def scale_constexprs(sa_row: bool, sb_col: bool, cfg: HopperGemmConfig, block=No
     blockwise scales (then the scales apply per K step, not in the epilogue)."""
     gk, gn = block or (128, 128)
     return dict(SA_ROW=bool(sa_row), SB_COL=bool(sb_col), PROMOTE=cfg.block_k, BLOCKWISE=block is not None,
-                GK=int(gk), GN=int(gn))
+                GK=int(gk), GN=int(gn), BLOCK_OVERLAP=block_overlap(cfg, block))
+
+
+def block_overlap(cfg: HopperGemmConfig, block) -> bool:
+    """Whether a blockwise launch (``block = (gk, gn)``, or None) runs the overlapped consumer
+    (:func:`_block_mainloop`): :attr:`HopperGemmConfig.block_overlap` and the tile's columns in one ``scale_b``
+    group (``gn`` a multiple of ``block_n``: one scalar per step; per-column scales of two steps in flight
+    would spill beside three accumulators), else the serial loop -- the same numbers either way."""
+    return bool(block is not None and cfg.block_overlap and int(block[1]) % cfg.block_n == 0)
 
 
 #: the ``tl`` core's config whose tiles and K order match :data:`DEFAULT_CONFIG` (the simulator's twin)
@@ -331,13 +348,89 @@ def _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn
                   acc_layout: gl.constexpr, SUB_M: gl.constexpr, BN: gl.constexpr, GN: gl.constexpr):
     """Blockwise fp8 (DeepSeek-V3): the K group ``g``'s scales of this consumer's rows and the tile's columns,
     shaped to broadcast against the accumulator: ``scale_a[rows, g]`` ``[SUB_M, 1]`` and ``scale_b[g, cols //
-    GN]`` ``[1, BN]``, the tl core's ``scale_step`` loads (rows past ``M`` and columns past ``N`` read 0: their
-    products are TMA zero-fill, 0 * 0, and the TMA store clips them)."""
+    GN]`` -- one scalar where ``GN`` is a multiple of ``BN`` (the tile's columns lie in one group: the tile
+    starts at a multiple of ``BN``), else ``[1, BN]`` -- the values of the tl core's ``scale_step`` loads (rows
+    past ``M`` read 0; columns past ``N`` read 0 from the per-column load, the group's scale from the scalar
+    one: their products are TMA zero-fill and the TMA store clips them either way)."""
     rows = off_m + gl.arange(0, SUB_M, layout=gl.SliceLayout(1, acc_layout))
     sa = gl.load(sa_ptr + rows.to(gl.int64) * stride_sam + g * stride_sak, mask=rows < M, other=0.0)
-    cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
-    sb = gl.load(sb_ptr + (cols // GN).to(gl.int64) * stride_sbn + g * stride_sbk, mask=cols < N, other=0.0)
-    return gl.expand_dims(sa, 1), gl.expand_dims(sb, 0)
+    if GN % BN == 0:
+        sb = gl.load(sb_ptr + (off_n // GN).to(gl.int64) * stride_sbn + g * stride_sbk)
+    else:
+        cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
+        sb = gl.expand_dims(gl.load(sb_ptr + (cols // GN).to(gl.int64) * stride_sbn + g * stride_sbk,
+                                    mask=cols < N, other=0.0), 0)
+    return gl.expand_dims(sa, 1), sb
+
+
+@gluon.jit
+def _registers_fence(x):
+    """``x`` unchanged (an empty volatile ``asm`` per register, in and out tied: no instruction), as an ordering
+    point: what computes ``x`` stays before the next volatile ``asm`` -- a ``wgmma`` -- where LLVM would otherwise
+    sink pure arithmetic past it (CUTLASS's ``warpgroup_fence_operand``)."""
+    return gl.inline_asm_elementwise("", "=f,0", [x], dtype=gl.float32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _block_mainloop(a_bufs, b_bufs, ready, empty, acc, part0, part1, count, k_steps, sa_ptr, sb_ptr, stride_sam,
+                    stride_sak, stride_sbk, stride_sbn, off_m, off_n, M, N, acc_layout: gl.constexpr,
+                    row0: gl.constexpr, SUB_M: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GK: gl.constexpr,
+                    GN: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, B_T: gl.constexpr):
+    """One tile's blockwise-fp8 mainloop with the promotion overlapped (:attr:`HopperGemmConfig.block_overlap`):
+    step ``k``'s product goes to ``part0`` (``k`` even) or ``part1`` (odd); step ``k + 1``'s ``wgmma`` is issued
+    before the wait for step ``k``'s (``warpgroup_mma_wait(1)``: all but the newest group have retired), so the
+    tensor core works on ``k + 1`` while this warpgroup adds ``part_k * scale_a * scale_b`` to ``acc``; each
+    step's scales are loaded a step ahead.  The loop takes two steps per iteration (the partial accumulators'
+    roles are fixed, so no register moves of an accumulator in flight), the last one or two steps after it.
+
+    Numerics: ``acc`` receives, in K order, ``acc + part_k * sa_k * sb_k`` (fp32, the same expression and
+    association as the serial loop and the tl core's ``scale_step``), and ``part_k`` is step ``k``'s products
+    summed by the tensor core from zero (``use_acc=False``): only the time the promotion happens moves, so the
+    output is bitwise that of the serial loop and the tl twin.  Returns ``(acc, part0, part1, count)``."""
+    s = count % STAGES
+    a, b = _ring_operands(a_bufs, b_bufs, ready, s, count, row0, SUB_M, STAGES, PINGPONG, B_T)
+    p0 = warpgroup_mma(a, b, part0, use_acc=False, is_async=True)
+    sa0, sb0 = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M, N,
+                             0, acc_layout, SUB_M, BN, GN)
+    # invariant at each iteration: step ki's wgmma (into p0) is in flight, sa0 / sb0 are its scales, ki + 2 < k_steps
+    for ki in range(0, k_steps - 2, 2):
+        s1 = (count + 1) % STAGES
+        sa1, sb1 = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M,
+                                 N, ((ki + 1) * BK) // GK, acc_layout, SUB_M, BN, GN)
+        a, b = _ring_operands(a_bufs, b_bufs, ready, s1, count + 1, row0, SUB_M, STAGES, PINGPONG, B_T)
+        p1 = warpgroup_mma(a, b, part1, use_acc=False, is_async=True)
+        part0 = warpgroup_mma_wait(1, deps=(p0, ))                # step ki retired; ki + 1 runs
+        mbarrier.arrive(empty.index(count % STAGES))
+        acc = _registers_fence(acc + part0 * sa0 * sb0)    # read part0 before it is the next wgmma's
+        s2 = (count + 2) % STAGES
+        sa0, sb0 = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M,
+                                 N, ((ki + 2) * BK) // GK, acc_layout, SUB_M, BN, GN)
+        a, b = _ring_operands(a_bufs, b_bufs, ready, s2, count + 2, row0, SUB_M, STAGES, PINGPONG, B_T)
+        p0 = warpgroup_mma(a, b, part0, use_acc=False, is_async=True)
+        part1 = warpgroup_mma_wait(1, deps=(p1, ))                # step ki + 1 retired; ki + 2 runs
+        mbarrier.arrive(empty.index(s1))
+        acc = _registers_fence(acc + part1 * sa1 * sb1)    # read part1 before it is the next wgmma's
+        count += 2
+    # the last step (k_steps odd) or two (even): step count's wgmma is in flight in p0
+    if k_steps % 2 == 0:
+        s1 = (count + 1) % STAGES
+        sa1, sb1 = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M,
+                                 N, ((k_steps - 1) * BK) // GK, acc_layout, SUB_M, BN, GN)
+        a, b = _ring_operands(a_bufs, b_bufs, ready, s1, count + 1, row0, SUB_M, STAGES, PINGPONG, B_T)
+        p1 = warpgroup_mma(a, b, part1, use_acc=False, is_async=True)
+        part0 = warpgroup_mma_wait(1, deps=(p0, ))
+        mbarrier.arrive(empty.index(count % STAGES))
+        acc = _registers_fence(acc + part0 * sa0 * sb0)    # promoted while the last wgmma runs
+        part1 = warpgroup_mma_wait(0, deps=(p1, ))
+        mbarrier.arrive(empty.index(s1))
+        acc = acc + part1 * sa1 * sb1
+        count += 2
+    else:
+        part0 = warpgroup_mma_wait(0, deps=(p0, ))
+        mbarrier.arrive(empty.index(count % STAGES))
+        acc = acc + part0 * sa0 * sb0
+        count += 1
+    return acc, part0, part1, count
 
 
 @gluon.jit
@@ -409,7 +502,7 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
               CID: gl.constexpr, PINGPONG: gl.constexpr, B_T: gl.constexpr, SCALE: gl.constexpr,
               SA_ROW: gl.constexpr, SB_COL: gl.constexpr, PROMOTE: gl.constexpr, SCATTER: gl.constexpr,
               SIGNAL: gl.constexpr, stride_sak, stride_sbk, BLOCKWISE: gl.constexpr, GK: gl.constexpr,
-              GN: gl.constexpr):
+              GN: gl.constexpr, OVERLAP: gl.constexpr):
     """One consumer warpgroup (4 warps): ``CID`` 0 or 1.
 
     Ping-pong: the consumers' mainloops take turns (``turn[c]``: consumer
@@ -472,25 +565,36 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
         if PROMOTE > 0:
             # fp8 with the fp32 promotion: each step's products are summed in a zeroed tensor-core accumulator
             # (``use_acc=False``), then added to ``acc`` in fp32 (acc + part: Triton's max_num_imprecise_acc
-            # promotion, the tl twin's numerics).  The wait is for this step's MMA: ptxas serialises every wgmma
-            # of a kernel that reads a partial sum while another MMA is in flight (C7514, also Triton's own
-            # lowering of max_num_imprecise_acc), so the overlap comes from the other consumer warpgroup (coop)
+            # promotion, the tl twin's numerics).  Blockwise with ``OVERLAP``: two partial accumulators, step
+            # k + 1's wgmma in flight while step k is promoted (:func:`_block_mainloop`).  Otherwise the wait is
+            # for this step's MMA and the overlap comes from the other consumer warpgroup only.  (Reading one
+            # partial sum while a wgmma writes another is fine for ptxas as long as no instruction touches the
+            # in-flight one's registers: LLVM sinking the promotion below the next wgmma -- then a register copy
+            # of the partial sum it overwrites -- is what serialises, ptxas C7515; :func:`_registers_fence`.)
             part = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout)
-            for ki in range(k_steps):
-                s = count % STAGES
-                a, b = _ring_operands(a_bufs, b_bufs, ready, s, count, row0, SUB_M, STAGES, PINGPONG, B_T)
-                part = warpgroup_mma(a, b, part, use_acc=False, is_async=True)
-                if BLOCKWISE:                            # the step's scales, loaded under its MMA
-                    sa, sb = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn,
-                                           pid_m * BM + row0, pid_n * BN, M, N, (ki * BK) // GK, acc_layout,
-                                           SUB_M, BN, GN)
-                part = warpgroup_mma_wait(0, deps=(part, ))
-                mbarrier.arrive(empty.index(s))          # the MMA that read the slot has retired
-                if BLOCKWISE:
-                    acc = acc + part * sa * sb
-                else:
-                    acc = acc + part
-                count += 1
+            if BLOCKWISE and OVERLAP:
+                # step k + 1's wgmma issued before step k's promotion (:func:`_block_mainloop`)
+                part_b = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout)
+                acc, part, part_b, count = _block_mainloop(
+                    a_bufs, b_bufs, ready, empty, acc, part, part_b, count, k_steps, sa_ptr, sb_ptr, stride_sam,
+                    stride_sak, stride_sbk, stride_sbn, pid_m * BM + row0, pid_n * BN, M, N, acc_layout, row0,
+                    SUB_M, BN, BK, GK, GN, STAGES, PINGPONG, B_T)
+            else:
+                for ki in range(k_steps):
+                    s = count % STAGES
+                    a, b = _ring_operands(a_bufs, b_bufs, ready, s, count, row0, SUB_M, STAGES, PINGPONG, B_T)
+                    part = warpgroup_mma(a, b, part, use_acc=False, is_async=True)
+                    if BLOCKWISE:                            # the step's scales, loaded under its MMA
+                        sa, sb = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn,
+                                               pid_m * BM + row0, pid_n * BN, M, N, (ki * BK) // GK, acc_layout,
+                                               SUB_M, BN, GN)
+                    part = warpgroup_mma_wait(0, deps=(part, ))
+                    mbarrier.arrive(empty.index(s))          # the MMA that read the slot has retired
+                    if BLOCKWISE:
+                        acc = acc + part * sa * sb
+                    else:
+                        acc = acc + part
+                    count += 1
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - CID))     # every MMA of this tile is issued: the other's turn
         else:
@@ -565,7 +669,8 @@ def ws_scaled_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_loc
                         PRODUCER_REGS: gl.constexpr, B_T: gl.constexpr, SCALE: gl.constexpr, SA_ROW: gl.constexpr,
                         SB_COL: gl.constexpr, PROMOTE: gl.constexpr, world=1, seg_count_ptr=0, done_ptr=0,
                         SCATTER: gl.constexpr = False, SIGNAL: gl.constexpr = False, stride_sak=0, stride_sbk=0,
-                        BLOCKWISE: gl.constexpr = False, GK: gl.constexpr = 128, GN: gl.constexpr = 128):
+                        BLOCKWISE: gl.constexpr = False, GK: gl.constexpr = 128, GN: gl.constexpr = 128,
+                        OVERLAP: gl.constexpr = False):
     """:func:`ws_gemm_body` with the fp8 arguments (described at :func:`_consumer`): ``b_desc`` of ``b^T``
     (``B_T``), the fp32 promotion every ``PROMOTE`` products, the epilogue scales ``sa_ptr`` / ``sb_ptr``
     (element strides ``stride_sam`` per row, ``stride_sbn`` per column), or with ``BLOCKWISE`` the scales of
@@ -585,10 +690,10 @@ def ws_scaled_gemm_body(a_desc, g_desc, b_desc, c_desc, M, ROT, flags_ptr, m_loc
     gl.warp_specialize([
         (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, sa_ptr, sb_ptr, stride_sam,
                      stride_sbn, me, world, seg_count_ptr, done_ptr, GROUP_M, STAGES, 0, PINGPONG, B_T, SCALE, SA_ROW,
-                     SB_COL, PROMOTE, SCATTER, SIGNAL, stride_sak, stride_sbk, BLOCKWISE, GK, GN)),
+                     SB_COL, PROMOTE, SCATTER, SIGNAL, stride_sak, stride_sbk, BLOCKWISE, GK, GN, OVERLAP)),
         (_consumer, (a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT, sa_ptr, sb_ptr, stride_sam,
                      stride_sbn, me, world, seg_count_ptr, done_ptr, GROUP_M, STAGES, 1, PINGPONG, B_T, SCALE, SA_ROW,
-                     SB_COL, PROMOTE, SCATTER, SIGNAL, stride_sak, stride_sbk, BLOCKWISE, GK, GN)),
+                     SB_COL, PROMOTE, SCATTER, SIGNAL, stride_sak, stride_sbk, BLOCKWISE, GK, GN, OVERLAP)),
         (_producer, (a_desc, g_desc, b_desc, a_bufs, b_bufs, ready, empty, M, ROT, flags_ptr, m_local, slot_rows,
                      me, world, GROUP_M, STAGES, GATHER, B_T, SCATTER)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -609,14 +714,15 @@ def scaled_gemm_ws_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, stride_sam, st
                           GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
                           CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, SA_ROW: gl.constexpr,
                           SB_COL: gl.constexpr, PROMOTE: gl.constexpr, BLOCKWISE: gl.constexpr, GK: gl.constexpr,
-                          GN: gl.constexpr):
+                          GN: gl.constexpr, BLOCK_OVERLAP: gl.constexpr):
     """Persistent warp-specialised fp8 ``c = (a * scale_a) @ (b * scale_b)``: ``a_desc`` of ``a [M, K]``,
     ``b_desc`` of ``b^T [N, K]`` (both K-major), per-tensor or per-row / per-column scales in the epilogue, or
     (``BLOCKWISE``) DeepSeek-V3 blockwise scales per K step (``num_warps=4``, partitions as
     :func:`gemm_ws_kernel`; the scale arguments are :meth:`ditron.kernels.scaling.Recipe.kernel_args`')."""
     ws_scaled_gemm_body(a_desc, a_desc, b_desc, c_desc, a_desc.shape[0], 0, 0, 0, 0, 0, sa_ptr, sb_ptr, stride_sam,
                         stride_sbn, GROUP_M, STAGES, PINGPONG, False, CONSUMER_REGS, PRODUCER_REGS, True, True,
-                        SA_ROW, SB_COL, PROMOTE, 1, 0, 0, False, False, stride_sak, stride_sbk, BLOCKWISE, GK, GN)
+                        SA_ROW, SB_COL, PROMOTE, 1, 0, 0, False, False, stride_sak, stride_sbk, BLOCKWISE, GK, GN,
+                        BLOCK_OVERLAP)
 
 
 # ---------------------------------------------------------------------------
@@ -722,7 +828,8 @@ def fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config: HopperGemmConfi
     cfg = config or fp8_default_config(M, N, K, 132, out_dtype, rec.gk if block else None)
     if not isinstance(cfg, HopperGemmConfig):
         raise E(f"{op}: config must be a HopperGemmConfig, not {type(cfg).__name__}")
-    cfg.validate(op, elem=1, out_elem=_elem(out_dtype))
+    cfg.validate(op, elem=1, out_elem=_elem(out_dtype),
+                 blockwise=block_overlap(cfg, (rec.gk, rec.gn) if block else None))
     if block and rec.gk % cfg.block_k:
         raise E(f"{op}: blockwise scales with groups of {rec.gk} along K need block_k dividing {rec.gk} (one K "
                 f"group per K step; got block_k={cfg.block_k}); give the Gluon core a config with block_k="
@@ -787,7 +894,10 @@ def compile_sm90(cfg: HopperGemmConfig | None = None, dtype=torch.bfloat16, M=10
     if fp8:
         out_dtype = out_dtype or torch.bfloat16
         gk = scaling.check_scale_block("gemm_hopper.compile_sm90", scale_block)[0] if scales == "block" else None
-        cfg = (cfg or fp8_default_config(M, N, K, 132, out_dtype, gk)).validate(elem=1, out_elem=_elem(out_dtype))
+        cfg = cfg or fp8_default_config(M, N, K, 132, out_dtype, gk)
+        cfg.validate(elem=1, out_elem=_elem(out_dtype),
+                     blockwise=scales == "block" and block_overlap(cfg, scaling.check_scale_block(
+                         "gemm_hopper.compile_sm90", scale_block)))
         a = torch.empty((M, K), dtype=dtype)
         b = torch.empty((N, K), dtype=b_dtype or dtype).t()
         c = torch.empty((M, N), dtype=out_dtype)

@@ -170,7 +170,10 @@ def test_fp8_grouped_gemm_compiles_for_sm90a():
 # tiles (128 x 128 x 128 by default) and K order -- with the same checks; on an sm_90 GPU the Gluon kernel.  M, N
 # not multiples of the tiles, K with a tail of the 128-step; e4m3 and e5m2; coop and pingpong configs; blockwise
 # (DeepSeek-V3 1 x 128 / 128 x 128: the default config, one K group per step; and 128 x 64 groups with 64-deep
-# steps, two per group, two column groups per tile) against the float32 reference of the recipe
+# steps, two per group, two column groups per tile) against the float32 reference of the recipe.  Blockwise K step
+# counts 1 to 5 cover the overlapped consumer's prologue, two-step loop and odd / even tails (kernels/gemm_hopper.py
+# ``_block_mainloop``: coop and pingpong, bf16 and fp32 out, the last N tile past N), beside the serial consumer
+# (``block_overlap=False``); on the GPU each is also bitwise its tl twin
 GLUON_CASES = [
     (37, 40, 208, "row", "bfloat16", E4, E4, None),
     (19, 72, 144, "tensor", "float32", E4, E4, None),
@@ -181,6 +184,12 @@ GLUON_CASES = [
     (37, 200, 272, "block", "bfloat16", E4, E4, None),
     (45, 96, 160, "block", "float32", E4, E4, dict(block_m=64, block_n=128, block_k=64, stages=4, mode="pingpong",
                                                    scale_block=(128, 64))),
+    (21, 136, 128, "block", "bfloat16", E4, E4, None),
+    (70, 264, 256, "block", "bfloat16", E4, E4, dict(block_m=64, block_n=128, block_k=128, stages=4, mode="pingpong")),
+    (129, 136, 528, "block", "float32", E4, E4, dict(block_m=128, block_n=128, block_k=128, stages=5, mode="coop")),
+    (100, 256, 512, "block", "bfloat16", E4, E4, None),
+    (100, 256, 512, "block", "bfloat16", E4, E4, dict(block_m=128, block_n=128, block_k=128, stages=6, mode="coop",
+                                                      block_overlap=False)),
 ]
 
 
