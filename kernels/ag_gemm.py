@@ -410,9 +410,12 @@ def create_ag_gemm_context(max_m_per_rank, k, dtype, world=None, **options):
 
     ``core``: the consumer's GEMM core -- ``"tl"`` (default; every target and
     the simulator) or ``"gluon"``, the warp-specialised Hopper core
-    (kernels/ag_gemm_hopper.py: one node, float16 / bfloat16, sm_90;
-    ``gluon_config`` a ``HopperGemmConfig``); on the simulator a ``"gluon"``
-    context runs the tl consumer, its twin."""
+    (kernels/ag_gemm_hopper.py: one node, sm_90; float16 / bfloat16, or
+    fp8 with the scales travelling with their rows on the core's fp8 path;
+    ``gluon_config`` a ``HopperGemmConfig``, for fp8 default
+    ``gemm_hopper.fp8_default_config``); on the simulator a ``"gluon"``
+    context runs the tl consumer, its twin (an fp8 call is checked there
+    as the Gluon consumer would check it)."""
     return AgGemmContext(max_m_per_rank, k, dtype, world, **options)
 
 

@@ -20,7 +20,21 @@ The protocol is the ``tl`` consumer's copy-engine one (kernels/ag_gemm.py), unch
 Where it applies: one node, ``producer="ce"``, float16 / bfloat16, ``m % block_m == 0`` (tiles never straddle
 shards), row-major ``b``, TMA-aligned operands, a Hopper GPU.  ``core="gluon"`` where one of these does not hold is
 an error before launch that says which; on the simulator the context runs the ``tl`` consumer (the twin: the same
-protocol and tile order class, tests/test_ag_gemm.py)."""
+protocol and tile order class, tests/test_ag_gemm.py).
+
+fp8 contexts (:func:`ag_gemm_ws_scaled_kernel`; per-tensor, rowwise and blockwise scales, e4m3 / e5m2): the
+consumer is the Gluon core's fp8 path (``ws_scaled_gemm_body``) and the A scales travel with their rows, as in
+the ``tl`` consumer, but in one gathered ``[W * m, SK]`` float32 matrix at the start of ``sbuf[0]`` (rank ``s``'s
+rows at ``[s * m, (s + 1) * m)``; ``SK`` 1, or ``cdiv(K, gk)`` blockwise; a per-tensor ``scale_a`` becomes per
+row), so that the consumers read row ``r``'s scales at ``r * SK``: the host copies this shard's scales into its
+rows (one small copy on the current stream, before the side stream starts), and each copy-engine push to a
+peer sends the scales first, then the rows, then sets ``ready[me]`` -- the consumers' scale loads follow the
+producer partition's acquire of ``ready[s]`` through the ring's mbarriers (its release-arrive, their acquire
+wait), so they see segment ``s``'s scales.  ``b = w.t()`` column-major, ``K`` a multiple of 16, the output's
+rows 16-byte aligned, blockwise groups of at least 32 along K, ``m`` a multiple of the config's ``block_m``:
+:func:`plan_fp8` checks them once per call shape on every device (the simulator, which runs the ``tl``
+consumer, refuses what the GPU would), each refusal naming a ``core="tl"`` context; the config is the
+context's ``gluon_config`` or ``gemm_hopper.fp8_default_config``."""
 from __future__ import annotations
 
 import torch

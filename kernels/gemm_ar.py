@@ -425,7 +425,9 @@ def create_gemm_ar_context(max_m, n, dtype, world=None, **options) -> GemmArCont
 
     * ``core``: the GEMM's core -- ``"tl"`` (default; every method, target
       and the simulator) or ``"gluon"``, the warp-specialised Hopper core
-      (sm_90, one node, float16 / bfloat16 operands): such a context runs
+      (sm_90, one node; float16 / bfloat16 operands, or fp8 operands with
+      their scales on the core's fp8 path, a float32 context taking fp8
+      operands only): such a context runs
       method ``"rs_ag"`` (``"auto"`` picks it), whose GEMM-RS runs on the
       Gluon core (kernels/gemm_rs_hopper.py; ``gluon_config`` a
       ``HopperGemmConfig``), and allocates no buffers of the fused methods;

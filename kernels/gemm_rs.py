@@ -428,7 +428,7 @@ class GemmRsContext(CollectiveContext):
         self.gluon_config = self.gluon_fp8_config = None
         self._gluon_descs = {}
         if core == "gluon":
-            # the Gluon GEMM (kernels/gemm_rs_hopper.py): the copy-engine protocol, fp16 / bf16 partials
+            # the Gluon GEMM (kernels/gemm_rs_hopper.py): the copy-engine protocol; fp16 / bf16 operands, or fp8
             if method != "ce":
                 raise E("gemm_rs: core='gluon' runs the copy-engine protocol (one node, method='ce'); this "
                         f"context's method is {method!r}: use core='tl'")
@@ -541,10 +541,13 @@ def create_gemm_rs_context(max_m, n, dtype, world=None, method="auto", **options
 
     ``core``: the GEMM's core -- ``"tl"`` (default; every target and the
     simulator) or ``"gluon"``, the warp-specialised Hopper core
-    (kernels/gemm_rs_hopper.py: ``method="ce"``, one node, float16 /
+    (kernels/gemm_rs_hopper.py: ``method="ce"``, one node, sm_90; float16 /
     bfloat16 operands, row-major TMA-aligned ``a`` and ``b``, ``N`` a
-    multiple of 8, sm_90; ``gluon_config`` a ``HopperGemmConfig``); on the
-    simulator a ``"gluon"`` context runs the tl GEMM (``config``), its twin."""
+    multiple of 8; or fp8 operands with ``b = w.t()``, on the core's fp8
+    path -- a float32 context takes fp8 operands only; ``gluon_config`` a
+    ``HopperGemmConfig``: :func:`gluon_core_config`); on the simulator a
+    ``"gluon"`` context runs the tl GEMM (``config``), its twin (an fp8
+    call is checked there as the Gluon GEMM would check it)."""
     return GemmRsContext(max_m, n, dtype, world, method, **options)
 
 

@@ -55,11 +55,20 @@ keeps draining under the next mainloop):
 
 Deadlock freedom is the ``tl`` kernel's: the GEMM never waits for anything outside itself.
 
-Where it applies: one node (``method="ce"``, the default there), float16 / bfloat16 operands (fp8 operands are
-the ``tl`` core's), row-major ``a`` and ``b`` with 16-byte aligned bases and rows, ``N`` a multiple of 8 (TMA
-stores rows of ``cbuf``), a Hopper (sm_90) GPU.  ``core="gluon"`` where one of these does not hold is an error
-before launch that says which (the method, the dtype and the GPU -- e.g. an AMD one -- when the context is
-created; fp8 operands and the operands' layout per call: :func:`check_applies`).  On the simulator the context runs the ``tl`` kernel (the twin: the same
+Where it applies: one node (``method="ce"``, the default there), float16 / bfloat16 operands, row-major ``a`` and
+``b`` with 16-byte aligned bases and rows, ``N`` a multiple of 8 (TMA stores rows of ``cbuf``), a Hopper (sm_90)
+GPU.  ``core="gluon"`` where one of these does not hold is an error before launch that says which (the method,
+the dtype and the GPU -- e.g. an AMD one -- when the context is created; the operands' layout per call:
+:func:`check_applies`).
+
+fp8 operands (:func:`gemm_rs_ws_scaled_kernel`): the Gluon core's fp8 path (``ws_scaled_gemm_body``: per-tensor,
+per-row / per-column scales in the epilogue or blockwise ones per K step, the fp32 promotion every ``block_k``
+products), the same tiles, order, signals, copies and reduction; the partials are the context's dtype
+(bfloat16, float16, or float32: a float32 ``core="gluon"`` context takes fp8 operands only).  ``a`` row-major,
+``b = w.t()`` column-major, ``K`` a multiple of 16, the partial's rows 16-byte aligned, blockwise groups of at
+least 32 along K: :func:`plan_fp8` checks them once per call shape, on every device (the simulator, which runs
+the ``tl`` twin, refuses what the GPU would), each refusal naming a ``core="tl"`` context; the config is the
+context's ``gluon_config`` or ``gemm_hopper.fp8_default_config``.  On the simulator the context runs the ``tl`` kernel (the twin: the same
 protocol, tile order and reduction; tests/test_gemm_rs.py).
 """
 from __future__ import annotations
@@ -122,8 +131,8 @@ def gemm_rs_ws_scaled_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, seg_count_p
 
 
 def check_applies(ctx, a, b, N):
-    """Raise when the Gluon GEMM cannot take this call (the reason named; fp8 operands are refused by the
-    caller on every backend)."""
+    """Raise when the Gluon GEMM cannot take this fp16 / bf16 call (the reason named; fp8 calls:
+    :func:`plan_fp8`)."""
     why = None
     if a.stride(1) != 1 or b.stride(1) != 1:
         why = f"a and b must be row-major (a strides {a.stride()}, b strides {b.stride()})"
