@@ -336,8 +336,10 @@ class AgGemmContext(CollectiveContext):
                 raise E("ag_gemm: core='gluon' runs the copy-engine protocol (one node, producer='ce'); this "
                         f"context's producer is {producer!r}: use core='tl'")
             from .gemm_hopper import DEFAULT_CONFIG, HopperGemmConfig
+            from .gemm_rs import _check_gluon_device
             if gluon_config is not None and not isinstance(gluon_config, HopperGemmConfig):
                 raise E("ag_gemm: gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig")
+            _check_gluon_device("ag_gemm", self)            # a GPU that is not a Hopper one (the simulator: anywhere)
             if fp8:
                 self.gluon_config = gluon_config and gluon_config.validate(
                     "ag_gemm", elem=1, out_elem=torch.empty((), dtype=self.out_dtype).element_size())
