@@ -330,17 +330,21 @@ class AgGemmContext(CollectiveContext):
         self.core = core
         self.gluon_config = None
         if core == "gluon":
-            # the Gluon consumer (kernels/ag_gemm_hopper.py): the copy-engine protocol, fp16 / bf16
+            # the Gluon consumer (kernels/ag_gemm_hopper.py): the copy-engine protocol; fp16 / bf16 on the core's
+            # default config, fp8 on its fp8 core (fp8_default_config per call shape unless gluon_config is given)
             if producer != "ce":
                 raise E("ag_gemm: core='gluon' runs the copy-engine protocol (one node, producer='ce'); this "
                         f"context's producer is {producer!r}: use core='tl'")
-            if fp8:
-                raise E("ag_gemm: core='gluon' takes float16 / bfloat16 (the fp8 consumer is the tl core's): "
-                        "use core='tl'")
             from .gemm_hopper import DEFAULT_CONFIG, HopperGemmConfig
+            from .gemm_rs import _check_gluon_device
             if gluon_config is not None and not isinstance(gluon_config, HopperGemmConfig):
                 raise E("ag_gemm: gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig")
-            self.gluon_config = (gluon_config or DEFAULT_CONFIG).validate("ag_gemm")
+            _check_gluon_device("ag_gemm", self)            # a GPU that is not a Hopper one (the simulator: anywhere)
+            if fp8:
+                self.gluon_config = gluon_config and gluon_config.validate(
+                    "ag_gemm", elem=1, out_elem=torch.empty((), dtype=self.out_dtype).element_size())
+            else:
+                self.gluon_config = (gluon_config or DEFAULT_CONFIG).validate("ag_gemm")
         elif gluon_config is not None:
             raise E("ag_gemm: gluon_config applies to core='gluon'")
         self.config = self._config(config, tile_options)
@@ -408,9 +412,12 @@ def create_ag_gemm_context(max_m_per_rank, k, dtype, world=None, **options):
 
     ``core``: the consumer's GEMM core -- ``"tl"`` (default; every target and
     the simulator) or ``"gluon"``, the warp-specialised Hopper core
-    (kernels/ag_gemm_hopper.py: one node, float16 / bfloat16, sm_90;
-    ``gluon_config`` a ``HopperGemmConfig``); on the simulator a ``"gluon"``
-    context runs the tl consumer, its twin."""
+    (kernels/ag_gemm_hopper.py: one node, sm_90; float16 / bfloat16, or
+    fp8 with the scales travelling with their rows on the core's fp8 path;
+    ``gluon_config`` a ``HopperGemmConfig``, for fp8 default
+    ``gemm_hopper.fp8_default_config``); on the simulator a ``"gluon"``
+    context runs the tl consumer, its twin (an fp8 call is checked there
+    as the Gluon consumer would check it)."""
     return AgGemmContext(max_m_per_rank, k, dtype, world, **options)
 
 
@@ -434,28 +441,33 @@ def _check(ctx, a, b, out):
     return m, K, b.shape[1]
 
 
-def _ce_plan(ctx, m, K, ns=0):
+def _ce_plan(ctx, m, K, ns=0, compact=False):
     """Per shard size (and ``ns`` scale values per shard, fp8): for each peer
     ``rank-1, rank-2, ...`` the views the copy-engine producer needs (built
-    once: the host path of a call is a few driver calls)."""
-    plan = ctx._plans.get((m, ns))
+    once: the host path of a call is a few driver calls).  ``compact`` (the
+    Gluon consumer, kernels/ag_gemm_hopper.py): the scales go to elements
+    ``[rank * ns, (rank + 1) * ns)`` of the peer's ``sbuf[0]``, so that the
+    gathered rows' scales are one ``[W * m, ns // m]`` matrix; else to the
+    rank's slot of ``sbuf[0]`` (the tl consumer's layout)."""
+    plan = ctx._plans.get((m, ns, compact))
     if plan is None:
         W, me = ctx.world_size, ctx.rank
         slot = ctx.buf[0, me, :m * K]
+        sslot = ctx.sbuf[0].reshape(-1)[me * ns:(me + 1) * ns] if compact else ctx.sbuf[0, me, :ns] if ns else None
         plan = []
         for k in range(1, W):
             peer = (me - k) % W
-            sdst = ditron.peer_tensor(ctx.sbuf[0, me, :ns], peer) if ns else None
+            sdst = ditron.peer_tensor(sslot, peer) if ns else None
             plan.append((ctx.free[peer:peer + 1], ditron.peer_tensor(slot, peer),
                          ditron.peer_tensor(ctx.ready[me:me + 1], peer), sdst))
-        ctx._plans = {(m, ns): plan}
+        ctx._plans = {(m, ns, compact): plan}
     return plan
 
 
-def _produce_ce(ctx, a, m, K, srows=None):
+def _produce_ce(ctx, a, m, K, srows=None, compact=False):
     """Copy-engine pushes of ``a`` into every peer's slot ``rank`` (see the module docstring); fp8: its
-    rows' scales ``srows`` (contiguous) into the peer's ``sbuf`` slot first, under the same ``free`` /
-    ``ready`` flags (the rows and their scales land before ``ready`` is set)."""
+    rows' scales ``srows`` (contiguous) into the peer's ``sbuf`` first (``compact``: :func:`_ce_plan`),
+    under the same ``free`` / ``ready`` flags (the rows and their scales land before ``ready`` is set)."""
     transport = ctx.world.transport
     stream = None
     if ctx.overlap:
@@ -463,7 +475,7 @@ def _produce_ce(ctx, a, m, K, srows=None):
         stream.wait_stream(torch.cuda.current_stream(a.device))          # a is written
     src = a.reshape(-1)
     ns = 0 if srows is None else srows.numel()
-    for free, dst, ready, sdst in _ce_plan(ctx, m, K, ns):
+    for free, dst, ready, sdst in _ce_plan(ctx, m, K, ns, compact):
         if ns:
             take_flag(transport, free, stream)
             transport.rank_copy(sdst, srows.reshape(-1), stream)
@@ -554,8 +566,24 @@ def ag_gemm(a, b, ctx, out=None, *, scale_a=None, scale_b=None):
     m, K, N = _check(ctx, a, b, out)
     W = ctx.world_size
     M = W * m
+    if out is None:
+        out = torch.empty((M, N), dtype=ctx.out_dtype, device=a.device)
+    ptrs = (a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0)
     if ctx.fp8:
         rec = scaling.recipe("ag_gemm", m, K, N, scale_a, scale_b, a.device, ctx.scale_block)
+        if ctx.core == "gluon":
+            # the fp8 Gluon consumer (kernels/ag_gemm_hopper.py), planned once per call shape; its checks run on
+            # every device (the simulator, which runs the tl twin below, refuses what the GPU would)
+            from . import ag_gemm_hopper
+            gkey = (("gluon", m, K, N, a.dtype, b.dtype, out.dtype) + tuple(a.stride()) + tuple(b.stride())
+                    + tuple(out.stride()) + ptrs + scale_key(rec, scale_a, scale_b))
+            plan = ctx.plan(gkey, ag_gemm_hopper.plan_fp8, ctx, a, b, out, m, K, N, scale_a, scale_b)
+            if not ctx.sim:
+                ensure_tma_allocator()
+                ag_gemm_hopper.launch_fp8(ctx, plan, a, b, out, scale_a, scale_b, m, K)
+                if W > 1 and ctx.overlap:
+                    torch.cuda.current_stream(a.device).wait_stream(ctx.side_stream())   # later writes to a wait
+                return out
         srows, sk = _scale_rows(ctx, rec, scale_a, m)
         sargs = (srows, ctx.sbuf, scale_b, sk, 1 if rec.mode == scaling.BLOCKWISE else 0) + rec.sb + (ctx.s_slot,)
         sconsts = rec.consts()
@@ -563,12 +591,10 @@ def ag_gemm(a, b, ctx, out=None, *, scale_a=None, scale_b=None):
         scaling.no_scales("ag_gemm", scale_a, scale_b)
         rec, srows, sconsts = None, None, scaling.DUMMY_CONSTS
         sargs = (a, a, a, 0, 0, 0, 0, 1)
-    if out is None:
-        out = torch.empty((M, N), dtype=ctx.out_dtype, device=a.device)
     aligned = not ctx.sim and (fp8_tma_ok(a, b, out) if ctx.fp8 else tma_ok(a, b, out))
     key = (m, K, N, a.dtype, b.dtype, out.dtype, a.stride(0), b.stride(0), b.stride(1), aligned) + scale_key(
         rec, srows, scale_b)
-    if ctx.core == "gluon" and not ctx.sim:
+    if ctx.core == "gluon" and not ctx.sim and not ctx.fp8:
         from . import ag_gemm_hopper
         ag_gemm_hopper.check_applies(ctx, a, b, out, m, aligned)
         ensure_tma_allocator()
@@ -583,8 +609,7 @@ def ag_gemm(a, b, ctx, out=None, *, scale_a=None, scale_b=None):
         ensure_tma_allocator()
     if W > 1:
         (_produce_ce if ctx.producer == "ce" else _produce_sm)(ctx, a, m, K, srows)
-    ctx.launch(key + (a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0),
-               ag_gemm_consumer_kernel, grid, (a, b, out) + tail + sargs, consts)
+    ctx.launch(key + ptrs, ag_gemm_consumer_kernel, grid, (a, b, out) + tail + sargs, consts)
     if W > 1 and ctx.overlap:
         torch.cuda.current_stream(a.device).wait_stream(ctx.side_stream())   # later writes to a wait for it
     return out

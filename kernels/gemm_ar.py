@@ -370,14 +370,15 @@ class GemmArContext(CollectiveContext):
         self.multicast = bool(multicast) and not self.multi_node
         self._rs_ag = None          # method "rs_ag": (gemm_rs context, all_gather context), made at its first call
         self.core = core
-        self.gluon_config = None
+        self.gluon_config = self.gluon_fp8_config = self._gluon_given = None
         if core == "gluon":
             # method "rs_ag" only: gemm_rs's copy-engine GEMM on the Gluon core, then all_gather's copy engine
             if self.multi_node:
                 raise E("gemm_ar: core='gluon' runs method='rs_ag' (the copy engine: one node); this world has "
                         f"{w.nnodes} nodes: use core='tl'")
             from .gemm_rs import gluon_core_config
-            self.gluon_config = gluon_core_config("gemm_ar", self, dtype, gluon_config)
+            self.gluon_config, self.gluon_fp8_config = gluon_core_config("gemm_ar", self, dtype, gluon_config)
+            self._gluon_given = gluon_config        # what rs_ag's GEMM-RS context is created with
             # the fused kernel's buffers are not needed: rs_ag's two contexts hold what it uses
             self.max_tiles = 0
             self.part = self.red = self.res = self.flag = self.done = None
@@ -424,7 +425,9 @@ def create_gemm_ar_context(max_m, n, dtype, world=None, **options) -> GemmArCont
 
     * ``core``: the GEMM's core -- ``"tl"`` (default; every method, target
       and the simulator) or ``"gluon"``, the warp-specialised Hopper core
-      (sm_90, one node, float16 / bfloat16 operands): such a context runs
+      (sm_90, one node; float16 / bfloat16 operands, or fp8 operands with
+      their scales on the core's fp8 path, a float32 context taking fp8
+      operands only): such a context runs
       method ``"rs_ag"`` (``"auto"`` picks it), whose GEMM-RS runs on the
       Gluon core (kernels/gemm_rs_hopper.py; ``gluon_config`` a
       ``HopperGemmConfig``), and allocates no buffers of the fused methods;
@@ -455,7 +458,7 @@ def choose_method(ctx: GemmArContext, m: int) -> str:
     return "multimem_two_shot" if mm else "two_shot"
 
 
-def _check(ctx, a, b, out, method, scales=False):
+def _check(ctx, a, b, out, method):
     E = ditron.DitronError
     if not isinstance(ctx, GemmArContext):
         raise E("gemm_ar: ctx must come from create_gemm_ar_context()")
@@ -481,9 +484,9 @@ def _check(ctx, a, b, out, method, scales=False):
         raise E(f"gemm_ar: core='gluon' runs method='rs_ag' (GEMM-RS's copy-engine GEMM on the Gluon core, then "
                 f"the copy-engine all-gather); method={method!r} is the tl core's: create the context with "
                 "core='tl'")
-    if gluon and (fp8 or scales):
-        raise E("gemm_ar: core='gluon' takes float16 / bfloat16 operands without scales (the fp8 GEMM is the tl "
-                "core's): create the context with core='tl'")
+    if gluon and not fp8:
+        from .gemm_rs import check_gluon_16bit
+        check_gluon_16bit("gemm_ar", ctx)
     if method == "rs_ag" or gluon:
         if ctx.multi_node:
             raise E("gemm_ar: method='rs_ag' (copy engine) needs every rank on one node; use one_shot or two_shot")
@@ -517,7 +520,7 @@ def _gemm_ar_rs_ag(a, b, ctx, out, M, scales):
     m = M // W
     if ctx._rs_ag is None:
         rs = create_gemm_rs_context(W * (ctx.max_m // W), ctx.n, ctx.dtype, ctx.world, method="ce",
-                                    config=ctx.config, core=ctx.core, gluon_config=ctx.gluon_config)
+                                    config=ctx.config, core=ctx.core, gluon_config=ctx._gluon_given)
         ag = create_all_gather_context((ctx.max_m // W) * ctx.n, ctx.dtype, ctx.world)
         ctx._rs_ag = (rs, ag)
     rs, ag = ctx._rs_ag
@@ -542,12 +545,20 @@ def gemm_ar(a, b, ctx: GemmArContext, out=None, method="auto", *, scale_a=None, 
     or float32), the result's dtype; the reduction sums in fp32."""
     enter(ctx, GemmArContext, "gemm_ar",         # (K may differ per rank: not compared)
           lambda: [("M", getattr(a, "shape", (None,))[0])] + op_fields(a, method, name="a")[1:], a=a, b=b, out=out)
-    M, K, N = _check(ctx, a, b, out, method, scale_a is not None or scale_b is not None)
+    M, K, N = _check(ctx, a, b, out, method)
     if method == "auto":
         method = choose_method(ctx, M)
     rec, sargs, sconsts = scale_plan("gemm_ar", a, b, M, K, N, scale_a, scale_b, scale_block)
     if out is None:
         out = torch.empty((M, N), dtype=ctx.dtype, device=a.device)
+    if ctx.core == "gluon" and rec is not None:
+        # the fp8 Gluon GEMM's checks (kernels/gemm_hopper.py fp8_plan), once per call shape, before rs_ag's
+        # contexts are made (its GEMM-RS plans the same call again, named gemm_rs)
+        from . import gemm_hopper as H
+        gkey = (("gluon", M, K, N, a.dtype, b.dtype) + tuple(a.stride()) + tuple(b.stride())
+                + (a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0) + scale_key(rec, scale_a, scale_b))
+        ctx.plan(gkey, H.fp8_plan, "gemm_ar", a, b, None, scale_a, scale_b, ctx.dtype, ctx.gluon_fp8_config,
+                 scale_block, "a core='tl' context (create_gemm_ar_context(..., core='tl'))")
     if method == "rs_ag":
         return _gemm_ar_rs_ag(a, b, ctx, out, M, dict(scale_a=scale_a, scale_b=scale_b, scale_block=scale_block)
                               if rec is not None else {})

@@ -791,14 +791,15 @@ def matmul_hopper(a, b, out=None, config: HopperGemmConfig | None = None, num_pr
 
 
 def fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config: HopperGemmConfig | None,
-             scale_block=(128, 128)):
+             scale_block=(128, 128), alt="ditron.kernels.gemm.matmul(..., core='tl')"):
     """Checks of an fp8 call of the Gluon core, all before launch and device-independent (so that the
     simulator's twin refuses what the GPU would): ``(recipe, config)``.  fp8 ``a [M, K]`` row-major, ``b
     [K, N]`` column-major (``w.t()`` of a row-major ``[N, K]`` weight, as ``torch._scaled_mm`` takes it), per-
     tensor or per-row / per-column float32 scales (``[]`` / ``[1]`` / ``[1, 1]``, ``scale_a [M, 1]``,
     ``scale_b [1, N]``) or blockwise ones (``scale_a [M, cdiv(K, gk)]``, ``scale_b [cdiv(K, gk), cdiv(N,
     gn)]``, ``scale_block=(gk, gn)``: ``block_k`` must divide ``gk``, so ``gk >= 32``; the default config's
-    ``block_k`` is ``min(128, gk)``), 16-byte aligned rows (TMA)."""
+    ``block_k`` is ``min(128, gk)``), 16-byte aligned rows (TMA).  ``alt``: the ``tl`` alternative the
+    refusals name (the overlap ops: their ``core='tl'`` contexts)."""
     from .gemm import check_operands, tma_ok
     E = ditron.DitronError
     if not scaling.is_fp8(a):
@@ -812,19 +813,19 @@ def fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config: HopperGemmConfi
     if block and rec.gk < 32:
         raise E(f"{op}: blockwise scales with groups of {rec.gk} along K (scale_block={tuple(scale_block)}) are not "
                 "in the Gluon core: its fp8 K step (block_k, 32 to 128) must lie in one group; use "
-                "ditron.kernels.gemm.matmul(..., core='tl')")
+                f"{alt}")
     if a.stride(1) != 1 or not tma_ok(a):
         raise E(f"{op}: 'a' must be row-major with 16-byte aligned rows (strides {tuple(a.stride())}, K={K}: "
-                "K a multiple of 16 for fp8); use ditron.kernels.gemm.matmul(..., core='tl')")
+                f"K a multiple of 16 for fp8); use {alt}")
     if b.stride(0) != 1 or not tma_ok(b.t()):
         raise E(f"{op}: 'b' must be column-major, b = w.t() of a row-major [N, K] weight as torch._scaled_mm "
                 f"takes it (got strides {tuple(b.stride())}; K-major tiles are what Hopper's fp8 wgmma reads), "
-                "with 16-byte aligned columns; pass w.t() or b.t().contiguous().t()")
+                f"with 16-byte aligned columns; pass w.t() or b.t().contiguous().t(), or use {alt}")
     if out is not None and not tma_ok(out):
         raise E(f"{op}: 'out' must be row-major with 16-byte aligned rows (strides {tuple(out.stride())})")
     if out is None and (N * _elem(out_dtype)) % 16:
         raise E(f"{op}: N={N} rows of {out_dtype} are not 16-byte aligned (the TMA-store epilogue); "
-                "use ditron.kernels.gemm.matmul(..., core='tl')")
+                f"use {alt}")
     cfg = config or fp8_default_config(M, N, K, 132, out_dtype, rec.gk if block else None)
     if not isinstance(cfg, HopperGemmConfig):
         raise E(f"{op}: config must be a HopperGemmConfig, not {type(cfg).__name__}")
@@ -833,7 +834,7 @@ def fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config: HopperGemmConfi
     if block and rec.gk % cfg.block_k:
         raise E(f"{op}: blockwise scales with groups of {rec.gk} along K need block_k dividing {rec.gk} (one K "
                 f"group per K step; got block_k={cfg.block_k}); give the Gluon core a config with block_k="
-                f"{min(128, rec.gk)} or use ditron.kernels.gemm.matmul(..., core='tl')")
+                f"{min(128, rec.gk)} or use {alt}")
     return rec, cfg
 
 

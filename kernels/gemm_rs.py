@@ -425,14 +425,14 @@ class GemmRsContext(CollectiveContext):
                     f"{self.world.nnodes} nodes: use method='scatter'")
         self.config = config.validate("gemm_rs") if config is not None else None
         self.core = core
-        self.gluon_config = None
+        self.gluon_config = self.gluon_fp8_config = None
         self._gluon_descs = {}
         if core == "gluon":
-            # the Gluon GEMM (kernels/gemm_rs_hopper.py): the copy-engine protocol, fp16 / bf16 partials
+            # the Gluon GEMM (kernels/gemm_rs_hopper.py): the copy-engine protocol; fp16 / bf16 operands, or fp8
             if method != "ce":
                 raise E("gemm_rs: core='gluon' runs the copy-engine protocol (one node, method='ce'); this "
                         f"context's method is {method!r}: use core='tl'")
-            self.gluon_config = gluon_core_config("gemm_rs", self, dtype, gluon_config)
+            self.gluon_config, self.gluon_fp8_config = gluon_core_config("gemm_rs", self, dtype, gluon_config)
         elif gluon_config is not None:
             raise E("gemm_rs: gluon_config applies to core='gluon'")
         self.method = method
@@ -473,17 +473,45 @@ class GemmRsContext(CollectiveContext):
 
 
 def gluon_core_config(op, ctx, dtype, gluon_config):
-    """The Hopper config of a ``core="gluon"`` context (GEMM-RS, GEMM-AR's rs_ag), checked when it is created:
-    fp16 / bf16 operands, a ``HopperGemmConfig`` (or None: the default), a Hopper GPU (or the simulator)."""
+    """The Hopper configs of a ``core="gluon"`` context (GEMM-RS, GEMM-AR's rs_ag), checked when it is created
+    (a ``HopperGemmConfig`` or None; a Hopper GPU or the simulator): ``(config of fp16 / bf16 calls, config of
+    fp8 calls)``.  The context's ``dtype`` is the partials' and the result's: fp16 / bf16 operands of that
+    dtype, or fp8 operands (a float32 context: fp8 operands only).  Without ``gluon_config``: the core's
+    :data:`DEFAULT_CONFIG` for fp16 / bf16 calls, and None for fp8 ones (``fp8_default_config`` per call
+    shape).  A given config serves both where it fits; one that fits only fp8 operands (e.g. 128 x 128 x 128
+    at 6 stages) is the fp8 calls' (fp16 / bf16 calls then say why it does not fit them); the fp8 limits of a
+    config are checked when an fp8 call is planned (:func:`kernels.gemm_hopper.fp8_plan`)."""
     from .gemm_hopper import DEFAULT_CONFIG, HopperGemmConfig
-    if dtype not in _GEMM_DTYPES:
-        raise ditron.DitronError(f"{op}: core='gluon' takes float16 / bfloat16 (a {dtype} context is for fp8 "
-                                 "operands, whose GEMM is the tl core's): use core='tl'")
+    if dtype not in _GEMM_DTYPES + (torch.float32,):
+        raise ditron.DitronError(f"{op}: core='gluon' takes float16 / bfloat16 contexts, or float32 ones for fp8 "
+                                 f"operands (not {dtype}): use core='tl'")
     if gluon_config is not None and not isinstance(gluon_config, HopperGemmConfig):
         raise ditron.DitronError(f"{op}: gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig")
-    config = (gluon_config or DEFAULT_CONFIG).validate(op)
     _check_gluon_device(op, ctx)
-    return config
+    out_elem = torch.empty((), dtype=dtype).element_size()
+    if gluon_config is None:
+        return (DEFAULT_CONFIG if dtype in _GEMM_DTYPES else None), None
+    if dtype not in _GEMM_DTYPES:
+        return None, gluon_config.validate(op, elem=1, out_elem=out_elem)
+    try:
+        return gluon_config.validate(op), gluon_config
+    except ditron.DitronError as e16:
+        try:
+            gluon_config.validate(op, elem=1, out_elem=out_elem)
+        except ditron.DitronError:
+            raise e16 from None
+        return None, gluon_config
+
+
+def check_gluon_16bit(op, ctx):
+    """An fp16 / bf16 call of a ``core="gluon"`` context whose ``gluon_config`` fits fp8 operands only: the
+    reason, before launch."""
+    if ctx.gluon_config is None:
+        try:
+            ctx.gluon_fp8_config.validate(op)
+        except ditron.DitronError as e:
+            raise ditron.DitronError(f"{op}: this context's gluon_config fits fp8 operands only: {e}; create the "
+                                     "context with a config for both, or one per operand type") from None
 
 
 def _check_gluon_device(op, ctx):
@@ -513,10 +541,13 @@ def create_gemm_rs_context(max_m, n, dtype, world=None, method="auto", **options
 
     ``core``: the GEMM's core -- ``"tl"`` (default; every target and the
     simulator) or ``"gluon"``, the warp-specialised Hopper core
-    (kernels/gemm_rs_hopper.py: ``method="ce"``, one node, float16 /
+    (kernels/gemm_rs_hopper.py: ``method="ce"``, one node, sm_90; float16 /
     bfloat16 operands, row-major TMA-aligned ``a`` and ``b``, ``N`` a
-    multiple of 8, sm_90; ``gluon_config`` a ``HopperGemmConfig``); on the
-    simulator a ``"gluon"`` context runs the tl GEMM (``config``), its twin."""
+    multiple of 8; or fp8 operands with ``b = w.t()``, on the core's fp8
+    path -- a float32 context takes fp8 operands only; ``gluon_config`` a
+    ``HopperGemmConfig``: :func:`gluon_core_config`); on the simulator a
+    ``"gluon"`` context runs the tl GEMM (``config``), its twin (an fp8
+    call is checked there as the Gluon GEMM would check it)."""
     return GemmRsContext(max_m, n, dtype, world, method, **options)
 
 
@@ -591,7 +622,7 @@ def _launch_plan(ctx, a, b, out, M, K, N, aligned, rec, sconsts):
     call: GemmRsContext.plan)."""
     W = ctx.world_size
     cfg = ctx.config or default_config(M, N, K, a.dtype, a.device, ctx.dtype)
-    if rec is not None:
+    if rec is not None and not (ctx.core == "gluon" and not ctx.sim):       # (else the Gluon GEMM runs: its plan)
         check_fp8_config("gemm_rs", cfg, rec)
     tma = cfg.tma and aligned
     pull = ctx.method == "pull"
@@ -628,11 +659,11 @@ def gemm_rs(a, b, ctx, out=None, *, scale_a=None, scale_b=None, scale_block=(128
           out=out)
     M, K, N = _check(ctx, a, b, out)
     W = ctx.world_size
-    if ctx.core == "gluon" and (scaling.is_fp8(a) or scale_a is not None or scale_b is not None):
-        raise ditron.DitronError("gemm_rs: core='gluon' takes float16 / bfloat16 operands without scales (the fp8 "
-                                 "GEMM is the tl core's): create the context with core='tl'")
+    fp8 = scaling.is_fp8(a)
     gluon = ctx.core == "gluon" and not ctx.sim          # on the simulator: the tl GEMM, the Gluon GEMM's twin
-    if gluon:
+    if ctx.core == "gluon" and not fp8:
+        check_gluon_16bit("gemm_rs", ctx)
+    if gluon and not fp8:
         from . import gemm_rs_hopper
         gemm_rs_hopper.check_applies(ctx, a, b, N)
     if out is None:
@@ -641,6 +672,14 @@ def gemm_rs(a, b, ctx, out=None, *, scale_a=None, scale_b=None, scale_block=(128
     aligned = not ctx.sim and (fp8_tma_ok(a, b) if rec is not None else tma_ok(a, b))
     key = (M, K, N, a.dtype, b.dtype, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
            out.stride(1), aligned) + scale_key(rec, scale_a, scale_b)
+    ptrs = (a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0)
+    gplan = None
+    if ctx.core == "gluon" and fp8:
+        # the fp8 Gluon GEMM (kernels/gemm_rs_hopper.py), planned once per call shape; its checks run on every
+        # device (the simulator, which runs the tl twin, refuses what the GPU would)
+        from . import gemm_rs_hopper
+        gplan = ctx.plan(("gluon",) + key + ptrs, gemm_rs_hopper.plan_fp8, ctx, a, b, M, K, N, scale_a, scale_b,
+                         scale_block)
     (ggrid, gtail, gconsts), (rgrid, rtail, rconsts) = ctx.plan(key, _launch_plan, ctx, a, b, out, M, K, N, aligned,
                                                                 rec, sconsts)
     if gconsts["TMA"] or gluon:
@@ -654,8 +693,10 @@ def gemm_rs(a, b, ctx, out=None, *, scale_a=None, scale_b=None, scale_block=(128
         # reduction, so no peer's ready/free word is touched early) but not this call's GEMM, which it
         # runs beside, segment by segment (done flags)
         side.wait_stream(cur)
-    key += (a.data_ptr() % 16 == 0, b.data_ptr() % 16 == 0, out.data_ptr() % 16 == 0)
-    if gluon:
+    key += ptrs
+    if gluon and fp8:
+        gemm_rs_hopper.launch_fp8(ctx, gplan, a, b, scale_a, scale_b, M, N)
+    elif gluon:
         gemm_rs_hopper.launch(ctx, a, b, M, K, N)
     else:
         ctx.launch(("gemm",) + key, gemm_rs_gemm_kernel, ggrid, (a, b) + gtail + sargs, gconsts)

@@ -55,11 +55,20 @@ keeps draining under the next mainloop):
 
 Deadlock freedom is the ``tl`` kernel's: the GEMM never waits for anything outside itself.
 
-Where it applies: one node (``method="ce"``, the default there), float16 / bfloat16 operands (fp8 operands are
-the ``tl`` core's), row-major ``a`` and ``b`` with 16-byte aligned bases and rows, ``N`` a multiple of 8 (TMA
-stores rows of ``cbuf``), a Hopper (sm_90) GPU.  ``core="gluon"`` where one of these does not hold is an error
-before launch that says which (the method, the dtype and the GPU -- e.g. an AMD one -- when the context is
-created; fp8 operands and the operands' layout per call: :func:`check_applies`).  On the simulator the context runs the ``tl`` kernel (the twin: the same
+Where it applies: one node (``method="ce"``, the default there), float16 / bfloat16 operands, row-major ``a`` and
+``b`` with 16-byte aligned bases and rows, ``N`` a multiple of 8 (TMA stores rows of ``cbuf``), a Hopper (sm_90)
+GPU.  ``core="gluon"`` where one of these does not hold is an error before launch that says which (the method,
+the dtype and the GPU -- e.g. an AMD one -- when the context is created; the operands' layout per call:
+:func:`check_applies`).
+
+fp8 operands (:func:`gemm_rs_ws_scaled_kernel`): the Gluon core's fp8 path (``ws_scaled_gemm_body``: per-tensor,
+per-row / per-column scales in the epilogue or blockwise ones per K step, the fp32 promotion every ``block_k``
+products), the same tiles, order, signals, copies and reduction; the partials are the context's dtype
+(bfloat16, float16, or float32: a float32 ``core="gluon"`` context takes fp8 operands only).  ``a`` row-major,
+``b = w.t()`` column-major, ``K`` a multiple of 16, the partial's rows 16-byte aligned, blockwise groups of at
+least 32 along K: :func:`plan_fp8` checks them once per call shape, on every device (the simulator, which runs
+the ``tl`` twin, refuses what the GPU would), each refusal naming a ``core="tl"`` context; the config is the
+context's ``gluon_config`` or ``gemm_hopper.fp8_default_config``.  On the simulator the context runs the ``tl`` kernel (the twin: the same
 protocol, tile order and reduction; tests/test_gemm_rs.py).
 """
 from __future__ import annotations
@@ -70,9 +79,21 @@ import ditron
 import ditron.language as dl
 from triton.experimental.gluon import language as gl
 
-from . import gemm_hopper as H
+from . import gemm_hopper as H, scaling
 from ._common import sm_count
 from .gemm import tma_ok
+
+gluon = H.gluon
+
+
+@gluon.jit
+def _count_call(calls_ptr):
+    """Every partition has joined: the last program to get here counts the call (kernels/_common.py
+    ``epoch_end``)."""
+    done = gl.atomic_add(calls_ptr + 1, 1)
+    if done == gl.num_programs(0) - 1:
+        gl.store(calls_ptr + 1, 0)
+        gl.atomic_add(calls_ptr, 1)
 
 
 @ditron.gluon.jit(do_not_specialize=["M"])
@@ -86,16 +107,32 @@ def gemm_rs_ws_kernel(a_desc, b_desc, c_desc, seg_count_ptr, done_ptr, calls_ptr
     W = dl.num_ranks()
     H.ws_gemm_body(a_desc, a_desc, b_desc, c_desc, M, 0, 0, 0, 0, me, GROUP_M, STAGES, PINGPONG, False,
                    CONSUMER_REGS, PRODUCER_REGS, W, seg_count_ptr, done_ptr, True, True)
-    # every partition has joined: the last program to get here counts the call (kernels/_common.py epoch_end)
-    done = gl.atomic_add(calls_ptr + 1, 1)
-    if done == gl.num_programs(0) - 1:
-        gl.store(calls_ptr + 1, 0)
-        gl.atomic_add(calls_ptr, 1)
+    _count_call(calls_ptr)
+
+
+@ditron.gluon.jit(do_not_specialize=["M"])
+def gemm_rs_ws_scaled_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, seg_count_ptr, done_ptr, calls_ptr, M,
+                             stride_sam, stride_sak, stride_sbk, stride_sbn,
+                             GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
+                             CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, SA_ROW: gl.constexpr,
+                             SB_COL: gl.constexpr, PROMOTE: gl.constexpr, BLOCKWISE: gl.constexpr,
+                             GK: gl.constexpr, GN: gl.constexpr):
+    """fp8 :func:`gemm_rs_ws_kernel`: this rank's partial ``(a * scale_a) @ (b * scale_b)`` on the fp8 core
+    (``gemm_hopper.ws_scaled_gemm_body``: ``b_desc`` of ``b^T``, the fp32 promotion every ``PROMOTE``
+    products, epilogue or -- ``BLOCKWISE`` -- per-K-step scales; the scale arguments are
+    :meth:`kernels.scaling.Recipe.kernel_args`'), rounded once to ``cbuf``'s dtype; the same tiles, order and
+    signals."""
+    me = dl.rank()
+    W = dl.num_ranks()
+    H.ws_scaled_gemm_body(a_desc, a_desc, b_desc, c_desc, M, 0, 0, 0, 0, me, sa_ptr, sb_ptr, stride_sam, stride_sbn,
+                          GROUP_M, STAGES, PINGPONG, False, CONSUMER_REGS, PRODUCER_REGS, True, True, SA_ROW, SB_COL,
+                          PROMOTE, W, seg_count_ptr, done_ptr, True, True, stride_sak, stride_sbk, BLOCKWISE, GK, GN)
+    _count_call(calls_ptr)
 
 
 def check_applies(ctx, a, b, N):
-    """Raise when the Gluon GEMM cannot take this call (the reason named; fp8 operands are refused by the
-    caller on every backend)."""
+    """Raise when the Gluon GEMM cannot take this fp16 / bf16 call (the reason named; fp8 calls:
+    :func:`plan_fp8`)."""
     why = None
     if a.stride(1) != 1 or b.stride(1) != 1:
         why = f"a and b must be row-major (a strides {a.stride()}, b strides {b.stride()})"
@@ -110,14 +147,14 @@ def check_applies(ctx, a, b, N):
                                  "core='tl'")
 
 
-def _c_descriptor(ctx, M, N):
+def _c_descriptor(ctx, M, N, cfg=None):
     """``cbuf[0]`` as an ``[M, N]`` row-major matrix, a TMA descriptor of the consumers' store blocks (one per
-    ``(M, N)``)."""
-    key = (M, N)
+    ``(M, N)`` and config; ``cfg`` default the context's fp16 / bf16 one)."""
+    cfg = cfg or ctx.gluon_config
+    key = (M, N, cfg)
     desc = ctx._gluon_descs.get(key)
     if desc is None:
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-        cfg = ctx.gluon_config
         c = ctx.cbuf[0, :M * N].view(M, N)
         desc = ctx._gluon_descs[key] = TensorDescriptor.from_tensor(
             c, [cfg.consumer_rows, cfg.block_n // cfg.epilogue_split], H.layouts(cfg, c.dtype)[2])
@@ -136,17 +173,76 @@ def launch(ctx, a, b, M, K, N):
                             num_warps=4, **H.kernel_constexprs(cfg))
 
 
-def compile_sm90(cfg: H.HopperGemmConfig | None = None, dtype=torch.bfloat16, M=1024, N=1024, K=1024):
-    """Compile :func:`gemm_rs_ws_kernel` for sm_90a without a GPU (``ditron.compile``; descriptor types from
-    descriptors on CPU tensors of these shapes)."""
+#: the tl alternative the fp8 refusals name
+TL_ALT = "a core='tl' context (create_gemm_rs_context(..., core='tl'))"
+
+
+def plan_fp8(ctx, a, b, M, K, N, scale_a, scale_b, scale_block):
+    """An fp8 call of a ``core="gluon"`` context, planned once per shape, strides and recipe (``ctx.plan``):
+    :func:`gemm_hopper.fp8_plan`'s checks on every device (the simulator, which runs the tl twin, refuses what
+    the GPU would: ``a`` row-major, ``b`` column-major ``w.t()``, 16-byte aligned rows, K a multiple of 16, the
+    partial's rows -- ``N`` elements of the context's dtype -- 16-byte aligned for the TMA stores, blockwise
+    groups of >= 32 along K, the config: ``gluon_config`` or ``fp8_default_config``) and, on a GPU, a Hopper
+    device and what :func:`launch_fp8` needs: ``(recipe, config, gpu)``, ``gpu`` None on the simulator."""
+    rec, cfg = H.fp8_plan("gemm_rs", a, b, None, scale_a, scale_b, ctx.dtype, ctx.gluon_fp8_config, scale_block,
+                          alt=TL_ALT)
+    if ctx.sim:
+        return rec, cfg, None
+    if not H.supported(a.device):
+        raise ditron.DitronError(f"gemm_rs: core='gluon' runs on Hopper (sm_90) GPUs only, not on {a.device}; use "
+                                 f"{TL_ALT}")
+    block = rec.mode == scaling.BLOCKWISE
+    P = min(int(ctx.num_programs), H.num_programs(M, N, cfg, sm_count(a.device)))
+    consts = dict(H.kernel_constexprs(cfg), **H.scale_constexprs(rec.sa[0] != 0, rec.sb[1] != 0, cfg,
+                                                                   (rec.gk, rec.gn) if block else None))
+    return rec, cfg, (P, _c_descriptor(ctx, M, N, cfg), consts)
+
+
+def launch_fp8(ctx, plan, a, b, scale_a, scale_b, M, N):
+    """Launch the fp8 Gluon GEMM of a ``"ce"`` call (``plan``: :func:`plan_fp8`'s; a's and b's descriptors made
+    per call)."""
+    rec, cfg, (P, c_desc, consts) = plan
+    la, lb, _ = H.layouts(cfg, a.dtype, ctx.dtype, b_t=True)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    a_desc = TensorDescriptor.from_tensor(a, [cfg.block_m, cfg.block_k], la)
+    b_desc = TensorDescriptor.from_tensor(b.t(), [cfg.block_n, cfg.block_k], lb)
+    gemm_rs_ws_scaled_kernel[(P,)](a_desc, b_desc, c_desc, scale_a, scale_b, ctx.seg_count,
+                                   ctx.done, ctx.gcalls, M, *rec.sa, *rec.sb, num_warps=4, **consts)
+
+
+def compile_sm90(cfg: H.HopperGemmConfig | None = None, dtype=torch.bfloat16, M=1024, N=1024, K=1024,
+                 out_dtype=None, scales="row", scale_block=(128, 128)):
+    """Compile :func:`gemm_rs_ws_kernel` -- or for fp8 ``dtype`` :func:`gemm_rs_ws_scaled_kernel` (``scales``
+    ``"row"``, ``"tensor"`` or ``"block"``; ``out_dtype``, the partials' dtype, default bfloat16) -- for sm_90a
+    without a GPU (``ditron.compile``; descriptor types from descriptors on CPU tensors of these shapes)."""
     from ditron import _compat
-    cfg = (cfg or H.DEFAULT_CONFIG).validate("gemm_rs")
-    a, b, c = (torch.empty(shape, dtype=dtype) for shape in ((M, K), (K, N), (M, N)))
+    fp8 = dtype in scaling.FP8_DTYPES
+    if fp8:
+        out_dtype = out_dtype or torch.bfloat16
+        if scales not in ("row", "tensor", "block"):
+            raise ditron.DitronError(f"gemm_rs_hopper.compile_sm90: scales={scales!r}; use 'row', 'tensor' or "
+                                     "'block'")
+        block = scaling.check_scale_block("gemm_rs", scale_block) if scales == "block" else None
+        cfg = (cfg or H.fp8_default_config(M, N, K, 132, out_dtype, block[0] if block else None)).validate(
+            "gemm_rs", elem=1, out_elem=torch.empty((), dtype=out_dtype).element_size())
+        a, c = torch.empty((M, K), dtype=dtype), torch.empty((M, N), dtype=out_dtype)
+        b = torch.empty((N, K), dtype=dtype).t()
+    else:
+        cfg = (cfg or H.DEFAULT_CONFIG).validate("gemm_rs")
+        a, b, c = (torch.empty(shape, dtype=dtype) for shape in ((M, K), (K, N), (M, N)))
     descs = H.descriptors(a, b, c, cfg)
     sig = {n: _compat.mangle_arg(d) for n, d in zip(("a_desc", "b_desc", "c_desc"), descs)}
+    consts = H.kernel_constexprs(cfg)
+    kernel = gemm_rs_ws_kernel
+    if fp8:
+        sig.update(sa_ptr="*fp32", sb_ptr="*fp32")
+        consts.update(H.scale_constexprs(scales != "tensor", scales != "tensor", cfg, block))
+        kernel = gemm_rs_ws_scaled_kernel
     sig.update(seg_count_ptr="*i32", done_ptr="*i64", calls_ptr="*i64", M="i32")
-    return ditron.compile(gemm_rs_ws_kernel, target="sm_90a", signature=sig, constexprs=H.kernel_constexprs(cfg),
-                          num_warps=4)
+    if fp8:
+        sig.update(stride_sam="i32", stride_sak="i32", stride_sbk="i32", stride_sbn="i32")
+    return ditron.compile(kernel, target="sm_90a", signature=sig, constexprs=consts, num_warps=4)
 
 
-__all__ = ["gemm_rs_ws_kernel", "check_applies", "launch", "compile_sm90"]
+__all__ = ["gemm_rs_ws_kernel", "gemm_rs_ws_scaled_kernel", "check_applies", "launch", "plan_fp8", "launch_fp8",
+           "compile_sm90"]

@@ -435,3 +435,185 @@ def gluon_error_cases(world):
         "unaligned_k": lambda: mm(*operands(20, 24, 200, "row", 4)[:2], scale_a=sa, scale_b=sb),
     }
     return error_messages(cases)
+
+
+# ---------------------------------------------------------------------------
+# the overlap ops on the Gluon core (core="gluon"): AG-GEMM, GEMM-RS, GEMM-AR (rs_ag)
+# ---------------------------------------------------------------------------
+
+def _gluon_cfg(fields):
+    from ditron.kernels import gemm_hopper as H
+    return H.HopperGemmConfig(**fields) if fields else None
+
+
+def _twin_tl_config(world, gluon_config, M, N, K, recipe, out_dtype):
+    """The tl config of the bit-for-bit comparison: on an sm_90 GPU the twin of the Gluon config the call used
+    (``twin_config``: the same tiles and K order), on the simulator the tl config the core="gluon" context's twin
+    runs (the simulator's small tiles: the same kernel, so the same bits)."""
+    from ditron.kernels import gemm_hopper as H
+    if torch.device(world.device).type == "cuda" and H.supported(world.device):
+        used = gluon_config or H.fp8_default_config(M, N, K, 132, out_dtype, 128 if recipe == "block" else None)
+        return H.twin_config(used)
+    return G.SIM_CONFIG
+
+
+def _same_bits(fast, slow, what):
+    differ = int((fast.view(torch.uint8) != slow.view(torch.uint8)).sum())
+    assert differ == 0 and fast.shape == slow.shape, f"{what}: the Gluon core's result differs from its tl twin's " \
+                                                     f"({differ} bytes of {fast.numel() * fast.element_size()})"
+
+
+def gluon_ag_gemm_fp8(world, cases, gluon_config=None):
+    """``ag_gemm`` on a ``core="gluon"`` fp8 context: ``(m, N, K, recipe, out dtype)`` per call, every call on one
+    context; each rank's rows scaled by that rank's own scales (they travel with the rows), against the
+    references of :func:`ag_gemm_fp8`, and bit for bit against a ``core="tl"`` context on the Gluon core's twin
+    config (:func:`_twin_tl_config`)."""
+    from ditron.kernels.ag_gemm import ag_gemm, create_ag_gemm_context
+    W, r, dev = world.world_size, world.rank, world.device
+    K, out_dtype = cases[0][2], getattr(torch, cases[0][4])
+    gcfg = _gluon_cfg(gluon_config)
+    twin = _twin_tl_config(world, gcfg, max(c[0] for c in cases) * W, cases[0][1], K, cases[0][3], out_dtype)
+    max_m = max(c[0] for c in cases)
+    gctx = create_ag_gemm_context(max_m, K, E4, core="gluon", gluon_config=gcfg, out_dtype=out_dtype)
+    tctx = create_ag_gemm_context(max_m, K, E4, config=twin, out_dtype=out_dtype)
+    n = 0
+    for i, (m, N, K_, recipe, od) in enumerate(cases):
+        assert K_ == K and getattr(torch, od) == out_dtype
+        a, _, sa, _, _ = _rank_operands(r, m, N, K, recipe, 40 + i)
+        _, b, _, sb, _ = _rank_operands(0, m, N, K, recipe, 40 + i)
+        assert b.stride(0) == 1                                          # w.t(), as the Gluon core takes it
+        args = (a.to(dev), b.to(dev))
+        scales = dict(scale_a=sa.to(dev), scale_b=sb.to(dev))
+        got = ag_gemm(*args, gctx, **scales)
+        assert got.dtype == out_dtype and got.shape == (W * m, N)
+        want = []
+        for s in range(W):
+            a_s, _, sa_s, _, _ = _rank_operands(s, m, N, K, recipe, 40 + i)
+            if recipe == "block":
+                want.append(blockwise_reference(a_s, b, sa_s, sb).to(out_dtype))
+            else:
+                want.append(scaled_mm_reference(a_s, b, sa_s, sb, out_dtype))
+        what = f"ag_gemm gluon {recipe} m={m} N={N} K={K} call {i} rank {r}"
+        check(got, torch.cat(want), out_dtype, what)
+        _same_bits(got, ag_gemm(*args, tctx, **scales), what)
+        n += 1
+    assert int(gctx.calls[0]) == n
+    return n
+
+
+def gluon_gemm_rs_fp8(world, cases, gluon_config=None):
+    """``gemm_rs`` with fp8 operands on a ``core="gluon"`` context: ``(m, N, K, recipe, out dtype[, e5m2 a])``
+    per call, one context per output dtype (calls of other shapes on it), against :func:`gemm_rs_fp8`'s
+    reference and bit for bit against a ``core="tl"`` context on the twin config."""
+    from ditron.kernels.gemm_rs import create_gemm_rs_context, gemm_rs
+    W, r, dev = world.world_size, world.rank, world.device
+    gcfg = _gluon_cfg(gluon_config)
+    ctxs = {}
+    n = 0
+    for i, (m, N, K, recipe, out_dtype, *e5) in enumerate(cases):
+        out_dtype = getattr(torch, out_dtype)
+        da = E5 if e5 and e5[0] else E4
+        key = (out_dtype, N)
+        if key not in ctxs:
+            max_m = W * max(c[0] for c in cases)
+            twin = _twin_tl_config(world, gcfg, W * m, N, K, recipe, out_dtype)
+            ctxs[key] = (create_gemm_rs_context(max_m, N, out_dtype, method="ce", core="gluon", gluon_config=gcfg),
+                         create_gemm_rs_context(max_m, N, out_dtype, method="ce", config=twin))
+        gctx, tctx = ctxs[key]
+        a, b, sa, sb, _ = _rank_operands(r, W * m, N, K, recipe, 60 + i, dtype_a=da)
+        args = (a.to(dev), b.to(dev))
+        scales = dict(scale_a=sa.to(dev), scale_b=sb.to(dev))
+        got = gemm_rs(*args, gctx, **scales)
+        assert got.dtype == out_dtype and got.shape == (m, N)
+        parts = [_rank_operands(s, W * m, N, K, recipe, 60 + i, dtype_a=da)[4] for s in range(W)]
+        want = sum(p.to(out_dtype).float() for p in parts)[r * m:(r + 1) * m]
+        what = f"gemm_rs gluon {recipe} {da} m={m} N={N} K={K} -> {out_dtype} call {i} rank {r}"
+        check_sum(got, want, out_dtype, what, W)
+        _same_bits(got, gemm_rs(*args, tctx, **scales), what)
+        n += 1
+    return n
+
+
+def gluon_gemm_ar_fp8(world, cases, gluon_config=None):
+    """``gemm_ar`` (method ``"rs_ag"``, a ``core="gluon"`` context's one) with fp8 operands: ``(M, N, K, recipe,
+    out dtype)`` per call, against :func:`gemm_ar_fp8`'s reference and bit for bit against a ``core="tl"``
+    context's rs_ag on the twin config."""
+    GA = importlib.import_module("ditron.kernels.gemm_ar")
+    W, r, dev = world.world_size, world.rank, world.device
+    gcfg = _gluon_cfg(gluon_config)
+    n = 0
+    for i, (M, N, K, recipe, out_dtype) in enumerate(cases):
+        out_dtype = getattr(torch, out_dtype)
+        twin = _twin_tl_config(world, gcfg, M, N, K, recipe, out_dtype)
+        gctx = GA.create_gemm_ar_context(M, N, out_dtype, core="gluon", gluon_config=gcfg)
+        tctx = GA.create_gemm_ar_context(M, N, out_dtype, config=twin)
+        a, b, sa, sb, _ = _rank_operands(r, M, N, K, recipe, 80 + i)
+        args = (a.to(dev), b.to(dev))
+        scales = dict(scale_a=sa.to(dev), scale_b=sb.to(dev))
+        got = GA.gemm_ar(*args, gctx, **scales)
+        assert got.dtype == out_dtype and got.shape == (M, N)
+        what = f"gemm_ar gluon {recipe} M={M} N={N} K={K} -> {out_dtype} call {i} rank {r}"
+        check_sum(got, _partials_reference(world, M, N, K, recipe, 80 + i, out_dtype), out_dtype, what, W)
+        _same_bits(got, GA.gemm_ar(*args, tctx, method="rs_ag", **scales), what)
+        n += 1
+    return n
+
+
+def gluon_overlap_error_cases(world):
+    """Messages of the DitronErrors the fp8 Gluon paths of the overlap ops raise before launch -- on every device
+    (the simulator, which runs the tl twin, refuses what the GPU would) -- and the contexts that take fp8
+    operands on the Gluon core (a float32 GEMM-RS / GEMM-AR context, an fp8 AG-GEMM one)."""
+    from bodies_ag_gemm import error_messages
+    from ditron.kernels import gemm_hopper as H
+    from ditron.kernels.ag_gemm import ag_gemm, create_ag_gemm_context
+    from ditron.kernels.gemm_rs import create_gemm_rs_context, gemm_rs
+    GA = importlib.import_module("ditron.kernels.gemm_ar")
+    W, r, dev = world.world_size, world.rank, world.device
+
+    def ops(M, N, K, recipe="row", gk=128):
+        return [t.to(dev) for t in operands(M, N, K, recipe, 7 + r, gk=gk)[:4]]
+    ag = create_ag_gemm_context(128, 160, E4, core="gluon")
+    ag72 = create_ag_gemm_context(128, 72, E4, core="gluon")
+    ag16 = create_ag_gemm_context(128, 160, E4, core="gluon", scale_block=(16, 128))
+    rs = create_gemm_rs_context(8 * W, 24, torch.bfloat16, method="ce", core="gluon")
+    rs20 = create_gemm_rs_context(8 * W, 20, torch.bfloat16, method="ce", core="gluon")
+    rs32 = create_gemm_rs_context(8 * W, 24, torch.float32, method="ce", core="gluon")
+    # a config for fp8 operands only (6 stages of 128 x 128 x 128: too much shared memory for 16-bit ones)
+    fp8_only = H.HopperGemmConfig(128, 128, 128, stages=6)
+    rs_fp8cfg = create_gemm_rs_context(8 * W, 24, torch.bfloat16, method="ce", core="gluon", gluon_config=fp8_only)
+    ar = GA.create_gemm_ar_context(4 * W, 24, torch.bfloat16, core="gluon")
+    a, b, sa, sb = ops(128, 24, 160)
+    a5, _, sa5, _ = ops(5, 24, 160)
+    a72, b72, sa72, sb72 = ops(128, 24, 72)
+    ab, bb, sab, sbb = ops(128, 24, 160, "block", gk=16)
+    a64, b64, sa64, sb64 = ops(8 * W, 24, 256, "block", gk=64)
+    ar_, br_, sar_, sbr_ = ops(8 * W, 24, 160)
+    _, b20, _, sb20 = ops(8 * W, 20, 160)
+    bf = torch.ones(8 * W, 32, dtype=torch.bfloat16, device=dev)
+    bfb = torch.ones(32, 24, dtype=torch.bfloat16, device=dev)
+    cases = {
+        "ag_m": lambda: ag_gemm(a5, b, ag, scale_a=sa5, scale_b=sb),
+        "ag_b_row_major": lambda: ag_gemm(a, b.contiguous(), ag, scale_a=sa, scale_b=sb),
+        "ag_k": lambda: ag_gemm(a72, b72, ag72, scale_a=sa72, scale_b=sb72),
+        "ag_groups": lambda: ag_gemm(ab, bb, ag16, scale_a=sab, scale_b=sbb),
+        "ag_n": lambda: ag_gemm(a, b[:, :20], ag, scale_a=sa, scale_b=sb[:, :20]),
+        "ag_config": lambda: create_ag_gemm_context(128, 160, E4, core="gluon",
+                                                    gluon_config=H.HopperGemmConfig(128, 256, 128, stages=2)),
+        "rs_b_row_major": lambda: gemm_rs(ar_, br_.contiguous(), rs, scale_a=sar_, scale_b=sbr_),
+        "rs_n": lambda: gemm_rs(ar_, b20, rs20, scale_a=sar_, scale_b=sb20),
+        "rs_block_k": lambda: gemm_rs(a64, b64, rs, scale_a=sa64, scale_b=sb64, scale_block=(64, 128)),
+        "rs_block_k_cfg": lambda: gemm_rs(a64, b64, rs_fp8cfg, scale_a=sa64, scale_b=sb64, scale_block=(64, 128)),
+        "rs_fp8_only_cfg": lambda: gemm_rs(bf, bfb, rs_fp8cfg),
+        "rs_fp32_bf16": lambda: gemm_rs(bf, bfb, rs32),
+        "rs_cfg_neither": lambda: create_gemm_rs_context(8 * W, 24, torch.bfloat16, method="ce", core="gluon",
+                                                         gluon_config=H.HopperGemmConfig(128, 256, 128, stages=4)),
+        "ar_b_row_major": lambda: GA.gemm_ar(ar_[:4 * W], br_.contiguous(), ar, scale_a=sar_[:4 * W],
+                                             scale_b=sbr_),
+    }
+    msgs = error_messages(cases)
+    assert int(ag.calls[0]) == int(ag72.calls[0]) == int(ag16.calls[0]) == 0          # nothing was launched
+    assert int(rs20.gcalls[0]) == int(rs32.gcalls[0]) == int(rs_fp8cfg.gcalls[0]) == 0
+    assert int(rs.gcalls[0]) == 1                                      # rs_block_k ran (block_k 64)
+    assert ar._rs_ag is None or int(ar._rs_ag[0].gcalls[0]) == 0
+    assert rs32.gluon_config is None and rs_fp8cfg.gluon_config is None and rs_fp8cfg.gluon_fp8_config is fp8_only
+    return msgs

@@ -244,3 +244,208 @@ def test_fp8_matmul_defaults_to_the_gluon_core_on_hopper(monkeypatch):
     mm(a, w.t(), scale_a=sa, scale_b=sb, core="tl")
     mm(a, w.t(), scale_a=torch.rand(M, K // 128), scale_b=torch.rand(K // 128, N // 128))   # blockwise
     assert calls == ["gluon", "gluon", "tl", "tl", "tl"], calls
+
+
+# ---------------------------------------------------------------------------
+# the overlap ops on the Gluon core (core="gluon"; kernels/ag_gemm_hopper.py, kernels/gemm_rs_hopper.py): on the
+# simulator the tl twin, whose results must equal a core="tl" context's bit for bit; on an sm_90 GPU (torchrun,
+# DITRON_TEST_BACKEND=p2p) the Gluon kernels, against the same references and bit for bit against the tl core on
+# the Gluon config's twin (gemm_hopper.twin_config).  The Gluon path's checks run on every device, so the shapes
+# are ones it takes: b = w.t(), K a multiple of 16, the output rows 16-byte aligned, AG-GEMM's m a multiple of
+# the config's block_m (a 64-row ping-pong config on the simulator; the default 128 x 128 x 128 on GPUs)
+# ---------------------------------------------------------------------------
+
+from conftest import GPU_BACKEND  # noqa: E402
+
+ON_GPU = GPU_BACKEND != "sim"
+PP64 = dict(block_m=64, block_n=128, block_k=128, stages=4, mode="pingpong")
+if ON_GPU:
+    GLUON_AG = [(128, 200, 320, "row", "bfloat16"), (256, 136, 320, "block", "bfloat16"),
+                (128, 264, 320, "tensor", "bfloat16"), (128, 200, 320, "block", "bfloat16")]
+    GLUON_RS = [(200, 264, 384, "row", "bfloat16"), (72, 136, 320, "block", "bfloat16"),
+                (128, 264, 384, "tensor", "bfloat16", True), (200, 260, 320, "block", "float32")]
+    GLUON_AR = [(400, 264, 384, "row", "bfloat16"), (144, 136, 320, "block", "float32")]
+else:
+    GLUON_AG = [(64, 24, 160, "tensor", "bfloat16"), (64, 40, 160, "row", "bfloat16"),
+                (64, 16, 160, "block", "bfloat16")]
+    GLUON_RS = [(5, 24, 160, "tensor", "bfloat16"), (3, 16, 160, "block", "bfloat16"),
+                (4, 24, 64, "row", "bfloat16", True), (3, 20, 160, "block", "float32")]
+    GLUON_AR = [(6, 24, 160, "row", "bfloat16"), (6, 20, 160, "block", "float32")]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_ag_gemm_fp8_gluon_core(dist_world, n):
+    # the scales travel with the rows through the Gluon consumer's copy-engine protocol; one context, calls of
+    # every recipe on it (the previous call's scales must not leak).  Simulator, 1 rank: the default config
+    # (128-row tiles: m = 128)
+    cases, cfg = (GLUON_AG if n <= 2 else GLUON_AG[::2]), None if ON_GPU else PP64
+    if not ON_GPU and n == 1:
+        cases, cfg = [(128, 16, 160, "row", "bfloat16"), (128, 24, 160, "block", "bfloat16")], None
+    assert dist_world(n).run(B.gluon_ag_gemm_fp8, cases, cfg) == [len(cases)] * n
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_gemm_rs_fp8_gluon_core(dist_world, n):
+    cases = GLUON_RS if n <= 2 else GLUON_RS[1::2]
+    assert dist_world(n).run(B.gluon_gemm_rs_fp8, cases) == [len(cases)] * n
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_gemm_ar_fp8_gluon_core(dist_world, n):
+    cases = GLUON_AR if n == 2 else GLUON_AR[1:]
+    assert dist_world(n).run(B.gluon_gemm_ar_fp8, cases) == [len(cases)] * n
+
+
+def test_fp8_gluon_overlap_errors_before_launch(dist_world):
+    msgs = dist_world(2).run(B.gluon_overlap_error_cases)[0]
+    tl_ag, tl_rs = "create_ag_gemm_context(..., core='tl')", "create_gemm_rs_context(..., core='tl')"
+    assert "m=5 rows per rank to be a multiple of the Gluon config's block_m=128" in msgs["ag_m"] and \
+        tl_ag in msgs["ag_m"]
+    assert "'b' must be column-major, b = w.t()" in msgs["ag_b_row_major"] and tl_ag in msgs["ag_b_row_major"]
+    assert "'a' must be row-major with 16-byte aligned rows" in msgs["ag_k"] and "K=72" in msgs["ag_k"]
+    assert "groups of 16 along K" in msgs["ag_groups"] and tl_ag in msgs["ag_groups"]
+    assert "N=20 rows of torch.bfloat16 are not 16-byte aligned" in msgs["ag_n"] and tl_ag in msgs["ag_n"]
+    assert "two 64 x 256 fp32 accumulators" in msgs["ag_config"]
+    assert "'b' must be column-major" in msgs["rs_b_row_major"] and tl_rs in msgs["rs_b_row_major"]
+    assert "N=20 rows of torch.bfloat16 are not 16-byte aligned" in msgs["rs_n"] and tl_rs in msgs["rs_n"]
+    # scale_block (64, 128): the default config's block_k is 64 (it runs); a given 128-deep config does not divide
+    assert msgs["rs_block_k"] is None
+    assert "need block_k dividing 64" in msgs["rs_block_k_cfg"] and tl_rs in msgs["rs_block_k_cfg"]
+    assert "gluon_config fits fp8 operands only" in msgs["rs_fp8_only_cfg"] and "shared memory" in \
+        msgs["rs_fp8_only_cfg"]
+    assert "the context was created for torch.float32" in msgs["rs_fp32_bf16"]
+    assert "shared memory (4 stages of 128x128 + 128x256" in msgs["rs_cfg_neither"]     # the 16-bit reason
+    assert "'b' must be column-major" in msgs["ar_b_row_major"] and "core='tl'" in msgs["ar_b_row_major"]
+
+
+def test_fp8_gluon_overlap_plans_refuse_other_gpus():
+    """On a GPU world (not the simulator) the plans of the fp8 Gluon paths refuse a device that is not a Hopper
+    one, naming the tl context (CPU tensors stand in: ``supported`` is False for them)."""
+    import types
+    import torch
+    from ditron.kernels import ag_gemm_hopper as AH, gemm_rs_hopper as RH
+    a, b, sa, sb, _ = B.operands(128, 24, 160, "row", 1)
+    ctx = types.SimpleNamespace(sim=False, out_dtype=torch.bfloat16, dtype=torch.bfloat16, gluon_config=None,
+                                gluon_fp8_config=None, scale_block=(128, 128))
+    out = torch.empty(256, 24, dtype=torch.bfloat16)
+    with pytest.raises(ditron.DitronError, match=r"runs on Hopper \(sm_90\) GPUs only, not on cpu.*core='tl'"):
+        AH.plan_fp8(ctx, a, b, out, 128, 160, 24, sa, sb)
+    with pytest.raises(ditron.DitronError, match=r"runs on Hopper \(sm_90\) GPUs only, not on cpu.*core='tl'"):
+        RH.plan_fp8(ctx, a, b, 128, 160, 24, sa, sb, (128, 128))
+
+
+@pytest.mark.parametrize("op,scales,out,b_dtype", [("ag", "row", "bfloat16", E4), ("ag", "block", "float32", E4),
+                                                   ("rs", "tensor", "bfloat16", E5), ("rs", "block", "float32", E4)])
+def test_fp8_gluon_overlap_kernels_compile_for_sm90a(op, scales, out, b_dtype):
+    """The fp8 Gluon kernels of AG-GEMM and GEMM-RS compile for sm_90a without a GPU (Triton 3.6 and 3.9): the
+    warp-specialised core's fp8 wgmma on K-major tiles (e4m3 / e5m2), shared memory within an H100's 227 KiB;
+    AG-GEMM: the producer's per-thread acquire poll of ready[s], the proxy fence before its TMA loads, the
+    release of the peers' slots; GEMM-RS: each block's full completion wait of its TMA stores, the async-proxy
+    fence, the partition barrier, the acq_rel count and the release of done[s]; neither has a program-wide
+    barrier or a dl.wait / dl.notify inside the partitions."""
+    import re
+    import torch
+    from conftest import code_lines
+    from ditron.kernels import ag_gemm_hopper as AH, gemm_rs_hopper as RH
+    out_dtype = getattr(torch, out)
+    if op == "ag":
+        ck = AH.compile_sm90(dtype=torch.float8_e4m3fn, scales=scales, out_dtype=out_dtype)
+    else:
+        ck = RH.compile_sm90(dtype=getattr(torch, b_dtype), scales=scales, out_dtype=out_dtype)
+    ptx, ir = ck.asm["ptx"], ck.asm["dist_ir"]
+    kind = "e4m3" if b_dtype == E4 else "e5m2"
+    assert f"wgmma.mma_async.sync.aligned.m64n128k32.f32.{kind}.{kind}" in ptx and "setmaxnreg" in ptx
+    assert ck.metadata.shared <= 232448, ck.metadata.shared
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx                        # the TMA-store epilogue
+    assert not re.search(r"bar\.sync\s+0;", ptx)                                       # no program-wide barrier
+    assert "dist.wait(" not in ir and "dist.notify(" not in ir
+    if op == "ag":
+        assert "ld.acquire.sys" in ptx and "fence.proxy.async.global" in ptx and "st.release.sys" in ptx
+    else:
+        lines = code_lines(ptx)
+        kinds = [ln.split()[1] if ln.startswith("@") else ln.split()[0] for ln in lines
+                 if re.match(r"(cp\.async\.bulk\.wait_group 0;|fence\.proxy\.async\.global;|bar\.sync\s+\d+, 128;"
+                             r"|@%p\d+ atom\.global\.sys\.(acq_rel\.add|release\.exch))", ln)]
+        pubs = [k for k, x in enumerate(kinds) if x == "cp.async.bulk.wait_group"]
+        assert len(pubs) >= 3, kinds
+        for k in pubs:
+            rest = kinds[k:]
+            assert rest[1] == "fence.proxy.async.global;" and rest[2] == "bar.sync", rest[:6]
+            assert "atom.global.sys.release.exch.b64" in rest[rest.index("atom.global.sys.acq_rel.add.u32"):]
+
+
+def _emulate_scaled_ws(named, a, b, M, N, K):
+    """What ``gemm_hopper.ws_scaled_gemm_body`` computes from its scale arguments (``named``: a launch's
+    arguments by name), in float64: the per-row / per-column epilogue or the blockwise per-K-group scales, read
+    through the pointers and element strides the launch passed."""
+    import torch
+    sa, sb = named["sa_ptr"], named["sb_ptr"]
+    ssam, ssak, ssbk, ssbn = (int(named[k]) for k in ("stride_sam", "stride_sak", "stride_sbk", "stride_sbn"))
+    prod = a.double() @ b.double()
+    if named["BLOCKWISE"]:
+        gk, gn = named["GK"], named["GN"]
+        nk, nn = -(-K // gk), -(-N // gn)
+        sav = sa.as_strided((M, nk), (ssam, ssak)).double()
+        sbv = sb.as_strided((nk, nn), (ssbk, ssbn)).double().repeat_interleave(gn, dim=1)[:, :N]
+        out = torch.zeros(M, N, dtype=torch.float64)
+        for g in range(nk):
+            out += (a[:, g * gk:(g + 1) * gk].double() @ b[g * gk:(g + 1) * gk].double()) * sav[:, g:g + 1] * sbv[g]
+        return out
+    row = sa.as_strided((M, 1), (ssam, 0)).double() if named["SA_ROW"] else sa.reshape(-1)[0].double()
+    col = sb.as_strided((1, N), (0, ssbn)).double() if named["SB_COL"] else sb.reshape(-1)[0].double()
+    return prod * row * col
+
+
+class _Recorder:
+    """Stands in for a Gluon kernel: records a launch's arguments by name."""
+
+    def __init__(self, kernel):
+        self.names = kernel.arg_names
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            named = dict(zip(self.names, args), **kw)
+            assert set(self.names) <= set(named), sorted(set(self.names) - set(named))
+            self.launches.append(named)
+        return launch
+
+
+@pytest.mark.parametrize("recipe", ["tensor", "row", "block"])
+def test_fp8_gluon_overlap_launch_arguments(monkeypatch, recipe):
+    """The host side of the fp8 Gluon paths on a GPU (planned, then launched), on CPU tensors with the kernels
+    replaced by recorders (one rank): every parameter is passed, and the scale pointers, strides and constexprs
+    they get make the core compute the recipe -- emulated from the recorded arguments -- for AG-GEMM (the shard's
+    scales copied into its rows of the gathered scales) and GEMM-RS."""
+    import types
+    import torch
+    from ditron.kernels import ag_gemm_hopper as AH, gemm_hopper as H, gemm_rs_hopper as RH
+    monkeypatch.setattr(H, "supported", lambda device: True)
+    rec_ag, rec_rs = _Recorder(AH.ag_gemm_ws_scaled_kernel), _Recorder(RH.gemm_rs_ws_scaled_kernel)
+    monkeypatch.setattr(AH, "ag_gemm_ws_scaled_kernel", rec_ag)
+    monkeypatch.setattr(RH, "gemm_rs_ws_scaled_kernel", rec_rs)
+    m, N, K = 128, 40, 288
+    a, b, sa, sb, ref = B.operands(m, N, K, recipe, 5)
+    if ref is None:
+        ref = B.exact_scaled_mm(a, b, sa, sb, torch.float32)
+    sk = -(-K // 128)
+    ctx = types.SimpleNamespace(sim=False, out_dtype=torch.bfloat16, dtype=torch.bfloat16, gluon_config=None,
+                                gluon_fp8_config=None, scale_block=(128, 128), world_size=1, rank=0, slot_rows=m,
+                                num_programs=2, sbuf=torch.full((1, 1, m * sk), float("nan")),
+                                buf=torch.zeros(1, 1, m * K, dtype=a.dtype), ready=torch.zeros(1, dtype=torch.int64),
+                                free=torch.ones(1, dtype=torch.int64), calls=torch.zeros(2, dtype=torch.int64),
+                                seg_count=torch.zeros(1, dtype=torch.int32), done=torch.zeros(1, dtype=torch.int64),
+                                gcalls=torch.zeros(2, dtype=torch.int64), cbuf=torch.zeros(1, m * N),
+                                _gluon_descs={})
+    out = torch.empty(m, N, dtype=torch.bfloat16)
+    AH.launch_fp8(ctx, AH.plan_fp8(ctx, a, b, out, m, K, N, sa, sb), a, b, out, sa, sb, m, K)
+    ctx.cbuf = ctx.cbuf.to(torch.bfloat16)
+    RH.launch_fp8(ctx, RH.plan_fp8(ctx, a, b, m, K, N, sa, sb, (128, 128)), a, b, sa, sb, m, N)
+    for rec in (rec_ag, rec_rs):
+        named = rec.launches[0]
+        assert named["PROMOTE"] == 128 and named["BLOCKWISE"] == (recipe == "block")
+        got = _emulate_scaled_ws(named, a, b, m, N, K).float()
+        torch.testing.assert_close(got, ref.float(), rtol=1e-6, atol=1e-6 * ref.abs().max().item())
+    assert rec_ag.launches[0]["m_local"] == m and rec_ag.launches[0]["slot_rows"] == m
+    assert rec_ag.launches[0]["SA_ROW"]                      # per row in AG-GEMM: each shard's rows keep their scale
+    assert rec_rs.launches[0]["M"] == m

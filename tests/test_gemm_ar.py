@@ -192,12 +192,14 @@ def test_gemm_ar_gluon_errors_before_launch(dist, dist_world, nnodes):
             msgs["gluon_nodes"]
         return
     assert "core='cublas'; use one of tl, gluon" in msgs["core"]
-    assert "core='gluon' takes float16 / bfloat16 (a torch.float32 context is for fp8" in msgs["gluon_fp32"]
+    assert msgs["gluon_fp32"] is None           # fp8 operands writing float32 (tests/test_fp8.py)
     assert "gluon_config applies to core='gluon'" in msgs["gluon_config_tl"]
     assert "gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig" in msgs["gluon_config_type"]
     assert "core='gluon' runs method='rs_ag'" in msgs["gluon_method"] and "'one_shot' is the tl core's" in \
         msgs["gluon_method"]
-    assert "core='gluon' takes float16 / bfloat16 operands without scales" in msgs["gluon_fp8"]
+    # fp8 operands run the Gluon core's fp8 path (tests/test_fp8.py), which takes b = w.t() (column-major)
+    assert "gemm_ar: 'b' must be column-major" in msgs["gluon_fp8"] and "create_gemm_ar_context(..., core='tl')" in \
+        msgs["gluon_fp8"]
     if d.world_size > 1:
         assert "multiple of the world size" in msgs["gluon_m"] and "create the context with core='tl'" in \
             msgs["gluon_m"]
