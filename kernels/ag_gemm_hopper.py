@@ -86,7 +86,7 @@ def ag_gemm_ws_scaled_kernel(a_desc, g_desc, b_desc, c_desc, sa_ptr, sb_ptr, rea
                              GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
                              CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, SA_ROW: gl.constexpr,
                              SB_COL: gl.constexpr, PROMOTE: gl.constexpr, BLOCKWISE: gl.constexpr,
-                             GK: gl.constexpr, GN: gl.constexpr):
+                             GK: gl.constexpr, GN: gl.constexpr, BLOCK_OVERLAP: gl.constexpr = False):
     """fp8 :func:`ag_gemm_ws_kernel`: ``c[W*m, N] = (gathered_a * scale_a) @ (b * scale_b)`` on the fp8 core
     (``gemm_hopper.ws_scaled_gemm_body``: ``b_desc`` of ``b^T``, the fp32 promotion every ``PROMOTE``
     products, epilogue or -- ``BLOCKWISE`` -- per-K-step scales).  ``sa_ptr``: the gathered rows' A scales as
@@ -99,7 +99,7 @@ def ag_gemm_ws_scaled_kernel(a_desc, g_desc, b_desc, c_desc, sa_ptr, sb_ptr, rea
     H.ws_scaled_gemm_body(a_desc, g_desc, b_desc, c_desc, W * m_local, me * (m_local // BM), ready_ptr, m_local,
                           slot_rows, me, sa_ptr, sb_ptr, stride_sam, stride_sbn, GROUP_M, STAGES, PINGPONG, True,
                           CONSUMER_REGS, PRODUCER_REGS, True, True, SA_ROW, SB_COL, PROMOTE, 1, 0, 0, False, False,
-                          stride_sak, stride_sbk, BLOCKWISE, GK, GN)
+                          stride_sak, stride_sbk, BLOCKWISE, GK, GN, BLOCK_OVERLAP)
     _release_slots(ready_ptr, free_ptr, calls_ptr, me, W)
 
 

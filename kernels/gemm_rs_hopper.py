@@ -116,7 +116,7 @@ def gemm_rs_ws_scaled_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, seg_count_p
                              GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
                              CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, SA_ROW: gl.constexpr,
                              SB_COL: gl.constexpr, PROMOTE: gl.constexpr, BLOCKWISE: gl.constexpr,
-                             GK: gl.constexpr, GN: gl.constexpr):
+                             GK: gl.constexpr, GN: gl.constexpr, BLOCK_OVERLAP: gl.constexpr = False):
     """fp8 :func:`gemm_rs_ws_kernel`: this rank's partial ``(a * scale_a) @ (b * scale_b)`` on the fp8 core
     (``gemm_hopper.ws_scaled_gemm_body``: ``b_desc`` of ``b^T``, the fp32 promotion every ``PROMOTE``
     products, epilogue or -- ``BLOCKWISE`` -- per-K-step scales; the scale arguments are
@@ -126,7 +126,8 @@ def gemm_rs_ws_scaled_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, seg_count_p
     W = dl.num_ranks()
     H.ws_scaled_gemm_body(a_desc, a_desc, b_desc, c_desc, M, 0, 0, 0, 0, me, sa_ptr, sb_ptr, stride_sam, stride_sbn,
                           GROUP_M, STAGES, PINGPONG, False, CONSUMER_REGS, PRODUCER_REGS, True, True, SA_ROW, SB_COL,
-                          PROMOTE, W, seg_count_ptr, done_ptr, True, True, stride_sak, stride_sbk, BLOCKWISE, GK, GN)
+                          PROMOTE, W, seg_count_ptr, done_ptr, True, True, stride_sak, stride_sbk, BLOCKWISE, GK, GN,
+                          BLOCK_OVERLAP)
     _count_call(calls_ptr)
 
 
