@@ -132,6 +132,86 @@ def test_gemm_fp8_against_scaled_mm_and_bf16_on_the_simulator(tmp_path):
     assert "fp8 vs _scaled_mm (goal 0.95x)" in md and "fp8 vs ditron bf16 (goal 1.6x)" in md
 
 
+#: (op, recipe, shape, methods) of the fp8 overlap smoke runs: one recipe each, shapes that run in seconds
+FP8_OVERLAP = {"ag_gemm": ("row", "64,32,32", "default"), "gemm_rs": ("block", "32,32,160", "ce"),
+               "gemm_ar": ("tensor", "32,32,64", "one_shot")}
+
+
+@pytest.mark.parametrize("op", sorted(FP8_OVERLAP))
+def test_overlap_fp8_on_the_simulator(tmp_path, op):
+    """``ditron bench ag_gemm|gemm_rs|gemm_ar --dtype fp8``: ditron's fp8 op and its bf16 op checked against the
+    float32 reference of the dequantised operands, and timed; the vendor baseline (torch._scaled_mm + NCCL) is
+    n/a on the simulator (no NCCL), its local GEMM runs (torch's CPU _scaled_mm: per-tensor / rowwise) or is n/a
+    with the reason (blockwise: no CPU kernel)."""
+    recipe, shape, method = FP8_OVERLAP[op]
+    p = _sim(tmp_path, op, "--dtype", "fp8", "--recipe", recipe, "--shapes", shape, "--methods", method,
+             "--repeat", "1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    data, rows = _rows(tmp_path / f"smoke-{op}-fp8.json")
+    model = f"{shape} {recipe}"
+    for name in (f"ditron {method}", f"bf16 ditron {method}"):
+        r = rows[name]
+        assert r["status"] == "ok" and r["ok"] and r["us"] > 0 and r["model"] == model, r
+    assert rows[f"ditron {method}"]["note"].startswith(f"fp8 {recipe}")
+    assert rows["cublas_nccl"]["status"] == "n/a" and "NCCL" in rows["cublas_nccl"]["error"]
+    assert rows["ditron_gemm_only"]["status"] == "ok", rows["ditron_gemm_only"]
+    if recipe == "block":
+        assert rows["gemm_only"]["status"] == "n/a", rows["gemm_only"]
+        assert rows["gemm_only"]["error"].startswith("baseline unavailable"), rows["gemm_only"]
+    else:
+        assert rows["gemm_only"]["status"] == "ok", rows["gemm_only"]
+    ratio = data["summary"]["fp8_vs_bf16"][f"ditron {method}"]
+    assert ratio["per_shape"][model] > 0 and ratio["geomean"] > 0
+    meta = data["meta"]
+    assert meta["dtype"] == "fp8" and meta["recipes"] == [recipe] and "--dtype fp8" in meta["command"]
+    md = (tmp_path / f"smoke-{op}-fp8.md").read_text()
+    assert f"### {op}, fp8 ({recipe}), TP=2" in md and "vs _scaled_mm + NCCL" in md and "**geomean**" in md
+    assert "baseline n/a" in md                                # the vendor cell says why there is no ratio
+
+
+def test_check_only_checks_and_times_nothing(tmp_path):
+    """``--check-only`` (ranks sharing a GPU, which the harness refuses to time): every implementation checked,
+    none timed, and the report says so."""
+    p = _sim(tmp_path, "gemm_ar", "--dtype", "fp8", "--recipe", "row", "--shapes", "32,32,64", "--methods",
+             "one_shot", "--peers", "gemm_only", "--check-only")
+    assert p.returncode == 0, p.stdout + p.stderr
+    data, rows = _rows(tmp_path / "smoke-gemm_ar-fp8.json")
+    for name in ("ditron one_shot", "bf16 ditron one_shot", "gemm_only"):
+        assert rows[name]["status"] == "ok" and rows[name]["us"] is None and rows[name]["rounds_us"] == []
+    assert data["meta"]["check_only"] is True
+    assert "Checked only (--check-only)" in (tmp_path / "smoke-gemm_ar-fp8.md").read_text()
+
+
+def test_a_wrong_fp8_scale_is_reported_failed(tmp_path):
+    """gemm_ar patched to decode A with a scale 1/8 too large: the fp8 check fails, the bf16 op still passes."""
+    script = tmp_path / "wrong_scale.py"
+    script.write_text(textwrap.dedent("""
+        import importlib
+        import sys
+        from ditron.bench.gemm import main
+
+        K = importlib.import_module("ditron.kernels.gemm_ar")
+
+        right = K.gemm_ar
+
+        def wrong(a, b, ctx, out=None, method="auto", *, scale_a=None, scale_b=None, **kw):
+            if scale_a is not None:
+                scale_a = scale_a * 1.125
+            return right(a, b, ctx, out, method, scale_a=scale_a, scale_b=scale_b, **kw)
+
+        K.gemm_ar = wrong
+        sys.exit(main(sys.argv[1:]))
+    """))
+    p = _sim(tmp_path, "gemm_ar", "--dtype", "fp8", "--recipe", "row", "--shapes", "32,32,64", "--methods",
+             "one_shot", "--peers", "gemm_only", "--repeat", "1", script=script)
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "FAILED" in p.stderr and "max abs error" in p.stderr, p.stderr
+    _, rows = _rows(tmp_path / "smoke-gemm_ar-fp8.json")
+    assert rows["ditron one_shot"]["status"] == "FAILED" and "max abs error" in rows["ditron one_shot"]["error"]
+    assert rows["ditron one_shot"]["rounds_us"] == []                 # not timed
+    assert rows["bf16 ditron one_shot"]["status"] == "ok" and rows["gemm_only"]["status"] == "ok"
+
+
 # ---------------------------------------------------------------------------
 # pure functions
 # ---------------------------------------------------------------------------
@@ -218,6 +298,39 @@ def test_speedup_hidden_fraction_and_geomeans():
     assert "| A | 1, 2, 3 | 200.0 | 250.0 | 300.0 | 200.0 | 100.0 | 180.0 | FAILED |" in lat
     assert "**1.34x**" in spd and "| 1.50x |" in spd
     assert "| B | 1, 2, 3 | 50% | 0% | 0% | FAILED |" in hid
+
+
+def test_fp8_ratios_leave_out_a_refused_baseline():
+    """fp8 overlap tables: vendor / ditron per shape and the geomean over the shapes where the vendor baseline
+    ran (a shape whose torch._scaled_mm is n/a leaves it); ditron's bf16 op / its fp8 op per shape."""
+    rows = [_row("A", "ditron ce", 100.0), _row("A", "bf16 ditron ce", 180.0), _row("A", "cublas_nccl", 150.0),
+            _row("B", "ditron ce", 200.0), _row("B", "bf16 ditron ce", 300.0), _row("B", "cublas_nccl", None, "n/a"),
+            _row("C", "ditron ce", 100.0), _row("C", "bf16 ditron ce", 160.0), _row("C", "cublas_nccl", 120.0)]
+    s = bg.derive(rows)
+    s["fp8_vs_bf16"] = bg.fp8_vs_bf16(rows)
+    assert s["geomean_speedup"]["ditron ce"] == pytest.approx(math.sqrt(1.5 * 1.2))
+    assert s["geomean_shapes"]["ditron ce"] == 2
+    r = s["fp8_vs_bf16"]["ditron ce"]
+    assert r["per_shape"] == pytest.approx({"A": 1.8, "B": 1.5, "C": 1.6})
+    assert r["geomean"] == pytest.approx((1.8 * 1.5 * 1.6) ** (1 / 3))
+    assert set(s["fp8_vs_bf16"]) == {"ditron ce"}                     # the bf16 op is not a method of its own
+    t = bg.fp8_overlap_table(rows, s)
+    assert "| A | 1, 2, 3 | 1.50x | 1.80x |" in t and "| B | 1, 2, 3 | baseline n/a | 1.50x |" in t
+    assert "| **geomean** | | **1.34x** | **1.63x** |" in t
+
+
+def test_fp8_quantisation_recipes():
+    """The operands of ``--dtype fp8``: e4m3 values and decode scales whose product is within fp8 rounding of
+    the float32 input, in kernels/scaling.py's shapes."""
+    import torch
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(5, 200, generator=g), torch.randn(130, 200, generator=g)
+    for recipe, sa_shape, sb_shape in (("tensor", (), ()), ("row", (5, 1), (1, 130)), ("block", (5, 2), (2, 2))):
+        a, b, sa, sb, a_deq, b_deq = bg.quantise_fp8(x, w, recipe)
+        assert a.dtype == b.dtype == torch.float8_e4m3fn and b.shape == (200, 130) and b.stride(0) == 1
+        assert tuple(sa.shape) == sa_shape and tuple(sb.shape) == sb_shape, recipe
+        assert (a_deq - x).abs().max() <= x.abs().max() * 2 ** -4 and (b_deq - w.t()).abs().max() <= w.abs().max() * 2 ** -4
+        assert torch.equal(a_deq, a.float() * (sa if recipe != "block" else sa.repeat_interleave(128, 1)[:, :200]))
 
 
 def test_tolerance_separates_rounding_from_errors():

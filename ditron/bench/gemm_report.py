@@ -98,6 +98,56 @@ def overlap_tables(rows, summary):
     return lat, spd, hid
 
 
+def fp8_vs_bf16(rows):
+    """``ditron bench ag_gemm|gemm_rs|gemm_ar --dtype fp8``: per ditron method and shape, the time of ditron's
+    bf16 op on the same shape over the fp8 op's (``bf16 ditron X`` / ``ditron X``), and the geomean."""
+    shapes = list(dict.fromkeys(r["model"] for r in rows))
+    by = {(r["model"], r["impl"]): r for r in rows}
+
+    def t(s, name):
+        r = by.get((s, name))
+        return r["us"] if r and r["status"] == "ok" and r["us"] else None
+    out = {}
+    for name in dict.fromkeys(r["impl"] for r in rows):
+        if not name.startswith("ditron ") or name in PARTS:
+            continue
+        per = {}
+        for s in shapes:
+            f, h = t(s, name), t(s, "bf16 " + name)
+            per[s] = h / f if f and h else None
+        out[name] = {"per_shape": per, "geomean": geomean([v for v in per.values() if v])}
+    return out
+
+
+def fp8_overlap_table(rows, summary):
+    """Per shape: each ditron method's fp8 op against the vendor baseline (torch._scaled_mm + the NCCL
+    collective: its time / ditron's) and against ditron's own bf16 op (its time / the fp8 op's)."""
+    shapes = list(dict.fromkeys(r["model"] for r in rows))
+    by = {(r["model"], r["impl"]): r for r in rows}
+    methods = list(summary["fp8_vs_bf16"])
+    head = ("| shape | M, N, K | " + " | ".join(f"{m[7:]}: vs _scaled_mm + NCCL | {m[7:]}: vs ditron bf16"
+                                              for m in methods) + " |")
+    lines = [head, "| --- | --- |" + " --- | --- |" * len(methods)]
+
+    def x(v):
+        return f"{v:.2f}x" if v else "-"
+    for s in shapes:
+        r0 = next(r for r in rows if r["model"] == s)
+        cells = []
+        for m in methods:
+            r = by.get((s, m))
+            base = by.get((s, "cublas_nccl"))
+            vs_v = (x(r.get("speedup")) if r and r["status"] == "ok" else (r["status"] if r else "-"))
+            if r and r["status"] == "ok" and not r.get("speedup") and base is not None and base["status"] != "ok":
+                vs_v = f"baseline {base['status']}"
+            cells += [vs_v, x(summary["fp8_vs_bf16"][m]["per_shape"].get(s))]
+        lines.append(f"| {s} | {r0['M']}, {r0['N']}, {r0['K']} | " + " | ".join(cells) + " |")
+    gm = summary["geomean_speedup"]
+    lines.append("| **geomean** | | " + " | ".join(f"**{x(gm.get(m))}** | **{x(summary['fp8_vs_bf16'][m]['geomean'])}**"
+                                               for m in methods) + " |")
+    return "\n".join(lines)
+
+
 def gemm_tables(rows, summary):
     shapes = list(dict.fromkeys(r["model"] for r in rows))
     by = {(r["model"], r["impl"]): r for r in rows}
@@ -168,13 +218,30 @@ _DESCRIBE = {
 }
 
 
-def _method_text(op, peers, graph, warmup, iters, repeat, sim=False):
+def _method_text(op, peers, graph, warmup, iters, repeat, sim=False, fp8=False):
     how = ("a host timer around each call (the simulator: meaningless numbers)" if sim else
            f"{'CUDA-graph replays' if graph else 'eager calls'} between CUDA events")
     timing = (f"{how}, {warmup} warm-ups, median of {iters}, slowest rank, best of {repeat} round(s) in "
               "alternating order")
     if op == "gemm":
         return ("Each GEMM is checked against torch in float32 on fresh random inputs, then timed: " + timing + ".")
+    if fp8:
+        return (f"Global shapes split for TP=W: {_DESCRIBE[op]}. fp8: every rank's A and B are quantised to e4m3 "
+                "from fresh random float32 operands per recipe (tensor: one scale per tensor and rank; row: per "
+                "row of A / column of B; block: 1x128 for A, 128x128 for B); every implementation is checked "
+                "against the float32 product of the dequantised operands with the op's collective semantics "
+                "(tolerance scaled by sqrt(K)), then timed: " + timing + ". `ditron X`: ditron's fp8 op; "
+                "`bf16 ditron X`: ditron's bf16 op on the dequantised operands rounded to bf16. `cublas_nccl` "
+                "(the vendor baseline): " + {
+                    "ag_gemm": "all_gather_into_tensor of the fp8 A rows and of their scales, then "
+                               "torch._scaled_mm (per-tensor: the gathered per-rank scales as a rowwise [M, 1] "
+                               "scale and B's as [1, N])",
+                    "gemm_rs": "torch._scaled_mm to bf16, then reduce_scatter_tensor",
+                    "gemm_ar": "torch._scaled_mm to bf16, then all_reduce"}[op]
+                + "; where torch._scaled_mm refuses the recipe or gives a wrong result (held to the reference "
+                "first) its cells are n/a with the reason and the shape leaves the geomean. `gemm_only` / "
+                "`comm_only`: torch._scaled_mm / the collective alone at the local shape; `ditron_gemm_only`: "
+                "ditron's fp8 matmul alone. Communication hidden = (gemm_only + comm_only - t) / comm_only.")
     return (f"Global shapes split for TP=W: {_DESCRIBE[op]}. Every implementation is checked against a float32 "
             "torch reference on fresh random inputs (tolerance scaled by sqrt(K)), then timed: " + timing + ". "
             "`cublas_nccl`: torch.matmul and the NCCL collective one after the other; `torch_fused`: torch's "
@@ -188,12 +255,19 @@ def write_overlap(rows, summary, meta, stem):
         json.dump({"meta": meta, "summary": summary, "rows": rows}, f, indent=1, default=str)
     lat, spd, hid = overlap_tables(rows, summary)
     op = meta["op"]
-    md = [f"### {op}, {meta['dtype']}, TP={meta['world_size']} ({meta['machine']}, {meta['date']})", "",
+    dt = meta["dtype"] + (f" ({', '.join(meta['recipes'])})" if meta.get("recipes") else "")
+    md = [f"### {op}, {dt}, TP={meta['world_size']} ({meta['machine']}, {meta['date']})", "",
           f"Command: `{meta['command']}`", "", meta["method"], "",
+          *(["**Checked only (--check-only): nothing was timed; `ok` means the check passed.**", ""]
+            if meta.get("check_only") else []),
           "Latency (us):", "", lat, "",
           "Speedup over cublas_nccl (its time / the implementation's; geomean over the shapes):", "", spd, "",
           "Communication hidden ((gemm_only + comm_only - t) / comm_only, clamped to [0, 1]; raw in the JSON):",
           "", hid, ""]
+    if "fp8_vs_bf16" in summary:
+        md += ["fp8: ditron's fp8 op against the vendor baseline (torch._scaled_mm + the NCCL collective; its "
+               "time / ditron's) and against ditron's bf16 op on the same shape (its time / the fp8 op's):", "",
+               fp8_overlap_table(rows, summary), ""]
     na = {}
     for r in rows:
         if r["status"] == "n/a":

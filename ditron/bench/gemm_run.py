@@ -167,6 +167,10 @@ def overlap_impls(op, shape: Shape, world, dtype, methods, peers, seed=0, log=No
     a_shape, b_shape, out_shape = local_dims(op, shape, W)
     on_gpu = str(dev).startswith("cuda")
     have_dist = on_gpu and dist.is_available() and dist.is_initialized()
+    nccl_why = "needs CUDA and NCCL (not on the simulator)"
+    if have_dist and dist.get_backend() != "nccl":      # ranks sharing a GPU run torch.distributed on gloo
+        have_dist = False
+        nccl_why = f"needs NCCL (torch.distributed runs on {dist.get_backend()}: ranks share a GPU)"
     inp = Inputs(dev, dtype, seed)
     impls, na = [], {}
 
@@ -242,7 +246,6 @@ def overlap_impls(op, shape: Shape, world, dtype, methods, peers, seed=0, log=No
                               ", ".join(f"{k}={v}" for k, v in {**ctx_opts, **call_opts}.items())))
 
     # -- peers -------------------------------------------------------------------
-    nccl_why = "needs CUDA and NCCL (not on the simulator)"
     if "torch_fused" in peers:
         fused, why = torch_fused_op(op, dev)
         if fused is None:
@@ -338,8 +341,10 @@ def _row_status(res, na, name):
 
 
 def run_overlap(op, shapes, world, dtype, methods, peers, *, warmup, iters, graph, repeat, seed=0,
-                progress=True, log=None):
-    """Check and time every implementation at every shape; returns the rows."""
+                progress=True, log=None, impls_fn=None, check_only=False):
+    """Check and time every implementation at every shape; returns the rows.  ``impls_fn``: what makes one
+    shape's implementations (default :func:`overlap_impls`; fp8: ``ditron.bench.gemm_fp8.overlap_fp8_impls``)."""
+    impls_fn = impls_fn or overlap_impls
     import ditron
     W = world.world_size
     rows = []
@@ -349,7 +354,7 @@ def run_overlap(op, shapes, world, dtype, methods, peers, *, warmup, iters, grap
         a_shape, b_shape, out_shape = local_dims(op, shape, W)
         with ditron.heap_scope():               # contexts per shape, freed after it
             try:
-                impls, na, inp = overlap_impls(op, shape, world, dtype, methods, peers, seed, log)
+                impls, na, inp = impls_fn(op, shape, world, dtype, methods, peers, seed, log)
             except Exception as e:  # noqa: BLE001 -- e.g. out of GPU memory: the shape is reported, the run goes on
                 impls, na, inp = [], {}, None
                 err = f"{type(e).__name__}: {e}"
@@ -358,7 +363,7 @@ def run_overlap(op, shapes, world, dtype, methods, peers, *, warmup, iters, grap
                 for label, _, _ in methods:
                     impls.append(_failing(f"ditron {label}", e))
             res = measure(impls, world.device, warmup=warmup, iters=iters, graph=graph,
-                          barrier=ditron.barrier_all, repeat=repeat, agree=agree,
+                          barrier=ditron.barrier_all, repeat=repeat, agree=agree, check_only=check_only,
                           after_checks=inp.clear if inp is not None else None)
             ditron.barrier_all()
             _release(world.device)
@@ -369,7 +374,7 @@ def run_overlap(op, shapes, world, dtype, methods, peers, *, warmup, iters, grap
         for name in names:
             r = res.get(name, {"ok": None, "error": "", "us": None, "rounds_us": [], "note": ""})
             status = _row_status(res, na, name)
-            us = r["us"] if status == "ok" else None
+            us = r["us"] if status == "ok" and not check_only else None
             rows.append({"model": shape.label, "M": shape.M, "N": shape.N, "K": shape.K, "tp": W,
                          "a_shape": list(a_shape), "b_shape": list(b_shape), "out_shape": list(out_shape),
                          "impl": name, "status": status, "ok": status == "ok" if status != "n/a" else None,

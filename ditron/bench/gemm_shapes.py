@@ -5,7 +5,9 @@ The GEMM benchmarks, by idea (each imports only those above it in this list):
 
 * :mod:`ditron.bench.gemm_shapes` -- what to run (this module);
 * :mod:`ditron.bench.gemm_run` -- what runs one shape of an overlap op (inputs, checks, ditron and its peers);
-* :mod:`ditron.bench.gemm_sweep` -- what sweeps ``GemmConfig`` for the GEMM core against cuBLAS;
+* :mod:`ditron.bench.gemm_sweep` -- what sweeps ``GemmConfig`` for the GEMM core against cuBLAS (and the fp8
+  operands, ``--dtype fp8``);
+* :mod:`ditron.bench.gemm_fp8` -- what runs one shape of an overlap op on fp8 operands (``--dtype fp8``);
 * :mod:`ditron.bench.gemm_report` -- what derives figures and writes tables, JSON and plots;
 * :mod:`ditron.bench.gemm` -- the command line (and the names above, re-exported).
 """

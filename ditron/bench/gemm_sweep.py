@@ -97,36 +97,40 @@ def _fp8_operands(inp, shape, recipe):
     """Seeded fp8 operands of one shape: ``a [M, K]`` e4m3, ``b [K, N]`` e4m3 column-major (``w.t()``, as
     torch._scaled_mm takes it), their scales for ``recipe`` and the dequantised bf16 operands (the bf16
     GEMMs of the same run multiply those)."""
+    return quantise_fp8(inp.rand((shape.M, shape.K), 0, 0), inp.rand((shape.N, shape.K), 0, 1), recipe)
+
+
+def quantise_fp8(x, w, recipe):
+    """e4m3 operands of ``x [M, K] @ w[N, K].t()`` (float32) for ``recipe`` (``tensor``, ``row``, ``block``):
+    ``(a [M, K], b [K, N] column-major (w.t()), scale_a, scale_b, a_deq, b_deq)`` -- the decode scales in
+    kernels/scaling.py's shapes and the dequantised operands (float32)."""
+    a, sa, a_deq = quantise_rows(x, recipe, 1)
+    wq, sw, w_deq = quantise_rows(w, recipe, 128)
+    return a, wq.t(), sa, sw.t(), a_deq, w_deq.t()
+
+
+def quantise_rows(t, recipe, gm=1):
+    """e4m3 quantisation of a float32 ``t [R, C]`` whose rows are the GEMM's rows (an activation, ``gm=1``) or
+    its columns (a weight ``w [N, K]``, ``gm=128``): ``(q, decode scales, q * scales in float32)``; the scales are
+    one element (``tensor``), ``[R, 1]`` (``row``) or one per ``gm x 128`` block, ``[cdiv(R, gm), cdiv(C, 128)]``
+    (``block``)."""
     import torch
     E4 = torch.float8_e4m3fn
     top = torch.finfo(E4).max
-    x = inp.rand((shape.M, shape.K), 0, 0)
-    w = inp.rand((shape.N, shape.K), 0, 1)
-    if recipe == "block":
-        def groups(t, gm):       # t [R, C] -> scales [cdiv(R, gm), cdiv(C, 128)] over gm x 128 blocks
-            R, C = t.shape
-            tp = torch.nn.functional.pad(t, (0, -C % 128, 0, -R % gm))
-            s = tp.reshape(tp.shape[0] // gm, gm, -1, 128).abs().amax(dim=(1, 3)) / top
-            s = s.clamp(min=1e-12)
-            full = s.repeat_interleave(gm, 0).repeat_interleave(128, 1)[:R, :C]
-            return (t / full).to(E4), s.float(), full
-        a, sa, fa = groups(x, 1)
-        wq, sw, fw = groups(w, 128)
-        b, sb = wq.t(), sw.t()
-        a_deq, b_deq = a.float() * fa, (wq.float() * fw).t()
+    if recipe == "block":       # t [R, C] -> scales [cdiv(R, gm), cdiv(C, 128)] over gm x 128 blocks
+        R, C = t.shape
+        tp = torch.nn.functional.pad(t, (0, -C % 128, 0, -R % gm))
+        s = tp.reshape(tp.shape[0] // gm, gm, -1, 128).abs().amax(dim=(1, 3)) / top
+        s = s.clamp(min=1e-12)
+        full = s.repeat_interleave(gm, 0).repeat_interleave(128, 1)[:R, :C]
+        q = (t / full).to(E4)
+        return q, s.float(), q.float() * full
+    if recipe == "tensor":
+        s = (t.abs().max() / top).float().reshape(())
     else:
-        if recipe == "tensor":
-            sa = (x.abs().max() / top).float().reshape(())
-            sw = (w.abs().max() / top).float().reshape(())
-            sb = sw
-        else:
-            sa = (x.abs().amax(dim=1, keepdim=True) / top).float()
-            sw = (w.abs().amax(dim=1, keepdim=True) / top).float()
-            sb = sw.t()
-        a, wq = (x / sa).to(E4), (w / sw).to(E4)
-        b = wq.t()
-        a_deq, b_deq = a.float() * sa, (wq.float() * sw).t()
-    return a, b, sa, sb, a_deq, b_deq
+        s = (t.abs().amax(dim=1, keepdim=True) / top).float()
+    q = (t / s).to(E4)
+    return q, s, q.float() * s
 
 
 def _vendor_fp8(a, b, sa, sb, recipe, out, ref=None):

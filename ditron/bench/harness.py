@@ -184,14 +184,16 @@ class Progress:
             self.bar.close()
 
 
-def measure(impls, device, *, warmup, iters, graph=False, barrier=None, repeat=2, agree=None, after_checks=None):
+def measure(impls, device, *, warmup, iters, graph=False, barrier=None, repeat=2, agree=None, after_checks=None,
+            check_only=False):
     """Correctness of every implementation first (``run()`` then ``check(out)``),
     then timing rounds in alternating order (the first implementation timed at
     a new size can pay first-touch costs).  Returns ``{name: dict(ok, error,
     exc, us, rounds_us)}``: ``us`` is the best round's median of the slowest
     rank.  ``agree(flags) -> flags`` (optional) makes the ranks agree on which
     implementations passed, so they all time the same ones; ``after_checks()``
-    (optional) runs between the checks and the timing (e.g. to free references)."""
+    (optional) runs between the checks and the timing (e.g. to free references).  ``check_only``: no timing
+    (``us`` is NaN, ``rounds_us`` empty): correctness runs, e.g. of ranks that share a GPU."""
     status = {}
     for impl in impls:
         ok, err, exc = True, "", ""
@@ -216,7 +218,7 @@ def measure(impls, device, *, warmup, iters, graph=False, barrier=None, repeat=2
     rounds = {impl.name: [] for impl in impls}
     notes = {impl.name: "" for impl in impls}
     eager = set()
-    for rnd in range(max(1, repeat)):
+    for rnd in range(0 if check_only else max(1, repeat)):
         for impl in (impls if rnd % 2 == 0 else impls[::-1]):
             if not status[impl.name][0]:
                 continue
