@@ -268,12 +268,13 @@ def write_overlap(rows, summary, meta, stem):
         md += ["fp8: ditron's fp8 op against the vendor baseline (torch._scaled_mm + the NCCL collective; its "
                "time / ditron's) and against ditron's bf16 op on the same shape (its time / the fp8 op's):", "",
                fp8_overlap_table(rows, summary), ""]
-    na = {}
+    na, shapes = {}, list(dict.fromkeys(r["model"] for r in rows))
     for r in rows:
         if r["status"] == "n/a":
-            na.setdefault(r["impl"], r["error"])
-    if na:
-        md += ["Not available:", ""] + [f"- {k}: {v}" for k, v in na.items()] + [""]
+            na.setdefault((r["impl"], r["error"]), []).append(r["model"])
+    if na:         # the shapes where a reason applies, unless it is all of them (fp8: per recipe, e.g. blockwise)
+        md += ["Not available:", ""] + [f"- {k}{'' if len(v) == len(shapes) else ' (' + ', '.join(v) + ')'}: {e}"
+                                        for (k, e), v in na.items()] + [""]
     failed = [r for r in rows if r["status"] == "FAILED"]
     if failed:
         md += ["Failures:", ""] + [f"- {r['model']} {r['impl']}: {r['error']}" for r in failed] + [""]
