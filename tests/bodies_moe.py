@@ -167,3 +167,62 @@ def tp_moe_errors(world):
     msgs = error_messages(cases)
     assert int(agc.calls[0]) == 0 and int(rsc.calls[0]) == 0
     return msgs
+
+
+# ---------------------------------------------------------------------------
+# grouped_gemm(core="gluon") (kernels/moe_hopper.py): the Gluon Hopper kernel on GPUs, its tl twin on the simulator
+# ---------------------------------------------------------------------------
+
+def grouped_gemm_gluon_cases(world, dtype, cases, K, N, seed=0, gluon_config=None, twin_equal=True):
+    """Each case (per-expert counts) through ``core="gluon"`` against the fp32 reference, rows past
+    ``sum(counts)`` untouched, and (``twin_equal``) bit for bit against the tl twin (``core="tl"`` with
+    ``gemm_hopper.twin_config``): on the simulator both run the twin; on a Hopper GPU the Gluon kernel.
+    Returns the number of checks."""
+    from ditron.kernels import gemm_hopper as H
+    dtype = DTYPES[dtype]
+    cfg = gluon_config or H.DEFAULT_CONFIG
+    done = 0
+    for i, counts in enumerate(cases):
+        E, M = len(counts), max(0, sum(max(c, 0) for c in counts))
+        rows = M + 5                                     # rows past sum(counts) must stay untouched
+        a = _rand_of(world.rank, (rows, K), dtype, seed + i).to(world.device)
+        w = _rand_of(world.rank, (E, K, N), dtype, seed + i, salt=1).to(world.device)
+        c = torch.tensor(counts, dtype=torch.int32 if i % 2 else torch.int64, device=world.device)
+        out = torch.full((rows, N), -7.0, dtype=dtype, device=world.device)
+        got = grouped_gemm(a, w, c, out=out, config=gluon_config, core="gluon")
+        assert got is out
+        ref = grouped_gemm_reference(a.cpu(), w.cpu(), c.cpu())
+        if M:
+            _check(out[:M], ref[:M], f"gluon case {i} counts={counts}")
+        assert bool((out[M:] == -7.0).all()), f"gluon case {i}: rows past sum(counts) were written"
+        done += 1
+        if twin_equal:
+            twin = torch.full((rows, N), -7.0, dtype=dtype, device=world.device)
+            grouped_gemm(a, w, c, out=twin, config=H.twin_config(cfg), core="tl")
+            assert torch.equal(out, twin), f"gluon case {i} counts={counts}: not bitwise the tl twin's"
+            done += 1
+    return done
+
+
+def grouped_gemm_gluon_errors(world):
+    from ditron.kernels.gemm import GemmConfig
+    a = torch.ones(5, 16, dtype=torch.bfloat16, device=world.device)
+    w = torch.ones(3, 16, 8, dtype=torch.bfloat16, device=world.device)
+    c = torch.tensor([2, 0, 3], device=world.device)
+    idx = torch.arange(5, device=world.device)
+    f8 = torch.ones(5, 16, device=world.device).to(torch.float8_e4m3fn)
+    w8 = torch.ones(3, 16, 8, device=world.device).to(torch.float8_e4m3fn)
+    s_a = torch.ones(5, 1, device=world.device)
+    s_w = torch.ones(3, 1, 1, device=world.device)
+    wide = torch.ones(3, 16, 16, dtype=torch.bfloat16, device=world.device)
+    cases = {
+        "core": lambda: grouped_gemm(a, w, c, core="cublas"),
+        "gather": lambda: grouped_gemm(a, w, c, gather_idx=idx, core="gluon"),
+        "fp8": lambda: grouped_gemm(f8, w8, c, scale_a=s_a, scale_w=s_w, core="gluon"),
+        "config": lambda: grouped_gemm(a, w, c, config=GemmConfig(16, 16, 16), core="gluon"),
+        "w_layout": lambda: grouped_gemm(a, wide[:, :8].transpose(1, 2)[:, :, :8], c, core="gluon"),
+        "a_rows": lambda: grouped_gemm(torch.ones(5, 12, dtype=torch.bfloat16, device=world.device),
+                                       torch.ones(3, 12, 8, dtype=torch.bfloat16, device=world.device), c,
+                                       core="gluon"),
+    }
+    return error_messages(cases)
