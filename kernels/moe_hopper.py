@@ -88,11 +88,13 @@ def _add(a, b):
 @gluon.jit
 def _expert_table(counts_ptr, E, M, BM: gl.constexpr, EP: gl.constexpr, WARPS: gl.constexpr):
     """The experts' rows and virtual tiles from the device counts, once per partition (a ``WARPS``-warp layout
-    of ``EP >= E`` lanes): ``(rstart, cnt, tend, tiles, num_vm)`` -- expert ``e``'s first row, its rows below
+    of ``max(EP, 32 * WARPS) >= E`` lanes): ``(rstart, cnt, tend, tiles, num_vm)`` -- expert ``e``'s first row, its rows below
     ``M`` (negative counts 0; counts cut at ``M``), the inclusive prefix sum of its ``BM``-row tiles, its tiles,
     and the number of virtual tiles (every one of them has a row)."""
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
-    eidx = gl.arange(0, EP, layout=layout)
+    # at least one lane per thread: no replicated lanes in the scans and reductions
+    LANES: gl.constexpr = EP if EP > 32 * WARPS else 32 * WARPS
+    layout: gl.constexpr = gl.BlockedLayout([LANES // (32 * WARPS)], [32], [WARPS], [0])
+    eidx = gl.arange(0, LANES, layout=layout)
     cnt = gl.load(counts_ptr + eidx, mask=eidx < E, other=0).to(gl.int64)
     cnt = gl.maximum(cnt, 0)
     rend = gl.associative_scan(cnt, 0, _add)
