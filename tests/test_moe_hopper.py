@@ -96,3 +96,53 @@ def test_grouped_gemm_gluon_compile_refuses_other_targets():
     from ditron.kernels import moe_hopper as MH
     with pytest.raises(ditron.DitronError, match="sm_90a only"):
         MH.compile_sm90(target="gfx942")
+
+
+# ---------------------------------------------------------------------------
+# moe_rs / moe_ar with core="gluon" (kernels/moe_tp_hopper.py)
+# ---------------------------------------------------------------------------
+
+def test_moe_rs_gluon_twin_on_the_simulator(dist_world):
+    # 2 ranks, m = 5 then 2 (the context reused); I = 72: a K tail; H = 40: an N tail; experts without pairs
+    assert dist_world(2).run(B.tp_moe_rs_gluon, "bf16", [5, 2], E=5, used=3) == [4, 4]
+
+
+def test_moe_ar_gluon_twin_on_the_simulator(dist_world):
+    assert dist_world(3).run(B.tp_moe_rs_gluon, "fp16", [2], ar=True, twin_equal=False) == [1] * 3
+
+
+def test_moe_rs_gluon_matches_twin_on_gpu(_gpu_dist):
+    # GPUs only: the Gluon GEMM's partials through the protocol, against the reference and bit for bit against a
+    # tl context with the twin config; tiles with more rows than 128, K / N tails, experts without pairs
+    n = _gpu_dist.run(B.tp_moe_rs_gluon, "bf16", [5, 300, 64], H=40, I_local=72, E=8, used=6)
+    assert n == [6] * _gpu_dist.world_size
+    n = _gpu_dist.run(B.tp_moe_rs_gluon, "fp16", [1000], H=1024, I_local=512, E=16, k=4, seed=3)
+    assert n == [2] * _gpu_dist.world_size
+    n = _gpu_dist.run(B.tp_moe_rs_gluon, "bf16", [200], H=256, I_local=128, E=4, ar=True)
+    assert n == [2] * _gpu_dist.world_size
+
+
+def test_moe_rs_gluon_errors(dist):
+    msgs = dist.run(B.tp_moe_gluon_errors)[0]
+    assert "core='cublas'; use one of tl, gluon" in msgs["core"]
+    assert "mode='coop'" in msgs["pingpong"] and "core='tl'" in msgs["pingpong"]
+    assert "config (a GemmConfig) is for core='tl'" in msgs["config"]
+    assert "gluon_config applies to core='gluon'" in msgs["gluon_config_tl"]
+    assert "hidden a multiple of 8" in msgs["hidden"]
+    assert "reads 'h' through TMA" in msgs["h_rows"] and "core='tl'" in msgs["h_rows"]
+
+
+@pytest.mark.parametrize("E", [1, 64])
+def test_moe_rs_gluon_compiles_warp_specialised(E):
+    from ditron.kernels import moe_tp_hopper as MT
+    ck = MT.compile_sm90(E=E)
+    ttgir, ptx = ck.asm["ttgir"], ck.asm["ptx"]
+    assert len(re.findall(r"ttg\.warp_specialize\(", ttgir)) == 1
+    assert ".reqntid 384" in ptx and "setmaxnreg.inc.sync.aligned.u32" in ptx
+    assert len(re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)) >= 2
+    assert re.search(r"cp\.async\.bulk\.tensor\.3d\.shared::(cluster|cta)\.global\.mbarrier::complete_tx::bytes", ptx)
+    # the partials: 16-byte st.global into the owners' slots; the count (acq_rel) and the owner's signal (release)
+    assert "st.global.v4.b32" in ptx
+    assert "atom.global.sys.acq_rel.add.u32" in ptx and "atom.global.sys.release.exch.b64" in ptx
+    log = _ptxas_log(ptx)
+    assert "C7512" not in log and "C7514" not in log and "serialized" not in log, log
