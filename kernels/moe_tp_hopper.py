@@ -10,8 +10,9 @@ warp, two ``wgmma`` consumer warpgroups in the cooperative schedule):
 
 * the same virtual tiles in the same order: ``T_s = cdiv(m * k, BLOCK_M) + E`` M tiles per segment, each mapped to
   (segment, expert, rows) from the plan's device counts (a tile never mixes experts or segments), walked in
-  ``dl.swizzle_scatter`` order (peers' segments first, the own last); tiles without rows are skipped by the
-  producer and both consumers alike (the ring's slot / phase arithmetic stays shared);
+  ``dl.swizzle_scatter`` order (peers' segments first, the own last); virtual tiles past a segment's last
+  expert's are skipped by the producer and both consumers alike (the ring's slot / phase arithmetic stays
+  shared);
 * A (``h``, rows grouped by (segment, expert)) through 2-D TMA boxes, ``w2[e]`` through 3-D ``[1, BK, BN]`` boxes
   (the K tail zero-filled per expert);
 * where the partials go: each consumer's block (``BLOCK_M / 2`` rows of the tile) is staged in shared memory, read
@@ -63,7 +64,7 @@ HEAP_ALIGN = gl.constexpr(_HEAP_ALIGN)
 
 @gluon.jit
 def _seg_tile(pid_m, T_s, counts_ptr, E, rows_per_seg, BM: gl.constexpr, EP: gl.constexpr, WARPS: gl.constexpr):
-    """Virtual M tile ``pid_m``'s ``(segment, expert, first row, end row, has rows, the segment's tiles)``: the
+    """Virtual M tile ``pid_m``'s ``(segment, expert, first row, end row, is a tile, the segment's tiles)``: the
     ``tl`` kernel's ``_virtual_tile`` (``kernels.moe.expert_tile`` over the segment's counts, row ``seg *
     rows_per_seg`` on) and ``_segment_tiles``, on a ``WARPS``-warp layout of at least one lane per thread."""
     seg = pid_m // T_s
@@ -84,7 +85,9 @@ def _seg_tile(pid_m, T_s, counts_ptr, E, rows_per_seg, BM: gl.constexpr, EP: gl.
     base = seg.to(gl.int64) * rows_per_seg
     first = base + r0 + (j - t0) * BM
     end = gl.minimum(base + r0 + c, base + rows_per_seg)
-    ok = (e < E) & (first < end)
+    # every tile of an expert is computed and counted, as the tl kernel's (``ex < E``): the count's threshold
+    # is the segment's tiles; a plan's tiles always have rows (rows past the segment are masked off anyway)
+    ok = e < E
     return seg, e, first.to(gl.int32), end.to(gl.int32), ok, gl.sum(tiles, 0)
 
 
@@ -273,8 +276,9 @@ def check_context(op, ctx, gluon_config):
         raise E_(f"{op}: gluon_config must be a ditron.kernels.gemm_hopper.HopperGemmConfig")
     cfg = (gluon_config or H.DEFAULT_CONFIG).validate(op)
     if cfg.mode != "coop":
-        raise E_(f"{op}: core='gluon' runs the cooperative schedule (mode='coop'; tiles without rows are skipped, "
-                 f"which the ping-pong turns do not allow), not mode={cfg.mode!r}; use mode='coop' or {ALT}")
+        raise E_(f"{op}: core='gluon' runs the cooperative schedule (mode='coop'; virtual tiles past a segment's "
+                 "experts are skipped, which the ping-pong turns do not allow), not "
+                 f"mode={cfg.mode!r}; use mode='coop' or {ALT}")
     if cfg.epilogue_split != 1:
         raise E_(f"{op}: core='gluon' stores the partials from one staging buffer (epilogue_split=1), not "
                  f"epilogue_split={cfg.epilogue_split}")
