@@ -202,6 +202,10 @@ def _min(a, b):
 # host API
 # ---------------------------------------------------------------------------
 
+#: grouped_gemm's cores: the tl core (every target, the simulator) or the Gluon Hopper core (kernels/moe_hopper.py)
+CORES = ("tl", "gluon")
+
+
 def expert_pow2(E: int) -> int:
     return max(2, next_pow2(int(E)))
 
@@ -285,7 +289,7 @@ def _fp8_scales(op, a, w, scale_a, scale_w, scale_block):
 
 
 def grouped_gemm(a, w, counts, out=None, gather_idx=None, config: GemmConfig | None = None, num_programs=None, *,
-                 scale_a=None, scale_w=None, out_dtype=None, scale_block=(128, 128)):
+                 scale_a=None, scale_w=None, out_dtype=None, scale_block=(128, 128), core="tl"):
     """``out[M, N]``: the rows of expert ``e`` (``counts[e]`` of them, in
     expert order) times ``w[e]`` (see the module docstring).  ``a``: ``[rows,
     K]`` (``M = rows``, or ``gather_idx.numel()`` with ``gather_idx``), ``w``:
@@ -298,8 +302,18 @@ def grouped_gemm(a, w, counts, out=None, gather_idx=None, config: GemmConfig | N
     with its row), ``scale_w [E, cdiv(K, gk), cdiv(N, gn)]`` (per expert and
     gk x gn block; a DeepSeek weight ``[E, N, K]`` with scales ``[E, N/128,
     K/128]`` is ``w.transpose(1, 2)``, ``scale_w.transpose(1, 2)``), result in
-    ``out_dtype`` (default bfloat16).  Pointer tiles (no TMA yet)."""
+    ``out_dtype`` (default bfloat16).  Pointer tiles (no TMA yet).
+
+    ``core``: ``"tl"`` (default; every target, the simulator, ``gather_idx``,
+    fp8) or ``"gluon"``: the warp-specialised Hopper core
+    (kernels/moe_hopper.py; ``config`` a ``HopperGemmConfig`` or None) on
+    sm_90 GPUs, float16 / bfloat16, no ``gather_idx``, TMA-able ``a``, ``w``
+    and ``out`` -- anything else an error before launch naming
+    ``core='tl'``; on the simulator the same checks, then its ``tl`` twin
+    (the same tiles and K order: ``gemm_hopper.twin_config(config)``)."""
     op = "grouped_gemm"
+    if core not in CORES:
+        raise ditron.DitronError(f"{op}: core={core!r}; use one of {', '.join(CORES)}")
     check_experts_weight(op, a, w, fp8_ok=True)
     fp8 = scaling.is_fp8(a)
     E, K, N = w.shape
@@ -327,6 +341,15 @@ def grouped_gemm(a, w, counts, out=None, gather_idx=None, config: GemmConfig | N
     elif not isinstance(out, torch.Tensor) or tuple(out.shape) != (M, N) or out.dtype != out_dtype or \
             out.stride(1) != 1:
         raise ditron.DitronError(f"{op}: argument 'out' must be a row-major ({M}, {N}) {out_dtype} tensor")
+    if core == "gluon":
+        from . import moe_hopper
+        hcfg = moe_hopper.check_call(op, a, w, out, gather_idx, fp8, config)
+        moe_hopper.check_device(op, a.device)
+        if M == 0:
+            return out
+        if not is_sim_device(a.device):
+            return moe_hopper.launch(a, w, counts, out, hcfg, num_programs)
+        config = moe_hopper.twin(hcfg)          # the simulator: the tl twin, the same tiles and K order
     if M == 0:
         return out
     cfg = moe_config(M, N, K, a.dtype, a.device, config)

@@ -360,13 +360,38 @@ class AgMoeContext(_MoeContext):
         ditron.barrier_all()
 
 
+#: moe_rs / moe_ar's GEMM cores: the tl kernel (every target, the simulator) or the Gluon Hopper core
+#: (kernels/moe_tp_hopper.py)
+CORES = ("tl", "gluon")
+
+
 class MoeRsContext(_MoeContext):
     op = "moe_rs"
 
     def __init__(self, max_m, hidden, num_experts, topk, dtype, world=None, config: GemmConfig | None = None,
-                 num_programs=None):
+                 num_programs=None, core="tl", gluon_config=None):
         super().__init__(max_m, hidden, num_experts, topk, dtype, world, config, num_programs)
         W = self.world_size
+        E_ = ditron.DitronError
+        if core not in CORES:
+            raise E_(f"{self.op}: core={core!r}; use one of {', '.join(CORES)}")
+        self.core = core
+        self.gluon_config = None
+        if core == "gluon":
+            from . import moe_tp_hopper
+            if config is not None:
+                raise E_(f"{self.op}: config (a GemmConfig) is for core='tl'; a core='gluon' context takes "
+                         "gluon_config (a HopperGemmConfig)")
+            if W > moe_tp_hopper.MAX_RANKS:
+                raise E_(f"{self.op}: core='gluon' takes up to {moe_tp_hopper.MAX_RANKS} ranks (one node); this world "
+                         f"has {W}: use {moe_tp_hopper.ALT}")
+            if self.hidden % 8:
+                raise E_(f"{self.op}: core='gluon' needs hidden a multiple of 8 (16-byte rows of w2 and of the "
+                         f"partials), not {self.hidden}: use {moe_tp_hopper.ALT}")
+            # the Hopper config; the simulator runs the tl GEMM with its twin (same tiles and K order)
+            self.gluon_config, self.config = moe_tp_hopper.check_context(self.op, self, gluon_config)
+        elif gluon_config is not None:
+            raise E_(f"{self.op}: gluon_config applies to core='gluon'")
         self.slot_rows = self.max_m * self.topk
         self.gcalls = torch.zeros(2, dtype=torch.int64, device=self.device)
         self.rbuf = self.symm((2, W, self.slot_rows * self.hidden), dtype, "rbuf")
@@ -379,10 +404,11 @@ class MoeRsContext(_MoeContext):
 class MoeArContext(MoeRsContext):
     op = "moe_ar"
 
-    def __init__(self, max_tokens, hidden, num_experts, topk, dtype, world=None, config=None, num_programs=None):
+    def __init__(self, max_tokens, hidden, num_experts, topk, dtype, world=None, config=None, num_programs=None,
+                 core="tl", gluon_config=None):
         w = world or ditron.current_world()
         super().__init__(-(-int(max_tokens) // w.world_size), hidden, num_experts, topk, dtype, w, config,
-                         num_programs)
+                         num_programs, core, gluon_config)
         self.ag = create_all_gather_context(self.max_m * self.hidden, dtype, self.world)
 
 
@@ -396,7 +422,13 @@ def create_ag_moe_context(max_m, hidden, num_experts, topk, dtype, world=None, *
 
 def create_moe_rs_context(max_m, hidden, num_experts, topk, dtype, world=None, **options):
     """moe_rs's partial buffers (``2 * W * max_m * topk * hidden`` elements) and
-    signals, for up to ``max_m`` tokens per rank.  Collective."""
+    signals, for up to ``max_m`` tokens per rank.  Collective.  ``options``:
+    ``config`` (:class:`~kernels.gemm.GemmConfig`), ``num_programs``,
+    ``core`` (``"tl"``, default, or ``"gluon"``: the GEMM on the
+    warp-specialised Hopper core, kernels/moe_tp_hopper.py -- one node, up
+    to 8 ranks, ``hidden`` a multiple of 8, sm_90 GPUs; the simulator runs
+    the tl twin) and ``gluon_config`` (a ``HopperGemmConfig``, mode
+    ``"coop"``)."""
     return MoeRsContext(max_m, hidden, num_experts, topk, dtype, world, **options)
 
 
@@ -503,14 +535,20 @@ def moe_rs(h, plan, w2, topk_weights, ctx, out=None):
     elif not isinstance(out, torch.Tensor) or tuple(out.shape) != (m, N) or out.dtype != h.dtype or \
             not out.is_contiguous():
         raise ditron.DitronError(f"{ctx.op}: argument 'out' must be a contiguous ({m}, {N}) {h.dtype} tensor")
-    cfg = ctx.cfg(plan.rows, N, K)
+    cfg = ctx.cfg(plan.rows, N, K)          # core='gluon': the twin of its Hopper config (the same tiles)
     T_s = cdiv(m * k, cfg.block_m) + E
     tiles = W * T_s * cdiv(N, cfg.block_n)
-    P = _programs(ctx.sim, h.device, ctx.num_programs, tiles)
-    moe_rs_gemm_kernel[(P,)](h, w2, ctx.rbuf, ctx.cbuf, ctx.sig, ctx.seg_count, plan.counts, ctx.gcalls, m * k, N, K,
-                             E, T_s, ctx.slot_rows, h.stride(0), w2.stride(0), w2.stride(1), w2.stride(2),
-                             MULTI_NODE=ctx.multi_node, ELEM_BYTES=h.element_size(), EVEN_K=(K % cfg.block_k == 0),
-                             EP=expert_pow2(E), **cfg.launch_options())
+    if ctx.core == "gluon":
+        from . import moe_tp_hopper
+        moe_tp_hopper.check_call(ctx.op, h, w2)
+    if ctx.core == "gluon" and not ctx.sim:
+        moe_tp_hopper.launch(ctx, h, w2, plan, T_s)
+    else:
+        P = _programs(ctx.sim, h.device, ctx.num_programs, tiles)
+        moe_rs_gemm_kernel[(P,)](h, w2, ctx.rbuf, ctx.cbuf, ctx.sig, ctx.seg_count, plan.counts, ctx.gcalls, m * k, N,
+                                 K, E, T_s, ctx.slot_rows, h.stride(0), w2.stride(0), w2.stride(1), w2.stride(2),
+                                 MULTI_NODE=ctx.multi_node, ELEM_BYTES=h.element_size(),
+                                 EVEN_K=(K % cfg.block_k == 0), EP=expert_pow2(E), **cfg.launch_options())
     bt, bn = (4, 32) if ctx.sim else (8, max(64, min(1024, next_pow2(N))))
     rp = max(1, min(cdiv(m, bt), 2 if ctx.sim else sm_count(h.device)))
     moe_rs_reduce_kernel[(rp,)](out, ctx.rbuf, ctx.sig, plan.pos, topk_weights.to(torch.float32).contiguous(),

@@ -167,3 +167,134 @@ def tp_moe_errors(world):
     msgs = error_messages(cases)
     assert int(agc.calls[0]) == 0 and int(rsc.calls[0]) == 0
     return msgs
+
+
+def tp_moe_rs_gluon(world, dtype, ms, H=40, I_local=72, E=4, k=2, seed=0, used=None, gluon_config=None,
+                    twin_equal=True, ar=False):
+    """moe_rs (``ar``: moe_ar) of a ``core="gluon"`` context, per ``m`` in ``ms`` (the context reused): h from
+    replicated tokens (``plan_gemm``), silu, then the Gluon GEMM's partials (the simulator: its tl twin) through
+    the unchanged protocol, against the whole torch MoE layer, and (``twin_equal``) bit for bit against a ``tl``
+    context with the twin config.  Returns the calls checked."""
+    from ditron.kernels import gemm_hopper as Hh
+    from ditron.kernels.moe_tp import (create_moe_ar_context, create_moe_rs_context, moe_ar, moe_plan,
+                                       moe_reference, moe_rs, plan_gemm)
+    dtype = DTYPES[dtype]
+    W, me = world.world_size, world.rank
+    used = used or E
+    cfg = gluon_config or Hh.DEFAULT_CONFIG
+    if ar:
+        ctx = create_moe_ar_context(W * max(ms), H, E, k, dtype, core="gluon", gluon_config=gluon_config)
+        twin = create_moe_ar_context(W * max(ms), H, E, k, dtype, config=Hh.twin_config(cfg)) if twin_equal else None
+    else:
+        ctx = create_moe_rs_context(max(ms), H, E, k, dtype, core="gluon", gluon_config=gluon_config)
+        twin = create_moe_rs_context(max(ms), H, E, k, dtype, config=Hh.twin_config(cfg)) if twin_equal else None
+    w1_full, w2_full = _tp_weights(H, I_local * W, E, dtype, seed)
+    w1, w2 = (t.to(world.device) for t in _shards(w1_full, w2_full, me, W))
+    done = 0
+    for i, m in enumerate(ms):
+        ins = [_tp_inputs(s, m, H, E, k, dtype, seed + i, used) for s in range(W)]
+        x_all = torch.cat([t[0] for t in ins])
+        idx_all = torch.cat([t[1] for t in ins])
+        w_all = torch.cat([t[2] for t in ins])
+        plan = moe_plan(idx_all.to(world.device), W, me, E)
+        a = _silu(plan_gemm(x_all.to(world.device), w1, plan).float()).to(dtype)
+        ref = moe_reference(x_all, idx_all, w_all, w1_full, w2_full, _silu)
+        if ar:
+            out = moe_ar(a, plan, w2, w_all.to(world.device), ctx)
+        else:
+            ref = ref[me * m:(me + 1) * m]
+            out = moe_rs(a, plan, w2, w_all[me * m:(me + 1) * m].to(world.device), ctx)
+        _check(out, ref, f"gluon moe_{'ar' if ar else 'rs'} call {i} m={m} rank={me}")
+        done += 1
+        if twin is not None:
+            got = (moe_ar(a, plan, w2, w_all.to(world.device), twin) if ar else
+                   moe_rs(a, plan, w2, w_all[me * m:(me + 1) * m].to(world.device), twin))
+            assert torch.equal(out, got), f"gluon moe_rs call {i} m={m} rank={me}: not bitwise the tl twin's"
+            done += 1
+    return done
+
+
+def tp_moe_gluon_errors(world):
+    from ditron.kernels import gemm_hopper as Hh
+    from ditron.kernels.gemm import GemmConfig
+    from ditron.kernels.moe_tp import create_moe_rs_context, moe_plan, moe_rs
+    W = world.world_size
+    dev = world.device
+    rsc = create_moe_rs_context(4, 16, 4, 2, torch.bfloat16, core="gluon")
+    plan = moe_plan(torch.zeros(3 * W, 2, dtype=torch.int64, device=dev), W, world.rank, 4)
+    h12 = torch.ones(plan.rows, 12, dtype=torch.bfloat16, device=dev)
+    w2_12 = torch.ones(4, 12, 16, dtype=torch.bfloat16, device=dev)
+    wts = torch.ones(3, 2, device=dev)
+    cases = {
+        "core": lambda: create_moe_rs_context(4, 16, 4, 2, torch.bfloat16, core="cublas"),
+        "pingpong": lambda: create_moe_rs_context(4, 16, 4, 2, torch.bfloat16, core="gluon",
+                                                  gluon_config=Hh.HopperGemmConfig(128, 128, 64, mode="pingpong")),
+        "config": lambda: create_moe_rs_context(4, 16, 4, 2, torch.bfloat16, core="gluon",
+                                                config=GemmConfig(16, 16, 16)),
+        "gluon_config_tl": lambda: create_moe_rs_context(4, 16, 4, 2, torch.bfloat16,
+                                                         gluon_config=Hh.DEFAULT_CONFIG),
+        "hidden": lambda: create_moe_rs_context(4, 12, 4, 2, torch.bfloat16, core="gluon"),
+        "h_rows": lambda: moe_rs(h12, plan, w2_12, wts, rsc),
+    }
+    msgs = error_messages(cases)
+    assert int(rsc.calls[0]) == 0
+    return msgs
+
+
+# ---------------------------------------------------------------------------
+# grouped_gemm(core="gluon") (kernels/moe_hopper.py): the Gluon Hopper kernel on GPUs, its tl twin on the simulator
+# ---------------------------------------------------------------------------
+
+def grouped_gemm_gluon_cases(world, dtype, cases, K, N, seed=0, gluon_config=None, twin_equal=True):
+    """Each case (per-expert counts) through ``core="gluon"`` against the fp32 reference, rows past
+    ``sum(counts)`` untouched, and (``twin_equal``) bit for bit against the tl twin (``core="tl"`` with
+    ``gemm_hopper.twin_config``): on the simulator both run the twin; on a Hopper GPU the Gluon kernel.
+    Returns the number of checks."""
+    from ditron.kernels import gemm_hopper as H
+    dtype = DTYPES[dtype]
+    cfg = gluon_config or H.DEFAULT_CONFIG
+    done = 0
+    for i, counts in enumerate(cases):
+        E, M = len(counts), max(0, sum(max(c, 0) for c in counts))
+        rows = M + 5                                     # rows past sum(counts) must stay untouched
+        a = _rand_of(world.rank, (rows, K), dtype, seed + i).to(world.device)
+        w = _rand_of(world.rank, (E, K, N), dtype, seed + i, salt=1).to(world.device)
+        c = torch.tensor(counts, dtype=torch.int32 if i % 2 else torch.int64, device=world.device)
+        out = torch.full((rows, N), -7.0, dtype=dtype, device=world.device)
+        got = grouped_gemm(a, w, c, out=out, config=gluon_config, core="gluon")
+        assert got is out
+        ref = grouped_gemm_reference(a.cpu(), w.cpu(), c.cpu())
+        if M:
+            _check(out[:M], ref[:M], f"gluon case {i} counts={counts}")
+        assert bool((out[M:] == -7.0).all()), f"gluon case {i}: rows past sum(counts) were written"
+        done += 1
+        if twin_equal:
+            twin = torch.full((rows, N), -7.0, dtype=dtype, device=world.device)
+            grouped_gemm(a, w, c, out=twin, config=H.twin_config(cfg), core="tl")
+            assert torch.equal(out, twin), f"gluon case {i} counts={counts}: not bitwise the tl twin's"
+            done += 1
+    return done
+
+
+def grouped_gemm_gluon_errors(world):
+    from ditron.kernels.gemm import GemmConfig
+    a = torch.ones(5, 16, dtype=torch.bfloat16, device=world.device)
+    w = torch.ones(3, 16, 8, dtype=torch.bfloat16, device=world.device)
+    c = torch.tensor([2, 0, 3], device=world.device)
+    idx = torch.arange(5, device=world.device)
+    f8 = torch.ones(5, 16, device=world.device).to(torch.float8_e4m3fn)
+    w8 = torch.ones(3, 16, 8, device=world.device).to(torch.float8_e4m3fn)
+    s_a = torch.ones(5, 1, device=world.device)
+    s_w = torch.ones(3, 1, 1, device=world.device)
+    wide = torch.ones(3, 16, 16, dtype=torch.bfloat16, device=world.device)
+    cases = {
+        "core": lambda: grouped_gemm(a, w, c, core="cublas"),
+        "gather": lambda: grouped_gemm(a, w, c, gather_idx=idx, core="gluon"),
+        "fp8": lambda: grouped_gemm(f8, w8, c, scale_a=s_a, scale_w=s_w, core="gluon"),
+        "config": lambda: grouped_gemm(a, w, c, config=GemmConfig(16, 16, 16), core="gluon"),
+        "w_layout": lambda: grouped_gemm(a, wide[:, :8].transpose(1, 2)[:, :, :8], c, core="gluon"),
+        "a_rows": lambda: grouped_gemm(torch.ones(5, 12, dtype=torch.bfloat16, device=world.device),
+                                       torch.ones(3, 12, 8, dtype=torch.bfloat16, device=world.device), c,
+                                       core="gluon"),
+    }
+    return error_messages(cases)

@@ -135,6 +135,16 @@ def _seg_gemm(a, wr, plan, gmm, gather=True):
     return loop_mm(rows, wr, counts.tolist())
 
 
+def _gluon_ok(world, dtype, hidden=8):
+    """Whether the Gluon Hopper MoE GEMMs (``core="gluon"``) run here: fp16 / bf16 on a Hopper GPU, one node, at
+    most 8 ranks, ``hidden`` a multiple of 8."""
+    import torch
+
+    from ..kernels import gemm_hopper
+    return (world.backend != "sim" and dtype in (torch.float16, torch.bfloat16) and world.nnodes == 1
+            and world.world_size <= 8 and hidden % 8 == 0 and gemm_hopper.supported(world.device))
+
+
 def tp_impls(op, shape, world, dtype, gmm, seed=0):
     """Impls of ag_moe / moe_rs / moe_ar / grouped_gemm at ``shape`` on this rank."""
     import torch
@@ -164,6 +174,8 @@ def tp_impls(op, shape, world, dtype, gmm, seed=0):
             counts = plan.counts[:, :E].reshape(-1)
             wr = w1r
             impls.append(Impl("ditron", lambda: grouped_gemm(rows, wr, counts), _check(ref)))
+            if _gluon_ok(world, dtype):        # the warp-specialised Gluon Hopper core (kernels/moe_hopper.py)
+                impls.append(Impl("ditron_gluon", lambda: grouped_gemm(rows, wr, counts, core="gluon"), _check(ref)))
             # the same kernel with pointer tiles (the config's TMA off), and with the permutation fused into the
             # A loads (gather_idx; pointer A tiles), as AG-MoE runs it
             import dataclasses
@@ -221,6 +233,9 @@ def tp_impls(op, shape, world, dtype, gmm, seed=0):
         ref = full[me * m:(me + 1) * m]
         wme = w_all[me * m:(me + 1) * m]
         impls.append(Impl("ditron", lambda: moe_tp.moe_rs(h, plan, w2, wme, ctx), _check(ref)))
+        if _gluon_ok(world, dtype, H):
+            gctx = moe_tp.create_moe_rs_context(m, H, E, k, dtype, core="gluon")
+            impls.append(Impl("ditron_gluon", lambda: moe_tp.moe_rs(h, plan, w2, wme, gctx), _check(ref)))
         if nccl:
             out = torch.empty((m, H), dtype=dtype, device=dev)
 
@@ -231,6 +246,9 @@ def tp_impls(op, shape, world, dtype, gmm, seed=0):
     else:
         ctx = moe_tp.create_moe_ar_context(T, H, E, k, dtype)
         impls.append(Impl("ditron", lambda: moe_tp.moe_ar(h, plan, w2, w_all, ctx), _check(full)))
+        if _gluon_ok(world, dtype, H):
+            gctx = moe_tp.create_moe_ar_context(T, H, E, k, dtype, core="gluon")
+            impls.append(Impl("ditron_gluon", lambda: moe_tp.moe_ar(h, plan, w2, w_all, gctx), _check(full)))
         if nccl:
             def base():
                 y = combine(_seg_gemm(h, w2r, plan, gmm, False)).to(dtype)

@@ -47,7 +47,8 @@ BACKENDS=${BACKENDS:-"p2p nvshmem"}
 # the GPU test files; gemm_rs last (the one that hung with ranks sharing a GPU before its reduction grid was capped)
 PYTEST_FILES=${PYTEST_FILES:-"tests/test_dist_runtime.py tests/test_dist_primitives.py tests/test_torch.py
   tests/test_task_sim.py tests/test_zoo_ag_rs_a2a.py tests/test_zoo_all_reduce.py tests/test_ag_gemm.py
-  tests/test_gemm_ar.py tests/test_moe.py tests/test_ep.py tests/test_tdist_port.py tests/test_gemm_rs.py"}
+  tests/test_gemm_ar.py tests/test_moe.py tests/test_moe_hopper.py tests/test_ep.py tests/test_tdist_port.py
+  tests/test_gemm_rs.py"}
 LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/ditron-gpu-run.XXXXXX")
 status=0
 SUMMARY=()
