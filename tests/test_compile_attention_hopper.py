@@ -20,6 +20,10 @@ from ditron.kernels import attention_hopper as H
 
 HC = H.HopperAttnConfig
 SMEM_LIMIT = 232448          # sm_90: 227 KiB per block
+#: every config under Triton 3.6 (the GPU machines' Triton); under a newer one the default config (CI's time: each
+#: compile is 1.5-2.7 s, and the structure does not depend on the Triton version beyond what one config shows)
+GPU_TRITON = ditron._compat.TRITON_VERSION[:2] == (3, 6)
+SWEEP = H.CONFIGS if GPU_TRITON else [H.DEFAULT_CONFIG]
 
 
 def _count(pattern, text):
@@ -53,7 +57,7 @@ def _check_structure(ck, cfg, dtype="bf16", head_d=128):
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("cfg", H.CONFIGS, ids=[c.label().replace(" ", "-") for c in H.CONFIGS])
+@pytest.mark.parametrize("cfg", SWEEP, ids=[c.label().replace(" ", "-") for c in SWEEP])
 def test_gluon_attention_compiles_warp_specialised(cfg, causal):
     ck = H.compile_sm90(cfg, causal=causal)
     _check_structure(ck, cfg)
@@ -68,7 +72,8 @@ def test_pingpong_adds_the_turn_waits():
     assert _count(r"mbarrier\.try_wait\.parity", on) >= _count(r"mbarrier\.try_wait\.parity", off) + 6
 
 
-@pytest.mark.parametrize("dtype,head_d", [(torch.float16, 128), (torch.bfloat16, 64), (torch.float16, 64)])
+@pytest.mark.parametrize("dtype,head_d", [(torch.float16, 128), (torch.bfloat16, 64), (torch.float16, 64)]
+                         if GPU_TRITON else [(torch.float16, 64)])
 def test_gluon_attention_compiles_fp16_and_head_dim_64(dtype, head_d):
     cfg = H.DEFAULT_CONFIG
     ck = H.compile_sm90(cfg, causal=True, dtype=dtype, head_d=head_d)
