@@ -21,7 +21,7 @@ from __future__ import annotations
 import importlib
 import json
 
-from .gemm_run import Inputs, _failing, _heap_hint, _kernel_module, make_check, tolerance
+from .gemm_run import Inputs, _failing, _heap_hint, _kernel_module, make_check, partial_comm_impl, tolerance
 from .gemm_shapes import Shape, local_dims
 from .gemm_sweep import quantise_rows, vendor_blockwise
 from .harness import Impl
@@ -285,14 +285,8 @@ def overlap_fp8_impls(op, shape: Shape, world, dtype, methods, peers, seed=0, lo
                 na["comm_only"] = nccl_why
             else:
                 partial = (a_deq @ b_deq).to(BF)     # this rank's partial C, the collective's input
-                if op == "gemm_rs":
-                    rs_out = nan_empty(out_shape)
-                    impls.append(Impl("comm_only", lambda: (dist.reduce_scatter_tensor(rs_out, partial), rs_out)[1],
-                                      check_op, "reduce_scatter_tensor of the bf16 partial C"))
-                else:
-                    impls.append(Impl("comm_only", lambda: (dist.all_reduce(partial), partial)[1], check_op,
-                                      "all_reduce of the bf16 partial C in place (checked on the first call; "
-                                      "later calls reduce the previous result: the same traffic)"))
+                impls.append(partial_comm_impl(op, partial, lambda: nan_empty(out_shape), check_op,
+                                                   "the bf16 partial C"))
         if "ditron_gemm_only" in peers:
             gemm_mod = importlib.import_module("ditron.kernels.gemm")
             d_out = nan_empty((M, N))

@@ -37,6 +37,19 @@ def tolerance(dtype, K, reduce_ranks=0):
     return eps_of(dtype) * math.sqrt(K) * (12 + 6 * reduce_ranks)
 
 
+def partial_comm_impl(op, partial, make_out, check, what):
+    """The ``comm_only`` peer of GEMM-RS / GEMM-AR: torch.distributed's collective on this rank's partial C
+    (``reduce_scatter_tensor`` into ``make_out()`` for gemm_rs, else ``all_reduce`` in place)."""
+    import torch.distributed as dist
+    if op == "gemm_rs":
+        rs_out = make_out()
+        return Impl("comm_only", lambda: (dist.reduce_scatter_tensor(rs_out, partial), rs_out)[1], check,
+                    f"reduce_scatter_tensor of {what}")
+    return Impl("comm_only", lambda: (dist.all_reduce(partial), partial)[1], check,
+                f"all_reduce of {what} in place (checked on the first call; later calls reduce the previous "
+                "result: the same traffic)")
+
+
 def make_check(ref_fn, atol, what=""):
     """``check(out)``: finite, the right shape, and within ``atol`` of
     ``ref_fn()`` (float32) everywhere."""
@@ -300,14 +313,7 @@ def overlap_impls(op, shape: Shape, world, dtype, methods, peers, seed=0, log=No
                               check_comm, "all_gather_into_tensor of the A shards"))
         else:
             partial = torch.matmul(a, b)      # this rank's partial C, the collective's input
-            if op == "gemm_rs":
-                rs_out = nan_empty(out_shape)
-                impls.append(Impl("comm_only", lambda: (dist.reduce_scatter_tensor(rs_out, partial), rs_out)[1],
-                                  check_comm, "reduce_scatter_tensor of the partial C"))
-            else:
-                impls.append(Impl("comm_only", lambda: (dist.all_reduce(partial), partial)[1], check_comm,
-                                  "all_reduce of the partial C in place (checked on the first call; later calls "
-                                  "reduce the previous result: the same traffic)"))
+            impls.append(partial_comm_impl(op, partial, lambda: nan_empty(out_shape), check_comm, "the partial C"))
     if "ditron_gemm_only" in peers:
         try:
             gemm_mod = importlib.import_module("ditron.kernels.gemm")

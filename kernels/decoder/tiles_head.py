@@ -61,6 +61,14 @@ def _best_after(vals, ids, m, prev_v, prev_i, best_v, best_i):
 
 
 @triton.jit
+def _fill_unused(out, kpass, K: tl.constexpr):
+    """Candidate slots ``[kpass, K)`` of ``out = [K values, K ids]``: value ``-inf``, id ``-1`` (no candidate)."""
+    for k in range(kpass, K):
+        tl.store(out + k, float("-inf"))
+        tl.store(out + K + k, -1.0)
+
+
+@triton.jit
 def topk_part_tile(tile, logits_ptr, part_ptr, temp_ptr, n_valid, N: tl.constexpr, K: tl.constexpr,
                    NSPLIT: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Stage 1a for row ``tile // NSPLIT``, chunk ``tile % NSPLIT`` (columns ``[s * CHUNK, +CHUNK)`` of the first
@@ -89,9 +97,7 @@ def topk_part_tile(tile, logits_ptr, part_ptr, temp_ptr, n_valid, N: tl.constexp
         tl.store(out + K + k, tl.where(best_v > float("-inf"), best_i, -1).to(tl.float32))
         prev_v = best_v
         prev_i = best_i
-    for k in range(kpass, K):
-        tl.store(out + k, float("-inf"))
-        tl.store(out + K + k, -1.0)
+    _fill_unused(out, kpass, K)
 
 
 @triton.jit
@@ -123,9 +129,7 @@ def topk_merge_tile(tile, part_ptr, cand_ptr, temp_ptr, v_off, K: tl.constexpr, 
         tl.store(out + K + k, tl.where(best_v > float("-inf"), best_i + v_off, -1).to(tl.float32))
         prev_v = best_v
         prev_i = best_i
-    for k in range(kpass, K):
-        tl.store(out + k, float("-inf"))
-        tl.store(out + K + k, -1.0)
+    _fill_unused(out, kpass, K)
 
 
 @triton.jit
