@@ -462,7 +462,8 @@ def fp8_accumulation(world):
         exact = a.cpu().double() @ b.cpu().double()
         if c.device.type == "cuda":         # the tensor core's accumulation (:data:`GPU_FP8_ACCUMULATION`)
             one = torch.ones((), dtype=torch.float32)
-            check(c, exact.float(), torch.float32, "promoted fp8 tl.dot", product_magnitudes(a.cpu(), b.cpu(), one, one))
+            check(c, exact.float(), torch.float32, "promoted fp8 tl.dot",
+                  product_magnitudes(a.cpu(), b.cpu(), one, one))
         else:                               # the simulator: the exact products summed in fp32
             torch.testing.assert_close(c.cpu(), exact.float(), rtol=1e-6, atol=1e-5)
     return error_messages({"default": lambda: fp8_dot_loop_kernel[(1,)](a, b, c, 64, BM=16, BK=32, PROMOTE=False),
