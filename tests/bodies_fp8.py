@@ -128,35 +128,114 @@ def scaled_mm_reference(a, b, sa, sb, out_dtype):
         dev = torch.device("cuda", torch.cuda.current_device())
         on_gpu = _torch_scaled_mm(a, b, sa, sb, out_dtype, dev)
         if on_gpu is not None:
-            check(on_gpu, exact, out_dtype, "torch._scaled_mm (cuBLASLt) against the exact product")
+            check(on_gpu, exact, out_dtype, "torch._scaled_mm (cuBLASLt) against the exact product",
+                  product_magnitudes(a, b, sa, sb))
     return ref
 
 
-def check(got, want, out_dtype, what):
-    """fp32 output: within fp32 rounding of a different summation order.  bf16 / fp16: every element at most
-    one rounding step of the output dtype from the reference's, and at most 2% of them differ at all (two fp32
-    sums that agree to fp32 rounding round to the same bf16 value unless they straddle a rounding boundary;
-    a systematic error of a fraction of an ulp moves far more than 2%).  On a GPU the tensor core sums up to
-    one K step (<= 128 products) in its narrower accumulator before each fp32 promotion: there float32
-    results are held to 2e-4 of the largest and 6% of bf16 / fp16 elements may differ by their one step."""
+#: The GPU allowance of an fp8 GEMM, per output element, relative to ``S = sum_k |a_k b_k| * scales`` (the sum of
+#: the magnitudes of its scaled products; :func:`product_magnitudes`).  Hopper's fp8 ``wgmma`` does not add in
+#: fp32: within one chain of the tensor core (here one ``BLOCK_K`` step of <= 128 products: every ditron fp8 kernel
+#: promotes each step into an fp32 register -- ``max_num_imprecise_acc=BLOCK_K`` in the tl core, ``use_acc=False``
+#: + ``acc + part`` in the Gluon core, for every recipe) the products and the running sum are aligned to the
+#: largest addend's exponent and cut to 13 fraction bits (an e8m13 accumulator; DeepSeek-V3 section 3.3.2: "around
+#: 14 bits"; Khattak and Mikaitis, "Accurate models of NVIDIA tensor cores", 2025).  Each product then loses less
+#: than 2^-13 of its step's largest addend; the cuts of products of both signs cancel on average.  A model of that
+#: accumulator (:func:`h100_fp8_dot`, groups of 32 products) gives at most 1.26 * 2^-13 * S on every case of
+#: tests/test_fp8.py (mean 0.06-0.1), and the H100 run of 2026-12-07e at most 1.2 * 2^-13 * S: the GPU bound is
+#: 2^-12 * S (plus the output dtype's rounding).  A wrong scale, a missing K step or a transposed tile is off by a
+#: good fraction of the product's own magnitude, S / sqrt(K) or more: far beyond (test_gpu_bound_catches_bugs).
+GPU_FP8_ACCUMULATION = 2.0 ** -12
+
+
+def product_magnitudes(a, b, sa, sb, block=None):
+    """``S [M, N]`` (float64) of :data:`GPU_FP8_ACCUMULATION`: ``sum_k |a[m, k] b[k, n]|`` times the scales that
+    multiply that product -- ``|scale_a| |scale_b|`` per tensor / per row / per column, or with ``block = (gk,
+    gn)`` the blockwise scales of each K group."""
+    A, Bm = a.double().abs(), b.double().abs()
+    if block is None:
+        return (A @ Bm) * sa.double().abs() * sb.double().abs()
+    gk, gn = block
+    M, K = A.shape
+    N = Bm.shape[1]
+    out = torch.zeros(M, N, dtype=torch.float64)
+    for g in range(-(-K // gk)):
+        col = sb[g].double().abs().repeat_interleave(gn)[:N]
+        out += (A[:, g * gk:(g + 1) * gk] @ Bm[g * gk:(g + 1) * gk]) * sa[:, g].double().abs()[:, None] * col
+    return out
+
+
+def _trunc13(x, e):
+    u = torch.ldexp(torch.ones_like(x), e - 13)
+    return torch.trunc(x / u) * u
+
+
+def h100_fp8_dot(a, b, step=128, group=32):
+    """A model of sm_90's fp8 ``wgmma`` accumulation (what :data:`GPU_FP8_ACCUMULATION` is calibrated on; CPU,
+    float64): per ``step`` of K (the kernels' fp32 promotion) a zeroed accumulator takes ``group`` products at a
+    time, each group's products and the accumulator aligned to the largest one's exponent and cut toward zero
+    to 13 fraction bits, the sum cut again to 13 bits; the steps' partial sums are returned (``[K / step]`` of
+    ``[M, N]``) for the caller's scales and fp32 sum."""
+    A, Bm = a.double(), b.double()
+    M, K = A.shape
+    parts = []
+    for s0 in range(0, K, step):
+        acc = torch.zeros(M, Bm.shape[1], dtype=torch.float64)
+        for g0 in range(s0, min(K, s0 + step), group):
+            terms = torch.cat([acc[..., None], A[:, None, g0:g0 + group] * Bm.t()[None, :, g0:g0 + group]], dim=2)
+            e = torch.floor(torch.log2(terms.abs().amax(dim=2).clamp(min=1e-300))).long()
+            acc = _trunc13(terms, e[..., None]).sum(dim=2)
+            acc = _trunc13(acc, torch.floor(torch.log2(acc.abs().clamp(min=1e-300))).long())
+        parts.append(acc)
+    return parts
+
+
+def _verdict(err, bound, got, want, what, extra=""):
+    bad = err > bound
+    if bool(bad.any()):
+        ratio = err / bound
+        i = tuple(int(v) for v in (ratio == ratio.max()).nonzero()[0])
+        first = tuple(int(v) for v in bad.nonzero()[0])
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} elements beyond the bound{extra}; worst at {list(i)}: {got[i].item()} vs "
+            f"{want[i].item()}, error {err[i].item():.4g} = {ratio[i].item():.3g} x its bound {bound[i].item():.4g}; "
+            f"first at {list(first)}: {got[first].item()} vs {want[first].item()}")
+
+
+def check(got, want, out_dtype, what, S=None):
+    """Simulator: fp32 output within fp32 rounding of a different summation order; bf16 / fp16: every element at
+    most one rounding step of the output dtype from the reference's, and at most 2% of them differ at all (two
+    fp32 sums that agree to fp32 rounding round to the same bf16 value unless they straddle a rounding boundary;
+    a systematic error of a fraction of an ulp moves far more than 2%).
+
+    GPU (``got`` on cuda; ``S``: :func:`product_magnitudes` of the operands): the tensor core's fp8 accumulation,
+    :data:`GPU_FP8_ACCUMULATION` ``* S`` per element, on top of one rounding step of the output dtype (a shifted
+    sum may round to the neighbouring value); no count of differing elements (the accumulator's error moves
+    a few percent of bf16 / fp16 roundings by construction)."""
     gpu = got.device.type == "cuda"
-    got = got.cpu().float()
+    got = got.detach().cpu().float()
     want = want.float()
     assert got.shape == want.shape, (what, got.shape, want.shape)
     assert torch.isfinite(got).all(), what
+    err = (got - want).abs()
+    if gpu:
+        assert S is not None, f"{what}: a GPU result needs the product magnitudes S for its bound"
+        eps = torch.finfo(out_dtype).eps
+        bound = (want.abs() * eps * 1.01 + (GPU_FP8_ACCUMULATION * S + 2.0 ** -20 * S.abs().max()).float())
+        _verdict(err, bound, got, want, what, f" (GPU: one {out_dtype} rounding + 2^-12 * sum_k |a b| scales)")
+        return
     if out_dtype == torch.float32:
-        tol = (2e-4 if gpu else 2e-6) * want.abs().max().item() + 1e-30
-        err = (got - want).abs().max().item()
-        assert err <= tol, f"{what}: max abs error {err} > {tol}"
+        tol = 2e-6 * want.abs().max().item() + 1e-30
+        e = err.max().item()
+        assert e <= tol, f"{what}: max abs error {e} > {tol}"
         return
     eps = torch.finfo(out_dtype).eps
-    err = (got - want).abs()
     bound = want.abs() * eps * 1.01 + 1e-6 * want.abs().max()
     bad = (err > bound).nonzero()
     assert bad.numel() == 0, f"{what}: {bad.shape[0]} elements beyond one {out_dtype} ulp, e.g. " \
                              f"{got[tuple(bad[0])].item()} vs {want[tuple(bad[0])].item()}"
     differ = (got != want).float().mean().item()
-    assert differ <= (0.06 if gpu else 0.02), f"{what}: {differ:.1%} of the elements differ from the reference"
+    assert differ <= 0.02, f"{what}: {differ:.1%} of the elements differ from the reference"
 
 
 def matmul_recipes(world, cases):
@@ -173,7 +252,8 @@ def matmul_recipes(world, cases):
             ref = scaled_mm_reference(a, b, sa, sb, out_dtype)
         else:
             ref = ref.to(out_dtype) if out_dtype != torch.float32 else ref
-        check(got, ref, out_dtype, f"{M}x{N}x{K} {recipe} -> {out_dtype}")
+        check(got, ref, out_dtype, f"{M}x{N}x{K} {recipe} -> {out_dtype}",
+              product_magnitudes(a, b, sa, sb, (128, 128) if recipe == "block" else None))
         n += 1
     return n
 
@@ -191,29 +271,44 @@ def _rank_operands(rank, M, N, K, recipe, seed, dtype_a=E4, dtype_b=E4):
     return a, b, sa, sb, ref
 
 
-def _partials_reference(world, M, N, K, recipe, seed, out_dtype):
-    """``sum_s round(partial_s)`` as the ops compute it (each rank's partial rounded once to the output
-    dtype, summed in fp32) and the bound of its distance to the exact sum."""
-    parts = [_rank_operands(s, M, N, K, recipe, seed)[4] for s in range(world.world_size)]
-    rounded = sum(p.to(out_dtype).float() for p in parts)
-    return rounded
+def _partials_reference(world, M, N, K, recipe, seed, out_dtype, dtype_a=E4):
+    """``(sum_s round(partial_s), gpu_slack)``: the sum as the ops compute it (each rank's partial rounded once to
+    the output dtype, summed in fp32), and what a GPU may add per element -- each partial's fp8 accumulation
+    (:data:`GPU_FP8_ACCUMULATION` of its product magnitudes) and the rounding step of the output dtype that a
+    shifted partial may round to."""
+    eps = torch.finfo(out_dtype).eps
+    rounded, slack = 0, 0
+    for s in range(world.world_size):
+        a, b, sa, sb, p = _rank_operands(s, M, N, K, recipe, seed, dtype_a)
+        rounded = rounded + p.to(out_dtype).float()
+        S = product_magnitudes(a, b, sa, sb, (128, 128) if recipe == "block" else None)
+        slack = slack + (GPU_FP8_ACCUMULATION * S).float() + eps * p.abs().float()
+    return rounded, slack
 
 
-def check_sum(got, want, out_dtype, what, W):
+def check_sum(got, want, out_dtype, what, W, slack=None):
     """A sum of ``W`` rounded partials, rounded again: every element within (W + 1) rounding steps of the
-    output dtype of the reference's magnitude, and at most 5% of the elements differ from it."""
+    output dtype of the reference's magnitude, and at most 5% of the elements differ from it.  On a GPU
+    (``slack`` from :func:`_partials_reference`): within that plus each partial's accumulation and rounding
+    allowance, no count of differing elements (see :func:`check`)."""
     gpu = got.device.type == "cuda"
-    got = got.cpu().float()
+    got = got.detach().cpu().float()
     assert torch.isfinite(got).all(), what
-    eps = torch.finfo(out_dtype).eps if out_dtype != torch.float32 else (2e-4 if gpu else 4e-6)
+    eps = torch.finfo(out_dtype).eps if out_dtype != torch.float32 else 4e-6
     err = (got - want).abs()
+    if gpu:
+        assert slack is not None, f"{what}: a GPU result needs the partials' slack for its bound"
+        bound = (W + 1) * torch.finfo(out_dtype).eps * want.abs() + slack + 2.0 ** -20 * slack.max()
+        _verdict(err, bound, got, want, what, f" (GPU: {W + 1} {out_dtype} roundings of the sum + per partial one "
+                                              "rounding and 2^-12 * sum_k |a b| scales)")
+        return
     bound = (W + 1) * eps * want.abs() + 2e-6 * want.abs().max()
     bad = (err > bound).nonzero()
     assert bad.numel() == 0, f"{what}: {bad.shape[0]} elements off, e.g. {got[tuple(bad[0])].item()} vs " \
                              f"{want[tuple(bad[0])].item()}"
     if out_dtype != torch.float32:
         differ = (got != want.to(out_dtype).float()).float().mean().item()
-        assert differ <= (0.1 if gpu else 0.05), f"{what}: {differ:.1%} of the elements differ from the reference"
+        assert differ <= 0.05, f"{what}: {differ:.1%} of the elements differ from the reference"
 
 
 def gemm_rs_fp8(world, cases, method, config=None):
@@ -227,8 +322,8 @@ def gemm_rs_fp8(world, cases, method, config=None):
         a, b, sa, sb, _ = _rank_operands(r, W * m, N, K, recipe, i)
         got = gemm_rs(a.to(dev), b.to(dev), ctx, scale_a=sa.to(dev), scale_b=sb.to(dev))
         assert got.dtype == out_dtype and got.shape == (m, N)
-        want = _partials_reference(world, W * m, N, K, recipe, i, out_dtype)[r * m:(r + 1) * m]
-        check_sum(got, want, out_dtype, f"gemm_rs {method} {recipe} call {i} rank {r}", W)
+        want, slack = (t[r * m:(r + 1) * m] for t in _partials_reference(world, W * m, N, K, recipe, i, out_dtype))
+        check_sum(got, want, out_dtype, f"gemm_rs {method} {recipe} call {i} rank {r}", W, slack)
         n += 1
     return n
 
@@ -244,8 +339,8 @@ def gemm_ar_fp8(world, cases, method):
         a, b, sa, sb, _ = _rank_operands(r, M, N, K, recipe, i)
         got = GA.gemm_ar(a.to(dev), b.to(dev), ctx, method=method, scale_a=sa.to(dev), scale_b=sb.to(dev))
         assert got.dtype == out_dtype and got.shape == (M, N)
-        check_sum(got, _partials_reference(world, M, N, K, recipe, i, out_dtype), out_dtype,
-                  f"gemm_ar {method} {recipe} call {i} rank {r}", W)
+        want, slack = _partials_reference(world, M, N, K, recipe, i, out_dtype)
+        check_sum(got, want, out_dtype, f"gemm_ar {method} {recipe} call {i} rank {r}", W, slack)
         n += 1
     return n
 
@@ -267,14 +362,15 @@ def ag_gemm_fp8(world, cases, producer):
         _, b, _, sb, _ = _rank_operands(0, m, N, K, recipe, i)            # b is the same on every rank
         got = ag_gemm(a.to(dev), b.to(dev), ctx, scale_a=sa.to(dev), scale_b=sb.to(dev))
         assert got.dtype == out_dtype and got.shape == (W * m, N)
-        want = []
+        want, mags = [], []
         for s in range(W):
             a_s, _, sa_s, _, _ = _rank_operands(s, m, N, K, recipe, i)
+            mags.append(product_magnitudes(a_s, b, sa_s, sb, (128, 128) if recipe == "block" else None))
             if recipe == "block":
                 want.append(blockwise_reference(a_s, b, sa_s, sb).to(out_dtype))
             else:
                 want.append(scaled_mm_reference(a_s, b, sa_s, sb, out_dtype))
-        check(got, torch.cat(want), out_dtype, f"ag_gemm {producer} {recipe} call {i} rank {r}")
+        check(got, torch.cat(want), out_dtype, f"ag_gemm {producer} {recipe} call {i} rank {r}", torch.cat(mags))
         n += 1
     return n
 
@@ -298,12 +394,13 @@ def grouped_gemm_fp8(world, cases):
                            scale_w=sw.to(dev), gather_idx=None if idx is None else idx.to(dev))
         assert got.dtype == torch.bfloat16 and got.shape == (rows, N)
         src = idx if gather else torch.arange(rows)
-        want, off = [], 0
+        want, mags, off = [], [], 0
         for e, c in enumerate(counts):
             r = src[off:off + c]
             want.append(blockwise_reference(a[r], w[e], sa[r], sw[e]).to(torch.bfloat16))
+            mags.append(product_magnitudes(a[r], w[e], sa[r], sw[e], (128, 128)))
             off += c
-        check(got, torch.cat(want), torch.bfloat16, f"grouped_gemm case {i}")
+        check(got, torch.cat(want), torch.bfloat16, f"grouped_gemm case {i}", torch.cat(mags))
         n += 1
     return n
 
@@ -362,7 +459,13 @@ def fp8_accumulation(world):
 
     def promoted():
         fp8_dot_loop_kernel[(1,)](a, b, c, 64, BM=16, BK=32, PROMOTE=True)
-        torch.testing.assert_close(c.cpu(), a.cpu().float() @ b.cpu().float(), rtol=1e-6, atol=1e-5)
+        exact = a.cpu().double() @ b.cpu().double()
+        if c.device.type == "cuda":         # the tensor core's accumulation (:data:`GPU_FP8_ACCUMULATION`)
+            one = torch.ones((), dtype=torch.float32)
+            check(c, exact.float(), torch.float32, "promoted fp8 tl.dot",
+                  product_magnitudes(a.cpu(), b.cpu(), one, one))
+        else:                               # the simulator: the exact products summed in fp32
+            torch.testing.assert_close(c.cpu(), exact.float(), rtol=1e-6, atol=1e-5)
     return error_messages({"default": lambda: fp8_dot_loop_kernel[(1,)](a, b, c, 64, BM=16, BK=32, PROMOTE=False),
                            "promoted": promoted})
 
@@ -393,7 +496,8 @@ def gluon_core_recipes(world, cases):
             ref = scaled_mm_reference(a, b, sa, sb, out_dtype)
         elif out_dtype != torch.float32:
             ref = ref.to(out_dtype)
-        check(got, ref, out_dtype, f"gluon {M}x{N}x{K} {recipe} {da}x{db} -> {out_dtype} {cfg or 'default'}")
+        check(got, ref, out_dtype, f"gluon {M}x{N}x{K} {recipe} {da}x{db} -> {out_dtype} {cfg or 'default'}",
+              product_magnitudes(a, b, sa, sb, (gk, gn) if recipe == "block" else None))
         if recipe == "block" and torch.device(dev).type == "cuda" and H.supported(dev):
             # on an sm_90 GPU the Gluon kernel ran: its tl twin (what the simulator runs) gives the same bits
             cfg_used = config or H.fp8_default_config(M, N, K, 132, out_dtype, gk)
@@ -414,6 +518,7 @@ def gluon_error_cases(world):
     a, b, sa, sb, _ = operands(20, 24, 256, "row", 3)
     a, b, sa, sb = a.to(dev), b.to(dev), sa.to(dev), sb.to(dev)
     blocks = {gk: [t.to(dev) for t in operands(20, 24, 256, "block", 3, gk=gk)[:4]] for gk in (16, 64)}
+    unaligned = [t.to(dev) for t in operands(20, 24, 200, "row", 4)[:4]]      # K = 200: rows of 200 bytes
 
     def mm(*args, **kw):
         return G.matmul(*args, core="gluon", **kw)
@@ -432,7 +537,7 @@ def gluon_error_cases(world):
                            config=H.HopperGemmConfig(128, 128, 128, stages=6)),
         "block_k": lambda: mm(a, b, scale_a=sa, scale_b=sb, config=H.HopperGemmConfig(128, 128, 256, stages=2)),
         "core": lambda: G.matmul(a, b, scale_a=sa, scale_b=sb, core="cutlass"),
-        "unaligned_k": lambda: mm(*operands(20, 24, 200, "row", 4)[:2], scale_a=sa, scale_b=sb),
+        "unaligned_k": lambda: mm(*unaligned[:2], scale_a=unaligned[2], scale_b=unaligned[3]),
     }
     return error_messages(cases)
 
@@ -486,15 +591,16 @@ def gluon_ag_gemm_fp8(world, cases, gluon_config=None):
         scales = dict(scale_a=sa.to(dev), scale_b=sb.to(dev))
         got = ag_gemm(*args, gctx, **scales)
         assert got.dtype == out_dtype and got.shape == (W * m, N)
-        want = []
+        want, mags = [], []
         for s in range(W):
             a_s, _, sa_s, _, _ = _rank_operands(s, m, N, K, recipe, 40 + i)
+            mags.append(product_magnitudes(a_s, b, sa_s, sb, (128, 128) if recipe == "block" else None))
             if recipe == "block":
                 want.append(blockwise_reference(a_s, b, sa_s, sb).to(out_dtype))
             else:
                 want.append(scaled_mm_reference(a_s, b, sa_s, sb, out_dtype))
         what = f"ag_gemm gluon {recipe} m={m} N={N} K={K} call {i} rank {r}"
-        check(got, torch.cat(want), out_dtype, what)
+        check(got, torch.cat(want), out_dtype, what, torch.cat(mags))
         _same_bits(got, ag_gemm(*args, tctx, **scales), what)
         n += 1
     assert int(gctx.calls[0]) == n
@@ -525,10 +631,10 @@ def gluon_gemm_rs_fp8(world, cases, gluon_config=None):
         scales = dict(scale_a=sa.to(dev), scale_b=sb.to(dev))
         got = gemm_rs(*args, gctx, **scales)
         assert got.dtype == out_dtype and got.shape == (m, N)
-        parts = [_rank_operands(s, W * m, N, K, recipe, 60 + i, dtype_a=da)[4] for s in range(W)]
-        want = sum(p.to(out_dtype).float() for p in parts)[r * m:(r + 1) * m]
+        want, slack = (t[r * m:(r + 1) * m] for t in _partials_reference(world, W * m, N, K, recipe, 60 + i,
+                                                                           out_dtype, da))
         what = f"gemm_rs gluon {recipe} {da} m={m} N={N} K={K} -> {out_dtype} call {i} rank {r}"
-        check_sum(got, want, out_dtype, what, W)
+        check_sum(got, want, out_dtype, what, W, slack)
         _same_bits(got, gemm_rs(*args, tctx, **scales), what)
         n += 1
     return n
@@ -553,7 +659,8 @@ def gluon_gemm_ar_fp8(world, cases, gluon_config=None):
         got = GA.gemm_ar(*args, gctx, **scales)
         assert got.dtype == out_dtype and got.shape == (M, N)
         what = f"gemm_ar gluon {recipe} M={M} N={N} K={K} -> {out_dtype} call {i} rank {r}"
-        check_sum(got, _partials_reference(world, M, N, K, recipe, 80 + i, out_dtype), out_dtype, what, W)
+        want, slack = _partials_reference(world, M, N, K, recipe, 80 + i, out_dtype)
+        check_sum(got, want, out_dtype, what, W, slack)
         _same_bits(got, GA.gemm_ar(*args, tctx, method="rs_ag", **scales), what)
         n += 1
     return n

@@ -115,3 +115,30 @@ def test_ep_fp8_bench_check_is_the_documented_bound():
     err = (ep.fp8_dequantize(codes, scales) - x.float()).abs()
     bound = ep.fp8_round_trip_bound(x, scales)
     assert (err <= bound).all() and (err / bound).max() > 0.3
+
+
+def test_ep_fp8_dispatch_check_tells_rounding_from_placement():
+    """The bench's dispatch check (ditron/bench/ep_fp8.py ``dispatch_check``): exact codes pass; a swap of two
+    rows is reported as rows that are other tokens' rows, a code one step off as rounding."""
+    import torch
+    from ditron.bench.ep_fp8 import dispatch_check
+    from ditron.kernels import ep
+    T, H, E = 16, 256, 4
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(T, H, generator=g).bfloat16()
+    idx = torch.stack([torch.randperm(E, generator=g)[:2] for _ in range(T)])
+    qc, qs = ep.fp8_quantize_reference(x)
+    codes, scales = torch.zeros(E, T, H, dtype=torch.float8_e4m3fn), torch.zeros(E, T, H // 128)
+    for e in range(E):
+        toks = (idx == e).any(1).nonzero().flatten()
+        codes[e, :len(toks)], scales[e, :len(toks)] = qc[toks], qs[toks]
+    assert dispatch_check(x, idx, E, codes, scales) is None
+    toks0 = (idx == 0).any(1).nonzero().flatten()
+    swapped = codes.clone()
+    swapped[0, [0, 1]] = swapped[0, [1, 0]]
+    msg = dispatch_check(x, idx, E, swapped, scales)
+    assert f"2 of {len(toks0)} rows" in msg and f"is the quantised row of tokens [{toks0[1].item()}]" in msg, msg
+    step = codes.clone()
+    step.view(torch.uint8)[0, 1, 5] += 1
+    msg = dispatch_check(x, idx, E, step, scales)
+    assert "1 e4m3 codes" in msg and "1 one code step apart, at most 1" in msg, msg

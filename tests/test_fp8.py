@@ -120,12 +120,90 @@ def test_reference_when_scaled_mm_refuses_rowwise_on_cpu(monkeypatch):
 
 
 def test_simulator_refuses_unmodelled_fp8_accumulation(dist_world):
-    """An fp8 tl.dot that keeps the whole K loop in sm_90's reduced-precision accumulator (Triton's default) is
-    refused; with max_num_imprecise_acc <= 128 it runs."""
+    """Simulator: an fp8 tl.dot that keeps the whole K loop in sm_90's reduced-precision accumulator (Triton's
+    default) is refused; with max_num_imprecise_acc <= 128 it runs and gives the exact products' fp32 sum.  GPU
+    (the analogue: nothing there refuses): both run, and the promoted one is within the tensor core's
+    accumulation bound (bodies_fp8.GPU_FP8_ACCUMULATION) of the exact product."""
     msgs = dist_world(1).run(B.fp8_accumulation)[0]
-    assert msgs["default"] is not None and "cannot model this fp8 tl.dot" in msgs["default"]
-    assert "max_num_imprecise_acc" in msgs["default"]
-    assert msgs["promoted"] is None
+    if ON_GPU:
+        assert msgs["default"] is None, msgs["default"]
+    else:
+        assert msgs["default"] is not None and "cannot model this fp8 tl.dot" in msgs["default"]
+        assert "max_num_imprecise_acc" in msgs["default"]
+    assert msgs["promoted"] is None, msgs["promoted"]
+
+
+def _scaled_case(M, N, K, recipe, seed):
+    """Operands, the product magnitudes S and the block of the blockwise scales of one fp8 case (CPU)."""
+    block = (128, 128) if recipe == "block" else None
+    a, b, sa, sb, _ = B.operands(M, N, K, recipe, seed)
+    return a, b, sa, sb, B.product_magnitudes(a, b, sa, sb, block), block
+
+
+def _h100_result(a, b, sa, sb, block):
+    """float64 result of the H100 accumulation model (bodies_fp8.h100_fp8_dot) with the kernels' scaling."""
+    parts = B.h100_fp8_dot(a, b)
+    if block is None:
+        return sum(parts) * sa.double() * sb.double()
+    N = b.shape[1]
+    return sum(p * sa[:, g].double()[:, None] * sb[g].double().repeat_interleave(block[1])[:N]
+               for g, p in enumerate(parts))
+
+
+class _OnCuda:
+    """A CPU tensor that reads as a GPU result to ``bodies_fp8.check`` (its device test only)."""
+
+    def __init__(self, t):
+        import torch
+        self.t, self.device = t, torch.device("cuda")
+
+    def detach(self):
+        return self.t
+
+
+@pytest.mark.parametrize("M,N,K,recipe,out", [(37, 45, 70, "tensor", "bfloat16"), (37, 40, 208, "row", "bfloat16"),
+                                              (128, 200, 320, "row", "bfloat16"), (72, 136, 320, "block", "bfloat16"),
+                                              (33, 20, 260, "block", "float32"), (19, 72, 144, "tensor", "float32")])
+def test_gpu_bound_takes_the_tensor_core_and_catches_bugs(M, N, K, recipe, out):
+    """The GPU bound of bodies_fp8.check on CPU: a model of Hopper's fp8 accumulation (13 fraction bits per
+    group of 32 products, promoted every 128) passes with room to spare on shapes of this file; a wrong scale
+    (one row's, or one K group's), a missing K step (the last 128-deep step, or the K tail), or a transposed
+    output tile -- each fed as the GPU's result -- fail it; and the simulator's check stays one ulp strict (the
+    model's result fails it where it rounds differently)."""
+    import torch
+    out_dtype = getattr(torch, out)
+    a, b, sa, sb, S, block = _scaled_case(M, N, K, recipe, 7)
+    exact = (B.blockwise_reference(a, b, sa, sb) if block else B.exact_scaled_mm(a, b, sa, sb, torch.float32)).double()
+    want = exact.float().to(out_dtype) if out_dtype != torch.float32 else exact.float()
+    model = _h100_result(a, b, sa, sb, block)
+    ratio = ((model - exact).abs() / (S * 2.0 ** -13)).max().item()
+    assert ratio < 1.6, ratio                               # the bound (2 * 2^-13) has >= 25% to spare
+    B.check(_OnCuda(model.float().to(out_dtype)), want, out_dtype, "H100 model", S)
+    with pytest.raises(AssertionError, match="beyond the bound"):      # the simulator would hide nothing
+        B.check(_OnCuda(model.float().to(out_dtype)), want, out_dtype, "H100 model", S / 64)
+
+    def fails(got, what):
+        with pytest.raises(AssertionError, match="beyond the bound") as e:
+            B.check(_OnCuda(got.float().to(out_dtype)), want, out_dtype, what, S)
+        return str(e.value)
+    ka = a.double()
+    if block:
+        sa2 = sa.clone()
+        sa2[3, -1] *= 1.02                                  # one row's scale of the last K group, 2% off
+        fails(B.blockwise_reference(a, b, sa2, sb), "one group's scale")
+        fails(B.blockwise_reference(a[:, :-(K % 128 or 128)], b[:-(K % 128 or 128)], sa, sb), "a missing K step")
+    else:
+        sa2 = sa.clone() if sa.numel() > 1 else sa.expand(M, 1).clone()
+        sa2[3] *= 1.02
+        fails(B.exact_scaled_mm(a, b, sa2, sb, torch.float32), "one row's scale")
+        keep = (K - 1) // 128 * 128 if K > 128 else K - 16       # the last step, or the K tail of a single step
+        fails((ka[:, :keep] @ b[:keep].double()) * sa.double() * sb.double(), "a missing K step")
+    t = exact.clone()
+    t[:16, :16] = exact[:16, :16].t()
+    fails(t, "a transposed 16 x 16 tile")
+    if out_dtype != torch.float32:                          # the simulator's check: one ulp, <= 2% differ
+        with pytest.raises(AssertionError):
+            B.check(model.float().to(out_dtype) + 0 * want, want, out_dtype, "the model on the simulator's check")
 
 
 _UNIT_FP8 = ("stride_ak", "stride_bk", "stride_cn")        # b column-major (w.t()): K-major for wgmma

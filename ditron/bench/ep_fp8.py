@@ -89,8 +89,18 @@ def dispatch_check(x, idx, E, codes, scales):
         got, want = codes[e, :n].view(torch.uint8), qc[toks].view(torch.uint8)
         if not torch.equal(got, want):
             bad = (got != want).nonzero()
+            rows = (got != want).any(1).nonzero().flatten()
+            # decisive for the next log: rounding (codes one step apart, the rows' scales equal) or placement (a
+            # row that is another token's, or stale)
+            steps = (got.int() - want.int()).abs()[got != want]
+            r0 = rows[0].item()
+            other = [t for t in range(qc.shape[0]) if torch.equal(got[r0], qc[t].view(torch.uint8))]
+            same = "equal" if torch.equal(scales[e, rows], qs[toks[rows]]) else "differ"
             return (f"fp8 dispatch: expert {e} received {bad.shape[0]} e4m3 codes that differ from torch's quantiser "
-                    f"(first at [row {bad[0, 0].item()}, channel {bad[0, 1].item()}])")
+                    f"(first at [row {bad[0, 0].item()}, channel {bad[0, 1].item()}]; {rows.numel()} of {n} rows, "
+                    f"e.g. {rows[:12].tolist()}; {int((steps == 1).sum())} one code step apart, at most "
+                    f"{steps.max().item()}; the scales of those rows {same}; "
+                    f"row {r0} (token {toks[r0].item()}) is the quantised row of tokens {other[:4]})")
         if not torch.equal(scales[e, :n], qs[toks]):
             return f"fp8 dispatch: expert {e} received scales that differ from torch's quantiser"
     return None
