@@ -39,11 +39,25 @@ is resident).  A rank is at most one call ahead of a peer (the argument of
 kernels/all_gather.py): a call's attention waits for every peer's staging of
 the same call, which a peer starts only after its previous call's attention.
 
-Cores (``core=``): ``"tl"`` (kernels/attention_core.py, the default, GPUs and the simulator) or ``"gluon"``
-(kernels/attention_hopper.py: the warp-specialised FlashAttention-3-style core -- a TMA producer warp, two
-consumer warpgroups, ping-pong -- on Hopper GPUs at world size 1 only; refused on the simulator and elsewhere
-with a message naming ``core="tl"``; not the default until a GPU run has checked and timed it,
-bench/attention_core_levers.sh ``CANDIDATES=gluon``).
+Cores (``core=``; :func:`resolve_core` decides when the caller names none):
+
+* ``"gluon"`` (kernels/attention_hopper.py: the warp-specialised FlashAttention-3-style core -- a TMA producer
+  warp, two consumer warpgroups of 64 query rows, ping-pong): **the default on Hopper (sm_90) CUDA GPUs at
+  world size 1** for the shapes it takes (float16 / bfloat16, head dim 64 or 128, contiguous inputs; any
+  sequence length, batch, GQA, causal or not), with the config of the GPU's measured table
+  (kernels/attention_table.py, kernels/attention_tables/: H100 measured 2026-12-07,
+  bench/results/h100-2026-12-07e-attention-gluon/, ``gluon ws 128x128 s2 pingpong`` 0.999 / 1.042 / 1.067
+  / 1.025 / 0.936 / 1.032 x SDPA cuDNN at 8192 / 16384 / 32768 keys non-causal / causal, geomean 1.016x,
+  where the tl core gives 0.814x; other Hopper GPUs get the same config, marked as measured on H100);
+* ``"tl"`` (kernels/attention_core.py): everywhere else -- the simulator, AMD GPUs, non-Hopper NVIDIA GPUs,
+  world size > 1 (the ring loop over peers' K / V), head dims other than 64 / 128, non-contiguous inputs,
+  ``DITRON_ATTN_TABLE=off``.  With :func:`attention_hopper.twin_config` it is the Gluon core's **twin**: the
+  same 128 x ``block_n`` tiles and the same operation order, so that the simulator runs what the GPU runs
+  (tests/gpu/attention_hopper_twin.py checks the two bit for bit on a Hopper GPU; docs/zoo.md).
+
+An explicit ``core="tl"`` / ``"gluon"`` is honoured (``"gluon"`` refused where it cannot run, with a message
+naming the twin); a ``config`` implies its core (an :class:`AttnConfig`: tl, a ``HopperAttnConfig``: gluon).
+The decision is cached per (device, world size, shapes, dtype, causal): a call asks the device once.
 
 Tuning: :class:`AttnConfig` (tiles, warps, stages, TMA descriptors for this
 rank's K/V on Hopper, a persistent grid, ``maxnreg``, ``heads_first``); without
@@ -60,6 +74,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import torch
 import triton
@@ -73,9 +88,8 @@ from ._common import cdiv
 from .attention_core import M_INIT, attend_source, chunk_id, store_rows
 
 LAYOUTS = ("contiguous", "zigzag")
-#: the attention cores: ``"tl"`` (kernels/attention_core.py; GPUs and the simulator, the default) and
-#: ``"gluon"`` (kernels/attention_hopper.py: warp-specialised, Hopper GPUs only, world size 1; not the default
-#: until a GPU run has checked and timed it)
+#: the attention cores: ``"tl"`` (kernels/attention_core.py; everywhere) and ``"gluon"`` (kernels/attention_hopper.py:
+#: warp-specialised, Hopper GPUs only, world size 1; the default there: :func:`resolve_core`)
 CORES = ("tl", "gluon")
 _DTYPES = (torch.float16, torch.bfloat16)
 #: signal words (pieces) per KV head and source on GPUs / on the simulator
@@ -430,6 +444,157 @@ def default_config(device, seq=None, causal=False, world_size=1) -> AttnConfig:
     return GPU_CONFIG
 
 
+
+# ---------------------------------------------------------------------------
+# which core (issue 52 items 3 and 5)
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class DeviceKind:
+    """What the choice of core needs to know of a device, and no more: ``backend`` ``"sim"`` (a CPU tensor:
+    the simulator), ``"cuda"`` (NVIDIA) or ``"hip"`` (AMD); ``capability`` ``major * 10 + minor`` (90 on
+    Hopper; None off CUDA); the device's ``name`` (which per-GPU table applies)."""
+    backend: str
+    capability: int | None = None
+    name: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreChoice:
+    """The outcome of :func:`choose_core`: ``core`` ``"tl"`` or ``"gluon"``; ``config`` the
+    ``HopperAttnConfig`` of a Gluon choice (None for tl: :func:`default_config` by length); ``why``, one line
+    (what ``ditron bench ring_attn`` prints)."""
+    core: str
+    config: object = None
+    why: str = ""
+
+    def label(self) -> str:
+        return self.config.label() if self.core == "gluon" else "tl"
+
+
+_DEVICE_KINDS: dict = {}
+_CORE_CHOICES: dict = {}
+_CORE_CHOICES_MAX = 4096
+#: sentinel of :func:`choose_core`'s ``table``: look the device's table up
+_DEVICE_TABLE = object()
+
+
+def device_kind(device) -> DeviceKind:
+    """The :class:`DeviceKind` of ``device`` (a tensor's ``.device``), asked of the driver once per device and
+    only when a call needs it (never at import)."""
+    key = str(device)
+    kind = _DEVICE_KINDS.get(key)
+    if kind is None:
+        device = torch.device(device)
+        if device.type != "cuda":
+            kind = DeviceKind("sim" if device.type == "cpu" else device.type)
+        elif getattr(torch.version, "hip", None):
+            kind = DeviceKind("hip", None, torch.cuda.get_device_name(device))
+        else:
+            major, minor = torch.cuda.get_device_capability(device)
+            kind = DeviceKind("cuda", 10 * major + minor, torch.cuda.get_device_name(device))
+        _DEVICE_KINDS[key] = kind
+    return kind
+
+
+def _gluon_from_entry(entry, where, head_d):
+    from . import attention_hopper as H
+    try:
+        return H.HopperAttnConfig(**dict(entry["config"])).validate(where, head_d)
+    except TypeError as e:
+        raise ditron.DitronError(f"{where}: config {entry['config']}: {e}") from None
+
+
+def choose_core(kind: DeviceKind, world_size, q_shape, k_shape, dtype, causal, contiguous=True,
+                table=_DEVICE_TABLE) -> CoreChoice:
+    """The core a call runs when it names none (no device query: ``kind`` describes the device).  The Gluon
+    core where it runs and its table says so -- a CUDA GPU of capability 9.x, world size 1, ``q`` / ``k``
+    4-D ``[B, H, S, D]`` float16 / bfloat16 of D 64 or 128, Hq a multiple of Hkv, contiguous, within the int32
+    rows of its TMA descriptors, and a per-GPU table (kernels/attention_table.py; ``table``: an ``AttnTable``
+    or None instead of the device's) whose entry for the length is a Gluon one; else the tl core, with the
+    reason.  ``q_shape[2] * world_size`` is the number of keys."""
+    from . import attention_hopper as H
+    if kind.backend != "cuda":
+        why = {"sim": "the simulator runs the tl core (the Gluon core's twin: attention_hopper.twin_config)",
+               "hip": "AMD GPU: the tl core (the Gluon core is NVIDIA sm_90 only)"}.get(
+                   kind.backend, f"{kind.backend} device: the tl core")
+        return CoreChoice("tl", None, why)
+    if kind.capability is None or kind.capability // 10 != 9:
+        return CoreChoice("tl", None, f"sm_{kind.capability} is not Hopper (sm_90): the tl core")
+    if world_size != 1:
+        return CoreChoice("tl", None, f"world size {world_size}: the tl core (the Gluon core has no ring loop over "
+                                      "peers' K / V)")
+    if len(q_shape) != 4 or len(k_shape) != 4:
+        return CoreChoice("tl", None, "not 4-D [B, H, S, D] inputs: the tl core (its checks)")
+    B, HQ, S, D = (int(x) for x in q_shape)
+    HKV = int(k_shape[1])
+    if dtype is None:
+        return CoreChoice("tl", None, "k's dtype differs from q's: the tl core (its checks)")
+    if dtype not in (torch.float16, torch.bfloat16):
+        return CoreChoice("tl", None, f"{dtype}: the tl core (the Gluon core takes float16 / bfloat16)")
+    if D not in H.HEAD_DIMS:
+        return CoreChoice("tl", None, f"head_dim {D}: the tl core (the Gluon core takes "
+                                      f"{' or '.join(map(str, H.HEAD_DIMS))})")
+    if min(B, HQ, S, HKV) < 1 or HQ % HKV:
+        return CoreChoice("tl", None, "empty input or Hq not a multiple of Hkv: the tl core (its checks)")
+    if not contiguous:
+        return CoreChoice("tl", None, "non-contiguous inputs: the tl core (the Gluon core reads TMA rows)")
+    if max(B * HQ, B * HKV) * S >= 2 ** 31:
+        return CoreChoice("tl", None, "more rows than the Gluon core's int32 TMA coordinates: the tl core")
+    from . import attention_table
+    if table is _DEVICE_TABLE:
+        table = attention_table.table_for(kind.name, kind.capability)
+    if table is None:
+        return CoreChoice("tl", None, f"no attention table for {kind.name or 'this GPU'} "
+                                      f"({attention_table.ENV}={os.environ.get(attention_table.ENV, '') or 'unset'}): "
+                                      "the tl core")
+    entry, dist = table.lookup(S * world_size, causal)
+    why = table.describe(entry, dist)
+    if entry["core"] != "gluon":
+        return CoreChoice("tl", None, why)
+    return CoreChoice("gluon", _gluon_from_entry(entry, f"attention table {table.path}", D), why)
+
+
+def resolve_core(q, k, causal=False, world_size=1, core=None, config=None) -> CoreChoice:
+    """What :func:`flash_attention` / :func:`ring_attention` run for these arguments: an explicit ``core``
+    (with ``config`` or its default), else the core ``config`` implies (:class:`AttnConfig`: tl; a
+    ``HopperAttnConfig``: gluon), else :func:`choose_core` for ``q.device`` -- cached per (device, world
+    size, shapes, dtype, causal, contiguity), so a call costs a dictionary lookup."""
+    if core is not None:
+        if core not in CORES:
+            raise ditron.DitronError(f"attention: core={core!r}; use one of {', '.join(CORES)}")
+        return CoreChoice(core, config, "explicit core=" + repr(core))
+    if config is not None:
+        if isinstance(config, AttnConfig):
+            return CoreChoice("tl", config, "an AttnConfig: the tl core")
+        from . import attention_hopper as H
+        if isinstance(config, H.HopperAttnConfig):
+            return CoreChoice("gluon", config, "a HopperAttnConfig: the Gluon core")
+        raise ditron.DitronError(f"attention: config must be an AttnConfig (tl core) or a HopperAttnConfig "
+                                 f"(Gluon core), not {type(config).__name__}")
+    if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
+        return CoreChoice("tl", None, "not tensors: the tl core (its checks)")
+    contiguous = q.is_contiguous() and k.is_contiguous()
+    key = (str(q.device), int(world_size), tuple(q.shape), tuple(k.shape), q.dtype, k.dtype, bool(causal),
+           contiguous, os.environ.get("DITRON_ATTN_TABLE", ""))
+    choice = _CORE_CHOICES.get(key)
+    if choice is None:
+        dtype = q.dtype if k.dtype == q.dtype else None
+        choice = choose_core(device_kind(q.device), world_size, tuple(q.shape), tuple(k.shape), dtype, causal,
+                             contiguous)
+        if len(_CORE_CHOICES) >= _CORE_CHOICES_MAX:
+            _CORE_CHOICES.clear()
+        _CORE_CHOICES[key] = choice
+    return choice
+
+
+def clear_core_cache():
+    """Forget the cached device kinds and choices (after changing ``DITRON_ATTN_TABLE`` or the tables)."""
+    _DEVICE_KINDS.clear()
+    _CORE_CHOICES.clear()
+    from . import attention_table
+    attention_table.clear_cache()
+
 def _check_inputs(ctx, q, k, v, layout):
     E = ditron.DitronError
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -458,27 +623,33 @@ def _check_inputs(ctx, q, k, v, layout):
 
 
 def ring_attention(q, k, v, ctx: RingAttentionContext, causal=False, layout=None, sm_scale=None,
-                   config=None, return_lse=False, out=None, _plant_no_wait=False, core="tl"):
+                   config=None, return_lse=False, out=None, _plant_no_wait=False, core=None):
     """This rank's rows of attention over the whole sequence (module
     docstring).  Collective: every rank calls it with the same shapes,
     ``causal``, ``layout`` and ``config``.  Returns ``out`` (``[B, Hq, S, D]``)
     or ``(out, lse)`` with the fp32 natural-log log-sum-exp ``[B, Hq, S]``.
 
-    ``core``: ``"tl"`` (the default; ``config`` an :class:`AttnConfig` or None) or ``"gluon"``: the
-    warp-specialised Gluon core (kernels/attention_hopper.py; ``config`` a ``HopperAttnConfig`` or None) at
-    world size 1 on a Hopper GPU -- refused elsewhere (the simulator, other GPUs, several ranks) with a message
-    naming the tl core."""
-    if core not in CORES:
+    ``core``: None (the default: :func:`resolve_core` -- the Gluon core on a Hopper GPU at world size 1 where
+    it takes the shape, with the config of the GPU's measured table; else the tl core), ``"tl"`` (``config``
+    an :class:`AttnConfig` or None: :func:`default_config`) or ``"gluon"``: the warp-specialised Gluon core
+    (kernels/attention_hopper.py; ``config`` a ``HopperAttnConfig`` or None) at world size 1 on a Hopper GPU
+    -- refused elsewhere (the simulator, other GPUs, several ranks) with a message naming its tl twin."""
+    if core is not None and core not in CORES:
         raise ditron.DitronError(f"ring_attention: core={core!r}; use one of {', '.join(CORES)}")
     if layout is None:
         layout = "zigzag" if causal else "contiguous"
     seq = q.shape[2] * ctx.world_size if isinstance(q, torch.Tensor) and q.dim() == 4 and \
         isinstance(ctx, RingAttentionContext) else None
+    world = ctx.world_size if isinstance(ctx, RingAttentionContext) else 1
+    if core is None:
+        choice = resolve_core(q, k, causal, world, None, config)
+        core, config = choice.core, choice.config
     if core == "gluon":
         cfg = _gluon_config("ring_attention", config)
     else:
-        cfg = (config or default_config(q.device, seq, causal, ctx.world_size if isinstance(ctx, RingAttentionContext)
-                                        else 1)).validate()
+        if config is not None and not isinstance(config, AttnConfig):
+            raise ditron.DitronError(f"ring_attention: core='tl' takes an AttnConfig (or None), not {config!r}")
+        cfg = (config or default_config(q.device, seq, causal, world)).validate()
     enter(ctx, RingAttentionContext, "ring_attention",
           [("q.shape", tuple(q.shape) if isinstance(q, torch.Tensor) else None),
            ("k.shape", tuple(k.shape) if isinstance(k, torch.Tensor) else None),
@@ -540,23 +711,31 @@ def _run_gluon(op, q, k, v, causal, sm_scale, cfg, out):
     if q.device.type != "cuda" or not H.supported(q.device):
         where = "the simulator" if q.device.type == "cpu" else str(q.device)
         raise ditron.DitronError(f"{op}: core='gluon' (the warp-specialised Gluon core) runs on Hopper GPUs only, "
-                                 f"not on {where}; use core='tl', its tl twin (the same outputs o and lse)")
+                                 f"not on {where}; use core='tl', its tl twin: config=attention_hopper.twin_config("
+                                 f"cfg) = AttnConfig{dataclasses.astuple(H.twin_config(cfg))} (the same "
+                                 f"{H.BLOCK_M} x {cfg.block_n} tiles and operation order)")
     return H.attention_hopper(q, k, v, causal=causal, sm_scale=sm_scale, config=cfg, out=out, return_lse=True)
 
 
-def flash_attention(q, k, v, causal=False, sm_scale=None, config=None, return_lse=False, out=None, core="tl"):
-    """Single-device attention with the same core (no context, no
+def flash_attention(q, k, v, causal=False, sm_scale=None, config=None, return_lse=False, out=None, core=None):
+    """Single-device attention with the same cores (no context, no
     communication): ``q`` ``[B, Hq, S, D]``, ``k`` / ``v`` ``[B, Hkv, S, D]``
     (any tensors, symmetric or not; contiguous), fp16 / bf16.  Used by
     Ulysses (kernels/ulysses.py) on its whole-sequence head shards.
-    ``core``: ``"tl"`` (the default; ``config`` an :class:`AttnConfig`) or ``"gluon"`` (Hopper GPUs only;
+    ``core``: None (the default: :func:`resolve_core` -- the Gluon core on a Hopper GPU where it takes the
+    shape, else the tl core), ``"tl"`` (``config`` an :class:`AttnConfig`) or ``"gluon"`` (Hopper GPUs only;
     ``config`` a ``HopperAttnConfig``; D 64 or 128), as :func:`ring_attention`."""
     E = ditron.DitronError
-    if core not in CORES:
+    if core is not None and core not in CORES:
         raise E(f"flash_attention: core={core!r}; use one of {', '.join(CORES)}")
+    if core is None:
+        choice = resolve_core(q, k, causal, 1, None, config)
+        core, config = choice.core, choice.config
     if core == "gluon":
         res = _run_gluon("flash_attention", q, k, v, causal, sm_scale, _gluon_config("flash_attention", config), out)
         return res if return_lse else res[0]
+    if config is not None and not isinstance(config, AttnConfig):
+        raise E(f"flash_attention: core='tl' takes an AttnConfig (or None), not {config!r}")
     cfg = (config or default_config(q.device, q.shape[2] if q.dim() == 4 else None, causal)).validate(
         "flash_attention")
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -586,4 +765,5 @@ def flash_attention(q, k, v, causal=False, sm_scale=None, config=None, return_ls
 
 __all__ = ["AttnConfig", "RingAttentionContext", "flash_attention", "create_ring_attention_context", "ring_attention", "shard",
            "unshard", "LAYOUTS", "TUNE_CONFIGS", "LEVER_CONFIGS", "GPU_CONFIG", "GPU_SHORT_CONFIG", "SHORT_SEQ", "SIM_CONFIG",
-           "default_config", "RING_TABLE", "RING_TABLE_MULTI", "HOPPER_CONFIG", "GPU_CAUSAL_SHORT_CONFIG", "CORES"]
+           "default_config", "RING_TABLE", "RING_TABLE_MULTI", "HOPPER_CONFIG", "GPU_CAUSAL_SHORT_CONFIG", "CORES",
+           "DeviceKind", "CoreChoice", "choose_core", "resolve_core", "device_kind", "clear_core_cache"]

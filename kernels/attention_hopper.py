@@ -65,9 +65,25 @@ Numerics (the ``tl`` core's, kernels/attention_core.py): scores scaled by
 ``sm_scale * log2(e)`` (one FMA into the exp2), running maximum from a finite
 ``-1e30`` (a fully masked row gives p = 0, no NaN), P rounded to the input
 dtype before P V, fp32 accumulation, ``o = acc / l`` (l = 0 -> 1), the LSE in
-natural log ``(m + log2 l) * ln 2``.  The order of the key tiles and the
-masked / unmasked split may differ from the ``tl`` core's, so results agree
-to rounding, not bit for bit.
+natural log ``(m + log2 l) * ln 2``.
+
+The ``tl`` twin (:func:`twin_config`: the tl core on the same 128 x ``block_n``
+tiles) performs the same operations in the same order on every element, so it
+is meant to give the same bits: per key tile j, ascending from key 0 in both
+(causal: the tiles left of the diagonal unmasked, the diagonal / tail tiles
+masked to ``-inf``, which changes no unmasked score), ``S = Q K_j^T`` on
+``wgmma`` from a zero accumulator (D / 16 k-steps in order), ``m_new =
+max(m, rowmax(S) * c)``, ``p = exp2(S * c - m_new)``, ``alpha = exp2(m -
+m_new)``, ``l = l * alpha + rowsum(p)``, ``O = O * alpha`` then ``O += bf16(p)
+V_j`` (the Gluon consumer multiplies by ``alpha_j`` after ``P_{j-1} V_{j-1}``
+and before ``P_j V_j``: the same sequence), ``O / l``.  Both lower through the
+same Triton ops (``math.exp2`` -> ``ex2.approx``, one ``tt.reduce`` per row
+statistic on the same per-warp ``wgmma`` accumulator layout: 16 rows per warp,
+4 lanes per row, the same in-thread then butterfly order; fp32 division) and
+the same LLVM FMA contraction.  What could still differ is LLVM's contraction
+or scheduling choices on the two kernels' different control flow; the GPU
+test tests/gpu/attention_hopper_twin.py is the judge (it prints the number of
+differing entries and the largest difference when they are not identical).
 
 Masks: key ``n`` of a tile is masked when ``n >= S`` (the tail: its rows are
 the next head's or TMA zeros past the tensor) or, causal, ``n > row``; a
@@ -76,10 +92,12 @@ Rows past ``S`` of the last query tile are computed on the next head's rows
 and never stored.
 
 Where it runs: NVIDIA sm_90 only (:func:`supported`), world size 1 (the
-whole sequence on one GPU: kernels/attention.py ``flash_attention`` /
-``ring_attention`` at world size 1 with ``core="gluon"``).  The simulator and
-other GPUs run the ``tl`` twin (:data:`TWIN`); :func:`attention_hopper`
-refuses a CPU tensor and names it.
+whole sequence on one GPU): kernels/attention.py ``flash_attention`` /
+``ring_attention`` pick it by default there (``resolve_core``: head dim 64 or
+128, fp16 / bf16, contiguous; the config from the GPU's measured table,
+kernels/attention_tables/), or with ``core="gluon"``.  The simulator and other
+GPUs run the ``tl`` core; :func:`attention_hopper` refuses a CPU tensor and
+names the twin (:data:`TWIN`).
 """
 from __future__ import annotations
 
@@ -106,7 +124,8 @@ BLOCK_M = 2 * WG_ROWS
 HEAD_DIMS = (64, 128)
 SMEM_LIMIT = 227 * 1024
 
-TWIN = "ditron.kernels.attention.flash_attention (the tl core: core='tl', the default)"
+TWIN = ("ditron.kernels.attention.flash_attention (the tl core: core='tl', "
+        "config=attention_hopper.twin_config(cfg) -- the same tiles and operation order)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,7 +175,8 @@ class HopperAttnConfig:
 
 
 DEFAULT_CONFIG = HopperAttnConfig()
-#: what bench/attention_core_levers.py times (none measured yet on a GPU)
+#: what bench/attention_core_levers.py times (H100, 2026-12-07: bench/results/h100-2026-12-07e-attention-gluon/;
+#: the first, DEFAULT_CONFIG, was the best: geomean 1.016x SDPA cuDNN)
 CONFIGS = (
     HopperAttnConfig(128, 2, True),
     HopperAttnConfig(128, 2, False),
@@ -173,6 +193,18 @@ def supported(device) -> bool:
     if device.type != "cuda" or getattr(torch.version, "hip", None):
         return False
     return torch.cuda.get_device_capability(device)[0] == 9
+
+
+def twin_config(cfg: HopperAttnConfig | None = None):
+    """The ``tl`` twin of a Gluon config: kernels/attention.py's :class:`AttnConfig` with the same tiles
+    (``128 x block_n``; 8 warps: two warpgroups of 64 query rows, like the two consumers; TMA for K / V on a
+    GPU, pointer loads on the simulator) -- the tl core then performs the same operations in the same order
+    on every score and output element (the module docstring's "Numerics"), which
+    tests/gpu/attention_hopper_twin.py checks bit for bit on a Hopper GPU.  The simulator runs this config
+    where a GPU runs the Gluon core."""
+    from .attention import AttnConfig
+    cfg = cfg or DEFAULT_CONFIG
+    return AttnConfig(BLOCK_M, cfg.block_n, 8, 3, tma=True)
 
 
 # ---------------------------------------------------------------------------
@@ -475,5 +507,5 @@ def compile_sm90(cfg: HopperAttnConfig | None = None, causal=False, dtype=torch.
     return _compat.compile_source(src, tgt.to_triton(), {"num_warps": 4})
 
 
-__all__ = ["HopperAttnConfig", "DEFAULT_CONFIG", "CONFIGS", "TWIN", "supported", "attention_hopper",
+__all__ = ["HopperAttnConfig", "DEFAULT_CONFIG", "CONFIGS", "TWIN", "supported", "twin_config", "attention_hopper",
            "attn_fwd_ws_kernel", "compile_sm90", "descriptors", "check_inputs"]

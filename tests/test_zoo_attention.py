@@ -20,6 +20,7 @@ import bodies_attention as B
 from conftest import GPU_BACKEND
 
 A = importlib.import_module("ditron.kernels.attention")
+AH = importlib.import_module("ditron.kernels.attention_hopper")
 ON_GPU = GPU_BACKEND != "sim"
 #: the simulator's tiles with a persistent grid
 PERSISTENT = A.AttnConfig(16, 16, 1, 1, tma=False, persistent=True)
@@ -45,6 +46,14 @@ def test_world_size_one(dist_world):
     assert d.run(B.flash_decode_cases, [(3, 4, 2, 37, 16, "bf16")], calls=2, fuse_combine=True) == [2]
     # Ulysses: 20 rows (a tile and a tail), hidden 24 (a K tail), causal
     assert d.run(B.ulysses_check, 20, 24, 2, 1, 16, True, "bf16") == [1]
+
+
+def test_world_size_one_gluon_twin(dist_world):
+    # what the simulator runs for the Gluon core: its tl twin (128 x 128 tiles), no core named (resolve_core:
+    # the tl core here); causal at 130 rows: an unmasked tile, diagonal tiles, a second query tile of 2 rows and a
+    # key tail; GQA
+    cases = [(1, 2, 1, 130, 64, True, "contiguous", "bf16")]
+    assert dist_world(1).run(B.ring_cases, cases, config=AH.twin_config()) == [1]
 
 
 def test_three_ranks_odd_world(dist_world):

@@ -11,9 +11,13 @@ config, causal and not, bf16 and fp16, against fp32 math SDPA); then per
 inputs and timed side by side (the harness's ``measure``: warm-up, median,
 slowest rank, rounds in alternating order):
 
-* ``ditron`` (the default config for the length: ``kernels.attention.default_config``), the two GPU
-  defaults where not the default, and with ``--configs all``,
-  ``ditron[<config>]`` for each of ``TUNE_CONFIGS``;
+* ``ditron``: what ``ring_attention`` runs without a ``core`` / ``config``
+  (``kernels.attention.resolve_core``: on a Hopper GPU at world size 1 the Gluon
+  core with its per-GPU table's config, kernels/attention_tables/; else the tl
+  core with ``default_config`` for the length) -- its ``config`` column names the
+  core, the config and the table entry; then the tl core's GPU configs
+  (``ditron[<AttnConfig>]``, skipped where one is the default) and with
+  ``--configs all``, ``ditron[<config>]`` for each of ``TUNE_CONFIGS``;
 * ``sdpa_cudnn`` and ``sdpa_flash``: ``scaled_dot_product_attention`` with
   that backend (GQA through ``enable_gqa``) on the whole sequence at world
   size 1; at world size > 1, NCCL ``all_gather`` of K and V then SDPA of the
@@ -23,7 +27,9 @@ slowest rank, rounds in alternating order):
 
 ``--seq`` is the whole sequence (every rank holds ``seq / W`` rows).
 TFLOP/s count ``4 * B * Hq * seq^2 * D`` (half with ``causal``) over all
-ranks.  Results: ``--out`` (Markdown + JSON).
+ranks.  After the table: every implementation's ratio to SDPA cuDNN per
+(seq, causal), its geomean and its worst shape (issue 52's goal: the
+``ditron`` row >= 0.95x at every shape).  Results: ``--out`` (Markdown + JSON).
 """
 from __future__ import annotations
 
@@ -62,6 +68,40 @@ def _math_reference(q, k, v, causal):
 _gather = gather_ranks          # the name the attention benches use
 
 
+def _config_label(A, q, k, causal, W, cfg):
+    """What a row runs: ``cfg`` (an explicit tl config), or for None the default core and config of the shape
+    (kernels.attention.resolve_core: the Gluon core on Hopper at world size 1, else the tl core by length)."""
+    if cfg is not None:
+        return "tl " + cfg.short()
+    choice = A.resolve_core(q, k, causal, W)
+    if choice.core == "gluon":
+        return f"default: {choice.label()} [{choice.why}]"
+    return f"default: tl {A.default_config(q.device, q.shape[2] * W, causal, W).short()} [{choice.why}]"
+
+
+def geomean(xs):
+    xs = [x for x in xs if x == x and x > 0]
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def summary(rows):
+    """Per implementation: its ratio to SDPA cuDNN at every (seq, causal), the geomean and the worst."""
+    shapes = list(dict.fromkeys((r["seq"], r["causal"]) for r in rows))
+    lines = ["x cuDNN (cuDNN time / implementation time) per shape: "
+             + " ".join(f"{s}{'c' if c else ''}" for s, c in shapes)]
+    for impl in dict.fromkeys(r["impl"] for r in rows):
+        if impl.endswith("sdpa_cudnn") or impl == "nccl_all_gather_kv":
+            continue
+        by = {(r["seq"], r["causal"]): r for r in rows if r["impl"] == impl}
+        ratios = [by[sh]["vs_cudnn"] if sh in by else float("nan") for sh in shapes]
+        ok = [x for x in ratios if x == x]
+        worst = min(ok) if ok else float("nan")
+        note = next((r["note"] for r in rows if r["impl"] == impl and r["note"]), "")
+        lines.append(f"{impl:<24} geomean {geomean(ratios):.3f} worst {worst:.3f} | "
+                     + " ".join(f"{x:.3f}" for x in ratios) + (f" | {note}" if note else ""))
+    return lines
+
+
 def small_checks(world, configs, args):
     """Every config at odd shapes, causal and not, bf16 and fp16, against
     fp32 math SDPA on the gathered tensors.  Returns a list of failures."""
@@ -92,8 +132,8 @@ def small_checks(world, configs, args):
                 ref = A.shard(_math_reference(q.to(dev), k.to(dev), v.to(dev), causal).cpu(), r, W, layout)
                 sh = [A.shard(t, r, W, layout).to(dev) for t in (q, k, v)]
                 for cfg in cfgs:
-                    # None: the default for this length (kernels.attention.default_config)
-                    label = (cfg or A.default_config(dev, S * W, causal, W)).short() + ("" if cfg else " (default)")
+                    # None: the default core and config for this shape (kernels.attention.resolve_core)
+                    label = _config_label(A, sh[0], sh[1], causal, W, cfg)
                     try:
                         out = A.ring_attention(*sh, ctx, causal=causal, layout=layout, config=cfg)
                         err = (out.float().cpu() - ref).abs().max().item()
@@ -144,14 +184,15 @@ def ring_case(world, seq, causal, configs, args, agree):
             raise AssertionError(f"max abs error {err:.3g} > {tol} against SDPA")
 
     impls = []
-    default = A.default_config(dev, seq, causal, W)
+    choice = A.resolve_core(q, k, causal, W)
+    default = A.default_config(dev, seq, causal, W) if choice.core == "tl" else None
     for cfg in configs:
-        if cfg == default:
+        if cfg is not None and cfg == default:
             continue            # the "ditron" row (config None) is this config at this length
         name = "ditron" if cfg is None else f"ditron[{cfg.short()}]"
         impls.append(Impl(name, lambda cfg=cfg: A.ring_attention(q, k, v, ctx, causal=causal, layout=layout,
                                                                  config=cfg), check,
-                          note=(cfg or default).short()))
+                          note=_config_label(A, q, k, causal, W, cfg)))
     backends = [("sdpa_cudnn", "CUDNN_ATTENTION"), ("sdpa_flash", "FLASH_ATTENTION")] if cuda else \
         [("sdpa_math", "MATH")]
     if W == 1:
@@ -191,7 +232,7 @@ def ring_case(world, seq, causal, configs, args, agree):
     for row in rows:
         base = next((x for x in rows if x["impl"].endswith("sdpa_cudnn") and x["ok"]), None)
         row["vs_cudnn"] = base["us"] / row["us"] if base and row["ok"] else float("nan")
-    del ctx
+    ctx = None             # the buffers go before the next case (the lambdas above hold the name)
     return rows
 
 
@@ -268,7 +309,7 @@ def main(argv=None):
               + ("CUDA-graph replays (every row alike; host launch time excluded)."
                  if (args.graph == "on" or args.graph == "auto" and world.world_size == 1 and not sim)
                  else "eager calls (host launch time included)."), "",
-              _table(rows), ""]
+              _table(rows), "", "```", *summary(rows), "```", ""]
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, f"{args.tag or args.machine.replace(' ', '_')}-ring_attn-w{world.world_size}")
         with open(stem + ".md", "w") as f:
