@@ -552,6 +552,9 @@ def choose_core(kind: DeviceKind, world_size, q_shape, k_shape, dtype, causal, c
     why = table.describe(entry, dist)
     if entry["core"] != "gluon":
         return CoreChoice("tl", None, why)
+    gap = table.unverified({torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype], D, S, int(k_shape[2]))
+    if gap:
+        return CoreChoice("tl", None, f"{why}; {gap} (tests/gpu/attention_hopper_twin.py): the tl core")
     return CoreChoice("gluon", _gluon_from_entry(entry, f"attention table {table.path}", D), why)
 
 

@@ -57,6 +57,39 @@ class AttnTable:
         self.max_distance = float(data.get("max_distance", 1.0))
         self.default = self._check(data.get("default"), f"attention table {path}: 'default'", shape=False)
         self.entries = [self._check(e, f"attention table {path}: entry {i}") for i, e in enumerate(data["entries"])]
+        self.verified = self._check_verified(data.get("verified"), f"attention table {path}: 'verified'")
+
+    @staticmethod
+    def _check_verified(v, where):
+        """``verified``: the inputs a GPU run has checked the Gluon core on (``dtypes``, ``head_dims``,
+        ``seq_multiple``: lengths that are multiples of it); absent: no restriction."""
+        if v is None:
+            return None
+        E = ditron.DitronError
+        ok = isinstance(v, dict) and set(v) <= {"dtypes", "head_dims", "seq_multiple", "source"} and \
+            isinstance(v.get("dtypes", []), list) and isinstance(v.get("head_dims", []), list) and \
+            all(isinstance(x, str) for x in v.get("dtypes", [])) and \
+            all(isinstance(x, int) and x > 0 for x in v.get("head_dims", [])) and \
+            isinstance(v.get("seq_multiple", 1), int) and v.get("seq_multiple", 1) >= 1
+        if not ok:
+            raise E(f"{where} must be an object of 'dtypes' (names such as \"bf16\"), 'head_dims' (integers), "
+                    f"'seq_multiple' (an integer) and 'source', not {v!r}")
+        return v
+
+    def unverified(self, dtype_name: str, head_dim: int, seq_q: int, seq_k: int):
+        """None when a GPU run has checked the Gluon core on inputs of this kind (:attr:`verified`), else why
+        not (the default then keeps the tl core: a core made the default is checked where it runs)."""
+        v = self.verified
+        if v is None:
+            return None
+        if "dtypes" in v and dtype_name not in v["dtypes"]:
+            return f"{dtype_name} not yet checked on a GPU (verified: {', '.join(v['dtypes'])})"
+        if "head_dims" in v and int(head_dim) not in v["head_dims"]:
+            return f"head_dim {head_dim} not yet checked on a GPU (verified: {v['head_dims']})"
+        m = int(v.get("seq_multiple", 1))
+        if seq_q % m or seq_k % m:
+            return f"lengths {seq_q} / {seq_k} not multiples of {m}: not yet checked on a GPU"
+        return None
 
     @staticmethod
     def _check(e, where, shape=True):

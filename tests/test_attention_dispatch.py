@@ -39,7 +39,7 @@ def _fresh(monkeypatch):
     A.clear_core_cache()
 
 
-@pytest.mark.parametrize("seq", [8192, 16384, 32768, 1000, 129, 200000])
+@pytest.mark.parametrize("seq", [8192, 16384, 32768, 1024, 128, 262144])
 @pytest.mark.parametrize("causal", [False, True])
 def test_hopper_world_one_runs_the_gluon_core_with_the_measured_config(seq, causal):
     c = choose(H100, seq, causal)
@@ -48,9 +48,33 @@ def test_hopper_world_one_runs_the_gluon_core_with_the_measured_config(seq, caus
     assert "table h100.json" in c.why
     if seq in (8192, 16384, 32768):
         assert f"entry {seq} keys{' causal' if causal else ''}, distance 0.00" in c.why
-    # GQA, batch, head dim 64, fp16: the shapes the Gluon core takes
-    for kw in (dict(HQ=8, HKV=8), dict(B=3), dict(D=64), dict(dtype=torch.float16), dict(HQ=6, HKV=2)):
+    for kw in (dict(HQ=8, HKV=8), dict(B=3), dict(HQ=6, HKV=2)):     # GQA and batch: grid dimensions
         assert choose(H100, seq, causal, **kw).core == "gluon", kw
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(seq=1000), "lengths 1000 / 1000 not multiples of 128"),
+    (dict(seq=129), "lengths 129 / 129 not multiples of 128"),
+    (dict(D=64), "head_dim 64 not yet checked on a GPU"),
+    (dict(dtype=torch.float16), "fp16 not yet checked on a GPU"),
+])
+def test_the_default_keeps_the_tl_core_where_no_gpu_run_checked_the_gluon_core(kw, why):
+    """The shipped tables' ``verified`` domain: a core becomes the default only where a GPU has checked it."""
+    c = choose(H100, **kw)
+    assert c.core == "tl" and why in c.why and "attention_hopper_twin.py" in c.why, c
+    # the rule itself takes these inputs: a table without a 'verified' domain picks the Gluon core
+    data = json.load(open(os.path.join(REPO, "kernels", "attention_tables", "h100.json")))
+    data.pop("verified")
+    c = choose(H100, table=T.AttnTable(data, "h100-unrestricted.json"), **kw)
+    assert c.core == "gluon" and c.config == BEST, c
+
+
+@pytest.mark.parametrize("bad", [[], {"dtypes": "bf16"}, {"head_dims": [0]}, {"seq_multiple": 0},
+                                 {"what": 1}])
+def test_a_bad_verified_domain_is_an_error(bad):
+    data = {"match": ["X"], "default": {"core": "tl"}, "entries": [], "verified": bad}
+    with pytest.raises(ditron.DitronError, match="'verified' must be an object"):
+        T.AttnTable(data, "bad.json")
 
 
 def test_other_hopper_gpus_get_the_h100_config_marked_as_such():
