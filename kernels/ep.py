@@ -140,7 +140,17 @@ per combine.  The routing,
 the handle's tensors and the outputs live in the context, one set per call
 parity: ``recv_x``, ``recv_counts`` and the handle stay valid until the
 second next ``ep_dispatch``, the combined output (without ``out=``) until
-the second next ``ep_combine``.  ``ctx.launches`` counts the launches;
+the second next ``ep_combine`` (one tensor per call parity, the same object
+every time, as ``recv_x``).  The checks run in full at the first call of an
+argument signature (shapes, strides, dtypes, devices, 16-byte alignment,
+options); the call is then planned (``ctx.calls_planned``, :class:`_Call`)
+and the next calls of that signature do only the per-call work: the
+context's world and heap are still the plan's, no argument lies in the
+symmetric heap (else the full checks), the cross-rank call check,
+``validate``'s read, the call parity, the launches (the compiled kernels,
+directly, after the transport's launch check) and the handle -- no torch op
+but metadata reads (tests/test_launch_path.py).  Setting any attribute of the
+context drops the plans.  ``ctx.launches`` counts the launches;
 ``ctx.trace = True`` compiles the kernels with ``TRACE`` (each program
 writes ``clock_ns`` at the end of each phase into ``ctx.trace_buf``; see
 ``ditron bench ep --trace``).
@@ -241,19 +251,16 @@ def _plan_call(ctx, fields, launches, outs, counts=None, protos=None):
     return c
 
 
-def _live(c, *ptrs_and_tensors):
+def _live(c, p1, t1, p2, t2, p3=0, t3=None):
     """Whether the planned call ``c`` may take its fast path: the world and its heap are the plan's (nothing was
-    freed since) and no argument (``pointer, tensor`` pairs) starts in the heap or is a symmetric tensor (those
-    get :func:`enter`'s full checks)."""
+    freed since) and no argument (pointer ``p*`` of tensor ``t*``) starts in the heap or is a symmetric tensor
+    (those get :func:`enter`'s full checks)."""
     if c.gen != _world_module._GEN or _world_module._WORLD is not c.world or c.heap.generation != c.hgen or \
             LAUNCH_HOOKS:
         return False
     lo, hi = c.lo, c.hi
-    it = iter(ptrs_and_tensors)
-    for p, t in zip(it, it):
-        if lo <= p < hi or getattr(t, "_ditron_alloc", None) is not None:
-            return False
-    return True
+    return not (lo <= p1 < hi or lo <= p2 < hi or lo <= p3 < hi or getattr(t1, "_ditron_alloc", None) is not None
+                or getattr(t2, "_ditron_alloc", None) is not None or getattr(t3, "_ditron_alloc", None) is not None)
 
 
 def _launch_planned(ctx, launch, args):
