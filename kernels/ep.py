@@ -242,10 +242,13 @@ def _plan_call(ctx, fields, launches, outs, counts=None, protos=None):
         if entry is None:
             return None
         planned.append((name, kernel, entry, pre, post))
-    c = _Call()
     w = ctx.world
-    c.world, c.gen, c.heap = w, _world_module._GEN, w.heap
-    c.hgen, c.lo, c.hi = c.heap.generation, c.heap.base, c.heap.base + c.heap.size
+    heap = w.heap
+    if not isinstance(getattr(heap, "base", None), int) or not isinstance(getattr(heap, "size", None), int):
+        return None                              # no heap span to test arguments against: every call checked
+    c = _Call()
+    c.world, c.gen, c.heap = w, _world_module._GEN, heap
+    c.hgen, c.lo, c.hi = heap.generation, heap.base, heap.base + heap.size
     c.fields, c.launches, c.outs, c.counts, c.protos = fields, tuple(planned), outs, counts, protos
     c.ll = ctx.mode != "normal"
     return c

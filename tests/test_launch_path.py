@@ -378,6 +378,20 @@ def test_ep_warm_calls_do_only_per_call_work(monkeypatch):
         assert world.transport.launch_checks - checks == 20 * (2 + 2 + 3), "the launch check must run every launch"
         assert ll.board.calls - board_ll == 20 * 4 and nm.board.calls - board_nm == 20 * 2
         assert len(outs) == 3               # the context's output: ll's parity 0 (deep_ep_call is 1), nm's two
+        # a launch hook (a profiler's) still sees every direct launch, with its metadata
+        import triton
+        chain, seen_hooks = triton.knobs.runtime.launch_enter_hook, []
+
+        def on_launch(meta):
+            seen_hooks.append(meta.get()["name"])
+        chain.add(on_launch)
+        try:
+            ll_call()
+            normal_call()
+        finally:
+            chain.remove(on_launch)
+        assert seen_hooks == ["ep_ll_dispatch_kernel", "ep_ll_combine_kernel", "ep_route_kernel",
+                              "ep_dispatch_kernel", "ep_combine_kernel"], seen_hooks
         # validate=True still reads the ids back every call (and finds a bad one), on a planned signature
         with TorchCalls() as torch_calls:
             ll_call(validate=True)
