@@ -598,15 +598,22 @@ def is_compiled_kernel(obj) -> bool:
     return isinstance(obj, CompiledKernel)
 
 
+from triton.runtime.driver import driver as _DRIVER  # noqa: E402 -- the launch path's driver (Triton's own object)
+
+
 def launch_compiled(compiled, device, grid, args):
     """Launch the compiled kernel ``compiled`` on ``device``'s current stream, ``grid`` a 3-tuple and ``args``
     every parameter of the kernel in order (constexprs included, as ``JITFunction.run`` passes them): Triton's own
     last step of a launch, without its argument binding, specialisation and cache lookup.  The caller guarantees
     that ``compiled`` is the binary those arguments select (same specialisation)."""
-    from triton.runtime.driver import driver
     rt = triton.knobs.runtime
     enter, leave = rt.launch_enter_hook, rt.launch_exit_hook
-    stream = driver.active.get_current_stream(device)
-    meta = compiled.launch_metadata(grid, stream, *args) if enter is not None else None
+    stream = _DRIVER.active.get_current_stream(device)
+    if not (getattr(enter, "calls", True) or getattr(leave, "calls", True)):
+        # Triton >= 3.5's hooks are chains, always set: with no hook in either, the launcher is told there is none
+        # (what it would call does nothing) and no launch metadata is made for it (a LazyDict per launch)
+        enter = leave = meta = None
+    else:
+        meta = compiled.launch_metadata(grid, stream, *args) if enter is not None else None
     compiled.run(grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, meta, enter, leave,
                  *args)

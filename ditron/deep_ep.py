@@ -374,7 +374,10 @@ class Buffer:
             if not isinstance(s, torch.Tensor) or s.dtype != torch.int32 or tuple(s.shape) != (ctx.local_experts,):
                 raise _err(f"{what}: cumulative_local_expert_recv_stats must be an int32 [{ctx.local_experts}] "
                            "tensor")
-        recv_x, recv_count, h = ep._dispatch(x, topk_idx, st["ones"][:T], ctx, validate=False, use_fp8=use_fp8,
+        ones = st.get(("ones", T))
+        if ones is None:                  # the unit weights of T tokens: one view, made once (not a view per call)
+            ones = st[("ones", T)] = st["ones"][:T]
+        recv_x, recv_count, h = ep._dispatch(x, topk_idx, ones, ctx, validate=False, use_fp8=use_fp8,
                                              round_scale=round_scale, counts=counts)
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats.add_(recv_count)

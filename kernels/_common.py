@@ -291,9 +291,7 @@ class CollectiveContext:
             fast = self.__dict__["_fast_launches"] = {}
         hit = fast.get(key)
         if hit is not None and hit[0] == _world_module._GEN:
-            device = _driver.active.get_current_device()
-            self.world.transport.before_launch(kernel, args, device)
-            _compat.launch_compiled(hit[1], device, hit[2], args + hit[3])
+            self.launch_direct(hit, kernel, args)
             return
         compiled = kernel[grid](*args, **consts)
         names = getattr(kernel, "arg_names", None)
@@ -305,6 +303,21 @@ class CollectiveContext:
         if len(fast) >= 256:
             fast.clear()
         fast[key] = (_world_module._GEN, compiled, tuple(grid) + (1,) * (3 - len(grid)), tuple(consts[n] for n in rest))
+
+    def launch_entry(self, key):
+        """The direct launch :meth:`launch` keeps for ``key`` once a launch through Triton's path made it: ``(world
+        generation, compiled kernel, 3-D grid, the constexprs' values)``, or None (no launch yet, or none direct:
+        the simulator, a parameter left to its default).  An op that plans its whole call (kernels/ep.py) keeps the
+        entry and launches it with :meth:`launch_direct` while the generation is the world's
+        (``ditron.runtime.world._GEN``)."""
+        return self.__dict__.get("_fast_launches", {}).get(key)
+
+    def launch_direct(self, entry, kernel, args):
+        """Launch an entry of :meth:`launch_entry` with ``args`` (the kernel's non-constexpr arguments): the
+        transport's launch check (device, expired bounded waits), then the compiled kernel."""
+        device = _driver.active.get_current_device()
+        self.world.transport.before_launch(kernel, args, device)
+        _compat.launch_compiled(entry[1], device, entry[2], args + entry[3])
 
     def side_stream(self):
         """This context's second CUDA stream (created at first use), for work

@@ -140,7 +140,17 @@ per combine.  The routing,
 the handle's tensors and the outputs live in the context, one set per call
 parity: ``recv_x``, ``recv_counts`` and the handle stay valid until the
 second next ``ep_dispatch``, the combined output (without ``out=``) until
-the second next ``ep_combine``.  ``ctx.launches`` counts the launches;
+the second next ``ep_combine`` (one tensor per call parity, the same object
+every time, as ``recv_x``).  The checks run in full at the first call of an
+argument signature (shapes, strides, dtypes, devices, 16-byte alignment,
+options); the call is then planned (``ctx.calls_planned``, :class:`_Call`)
+and the next calls of that signature do only the per-call work: the
+context's world and heap are still the plan's, no argument lies in the
+symmetric heap (else the full checks), the cross-rank call check,
+``validate``'s read, the call parity, the launches (the compiled kernels,
+directly, after the transport's launch check) and the handle -- no torch op
+but metadata reads (tests/test_launch_path.py).  Setting any attribute of the
+context drops the plans.  ``ctx.launches`` counts the launches;
 ``ctx.trace = True`` compiles the kernels with ``TRACE`` (each program
 writes ``clock_ns`` at the end of each phase into ``ctx.trace_buf``; see
 ``ditron bench ep --trace``).
@@ -158,6 +168,7 @@ import types
 import torch
 
 import ditron
+from ditron.runtime import world as _world_module
 
 from ._common import CollectiveContext, enter, op_fields, sm_count
 from ._common import cdiv, next_pow2
@@ -207,6 +218,60 @@ def _launch(ctx, name, key, kernel, grid, *args, **kwargs):
             ctx.launch(key, kernel, grid, args, kwargs)
     else:
         ctx.launch(key, kernel, grid, args, kwargs)
+    return key
+
+
+class _Call:
+    """A planned EP call (a dispatch or a combine) of one argument signature (``EpContext.calls_planned``): made
+    after a call of that signature passed every check and launched through Triton's path, it holds what the
+    checks found and what the launches take.  The next call with the same signature (shapes, strides, dtypes,
+    devices, 16-byte alignment of the caller's tensors, options) does only what depends on more than the
+    signature: the context is alive (world and heap generations), no argument lies in the symmetric heap or is
+    a symmetric tensor (else the full checks run), the cross-rank call check, ``validate``'s read, the call
+    parity, the launches (the transport's launch check included) and the handle."""
+
+    __slots__ = ("world", "gen", "heap", "hgen", "lo", "hi", "fields", "launches", "outs", "counts", "protos", "ll")
+
+
+def _plan_call(ctx, fields, launches, outs, counts=None, protos=None):
+    """A :class:`_Call` of ``launches`` (``(name, kernel, key, per-parity argument tuples, tail)``), or None where a
+    launch has no direct entry (the simulator)."""
+    planned = []
+    for name, kernel, key, pre, post in launches:
+        entry = ctx.launch_entry(key)
+        if entry is None:
+            return None
+        planned.append((name, kernel, entry, pre, post))
+    w = ctx.world
+    heap = w.heap
+    if not isinstance(getattr(heap, "base", None), int) or not isinstance(getattr(heap, "size", None), int):
+        return None                              # no heap span to test arguments against: every call checked
+    c = _Call()
+    c.world, c.gen, c.heap = w, _world_module._GEN, heap
+    c.hgen, c.lo, c.hi = heap.generation, heap.base, heap.base + heap.size
+    c.fields, c.launches, c.outs, c.counts, c.protos = fields, tuple(planned), outs, counts, protos
+    c.ll = ctx.mode != "normal"
+    return c
+
+
+def _live(c, p1, t1, p2, t2, p3=0, t3=None):
+    """Whether the planned call ``c`` may take its fast path: the world and its heap are the plan's (nothing was
+    freed since) and no argument (pointer ``p*`` of tensor ``t*``) starts in the heap or is a symmetric tensor
+    (those get :func:`enter`'s full checks)."""
+    if c.gen != _world_module._GEN or _world_module._WORLD is not c.world or c.heap.generation != c.hgen or \
+            LAUNCH_HOOKS:
+        return False
+    lo, hi = c.lo, c.hi
+    return not (lo <= p1 < hi or lo <= p2 < hi or lo <= p3 < hi or getattr(t1, "_ditron_alloc", None) is not None
+                or getattr(t2, "_ditron_alloc", None) is not None or getattr(t3, "_ditron_alloc", None) is not None)
+
+
+def _launch_planned(ctx, launch, args):
+    """One planned launch (an item of ``_Call.launches``) with ``args``, counted like :func:`_launch`."""
+    name, kernel, entry = launch[:3]
+    launches = ctx.launches
+    launches[name] = launches.get(name, 0) + 1
+    ctx.launch_direct(entry, kernel, args)
 
 
 def ep_tiles(mode, world_size, num_experts, hidden, dtype, *, sim=False, sms=132, nnodes=1, max_programs=None):
@@ -333,9 +398,13 @@ class EpContext(CollectiveContext):
     op = "ep"
 
     def __setattr__(self, name, value):
-        plans = self.__dict__.get("plans")
-        if plans and name in self.__dict__.get("tile_attrs", ()):
+        d = self.__dict__
+        plans = d.get("plans")
+        if plans and name in d.get("tile_attrs", ()):
             plans.clear()                       # a tuning attribute changed: the launches' constants follow it
+        planned = d.get("calls_planned")
+        if planned and name not in ("dcalls_host", "ccalls_host"):
+            planned.clear()                     # any attribute (a buffer, trace, a size): the calls are planned again
         object.__setattr__(self, name, value)
 
     def __init__(self, max_tokens, hidden, num_experts, topk, dtype, world=None, mode="normal", capacity=None,
@@ -392,6 +461,8 @@ class EpContext(CollectiveContext):
         # (kernel, call sizes, options) -> its constexprs and warps, computed once (_plan); emptied when a tile
         # attribute (ep_tiles: e.g. ll_strided) is set on the context
         self.plans = {}
+        # a call's argument signature -> its _Call (checked, launches direct): the eager path's fast path
+        self.calls_planned = {}
         self.launches = {}
         self.trace = False
         self.route_hist = torch.zeros(self.route_programs * (self.route_ep + 1), dtype=torch.int32, device=dev)
@@ -519,12 +590,50 @@ def _fp8_out(ctx, b):
 
 def _dispatch(x, topk_idx, topk_weights, ctx, validate=True, use_fp8=False, round_scale=False, counts=None):
     """:func:`ep_dispatch`; ``counts``: another ``[E_local]`` tensor for ``recv_counts`` (low latency; DeepEP's
-    int32 counts)."""
+    int32 counts).  A call whose signature was planned (:class:`_Call`) takes the fast path."""
+    try:
+        px, pi, pw = x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr()
+        key = (x.shape, x.stride(), x.dtype, x.device, px % 16 == 0, topk_idx.shape, topk_idx.stride(),
+               topk_idx.dtype, topk_idx.device, pi % 16 == 0, topk_weights.shape, topk_weights.stride(),
+               topk_weights.dtype, topk_weights.device, use_fp8, round_scale, ctx.trace,
+               None if counts is None else (counts.shape, counts.stride(), counts.dtype, counts.device,
+                                            counts.data_ptr() % 16 == 0))
+        c = ctx.calls_planned.get(key)
+    except (AttributeError, TypeError, RuntimeError):   # not tensors, not an EP context: the checks say what
+        c = key = None
+    if c is None or not _live(c, px, x, pi, topk_idx, pw, topk_weights):
+        return _dispatch_checked(x, topk_idx, topk_weights, ctx, validate, use_fp8, round_scale, counts, key)
+    ctx.board.check("ep_dispatch", c.fields)
+    if validate:
+        _validate_ids(ctx, topk_idx, ctx.topk)
+    d = ctx.__dict__                              # (the host counters are no tile attribute: no __setattr__)
+    n = d["dcalls_host"]
+    d["dcalls_host"] = n + 1
+    p = n % 2
+    h = EpHandle.__new__(EpHandle)
+    h.__dict__.update(c.protos[p])
+    h.weights = topk_weights
+    launch = c.launches[0]
+    if c.ll:
+        rc = c.counts[p] if counts is None else counts
+        _launch_planned(ctx, launch, (x, topk_idx) + launch[3][p] + (rc,) + launch[4])
+        return c.outs[p], rc, h
+    _launch_planned(ctx, launch, (topk_idx,) + launch[3][p] + launch[4])
+    launch = c.launches[1]
+    _launch_planned(ctx, launch, (x,) + launch[3][p] + launch[4])
+    return c.outs[p], c.counts[p], h
+
+
+def _dispatch_checked(x, topk_idx, topk_weights, ctx, validate, use_fp8, round_scale, counts, key):
+    """:func:`_dispatch` through every check; plans the call's signature ``key`` (None: none to plan) when it
+    passed them with contiguous arguments."""
     _check_fp8(ctx, use_fp8, round_scale)
     T, k = _check_inputs(ctx, x, topk_idx, topk_weights)
     # the cross-rank check of every zoo op (token counts may differ across ranks: rows are not compared)
-    enter(ctx, EpContext, "ep_dispatch", lambda: op_fields(x, rows=False) + [("topk", k), ("mode", ctx.mode)],
-          x=x, topk_idx=topk_idx, topk_weights=topk_weights)
+    enter(ctx, EpContext, "ep_dispatch", lambda: _dispatch_fields(x, k, ctx), x=x, topk_idx=topk_idx,
+          topk_weights=topk_weights)
+    if key is not None and not (x.is_contiguous() and topk_idx.is_contiguous() and topk_weights.is_contiguous()):
+        key = None                                # copies are made below: their alignment is not the key's
     if not x.is_contiguous():
         x = x.contiguous()
     if not topk_idx.is_contiguous():
@@ -552,27 +661,71 @@ def _dispatch(x, topk_idx, topk_weights, ctx, validate=True, use_fp8=False, roun
             out, scale = recv_x, rc           # scale: unused without FP8
         const, warps = _plan(ctx, "ep_ll_dispatch_kernel", TK, k, x.element_size(), use_fp8, round_scale,
                              bool(ctx.trace))
-        _launch(ctx, "dispatch", (TK, k, _al(x), _al(topk_idx), topk_idx.dtype, use_fp8, round_scale,
-                                  recv_counts.dtype), ep_ll_dispatch_kernel, (P,),
-                x, topk_idx, b["key"], b["pslot"], b["dropped"], out, scale, rc, recv_counts, ctx.lrecv, ctx.lcnt,
-                ctx.lstage, ctx.calls, tr, TK, k, H, ctx.hw, El, cap, lper, **const, num_warps=warps)
+        post = (ctx.lrecv, ctx.lcnt, ctx.lstage, ctx.calls, tr, TK, k, H, ctx.hw, El, cap, lper)
+        lkey = _launch(ctx, "dispatch", (TK, k, _al(x), _al(topk_idx), topk_idx.dtype, use_fp8, round_scale,
+                                         recv_counts.dtype), ep_ll_dispatch_kernel, (P,),
+                       x, topk_idx, b["key"], b["pslot"], b["dropped"], out, scale, rc, recv_counts, *post, **const,
+                       num_warps=warps)
         if use_fp8:
             recv_x = (b["recv_x8"], b["recv_scale_t"])
+        if key is not None:
+            pre, outs = [], []
+            for s in ctx.slots:
+                if use_fp8:
+                    _fp8_out(ctx, s)
+                pre.append((s["key"], s["pslot"], s["dropped"]) + ((s["recv_x8_words"], s["recv_scale"]) if use_fp8
+                                                                   else (s["recv_x"], s["rc"])) + (s["rc"],))
+                outs.append((s["recv_x8"], s["recv_scale_t"]) if use_fp8 else s["recv_x"])
+            _remember(ctx, key, _plan_call(
+                ctx, _dispatch_fields(x, k, ctx), [("dispatch", ep_ll_dispatch_kernel, lkey, pre, post)], outs,
+                [s["recv_counts"] for s in ctx.slots],
+                [dict(mode="low_latency", T=T, k=k, dropped=s["dropped"], peid=s["key"], pslot=s["pslot"],
+                      lrc=s["rc"]) for s in ctx.slots]))
         return recv_x, recv_counts, EpHandle("low_latency", T, k, topk_weights, b["dropped"], peid=b["key"],
                                              pslot=b["pslot"], lrc=rc)
     _, per, rp = route_blocks(ctx, TK)
     tr, _ = _trace_args(ctx, 0)
     const, warps = _plan(ctx, "ep_route_kernel", TK, k, x.element_size(), trace=bool(ctx.trace))
-    _launch(ctx, "route", (TK, k, _al(topk_idx), topk_idx.dtype), ep_route_kernel, (rp,), topk_idx, b["key"], b["pos"],
-            b["pslot"], b["tok"], b["skey"], b["sslot"], b["cnt"], b["start"], b["dropped"], ctx.route_hist,
-            ctx.route_slots, ctx.rcalls, tr, TK, k, E, cap, per, **const, num_warps=warps)
+    rpost = (ctx.route_hist, ctx.route_slots, ctx.rcalls, tr, TK, k, E, cap, per)
+    rkey = _launch(ctx, "route", (TK, k, _al(topk_idx), topk_idx.dtype), ep_route_kernel, (rp,), topk_idx,
+                   *_route_pre(b), *rpost, **const, num_warps=warps)
     tr, _ = _trace_args(ctx, 1)
     recv_x, recv_counts, rc = b["recv_x"], b["recv_counts"], b["rc"]
     const, warps = _plan(ctx, "ep_dispatch_kernel", TK, k, x.element_size(), trace=bool(ctx.trace))
-    _launch(ctx, "dispatch", (TK, _al(x)), ep_dispatch_kernel, (ctx.max_programs,),
-            x, b["tok"], b["cnt"], recv_x, rc, recv_counts, ctx.buf, ctx.cnt, ctx.stage, ctx.cstage, ctx.sig,
-            ctx.calls, tr, TK, H, ctx.slot_rows, El, **const, num_warps=warps)
+    dpost = (ctx.buf, ctx.cnt, ctx.stage, ctx.cstage, ctx.sig, ctx.calls, tr, TK, H, ctx.slot_rows, El)
+    dkey = _launch(ctx, "dispatch", (TK, _al(x)), ep_dispatch_kernel, (ctx.max_programs,),
+                   x, *_dispatch_pre(b), *dpost, **const, num_warps=warps)
+    if key is not None:
+        _remember(ctx, key, _plan_call(
+            ctx, _dispatch_fields(x, k, ctx), [("route", ep_route_kernel, rkey, [_route_pre(s) for s in ctx.slots],
+                                                rpost),
+                                               ("dispatch", ep_dispatch_kernel, dkey,
+                                                [_dispatch_pre(s) for s in ctx.slots], dpost)],
+            [s["recv_x"] for s in ctx.slots], [s["recv_counts"] for s in ctx.slots],
+            [dict(mode="normal", T=T, k=k, dropped=s["dropped"], pos=s["pos"], rc=s["rc"]) for s in ctx.slots]))
     return recv_x, recv_counts, EpHandle("normal", T, k, topk_weights, b["dropped"], pos=b["pos"], rc=rc)
+
+
+def _route_pre(b):
+    return b["key"], b["pos"], b["pslot"], b["tok"], b["skey"], b["sslot"], b["cnt"], b["start"], b["dropped"]
+
+
+def _dispatch_pre(b):
+    return b["tok"], b["cnt"], b["recv_x"], b["rc"], b["recv_counts"]
+
+
+def _dispatch_fields(x, k, ctx):
+    """The cross-rank check's fields of a dispatch (:func:`enter`)."""
+    return op_fields(x, rows=False) + [("topk", k), ("mode", ctx.mode)]
+
+
+def _remember(ctx, key, call):
+    """Keep the planned call ``call`` (None: nothing to keep) under its signature ``key``."""
+    if call is not None:
+        plans = ctx.calls_planned
+        if len(plans) >= 256:                    # a caller sweeping shapes: the memory stays bounded
+            plans.clear()
+        plans[key] = call
 
 
 def ep_combine(y, handle, ctx, out=None, topk_weights=None):
@@ -587,7 +740,37 @@ def ep_combine(y, handle, ctx, out=None, topk_weights=None):
 
 def _combine(y, handle, ctx, out=None, topk_weights=None, rows=None):
     """:func:`ep_combine`; ``rows`` (normal mode): ``y`` may be any ``[n, H]`` with ``n >= rows``, the rows
-    received (known to the caller)."""
+    received (known to the caller).  A call whose signature was planned (:class:`_Call`) takes the fast path."""
+    try:
+        w = handle.weights if topk_weights is None else topk_weights
+        py, pw = y.data_ptr(), w.data_ptr()
+        po = 0 if out is None else out.data_ptr()
+        key = (type(handle), handle.mode, handle.T, handle.k, y.shape, y.stride(), y.dtype, y.device, py % 16 == 0,
+               w.dtype, pw % 16 == 0, None if topk_weights is None else (w.shape, w.stride(), w.device),
+               None if out is None else (out.shape, out.stride(), out.dtype, out.device, po % 16 == 0), rows,
+               ctx.trace)
+        c = ctx.calls_planned.get(key)
+    except (AttributeError, TypeError, RuntimeError):   # not tensors, not a handle or an EP context: the checks say
+        c = key = None
+    if c is None or not _live(c, py, y, po, out):
+        return _combine_checked(y, handle, ctx, out, topk_weights, rows, key)
+    ctx.board.check("ep_combine", c.fields)
+    d = ctx.__dict__
+    n = d["ccalls_host"]
+    if out is None:
+        out = c.outs[n % 2]
+    d["ccalls_host"] = n + 1
+    launch = c.launches[0]
+    if c.ll:
+        _launch_planned(ctx, launch, (y, out, handle.peid, handle.pslot, w, handle.lrc) + launch[4])
+    else:
+        _launch_planned(ctx, launch, (y, out, handle.pos, w, handle.rc) + launch[4])
+    return out
+
+
+def _combine_checked(y, handle, ctx, out, topk_weights, rows, key):
+    """:func:`_combine` through every check; plans the call's signature ``key`` (None: none to plan) when it
+    passed them."""
     E = ditron.DitronError
     if not isinstance(handle, EpHandle) or handle.mode != ctx.mode:
         raise E(f"ep_combine: handle must come from ep_dispatch on this {ctx.mode} context")
@@ -610,13 +793,16 @@ def _combine(y, handle, ctx, out=None, topk_weights=None, rows=None):
             raise E(f"ep_combine: topk_weights is {topk_weights.dtype}; use float32 or y's dtype {y.dtype}")
         if topk_weights.device != y.device:
             raise E(f"ep_combine: topk_weights is on {topk_weights.device}, y on {y.device}")
+        if not topk_weights.is_contiguous():
+            key = None                          # a copy is made: its alignment is not the key's
         weights = topk_weights.contiguous()
     ctx.check_tensor(y.reshape(-1)[:0], "y")
     if not y.is_contiguous():
         raise E("ep_combine: argument 'y' must be contiguous")
-    enter(ctx, EpContext, "ep_combine", lambda: op_fields(y, rows=False, name="y") + [("mode", ctx.mode)], y=y, out=out)
+    enter(ctx, EpContext, "ep_combine", lambda: _combine_fields(y, ctx), y=y, out=out)
     T, k = handle.T, handle.k
-    if out is None:
+    own = out is None
+    if own:
         out = ctx.slots[ctx.ccalls_host % 2]["out"][:T]
     elif not isinstance(out, torch.Tensor) or tuple(out.shape) != (T, H) or out.dtype != y.dtype or \
             not out.is_contiguous():
@@ -625,16 +811,27 @@ def _combine(y, handle, ctx, out=None, topk_weights=None, rows=None):
     tr, _ = _trace_args(ctx, 2)
     if ctx.mode == "normal":
         const, warps = _plan(ctx, "ep_combine_kernel", 0, k, y.element_size(), trace=bool(ctx.trace))
-        _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(weights), weights.dtype), ep_combine_kernel, (ctx.max_programs,),
-                y, out, handle.pos, weights, handle.rc, ctx.cbuf, ctx.ystage, ctx.csig, ctx.ccalls, tr, T,
-                ctx.slot_rows, H, ctx.slot_rows, El, **const, num_warps=warps)
+        kernel = ep_combine_kernel
+        post = (ctx.cbuf, ctx.ystage, ctx.csig, ctx.ccalls, tr, T, ctx.slot_rows, H, ctx.slot_rows, El)
+        lkey = _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(weights), weights.dtype), kernel,
+                       (ctx.max_programs,), y, out, handle.pos, weights, handle.rc, *post, **const, num_warps=warps)
     else:
         const, warps = _plan(ctx, "ep_ll_combine_kernel", 0, k, y.element_size(), trace=bool(ctx.trace))
-        _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(weights), weights.dtype), ep_ll_combine_kernel,
-                (ctx.max_programs,),
-                y, out, handle.peid, handle.pslot, weights, handle.lrc, ctx.lcomb, ctx.lstage, ctx.ccalls, tr,
-                T, T * k, H, ctx.hw, El, ctx.capacity, **const, num_warps=warps)
+        kernel = ep_ll_combine_kernel
+        post = (ctx.lcomb, ctx.lstage, ctx.ccalls, tr, T, T * k, H, ctx.hw, El, ctx.capacity)
+        lkey = _launch(ctx, "combine", (T, k, _al(y), _al(out), _al(weights), weights.dtype), kernel,
+                       (ctx.max_programs,), y, out, handle.peid, handle.pslot, weights, handle.lrc, *post, **const,
+                       num_warps=warps)
+    if key is not None:
+        # the context's output of each parity: one view each, made once (as recv_x, the same tensor every call)
+        outs = [s["out"][:T] for s in ctx.slots] if own else None
+        _remember(ctx, key, _plan_call(ctx, _combine_fields(y, ctx), [("combine", kernel, lkey, None, post)], outs))
     return out
+
+
+def _combine_fields(y, ctx):
+    """The cross-rank check's fields of a combine (:func:`enter`)."""
+    return op_fields(y, rows=False, name="y") + [("mode", ctx.mode)]
 
 
 def check_dropped(handle):

@@ -50,7 +50,12 @@ class StubDriver(GPUDriver):
                 pass
 
             def __call__(self, *args):
+                # (grid x, y, z, stream, function, packed metadata, launch metadata, enter hook, exit hook, args):
+                # the hooks are called as Triton's launcher calls them
                 drv.launches += 1
+                for hook in args[7:9]:
+                    if hook is not None:
+                        hook(args[6])
 
         self.launcher_cls = _Launcher
         self.get_current_device = lambda: 0

@@ -213,12 +213,19 @@ def test_zoo_ops_direct_launch_is_the_launch_triton_makes(monkeypatch):
     with stub_driver() as drv, stub_world(1 << 24):
         real = drv.launcher_cls
 
+        def hook(h):
+            # an empty hook chain (Triton >= 3.5 always passes one) calls nothing: the direct launch passes None
+            return None if h is None or not getattr(h, "calls", True) else h
+
         class Recording(real):
             def __call__(self, *args):
-                # (grid, stream, function, packed metadata, <launch metadata: a new object per launch>, hooks, args)
-                seen.append(args[:6] + (type(args[6]).__name__,) + tuple(
+                # (grid, stream, function, packed metadata, <launch metadata: a new object per launch, made only
+                # for a hook>, enter hook, exit hook, args)
+                enter_h, exit_h = hook(args[7]), hook(args[8])
+                meta = type(args[6]).__name__ if enter_h is not None or exit_h is not None else "no hook"
+                seen.append(args[:6] + (meta, enter_h, exit_h) + tuple(
                     (a.data_ptr(), a.dtype, tuple(a.shape), a.stride()) if isinstance(a, torch.Tensor) else a
-                    for a in args[7:]))
+                    for a in args[9:]))
                 return super().__call__(*args)
         drv.launcher_cls = Recording
         bf = torch.bfloat16
@@ -272,6 +279,152 @@ def test_zoo_ops_direct_launch_is_the_launch_triton_makes(monkeypatch):
             K.ep_combine(recv, handle, ectx)
         assert not n_const, f"{len(n_const)} constexpr computations in 20 warm EP calls"
         ectx.ll_strided = True
-        assert not ectx.plans
+        assert not ectx.plans and not ectx.calls_planned
         recv, _, handle = K.ep_dispatch(x, idx, w, ectx, validate=False)
         assert n_const and seen[-1] != seen[n0], "the strided dispatch launched the contiguous one's constants"
+
+
+class TorchCalls(torch.overrides.TorchFunctionMode):
+    """Counts the torch functions and tensor methods called from Python inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        self.n[name] = self.n.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+#: what a warm EP call may ask torch: metadata reads (``__get__``: shape, dtype, device), pointers, strides
+EP_WARM_TORCH = {"__get__", "data_ptr", "stride"}
+
+
+def test_ep_warm_calls_do_only_per_call_work(monkeypatch):
+    """EP's eager path (issue 51; kernels/ep.py ``_Call``): a call whose argument signature was seen before runs
+    none of the checks again (``_dispatch_checked`` / ``_combine_checked``, ``enter``, the keyed launch lookup),
+    makes no launch metadata without a launch hook, and asks torch nothing but metadata (no view, no copy, no
+    allocation, no host read) -- in low-latency mode with the DeepEP layer's arguments (counts, out,
+    topk_weights) and in normal mode.  What depends on more than the signature still runs every call (the
+    transport's launch check, the cross-rank call count, ``validate``'s read), and every mistake is still caught
+    before launch: an argument in the symmetric heap (aliasing the context's buffers, or freed), another world, a
+    wrong shape, a handle of the other mode."""
+    import triton.compiler.compiler as tcc
+    import ditron.kernels as K
+    import ditron.kernels.ep as ep_mod
+    from ditron.kernels import _common
+
+    work = {}
+
+    def counted(owner, name):
+        fn = getattr(owner, name)
+
+        def wrapper(*a, **k):
+            work[name] = work.get(name, 0) + 1
+            return fn(*a, **k)
+        monkeypatch.setattr(owner, name, wrapper)
+
+    for owner, name in ((ep_mod, "_dispatch_checked"), (ep_mod, "_combine_checked"), (ep_mod, "enter"),
+                        (ep_mod, "_check_inputs"), (_common.CollectiveContext, "launch"),
+                        (tcc.CompiledKernel, "launch_metadata")):
+        counted(owner, name)
+    bf = torch.bfloat16
+    T, H, E, k = 8, 64, 4, 2
+    x = torch.randn(T, H, dtype=bf)
+    idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(torch.int32)
+    w = torch.rand(T, k)
+    with stub_driver() as drv, stub_world(1 << 24) as world:
+        ll = K.create_ep_context(T, H, E, k, bf, mode="low_latency")
+        nm = K.create_ep_context(T, H, E, k, bf)
+        counts = [torch.empty(E, dtype=torch.int32) for _ in range(2)]
+        out = torch.empty(T, H, dtype=bf)
+        w2 = torch.rand(T, k)
+
+        def ll_call(validate=False):
+            recv, rc, h = K.ep_dispatch(x, idx, w, ll, validate=validate)
+            return recv, rc, h, K.ep_combine(recv, h, ll)
+
+        def deep_ep_call(i):          # ditron/deep_ep.py's low-latency arguments
+            recv, rc, h = ep_mod._dispatch(x, idx, w, ll, validate=False, counts=counts[i % 2])
+            assert rc is counts[i % 2]
+            return ep_mod._combine(recv, h, ll, out=out, topk_weights=w2)
+
+        def normal_call():
+            recv, rc, h = K.ep_dispatch(x, idx, w, nm, validate=False)
+            return K.ep_combine(recv, h, nm)
+
+        for i in range(3):            # both call parities through the checks (compiles), then planned
+            ll_call()
+            deep_ep_call(i)
+            normal_call()
+        assert len(ll.calls_planned) == 4 and len(nm.calls_planned) == 2
+        work.clear()
+        launches, checks = drv.launches, world.transport.launch_checks
+        board_ll, board_nm = ll.board.calls, nm.board.calls
+        outs = set()
+        with TorchCalls() as torch_calls:
+            for i in range(20):
+                p = ll.dcalls_host % 2
+                recv, rc, h, o = ll_call()
+                assert recv is ll.slots[p]["recv_x"] and rc is ll.slots[p]["recv_counts"]
+                assert h.weights is w and h.T == T and h.k == k and h.pslot is ll.slots[p]["pslot"]
+                outs.add(id(o))
+                assert deep_ep_call(i) is out
+                outs.add(id(normal_call()))
+        assert work == {}, f"checks / lookups ran again on 20 warm calls of each kind: {work}"
+        assert set(torch_calls.n) <= EP_WARM_TORCH, f"torch work on the warm EP path: {torch_calls.n}"
+        assert drv.launches - launches == 20 * (2 + 2 + 3)
+        assert world.transport.launch_checks - checks == 20 * (2 + 2 + 3), "the launch check must run every launch"
+        assert ll.board.calls - board_ll == 20 * 4 and nm.board.calls - board_nm == 20 * 2
+        assert len(outs) == 3               # the context's output: ll's parity 0 (deep_ep_call is 1), nm's two
+        # a launch hook (a profiler's) still sees every direct launch, with its metadata
+        import triton
+        chain, seen_hooks = triton.knobs.runtime.launch_enter_hook, []
+
+        def on_launch(meta):
+            seen_hooks.append(meta.get()["name"])
+        chain.add(on_launch)
+        try:
+            ll_call()
+            normal_call()
+        finally:
+            chain.remove(on_launch)
+        assert seen_hooks == ["ep_ll_dispatch_kernel", "ep_ll_combine_kernel", "ep_route_kernel",
+                              "ep_dispatch_kernel", "ep_combine_kernel"], seen_hooks
+        # validate=True still reads the ids back every call (and finds a bad one), on a planned signature
+        with TorchCalls() as torch_calls:
+            ll_call(validate=True)
+        assert torch_calls.n.get("any") == 1
+        bad = idx.clone()
+        bad[3, 1] = E
+        with pytest.raises(ditron.DitronError, match=r"topk_idx\[3, 1\] = 4 is not an expert id"):
+            K.ep_dispatch(x, bad, w, ll)
+        # the mistakes of a planned signature are still caught before launch
+        launches = drv.launches
+        alias = ll.lrecv.view(torch.bfloat16).reshape(-1)[:T * H].view(T, H)   # x's signature, in ll's buffers
+        with pytest.raises(ditron.DitronError, match="overlaps this context's own buffers"):
+            K.ep_dispatch(alias, idx, w, ll, validate=False)
+        with ditron.heap_scope():
+            xs = ditron.symm_zeros((T, H), bf, name="xs")
+            work.clear()
+            for _ in range(3):
+                recv, _, h = K.ep_dispatch(xs, idx, w, ll, validate=False)
+                K.ep_combine(recv, h, ll)
+            assert work.get("_dispatch_checked") == 3, "a symmetric argument must get the full checks"
+        with pytest.raises(ditron.DitronError, match="was freed"):
+            K.ep_dispatch(xs, idx, w, ll, validate=False)
+        with pytest.raises(ditron.DitronError, match="x must be"):
+            K.ep_dispatch(x[:, :32], idx, w, ll, validate=False)
+        recv, _, h = K.ep_dispatch(x, idx, w, ll, validate=False)
+        with pytest.raises(ditron.DitronError, match="y must have recv_x's shape"):
+            K.ep_combine(recv[:, :4], h, ll)
+        _, _, hn = K.ep_dispatch(x, idx, w, nm, validate=False)
+        with pytest.raises(ditron.DitronError, match="handle must come from ep_dispatch"):
+            K.ep_combine(recv, hn, ll)
+        K.ep_combine(recv, h, ll)
+        with stub_world():
+            with pytest.raises(ditron.DitronError, match="another ditron world"):
+                ll_call()
+        launches = drv.launches - launches
+        assert launches == 2 * 3 + 1 + 2 + 1, launches     # the calls that raised launched nothing
