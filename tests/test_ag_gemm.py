@@ -8,6 +8,7 @@ import pytest
 
 import bodies_ag_gemm as B
 from conftest import tma_loads, tma_stores, GPU_BACKEND
+from ditron._compat import TRITON_VERSION
 
 ON_GPU = GPU_BACKEND != "sim"
 K = 32
@@ -102,8 +103,15 @@ def consumer_signature(ab="*bf16", c="*bf16"):
     return sig
 
 
-@pytest.mark.parametrize("ce,tma,fp8", [(True, True, False), (False, True, False), (True, False, False),
-                                        (False, False, False), (True, True, True), (False, False, True)])
+#: every combination under Triton 3.6 (the GPU machines' Triton, which CI runs too); under a newer Triton a cover in
+#: which each of ce, tma and fp8 takes both values (CI's time: ~2 s a compile on its 2 cores)
+_CONSUMER_CASES = [(True, True, False), (False, True, False), (True, False, False), (False, False, False),
+                   (True, True, True), (False, False, True)]
+if TRITON_VERSION[:2] != (3, 6):
+    _CONSUMER_CASES = [(True, True, False), (False, False, True)]
+
+
+@pytest.mark.parametrize("ce,tma,fp8", _CONSUMER_CASES)
 def test_ag_gemm_consumer_compiles_for_sm90a(ce, tma, fp8):
     """The GPU consumer compiles without a GPU: wgmma; with TMA, descriptor
     loads, the local tiles' loop flattened, and a TMA-store epilogue.  fp8

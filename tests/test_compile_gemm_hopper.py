@@ -28,13 +28,22 @@ CONFIGS = [
 ]
 
 SMEM_LIMIT = 232448          # sm_90: 227 KiB per block
+#: each sweep below compiles every case under Triton 3.6 (the GPU machines' Triton, which CI runs too) and its first
+#: case, the default config, under a newer one (CI's time: a compile with ptxas -v is 2-10 s on its 2 cores; the
+#: structure checked does not depend on the Triton version beyond what one config shows), as
+#: tests/test_compile_attention_hopper.py does
+GPU_TRITON = ditron._compat.TRITON_VERSION[:2] == (3, 6)
+
+
+def _sweep(cases):
+    return list(cases) if GPU_TRITON else list(cases)[:1]
 
 
 def _count(pattern, text):
     return len(re.findall(pattern, text))
 
 
-@pytest.mark.parametrize("cfg,wgmma", CONFIGS, ids=[c.label().replace(" ", "-") for c, _ in CONFIGS])
+@pytest.mark.parametrize("cfg,wgmma", _sweep(CONFIGS), ids=[c.label().replace(" ", "-") for c, _ in _sweep(CONFIGS)])
 def test_gluon_core_compiles_warp_specialised(cfg, wgmma):
     ck = H.compile_sm90(cfg, torch.bfloat16)
     ttgir, ptx = ck.asm["ttgir"], ck.asm["ptx"]
@@ -58,8 +67,8 @@ def test_gluon_core_compiles_warp_specialised(cfg, wgmma):
     assert cfg.smem_bytes() <= ck.metadata.shared <= SMEM_LIMIT
 
 
-@pytest.mark.parametrize("cfg", [H.DEFAULT_CONFIG, HC(128, 256, 64, stages=4, mode="coop", epilogue_split=2)],
-                         ids=["default", "epi2"])
+@pytest.mark.parametrize("cfg", _sweep([H.DEFAULT_CONFIG, HC(128, 256, 64, stages=4, mode="coop", epilogue_split=2)]),
+                         ids=["default", "epi2"][:2 if GPU_TRITON else 1])
 def test_gluon_core_compiles_fp16(cfg):
     ptx = H.compile_sm90(cfg, torch.float16).asm["ptx"]
     assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.f16\.f16", ptx) >= 2
@@ -163,9 +172,10 @@ def test_tile_order_is_swizzle_2d():
 
 
 def test_twins_compile_to_wgmma():
-    """Every twin the GPU twin test and the bench launch compiles for sm_90a (TMA loads, wgmma)."""
+    """Every twin the GPU twin test and the bench launch compiles for sm_90a (TMA loads, wgmma); the default's
+    twin under a newer Triton than 3.6."""
     sig = dict(_TL_SIG)
-    for cfg in dict.fromkeys(H.twin_config(c) for c, _ in CONFIGS):
+    for cfg in dict.fromkeys(H.twin_config(c) for c, _ in _sweep(CONFIGS)):
         ck = ditron.compile(G.gemm_kernel, target="sm_90a", signature=sig, num_warps=cfg.num_warps,
                             num_stages=cfg.num_stages,
                             constexprs=dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
@@ -209,9 +219,9 @@ FP8_CASES = [(0, torch.bfloat16, "row"), (0, torch.float32, "tensor"), (1, torch
              (2, torch.bfloat16, "tensor"), (2, torch.float32, "row")]
 
 
-@pytest.mark.parametrize("i,out,scales", FP8_CASES, ids=[
+@pytest.mark.parametrize("i,out,scales", _sweep(FP8_CASES), ids=[
     f"{FP8_CONFIGS[i][0].label().replace(' ', '-')}-{'bf16' if o == torch.bfloat16 else 'fp32'}-{sc}"
-    for i, o, sc in FP8_CASES])
+    for i, o, sc in _sweep(FP8_CASES)])
 def test_gluon_fp8_compiles_warp_specialised(i, out, scales):
     """The fp8 Gluon core: e4m3 x e4m3 wgmma on K-major A and (permuted) B tiles, TMA loads of a and b^T, the
     producer / two-consumer split, the fp32 promotion (each step's wgmma waited for, then added in fp32),
@@ -245,8 +255,8 @@ FP8_BLOCK_SERIAL = [(dataclasses.replace(FP8_CONFIGS[0][0], block_overlap=False)
                     (FP8_CONFIGS[3][0], (128, 64), torch.float32, 32)]
 
 
-@pytest.mark.parametrize("cfg,block,out,sb_loads", FP8_BLOCK_SERIAL, ids=["default-serial-128x128-bf16",
-                                                                         "pingpong-128x64-fp32"])
+@pytest.mark.parametrize("cfg,block,out,sb_loads", _sweep(FP8_BLOCK_SERIAL),
+                         ids=["default-serial-128x128-bf16", "pingpong-128x64-fp32"][:len(_sweep(FP8_BLOCK_SERIAL))])
 def test_gluon_fp8_blockwise_serial_compiles(cfg, block, out, sb_loads):
     """Blockwise scales on the fp8 Gluon core, serial consumer: e4m3 wgmma; each K step's scales loaded between
     issuing its wgmma and waiting for it (2 rows of scale_a per thread; scale_b one scalar when the tile's columns
@@ -274,7 +284,8 @@ FP8_BLOCK_OVERLAP = [(FP8_CONFIGS[0][0], torch.bfloat16), (dataclasses.replace(F
                                                            torch.float32), (FP8_CONFIGS[3][0], torch.bfloat16)]
 
 
-@pytest.mark.parametrize("cfg,out", FP8_BLOCK_OVERLAP, ids=["default-bf16", "coop-s5-fp32", "pingpong-s4-bf16"])
+@pytest.mark.parametrize("cfg,out", _sweep(FP8_BLOCK_OVERLAP),
+                         ids=["default-bf16", "coop-s5-fp32", "pingpong-s4-bf16"][:len(_sweep(FP8_BLOCK_OVERLAP))])
 def test_gluon_fp8_blockwise_overlapped_compiles(cfg, out):
     """The overlapped blockwise consumer (kernels/gemm_hopper.py ``_block_mainloop``) compiles to what it claims:
     step k + 1's wgmma is issued before step k's promotion and runs under it.  In the PTX: every

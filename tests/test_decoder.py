@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import bodies_decoder as B
+from ditron._compat import TRITON_VERSION as _TRITON_VERSION
 from ditron.errors import DitronError, DitronHangError, DitronRankError
 
 
@@ -283,7 +284,13 @@ def test_bench_megakernel_on_the_simulator(tmp_path):
     assert "| 33 | 2 | ok" in (tmp_path / "smoke-megakernel.md").read_text()
 
 
-@pytest.mark.parametrize("target", ["sm_90a", "gfx942"])
+#: gfx942 under Triton 3.6 (the GPU machines' Triton, which CI runs too); under a newer Triton sm_90a alone (CI's time:
+#: 5-12 s a compile; the megakernel's gfx942 lowering is compiled under every Triton by test_decoder_batch.py,
+#: test_decoder_prefetch.py and test_decoder_attention.py)
+GPU_TRITON = _TRITON_VERSION[:2] == (3, 6)
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "gfx942"] if GPU_TRITON else ["sm_90a"])
 @pytest.mark.parametrize("gemv_dot", [False, True])
 def test_decoder_megakernel_compiles(target, gemv_dot):
     # generated in this process (a private one-rank simulator world: the comm tasks need a world; their code

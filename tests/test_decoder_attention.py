@@ -206,12 +206,19 @@ def _levers_8b(**kw):
     return qwen3_8b(n_layers=1).with_tiles(**kw)
 
 
-@pytest.mark.parametrize("batch,levers", [
+def _sweep(cases):
+    """Lever sweeps compile every case under Triton 3.6 (the GPU machines' Triton, which CI runs too) and the first
+    under a newer Triton (CI's time: 1-3 s a compile with ptxas -v on its 2 cores)."""
+    from ditron._compat import TRITON_VERSION
+    return cases if TRITON_VERSION[:2] == (3, 6) else cases[:1]
+
+
+@pytest.mark.parametrize("batch,levers", _sweep([
     (8, dict(attn_stages=2)), (8, dict(attn_stages=3, attn_block=32, attn_tiles=396)),
     (1, dict(attn_stages=2, rope_group=True, comb_group=True)), (8, dict(attn_prefetch_v=True)),
     (8, dict(attn_prefetch_v=True, attn_stages=3, attn_block=32, attn_tiles=396)),
     (8, dict(attn_fuse_rope=True, attn_stages=3, attn_tiles=396, comb_group=True)), (1, dict(attn_fuse_rope=True)),
-])
+]))
 def test_attention_levers_registers_sm90(batch, levers):
     # the attention branches alone at Qwen3-8B's shapes (head_dim 128, G = 4, context 4096): within the batch
     # path's 168-register cap with no spills, K / V streamed by cp.async when pipelined, and shared memory within
@@ -251,9 +258,10 @@ def test_attn_prefetch_o_compiles_sm90():
     assert use["registers"] <= 168 and use["spill_stores"] <= 8, use
 
 
-@pytest.mark.parametrize("levers", [dict(attn_stages=2, attn_tiles=396, rope_group=True, comb_group=True),
-                                    dict(attn_prefetch_v=True, attn_stages=3, attn_block=32),
-                                    dict(attn_fuse_rope=True, attn_stages=3, attn_tiles=396, attn_prefetch_o=True)])
+@pytest.mark.parametrize("levers", _sweep([dict(attn_stages=2, attn_tiles=396, rope_group=True, comb_group=True),
+                                           dict(attn_prefetch_v=True, attn_stages=3, attn_block=32),
+                                           dict(attn_fuse_rope=True, attn_stages=3, attn_tiles=396,
+                                                attn_prefetch_o=True)]))
 def test_attention_levers_compile_gfx942(levers):
     # the same branches for AMD's gfx942 (MI300; no ptxas register cap there): compiled, on the matrix cores, no
     # vector-register spills and no scratch (SGPR spills go to VGPR lanes: 22 without the levers)

@@ -3,9 +3,10 @@
 temporary directory as ``save_pretrained`` writes them (sharded safetensors); the megakernel runs on simulated
 ranks (the whole step in one kernel: embedding gather, layers, final norm, vocab-parallel LM head, sampler).
 
-Token equality: greedy decoding must give exactly the tokens of ``transformers``' ``generate`` -- over 32 steps for
-each architecture once (Qwen3 at one rank, Llama at two), over 8 where that is already shown (tied embeddings, 3
-ranks).  The random models are made confident (``make_model``) and the prompts chosen so that transformers' top-1 /
+Token equality: greedy decoding must give exactly the tokens of ``transformers``' ``generate`` -- over 16 steps
+after prompts of 23 and 20 tokens for each architecture once (Qwen3 at one rank, Llama at two: the steps' attention
+spans two of the tiles' 32-position KV blocks, as 32 steps after 7- and 2-token prompts did, at half the steps), over
+8 after short prompts where that is already shown (tied embeddings, 3 ranks).  The random models are made confident (``make_model``) and the prompts chosen so that transformers' top-1 /
 top-2 gap is at least 4% of the largest logit at every step (``confident_prompts``; the smallest gap is printed in a
 failure): a near-tie between two bf16 roundings does not decide the test, a wrong layout, a missing norm, a wrong
 RoPE table or a wrong vocab shard changes the tokens at once.  Logits: the kernel's bf16 logits against
@@ -13,7 +14,7 @@ transformers' within ``0.05 * max|ref| + 0.05`` (the two round differently: bf16
 transformers, float32 in the kernel).
 
 CI time (2 cores, the suite run twice): one cluster call per world size with every case of that size in it, each
-generator compiled for its own batch; about 15 s of one rank's CPU for the one-rank test, 8 s per rank at 2 ranks, 2 s
+generator compiled for its own batch; about 10 s of one rank's CPU for the one-rank test, 5 s per rank at 2 ranks, 2 s
 per rank at 3, 1.5 s for the sampler's frequencies, and ~6 s of transformers in the test process (one thread: two
 threads on a busy 2-core runner made its tiny generate calls ~5x slower)."""
 import json
@@ -50,7 +51,10 @@ def _import_transformers():
 
 transformers = _import_transformers()
 
-STEPS = 32
+STEPS = 16
+#: the prompt lengths of the STEPS-step greedy runs: ragged, and long enough that the decode steps cross the
+#: 32-position attention block of TILES_SMALL (kernels/decoder/hf.py) for both rows
+LONG = (23, 20)
 
 
 def make_model(arch, path, tied, vocab=256, heads=4, kv=2, inter=96, seed=0, shard="60KB", **extra):
@@ -200,8 +204,9 @@ def sampled_ok(logits, tok, temperature, top_k, top_p, max_top_k=64, eps=1e-4):
 
 
 def test_one_rank_greedy_sampling_and_stops(dist_world, tmp_path):
-    """One rank, one cluster call, ragged batches.  Qwen3 (untied, q/k norm): 32 greedy steps equal transformers';
-    row 1 has a stop token (its output ends at the token's first occurrence, included; the other row goes on).
+    """One rank, one cluster call, ragged batches.  Qwen3 (untied, q/k norm): 16 greedy steps equal transformers';
+    row 1 has a stop token (its output ends at the token's first occurrence, included; the other row, which never
+    produces that token, goes on).
     Llama (tied embeddings, Llama 3 RoPE): 8 greedy steps equal transformers', row 1 limited to 5 tokens
     (per-sequence lengths).  Sampling (Qwen3, a generator with ``max_top_k=16``, 8 steps): every drawn token lies
     in the top-k / top-p set that a torch reference computes from the kernel's own logits at that step; two rows with
@@ -209,10 +214,11 @@ def test_one_rank_greedy_sampling_and_stops(dist_world, tmp_path):
     only), another seed draws others, the sampler leaves the greedy token somewhere; ``top_k=1`` at temperature 1 and
     temperature 1e-3 (the limit T -> 0: the prompts' top-2 gaps are >= 4% of the logits, ~0.1, and the Gumbel noise
     is bounded by ~20 after the clamp of ``u``, so it cannot overturn 0.1 / 1e-3) equal greedy decoding."""
-    q_path, (qa, qb), (ra, rb) = model_case(tmp_path, "qwen3", "qwen3", False)
+    q_path, (qa, qb), (ra, rb) = model_case(tmp_path, "qwen3", "qwen3", False, lengths=LONG)
     l_path, lp, lref = model_case(tmp_path, "llama_tied", "llama", True, steps=8)
     # a stop token for row 1: the first of its reference's tokens (from the 4th on) that it had not produced before
-    stop_at = next(i for i in range(3, STEPS) if rb[0][i] not in rb[0][:i])
+    # and that row 0 never produces
+    stop_at = next(i for i in range(3, STEPS) if rb[0][i] not in rb[0][:i] and rb[0][i] not in ra[0])
     stop = rb[0][stop_at]
     greedy = dict(prompts=[qa, qb], max_new_tokens=STEPS, stop_tokens=[stop])
     S = 8
@@ -287,10 +293,10 @@ def test_sampler_topk_chunks(dist_world, N, n_valid, K, block):
 
 def test_two_and_three_ranks_greedy(dist_world, tmp_path):
     """The vocab-parallel LM head and sampler across ranks, ragged batches, every rank's tokens and logits equal to
-    transformers': 2 ranks, Llama (untied, Llama 3 RoPE) over 32 greedy steps and Qwen3 with tied embeddings over 8;
+    transformers': 2 ranks, Llama (untied, Llama 3 RoPE) over 16 greedy steps (long prompts) and Qwen3 with tied embeddings over 8;
     3 ranks (6 q / 3 kv heads, the vocabulary split 86 / 86 / 84), Qwen3 over 8."""
     S = 8
-    l_path, lp, lref = model_case(tmp_path, "llama", "llama", False)
+    l_path, lp, lref = model_case(tmp_path, "llama", "llama", False, lengths=LONG)
     q_path, qp, qref = model_case(tmp_path, "qwen3_tied", "qwen3", True, steps=S)
     q3_path, q3p, q3ref = model_case(tmp_path, "qwen3_6h", "qwen3", False, steps=S, heads=6, kv=3)
     out = dist_world(2).run(BH.run_cases, [(l_path, [dict(prompts=lp, max_new_tokens=STEPS)]),

@@ -1,7 +1,9 @@
 """sm_90a compile sweep of the EP kernels (kernels/ep_kernels.py, kernels/ep_ll_kernels.py) over the tile
 configurations kernels/ep.py picks (``ep.ep_tiles`` + ``ep.launch_constexprs``) for the sizes that
 ``ditron.deep_ep`` and ditron's own EP API give them, with the integer specialisation a launch would get (``H``
-divisible by 16, or 1).  Runs under every supported Triton (3.6 and 3.9).
+divisible by 16, or 1).  Runs under every supported Triton (3.6 and 3.9).  Each compile is also checked for what
+it links: one node, global loads and stores and no NVSHMEM; two nodes, NVSHMEM calls on the inter-node paths
+(``MULTI_NODE``).
 
 Why: Triton 3.6 aborted compiling the normal-mode dispatch of ``ditron.deep_ep`` on an H100
 (``ScanOpToLLVM.cpp:265``, ``AddPartialReduceOneWarp``, bench/results/h100-2026-12-07-fp8): with one local
@@ -151,7 +153,7 @@ def _params(two_nodes):
     return [pytest.param(key, case, id=f"{key[0]}-{i}") for i, (key, case) in enumerate(chosen)]
 
 
-def _compile(key, case):
+def _compile(key, case, two_nodes):
     import ditron
     from ditron import _compat
     from ditron.kernels import ep_kernels, ep_ll_kernels
@@ -185,25 +187,30 @@ def _compile(key, case):
             if p in _SPECIALISED[name] and ints[p] % 16 == 0:
                 attrs[(i,)] = _compat.divisibility_attr(16)
     ck = ditron.compile(kern, target="sm_90a", signature=sig, constexprs=const, attrs=attrs, num_warps=warps)
-    assert "ld.global" in ck.asm["ptx"]
+    ptx = ck.asm["ptx"]
+    assert "ld.global" in ptx and "st.global" in ptx, "no global loads / stores in the PTX"
+    if not two_nodes:
+        assert "nvshmem" not in ptx, "one node: loads and stores only, no NVSHMEM linked"
+    elif const.get("MULTI_NODE"):
+        assert "nvshmem" in ck.asm["llir"], "two nodes: the inter-node paths call NVSHMEM"
 
 
-def _child(key, case, err_path, conn):
+def _child(key, case, two_nodes, err_path, conn):
     fd = os.open(err_path, os.O_WRONLY)
     os.dup2(fd, 2)
     try:
-        _compile(key, case)
+        _compile(key, case, two_nodes)
         conn.send(None)
     except BaseException as e:          # noqa: BLE001 -- reported to the parent
         conn.send(f"{type(e).__name__}: {e}")
 
 
-def _compile_isolated(key, case):
+def _compile_isolated(key, case, two_nodes):
     """Compile in a forked child: Triton's C++ assertions abort the process."""
     ctx = multiprocessing.get_context("fork")
     with tempfile.NamedTemporaryFile("w+", suffix=".log") as err:
         parent, child = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_child, args=(key, case, err.name, child))
+        p = ctx.Process(target=_child, args=(key, case, two_nodes, err.name, child))
         p.start()
         child.close()
         msg = parent.recv() if parent.poll(300) else "no answer in 300 s"
@@ -216,8 +223,8 @@ def _compile_isolated(key, case):
     return msg, tail
 
 
-def _check(key, case):
-    msg, tail = _compile_isolated(key, case)
+def _check(key, case, two_nodes):
+    msg, tail = _compile_isolated(key, case, two_nodes)
     mode, W, E, H, dt, T, k, fp8, idt = case
     assert msg is None, (f"{key[0]} did not compile for sm_90a ({mode}, world {W}, {E} experts, hidden {H} "
                          f"{dt}, {T} tokens x top-{k}, fp8={fp8}; constexprs {dict(key[1])}, {key[2]} warps, "
@@ -226,14 +233,14 @@ def _check(key, case):
 
 @pytest.mark.parametrize("key,case", _params(False))
 def test_ep_kernels_compile_for_sm90a_one_node(key, case):
-    _check(key, case)
+    _check(key, case, False)
 
 
 @pytest.mark.skipif(GPU_BACKEND == "p2p", reason="under a live P2P world shmem.* lower to loads and stores, "
                                                   "not NVSHMEM calls (CPU compile test)")
 @pytest.mark.parametrize("key,case", _params(True))
 def test_ep_kernels_compile_for_sm90a_two_nodes(nvshmem_bc, key, case):
-    _check(key, case)
+    _check(key, case, True)
 
 
 def test_sweep_holds_the_configuration_that_aborted():

@@ -231,8 +231,14 @@ def test_levers_candidate_names():
         L.select("tl nonsense", "")
 
 
-@pytest.mark.parametrize("name", [n for n in _levers().ROUND2 if n not in _levers().META])
+#: every round-2 candidate under Triton 3.6 (the GPU machines' Triton, which CI runs too); under a newer Triton the two
+#: defaults, tl and Gluon (CI's time: 1.3-3 s a compile on its 2 cores)
+_CANDIDATES = [n for n in _levers().ROUND2 if n not in _levers().META][
+    :None if ditron._compat.TRITON_VERSION[:2] == (3, 6) else 2]
+
+
+@pytest.mark.parametrize("name", _CANDIDATES)
 def test_levers_candidates_compile_for_sm90a(name):
     """Every round-2 candidate compiles for sm_90a (wgmma) within sm_90's shared memory: a candidate that does
-    not fit is refused here, on a CPU, not at the GPU launch."""
+    not fit is refused here, on a CPU, not at the GPU launch (the GPU machines' Triton, 3.6)."""
     assert _levers().compile_only([name], ["bf16"]) == []

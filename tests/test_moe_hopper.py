@@ -14,7 +14,13 @@ import pytest
 import torch
 
 import bodies_moe as B
+import ditron
 from ditron.kernels import gemm_hopper as H
+
+#: the sm_90a compile tests below compile every case under Triton 3.6 (the GPU machines' Triton, which CI runs too)
+#: and the default one under a newer Triton (CI's time: 4-9 s a compile with ptxas -v on its 2 cores), as
+#: tests/test_compile_attention_hopper.py does
+GPU_TRITON = ditron._compat.TRITON_VERSION[:2] == (3, 6)
 
 #: counts: zeros first / middle / last and tile tails; an expert with more rows than a tile (128); one expert
 CASES = [[3, 0, 17, 5, 0], [130, 0, 1], [200], [0, 0, 0]]
@@ -66,8 +72,8 @@ def _ptxas_log(ptx):
 
 
 @pytest.mark.parametrize("cfg,wgmma", [(None, "m64n256k16"),
-                                       (H.HopperGemmConfig(128, 128, 64, stages=4, mode="pingpong"), "m64n128k16")],
-                         ids=["coop", "pingpong"])
+                                       (H.HopperGemmConfig(128, 128, 64, stages=4, mode="pingpong"), "m64n128k16")]
+                         [:2 if GPU_TRITON else 1], ids=["coop", "pingpong"][:2 if GPU_TRITON else 1])
 def test_grouped_gemm_gluon_compiles_warp_specialised(cfg, wgmma):
     from ditron.kernels import moe_hopper as MH
     ck = MH.compile_sm90(cfg, torch.bfloat16, E=64)
@@ -92,7 +98,6 @@ def test_grouped_gemm_gluon_compiles_warp_specialised(cfg, wgmma):
 
 
 def test_grouped_gemm_gluon_compile_refuses_other_targets():
-    import ditron
     from ditron.kernels import moe_hopper as MH
     with pytest.raises(ditron.DitronError, match="sm_90a only"):
         MH.compile_sm90(target="gfx942")
@@ -132,7 +137,7 @@ def test_moe_rs_gluon_errors(dist):
     assert "reads 'h' through TMA" in msgs["h_rows"] and "core='tl'" in msgs["h_rows"]
 
 
-@pytest.mark.parametrize("E", [1, 64])
+@pytest.mark.parametrize("E", [1, 64] if GPU_TRITON else [64])
 def test_moe_rs_gluon_compiles_warp_specialised(E):
     from ditron.kernels import moe_tp_hopper as MT
     ck = MT.compile_sm90(E=E)

