@@ -8,7 +8,10 @@ Candidates (``--candidates``, comma list of names; default: all of CANDIDATES):
                       threads, ``setmaxnreg``); at ``num_warps=8`` (what the 2026-12-06 probe timed) it leaves the
                       kernel unchanged (tests/test_compile_gemm_hopper.py);
 * ``gluon ...``    -- the Gluon core (``ditron.kernels.gemm_hopper``): producer warp + two consumer warpgroups,
-                      cooperative (``coop``) or ping-pong, several tiles / stage counts.
+                      cooperative (``coop``) or ping-pong, several tiles / stage counts;
+* ``tl ... sk``    -- the ``tl`` core with the Stream-K hybrid schedule (``GemmConfig(stream_k=True)``;
+                      ``--candidates streamk``: each beside its data-parallel twin and the shipped dispatch).
+                      The check also runs each Stream-K candidate twice: the outputs must be bit-identical.
 
 Two modes:
 
@@ -76,15 +79,28 @@ CANDIDATES = {
     # what matmul runs without a config: the shipped table of this GPU kind (kernels/gemm_tables/; round 1's
     # per-shape best on H100), else the default rule -- timed, never picked as a shape's best
     "matmul table": ("table", None),
+    # Stream-K hybrid (GemmConfig.stream_k): full waves data-parallel, the last P + T % P tiles' K steps split
+    # evenly over the P programs, partial tiles summed by their owner in a fixed order (deterministic).  Aimed
+    # at wave quantisation: 8192x3696x8192 is 960 tiles of 128x256 on 132 SMs (7.27 waves run as 8)
+    "tl default sk": ("tl", None),
+    "tl 128x256x64 s4 sub2 sk": ("tl", C(128, 256, 64, 8, 8, 4, tma=True, flatten=True, epilogue_subtile=2,
+                                         stream_k=True)),
+    "tl 256x128x64 s3 sk": ("tl", C(256, 128, 64, 8, 8, 3, tma=True, flatten=True, stream_k=True)),
 }
+#: ``tl`` candidates resolved at the shape (``default_config`` / ``gpu_default_config``) with these fields replaced
+DEFAULT_OVERRIDES = {"tl default sk": {"stream_k": True}}
 
 #: what round 2 times by default (``--candidates round2``): the two round-1 leaders, the round-1 winner at
 #: 8192x5504x4096 (ping-pong s6), and the new levers; ``all``: every candidate; ``round1``: round 1's nine
 ROUND1 = list(CANDIDATES)[:9]
-ROUND2 = ["tl default", "gluon coop 128x256x64 s3", "gluon pingpong 128x128x64 s6 epi/2"] + list(CANDIDATES)[9:]
+ROUND2 = (["tl default", "gluon coop 128x256x64 s3", "gluon pingpong 128x128x64 s6 epi/2"]
+          + list(CANDIDATES)[9:list(CANDIDATES).index("matmul table") + 1])
+#: ``--candidates streamk``: Stream-K beside its data-parallel twins and the shipped dispatch
+STREAMK = ["tl default", "tl default sk", "tl 128x256x64 s4 sub2", "tl 128x256x64 s4 sub2 sk", "tl 256x128x64 s3",
+           "tl 256x128x64 s3 sk", "matmul table"]
 #: candidates that stand for a dispatch, not a config: timed beside the others, never a shape's best
 META = {"matmul table"}
-GROUPS = {"all": list(CANDIDATES), "round1": ROUND1, "round2": ROUND2}
+GROUPS = {"all": list(CANDIDATES), "round1": ROUND1, "round2": ROUND2, "streamk": STREAMK}
 
 #: the check shapes: tails in M, N and K, fewer tiles than SMs (and an odd tile count: ping-pong's consumers get
 #: different numbers of tiles), one paper shape
@@ -108,7 +124,8 @@ def run_fn(name, a, b, out):
         return lambda: G.matmul(a, b, out=out)          # no config: the GPU kind's table, else the default rule
     if kind == "tl":
         # "tl default": the shipped rule (default_config), not the table matmul reads without a config
-        cfg = cfg or G.default_config(a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device)
+        cfg = cfg or dataclasses.replace(G.default_config(a.shape[0], b.shape[1], a.shape[1], a.dtype, a.device),
+                                         **DEFAULT_OVERRIDES.get(name, {}))
         return lambda: G.matmul(a, b, out=out, config=cfg)
     return lambda: H.matmul_hopper(a, b, out=out, config=cfg)
 
@@ -117,6 +134,11 @@ def twin_of(name):
     """The ``tl`` core config with the Gluon candidate's tiles and BLOCK_K (same K order)."""
     kind, cfg = CANDIDATES[name]
     return H.twin_config(cfg) if kind == "gluon" else None
+
+
+def is_stream_k(name):
+    kind, cfg = CANDIDATES[name]
+    return kind == "tl" and bool((cfg is not None and cfg.stream_k) or DEFAULT_OVERRIDES.get(name, {}).get("stream_k"))
 
 
 def fresh_inputs(M, N, K, dtype, seed):
@@ -234,6 +256,14 @@ def do_check(names, progress, seed, dtypes=tuple(DTYPES), shapes=None):
                 if err:
                     msgs.append(f"{dname} {M}x{N}x{K}: {err}")
                     continue
+                if is_stream_k(name):
+                    # the Stream-K fixup sums partials in a fixed order: a second run is bit-identical
+                    again = torch.empty_like(out)
+                    run_fn(name, a, b, again)()
+                    torch.cuda.synchronize()
+                    if not torch.equal(out, again):
+                        msgs.append(f"{dname} {M}x{N}x{K}: Stream-K NOT deterministic ({int((out != again).sum())} "
+                                    f"of {out.numel()} entries differ between two runs)")
                 tw = twin_of(name)
                 if tw is not None:
                     twin = torch.empty_like(out)
@@ -368,7 +398,7 @@ def config_fields(name, M=None, N=None, K=None, sms=132):
     """(core, config fields) of a candidate; ``tl default`` resolved at the shape (the shipped rule)."""
     kind, cfg = CANDIDATES[name]
     if cfg is None:
-        cfg = G.gpu_default_config(M, N, K, sms)
+        cfg = dataclasses.replace(G.gpu_default_config(M, N, K, sms), **DEFAULT_OVERRIDES.get(name, {}))
     return kind, dataclasses.asdict(cfg)
 
 
@@ -419,6 +449,21 @@ def check_table(path, best_rows, sms):
     return wrong
 
 
+def compile_streamk(c, dname, even_k):
+    """``gemm_streamk_kernel`` (a ``stream_k`` config) for sm_90a as a launch specialises it."""
+    import ditron
+    names = ["a_ptr", "b_ptr", "c_ptr", "ws_ptr", "flag_ptr", "calls_ptr", "M", "N", "K", "stride_am", "stride_bk",
+             "stride_cm"]                                       # stride_ak, stride_bn, stride_cn: 1
+    types = {"ws_ptr": "*fp32", "flag_ptr": "*i32", "calls_ptr": "*i64"}
+    sig = {n: types.get(n, f"*{dname}" if n.endswith("_ptr") else "i32") for n in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n != "M"}
+    return ditron.compile(G.gemm_streamk_kernel, target="sm_90a", signature=sig, attrs=attrs, num_warps=c.num_warps,
+                          num_stages=c.num_stages,
+                          constexprs=dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+                                          EVEN_K=even_k, TMA=c.tma, FLATTEN=c.flatten, SUBTILE=c.epilogue_subtile,
+                                          stride_ak=1, stride_bn=1, stride_cn=1))
+
+
 def compile_only(names, dtypes):
     """Compile every candidate for sm_90a (no GPU needed): the kernel variants the paper shapes launch (K a
     multiple of BLOCK_K or not).  Prints shared memory per candidate; returns the names that failed or that
@@ -443,10 +488,14 @@ def compile_only(names, dtypes):
                     variants = [ck]
                 else:
                     cfgs = [cfg] if cfg is not None else list(dict.fromkeys(
-                        G.gpu_default_config(8192, n, 4096, 132) for n in (1376, 26624)))
+                        dataclasses.replace(G.gpu_default_config(8192, n, 4096, 132), **DEFAULT_OVERRIDES.get(name, {}))
+                        for n in (1376, 26624)))
                     variants = []
                     for c in cfgs:
                         for even_k in (True, False):
+                            if c.stream_k:
+                                variants.append(compile_streamk(c, dname, even_k))
+                                continue
                             sig = {n: ("*fp32" if n in ("sa_ptr", "sb_ptr") else f"*{dname}" if n.endswith("_ptr")
                                    else "i32") for n in names_sig}
                             variants.append(ditron.compile(

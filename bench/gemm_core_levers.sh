@@ -22,6 +22,7 @@
 #   TP=2 DTYPES=bf16,fp16 bash bench/gemm_core_levers.sh  # a subset / fp16 too
 #   CANDIDATES="tl default,gluon coop 128x256x64 s3" bash bench/gemm_core_levers.sh
 #   CANDIDATES=round1 CHECK=full TWIN=1 bash bench/gemm_core_levers.sh   # round 1 as it ran
+#   CANDIDATES=streamk CHECK=full bash bench/gemm_core_levers.sh         # Stream-K beside its data-parallel twins
 set -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
