@@ -199,6 +199,29 @@ def graph_timer(fn, reps=5):
     return run
 
 
+def graph_replays_differ(fn, out, want, replays=3):
+    """Capture ``fn`` (writing ``out``) in a CUDA graph (after a warm-up on a side stream, as :func:`graph_timer`
+    does) and replay it ``replays`` times, ``out`` poisoned before each: '' when every replay writes ``want`` bit
+    for bit (Stream-K: the launch epoch advances inside the kernel, so replays need no host work), else what
+    differs."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for r in range(replays):
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        if not torch.equal(out, want):
+            return f"replay {r}: {int((out != want).sum())} of {out.numel()} entries differ from the eager run"
+    return ""
+
+
 class Watchdog:
     """A stalled step (a warp-specialised kernel waiting on a barrier that never completes blocks the main thread
     in a CUDA synchronisation) ends the process after ``limit`` seconds: ``on_stall()`` runs first (report what
@@ -264,6 +287,9 @@ def do_check(names, progress, seed, dtypes=tuple(DTYPES), shapes=None):
                     if not torch.equal(out, again):
                         msgs.append(f"{dname} {M}x{N}x{K}: Stream-K NOT deterministic ({int((out != again).sum())} "
                                     f"of {out.numel()} entries differ between two runs)")
+                    bad_replay = graph_replays_differ(run_fn(name, a, b, again), again, out)
+                    if bad_replay:
+                        msgs.append(f"{dname} {M}x{N}x{K}: Stream-K in a CUDA graph: {bad_replay}")
                 tw = twin_of(name)
                 if tw is not None:
                     twin = torch.empty_like(out)

@@ -617,10 +617,10 @@ def gemm_streamk_kernel(a_ptr, b_ptr, c_ptr, ws_ptr, flag_ptr, calls_ptr, M, N, 
     (``k = 0``).  Every other program touching the tile (a *contributor*) starts its range inside the tile, so
     the tile is its **first** segment: it stores its fp32 partial to its workspace slot ``ws[p]`` (one slot per
     program suffices: only a first segment can be a contribution) and releases ``flag[p] = epoch``
-    (``dl.release_tile``: release at GPU scope).  The owner's segment is its **last** one (its range ends in the
-    tile or at its end); after computing it the owner waits for the contributors ``p + 1 .. last``
-    (``dl.wait_deps`` on their consecutive flags: acquire at GPU scope), adds their partials in that fixed
-    order (bit-identical results run to run, whatever the timing) and runs the epilogue.  Deadlock-free: a
+    (``dl.release_tile``: release at GPU scope).  Where the tile has contributors, the owner's segment is its
+    **last** one (its range ends inside the tile); after computing it the owner waits for the contributors
+    ``p + 1 .. last`` (``dl.wait_deps`` on their consecutive flags: acquire at GPU scope), adds their partials
+    in that fixed order (bit-identical results run to run, whatever the timing) and runs the epilogue.  Deadlock-free: a
     program waits only at its last segment, and only for contributions that other programs make in their first
     segment, before any wait of their own (the data-parallel phase has no waits); the grid must be resident
     (``P`` at most the SM count: :func:`matmul` checks it).  Owning the tile's *last* segment instead would

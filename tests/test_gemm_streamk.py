@@ -126,7 +126,8 @@ def test_levers_streamk_group():
     L = _levers()
     names, _ = L.select("streamk", "")
     assert names == L.STREAMK and "tl default sk" in names and "matmul table" in names
-    assert [n for n in names if L.is_stream_k(n)] == ["tl default sk", "tl 128x256x64 s4 sub2 sk", "tl 256x128x64 s3 sk"]
+    assert [n for n in names if L.is_stream_k(n)] == ["tl default sk", "tl 128x256x64 s4 sub2 sk",
+                                                       "tl 256x128x64 s3 sk"]
     # "tl default sk" is the shipped rule's config at the shape, with stream_k
     kind, fields = L.config_fields("tl default sk", 8192, 3696, 8192, 132)
     assert kind == "tl" and fields == dict(G.dataclasses.asdict(G.gpu_default_config(8192, 3696, 8192, 132)),
