@@ -1,7 +1,8 @@
 """Stream-K on the GEMM core (kernels/gemm.py, ``GemmConfig(stream_k=True)``, issue 52 item 1): ``matmul``
 against torch at odd shapes on the simulator with a small persistent grid, so that the Stream-K phase splits
 tiles over K; run-to-run bit equality; the documented fp32 summation order of the fixup, bit for bit; errors
-before launch; and the sm_90a compile of a Stream-K config (wgmma, TMA, shared memory within the limit).
+before launch; and the sm_90a compile of a Stream-K config (wgmma, TMA, shared memory within the limit) and
+the gfx942 one.
 
 The GPU side (correctness at the paper shapes and timings against cuBLAS) is
 ``CANDIDATES=streamk bash bench/gemm_core_levers.sh``."""
@@ -89,7 +90,7 @@ _NAMES = ["a_ptr", "b_ptr", "c_ptr", "ws_ptr", "flag_ptr", "calls_ptr", "M", "N"
 SMEM_LIMIT = 232448          # sm_90: 227 KiB per block
 
 
-def compile_streamk(cfg, tma, even_k=True, ab="*bf16"):
+def compile_streamk(cfg, tma, even_k=True, ab="*bf16", target="sm_90a"):
     """gemm_streamk_kernel for sm_90a as a GPU launch specialises it (16-byte aligned tensors and sizes, unit
     last strides): ``(ptx, shared bytes)``."""
     unit = ("stride_ak", "stride_bn", "stride_cn")
@@ -99,12 +100,12 @@ def compile_streamk(cfg, tma, even_k=True, ab="*bf16"):
     div = {"a_ptr", "b_ptr", "c_ptr", "ws_ptr", "flag_ptr", "calls_ptr", "N", "K", "stride_am", "stride_bk",
            "stride_cm"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in div}
-    ck = ditron.compile(G.gemm_streamk_kernel, target="sm_90a", signature=sig, attrs=attrs,
+    ck = ditron.compile(G.gemm_streamk_kernel, target=target, signature=sig, attrs=attrs,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                         constexprs=dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                         GROUP_M=cfg.group_m, EVEN_K=even_k, TMA=tma, FLATTEN=cfg.flatten,
                                         SUBTILE=cfg.epilogue_subtile if tma else 1, **{u: 1 for u in unit}))
-    return ck.asm["ptx"], ck.metadata.shared
+    return ck.asm["ptx" if target.startswith("sm_") else "amdgcn"], ck.metadata.shared
 
 
 def test_streamk_compiles_for_sm90a():
@@ -115,6 +116,14 @@ def test_streamk_compiles_for_sm90a():
     assert "wgmma.mma_async" in ptx and tma_loads(ptx) and tma_stores(ptx)
     assert "st.release.gpu" in ptx and "fence.acq_rel.gpu" in ptx      # dl.release_tile / dl.wait_deps
     assert smem <= SMEM_LIMIT, smem
+
+
+def test_streamk_compiles_for_gfx942():
+    """The pointer-tile Stream-K kernel (the scoreboard's waits and releases included) compiles for AMD MI300
+    (gfx942), with MFMA."""
+    asm, _lds = compile_streamk(G.GemmConfig(128, 128, 64, 8, 8, 2, stream_k=True), tma=False, even_k=False,
+                                target="gfx942")
+    assert "v_mfma" in asm
 
 
 def _levers():
