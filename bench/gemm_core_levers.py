@@ -11,7 +11,9 @@ Candidates (``--candidates``, comma list of names; default: all of CANDIDATES):
                       cooperative (``coop``) or ping-pong, several tiles / stage counts;
 * ``tl ... sk``    -- the ``tl`` core with the Stream-K hybrid schedule (``GemmConfig(stream_k=True)``;
                       ``--candidates streamk``: each beside its data-parallel twin and the shipped dispatch).
-                      The check also runs each Stream-K candidate twice: the outputs must be bit-identical.
+                      The check also runs each Stream-K candidate again, eagerly and as 3 CUDA-graph replays:
+                      every output must be bit-identical to the first (a fixed fixup order; the launch epoch
+                      advances inside the kernel).
 
 Two modes:
 
