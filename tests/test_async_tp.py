@@ -7,6 +7,8 @@ import pytest
 import bodies_async_tp as B
 from conftest import GPU_BACKEND
 
+pytestmark = pytest.mark.inductor     # torch.compile (inductor) of torch's graphs: CI's README environment only
+
 
 @pytest.mark.skipif(GPU_BACKEND != "sim", reason="builds its own gloo process group inside the simulated ranks")
 def test_funcol_rewritten_and_equal(dist_world, tmp_path):

@@ -376,6 +376,8 @@ def test_usage_without_a_second_ptxas_run(tmp_path, monkeypatch, capsys):
     assert logs == [] and capsys.readouterr().out == "not a ptxas log\n"
 
 
+@pytest.mark.skipif(not GPU_TRITON, reason="ptxas register budgets of the GPU machines' Triton (3.6): run in CI's "
+                    "triton-3.6 environment")
 def test_decoder_gemv_stream_registers():
     # issue 26: at batch 1 the megakernel's register budget is set by the GEMV branches (255 registers, spills in
     # the whole step: 2 programs per SM).  With the weights streamed by cp.async into shared memory
@@ -411,6 +413,8 @@ def test_decoder_gemv_stream_registers():
     assert capped["registers"] <= 128, capped
 
 
+@pytest.mark.skipif(not GPU_TRITON, reason="ptxas register budgets of the GPU machines' Triton (3.6): run in CI's "
+                    "triton-3.6 environment")
 def test_decoder_batch_step_fits_three_programs_per_sm():
     # issue 26: on one H200 batch 2 took 1.32x batch 1 and batch 8 1.77x: their whole steps needed 239 / 233
     # registers (the FMA path holds the float32 weight chunk once per batch row; the tl.dot path double-buffered

@@ -4,6 +4,7 @@ K loop (``TileConfig.stream_wait``, ``Dep(inner=True)``): the step against the t
 the race finder over every buffer, the generated graph's waits, and the sm_90a compile (registers and spills of the
 8B step's streamed tiles; gfx942: a clear error, the lever is NVIDIA-only)."""
 import pytest
+import ditron
 
 import bodies_decoder as B
 from ditron.errors import DitronError
@@ -80,6 +81,8 @@ def test_stream_wait_graph():
         _sw_cfg(1, "qkv,up")
 
 
+@pytest.mark.skipif(ditron._compat.TRITON_VERSION[:2] != (3, 6),
+                    reason="ptxas register budgets of the GPU machines' Triton (3.6): run in CI's triton-3.6 environment")
 def test_stream_wait_8b_compiles():
     # the 8B step at batch 1 with its default in-tile waits (gate/up, acquire-load polls; one layer: the same
     # branches as 36): sm_90a keeps the weight stream in shared memory (cp.async: Triton's pipeliner accepts the

@@ -27,6 +27,7 @@ def test_opcheck_every_op(dist_world):
     assert dist_world(2).run(B.opcheck_ops, "bf16") == [ALL_OPS] * 2
 
 
+@pytest.mark.inductor
 @pytest.mark.parametrize("n", [3])       # an odd world (2 and 4 ranks: the op tests above and below)
 def test_compiled_model_matches_eager(dist_world, n):
     assert dist_world(n).run(B.compiled_matches_eager, COMPILE_BACKEND) == [(5, 24)] * n
@@ -103,6 +104,7 @@ def test_bench_script_smoke():
     assert "| 32, 16, 24 | 2 | bf16 |" in p.stdout, p.stdout[-2000:]
 
 
+@pytest.mark.inductor
 @pytest.mark.skipif(ON_GPU, reason="runs the docs' example on 2 simulated ranks")
 def test_docs_example_runs(tmp_path):
     """The eager + torch.compile example of docs/torch.md, as written there, on 2 simulated ranks."""

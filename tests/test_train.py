@@ -47,7 +47,7 @@ def test_state_dict_saves_and_loads_shards(dist_world, tmp_path):
     assert msgs == [f"the state dict holds the shard of rank {(r + 1) % 2} of 2" for r in range(2)], msgs
 
 
-@pytest.mark.parametrize("backend", ["record", "inductor"])
+@pytest.mark.parametrize("backend", ["record", pytest.param("inductor", marks=pytest.mark.inductor)])
 def test_compiled_backward(dist_world, backend):
     """torch.compile(fullgraph=True) traces forward and backward through the ops ("record": AOTAutograd's
     graphs, read; inductor: compiled, CPU C++ around the ops on the simulator)."""
