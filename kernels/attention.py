@@ -44,14 +44,15 @@ Cores (``core=``; :func:`resolve_core` decides when the caller names none):
 * ``"gluon"`` (kernels/attention_hopper.py: the warp-specialised FlashAttention-3-style core -- a TMA producer
   warp, two consumer warpgroups of 64 query rows, ping-pong): **the default on Hopper (sm_90) CUDA GPUs at
   world size 1** for the shapes it takes (float16 / bfloat16, head dim 64 or 128, contiguous inputs; any
-  sequence length, batch, GQA, causal or not), with the config of the GPU's measured table
+  sequence length, batch, GQA, causal or not) and that a GPU run has checked it on (the table's ``verified``
+  domain: bf16, head dim 128, lengths multiples of 128 today), with the config of the GPU's measured table
   (kernels/attention_table.py, kernels/attention_tables/: H100 measured 2026-12-07,
   bench/results/h100-2026-12-07e-attention-gluon/, ``gluon ws 128x128 s2 pingpong`` 0.999 / 1.042 / 1.067
   / 1.025 / 0.936 / 1.032 x SDPA cuDNN at 8192 / 16384 / 32768 keys non-causal / causal, geomean 1.016x,
   where the tl core gives 0.814x; other Hopper GPUs get the same config, marked as measured on H100);
 * ``"tl"`` (kernels/attention_core.py): everywhere else -- the simulator, AMD GPUs, non-Hopper NVIDIA GPUs,
   world size > 1 (the ring loop over peers' K / V), head dims other than 64 / 128, non-contiguous inputs,
-  ``DITRON_ATTN_TABLE=off``.  With :func:`attention_hopper.twin_config` it is the Gluon core's **twin**: the
+  inputs outside the table's ``verified`` domain, ``DITRON_ATTN_TABLE=off``.  With :func:`attention_hopper.twin_config` it is the Gluon core's **twin**: the
   same 128 x ``block_n`` tiles and the same operation order, so that the simulator runs what the GPU runs
   (tests/gpu/attention_hopper_twin.py checks the two bit for bit on a Hopper GPU; docs/zoo.md).
 
@@ -511,8 +512,8 @@ def choose_core(kind: DeviceKind, world_size, q_shape, k_shape, dtype, causal, c
     core where it runs and its table says so -- a CUDA GPU of capability 9.x, world size 1, ``q`` / ``k``
     4-D ``[B, H, S, D]`` float16 / bfloat16 of D 64 or 128, Hq a multiple of Hkv, contiguous, within the int32
     rows of its TMA descriptors, and a per-GPU table (kernels/attention_table.py; ``table``: an ``AttnTable``
-    or None instead of the device's) whose entry for the length is a Gluon one; else the tl core, with the
-    reason.  ``q_shape[2] * world_size`` is the number of keys."""
+    or None instead of the device's) whose entry for the length is a Gluon one and whose ``verified`` domain
+    holds the inputs; else the tl core, with the reason.  ``q_shape[2] * world_size`` is the number of keys."""
     from . import attention_hopper as H
     if kind.backend != "cuda":
         why = {"sim": "the simulator runs the tl core (the Gluon core's twin: attention_hopper.twin_config)",
@@ -577,9 +578,10 @@ def resolve_core(q, k, causal=False, world_size=1, core=None, config=None) -> Co
                                  f"(Gluon core), not {type(config).__name__}")
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
         return CoreChoice("tl", None, "not tensors: the tl core (its checks)")
+    from . import attention_table
     contiguous = q.is_contiguous() and k.is_contiguous()
     key = (str(q.device), int(world_size), tuple(q.shape), tuple(k.shape), q.dtype, k.dtype, bool(causal),
-           contiguous, os.environ.get("DITRON_ATTN_TABLE", ""))
+           contiguous, os.environ.get(attention_table.ENV, ""))
     choice = _CORE_CHOICES.get(key)
     if choice is None:
         dtype = q.dtype if k.dtype == q.dtype else None

@@ -6,6 +6,7 @@ and ``@triton.jit`` kernels (tensors on the CPU stand in for device tensors: onl
     with stub_driver() as drv:
         kernel[grid](...)          # compiles once, then each launch runs the host path only
         drv.launches               # how many launches reached the (empty) launcher
+        drv.log                    # each launch's (grid, function, arguments), tensors as their addresses
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class StubDriver(GPUDriver):
         self.utils = _Utils()
         self.arch = arch
         self.launches = 0
+        self.log = []
         drv = self
 
         class _Launcher:
@@ -53,6 +55,8 @@ class StubDriver(GPUDriver):
                 # (grid x, y, z, stream, function, packed metadata, launch metadata, enter hook, exit hook, args):
                 # the hooks are called as Triton's launcher calls them
                 drv.launches += 1
+                drv.log.append((args[:3], args[4], tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a
+                                                         for a in args[9:])))
                 for hook in args[7:9]:
                     if hook is not None:
                         hook(args[6])

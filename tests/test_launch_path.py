@@ -378,6 +378,22 @@ def test_ep_warm_calls_do_only_per_call_work(monkeypatch):
         assert world.transport.launch_checks - checks == 20 * (2 + 2 + 3), "the launch check must run every launch"
         assert ll.board.calls - board_ll == 20 * 4 and nm.board.calls - board_nm == 20 * 2
         assert len(outs) == 3               # the context's output: ll's parity 0 (deep_ep_call is 1), nm's two
+        # a planned call launches exactly what the checked path launches for the same call parity: the same
+        # kernels, grids and arguments (buffers, sizes, constants) -- two rounds planned, then two checked
+        def round_log(i):
+            n = len(drv.log)
+            ll_call()
+            deep_ep_call(i)
+            normal_call()
+            return drv.log[n:]
+        planned = [round_log(i) for i in range(20, 22)]
+        checked = []
+        for i in range(22, 24):
+            for ctx in (ll, nm):
+                ctx.calls_planned.clear()
+            checked.append(round_log(i))
+        assert work.get("_dispatch_checked") == 6, work
+        assert planned == checked, "a planned EP call launches other arguments than the checked path"
         # a launch hook (a profiler's) still sees every direct launch, with its metadata
         import triton
         chain, seen_hooks = triton.knobs.runtime.launch_enter_hook, []
