@@ -29,12 +29,12 @@ turns an entry's ``config`` into a ``HopperAttnConfig``.
 """
 from __future__ import annotations
 
-import glob
-import json
 import math
 import os
 
 import ditron
+
+from .gpu_tables import find_table, name_matches, nearest, read_json
 
 TABLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_tables")
 CORES = ("tl", "gluon")
@@ -109,16 +109,11 @@ class AttnTable:
 
     @classmethod
     def load(cls, path: str) -> "AttnTable":
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except (OSError, ValueError) as err:
-            raise ditron.DitronError(f"attention table {path}: cannot read it ({err})") from None
-        return cls(data, path)
+        return cls(read_json(path, "attention table"), path)
 
     def applies_to(self, device_name: str, capability=None) -> bool:
         """By name (a ``match`` substring in ``device_name``) and, when both are known, capability."""
-        if not any(m and m in device_name for m in self.match):
+        if not name_matches(self.match, device_name):
             return False
         return self.capability is None or capability is None or int(self.capability) == int(capability)
 
@@ -130,16 +125,9 @@ class AttnTable:
     def lookup(self, seq, causal):
         """``(entry, distance)``: the nearest entry of the same ``causal`` within ``max_distance``, else
         ``(default, distance to the nearest)`` (``math.inf`` when the table has no such entry)."""
-        best, best_d = None, math.inf
-        for e in self.entries:
-            if e["causal"] != bool(causal):
-                continue
-            d = abs(math.log2(max(int(seq), 1) / e["seq"]))
-            if d < best_d - 1e-12:
-                best, best_d = e, d
-        if best is None or best_d > self.max_distance + 1e-9:
-            return self.default, best_d
-        return best, best_d
+        best, best_d = nearest([e for e in self.entries if e["causal"] == bool(causal)],
+                               lambda e: abs(math.log2(max(int(seq), 1) / e["seq"])), self.max_distance)
+        return (self.default, best_d) if best is None else (best, best_d)
 
     def describe(self, entry, distance) -> str:
         """One line naming the table, the entry (or the default) and where it was measured."""
@@ -160,20 +148,8 @@ _TABLES: dict = {}
 def table_for(device_name: str, capability=None):
     """The table for a GPU named ``device_name`` of compute capability ``capability`` (``90`` for 9.0; module
     docstring), or None.  Cached per (name, capability, ``DITRON_ATTN_TABLE``)."""
-    env = os.environ.get(ENV, "")
-    key = (device_name, capability, env)
-    if key in _TABLES:
-        return _TABLES[key]
-    if env.lower() == "off":
-        table = None
-    elif env:
-        table = AttnTable.load(env)
-    else:
-        tables = [AttnTable.load(p) for p in sorted(glob.glob(os.path.join(TABLE_DIR, "*.json")))]
-        table = next((t for t in tables if t.applies_to(device_name, capability)), None) or \
-            next((t for t in tables if t.is_fallback_for(capability)), None)
-    _TABLES[key] = table
-    return table
+    return find_table(_TABLES, ENV, TABLE_DIR, AttnTable.load, lambda t: t.applies_to(device_name, capability),
+                      lambda t: t.is_fallback_for(capability), key=(device_name, capability))
 
 
 def clear_cache():

@@ -24,12 +24,12 @@ turn an entry's ``config`` into their config classes.
 """
 from __future__ import annotations
 
-import glob
-import json
 import math
 import os
 
 import ditron
+
+from .gpu_tables import find_table, name_matches, nearest, read_json
 
 TABLE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_tables")
 CORES = ("tl", "gluon")
@@ -73,29 +73,17 @@ class GemmTable:
 
     @classmethod
     def load(cls, path: str) -> "GemmTable":
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except (OSError, ValueError) as err:
-            raise ditron.DitronError(f"GEMM table {path}: cannot read it ({err})") from None
-        return cls(data, path)
+        return cls(read_json(path, "GEMM table"), path)
 
     def applies_to(self, device_name: str, sms=None) -> bool:
-        if not any(m and m in device_name for m in self.match):
+        if not name_matches(self.match, device_name):
             return False
         return self.sms is None or sms is None or int(self.sms) == int(sms)
 
     def lookup(self, M, N, K, dtype="bf16"):
         """``(entry, distance)`` of the nearest entry within ``max_distance``, or ``(None, distance)``."""
         cands = [e for e in self.entries if e["dtype"] == dtype] or self.entries
-        best, best_d = None, math.inf
-        for e in cands:
-            d = distance((M, N, K), (e["M"], e["N"], e["K"]))
-            if d < best_d - 1e-12:
-                best, best_d = e, d
-        if best is None or best_d > self.max_distance + 1e-9:
-            return None, best_d
-        return best, best_d
+        return nearest(cands, lambda e: distance((M, N, K), (e["M"], e["N"], e["K"])), self.max_distance)
 
 
 _TABLES: dict = {}
@@ -104,23 +92,8 @@ _TABLES: dict = {}
 def table_for(device_name: str, sms=None):
     """The table for a GPU named ``device_name`` with ``sms`` SMs (module docstring), or None.  Cached per
     (name, SMs, ``DITRON_GEMM_TABLE``)."""
-    env = os.environ.get(ENV, "")
-    key = (device_name, sms, env)
-    if key in _TABLES:
-        return _TABLES[key]
-    if env.lower() == "off":
-        table = None
-    elif env:
-        table = GemmTable.load(env)
-    else:
-        table = None
-        for path in sorted(glob.glob(os.path.join(TABLE_DIR, "*.json"))):
-            t = GemmTable.load(path)
-            if t.applies_to(device_name, sms):
-                table = t
-                break
-    _TABLES[key] = table
-    return table
+    return find_table(_TABLES, ENV, TABLE_DIR, GemmTable.load, lambda t: t.applies_to(device_name, sms),
+                      key=(device_name, sms))
 
 
 def clear_cache():
