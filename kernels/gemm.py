@@ -606,7 +606,8 @@ def streamk_split(num_tiles, KI, P):
 def gemm_streamk_kernel(a_ptr, b_ptr, c_ptr, ws_ptr, flag_ptr, calls_ptr, M, N, K, stride_am, stride_ak,
                         stride_bk, stride_bn, stride_cm, stride_cn,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                        EVEN_K: tl.constexpr, TMA: tl.constexpr, FLATTEN: tl.constexpr, SUBTILE: tl.constexpr):
+                        EVEN_K: tl.constexpr, TMA: tl.constexpr, FLATTEN: tl.constexpr, SUBTILE: tl.constexpr,
+                        PLANT: tl.constexpr = 0):
     """:func:`gemm_kernel` (fp16 / bf16) with the Stream-K hybrid schedule (:func:`streamk_split`).
 
     Data-parallel phase: tiles ``[0, dp)`` as :func:`gemm_kernel` does them (program ``p``: ``p, p + P, ...``).
@@ -679,14 +680,18 @@ def gemm_streamk_kernel(a_ptr, b_ptr, c_ptr, ws_ptr, flag_ptr, calls_ptr, M, N, 
         if kb > 0:
             # a contributor (this is its first segment): publish the partial
             tl.store(ws_ptr + pid.to(tl.int64) * (BLOCK_M * BLOCK_N) + ws_offs, acc)
-            dl.release_tile(flag_ptr + pid, epoch)
+            if PLANT != 2:                                          # (tests only: PLANT 2 drops the release)
+                dl.release_tile(flag_ptr + pid, epoch)
         else:
             # the owner (its last segment): the programs holding the tile's other K steps are pid + 1 .. last,
             # last = the program of the tile's last step (s + 1) * KI - 1, i.e. ceil((s + 1) * KI * P / total) - 1
             last = (((s + 1) * KI * P + total - 1) // total - 1).to(tl.int32)
             if last > pid:
-                tok = dl.wait_deps(flag_ptr + pid + 1, last - pid, epoch)
-                wsp = dl.consume_token(ws_ptr, tok)
+                if PLANT == 1:                                      # (tests only: PLANT 1 drops the wait)
+                    wsp = ws_ptr
+                else:
+                    tok = dl.wait_deps(flag_ptr + pid + 1, last - pid, epoch)
+                    wsp = dl.consume_token(ws_ptr, tok)
                 for q in range(pid + 1, last + 1):
                     acc += tl.load(wsp + q * (BLOCK_M * BLOCK_N) + ws_offs)       # P * BLOCK_M * BLOCK_N < 2^31
             if TMA:
@@ -900,6 +905,11 @@ def streamk_programs(tiles, k_steps, requested):
     return max(1, min(int(requested), tiles * k_steps))
 
 
+#: tests only (tests/test_gemm_streamk.py): 1 launches the Stream-K kernel without its fixup wait, 2 without its
+#: release -- bugs the simulator must catch (a race, a hang)
+_STREAMK_PLANT = 0
+
+
 def _matmul_streamk(a, b, out, cfg, num_programs, tma, tiles, sim):
     """:func:`matmul` with ``cfg.stream_k``: :func:`gemm_streamk_kernel` on :func:`streamk_programs` programs
     (fp16 / bf16; the checks of :func:`matmul` are done)."""
@@ -915,7 +925,7 @@ def _matmul_streamk(a, b, out, cfg, num_programs, tma, tiles, sim):
     gemm_streamk_kernel[(P,)](a, b, out, ws, flags, calls, M, N, K, a.stride(0), a.stride(1), b.stride(0),
                               b.stride(1), out.stride(0), out.stride(1), EVEN_K=(K % cfg.block_k == 0), TMA=tma,
                               FLATTEN=cfg.flatten, SUBTILE=cfg.epilogue_subtile if tma else 1,
-                              **cfg.launch_options())
+                              PLANT=_STREAMK_PLANT, **cfg.launch_options())
     return out
 
 

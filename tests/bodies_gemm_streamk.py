@@ -157,3 +157,17 @@ def workspace_state(world, calls):
     _dp, segs = schedule(tiles, G.cdiv(K, SK.block_k), P)
     contributors = sorted(p for parts in segs for p, _kb, _ke in parts[1:])
     return int(again[2][0]), int(again[2][1]), again[1].tolist(), contributors
+
+
+def streamk_planted(world, plant):
+    """One split-K case (a single tile summed from 4 programs' partials) with the Stream-K kernel's fixup wait
+    (``plant`` 1) or release (2) removed (``gemm._STREAMK_PLANT``): the simulator must report it."""
+    G._STREAMK_PLANT = plant
+    try:
+        a = _rand((10, 200), torch.bfloat16, 7).to(world.device)
+        b = _rand((200, 12), torch.bfloat16, 8).to(world.device)
+        out = G.matmul(a, b, config=SK, num_programs=4)
+        _close(out, a.float().cpu() @ b.float().cpu(), "stream-K, planted bug")
+        return "not caught"
+    finally:
+        G._STREAMK_PLANT = 0

@@ -159,3 +159,18 @@ def test_streamk_state_cached_and_epochs(dist_world):
     n, counter, flags, contributors = dist_world(1).run(B.workspace_state, 3)[0]
     assert (n, counter) == (3, 0)                # 3 launches counted, the program counter back at 0
     assert contributors and flags == [3 if p in contributors else 0 for p in range(6)]
+
+
+@pytest.mark.skipif(GPU_BACKEND != "sim", reason="the planted bugs are the simulator's to catch (race finder, hang "
+                                                 "report); a GPU would run them silently wrong or hang")
+@pytest.mark.parametrize("plant,caught", [(1, "data race"), (2, "blocked in dl.wait_deps")])
+def test_the_simulator_catches_a_missing_wait_or_release(plant, caught):
+    """The fixup's protocol: without the owner's ``dl.wait_deps`` its reads of the partials race with their
+    writes (the race finder, on by default in the simulator, names them); without a contributor's
+    ``dl.release_tile`` the owner waits forever (the hang report names the wait)."""
+    from ditron.sim.pool import SimCluster
+    with SimCluster(1, hang_timeout=5) as c:
+        with pytest.raises(Exception) as info:
+            c.run(B.streamk_planted, plant)
+    text = getattr(info.value, "traceback_text", "") or str(info.value)
+    assert caught in text, text[-3000:]
