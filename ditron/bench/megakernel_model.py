@@ -177,6 +177,19 @@ def model_case(world, cfg, ctx, batch, args, bw, weights, head, hf=None):
     if dm.mk.resources:
         row["resources"] = dm.mk.resources
     del hf_cache
+    if getattr(args, "trace", False) and ok:
+        # a second build of the same step with per-item timestamps (the timed kernel has none): where the step's
+        # time goes per kind of task, the embedding, the LM head and the sampler's stages included
+        tm = build_megakernel(cfg, weights, s.cache, world_size=world.world_size, batch=batch, ctx=ctxs, head=head,
+                              scheduler=args.scheduler, num_programs=dm.mk.num_programs, name="model_step_traced",
+                              trace=True)
+        for _ in range(3):
+            tm.step(tokens=tok0)
+        prof = tm.mk.profile()
+        cp = tm.mk.critical_path()
+        row["profile"] = {"step_us": prof.step_us, "busy": prof.busy, "rows": [vars(r) for r in prof.rows]}
+        row["critical_path"] = {"step_us": cp.step_us, "rows": [vars(r) for r in cp.rows]}
+        row["profile_table"] = prof.table() + "\n\n" + cp.table()
     return row
 
 
@@ -239,6 +252,10 @@ def main_model(args, argv, cfg, ctxs, batches, copy_bandwidth) -> int:
         errs = [f"- ctx {r['ctx']} batch {r['batch']}: {r['errors']}" for r in rows if r.get("errors")]
         if errs:
             md += ["Errors:", ""] + errs + [""]
+        for r in rows:
+            if r.get("profile_table"):
+                md += [f"Traced build, context {r['ctx']} batch {r['batch']} (where the step's time goes):", "",
+                       r["profile_table"], ""]
         os.makedirs(args.out, exist_ok=True)
         stem = os.path.join(args.out, f"{args.tag or args.machine.replace(' ', '_')}-megakernel-{args.model}")
         with open(stem + ".md", "w") as f:
