@@ -335,11 +335,15 @@ def gemm_tile(a_rows, b_cols, col_ok, stride_ak, stride_bk, K,
 
 @triton.jit
 def scale_step(acc, part, sa_rows, sb_cols, col_ok, k0, stride_sak, stride_sbk, GK: tl.constexpr):
-    """Blockwise fp8: ``acc + part * scale_a[rows, g] * scale_b[g, cols]`` for the K group ``g`` of ``k0``."""
+    """Blockwise fp8: ``acc + part * (scale_a[rows, g] * scale_b[g, cols])`` for the K group ``g`` of ``k0``: the
+    scales' product first (rounded once), then a multiply-add per element, which the GPU fuses (one rounding;
+    the simulator rounds the product and the sum apart).  The Gluon core's promotion computes the same
+    expression (kernels/gemm_hopper.py ``_promote``; where a tile's columns share one ``scale_b`` it multiplies
+    the scales once per row) -- DeepGEMM's order."""
     g = k0 // GK
     sa = tl.load(sa_rows + g * stride_sak)
     sb = tl.load(sb_cols + g * stride_sbk, mask=col_ok, other=0.0)
-    return acc + part * sa[:, None] * sb[None, :]
+    return acc + part * (sa[:, None] * sb[None, :])
 
 
 @triton.jit

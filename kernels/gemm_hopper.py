@@ -356,11 +356,26 @@ def _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn
     sa = gl.load(sa_ptr + rows.to(gl.int64) * stride_sam + g * stride_sak, mask=rows < M, other=0.0)
     if GN % BN == 0:
         sb = gl.load(sb_ptr + (off_n // GN).to(gl.int64) * stride_sbn + g * stride_sbk)
+        # the tile's columns share one scale_b: the combined scale sa * sb per row, once (:func:`_promote`)
+        return gl.expand_dims(sa * sb, 1), sb
     else:
         cols = off_n + gl.arange(0, BN, layout=gl.SliceLayout(0, acc_layout))
         sb = gl.expand_dims(gl.load(sb_ptr + (cols // GN).to(gl.int64) * stride_sbn + g * stride_sbk,
                                     mask=cols < N, other=0.0), 0)
-    return gl.expand_dims(sa, 1), sb
+        return gl.expand_dims(sa, 1), sb
+
+
+@gluon.jit
+def _promote(acc, part, sa, sb, BN: gl.constexpr, GN: gl.constexpr):
+    """``acc + part * (scale_a * scale_b)`` in fp32 -- the tl core's :func:`~.gemm.scale_step`: the two scales'
+    product first (rounded once), then one fused multiply-add per element (DeepGEMM's promotion).  ``sa, sb``:
+    :func:`_block_scales`'s pair -- where the tile's columns share one ``scale_b`` ``sa`` is already the product
+    (one multiply per row instead of one per element: the promotion's cost per element halves), else the per-row
+    and per-column scales, multiplied here."""
+    if GN % BN == 0:
+        return acc + part * sa
+    else:
+        return acc + part * (sa * sb)
 
 
 @gluon.jit
@@ -383,7 +398,7 @@ def _block_mainloop(a_bufs, b_bufs, ready, empty, acc, part0, part1, count, k_st
     step's scales are loaded a step ahead.  The loop takes two steps per iteration (the partial accumulators'
     roles are fixed, so no register moves of an accumulator in flight), the last one or two steps after it.
 
-    Numerics: ``acc`` receives, in K order, ``acc + part_k * sa_k * sb_k`` (fp32, the same expression and
+    Numerics: ``acc`` receives, in K order, ``acc + part_k * (sa_k * sb_k)`` (fp32, :func:`_promote`: the same expression and
     association as the serial loop and the tl core's ``scale_step``), and ``part_k`` is step ``k``'s products
     summed by the tensor core from zero (``use_acc=False``): only the time the promotion happens moves, so the
     output is bitwise that of the serial loop and the tl twin.  Returns ``(acc, part0, part1, count)``."""
@@ -401,7 +416,7 @@ def _block_mainloop(a_bufs, b_bufs, ready, empty, acc, part0, part1, count, k_st
         p1 = warpgroup_mma(a, b, part1, use_acc=False, is_async=True)
         part0 = warpgroup_mma_wait(1, deps=(p0, ))                # step ki retired; ki + 1 runs
         mbarrier.arrive(empty.index(count % STAGES))
-        acc = _registers_fence(acc + part0 * sa0 * sb0)    # read part0 before it is the next wgmma's
+        acc = _registers_fence(_promote(acc, part0, sa0, sb0, BN, GN))    # read part0 before it is the next wgmma's
         s2 = (count + 2) % STAGES
         sa0, sb0 = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M,
                                  N, ((ki + 2) * BK) // GK, acc_layout, SUB_M, BN, GN)
@@ -409,7 +424,7 @@ def _block_mainloop(a_bufs, b_bufs, ready, empty, acc, part0, part1, count, k_st
         p0 = warpgroup_mma(a, b, part0, use_acc=False, is_async=True)
         part1 = warpgroup_mma_wait(1, deps=(p1, ))                # step ki + 1 retired; ki + 2 runs
         mbarrier.arrive(empty.index(s1))
-        acc = _registers_fence(acc + part1 * sa1 * sb1)    # read part1 before it is the next wgmma's
+        acc = _registers_fence(_promote(acc, part1, sa1, sb1, BN, GN))    # read part1 before it is the next wgmma's
         count += 2
     # the last step (k_steps odd) or two (even): step count's wgmma is in flight in p0
     if k_steps % 2 == 0:
@@ -420,15 +435,15 @@ def _block_mainloop(a_bufs, b_bufs, ready, empty, acc, part0, part1, count, k_st
         p1 = warpgroup_mma(a, b, part1, use_acc=False, is_async=True)
         part0 = warpgroup_mma_wait(1, deps=(p0, ))
         mbarrier.arrive(empty.index(count % STAGES))
-        acc = _registers_fence(acc + part0 * sa0 * sb0)    # promoted while the last wgmma runs
+        acc = _registers_fence(_promote(acc, part0, sa0, sb0, BN, GN))    # promoted while the last wgmma runs
         part1 = warpgroup_mma_wait(0, deps=(p1, ))
         mbarrier.arrive(empty.index(s1))
-        acc = acc + part1 * sa1 * sb1
+        acc = _promote(acc, part1, sa1, sb1, BN, GN)
         count += 2
     else:
         part0 = warpgroup_mma_wait(0, deps=(p0, ))
         mbarrier.arrive(empty.index(count % STAGES))
-        acc = acc + part0 * sa0 * sb0
+        acc = _promote(acc, part0, sa0, sb0, BN, GN)
         count += 1
     return acc, part0, part1, count
 
@@ -520,7 +535,8 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
     ``SB_COL``) in fp32 before the one rounding to the output dtype -- ``(acc * sa) * sb``, the tl core's order.
     ``BLOCKWISE`` (DeepSeek-V3 scales, with ``PROMOTE``; no epilogue scale): each step's product ``part`` (K
     group ``g = k0 // GK``, ``BK`` dividing ``GK``) is added as ``acc + part * scale_a[rows, g] * scale_b[g,
-    cols // GN]`` in fp32 -- ``(part * sa) * sb``, then the add: the tl core's ``scale_step`` -- the scales
+    cols // GN]`` in fp32 -- ``part * (sa * sb)``, one fused multiply-add (:func:`_promote`, the tl core's
+    ``scale_step``) -- the scales
     loaded while the step's ``wgmma`` runs (:func:`_block_scales`; element strides ``stride_sam``,
     ``stride_sak`` of ``scale_a``, ``stride_sbk``, ``stride_sbn`` of ``scale_b``).
 
@@ -591,7 +607,7 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
                     part = warpgroup_mma_wait(0, deps=(part, ))
                     mbarrier.arrive(empty.index(s))          # the MMA that read the slot has retired
                     if BLOCKWISE:
-                        acc = acc + part * sa * sb
+                        acc = _promote(acc, part, sa, sb, BN, GN)
                     else:
                         acc = acc + part
                     count += 1
