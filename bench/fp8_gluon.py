@@ -64,11 +64,20 @@ CONFIGS = {
     "pingpong 64x128x128 s4": HC(64, 128, 128, stages=4, mode="pingpong"),
     "coop 128x128x128 s6 serial": HC(128, 128, 128, stages=6, mode="coop", block_overlap=False),
     "pingpong 64x128x128 s4 serial": HC(64, 128, 128, stages=4, mode="pingpong", block_overlap=False),
+    # per-tensor / rowwise on the overlapped consumer (``promote_overlap``): checked bit for bit against the same
+    # config without it (the same fp32 adds in the same K order)
+    "coop 128x128x128 s6 ovl": HC(128, 128, 128, stages=6, mode="coop", promote_overlap=True),
+    "coop 128x128x128 s4 ovl": HC(128, 128, 128, stages=4, mode="coop", promote_overlap=True),
 }
 DEFAULT = "coop 128x128x128 s6"
 BLOCK_CONFIGS = ("coop 128x128x128 s6,coop 128x128x128 s4,pingpong 64x128x128 s6,pingpong 64x128x128 s4,"
                  "coop 128x128x128 s6 serial")
 ROW_CONFIGS = ",".join(n for n in CONFIGS if not n.endswith(" serial"))    # block_overlap is blockwise only
+
+
+def tensor_configs(configs):
+    """Per-tensor scales time the default and its ``ovl`` variant where ``--configs`` names them."""
+    return [c for c in configs if c in (DEFAULT, DEFAULT + " ovl")] or [DEFAULT]
 RECIPES = ("row", "tensor", "block")
 GROUP = 128                     # DeepSeek-V3: 1 x 128 groups of a, 128 x 128 blocks of b
 
@@ -237,7 +246,9 @@ def main():
                 ref = (a[rows].float() @ b.float()) * (sa[rows] if sa.dim() == 2 else sa) * sb
                 vendor = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)[rows]
             twins = {}              # the tl twins' outputs of this shape, per twin config
-            for name, fn in candidates(recipe, block_configs if recipe == "block" else configs).items():
+            outs = {}               # per-tensor / rowwise Gluon outputs: the ``ovl`` configs' bitwise check
+            recipe_configs = {"row": configs, "tensor": tensor_configs(configs), "block": block_configs}[recipe]
+            for name, fn in candidates(recipe, recipe_configs).items():
                 dog.beat(f"check {s.label} {recipe} {name}")
                 got = None
                 try:
@@ -260,6 +271,18 @@ def main():
                                                        name == "torch._scaled_mm" and not ok)))
                 print(f"{s.label[:34]:34s} {recipe:6s} {name[:30]:30s} {err:11.4g} {rel:9.2e} {rel_v:17.2e}{note}",
                       flush=True)
+                if recipe != "block" and name.startswith("gluon ") and got is not None:
+                    outs[name] = got
+                    base = name[:-len(" ovl")] if name.endswith(" ovl") else None
+                    if base in outs:
+                        differ = int((outs[base].view(torch.int16) != got.view(torch.int16)).sum().item())
+                        if differ:
+                            failed.add((s.label, recipe, f"{name} vs {base}"))
+                        results["correctness"].append(dict(shape=s.label, recipe=recipe,
+                                                           candidate=f"{name} vs serial bits", differ=differ))
+                        print(f"{s.label[:34]:34s} {recipe:6s} {'ovl vs serial':30s} {differ} of {got.numel()} "
+                              f"elements differ (bitwise){'  FAIL' if differ else ''}", flush=True)
+                    got = None
                 if recipe == "block" and name.startswith("gluon ") and got is not None:
                     # the tl twin of the config (twin_config: the same tiles and K order): bit for bit by design,
                     # the overlapped blockwise consumer as the serial one (the same fp32 operations, same order)
@@ -279,7 +302,7 @@ def main():
                     print(f"{s.label[:34]:34s} {recipe:6s} {label[:30]:30s} {differ} of {got.numel()} elements "
                           f"differ (bitwise){'  FAIL' if differ else ''}", flush=True)
                 del got
-            del twins
+            del twins, outs
             del a, b, ref, vendor
     print(f"correctness: {'all passed' if not failed else f'{len(failed)} FAILED'}"
           + (f"; torch._scaled_mm wrong at {len(vendor_wrong)} shape(s), not timed there" if vendor_wrong else "")
@@ -294,7 +317,8 @@ def main():
         for ri, recipe in enumerate(recipes):
             a, b, sa, sb = operands(s.M, s.N, s.K, recipe, 100 + si, dev)
             out = torch.empty((s.M, s.N), device=dev, dtype=torch.bfloat16)
-            cands = candidates(recipe, {"row": configs, "tensor": [DEFAULT], "block": block_configs}[recipe])
+            cands = candidates(recipe, {"row": configs, "tensor": tensor_configs(configs),
+                                        "block": block_configs}[recipe])
             timers = {}
             for name, fn in cands.items():
                 if (s.label, recipe, name) in failed or (name == "torch._scaled_mm" and (s.label, recipe)

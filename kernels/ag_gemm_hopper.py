@@ -86,7 +86,7 @@ def ag_gemm_ws_scaled_kernel(a_desc, g_desc, b_desc, c_desc, sa_ptr, sb_ptr, rea
                              GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
                              CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, SA_ROW: gl.constexpr,
                              SB_COL: gl.constexpr, PROMOTE: gl.constexpr, BLOCKWISE: gl.constexpr,
-                             GK: gl.constexpr, GN: gl.constexpr, BLOCK_OVERLAP: gl.constexpr = False):
+                             GK: gl.constexpr, GN: gl.constexpr, PROMOTE_OVERLAP: gl.constexpr = False):
     """fp8 :func:`ag_gemm_ws_kernel`: ``c[W*m, N] = (gathered_a * scale_a) @ (b * scale_b)`` on the fp8 core
     (``gemm_hopper.ws_scaled_gemm_body``: ``b_desc`` of ``b^T``, the fp32 promotion every ``PROMOTE``
     products, epilogue or -- ``BLOCKWISE`` -- per-K-step scales).  ``sa_ptr``: the gathered rows' A scales as
@@ -99,7 +99,7 @@ def ag_gemm_ws_scaled_kernel(a_desc, g_desc, b_desc, c_desc, sa_ptr, sb_ptr, rea
     H.ws_scaled_gemm_body(a_desc, g_desc, b_desc, c_desc, W * m_local, me * (m_local // BM), ready_ptr, m_local,
                           slot_rows, me, sa_ptr, sb_ptr, stride_sam, stride_sbn, GROUP_M, STAGES, PINGPONG, True,
                           CONSUMER_REGS, PRODUCER_REGS, True, True, SA_ROW, SB_COL, PROMOTE, 1, 0, 0, False, False,
-                          stride_sak, stride_sbk, BLOCKWISE, GK, GN, BLOCK_OVERLAP)
+                          stride_sak, stride_sbk, BLOCKWISE, GK, GN, PROMOTE_OVERLAP)
     _release_slots(ready_ptr, free_ptr, calls_ptr, me, W)
 
 
@@ -205,8 +205,9 @@ def compile_sm90(cfg: H.HopperGemmConfig | None = None, dtype=torch.bfloat16, m=
         if scales not in ("row", "tensor", "block"):
             raise ditron.DitronError(f"ag_gemm_hopper.compile_sm90: scales={scales!r}; use 'row', 'tensor' or 'block'")
         block = scaling.check_scale_block("ag_gemm", scale_block) if scales == "block" else None
-        cfg = (cfg or H.fp8_default_config(world * m, N, K, 132, out_dtype, block[0] if block else None)).validate(
-            "ag_gemm", elem=1, out_elem=torch.empty((), dtype=out_dtype).element_size())
+        cfg = cfg or H.fp8_default_config(world * m, N, K, 132, out_dtype, block[0] if block else None)
+        cfg.validate("ag_gemm", elem=1, out_elem=torch.empty((), dtype=out_dtype).element_size(),
+                     overlap=H.promotion_overlap(cfg, block))
         a, c = torch.empty((m, K), dtype=dtype), torch.empty((world * m, N), dtype=out_dtype)
         b = torch.empty((N, K), dtype=dtype).t()
     else:

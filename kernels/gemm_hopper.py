@@ -113,6 +113,11 @@ class HopperGemmConfig:
     #: before promoting it (the first Gluon blockwise consumer, bench/results/h100-2026-12-07d-fp8-block).
     #: The same fp32 operations in the same K order either way: the output is bitwise the same.
     block_overlap: bool = True
+    #: per-tensor / rowwise fp8: the same overlapped consumer for their fp32 promotion (``acc + part`` every
+    #: ``block_k`` products; three accumulators), where False each step's ``wgmma`` is waited for before its
+    #: promotion and only the other consumer warpgroup's work overlaps it.  Bitwise the same output either way;
+    #: off until a GPU run measures it (bench/fp8_gluon.py's `` ovl`` configs).
+    promote_overlap: bool = False
 
     @property
     def consumer_rows(self) -> int:
@@ -125,10 +130,10 @@ class HopperGemmConfig:
         staging = 2 * self.consumer_rows * (self.block_n // self.epilogue_split) * (out_elem or elem)
         return ring + staging + 2 * self.stages * 8
 
-    def validate(self, op="matmul_hopper", elem=2, out_elem=None, blockwise=False):
+    def validate(self, op="matmul_hopper", elem=2, out_elem=None, overlap=False):
         """Raise a DitronError naming what does not fit; ``elem`` / ``out_elem``: operand / output bytes (1 /
-        2 or 4 for fp8 operands: the fp8 limits below apply too); ``blockwise``: the launch runs the overlapped
-        blockwise consumer (:func:`block_overlap`: three accumulators per consumer warpgroup)."""
+        2 or 4 for fp8 operands: the fp8 limits below apply too); ``overlap``: the launch runs the overlapped
+        fp8 promotion (:func:`promotion_overlap`: three accumulators per consumer warpgroup)."""
         E = ditron.DitronError
         if self.mode not in MODES:
             raise E(f"{op}: mode={self.mode!r}; use one of {', '.join(MODES)}")
@@ -155,7 +160,7 @@ class HopperGemmConfig:
             if self.block_k > 128 or self.block_k < 32:
                 raise E(f"{op}: fp8 operands need 32 <= block_k <= 128 (got {self.block_k}): one wgmma K step is 32 "
                         "and the fp32 promotion comes every block_k products, as the tl core's")
-            n_acc = 3 if blockwise and self.block_overlap else 2
+            n_acc = 3 if overlap else 2
             if self.consumer_rows * self.block_n > 64 * 128:
                 raise E(f"{op}: fp8 with the fp32 promotion keeps {('two', 'three')[n_acc - 2]} {self.consumer_rows} x {self.block_n} fp32 "
                         f"accumulators per consumer warpgroup ({n_acc * self.consumer_rows * self.block_n // 128} "
@@ -176,7 +181,7 @@ class HopperGemmConfig:
         return (f"gluon {self.mode} {self.block_m}x{self.block_n}x{self.block_k} s{self.stages}"
                 + (f" epi/{self.epilogue_split}" if self.epilogue_split > 1 else "")
                 + (f" g{self.group_m}" if self.group_m != 8 else "")
-                + ("" if self.block_overlap else " serial"))
+                + ("" if self.block_overlap else " serial") + (" ovl" if self.promote_overlap else ""))
 
 
 DEFAULT_CONFIG = HopperGemmConfig()
@@ -202,15 +207,18 @@ def scale_constexprs(sa_row: bool, sb_col: bool, cfg: HopperGemmConfig, block=No
     blockwise scales (then the scales apply per K step, not in the epilogue)."""
     gk, gn = block or (128, 128)
     return dict(SA_ROW=bool(sa_row), SB_COL=bool(sb_col), PROMOTE=cfg.block_k, BLOCKWISE=block is not None,
-                GK=int(gk), GN=int(gn), BLOCK_OVERLAP=block_overlap(cfg, block))
+                GK=int(gk), GN=int(gn), PROMOTE_OVERLAP=promotion_overlap(cfg, block))
 
 
-def block_overlap(cfg: HopperGemmConfig, block) -> bool:
-    """Whether a blockwise launch (``block = (gk, gn)``, or None) runs the overlapped consumer
-    (:func:`_block_mainloop`): :attr:`HopperGemmConfig.block_overlap` and the tile's columns in one ``scale_b``
-    group (``gn`` a multiple of ``block_n``: one scalar per step; per-column scales of two steps in flight
-    would spill beside three accumulators), else the serial loop -- the same numbers either way."""
-    return bool(block is not None and cfg.block_overlap and int(block[1]) % cfg.block_n == 0)
+def promotion_overlap(cfg: HopperGemmConfig, block) -> bool:
+    """Whether an fp8 launch runs the overlapped consumer (:func:`_overlap_mainloop`).  Blockwise (``block =
+    (gk, gn)``): :attr:`HopperGemmConfig.block_overlap` and the tile's columns in one ``scale_b`` group (``gn`` a
+    multiple of ``block_n``: one scalar per step; per-column scales of two steps in flight would spill beside
+    three accumulators); per-tensor / rowwise (``block`` None): :attr:`HopperGemmConfig.promote_overlap`.
+    Otherwise the serial loop -- the same numbers either way."""
+    if block is None:
+        return bool(cfg.promote_overlap)
+    return bool(cfg.block_overlap and int(block[1]) % cfg.block_n == 0)
 
 
 #: the ``tl`` core's config whose tiles and K order match :data:`DEFAULT_CONFIG` (the simulator's twin)
@@ -366,13 +374,16 @@ def _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn
 
 
 @gluon.jit
-def _promote(acc, part, sa, sb, BN: gl.constexpr, GN: gl.constexpr):
+def _promote(acc, part, sa, sb, BN: gl.constexpr, GN: gl.constexpr, BLOCKWISE: gl.constexpr = True):
     """``acc + part * (scale_a * scale_b)`` in fp32 -- the tl core's :func:`~.gemm.scale_step`: the two scales'
-    product first (rounded once), then one fused multiply-add per element (DeepGEMM's promotion).  ``sa, sb``:
+    product first (rounded once), then one fused multiply-add per element (DeepGEMM's promotion); ``acc + part``
+    where not ``BLOCKWISE``.  ``sa, sb``:
     :func:`_block_scales`'s pair -- where the tile's columns share one ``scale_b`` ``sa`` is already the product
     (one multiply per row instead of one per element: the promotion's cost per element halves), else the per-row
     and per-column scales, multiplied here."""
-    if GN % BN == 0:
+    if not BLOCKWISE:
+        return acc + part          # per-tensor / rowwise: the fp32 promotion alone (scales in the epilogue)
+    elif GN % BN == 0:
         return acc + part * sa
     else:
         return acc + part * (sa * sb)
@@ -387,63 +398,81 @@ def _registers_fence(x):
 
 
 @gluon.jit
-def _block_mainloop(a_bufs, b_bufs, ready, empty, acc, part0, part1, count, k_steps, sa_ptr, sb_ptr, stride_sam,
-                    stride_sak, stride_sbk, stride_sbn, off_m, off_n, M, N, acc_layout: gl.constexpr,
-                    row0: gl.constexpr, SUB_M: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GK: gl.constexpr,
-                    GN: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, B_T: gl.constexpr):
-    """One tile's blockwise-fp8 mainloop with the promotion overlapped (:attr:`HopperGemmConfig.block_overlap`):
-    step ``k``'s product goes to ``part0`` (``k`` even) or ``part1`` (odd); step ``k + 1``'s ``wgmma`` is issued
-    before the wait for step ``k``'s (``warpgroup_mma_wait(1)``: all but the newest group have retired), so the
-    tensor core works on ``k + 1`` while this warpgroup adds ``part_k * scale_a * scale_b`` to ``acc``; each
-    step's scales are loaded a step ahead.  The loop takes two steps per iteration (the partial accumulators'
-    roles are fixed, so no register moves of an accumulator in flight), the last one or two steps after it.
+def _step_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M, N, g,
+                 acc_layout: gl.constexpr, SUB_M: gl.constexpr, BN: gl.constexpr, GN: gl.constexpr,
+                 BLOCKWISE: gl.constexpr):
+    """K group ``g``'s scales for :func:`_promote` (:func:`_block_scales`) where ``BLOCKWISE``; else none
+    (per-tensor / rowwise scales apply in the epilogue): two unused fp32 zeros."""
+    if BLOCKWISE:
+        return _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M, N, g,
+                             acc_layout, SUB_M, BN, GN)
+    else:
+        z = gl.to_tensor(0.0)
+        return z, z
 
-    Numerics: ``acc`` receives, in K order, ``acc + part_k * (sa_k * sb_k)`` (fp32, :func:`_promote`: the same expression and
-    association as the serial loop and the tl core's ``scale_step``), and ``part_k`` is step ``k``'s products
-    summed by the tensor core from zero (``use_acc=False``): only the time the promotion happens moves, so the
-    output is bitwise that of the serial loop and the tl twin.  Returns ``(acc, part0, part1, count)``."""
+
+@gluon.jit
+def _overlap_mainloop(a_bufs, b_bufs, ready, empty, acc, part0, part1, count, k_steps, sa_ptr, sb_ptr, stride_sam,
+                      stride_sak, stride_sbk, stride_sbn, off_m, off_n, M, N, acc_layout: gl.constexpr,
+                      row0: gl.constexpr, SUB_M: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, GK: gl.constexpr,
+                      GN: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr, B_T: gl.constexpr,
+                      BLOCKWISE: gl.constexpr):
+    """One tile's fp8 mainloop with the fp32 promotion overlapped (:func:`promotion_overlap`): step ``k``'s
+    product goes to ``part0`` (``k`` even) or ``part1`` (odd); step ``k + 1``'s ``wgmma`` is issued before the
+    wait for step ``k``'s (``warpgroup_mma_wait(1)``: all but the newest group have retired), so the tensor core
+    works on ``k + 1`` while this warpgroup adds step ``k``'s product to ``acc`` -- ``part_k * scale_a *
+    scale_b`` where ``BLOCKWISE`` (each step's scales loaded a step ahead), ``part_k`` itself otherwise (per-tensor
+    / rowwise: the scales apply in the epilogue).  The loop takes two steps per iteration (the partial
+    accumulators' roles are fixed, so no register moves of an accumulator in flight), the last one or two steps
+    after it.
+
+    Numerics: ``acc`` receives, in K order, ``acc + part_k * (sa_k * sb_k)`` (blockwise; fp32, :func:`_promote`:
+    the same expression as the serial loop and the tl core's ``scale_step``) or ``acc + part_k``, and ``part_k`` is
+    step ``k``'s products summed by the tensor core from zero (``use_acc=False``): only the time the promotion
+    happens moves, so the output is bitwise that of the serial loop and the tl twin.  Returns ``(acc, part0,
+    part1, count)``."""
     s = count % STAGES
     a, b = _ring_operands(a_bufs, b_bufs, ready, s, count, row0, SUB_M, STAGES, PINGPONG, B_T)
     p0 = warpgroup_mma(a, b, part0, use_acc=False, is_async=True)
-    sa0, sb0 = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M, N,
-                             0, acc_layout, SUB_M, BN, GN)
+    sa0, sb0 = _step_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M, N,
+                            0, acc_layout, SUB_M, BN, GN, BLOCKWISE)
     # invariant at each iteration: step ki's wgmma (into p0) is in flight, sa0 / sb0 are its scales, ki + 2 < k_steps
     for ki in range(0, k_steps - 2, 2):
         s1 = (count + 1) % STAGES
-        sa1, sb1 = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M,
-                                 N, ((ki + 1) * BK) // GK, acc_layout, SUB_M, BN, GN)
+        sa1, sb1 = _step_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M,
+                                N, ((ki + 1) * BK) // GK, acc_layout, SUB_M, BN, GN, BLOCKWISE)
         a, b = _ring_operands(a_bufs, b_bufs, ready, s1, count + 1, row0, SUB_M, STAGES, PINGPONG, B_T)
         p1 = warpgroup_mma(a, b, part1, use_acc=False, is_async=True)
         part0 = warpgroup_mma_wait(1, deps=(p0, ))                # step ki retired; ki + 1 runs
         mbarrier.arrive(empty.index(count % STAGES))
-        acc = _registers_fence(_promote(acc, part0, sa0, sb0, BN, GN))    # read part0 before it is the next wgmma's
+        acc = _registers_fence(_promote(acc, part0, sa0, sb0, BN, GN, BLOCKWISE))  # part0 read before it is reused
         s2 = (count + 2) % STAGES
-        sa0, sb0 = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M,
-                                 N, ((ki + 2) * BK) // GK, acc_layout, SUB_M, BN, GN)
+        sa0, sb0 = _step_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M,
+                                N, ((ki + 2) * BK) // GK, acc_layout, SUB_M, BN, GN, BLOCKWISE)
         a, b = _ring_operands(a_bufs, b_bufs, ready, s2, count + 2, row0, SUB_M, STAGES, PINGPONG, B_T)
         p0 = warpgroup_mma(a, b, part0, use_acc=False, is_async=True)
         part1 = warpgroup_mma_wait(1, deps=(p1, ))                # step ki + 1 retired; ki + 2 runs
         mbarrier.arrive(empty.index(s1))
-        acc = _registers_fence(_promote(acc, part1, sa1, sb1, BN, GN))    # read part1 before it is the next wgmma's
+        acc = _registers_fence(_promote(acc, part1, sa1, sb1, BN, GN, BLOCKWISE))  # part1 read before it is reused
         count += 2
     # the last step (k_steps odd) or two (even): step count's wgmma is in flight in p0
     if k_steps % 2 == 0:
         s1 = (count + 1) % STAGES
-        sa1, sb1 = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M,
-                                 N, ((k_steps - 1) * BK) // GK, acc_layout, SUB_M, BN, GN)
+        sa1, sb1 = _step_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn, off_m, off_n, M,
+                                N, ((k_steps - 1) * BK) // GK, acc_layout, SUB_M, BN, GN, BLOCKWISE)
         a, b = _ring_operands(a_bufs, b_bufs, ready, s1, count + 1, row0, SUB_M, STAGES, PINGPONG, B_T)
         p1 = warpgroup_mma(a, b, part1, use_acc=False, is_async=True)
         part0 = warpgroup_mma_wait(1, deps=(p0, ))
         mbarrier.arrive(empty.index(count % STAGES))
-        acc = _registers_fence(_promote(acc, part0, sa0, sb0, BN, GN))    # promoted while the last wgmma runs
+        acc = _registers_fence(_promote(acc, part0, sa0, sb0, BN, GN, BLOCKWISE))  # promoted while the last runs
         part1 = warpgroup_mma_wait(0, deps=(p1, ))
         mbarrier.arrive(empty.index(s1))
-        acc = _promote(acc, part1, sa1, sb1, BN, GN)
+        acc = _promote(acc, part1, sa1, sb1, BN, GN, BLOCKWISE)
         count += 2
     else:
         part0 = warpgroup_mma_wait(0, deps=(p0, ))
         mbarrier.arrive(empty.index(count % STAGES))
-        acc = _promote(acc, part0, sa0, sb0, BN, GN)
+        acc = _promote(acc, part0, sa0, sb0, BN, GN, BLOCKWISE)
         count += 1
     return acc, part0, part1, count
 
@@ -582,19 +611,19 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
             # fp8 with the fp32 promotion: each step's products are summed in a zeroed tensor-core accumulator
             # (``use_acc=False``), then added to ``acc`` in fp32 (acc + part: Triton's max_num_imprecise_acc
             # promotion, the tl twin's numerics).  Blockwise with ``OVERLAP``: two partial accumulators, step
-            # k + 1's wgmma in flight while step k is promoted (:func:`_block_mainloop`).  Otherwise the wait is
+            # k + 1's wgmma in flight while step k is promoted (:func:`_overlap_mainloop`).  Otherwise the wait is
             # for this step's MMA and the overlap comes from the other consumer warpgroup only.  (Reading one
             # partial sum while a wgmma writes another is fine for ptxas as long as no instruction touches the
             # in-flight one's registers: LLVM sinking the promotion below the next wgmma -- then a register copy
             # of the partial sum it overwrites -- is what serialises, ptxas C7515; :func:`_registers_fence`.)
             part = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout)
-            if BLOCKWISE and OVERLAP:
-                # step k + 1's wgmma issued before step k's promotion (:func:`_block_mainloop`)
+            if OVERLAP:
+                # step k + 1's wgmma issued before step k's promotion (:func:`_overlap_mainloop`)
                 part_b = gl.zeros((SUB_M, BN), dtype=gl.float32, layout=acc_layout)
-                acc, part, part_b, count = _block_mainloop(
+                acc, part, part_b, count = _overlap_mainloop(
                     a_bufs, b_bufs, ready, empty, acc, part, part_b, count, k_steps, sa_ptr, sb_ptr, stride_sam,
                     stride_sak, stride_sbk, stride_sbn, pid_m * BM + row0, pid_n * BN, M, N, acc_layout, row0,
-                    SUB_M, BN, BK, GK, GN, STAGES, PINGPONG, B_T)
+                    SUB_M, BN, BK, GK, GN, STAGES, PINGPONG, B_T, BLOCKWISE)
             else:
                 for ki in range(k_steps):
                     s = count % STAGES
@@ -730,7 +759,7 @@ def scaled_gemm_ws_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, stride_sam, st
                           GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
                           CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, SA_ROW: gl.constexpr,
                           SB_COL: gl.constexpr, PROMOTE: gl.constexpr, BLOCKWISE: gl.constexpr, GK: gl.constexpr,
-                          GN: gl.constexpr, BLOCK_OVERLAP: gl.constexpr):
+                          GN: gl.constexpr, PROMOTE_OVERLAP: gl.constexpr):
     """Persistent warp-specialised fp8 ``c = (a * scale_a) @ (b * scale_b)``: ``a_desc`` of ``a [M, K]``,
     ``b_desc`` of ``b^T [N, K]`` (both K-major), per-tensor or per-row / per-column scales in the epilogue, or
     (``BLOCKWISE``) DeepSeek-V3 blockwise scales per K step (``num_warps=4``, partitions as
@@ -738,7 +767,7 @@ def scaled_gemm_ws_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, stride_sam, st
     ws_scaled_gemm_body(a_desc, a_desc, b_desc, c_desc, a_desc.shape[0], 0, 0, 0, 0, 0, sa_ptr, sb_ptr, stride_sam,
                         stride_sbn, GROUP_M, STAGES, PINGPONG, False, CONSUMER_REGS, PRODUCER_REGS, True, True,
                         SA_ROW, SB_COL, PROMOTE, 1, 0, 0, False, False, stride_sak, stride_sbk, BLOCKWISE, GK, GN,
-                        BLOCK_OVERLAP)
+                        PROMOTE_OVERLAP)
 
 
 # ---------------------------------------------------------------------------
@@ -846,7 +875,7 @@ def fp8_plan(op, a, b, out, scale_a, scale_b, out_dtype, config: HopperGemmConfi
     if not isinstance(cfg, HopperGemmConfig):
         raise E(f"{op}: config must be a HopperGemmConfig, not {type(cfg).__name__}")
     cfg.validate(op, elem=1, out_elem=_elem(out_dtype),
-                 blockwise=block_overlap(cfg, (rec.gk, rec.gn) if block else None))
+                 overlap=promotion_overlap(cfg, (rec.gk, rec.gn) if block else None))
     if block and rec.gk % cfg.block_k:
         raise E(f"{op}: blockwise scales with groups of {rec.gk} along K need block_k dividing {rec.gk} (one K "
                 f"group per K step; got block_k={cfg.block_k}); give the Gluon core a config with block_k="
@@ -913,8 +942,8 @@ def compile_sm90(cfg: HopperGemmConfig | None = None, dtype=torch.bfloat16, M=10
         gk = scaling.check_scale_block("gemm_hopper.compile_sm90", scale_block)[0] if scales == "block" else None
         cfg = cfg or fp8_default_config(M, N, K, 132, out_dtype, gk)
         cfg.validate(elem=1, out_elem=_elem(out_dtype),
-                     blockwise=scales == "block" and block_overlap(cfg, scaling.check_scale_block(
-                         "gemm_hopper.compile_sm90", scale_block)))
+                     overlap=promotion_overlap(cfg, scaling.check_scale_block("gemm_hopper.compile_sm90", scale_block)
+                                               if scales == "block" else None))
         a = torch.empty((M, K), dtype=dtype)
         b = torch.empty((N, K), dtype=b_dtype or dtype).t()
         c = torch.empty((M, N), dtype=out_dtype)

@@ -116,7 +116,7 @@ def gemm_rs_ws_scaled_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, seg_count_p
                              GROUP_M: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr,
                              CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, SA_ROW: gl.constexpr,
                              SB_COL: gl.constexpr, PROMOTE: gl.constexpr, BLOCKWISE: gl.constexpr,
-                             GK: gl.constexpr, GN: gl.constexpr, BLOCK_OVERLAP: gl.constexpr = False):
+                             GK: gl.constexpr, GN: gl.constexpr, PROMOTE_OVERLAP: gl.constexpr = False):
     """fp8 :func:`gemm_rs_ws_kernel`: this rank's partial ``(a * scale_a) @ (b * scale_b)`` on the fp8 core
     (``gemm_hopper.ws_scaled_gemm_body``: ``b_desc`` of ``b^T``, the fp32 promotion every ``PROMOTE``
     products, epilogue or -- ``BLOCKWISE`` -- per-K-step scales; the scale arguments are
@@ -127,7 +127,7 @@ def gemm_rs_ws_scaled_kernel(a_desc, b_desc, c_desc, sa_ptr, sb_ptr, seg_count_p
     H.ws_scaled_gemm_body(a_desc, a_desc, b_desc, c_desc, M, 0, 0, 0, 0, me, sa_ptr, sb_ptr, stride_sam, stride_sbn,
                           GROUP_M, STAGES, PINGPONG, False, CONSUMER_REGS, PRODUCER_REGS, True, True, SA_ROW, SB_COL,
                           PROMOTE, W, seg_count_ptr, done_ptr, True, True, stride_sak, stride_sbk, BLOCKWISE, GK, GN,
-                          BLOCK_OVERLAP)
+                          PROMOTE_OVERLAP)
     _count_call(calls_ptr)
 
 
@@ -224,8 +224,9 @@ def compile_sm90(cfg: H.HopperGemmConfig | None = None, dtype=torch.bfloat16, M=
             raise ditron.DitronError(f"gemm_rs_hopper.compile_sm90: scales={scales!r}; use 'row', 'tensor' or "
                                      "'block'")
         block = scaling.check_scale_block("gemm_rs", scale_block) if scales == "block" else None
-        cfg = (cfg or H.fp8_default_config(M, N, K, 132, out_dtype, block[0] if block else None)).validate(
-            "gemm_rs", elem=1, out_elem=torch.empty((), dtype=out_dtype).element_size())
+        cfg = cfg or H.fp8_default_config(M, N, K, 132, out_dtype, block[0] if block else None)
+        cfg.validate("gemm_rs", elem=1, out_elem=torch.empty((), dtype=out_dtype).element_size(),
+                     overlap=H.promotion_overlap(cfg, block))
         a, c = torch.empty((M, K), dtype=dtype), torch.empty((M, N), dtype=out_dtype)
         b = torch.empty((N, K), dtype=dtype).t()
     else:

@@ -251,25 +251,26 @@ def test_gluon_fp8_compiles_warp_specialised(i, out, scales):
 #: default config with ``block_overlap=False`` (128 x 128 groups: one scale_b per step), and pingpong with 128 x 64
 #: groups (two column groups per tile: per-column scale_b loads; such configs always take the serial loop) and fp32
 #: out
-FP8_BLOCK_SERIAL = [(dataclasses.replace(FP8_CONFIGS[0][0], block_overlap=False), (128, 128), torch.bfloat16, 1),
-                    (FP8_CONFIGS[3][0], (128, 64), torch.float32, 32)]
+FP8_BLOCK_SERIAL = [(dataclasses.replace(FP8_CONFIGS[0][0], block_overlap=False), (128, 128), torch.bfloat16, 1, 2),
+                    (FP8_CONFIGS[3][0], (128, 64), torch.float32, 32, 64)]
 
 
-@pytest.mark.parametrize("cfg,block,out,sb_loads", _sweep(FP8_BLOCK_SERIAL),
+@pytest.mark.parametrize("cfg,block,out,sb_loads,muls", _sweep(FP8_BLOCK_SERIAL),
                          ids=["default-serial-128x128-bf16", "pingpong-128x64-fp32"][:len(_sweep(FP8_BLOCK_SERIAL))])
-def test_gluon_fp8_blockwise_serial_compiles(cfg, block, out, sb_loads):
+def test_gluon_fp8_blockwise_serial_compiles(cfg, block, out, sb_loads, muls):
     """Blockwise scales on the fp8 Gluon core, serial consumer: e4m3 wgmma; each K step's scales loaded between
     issuing its wgmma and waiting for it (2 rows of scale_a per thread; scale_b one scalar when the tile's columns
-    lie in one group, else 32 columns); per step and accumulator element one fp32 multiply (part * scale_a) and one
-    multiply-add (* scale_b + acc: the tl core's ``acc + part * sa * sb``, contracted as there); no epilogue
-    scale; no spills and no wgmma serialisation by ptxas."""
-    assert not H.block_overlap(cfg, block)
+    lie in one group, else 32 columns); per step the scales' product (``muls`` fp32 multiplies per thread: one per
+    row where scale_b is one scalar, one per element otherwise) and per accumulator element one multiply-add
+    (``acc + part * (sa * sb)``: the tl core's ``scale_step``, contracted as there); no epilogue scale; no spills
+    and no wgmma serialisation by ptxas."""
+    assert not H.promotion_overlap(cfg, block)
     ck = H.compile_sm90(cfg, E4, M=8192, N=4096, K=4096, out_dtype=out, scales="block", scale_block=block)
     ptx = ck.asm["ptx"]
     assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3", ptx) >= 2
     assert "wgmma.wait_group.sync.aligned 1" not in ptx
     # per consumer (2) and thread: 64 accumulator elements, 2 rows of scale_a and sb_loads of scale_b
-    assert _count(r"fma\.rn\.f32", ptx) == 2 * 64 and _count(r"mul\.f32", ptx) == 2 * 64
+    assert _count(r"fma\.rn\.f32", ptx) == 2 * 64 and _count(r"mul\.f32", ptx) == 2 * muls
     assert _count(r"ld\.global\.b32", ptx) == 2 * (2 + sb_loads)
     body = ptx[ptx.index("wgmma.mma_async"):]
     issued, waited = body.index("wgmma.commit_group"), body.index("wgmma.wait_group.sync.aligned 0")
@@ -287,15 +288,16 @@ FP8_BLOCK_OVERLAP = [(FP8_CONFIGS[0][0], torch.bfloat16), (dataclasses.replace(F
 @pytest.mark.parametrize("cfg,out", _sweep(FP8_BLOCK_OVERLAP),
                          ids=["default-bf16", "coop-s5-fp32", "pingpong-s4-bf16"][:len(_sweep(FP8_BLOCK_OVERLAP))])
 def test_gluon_fp8_blockwise_overlapped_compiles(cfg, out):
-    """The overlapped blockwise consumer (kernels/gemm_hopper.py ``_block_mainloop``) compiles to what it claims:
-    step k + 1's wgmma is issued before step k's promotion and runs under it.  In the PTX: every
-    ``wgmma.wait_group 1`` (step k retired, k + 1 in flight) is followed by step k's whole promotion (64 multiplies
-    and 64 multiply-adds per thread) before the next ``wgmma.mma_async`` -- LLVM does not sink it below the next
-    issue (which would copy the partial sum the next wgmma overwrites); the prologue, the two-step loop body and
-    the even tail issue, the tails wait for all (``wait_group 0``); and ptxas neither serialises the wgmmas
-    (C7514 / C7515) nor spills with three 64 x 128 fp32 accumulators per consumer.  The promotion is the serial
-    loop's, element for element (one multiply, one multiply-add, one scalar scale_b load per step)."""
-    assert H.block_overlap(cfg, (128, 128))
+    """The overlapped blockwise consumer (kernels/gemm_hopper.py ``_overlap_mainloop``) compiles to what it
+    claims: step k + 1's wgmma is issued before step k's promotion and runs under it.  In the PTX: every
+    ``wgmma.wait_group 1`` (step k retired, k + 1 in flight) is followed by step k's whole promotion (64
+    multiply-adds per thread) before the next ``wgmma.mma_async`` -- LLVM does not sink it below the next issue
+    (which would copy the partial sum the next wgmma overwrites); the prologue, the two-step loop body and the
+    even tail issue, the tails wait for all (``wait_group 0``); and ptxas neither serialises the wgmmas (C7514 /
+    C7515) nor spills with three 64 x 128 fp32 accumulators per consumer.  The promotion is the serial loop's,
+    element for element (the scales' product once per row where the step loads them, one multiply-add per
+    element, one scalar scale_b load per step)."""
+    assert H.promotion_overlap(cfg, (128, 128))
     ck = H.compile_sm90(cfg, E4, M=8192, N=4096, K=4096, out_dtype=out, scales="block")
     ptx = ck.asm["ptx"]
     # per consumer: prologue, loop body (2), even tail = 4 issues of 4 x k32
@@ -306,9 +308,11 @@ def test_gluon_fp8_blockwise_overlapped_compiles(cfg, out):
     for w in waits1:
         nxt = ptx.find("wgmma.mma_async", w)
         between = ptx[w:nxt if nxt >= 0 else len(ptx)]
-        assert _count(r"fma\.rn\.f32", between) >= 64 and _count(r"mul\.f32", between) >= 64, between[:2000]
-    # 5 promotions per consumer (loop body 2, even tail 2, odd tail 1), each 64 multiplies + 64 multiply-adds
-    assert _count(r"fma\.rn\.f32", ptx) == 2 * 5 * 64 and _count(r"mul\.f32", ptx) == 2 * 5 * 64
+        assert _count(r"fma\.rn\.f32", between) >= 64, between[:2000]
+    # 5 promotions per consumer in the source (loop body 2, even tail 2, odd tail 1; LLVM may sink the two tails'
+    # last ones into one), each 64 multiply-adds; the scales' product where they are loaded (prologue, loop 2,
+    # even tail), 2 rows per thread
+    assert _count(r"fma\.rn\.f32", ptx) in (2 * 4 * 64, 2 * 5 * 64) and _count(r"mul\.f32", ptx) == 2 * 4 * 2
     # scales: 2 rows of scale_a and one scale_b per step; 4 step loads per consumer (prologue, loop 2, even tail)
     assert _count(r"ld\.global\.b32", ptx) == 2 * 4 * 3
     log = _ptxas_log(ptx)
@@ -319,16 +323,42 @@ def test_gluon_fp8_blockwise_overlapped_compiles(cfg, out):
 
 
 def test_gluon_fp8_block_overlap_choice():
-    """The overlapped consumer runs where the tile's columns lie in one scale_b group, with ``block_overlap``."""
+    """Blockwise: the overlapped consumer runs where the tile's columns lie in one scale_b group, with
+    ``block_overlap``; per-tensor / rowwise: with ``promote_overlap`` (off by default until measured)."""
     cfg = FP8_CONFIGS[0][0]
-    assert cfg.block_overlap and H.block_overlap(cfg, (128, 128)) and H.block_overlap(cfg, (128, 256))
-    assert not H.block_overlap(cfg, (128, 64)) and not H.block_overlap(cfg, None)
-    assert not H.block_overlap(dataclasses.replace(cfg, block_overlap=False), (128, 128))
-    assert H.scale_constexprs(True, True, cfg, (128, 128))["BLOCK_OVERLAP"]
-    assert not H.scale_constexprs(True, True, cfg, None)["BLOCK_OVERLAP"]
-    assert dataclasses.replace(cfg, block_overlap=False).label().endswith(" serial")
+    assert cfg.block_overlap and H.promotion_overlap(cfg, (128, 128)) and H.promotion_overlap(cfg, (128, 256))
+    assert not H.promotion_overlap(cfg, (128, 64)) and not H.promotion_overlap(cfg, None)
+    assert not H.promotion_overlap(dataclasses.replace(cfg, block_overlap=False), (128, 128))
+    assert H.scale_constexprs(True, True, cfg, (128, 128))["PROMOTE_OVERLAP"]
+    assert not H.scale_constexprs(True, True, cfg, None)["PROMOTE_OVERLAP"]
+    ovl = dataclasses.replace(cfg, promote_overlap=True)
+    assert H.promotion_overlap(ovl, None) and H.scale_constexprs(True, True, ovl, None)["PROMOTE_OVERLAP"]
+    assert ovl.label().endswith(" ovl") and dataclasses.replace(cfg, block_overlap=False).label().endswith(" serial")
     with pytest.raises(ditron.DitronError, match="three 64 x 256 fp32 accumulators"):
-        HC(128, 256, 128, stages=2).validate(elem=1, out_elem=2, blockwise=True)
+        HC(128, 256, 128, stages=2).validate(elem=1, out_elem=2, overlap=True)
+
+
+@pytest.mark.parametrize("scales", ["row", "tensor"])
+def test_gluon_fp8_rowwise_overlapped_promotion_compiles(scales):
+    """``promote_overlap``: per-tensor / rowwise fp8 on the overlapped consumer (``_overlap_mainloop`` without
+    scales): the same wgmma issue / wait pattern as blockwise (4 issues of 4 x k32 per consumer, ``wait_group 1``
+    in the loop body and the even tail, ``wait_group 0`` in the two tails), each ``wait_group 1`` followed by its
+    promotion (64 fp32 adds per thread) before the next issue (4 or 5 promotions per consumer in the PTX: see
+    the blockwise test); no scale loads in the mainloop (the epilogue
+    scales: 2 rows + 32 columns rowwise, one element each per-tensor); no spills, no wgmma serialisation."""
+    cfg = dataclasses.replace(FP8_CONFIGS[0][0], promote_overlap=True)
+    ptx = H.compile_sm90(cfg, E4, M=8192, N=4096, K=4096, scales=scales).asm["ptx"]
+    assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3", ptx) == 2 * 4 * 4
+    waits1 = [m.end() for m in re.finditer(r"wgmma\.wait_group\.sync\.aligned 1;", ptx)]
+    assert len(waits1) == 2 * 3 and _count(r"wgmma\.wait_group\.sync\.aligned 0;", ptx) == 2 * 2
+    for w in waits1:
+        nxt = ptx.find("wgmma.mma_async", w)
+        assert _count(r"add\.f32", ptx[w:nxt if nxt >= 0 else len(ptx)]) >= 64
+    assert _count(r"add\.f32", ptx) in (2 * 4 * 64, 2 * 5 * 64) and _count(r"fma\.rn\.f32", ptx) == 0
+    assert _count(r"ld\.global\.b32", ptx) == 2 * ((2 + 32) if scales == "row" else 2)
+    log = _ptxas_log(ptx)
+    assert "0 bytes spill stores, 0 bytes spill loads" in log, log
+    assert "serialized" not in log and "C7514" not in log and "C7515" not in log, log
 
 
 def test_gluon_fp8_e5m2_and_pingpong_4_stages():
