@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from ditron.bench.gemm_shapes import gemm_core_shapes  # noqa: E402
 import ditron.kernels.gemm as G  # noqa: E402
 import ditron.kernels.gemm_hopper as H  # noqa: E402
+import ditron.kernels.gemm_streamk as SK  # noqa: E402
 
 C = G.GemmConfig
 HC = H.HopperGemmConfig
@@ -485,7 +486,7 @@ def compile_streamk(c, dname, even_k):
     types = {"ws_ptr": "*fp32", "flag_ptr": "*i32", "calls_ptr": "*i64"}
     sig = {n: types.get(n, f"*{dname}" if n.endswith("_ptr") else "i32") for n in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n != "M"}
-    return ditron.compile(G.gemm_streamk_kernel, target="sm_90a", signature=sig, attrs=attrs, num_warps=c.num_warps,
+    return ditron.compile(SK.gemm_streamk_kernel, target="sm_90a", signature=sig, attrs=attrs, num_warps=c.num_warps,
                           num_stages=c.num_stages,
                           constexprs=dict(BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
                                           EVEN_K=even_k, TMA=c.tma, FLATTEN=c.flatten, SUBTILE=c.epilogue_subtile,

@@ -1,4 +1,4 @@
-"""Test bodies for the Stream-K schedule of the GEMM core (kernels/gemm.py, ``GemmConfig(stream_k=True)``), run
+"""Test bodies for the Stream-K schedule of the GEMM core (kernels/gemm_streamk.py, ``GemmConfig(stream_k=True)``), run
 on one simulated rank (or a GPU rank): against torch in fp32, run-to-run bit equality, and (simulator only) the
 exact fp32 summation order that the kernel documents, replayed on the host."""
 import importlib
@@ -10,6 +10,7 @@ from bodies_ag_gemm import error_messages
 from bodies_gemm_core import _close, _rand
 
 G = importlib.import_module("ditron.kernels.gemm")
+S = importlib.import_module("ditron.kernels.gemm_streamk")
 
 #: the simulator's Stream-K config (SIM_CONFIG's tiles)
 SK = G.GemmConfig(16, 16, 32, group_m=4, num_warps=1, num_stages=1, stream_k=True)
@@ -55,7 +56,7 @@ def streamk_calls(world, dtype, cases):
                f"stream-K {M}x{N}x{K} on {P} programs, b transposed")
         tiles = G.cdiv(M, SK.block_m) * G.cdiv(N, SK.block_n)
         ks = G.cdiv(K, SK.block_k)
-        launched = G.streamk_programs(tiles, ks, P)
+        launched = S.streamk_programs(tiles, ks, P)
         dp, segs = schedule(tiles, ks, launched)
         info.append((launched, dp, sum(len(s) > 1 for s in segs), max((len(s) for s in segs), default=0)))
     return info
@@ -81,7 +82,7 @@ def _one_product_per_step(M, N, K, dtype, seed, bk):
 def exact_order(world, dtype, cases):
     """The kernel's fp32 summation order, bit for bit: data-parallel tiles sum their K steps in order; a split
     tile sums each segment's steps in order from 0, then the owner adds the contributors' partials in program
-    order (kernels/gemm.py ``gemm_streamk_kernel``).  Replayed with NumPy float32 on the host from the schedule
+    order (kernels/gemm_streamk.py ``gemm_streamk_kernel``).  Replayed with NumPy float32 on the host from the schedule
     replica (:func:`schedule`).  Returns per case the number of output entries where the exact order and the
     plain K order (no split) differ, so the test can tell that the order is observable."""
     dtype = getattr(torch, dtype)
@@ -95,7 +96,7 @@ def exact_order(world, dtype, cases):
         v = np.stack([(a[:, k:k + 1].float() @ b[k:k + 1, :].float()).numpy() for k in ks]).astype(np.float32)
         nm, nn = G.cdiv(M, bm), G.cdiv(N, bn)
         tiles, steps = nm * nn, len(ks)
-        launched = G.streamk_programs(tiles, steps, P)
+        launched = S.streamk_programs(tiles, steps, P)
         dp, segs = schedule(tiles, steps, launched)
 
         def seg_sum(lo, hi):
@@ -147,11 +148,11 @@ def workspace_state(world, calls):
     M, N, K, P = 37, 45, 70, 6              # 9 tiles, 3 K steps: all 9 split over 6 programs
     a = _rand((M, K), torch.bfloat16, 5).to(world.device)
     b = _rand((K, N), torch.bfloat16, 6).to(world.device)
-    first = G.streamk_workspace(world.device, P, SK.block_m, SK.block_n)
+    first = S.streamk_workspace(world.device, P, SK.block_m, SK.block_n)
     assert int(first[2][0]) == 0 and not bool(first[1].any())
     for _ in range(calls):
         G.matmul(a, b, config=SK, num_programs=P)
-    again = G.streamk_workspace(world.device, P, SK.block_m, SK.block_n)
+    again = S.streamk_workspace(world.device, P, SK.block_m, SK.block_n)
     assert all(x is y for x, y in zip(first, again)), "the Stream-K state was allocated again"
     tiles = G.cdiv(M, SK.block_m) * G.cdiv(N, SK.block_n)
     _dp, segs = schedule(tiles, G.cdiv(K, SK.block_k), P)
@@ -161,8 +162,8 @@ def workspace_state(world, calls):
 
 def streamk_planted(world, plant):
     """One split-K case (a single tile summed from 4 programs' partials) with the Stream-K kernel's fixup wait
-    (``plant`` 1) or release (2) removed (``gemm._STREAMK_PLANT``): the simulator must report it."""
-    G._STREAMK_PLANT = plant
+    (``plant`` 1) or release (2) removed (``gemm_streamk._STREAMK_PLANT``): the simulator must report it."""
+    S._STREAMK_PLANT = plant
     try:
         a = _rand((10, 200), torch.bfloat16, 7).to(world.device)
         b = _rand((200, 12), torch.bfloat16, 8).to(world.device)
@@ -170,4 +171,4 @@ def streamk_planted(world, plant):
         _close(out, a.float().cpu() @ b.float().cpu(), "stream-K, planted bug")
         return "not caught"
     finally:
-        G._STREAMK_PLANT = 0
+        S._STREAMK_PLANT = 0

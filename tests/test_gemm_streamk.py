@@ -1,4 +1,4 @@
-"""Stream-K on the GEMM core (kernels/gemm.py, ``GemmConfig(stream_k=True)``, issue 52 item 1): ``matmul``
+"""Stream-K on the GEMM core (kernels/gemm_streamk.py, ``GemmConfig(stream_k=True)``, issue 52 item 1): ``matmul``
 against torch at odd shapes on the simulator with a small persistent grid, so that the Stream-K phase splits
 tiles over K; run-to-run bit equality; the documented fp32 summation order of the fixup, bit for bit; errors
 before launch; and the sm_90a compile of a Stream-K config (wgmma, TMA, shared memory within the limit) and
@@ -16,6 +16,7 @@ import bodies_gemm_streamk as B
 from conftest import GPU_BACKEND, tma_loads, tma_stores
 
 G = importlib.import_module("ditron.kernels.gemm")
+S = importlib.import_module("ditron.kernels.gemm_streamk")
 
 #: (M, N, K, programs) with SIM tiles 16 x 16 x 32.  Comments: tiles T, K steps KI, programs P launched.
 CASES = [
@@ -57,7 +58,7 @@ def test_streamk_schedule_replica():
     for tiles in (1, 3, 7, 8, 9, 17, 960):
         for ks in (1, 2, 3, 7, 64):
             for P in (1, 2, 4, 5, 8, 132):
-                n = G.streamk_programs(tiles, ks, P)
+                n = S.streamk_programs(tiles, ks, P)
                 dp, segs = B.schedule(tiles, ks, n)
                 assert dp == tiles if tiles % n == 0 else dp == max(tiles // n - 1, 0) * n
                 first_of = {}
@@ -100,7 +101,7 @@ def compile_streamk(cfg, tma, even_k=True, ab="*bf16", target="sm_90a"):
     div = {"a_ptr", "b_ptr", "c_ptr", "ws_ptr", "flag_ptr", "calls_ptr", "N", "K", "stride_am", "stride_bk",
            "stride_cm"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in div}
-    ck = ditron.compile(G.gemm_streamk_kernel, target=target, signature=sig, attrs=attrs,
+    ck = ditron.compile(S.gemm_streamk_kernel, target=target, signature=sig, attrs=attrs,
                         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                         constexprs=dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                                         GROUP_M=cfg.group_m, EVEN_K=even_k, TMA=tma, FLATTEN=cfg.flatten,
