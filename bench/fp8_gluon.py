@@ -64,10 +64,10 @@ CONFIGS = {
     "pingpong 64x128x128 s4": HC(64, 128, 128, stages=4, mode="pingpong"),
     "coop 128x128x128 s6 serial": HC(128, 128, 128, stages=6, mode="coop", block_overlap=False),
     "pingpong 64x128x128 s4 serial": HC(64, 128, 128, stages=4, mode="pingpong", block_overlap=False),
-    # per-tensor / rowwise on the overlapped consumer (``promote_overlap``): checked bit for bit against the same
-    # config without it (the same fp32 adds in the same K order)
-    "coop 128x128x128 s6 ovl": HC(128, 128, 128, stages=6, mode="coop", promote_overlap=True),
-    "coop 128x128x128 s4 ovl": HC(128, 128, 128, stages=4, mode="coop", promote_overlap=True),
+    # per-tensor / rowwise with the serial promotion (``promote_overlap=False``; the overlapped one is the default):
+    # the default is checked bit for bit against it (the same fp32 adds in the same K order)
+    "coop 128x128x128 s6 pserial": HC(128, 128, 128, stages=6, mode="coop", promote_overlap=False),
+    "coop 128x128x128 s4 pserial": HC(128, 128, 128, stages=4, mode="coop", promote_overlap=False),
 }
 DEFAULT = "coop 128x128x128 s6"
 BLOCK_CONFIGS = ("coop 128x128x128 s6,coop 128x128x128 s4,pingpong 64x128x128 s6,pingpong 64x128x128 s4,"
@@ -76,8 +76,8 @@ ROW_CONFIGS = ",".join(n for n in CONFIGS if not n.endswith(" serial"))    # blo
 
 
 def tensor_configs(configs):
-    """Per-tensor scales time the default and its ``ovl`` variant where ``--configs`` names them."""
-    return [c for c in configs if c in (DEFAULT, DEFAULT + " ovl")] or [DEFAULT]
+    """Per-tensor scales time the default and its ``pserial`` variant where ``--configs`` names them."""
+    return [c for c in configs if c in (DEFAULT, DEFAULT + " pserial")] or [DEFAULT]
 RECIPES = ("row", "tensor", "block")
 GROUP = 128                     # DeepSeek-V3: 1 x 128 groups of a, 128 x 128 blocks of b
 
@@ -246,7 +246,7 @@ def main():
                 ref = (a[rows].float() @ b.float()) * (sa[rows] if sa.dim() == 2 else sa) * sb
                 vendor = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)[rows]
             twins = {}              # the tl twins' outputs of this shape, per twin config
-            outs = {}               # per-tensor / rowwise Gluon outputs: the ``ovl`` configs' bitwise check
+            outs = {}               # per-tensor / rowwise Gluon outputs: the ``pserial`` configs' bitwise check
             recipe_configs = {"row": configs, "tensor": tensor_configs(configs), "block": block_configs}[recipe]
             for name, fn in candidates(recipe, recipe_configs).items():
                 dog.beat(f"check {s.label} {recipe} {name}")
@@ -273,14 +273,14 @@ def main():
                       flush=True)
                 if recipe != "block" and name.startswith("gluon ") and got is not None:
                     outs[name] = got
-                    base = name[:-len(" ovl")] if name.endswith(" ovl") else None
+                    base = name[:-len(" pserial")] if name.endswith(" pserial") else None
                     if base in outs:
                         differ = int((outs[base].view(torch.int16) != got.view(torch.int16)).sum().item())
                         if differ:
                             failed.add((s.label, recipe, f"{name} vs {base}"))
                         results["correctness"].append(dict(shape=s.label, recipe=recipe,
-                                                           candidate=f"{name} vs serial bits", differ=differ))
-                        print(f"{s.label[:34]:34s} {recipe:6s} {'ovl vs serial':30s} {differ} of {got.numel()} "
+                                                           candidate=f"{base} vs pserial bits", differ=differ))
+                        print(f"{s.label[:34]:34s} {recipe:6s} {'overlapped vs serial':30s} {differ} of {got.numel()} "
                               f"elements differ (bitwise){'  FAIL' if differ else ''}", flush=True)
                     got = None
                 if recipe == "block" and name.startswith("gluon ") and got is not None:

@@ -115,9 +115,10 @@ class HopperGemmConfig:
     block_overlap: bool = True
     #: per-tensor / rowwise fp8: the same overlapped consumer for their fp32 promotion (``acc + part`` every
     #: ``block_k`` products; three accumulators), where False each step's ``wgmma`` is waited for before its
-    #: promotion and only the other consumer warpgroup's work overlaps it.  Bitwise the same output either way;
-    #: off until a GPU run measures it (bench/fp8_gluon.py's `` ovl`` configs).
-    promote_overlap: bool = False
+    #: promotion and only the other consumer warpgroup's work overlaps it.  Bitwise the same output either way
+    #: (checked on an H100); 0.80-1.12x -> 0.89-1.09x ``torch._scaled_mm`` rowwise, per-tensor 0.68-1.03x ->
+    #: 0.71-1.15x at the paper's TP=8 shapes (bench/results/h100-2026-12-07f-fp8/)
+    promote_overlap: bool = True
 
     @property
     def consumer_rows(self) -> int:
@@ -181,7 +182,7 @@ class HopperGemmConfig:
         return (f"gluon {self.mode} {self.block_m}x{self.block_n}x{self.block_k} s{self.stages}"
                 + (f" epi/{self.epilogue_split}" if self.epilogue_split > 1 else "")
                 + (f" g{self.group_m}" if self.group_m != 8 else "")
-                + ("" if self.block_overlap else " serial") + (" ovl" if self.promote_overlap else ""))
+                + ("" if self.block_overlap else " serial") + ("" if self.promote_overlap else " pserial"))
 
 
 DEFAULT_CONFIG = HopperGemmConfig()
@@ -214,10 +215,12 @@ def promotion_overlap(cfg: HopperGemmConfig, block) -> bool:
     """Whether an fp8 launch runs the overlapped consumer (:func:`_overlap_mainloop`).  Blockwise (``block =
     (gk, gn)``): :attr:`HopperGemmConfig.block_overlap` and the tile's columns in one ``scale_b`` group (``gn`` a
     multiple of ``block_n``: one scalar per step; per-column scales of two steps in flight would spill beside
-    three accumulators); per-tensor / rowwise (``block`` None): :attr:`HopperGemmConfig.promote_overlap`.
-    Otherwise the serial loop -- the same numbers either way."""
+    three accumulators); per-tensor / rowwise (``block`` None): :attr:`HopperGemmConfig.promote_overlap` in coop
+    mode (pingpong keeps the serial promotion: with fp32 output and per-row scales ptxas spilled 8 bytes, and
+    pingpong fp8 was the slower mode at every shape measured).  Otherwise the serial loop -- the same numbers
+    either way."""
     if block is None:
-        return bool(cfg.promote_overlap)
+        return bool(cfg.promote_overlap and cfg.mode == "coop")
     return bool(cfg.block_overlap and int(block[1]) % cfg.block_n == 0)
 
 

@@ -324,29 +324,33 @@ def test_gluon_fp8_blockwise_overlapped_compiles(cfg, out):
 
 def test_gluon_fp8_block_overlap_choice():
     """Blockwise: the overlapped consumer runs where the tile's columns lie in one scale_b group, with
-    ``block_overlap``; per-tensor / rowwise: with ``promote_overlap`` (off by default until measured)."""
+    ``block_overlap``; per-tensor / rowwise: with ``promote_overlap``; both on by default."""
     cfg = FP8_CONFIGS[0][0]
     assert cfg.block_overlap and H.promotion_overlap(cfg, (128, 128)) and H.promotion_overlap(cfg, (128, 256))
-    assert not H.promotion_overlap(cfg, (128, 64)) and not H.promotion_overlap(cfg, None)
+    assert not H.promotion_overlap(cfg, (128, 64))
     assert not H.promotion_overlap(dataclasses.replace(cfg, block_overlap=False), (128, 128))
     assert H.scale_constexprs(True, True, cfg, (128, 128))["PROMOTE_OVERLAP"]
-    assert not H.scale_constexprs(True, True, cfg, None)["PROMOTE_OVERLAP"]
-    ovl = dataclasses.replace(cfg, promote_overlap=True)
-    assert H.promotion_overlap(ovl, None) and H.scale_constexprs(True, True, ovl, None)["PROMOTE_OVERLAP"]
-    assert ovl.label().endswith(" ovl") and dataclasses.replace(cfg, block_overlap=False).label().endswith(" serial")
+    assert cfg.promote_overlap and H.promotion_overlap(cfg, None)
+    assert H.scale_constexprs(True, True, cfg, None)["PROMOTE_OVERLAP"]
+    ser = dataclasses.replace(cfg, promote_overlap=False)
+    assert not H.promotion_overlap(ser, None) and not H.scale_constexprs(True, True, ser, None)["PROMOTE_OVERLAP"]
+    assert H.promotion_overlap(ser, (128, 128))            # blockwise follows block_overlap
+    assert not H.promotion_overlap(FP8_CONFIGS[2][0], None)    # pingpong: the serial promotion (see promotion_overlap)
+    assert ser.label().endswith(" pserial") and dataclasses.replace(cfg, block_overlap=False).label().endswith(" serial")
+    assert cfg.label() == "gluon coop 128x128x128 s6"       # the bf16 tables' names do not change
     with pytest.raises(ditron.DitronError, match="three 64 x 256 fp32 accumulators"):
         HC(128, 256, 128, stages=2).validate(elem=1, out_elem=2, overlap=True)
 
 
 @pytest.mark.parametrize("scales", ["row", "tensor"])
 def test_gluon_fp8_rowwise_overlapped_promotion_compiles(scales):
-    """``promote_overlap``: per-tensor / rowwise fp8 on the overlapped consumer (``_overlap_mainloop`` without
+    """``promote_overlap`` (the default): per-tensor / rowwise fp8 on the overlapped consumer (``_overlap_mainloop`` without
     scales): the same wgmma issue / wait pattern as blockwise (4 issues of 4 x k32 per consumer, ``wait_group 1``
     in the loop body and the even tail, ``wait_group 0`` in the two tails), each ``wait_group 1`` followed by its
     promotion (64 fp32 adds per thread) before the next issue (4 or 5 promotions per consumer in the PTX: see
     the blockwise test); no scale loads in the mainloop (the epilogue
     scales: 2 rows + 32 columns rowwise, one element each per-tensor); no spills, no wgmma serialisation."""
-    cfg = dataclasses.replace(FP8_CONFIGS[0][0], promote_overlap=True)
+    cfg = FP8_CONFIGS[0][0]
     ptx = H.compile_sm90(cfg, E4, M=8192, N=4096, K=4096, scales=scales).asm["ptx"]
     assert _count(r"wgmma\.mma_async\.sync\.aligned\.m64n128k32\.f32\.e4m3\.e4m3", ptx) == 2 * 4 * 4
     waits1 = [m.end() for m in re.finditer(r"wgmma\.wait_group\.sync\.aligned 1;", ptx)]

@@ -286,7 +286,7 @@ def test_fp8_gluon_errors_before_launch(dist_world):
     assert "need block_k dividing 64" in msgs["block_k_group"] and "got block_k=128" in msgs["block_k_group"]
     assert "core='tl'" in msgs["block_k_group"]
     assert "takes a HopperGemmConfig" in msgs["tl_config"]
-    assert "two 64 x 256 fp32 accumulators" in msgs["registers"]
+    assert "three 64 x 256 fp32 accumulators" in msgs["registers"]     # the overlapped promotion (default)
     assert "shared memory" in msgs["smem"] and "227 KiB" in msgs["smem"]
     assert "32 <= block_k <= 128" in msgs["block_k"]
     assert "core='cutlass'" in msgs["core"]
