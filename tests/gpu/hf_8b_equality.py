@@ -125,20 +125,21 @@ def build_reference(name, path, steps, lengths, min_rel, sigma, device):
             m.get_output_embeddings().weight.copy_(lm0 * f.to(device=device, dtype=torch.bfloat16))
         found = search(m, V, steps, lengths, min_rel, device)
         if isinstance(found, list):
-            print(f"LM-head row norms log-normal with sigma {sg}: candidate prompts found", flush=True)
+            cands = [h for hits in found for h in hits]
+            exact = exact_logits(m, [h[0] for h in cands], [(h[1], h[2]) for h in cands])
+            m.to(torch.bfloat16)              # back from float32 (exact: the weights are bfloat16 values)
+            found = choose(found, exact, min_rel)
+        if isinstance(found, tuple):
+            prompts, refs, refs32 = found
+            print(f"LM-head row norms log-normal with sigma {sg}: prompts found", flush=True)
             break
         print(f"LM-head row norms log-normal with sigma {sg}: {found}", flush=True)
     else:
-        raise SystemExit(f"hf_8b_equality: FAIL: no prompts with an unambiguous {steps}-step greedy run for any sigma "
-                         f"in {sigma}; try --sigma / --min-rel")
+        raise SystemExit(f"hf_8b_equality: FAIL: no prompts with an unambiguous {steps}-step greedy run (bfloat16 and "
+                         f"float32) for any sigma in {sigma}; try --sigma / --min-rel")
     del lm0
     t = time.monotonic()
     m.save_pretrained(path, max_shard_size="4GB")
-    cands = [h for hits in found for h in hits]
-    chosen = choose(found, exact_logits(m, [h[0] for h in cands], [(h[1], h[2]) for h in cands]), min_rel)
-    if isinstance(chosen, str):
-        raise SystemExit(f"hf_8b_equality: FAIL: {chosen}; try --sigma / --min-rel")
-    prompts, refs, refs32 = chosen
     torch.save({"prompts": prompts, "refs": refs, "refs32": refs32, "steps": steps}, os.path.join(path, "refs.pt"))
     print(f"saved the model and the references to {path} in {time.monotonic() - t:.0f} s", flush=True)
     del m
