@@ -106,9 +106,10 @@ def dispatch_check(x, idx, E, codes, scales):
     return None
 
 
-def ep_fp8_impls(x, idx, w, world, E):
+def ep_fp8_impls(x, idx, w, world, E, traced=None):
     """The impls at one token count: ``x [T, H]`` bf16, ``idx`` / ``w [T, k]`` (ditron/bench/moe.py's seeded
-    inputs), ``E`` experts."""
+    inputs), ``E`` experts; ``traced`` (``--trace``): a list that receives ``(mode, ctx, run)`` of the fp8 and the
+    bf16 low-latency round trips."""
     import torch
 
     from ..kernels import ep
@@ -141,6 +142,8 @@ def ep_fp8_impls(x, idx, w, world, E):
         check8(out)
     impls.append(Impl("ditron low_latency fp8", run8, check_fp8))
     impls.append(Impl("ditron low_latency bf16", run16, combine_check(x, w, False, "bf16 dispatch + combine")))
+    if traced is not None:
+        traced += [("low_latency fp8", ctx8, run8), ("low_latency bf16", ctx16, run16)]
     if world.backend != "sim":
         for name, n in (("device_copy_fp8", fp8_payload_bytes(tokens, H, k)),
                         ("device_copy_bf16", bf16_payload_bytes(tokens, H, k))):

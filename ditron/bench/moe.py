@@ -263,7 +263,7 @@ def ep_impls(tokens, world, dtype, H, k, experts_per_rank, modes, seed=0, traced
         from .ep_fp8 import ep_fp8_impls
         x = _rand((tokens, H), seed + 7 * world.rank, dtype, world.device)
         idx, w = _routing(tokens, experts_per_rank * world.world_size, k, seed + 5 * world.rank, world.device)
-        return ep_fp8_impls(x, idx, w, world, experts_per_rank * world.world_size)
+        return ep_fp8_impls(x, idx, w, world, experts_per_rank * world.world_size, traced=traced)
     import torch
     import torch.distributed as dist
 
