@@ -104,7 +104,8 @@ def _global_name(fn, fn_names, fn_globals, reserved):
     return fn_names[fid]
 
 
-def generate(graph, dynamic: bool, trace: bool = False, wait_acquire: str = "fence") -> Generated:
+def generate(graph, dynamic: bool, trace: bool = False, wait_acquire: str = "fence",
+             noinline_branches: bool = False) -> Generated:
     kname = f"{graph.name}_megakernel"
     branches: list[Branch] = []
     by_key: dict = {}
@@ -157,11 +158,13 @@ def generate(graph, dynamic: bool, trace: bool = False, wait_acquire: str = "fen
         branches.append(b)
     n_scalars = max([len(t.scalars) for t in graph.tasks] + [0])
     assert n_scalars <= MAX_SCALARS
-    src = _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic, trace, wait_acquire)
+    src = _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic, trace, wait_acquire,
+                  noinline_branches)
     return Generated(src, kname, branches, task_branch, tensor_params, scalar_params, fn_globals)
 
 
-def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic, trace, wait_acquire="fence"):
+def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dynamic, trace, wait_acquire="fence",
+            noinline_branches=False):
     params = ["items_ptr", "queue_ptr", "deps_ptr", "slots_ptr", "epoch_ptr", "counter_ptr", "n_items"]
     if trace:
         params.append("trace_ptr")
@@ -209,6 +212,7 @@ def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dyn
             L.append(f"{ind}{'if' if i == 0 else 'elif'} branch == {b.index}:")
             L.append(f"{ind}    {b.prefetch_name}(tile, {', '.join(b.prefetch_args)})")
     acq = ', acquire="load"' if wait_acquire == "load" else ""        # Megakernel(wait_acquire=...)
+    wrappers = []
     L += [f"{ind}# wait for the producer tiles of each dependency range (acquire)",
           f"{ind}tok = dl.wait_deps(slots_ptr + d0_first, d0_count, epoch{acq})",
           f"{ind}for d in range(dep_lo, dep_hi):",
@@ -224,7 +228,17 @@ def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dyn
         L.append(f"{ind}{kw} branch == {b.index}:")
         L.append(f"{ind}    # {shown}")
         L.append(f"{ind}    # {b.fn_name}({', '.join(pnames)})")
-        L.append(f"{ind}    {b.fn_name}(tile, {', '.join(b.call_args)})")
+        if noinline_branches:
+            # the branch as a called function (``noinline``): what its tile function computes before its loops
+            # (offsets, masks, ...) stays in it, where otherwise LLVM hoists it out of the item loop and holds it
+            # in registers across every other branch (the Qwen3-8B whole step spilled 276 B per thread under
+            # Triton 3.6, reloaded inside the GEMV K loops; 0 B this way)
+            L.append(f"{ind}    _branch_{b.index}(tile, {', '.join(b.call_args)})")
+            wrappers += ["", "", "@triton.jit(noinline=True)",
+                         f"def _branch_{b.index}(tile, {', '.join(pnames[1:])}):",
+                         f"    {b.fn_name}(tile, {', '.join(pnames[1:])})"]
+        else:
+            L.append(f"{ind}    {b.fn_name}(tile, {', '.join(b.call_args)})")
     L += [f"{ind}dl.release_tile(slots_ptr + slot, epoch)   # release: this tile's writes are visible"]
     if trace:
         L += [f"{ind}t_rec = trace_ptr + item.to(tl.int64) * 4      # trace records are in item order",
@@ -234,7 +248,7 @@ def _source(graph, kname, branches, tensor_params, scalar_params, n_scalars, dyn
               f"{ind}tl.store(t_rec + 3, pid.to(tl.int64))"]
     if dynamic:
         L.append(f"{ind}ticket = dl.fetch_task(counter_ptr)")
-    return "\n".join(L) + "\n"
+    return "\n".join(L + wrappers) + "\n"
 
 
 def _wrap(head, names, tail, width=110):

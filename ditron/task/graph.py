@@ -268,7 +268,12 @@ class TaskGraph:
         ``programs_per_sm``: the default grid (``num_programs=None``) per SM
         (``None``: 2), shrunk to what the compiled kernel lets be resident.
         ``wait_acquire`` (keyword): ``"fence"`` (default) or ``"load"``, the
-        ``dl.wait_deps(acquire=...)`` of the waits before each tile."""
+        ``dl.wait_deps(acquire=...)`` of the waits before each tile.
+        ``noinline_branches`` (keyword, default False): each task kind's
+        tile function is called (a ``noinline`` Triton function) instead of
+        inlined into the item loop, so that the values it computes before its
+        own loops are not hoisted out of the item loop and held in registers
+        across every other kind (fewer spills in kernels of many kinds)."""
         from .runtime import Megakernel
         return Megakernel(self, scheduler=scheduler, num_programs=num_programs, num_warps=num_warps, trace=trace,
                           maxnreg=maxnreg, programs_per_sm=programs_per_sm, **debug)

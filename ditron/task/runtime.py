@@ -72,7 +72,7 @@ class Megakernel:
 
     def __init__(self, graph, scheduler="round_robin", num_programs: Optional[int] = None, num_warps: int = 4,
                  trace: bool = False, maxnreg: Optional[int] = None, programs_per_sm: Optional[int] = None,
-                 wait_acquire: str = "fence", _plant_missing_release=None):
+                 wait_acquire: str = "fence", noinline_branches: bool = False, _plant_missing_release=None):
         import torch
         if not graph.tasks:
             raise DitronError(f"TaskGraph '{graph.name}' has no tasks")
@@ -97,7 +97,10 @@ class Megakernel:
                               f"dl.wait_deps(acquire=...)), got {wait_acquire!r}")
         #: ``dl.wait_deps(acquire=...)`` of the dependency waits before each tile
         self.wait_acquire = wait_acquire
-        self.code = codegen.generate(graph, self.dynamic, trace=self.trace_enabled, wait_acquire=wait_acquire)
+        #: each branch a called (``noinline``) function instead of inlined into the item loop (codegen.py)
+        self.noinline_branches = bool(noinline_branches)
+        self.code = codegen.generate(graph, self.dynamic, trace=self.trace_enabled, wait_acquire=wait_acquire,
+                                     noinline_branches=self.noinline_branches)
         self.source = self.code.source
         self.kernel = self.code.load()
         self.sink_slot = graph.num_slots

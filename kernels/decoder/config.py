@@ -161,6 +161,12 @@ class TileConfig:
       polls and no fence; a lever of issue 26: ``"load"`` by default since 2026-11-27, -2.5% at batch 1 and
       -2.3% to -3.3% at batch 8 on one H200, ``bench/results/h200-2026-11-27-mk8.md``; AMD and the simulator wait
       the same way either way).
+    * ``noinline_branches``: each task kind's tile a called (``noinline``) function in the megakernel instead of
+      inlined into its item loop (``TaskGraph.compile(noinline_branches=True)``): the Qwen3-8B whole step (head and
+      sampler included) spills 276 B per thread under Triton 3.6 at the 168-register cap, with reloads inside the
+      GEMV K loops -- LLVM hoists what each kind computes before its loops out of the item loop -- and 0 B this
+      way (``python bench/megakernel_regs.py --levers curve,noinline --batch 1 --model qwen3-8b``).  Off until a GPU
+      run measures it (``--noinline-branches``).
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
@@ -240,6 +246,7 @@ class TileConfig:
     stream_wait_exact: bool = False
     stream_wait_load: bool = True
     wait_acquire: str = "load"
+    noinline_branches: bool = False
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences

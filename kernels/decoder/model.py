@@ -800,6 +800,8 @@ def build_megakernel(cfg: DecoderConfig, weights: Weights, cache: PagedKV, *, wo
     register(g, specs, all_reduce)
     if cfg.tiles.wait_acquire != "fence":
         compile_kw.setdefault("wait_acquire", cfg.tiles.wait_acquire)
+    if cfg.tiles.noinline_branches:
+        compile_kw.setdefault("noinline_branches", True)
     mk = g.compile(scheduler=scheduler, num_programs=num_programs, num_warps=cfg.tiles.num_warps,
                    maxnreg=cfg.tiles.max_regs or None, programs_per_sm=cfg.tiles.programs_per_sm or None,
                    **compile_kw)

@@ -66,7 +66,8 @@ def compile_step(cfg: DecoderConfig, batch: int, kinds=None, target: str = "sm_9
     with ditron.heap_scope():           # the all-reduce staging: freed once compiled (never run)
         g = dtask.TaskGraph(f"decoder_b{batch}")
         register(g, specs)
-        mk = g.compile(num_programs=8, num_warps=cfg.tiles.num_warps, wait_acquire=cfg.tiles.wait_acquire)
+        mk = g.compile(num_programs=8, num_warps=cfg.tiles.num_warps, wait_acquire=cfg.tiles.wait_acquire,
+                       noinline_branches=cfg.tiles.noinline_branches)
         opts = {"maxnreg": cfg.tiles.max_regs} if cfg.tiles.max_regs else {}
         return ditron.compile(mk.kernel, target=target, signature=mk.signature(), num_warps=cfg.tiles.num_warps,
                               **opts)
