@@ -165,8 +165,9 @@ class TileConfig:
       inlined into its item loop (``TaskGraph.compile(noinline_branches=True)``): the Qwen3-8B whole step (head and
       sampler included) spills 276 B per thread under Triton 3.6 at the 168-register cap, with reloads inside the
       GEMV K loops -- LLVM hoists what each kind computes before its loops out of the item loop -- and 0 B this
-      way (``python bench/megakernel_regs.py --levers curve,noinline --batch 1 --model qwen3-8b``).  Off until a GPU
-      run measures it (``--noinline-branches``).
+      way (``python bench/megakernel_regs.py --levers curve,noinline --batch 1 --model qwen3-8b``); the decoder
+      alone spills 152-248 B at batches 2-16 inlined, none with it.  Off until a GPU run measures it
+      (``--noinline-branches``; shared/run23.sh of the 2026-12-07 session).
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
