@@ -167,7 +167,7 @@ class TileConfig:
       GEMV K loops -- LLVM hoists what each kind computes before its loops out of the item loop -- and 0 B this
       way (``python bench/megakernel_regs.py --levers curve,noinline --batch 1 --model qwen3-8b``); the decoder
       alone spills 152-248 B at batches 2-16 inlined, none with it.  Off until a GPU run measures it
-      (``--noinline-branches``; shared/run23.sh of the 2026-12-07 session).
+      (``ditron bench megakernel --noinline-branches``).
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
