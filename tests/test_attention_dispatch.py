@@ -1,4 +1,4 @@
-"""Which attention core a call runs (issue 52 items 3 and 5; kernels/attention.py ``choose_core`` /
+"""Which attention core a call runs (issue 52 items 3 and 5; kernels/attention_choice.py ``choose_core`` /
 ``resolve_core``, kernels/attention_table.py, kernels/attention_tables/*.json): the Gluon core on a Hopper CUDA
 GPU at world size 1 for the shapes it takes, with the config of the GPU's measured table; the tl core
 elsewhere, each with its reason; explicit cores and configs honoured; the per-GPU tables load and say where
@@ -13,6 +13,7 @@ import torch
 
 import ditron
 from ditron.kernels import attention as A
+from ditron.kernels import attention_choice as AC
 from ditron.kernels import attention_hopper as H
 from ditron.kernels import attention_table as T
 
@@ -210,14 +211,14 @@ def test_explicit_core_and_config_are_honoured():
 
 def test_the_decision_is_cached_per_call_signature(monkeypatch):
     calls = []
-    real = A.choose_core
+    real = AC.choose_core
 
     def counting(*a, **kw):
         calls.append(a)
         return real(*a, **kw)
 
-    monkeypatch.setattr(A, "choose_core", counting)
-    monkeypatch.setitem(A._DEVICE_KINDS, "cpu", H100)          # a CPU tensor described as an H100
+    monkeypatch.setattr(AC, "choose_core", counting)
+    monkeypatch.setitem(AC._DEVICE_KINDS, "cpu", H100)          # a CPU tensor described as an H100
     q = torch.zeros(1, 4, 256, 128, dtype=BF16)
     k = torch.zeros(1, 2, 256, 128, dtype=BF16)
     first = A.resolve_core(q, k, causal=True)
