@@ -377,7 +377,7 @@ def _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn
 
 
 @gluon.jit
-def _promote(acc, part, sa, sb, BN: gl.constexpr, GN: gl.constexpr, BLOCKWISE: gl.constexpr = True):
+def _promote(acc, part, sa, sb, BN: gl.constexpr, GN: gl.constexpr, BLOCKWISE: gl.constexpr):
     """``acc + part * (scale_a * scale_b)`` in fp32 -- the tl core's :func:`~.gemm.scale_step`: the two scales'
     product first (rounded once), then one fused multiply-add per element (DeepGEMM's promotion); ``acc + part``
     where not ``BLOCKWISE``.  ``sa, sb``:
@@ -632,16 +632,13 @@ def _consumer(a_desc, b_desc, c_desc, a_bufs, b_bufs, ready, empty, turn, M, ROT
                     s = count % STAGES
                     a, b = _ring_operands(a_bufs, b_bufs, ready, s, count, row0, SUB_M, STAGES, PINGPONG, B_T)
                     part = warpgroup_mma(a, b, part, use_acc=False, is_async=True)
-                    if BLOCKWISE:                            # the step's scales, loaded under its MMA
-                        sa, sb = _block_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn,
-                                               pid_m * BM + row0, pid_n * BN, M, N, (ki * BK) // GK, acc_layout,
-                                               SUB_M, BN, GN)
+                    # the step's scales (blockwise), loaded under its MMA
+                    sa, sb = _step_scales(sa_ptr, sb_ptr, stride_sam, stride_sak, stride_sbk, stride_sbn,
+                                          pid_m * BM + row0, pid_n * BN, M, N, (ki * BK) // GK, acc_layout, SUB_M,
+                                          BN, GN, BLOCKWISE)
                     part = warpgroup_mma_wait(0, deps=(part, ))
                     mbarrier.arrive(empty.index(s))          # the MMA that read the slot has retired
-                    if BLOCKWISE:
-                        acc = _promote(acc, part, sa, sb, BN, GN)
-                    else:
-                        acc = acc + part
+                    acc = _promote(acc, part, sa, sb, BN, GN, BLOCKWISE)
                     count += 1
             if PINGPONG:
                 mbarrier.arrive(turn.index(1 - CID))     # every MMA of this tile is issued: the other's turn

@@ -210,14 +210,20 @@ def bench_case(world, cfg, ctx, batch, args, bw, weights=None):
     if args.trace and ok:
         # a second build of the same step with per-item timestamps (the timed kernel has none)
         tm = R.megakernel(s, scheduler=args.scheduler, num_programs=dm.mk.num_programs, trace=True)
-        for _ in range(3):
-            tm.step()
-        prof = tm.mk.profile()
-        row["profile"] = {"step_us": prof.step_us, "busy": prof.busy, "rows": [vars(r) for r in prof.rows]}
-        cp = tm.mk.critical_path()
-        row["profile_table"] = prof.table() + "\n\n" + cp.table()
-        row["critical_path"] = {"step_us": cp.step_us, "rows": [vars(r) for r in cp.rows]}
+        row.update(traced_fields(tm.mk, tm.step))
     return row
+
+
+def traced_fields(mk, step, steps=3) -> dict:
+    """Run ``step()`` of a traced megakernel ``mk`` ``steps`` times; the row fields of the last step's profile:
+    ``profile`` and ``critical_path`` (JSON) and ``profile_table`` (Markdown)."""
+    for _ in range(steps):
+        step()
+    prof = mk.profile()
+    cp = mk.critical_path()
+    return {"profile": {"step_us": prof.step_us, "busy": prof.busy, "rows": [vars(r) for r in prof.rows]},
+            "critical_path": {"step_us": cp.step_us, "rows": [vars(r) for r in cp.rows]},
+            "profile_table": prof.table() + "\n\n" + cp.table()}
 
 
 def table(rows) -> str:

@@ -183,13 +183,8 @@ def model_case(world, cfg, ctx, batch, args, bw, weights, head, hf=None):
         tm = build_megakernel(cfg, weights, s.cache, world_size=world.world_size, batch=batch, ctx=ctxs, head=head,
                               scheduler=args.scheduler, num_programs=dm.mk.num_programs, name="model_step_traced",
                               trace=True)
-        for _ in range(3):
-            tm.step(tokens=tok0)
-        prof = tm.mk.profile()
-        cp = tm.mk.critical_path()
-        row["profile"] = {"step_us": prof.step_us, "busy": prof.busy, "rows": [vars(r) for r in prof.rows]}
-        row["critical_path"] = {"step_us": cp.step_us, "rows": [vars(r) for r in cp.rows]}
-        row["profile_table"] = prof.table() + "\n\n" + cp.table()
+        from .megakernel import traced_fields
+        row.update(traced_fields(tm.mk, lambda: tm.step(tokens=tok0)))
     return row
 
 
