@@ -431,3 +431,15 @@ def add_run_args(p, warmup=3, iters=10, repeat=2):
     p.add_argument("--out", default=os.environ.get("OUT") or "bench/results")
     p.add_argument("--tag", default=None)
     p.add_argument("--machine", default=os.environ.get("DITRON_MACHINE", "unknown machine"))
+
+
+def traced_fields(mk, step, steps=3) -> dict:
+    """``ditron bench megakernel --trace``: run ``step()`` of a traced megakernel ``mk`` ``steps`` times; the row
+    fields of the last step's profile: ``profile`` and ``critical_path`` (JSON) and ``profile_table`` (Markdown)."""
+    for _ in range(steps):
+        step()
+    prof = mk.profile()
+    cp = mk.critical_path()
+    return {"profile": {"step_us": prof.step_us, "busy": prof.busy, "rows": [vars(r) for r in prof.rows]},
+            "critical_path": {"step_us": cp.step_us, "rows": [vars(r) for r in cp.rows]},
+            "profile_table": prof.table() + "\n\n" + cp.table()}

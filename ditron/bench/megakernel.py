@@ -50,7 +50,7 @@ import json
 import os
 import sys
 
-from .harness import Impl, _release, agree_fn, measure, result_meta
+from .harness import Impl, _release, agree_fn, measure, result_meta, traced_fields
 
 
 def copy_bandwidth(device, nbytes=1 << 30, iters=10):
@@ -212,18 +212,6 @@ def bench_case(world, cfg, ctx, batch, args, bw, weights=None):
         tm = R.megakernel(s, scheduler=args.scheduler, num_programs=dm.mk.num_programs, trace=True)
         row.update(traced_fields(tm.mk, tm.step))
     return row
-
-
-def traced_fields(mk, step, steps=3) -> dict:
-    """Run ``step()`` of a traced megakernel ``mk`` ``steps`` times; the row fields of the last step's profile:
-    ``profile`` and ``critical_path`` (JSON) and ``profile_table`` (Markdown)."""
-    for _ in range(steps):
-        step()
-    prof = mk.profile()
-    cp = mk.critical_path()
-    return {"profile": {"step_us": prof.step_us, "busy": prof.busy, "rows": [vars(r) for r in prof.rows]},
-            "critical_path": {"step_us": cp.step_us, "rows": [vars(r) for r in cp.rows]},
-            "profile_table": prof.table() + "\n\n" + cp.table()}
 
 
 def table(rows) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import inspect
 import math
 
-from .harness import Impl, agree_fn, gather_ranks, measure
+from .harness import Impl, agree_fn, gather_ranks, measure, traced_fields
 
 
 def model_config(name):
@@ -183,7 +183,6 @@ def model_case(world, cfg, ctx, batch, args, bw, weights, head, hf=None):
         tm = build_megakernel(cfg, weights, s.cache, world_size=world.world_size, batch=batch, ctx=ctxs, head=head,
                               scheduler=args.scheduler, num_programs=dm.mk.num_programs, name="model_step_traced",
                               trace=True)
-        from .megakernel import traced_fields
         row.update(traced_fields(tm.mk, lambda: tm.step(tokens=tok0)))
     return row
 
