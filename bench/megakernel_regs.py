@@ -20,6 +20,7 @@ import sys
 LEVERS = {
     "curve": {},
     "noinline": {"noinline_branches": True},
+    "inline": {"noinline_branches": False},
     "old": {"dot_from": 3, "fuse_upto": 2, "dot_stream": False, "dot_block_k": 256, "max_regs": 0},
     "nocap": {"max_regs": 0},
     "k256": {"dot_block_k": 256},

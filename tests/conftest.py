@@ -140,15 +140,28 @@ class GpuDist:
         self._tdist = tdist
 
     def run(self, body, *args, **kwargs):
+        """The body on this rank; every rank learns whether every rank's body passed before the barrier and the
+        results' all-gather, so that one rank's failure fails the test on every rank (a rank that raised and went
+        on to the next test while the others sat in this test's barrier / all-gather would pair the next test's
+        collectives with this one's: every later test of the file then fails or hangs)."""
         import traceback
         from ditron.errors import DitronRankError
-        try:
-            with ditron.heap_scope():
-                value = body(self.world, *args, **kwargs)
-                ditron.barrier_all()
-        except Exception as e:  # same exception type as on the simulator
-            raise DitronRankError(f"rank {self.world.rank} failed: {e}", rank=self.world.rank,
-                                  traceback_text=traceback.format_exc()) from e
+        rank = self.world.rank
+        with ditron.heap_scope():
+            try:
+                value, err = body(self.world, *args, **kwargs), None
+            except Exception as e:  # same exception type as on the simulator
+                value, err = None, e
+                tb = traceback.format_exc()
+            status = [None] * self.world_size
+            self._tdist.all_gather_object(status, None if err is None else f"{type(err).__name__}: {err}")
+            if err is None and all(s is None for s in status):
+                ditron.barrier_all()    # the peers' kernels done before heap_scope frees this test's memory
+        if err is not None:
+            raise DitronRankError(f"rank {rank} failed: {err}", rank=rank, traceback_text=tb) from err
+        bad = [r for r, s in enumerate(status) if s is not None]
+        if bad:
+            raise DitronRankError(f"rank {bad[0]} failed: {status[bad[0]]}", rank=bad[0])
         out = [None] * self.world_size
         self._tdist.all_gather_object(out, value)
         return out

@@ -180,7 +180,13 @@ def test_stream_wait_target_and_batch8():
         RZ.compile_step(cfg.with_tiles(stream_wait=1), 1, target="gfx942")     # before compiling
     assert check_target(cfg.with_tiles(stream_wait=1), "sm_90a").tiles.stream_wait == 1
     # the auto default (None): on for NVIDIA and the simulator, off for AMD
-    assert check_target(cfg, "sm_90a") is cfg and check_target(cfg, "gfx942").tiles.stream_wait == 0
+    # the auto fields resolve per target: noinline_branches on for NVIDIA, off for AMD; stream_wait auto off on AMD
+    nv, amd = check_target(cfg, "sm_90a"), check_target(cfg, "gfx942")
+    assert nv == cfg.with_tiles(noinline_branches=True)
+    assert nv.tiles.noinline_branches is True and nv.tiles.stream_wait is None
+    assert amd.tiles.noinline_branches is False and amd.tiles.stream_wait == 0
+    assert check_target(nv, "sm_90a") is nv                 # resolved: nothing left to change
+    assert check_target(cfg.with_tiles(noinline_branches=False), "sm_90a").tiles.noinline_branches is False
     with pytest.raises(DitronError, match="must be None"):
         cfg.with_tiles(stream_wait=1.5)
     ditron.init("sim")

@@ -156,8 +156,8 @@ def _config(args):
         over["stream_wait_load"] = not args.stream_wait_fence
     if args.wait_acquire:
         over["wait_acquire"] = args.wait_acquire
-    if args.noinline_branches:
-        over["noinline_branches"] = True
+    if args.noinline_branches or args.inline_branches:
+        over["noinline_branches"] = bool(args.noinline_branches)
     return cfg.with_tiles(**over) if over else cfg
 
 
@@ -421,9 +421,14 @@ def main(argv=None):
     p.add_argument("--wait-acquire", choices=["fence", "load"], default=None,
                    help="how the megakernel's scoreboard waits before each tile acquire: relaxed polls + one "
                         "fence.acq_rel.gpu (default) or ld.acquire polls and no fence")
-    p.add_argument("--noinline-branches", action="store_true",
-                   help="each task kind's tile a called (noinline) function in the megakernel, not inlined into "
-                        "the item loop (TileConfig.noinline_branches: fewer registers held across kinds)")
+    inl = p.add_mutually_exclusive_group()
+    inl.add_argument("--noinline-branches", action="store_true",
+                     help="each task kind's tile a called (noinline) function in the megakernel, not inlined into "
+                          "the item loop (TileConfig.noinline_branches: fewer registers held across kinds; the "
+                          "default on NVIDIA)")
+    inl.add_argument("--inline-branches", action="store_true",
+                     help="every task kind's tile inlined into the megakernel's item loop (noinline_branches=False; "
+                          "the default on AMD)")
     p.add_argument("--comm-block", type=int, default=0)
     p.add_argument("--num-warps", type=int, default=0)
     p.add_argument("--prefetch-k", type=int, default=0,

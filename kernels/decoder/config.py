@@ -162,12 +162,15 @@ class TileConfig:
       -2.3% to -3.3% at batch 8 on one H200, ``bench/results/h200-2026-11-27-mk8.md``; AMD and the simulator wait
       the same way either way).
     * ``noinline_branches``: each task kind's tile a called (``noinline``) function in the megakernel instead of
-      inlined into its item loop (``TaskGraph.compile(noinline_branches=True)``): the Qwen3-8B whole step (head and
-      sampler included) spills 276 B per thread under Triton 3.6 at the 168-register cap, with reloads inside the
-      GEMV K loops -- LLVM hoists what each kind computes before its loops out of the item loop -- and 0 B this
-      way (``python bench/megakernel_regs.py --levers curve,noinline --batch 1 --model qwen3-8b``); the decoder
-      alone spills 152-248 B at batches 2-16 inlined, none with it.  Off until a GPU run measures it
-      (``ditron bench megakernel --noinline-branches``).
+      inlined into its item loop (``TaskGraph.compile(noinline_branches=True)``).  Inlined, LLVM hoists what each
+      kind computes before its loops out of the item loop and holds it across every other kind: the Qwen3-8B whole
+      step (head and sampler included) spills 276 B per thread under Triton 3.6 at the 168-register cap, with
+      reloads inside the GEMV K loops, the decoder alone 152-248 B at batches 2-16; called, 0-8 B
+      (``python bench/megakernel_regs.py --levers curve,noinline --batch 1 --model qwen3-8b``).  ``None`` (the
+      default) is auto: on for NVIDIA and the simulator, off for AMD (not measured there; :meth:`for_target`).
+      Measured on one H100, 2026-12-07 (``bench/results/h100-2026-12-07g-noinline/``), same process: whole step
+      batch 1 1.304x -> 1.193x its HBM limit, batch 16 1.332x -> 1.246x; decoder alone batch 1 / 8 / 16
+      1.19x / 1.23x / 1.33x -> 1.18x / 1.23x / 1.26x.
 
     Attention levers (issue 26, batch 8 at context 4096; :meth:`attn_split_for`):
 
@@ -247,7 +250,7 @@ class TileConfig:
     stream_wait_exact: bool = False
     stream_wait_load: bool = True
     wait_acquire: str = "load"
-    noinline_branches: bool = False
+    noinline_branches: Optional[bool] = None
 
     def attn_split_for(self, max_ctx: int, rows: int = 1) -> int:
         """KV positions per flash-decoding tile for a block table of ``max_ctx`` positions and ``rows`` (sequences
@@ -313,14 +316,19 @@ class TileConfig:
     def for_target(self, target: str) -> "TileConfig":
         """This config for compiling to ``target`` (``"sm_90a"``, ``"gfx942"``, ``"gfx"``: any AMD target; anything
         else is NVIDIA or the simulator): the auto ``stream_wait`` becomes 0 on AMD, where the in-loop waits cannot be
-        pipelined; an explicit ``stream_wait > 0`` there is an error."""
-        if not str(target).startswith("gfx"):
-            return self
-        if self.stream_wait:
+        pipelined (an explicit ``stream_wait > 0`` there is an error); the auto ``noinline_branches`` becomes True on
+        NVIDIA / the simulator and False on AMD."""
+        amd = str(target).startswith("gfx")
+        if amd and self.stream_wait:
             raise DitronError(f"TileConfig.stream_wait={self.stream_wait}: the in-loop scoreboard waits are "
                               f"NVIDIA-only (on {target} Triton's stream pipeliner cannot predicate them); use "
                               "stream_wait=0 or None (auto: off on AMD)")
-        return self if self.stream_wait == 0 else dataclasses.replace(self, stream_wait=0)
+        over = {}
+        if amd and self.stream_wait is None:
+            over["stream_wait"] = 0
+        if self.noinline_branches is None:
+            over["noinline_branches"] = not amd
+        return dataclasses.replace(self, **over) if over else self
 
     def ring_for(self, batch: int) -> int:
         """The streamed ``tl.dot`` path's ring budget at this batch size (``dot_ring_small`` up to 8, else
