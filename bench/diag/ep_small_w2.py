@@ -12,6 +12,11 @@ world = ditron.init()
 me, W, dev = world.rank, world.world_size, world.device
 
 
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def rand(shape, seed, dtype):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(shape, generator=g) * 0.5).to(dtype)
@@ -28,7 +33,7 @@ def show(label, out, ref, extra):
 
 
 bad = 0
-for H in (8, 4104):
+for H in ((8, 4104) if torch.cuda.is_available() else (8, 24)):
     for rep in range(3):
         with ditron.heap_scope():
             # LL overflow: capacity 1, every pair of every rank on expert 0 (rank 0's)
@@ -37,14 +42,17 @@ for H in (8, 4104):
             idx = torch.zeros(4, 2, dtype=torch.int64, device=dev)
             w = torch.ones(4, 2, device=dev)
             recv_x, counts, h = ep.ep_dispatch(x, idx, w, ctx)
-            torch.cuda.synchronize()
+            sync()
             out = ep.ep_combine(recv_x.clone(), h, ctx)
-            torch.cuda.synchronize()
+            sync()
             ref = torch.zeros(4, H)
             ref[0] = x[0].float().cpu()
+            # rank 0 owns expert 0: recv_x[0] rows 0 / 1 are rank 0's / rank 1's token 0 (slot 0 each); the
+            # handle's slots (pslot: rank among the earlier pairs of the expert) should be 0, 1, ..., 7
             bad += not show(f"H={H} rep {rep} LL overflow", out, ref,
                             f"counts {counts.cpu().tolist()} dropped {h.dropped.cpu().tolist()} "
-                            f"recv[0,0,:4] {recv_x[0, :2, :4].float().cpu().tolist()}")
+                            f"lrc {h.lrc.cpu().tolist()} pslot {h.pslot.cpu().tolist()[:8]} "
+                            f"recv {recv_x[0, :2, :4].float().cpu().tolist()} x0 {x[0, :4].float().cpu().tolist()}")
             ditron.barrier_all()
         with ditron.heap_scope():
             E = 2 * W
@@ -53,13 +61,14 @@ for H in (8, 4104):
             idx = torch.tensor([[0, 1], [E, 1], [-1, E - 1]], device=dev)
             w = torch.ones(3, 2, device=dev)
             recv_x, counts, h = ep.ep_dispatch(x, idx, w, ctx, validate=False)
-            torch.cuda.synchronize()
+            sync()
             out = ep.ep_combine(recv_x, h, ctx)
-            torch.cuda.synchronize()
+            sync()
             ref = x.float().cpu().clone()
             ref[0] *= 2
             bad += not show(f"H={H} rep {rep} normal invalid ids", out, ref,
-                            f"counts {counts.cpu().tolist()} dropped {h.dropped.cpu().tolist()}")
+                            f"counts {counts.cpu().tolist()} dropped {h.dropped.cpu().tolist()} "
+                            f"pos {h.pos.cpu().tolist()[:6]} rc {h.rc.cpu().tolist()}")
             ditron.barrier_all()
 print(f"rank {me}: {bad} wrong", flush=True)
 ditron.finalize()
