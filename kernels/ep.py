@@ -173,7 +173,7 @@ from ditron.runtime import world as _world_module
 from ._common import CollectiveContext, enter, op_fields, sm_count
 from ._common import cdiv, next_pow2
 from .ep_kernels import ep_combine_kernel, ep_dispatch_kernel, ep_route_kernel
-from .ep_ll_kernels import ep_ll_combine_kernel, ep_ll_dispatch_kernel
+from .ep_ll_kernels import ep_fp8_quant_kernel, ep_ll_combine_kernel, ep_ll_dispatch_kernel
 
 MODES = ("normal", "low_latency")
 #: the kernels of one dispatch + combine, in launch order (rows of ``EpContext.trace_buf``)
@@ -308,6 +308,11 @@ def ep_tiles(mode, world_size, num_experts, hidden, dtype, *, sim=False, sms=132
     t.dispatch_warps = 1 if sim else 4
     # the LL dispatch with use_fp8: groups of 128 channels quantised per step (a [ll_rows, 128 * groups] tile)
     t.ll_fp8_groups = 1 if sim else 4
+    # use_fp8: each token quantised once by ep_fp8_quant_kernel (tiles of fp8_quant_rows tokens x ll_fp8_groups
+    # groups), the dispatch then moving its words per pair (True), or each pair's row quantised by the dispatch
+    # (False: a token's k pairs quantise it k times; on one H100 the send phase took 14 us against bf16's 8, 2026-12-07f)
+    t.ll_fp8_prequant = False
+    t.fp8_quant_rows = 4 if sim else 8
     # the LL dispatch's pairs per program: a contiguous share (False) or every P-th pair (True: a copy tile's rows
     # are different tokens; each pair ranked by a direct count)
     t.ll_strided = False
@@ -355,8 +360,10 @@ def launch_constexprs(ctx, TK, k, dtype, use_fp8=False, round_scale=False, trace
     """``{kernel name: (constexprs, num_warps)}``: what a dispatch of ``TK`` pairs (``k`` per token) of
     ``dtype`` rows and its combine launch on ``ctx`` (an ``EpContext`` or :func:`ep_tiles`); the launches take
     theirs from :func:`_constexprs`."""
-    return {name: _constexprs(ctx, name, TK, k, dtype.itemsize, use_fp8, round_scale, trace)
-            for name in KERNELS[ctx.mode]}
+    names = KERNELS[ctx.mode]
+    if use_fp8 and getattr(ctx, "ll_fp8_prequant", False):
+        names = ("ep_fp8_quant_kernel",) + names
+    return {name: _constexprs(ctx, name, TK, k, dtype.itemsize, use_fp8, round_scale, trace) for name in names}
 
 
 def _plan(ctx, name, TK, k, esize, use_fp8=False, round_scale=False, trace=False):
@@ -376,7 +383,10 @@ def _constexprs(ctx, name, TK, k, esize, use_fp8=False, round_scale=False, trace
         _, ll_br, ll_blk = ll_dispatch_blocks(ctx, TK)
         return dict(MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, EP=ctx.route_ep,
                     BLK=ll_blk, BR=ll_br, BW=bh, CB=ctx.ll_copy_cols, STRIDED=bool(ctx.ll_strided), TRACE=TR,
-                    FP8=bool(use_fp8), ROUND=bool(round_scale), BG=ctx.ll_fp8_groups), ctx.dispatch_warps
+                    FP8=bool(use_fp8), ROUND=bool(round_scale), BG=ctx.ll_fp8_groups,
+                    PRE=bool(use_fp8) and bool(ctx.ll_fp8_prequant)), ctx.dispatch_warps
+    if name == "ep_fp8_quant_kernel":
+        return dict(BR=ctx.fp8_quant_rows, BG=ctx.ll_fp8_groups, ROUND=bool(round_scale)), ctx.dispatch_warps
     if name == "ep_ll_combine_kernel":
         return dict(MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, BR=br, BW=bh,
                     KT=k, RB=ctx.reduce_rows, RW=ctx.reduce_cols // ctx.epw, TRACE=TR), ctx.combine_warps
@@ -588,6 +598,17 @@ def _fp8_out(ctx, b):
     return b
 
 
+def _fp8_stage(ctx):
+    """The context's ``[max_tokens, H / 4 + H / 128]`` int32 staging of the pre-quantised tokens
+    (``ll_fp8_prequant``; made at the first such dispatch)."""
+    q = ctx.__dict__.get("fp8_stage")
+    if q is None:
+        H = ctx.hidden
+        q = torch.empty((ctx.max_tokens, H // 4 + H // 128), dtype=torch.int32, device=ctx.device)
+        object.__setattr__(ctx, "fp8_stage", q)
+    return q
+
+
 def _dispatch(x, topk_idx, topk_weights, ctx, validate=True, use_fp8=False, round_scale=False, counts=None):
     """:func:`ep_dispatch`; ``counts``: another ``[E_local]`` tensor for ``recv_counts`` (low latency; DeepEP's
     int32 counts).  A call whose signature was planned (:class:`_Call`) takes the fast path."""
@@ -616,6 +637,12 @@ def _dispatch(x, topk_idx, topk_weights, ctx, validate=True, use_fp8=False, roun
     launch = c.launches[0]
     if c.ll:
         rc = c.counts[p] if counts is None else counts
+        if len(c.launches) == 2:            # fp8 pre-quantised: each token once, then the dispatch of its words
+            _launch_planned(ctx, launch, (x,) + launch[3][p] + launch[4])
+            launch = c.launches[1]
+            x = launch[3][p][-1]
+            _launch_planned(ctx, launch, (x, topk_idx) + launch[3][p][:-1] + (rc,) + launch[4])
+            return c.outs[p], rc, h
         _launch_planned(ctx, launch, (x, topk_idx) + launch[3][p] + (rc,) + launch[4])
         return c.outs[p], rc, h
     _launch_planned(ctx, launch, (topk_idx,) + launch[3][p] + launch[4])
@@ -659,13 +686,27 @@ def _dispatch_checked(x, topk_idx, topk_weights, ctx, validate, use_fp8, round_s
             out, scale = b["recv_x8_words"], b["recv_scale"]
         else:
             out, scale = recv_x, rc           # scale: unused without FP8
+        launches = []
+        if use_fp8 and ctx.ll_fp8_prequant:
+            # each token quantised once into the staging; the dispatch moves its words
+            stage = _fp8_stage(ctx)
+            qconst, qwarps = _plan(ctx, "ep_fp8_quant_kernel", TK, k, x.element_size(), use_fp8, round_scale)
+            G = H // 128
+            qpost = (T, H, G)
+            qkey = _launch(ctx, "fp8_quant", (T, _al(x), round_scale), ep_fp8_quant_kernel,
+                           (cdiv(max(T, 1), qconst["BR"]), cdiv(G, qconst["BG"])), x, stage, *qpost, **qconst,
+                           num_warps=qwarps)
+            launches.append(("fp8_quant", ep_fp8_quant_kernel, qkey, [(stage,)] * 2, qpost))
+            xin = stage
+        else:
+            xin = x
         const, warps = _plan(ctx, "ep_ll_dispatch_kernel", TK, k, x.element_size(), use_fp8, round_scale,
                              bool(ctx.trace))
         post = (ctx.lrecv, ctx.lcnt, ctx.lstage, ctx.calls, tr, TK, k, H, ctx.hw, El, cap, lper)
-        lkey = _launch(ctx, "dispatch", (TK, k, _al(x), _al(topk_idx), topk_idx.dtype, use_fp8, round_scale,
+        lkey = _launch(ctx, "dispatch", (TK, k, _al(xin), _al(topk_idx), topk_idx.dtype, use_fp8, round_scale,
                                          recv_counts.dtype), ep_ll_dispatch_kernel, (P,),
-                       x, topk_idx, b["key"], b["pslot"], b["dropped"], out, scale, rc, recv_counts, *post, **const,
-                       num_warps=warps)
+                       xin, topk_idx, b["key"], b["pslot"], b["dropped"], out, scale, rc, recv_counts, *post,
+                       **const, num_warps=warps)
         if use_fp8:
             recv_x = (b["recv_x8"], b["recv_scale_t"])
         if key is not None:
@@ -676,8 +717,11 @@ def _dispatch_checked(x, topk_idx, topk_weights, ctx, validate, use_fp8, round_s
                 pre.append((s["key"], s["pslot"], s["dropped"]) + ((s["recv_x8_words"], s["recv_scale"]) if use_fp8
                                                                    else (s["recv_x"], s["rc"])) + (s["rc"],))
                 outs.append((s["recv_x8"], s["recv_scale_t"]) if use_fp8 else s["recv_x"])
+            if launches:                      # the dispatch's input (the staging) rides at the end of its pre
+                pre = [q + (xin,) for q in pre]
             _remember(ctx, key, _plan_call(
-                ctx, _dispatch_fields(x, k, ctx), [("dispatch", ep_ll_dispatch_kernel, lkey, pre, post)], outs,
+                ctx, _dispatch_fields(x, k, ctx), launches + [("dispatch", ep_ll_dispatch_kernel, lkey, pre, post)],
+                outs,
                 [s["recv_counts"] for s in ctx.slots],
                 [dict(mode="low_latency", T=T, k=k, dropped=s["dropped"], peid=s["key"], pslot=s["pslot"],
                       lrc=s["rc"]) for s in ctx.slots]))

@@ -88,6 +88,25 @@ def _fp8_quant(x_ptr, rows, ok, g0, H, G, BG: tl.constexpr, ROUND: tl.constexpr)
 # kernels
 # ---------------------------------------------------------------------------
 
+@ditron.jit(do_not_specialize=["T"])
+def ep_fp8_quant_kernel(x_ptr, q_ptr, T, H, G, BR: tl.constexpr, BG: tl.constexpr, ROUND: tl.constexpr):
+    """Each token of ``x`` (``[T, H]``, 16-bit) quantised once, as :func:`_fp8_quant`, into ``q`` (int32
+    ``[T, H / 4 + H / 128]``): its ``H / 4`` words of 4 e4m3 codes, then its ``H / 128`` fp32 scales as raw bits
+    -- the fp8 LL packet's words.  Grid ``(cdiv(T, BR), cdiv(G, BG))``.  The LL dispatch with ``PRE`` then moves
+    words (1 byte per channel) per pair instead of quantising each of a token's ``k`` pairs again."""
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    ok = rows < T
+    g0 = tl.program_id(1) * BG
+    words, sinv = _fp8_quant(x_ptr, rows, ok, g0, H, G, BG, ROUND)
+    DW = H // 4
+    NW = DW + G
+    r64 = rows.to(tl.int64)[:, None]
+    wi = g0 * 32 + tl.arange(0, BG * 32)
+    gi = g0 + tl.arange(0, BG)
+    tl.store(q_ptr + r64 * NW + wi[None, :], words, mask=ok[:, None] & (wi < DW)[None, :])
+    tl.store(q_ptr + r64 * NW + DW + gi[None, :], sinv.to(tl.int32, bitcast=True), mask=ok[:, None] & (gi < G)[None, :])
+
+
 @triton.jit
 def _ll_prologue(calls_ptr, Eloc, HW):
     """The start of both LL kernels: ``(par, flag, fl64, pid, P, me, W, LW,
@@ -128,7 +147,8 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
                           MULTI_NODE: tl.constexpr, PEERS: tl.constexpr, EPW: tl.constexpr, WP: tl.constexpr,
                           ELP: tl.constexpr, EP: tl.constexpr, BLK: tl.constexpr, BR: tl.constexpr, BW: tl.constexpr,
                           CB: tl.constexpr, STRIDED: tl.constexpr, TRACE: tl.constexpr, FP8: tl.constexpr = False,
-                          ROUND: tl.constexpr = False, BG: tl.constexpr = 1):
+                          ROUND: tl.constexpr = False, BG: tl.constexpr = 1,
+                          PRE: tl.constexpr = False):
     """The LL dispatch with its routing, one launch, no exchange between its
     programs.  ``idx_ptr``: the ``TK = T * K`` expert ids (natural order).
     Program ``q`` owns pairs ``[q * per, (q + 1) * per)`` (``STRIDED``: pairs
@@ -155,7 +175,9 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
     ``out_ptr`` is the int32 view of the e4m3 ``recv_x`` (``[E_local, W *
     cap, H / 4]``) and ``scale_ptr`` the fp32 scales ``[E_local, H / 128, W
     * cap]`` (column-major per expert, as DeepEP returns them); an own pair
-    is quantised straight into them."""
+    is quantised straight into them.  ``PRE`` (with ``FP8``): ``x_ptr`` is
+    :func:`ep_fp8_quant_kernel`'s output (int32 ``[T, NW]``, each token
+    quantised once): the pairs move its words, codes and scales, as they are."""
     _stamp(trace_ptr, 0, TRACE)
     par, flag, fl64, pid, P, me, W, LW, node, local, E, rowsz = _ll_prologue(calls_ptr, Eloc, HW)
     rbox = lrecv_ptr + par * (Eloc * W * cap) * rowsz          # [E_local][W][cap][HW]
@@ -234,14 +256,25 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
         if tl.sum(own.to(tl.int32), 0) > 0:
             ob = tl.sum(tl.where(le[:, None] == lidx[None, :], obase[None, :], 0), 1)
             if FP8:
-                orow = le * NR + ob + sl
-                for g0 in range(0, G, BG):
-                    words, sinv = _fp8_quant(x_ptr, t, own, g0, H, G, BG, ROUND)
-                    wi = g0 * 32 + tl.arange(0, BG * 32)
-                    gi = g0 + tl.arange(0, BG)
-                    tl.store(out_ptr + orow[:, None] * DW + wi[None, :], words, mask=own[:, None] & (wi < DW)[None, :])
-                    tl.store(scale_ptr + (le[:, None] * G + gi[None, :]) * NR + (ob + sl)[:, None], sinv,
-                             mask=own[:, None] & (gi < G)[None, :])
+                if PRE:
+                    orow = le * NR + ob + sl
+                    for w0 in range(0, NW, BW):
+                        w = w0 + ww
+                        v = tl.load(x_ptr + t[:, None] * NW + w[None, :], mask=own[:, None] & (w < NW)[None, :],
+                                    other=0)
+                        tl.store(out_ptr + orow[:, None] * DW + w[None, :], v, mask=own[:, None] & (w < DW)[None, :])
+                        tl.store(scale_ptr + (le[:, None] * G + (w - DW)[None, :]) * NR + (ob + sl)[:, None],
+                                 v.to(tl.float32, bitcast=True), mask=own[:, None] & ((w >= DW) & (w < NW))[None, :])
+                else:
+                    orow = le * NR + ob + sl
+                    for g0 in range(0, G, BG):
+                        words, sinv = _fp8_quant(x_ptr, t, own, g0, H, G, BG, ROUND)
+                        wi = g0 * 32 + tl.arange(0, BG * 32)
+                        gi = g0 + tl.arange(0, BG)
+                        tl.store(out_ptr + orow[:, None] * DW + wi[None, :], words,
+                                 mask=own[:, None] & (wi < DW)[None, :])
+                        tl.store(scale_ptr + (le[:, None] * G + gi[None, :]) * NR + (ob + sl)[:, None], sinv,
+                                 mask=own[:, None] & (gi < G)[None, :])
             else:
                 _copy_rows_x2(x_ptr, t, out_ptr, le * (W * cap) + ob + sl, own, H, CB)
         if PEERS:
@@ -249,25 +282,41 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
             drow = (le * W + me) * cap + sl
             anyp = tl.sum(ok.to(tl.int32), 0) > 0
             if FP8:
-                # codes and scales of BG groups per step, the same packets to whichever peer owns each pair
-                for g0 in range(0, tl.where(anyp, G, 0), BG):
-                    words, sinv = _fp8_quant(x_ptr, t, ok, g0, H, G, BG, ROUND)
-                    wi = g0 * 32 + tl.arange(0, BG * 32)
-                    gi = g0 + tl.arange(0, BG)
-                    pw = fl64 | (words.to(tl.int64) & 0xFFFFFFFF)
-                    ps = fl64 | (sinv.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
-                    for k in range(1, LW):
-                        peer = node0 + (local + k) % LW
-                        okp = ok & (dst == peer)
-                        tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + wi[None, :], peer), pw,
-                                 mask=okp[:, None] & (wi < DW)[None, :])
-                        tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + DW + gi[None, :], peer), ps,
-                                 mask=okp[:, None] & (gi < G)[None, :])
-                    if MULTI_NODE:
-                        srow = (par * TK + r.to(tl.int64)) * rowsz
-                        tl.store(lstage_ptr + srow[:, None] + wi[None, :], pw, mask=ok[:, None] & (wi < DW)[None, :])
-                        tl.store(lstage_ptr + srow[:, None] + DW + gi[None, :], ps,
-                                 mask=ok[:, None] & (gi < G)[None, :])
+                if PRE:
+                    # the token's words (codes, then scales) as they are, NW words per packet row
+                    for w0 in range(0, tl.where(anyp, NW, 0), BW):
+                        w = w0 + ww
+                        v = tl.load(x_ptr + t[:, None] * NW + w[None, :], mask=ok[:, None] & (w < NW)[None, :],
+                                    other=0)
+                        pkt = fl64 | (v.to(tl.int64) & 0xFFFFFFFF)
+                        for k in range(1, LW):
+                            peer = node0 + (local + k) % LW
+                            m = (ok & (dst == peer))[:, None] & (w[None, :] < NW)
+                            tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
+                        if MULTI_NODE:
+                            tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt,
+                                     mask=ok[:, None] & (w[None, :] < NW))
+                else:
+                    # codes and scales of BG groups per step, the same packets to whichever peer owns each pair
+                    for g0 in range(0, tl.where(anyp, G, 0), BG):
+                        words, sinv = _fp8_quant(x_ptr, t, ok, g0, H, G, BG, ROUND)
+                        wi = g0 * 32 + tl.arange(0, BG * 32)
+                        gi = g0 + tl.arange(0, BG)
+                        pw = fl64 | (words.to(tl.int64) & 0xFFFFFFFF)
+                        ps = fl64 | (sinv.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+                        for k in range(1, LW):
+                            peer = node0 + (local + k) % LW
+                            okp = ok & (dst == peer)
+                            tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + wi[None, :], peer), pw,
+                                     mask=okp[:, None] & (wi < DW)[None, :])
+                            tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + DW + gi[None, :], peer), ps,
+                                     mask=okp[:, None] & (gi < G)[None, :])
+                        if MULTI_NODE:
+                            srow = (par * TK + r.to(tl.int64)) * rowsz
+                            tl.store(lstage_ptr + srow[:, None] + wi[None, :], pw,
+                                     mask=ok[:, None] & (wi < DW)[None, :])
+                            tl.store(lstage_ptr + srow[:, None] + DW + gi[None, :], ps,
+                                     mask=ok[:, None] & (gi < G)[None, :])
             else:
                 # no word to write when every pair of the block is this rank's own or not sent
                 for w0 in range(0, tl.where(anyp, HW, 0), BW):

@@ -125,6 +125,18 @@ def test_ep_ll_fp8_payload(dist_world, n, tokens, round_scale, kind):
     assert len(got) == n and sum(got) > 0
 
 
+@pytest.mark.parametrize("n,tokens,round_scale,kind", [(1, (5,), True, "uniform"), (2, (6, 0), False, "skewed"),
+                                                       (3, (4, 3, 5), False, "dup")])
+def test_ep_ll_fp8_prequant(dist_world, n, tokens, round_scale, kind):
+    # EpContext.ll_fp8_prequant: each token quantised once (ep_fp8_quant_kernel), the dispatch moving its words:
+    # the same codes, scales, round trip and combine as the per-pair quantisation (the body's exact checks); the
+    # warm calls take the planned path (two launches)
+    d = dist_world(n)
+    got = d.run(B.ep_fp8_rounds, tokens, H=256 if not ON_GPU else 7168, k=3 if kind == "dup" else 2, kind=kind,
+                rounds=3, capacity=4 if n == 3 else None, round_scale=round_scale, tune={"ll_fp8_prequant": True})
+    assert len(got) == n and sum(got) > 0
+
+
 def test_ep_ll_fp8_payload_at_the_gpu_tiles(dist_world):
     # the benchmark's case (bench/results/h100-2026-12-07-fp8: its check failed at world size 1 on an H100):
     # on GPUs 128 tokens, top-8 of 8 experts, hidden 7168 at the tiles the GPU picks (8-row blocks, 4 groups of
@@ -156,9 +168,31 @@ def test_ep_ll_fp8_dispatch_compiles_for_sm90a(round_scale=False):
     import ditron
     from ditron.kernels import ep_ll_kernels
     k = ep_ll_kernels.ep_ll_dispatch_kernel
-    const = dict(_CONST["ep_ll_dispatch_kernel"], MULTI_NODE=False, FP8=True, ROUND=round_scale, BG=4, BR=8)
+    const = dict(_CONST["ep_ll_dispatch_kernel"], MULTI_NODE=False, FP8=True, ROUND=round_scale, BG=4, BR=8,
+                 PRE=False)
     sig = {p: ("*i64" if p in _I64 else "*i32" if p == "out_ptr" else "*fp32" if p == "scale_ptr" else "*bf16")
            if p.endswith("_ptr") else "i32" for p in inspect.signature(k.fn).parameters if p not in const}
     ptx = ditron.compile(k, target="sm_90a", signature=sig, constexprs=const, num_warps=4).asm["ptx"]
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
     assert ("div.rn.f32" in ptx) != round_scale          # power-of-two scales: no division
+
+
+def test_ep_ll_fp8_prequant_compiles_for_sm90a():
+    # ll_fp8_prequant on sm_90a: the quantisation kernel (e4m3 with satfinite, one token's groups per tile) and the
+    # dispatch that moves the staged words (no conversion left in it)
+    import inspect
+
+    import ditron
+    from ditron.kernels import ep_ll_kernels
+    q = ep_ll_kernels.ep_fp8_quant_kernel
+    ptx = ditron.compile(q, target="sm_90a", signature={"x_ptr": "*bf16", "q_ptr": "*i32", "T": "i32", "H": "i32",
+                                                          "G": "i32"},
+                         constexprs=dict(BR=8, BG=4, ROUND=False), num_warps=4).asm["ptx"]
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "div.rn.f32" in ptx
+    k = ep_ll_kernels.ep_ll_dispatch_kernel
+    const = dict(_CONST["ep_ll_dispatch_kernel"], MULTI_NODE=False, FP8=True, ROUND=False, BG=4, BR=8, PRE=True)
+    sig = {p: ("*i64" if p in _I64 else "*i32" if p in ("out_ptr", "x_ptr") else "*fp32" if p == "scale_ptr"
+               else "*bf16") if p.endswith("_ptr") else "i32" for p in inspect.signature(k.fn).parameters
+           if p not in const}
+    ptx = ditron.compile(k, target="sm_90a", signature=sig, constexprs=const, num_warps=4).asm["ptx"]
+    assert "cvt.rn.satfinite" not in ptx and "div.rn.f32" not in ptx

@@ -444,3 +444,30 @@ def test_ep_warm_calls_do_only_per_call_work(monkeypatch):
                 ll_call()
         launches = drv.launches - launches
         assert launches == 2 * 3 + 1 + 2 + 1, launches     # the calls that raised launched nothing
+
+
+def test_ep_fp8_prequant_planned_calls_launch_what_the_checked_path_launches():
+    """``ll_fp8_prequant``: a planned fp8 dispatch launches the quantisation kernel then the dispatch, with the same
+    kernels, grids and arguments as the checked path (the staging as the dispatch's input)."""
+    import ditron.kernels as K
+    bf = torch.bfloat16
+    T, H, E, k = 8, 256, 4, 2
+    x = torch.randn(T, H, dtype=bf)
+    idx = torch.stack([torch.randperm(E)[:k] for _ in range(T)]).to(torch.int32)
+    w = torch.rand(T, k)
+    with stub_driver() as drv, stub_world(1 << 24):
+        ll = K.create_ep_context(T, H, E, k, bf, mode="low_latency")
+        ll.ll_fp8_prequant = True
+
+        def call():
+            n = len(drv.log)
+            K.ep_dispatch(x, idx, w, ll, validate=False, use_fp8=True)
+            return drv.log[n:]
+        first = [call() for _ in range(2)]          # both parities through the checks
+        assert len(ll.calls_planned) == 1
+        planned = [call() for _ in range(2)]
+        ll.calls_planned.clear()
+        checked = [call() for _ in range(2)]
+        assert [len(c) for c in planned] == [2, 2], planned
+        assert planned == checked == first, "a planned fp8 dispatch launches other arguments than the checked path"
+        assert ll.launches.get("fp8_quant") == 6 and ll.launches.get("dispatch") == 6, ll.launches

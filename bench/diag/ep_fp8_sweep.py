@@ -6,9 +6,9 @@ process: each variant of ``(ll_rows, ll_fp8_groups, dispatch_warps)`` (context a
 H100, 2026-12-07 (bench/results/h100-2026-12-07f-fp8/): the default (8, 4, 4) sends its rows in 14 us against
 bf16's 8 us.
 
-    torchrun --standalone --nproc-per-node 1 bench/diag/ep_fp8_sweep.py [--tokens 128] [--hidden 7168]
+    DITRON_HEAP_SIZE=12G torchrun --standalone --nproc-per-node 1 bench/diag/ep_fp8_sweep.py [--tokens 128] [--hidden 7168]
     ditron sim -n 1 bench/diag/ep_fp8_sweep.py --tokens 4 --hidden 512 --topk 2 --experts 4 \\
-        --variants 4,1,1:4,4,1 --iters 2                                  # the CPU smoke run
+        --variants 4,1,1:4,4,1:4,1,1,p --iters 2                          # the CPU smoke run
 """
 import argparse
 
@@ -20,7 +20,8 @@ from ditron.bench.harness import Impl, measure
 from ditron.bench.moe import _rand, _routing
 from ditron.kernels import ep
 
-DEFAULT_VARIANTS = "8,4,4:8,2,4:8,8,4:4,4,4:16,4,4:8,4,8:16,2,8:8,8,8:16,8,8"   # powers of two (Triton tiles)
+# powers of two (Triton tiles); a 4th field "p": ll_fp8_prequant (each token quantised once, then its words moved)
+DEFAULT_VARIANTS = "8,4,4:8,4,4,p:8,8,8,p:16,4,4,p:4,4,4,p:16,8,8:8,4,8"
 
 
 def main():
@@ -48,10 +49,12 @@ def main():
         return ep.ep_combine(recv_x, handle, ctx16)
     impls.append(Impl("bf16 (default tiles)", run16, combine_check(x, w, False, "bf16 round trip")))
     for v in args.variants.split(":"):
-        rows, groups, warps = (int(s) for s in v.split(","))
+        f = v.split(",")
+        rows, groups, warps = (int(s) for s in f[:3])
+        pre = f[3:] == ["p"]
         ctx = ep.create_ep_context(T, H, E, k, torch.bfloat16, mode="low_latency", capacity=T)
-        ctx.ll_rows, ctx.ll_fp8_groups, ctx.dispatch_warps = rows, groups, warps
-        name = f"fp8 rows {rows} groups {groups} warps {warps}"
+        ctx.ll_rows, ctx.ll_fp8_groups, ctx.dispatch_warps, ctx.ll_fp8_prequant = rows, groups, warps, pre
+        name = f"fp8 rows {rows} groups {groups} warps {warps}" + (" prequant" if pre else "")
         try:
             (c8, s8), _, handle = ep.ep_dispatch(x, idx, w, ctx, use_fp8=True)
             y8 = ep.fp8_dequantize(c8, s8).to(torch.bfloat16)
