@@ -213,10 +213,20 @@ def dist_world(request):
 _GPU_FIXTURES = {"dist", "dist_world", "dist_", "_gpu_dist"}
 
 
+def _amd_compile(item) -> bool:
+    """A test that compiles for an AMD target: its id names a gfx9 target, or it is the rocSHMEM table's."""
+    return "gfx9" in item.nodeid or item.nodeid.startswith("tests/test_rocshmem_table.py")
+
+
+@pytest.hookimpl(tryfirst=True)        # before -m deselects by the markers added here
 def pytest_collection_modifyitems(config, items):
-    """Under torchrun with DITRON_TEST_GPU_ONLY=1 (tests/gpu/run.sh), keep only the tests that run a body on the
-    GPU world: the rest (compile, simulator and argument tests) are the CPU suite's, which CI runs; every rank
-    repeating them would only slow the GPU script down."""
+    """Marks the AMD compile tests ``amd_compile`` (pyproject.toml's markers).  Under torchrun with
+    DITRON_TEST_GPU_ONLY=1 (tests/gpu/run.sh), keeps only the tests that run a body on the GPU world: the rest
+    (compile, simulator and argument tests) are the CPU suite's, which CI runs; every rank repeating them would
+    only slow the GPU script down."""
+    for it in items:
+        if _amd_compile(it):
+            it.add_marker(pytest.mark.amd_compile)
     if GPU_BACKEND == "sim" or os.environ.get("DITRON_TEST_GPU_ONLY") != "1":
         return
     keep = [it for it in items if _GPU_FIXTURES & set(getattr(it, "fixturenames", ()))]

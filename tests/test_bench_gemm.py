@@ -41,6 +41,7 @@ def _have(module):
 
 
 @pytest.mark.parametrize("op", ["ag_gemm", "gemm_rs", "gemm_ar"])
+@pytest.mark.e2e
 def test_overlap_harness_on_the_simulator(tmp_path, op):
     if not _have(f"ditron.kernels.{op}"):
         pytest.skip(f"ditron.kernels.{op} not written yet")
@@ -138,6 +139,7 @@ FP8_OVERLAP = {"ag_gemm": ("row", "64,32,32", "default"), "gemm_rs": ("block", "
 
 
 @pytest.mark.parametrize("op", sorted(FP8_OVERLAP))
+@pytest.mark.e2e
 def test_overlap_fp8_on_the_simulator(tmp_path, op):
     """``ditron bench ag_gemm|gemm_rs|gemm_ar --dtype fp8``: ditron's fp8 op and its bf16 op checked against the
     float32 reference of the dequantised operands, and timed; the vendor baseline (torch._scaled_mm + NCCL) is

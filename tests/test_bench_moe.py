@@ -28,6 +28,7 @@ def _rows(path):
 
 
 @pytest.mark.parametrize("op", ["ag_moe", "moe_rs"])
+@pytest.mark.e2e
 def test_tp_moe_bench_on_the_simulator(tmp_path, op):
     p = _sim(tmp_path, 2, op, "--shapes", "6,16,32,4,2")
     assert p.returncode == 0, p.stdout + p.stderr
@@ -38,6 +39,7 @@ def test_tp_moe_bench_on_the_simulator(tmp_path, op):
     assert "| T6_H16_I32_E4_k2 |" in (tmp_path / f"smoke-{op}-bf16.md").read_text()
 
 
+@pytest.mark.e2e
 def test_grouped_gemm_and_ep_bench_on_the_simulator(tmp_path):
     p = _sim(tmp_path, 1, "grouped_gemm", "--shapes", "8,16,32,4,2", "--tp", "2")
     assert p.returncode == 0, p.stdout + p.stderr

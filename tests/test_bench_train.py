@@ -6,9 +6,12 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.e2e
 def test_train_tp_bench_on_the_simulator(tmp_path):
     cmd = [sys.executable, "-m", "ditron", "sim", "-n", "2", "-m", "ditron.bench", "train_tp", "--tokens", "8",
            "--hidden", "16", "--ffn", "24", "--heads", "2", "--steps", "3", "--models", "mlp", "--iters", "1",

@@ -265,6 +265,7 @@ def _run(*args, timeout=300):
                           cwd=root)
 
 
+@pytest.mark.e2e
 def test_demo_megakernel_on_the_simulator():
     p = _run("demo", "megakernel")
     assert p.returncode == 0, p.stdout + p.stderr
@@ -272,6 +273,7 @@ def test_demo_megakernel_on_the_simulator():
     assert "verified on all 2 ranks against torch" in p.stdout
 
 
+@pytest.mark.e2e
 def test_bench_megakernel_on_the_simulator(tmp_path):
     import json
     p = _run("sim", "-n", "2", "-m", "ditron.bench", "megakernel", "--config", "tiny", "--ctx", "33", "--batch", "2",

@@ -203,6 +203,7 @@ def sampled_ok(logits, tok, temperature, top_k, top_p, max_top_k=64, eps=1e-4):
     return tok in allowed, allowed
 
 
+@pytest.mark.e2e
 def test_one_rank_greedy_sampling_and_stops(dist_world, tmp_path):
     """One rank, one cluster call, ragged batches.  Qwen3 (untied, q/k norm): 16 greedy steps equal transformers';
     row 1 has a stop token (its output ends at the token's first occurrence, included; the other row, which never
@@ -291,6 +292,7 @@ def test_sampler_topk_chunks(dist_world, N, n_valid, K, block):
         assert cand[b, K:].tolist() == want_i, (b, cand[b], want_i)
 
 
+@pytest.mark.e2e
 def test_two_and_three_ranks_greedy(dist_world, tmp_path):
     """The vocab-parallel LM head and sampler across ranks, ragged batches, every rank's tokens and logits equal to
     transformers': 2 ranks, Llama (untied, Llama 3 RoPE) over 16 greedy steps (long prompts) and Qwen3 with tied embeddings over 8;

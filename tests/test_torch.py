@@ -90,6 +90,7 @@ def test_tp_mlp_compiled_and_cuda_graphs(dist):
 
 
 @pytest.mark.skipif(ON_GPU, reason="the smoke run of the GPU benchmark script on 2 simulated ranks")
+@pytest.mark.e2e
 def test_bench_script_smoke():
     """bench/torch_tp_mlp.py's checks (eager vs unsharded, compiled vs eager, direct calls vs eager) and its
     table on the simulator; the timings are meaningless there and not judged."""

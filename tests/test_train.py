@@ -54,6 +54,7 @@ def test_compiled_backward(dist_world, backend):
     assert dist_world(2).run(B.compiled_backward_matches_eager, backend) == [True] * 2
 
 
+@pytest.mark.e2e
 def test_tp_transformer_block_trains_like_torch(dist_world, n=2):
     """Issue 54: a tiny TP + sequence-parallel transformer block (attention + MLP) trains 20 AdamW steps with
     the loss curve of the single-device float32 block."""
@@ -78,6 +79,7 @@ def test_moe_backward_matches_torch(dist_world, n, dup):
         assert g["aux"] == {"route": 1, "dispatch": 1, "combine": 1}, g
 
 
+@pytest.mark.e2e
 def test_moe_trains_like_torch(dist_world):
     curves = dist_world(2).run(B.moe_trains)
     assert all(c == curves[0] for c in curves), curves

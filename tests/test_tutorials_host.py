@@ -218,6 +218,7 @@ _TORCH_HOST = """
 
 
 @pytest.mark.parametrize("n", [3])
+@pytest.mark.e2e
 def test_tutorial_style_torch_host_code_runs_under_sim(tmp_path, n):
     r = _sim(tmp_path, _TORCH_HOST, n=n)
     assert r.returncode == 0, r.stderr
