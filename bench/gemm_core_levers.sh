@@ -23,6 +23,8 @@
 #   CANDIDATES="tl default,gluon coop 128x256x64 s3" bash bench/gemm_core_levers.sh
 #   CANDIDATES=round1 CHECK=full TWIN=1 bash bench/gemm_core_levers.sh   # round 1 as it ran
 #   CANDIDATES=streamk CHECK=full bash bench/gemm_core_levers.sh         # Stream-K beside its data-parallel twins
+#   CANDIDATES="tl default,matmul table" ROUNDS=6 bash bench/gemm_core_levers.sh   # the shipped table vs the rule
+#   ROUNDS (timing rounds, best kept; default 2), MARGIN (--margin of the table: default 0.03)
 set -o pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -59,6 +61,7 @@ if [ "${TWIN:-0}" = 1 ]; then
   echo "== twin test: exit $? ($(tail -n 1 "$OUT/gemm_hopper_twin.log"))"; grep "^FAIL" "$OUT/gemm_hopper_twin.log" | head -5
 fi
 timeout -k 5 "${TIME_TIMEOUT:-270}" python3 bench/gemm_core_levers.py --tp "${TP:-2,8}" --dtypes "$DTYPES" \
+  --rounds "${ROUNDS:-2}" --margin "${MARGIN:-0.03}" \
   --candidates "$CANDIDATES" --exclude "$EXCLUDE" --json "$OUT/gemm_core_levers.json" --per-shape-best \
   --write-table "$OUT/gemm_table.json" 2>&1 | tee "$OUT/gemm_core_levers.log"
 rc=${PIPESTATUS[0]}

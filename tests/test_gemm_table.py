@@ -192,6 +192,10 @@ def test_per_shape_best_and_table(tmp_path):
     assert [b["best"] for b in best] == ["tl 128x128x64 s5", "gluon coop 128x256x64 s3", "tl default"]
     assert "per-shape best: geomean 1.004, worst 0.970" in text          # TP=2: sqrt(0.97 * 1.04)
     assert "per-shape best over everything: geomean 0.989, worst 0.960" in text
+    # with a margin, tl default stays where the best is not clearly faster (AG y: 1.04 vs 1.02 is within 3%)
+    text_m, best_m = L.per_shape_best(_rows(), names, margin=0.03)
+    assert [b["best"] for b in best_m] == ["tl 128x128x64 s5", "tl default", "tl default"]
+    assert "gluon coop 128x256x64 s3 1.040 within the margin" in text_m and "unless beaten by more than 3%" in text_m
     table = L.build_table(best, "NVIDIA H100 80GB HBM3", 132, "test")
     assert table["match"] == ["H100"] and len(table["entries"]) == 3
     by = {(e["M"], e["N"], e["K"]): e for e in table["entries"]}
