@@ -270,9 +270,9 @@ def test_zoo_ops_direct_launch_is_the_launch_triton_makes(monkeypatch):
         assert seen[n0:n0 + 2] == seen[n0 + 4:n0 + 6], "EP's direct launches differ from Triton's"
         # EP's launch constants are planned once per call shape: warm calls compute none of them again, and a
         # tuning attribute set on the context (ll_strided) drops the plans, so the next call follows it
-        import ditron.kernels.ep as ep_mod
+        import ditron.kernels.ep_tiles as ep_tiles       # _plan (kernels/ep_tiles.py) calls its _constexprs
         n_const = []
-        monkeypatch.setattr(ep_mod, "_constexprs", lambda *a, _f=ep_mod._constexprs, **k: n_const.append(1) or
+        monkeypatch.setattr(ep_tiles, "_constexprs", lambda *a, _f=ep_tiles._constexprs, **k: n_const.append(1) or
                             _f(*a, **k))
         for _ in range(20):
             recv, _, handle = K.ep_dispatch(x, idx, w, ectx, validate=False)
