@@ -166,9 +166,9 @@ class TileConfig:
       kind computes before its loops out of the item loop and holds it across every other kind: the Qwen3-8B whole
       step (head and sampler included) spills 276 B per thread under Triton 3.6 at the 168-register cap, with
       reloads inside the GEMV K loops, the decoder alone 152-248 B at batches 2-16; called, 0-8 B
-      (``python bench/megakernel_regs.py --levers curve,noinline --batch 1 --model qwen3-8b``).  ``None`` (the
+      (``python bench/megakernel_regs.py --levers inline,noinline --batch 1 --model qwen3-8b``).  ``None`` (the
       default) is auto: on for NVIDIA and the simulator, off for AMD (not measured there; :meth:`for_target`).
-      Measured on one H100, 2026-12-07 (``bench/results/h100-2026-12-07g-noinline/``), same process: whole step
+      Measured on one H100, 2026-12-07 (``bench/results/h100-2026-12-07g-noinline/``), same GPU call: whole step
       batch 1 1.304x -> 1.193x its HBM limit, batch 16 1.332x -> 1.246x; decoder alone batch 1 / 8 / 16
       1.19x / 1.23x / 1.33x -> 1.18x / 1.23x / 1.26x.
 
