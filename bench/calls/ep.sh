@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU call (~300 s) for EP (issues 55 and the 2-rank test failure of 2026-12-07g):
+# One GPU call (~500 s) for EP (issues 55 and the 2-rank test failure of 2026-12-07g):
 #   1. ditron bench ep --dtype fp8 (the default fp8 dispatch, ll_fp8_prequant, bf16, device copies; one process)
 #   2. the fp8 tile sweep with prequant variants (bench/diag/ep_fp8_sweep.py)
 #   3. bench/diag/ep_w2.sh: the small-case diagnosis at 2 ranks and test_ep.py alone at 2 ranks
