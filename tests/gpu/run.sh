@@ -45,10 +45,13 @@ HANG_TIMEOUT=${HANG_TIMEOUT:-60}
 PARALLEL_HANGS=${PARALLEL_HANGS:-1}
 BACKENDS=${BACKENDS:-"p2p nvshmem"}
 # the GPU test files; gemm_rs last (the one that hung with ranks sharing a GPU before its reduction grid was capped)
+# (2026-12-07g: + the GEMM core, Stream-K, Gluon's distributed primitives, ring attention / flash-decoding, fp8 and
+# the DeepEP interface -- issues 52 and 55's kernels -- which had GPU bodies but were not in the list)
 PYTEST_FILES=${PYTEST_FILES:-"tests/test_dist_runtime.py tests/test_dist_primitives.py tests/test_torch.py
   tests/test_task_sim.py tests/test_zoo_ag_rs_a2a.py tests/test_zoo_all_reduce.py tests/test_ag_gemm.py
-  tests/test_gemm_ar.py tests/test_moe.py tests/test_moe_hopper.py tests/test_ep.py tests/test_tdist_port.py
-  tests/test_gemm_rs.py"}
+  tests/test_gemm_ar.py tests/test_gemm_core.py tests/test_gemm_streamk.py tests/test_gluon.py
+  tests/test_zoo_attention.py tests/test_moe.py tests/test_moe_hopper.py tests/test_fp8.py tests/test_deep_ep.py
+  tests/test_ep.py tests/test_tdist_port.py tests/test_gemm_rs.py"}
 LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/ditron-gpu-run.XXXXXX")
 status=0
 SUMMARY=()
