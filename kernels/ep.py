@@ -512,12 +512,9 @@ def _dispatch(x, topk_idx, topk_weights, ctx, validate=True, use_fp8=False, roun
     launch = c.launches[0]
     if c.ll:
         rc = c.counts[p] if counts is None else counts
-        if len(c.launches) == 2:            # fp8 pre-quantised: each token once, then the dispatch of its words
-            _launch_planned(ctx, launch, (x,) + launch[3][p] + launch[4])
-            launch = c.launches[1]
-            x = launch[3][p][-1]
-            _launch_planned(ctx, launch, (x, topk_idx) + launch[3][p][:-1] + (rc,) + launch[4])
-            return c.outs[p], rc, h
+        if len(c.launches) == 2:            # fp8 pre-quantised: each token once into the staging, whose words
+            _launch_planned(ctx, launch, (x,) + launch[3][p] + launch[4])     # the dispatch then moves
+            x, launch = launch[3][p][0], c.launches[1]
         _launch_planned(ctx, launch, (x, topk_idx) + launch[3][p] + (rc,) + launch[4])
         return c.outs[p], rc, h
     _launch_planned(ctx, launch, (topk_idx,) + launch[3][p] + launch[4])
@@ -592,8 +589,6 @@ def _dispatch_checked(x, topk_idx, topk_weights, ctx, validate, use_fp8, round_s
                 pre.append((s["key"], s["pslot"], s["dropped"]) + ((s["recv_x8_words"], s["recv_scale"]) if use_fp8
                                                                    else (s["recv_x"], s["rc"])) + (s["rc"],))
                 outs.append((s["recv_x8"], s["recv_scale_t"]) if use_fp8 else s["recv_x"])
-            if launches:                      # the dispatch's input (the staging) rides at the end of its pre
-                pre = [q + (xin,) for q in pre]
             _remember(ctx, key, _plan_call(
                 ctx, _dispatch_fields(x, k, ctx), launches + [("dispatch", ep_ll_dispatch_kernel, lkey, pre, post)],
                 outs,

@@ -50,6 +50,25 @@ def _unpack_store(pk, out_ptr, rows, ok, w, HW, H, EPW: tl.constexpr, DT: tl.con
 
 
 @triton.jit
+def _send_packets(x_ptr, t, ok, anyp, WN, XS, fl64, dst, rbox, drow, rowsz, node0, local, LW, lstage_ptr, par, TK, r,
+                  ww, XE: tl.constexpr, MULTI_NODE: tl.constexpr):
+    """The LL dispatch's peer rows as packets: ``WN`` words of rows ``t`` of ``x`` (``XS`` elements apart, ``XE``
+    elements per word: :func:`_pack`) to the owner of each pair (``ok``, ``dst``) at row ``drow`` of its ``rbox``,
+    and (``MULTI_NODE``) to this rank's staging for the inter-node puts; no word at all when ``anyp`` is False
+    (every pair of the block is this rank's own or not sent)."""
+    for w0 in range(0, tl.where(anyp, WN, 0), ww.shape[0]):
+        w = w0 + ww
+        pkt = _pack(x_ptr, t, ok, w, WN, XS, fl64, XE)
+        for k in range(1, LW):                   # k = 0: this rank, copied by the caller
+            peer = node0 + (local + k) % LW
+            m = (ok & (dst == peer))[:, None] & (w[None, :] < WN)
+            tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
+        if MULTI_NODE:
+            tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt,
+                     mask=ok[:, None] & (w[None, :] < WN))
+
+
+@triton.jit
 def _fp8_quant(x_ptr, rows, ok, g0, H, G, BG: tl.constexpr, ROUND: tl.constexpr):
     """Groups ``[g0, g0 + BG)`` of 128 channels of rows ``rows`` of ``x``
     (``[BR]``, loaded where ``ok``) quantised to e4m3 as DeepEP's
@@ -256,8 +275,8 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
         if tl.sum(own.to(tl.int32), 0) > 0:
             ob = tl.sum(tl.where(le[:, None] == lidx[None, :], obase[None, :], 0), 1)
             if FP8:
+                orow = le * NR + ob + sl
                 if PRE:
-                    orow = le * NR + ob + sl
                     for w0 in range(0, NW, BW):
                         w = w0 + ww
                         v = tl.load(x_ptr + t[:, None] * NW + w[None, :], mask=own[:, None] & (w < NW)[None, :],
@@ -266,7 +285,6 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
                         tl.store(scale_ptr + (le[:, None] * G + (w - DW)[None, :]) * NR + (ob + sl)[:, None],
                                  v.to(tl.float32, bitcast=True), mask=own[:, None] & ((w >= DW) & (w < NW))[None, :])
                 else:
-                    orow = le * NR + ob + sl
                     for g0 in range(0, G, BG):
                         words, sinv = _fp8_quant(x_ptr, t, own, g0, H, G, BG, ROUND)
                         wi = g0 * 32 + tl.arange(0, BG * 32)
@@ -283,19 +301,9 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
             anyp = tl.sum(ok.to(tl.int32), 0) > 0
             if FP8:
                 if PRE:
-                    # the token's words (codes, then scales) as they are, NW words per packet row
-                    for w0 in range(0, tl.where(anyp, NW, 0), BW):
-                        w = w0 + ww
-                        v = tl.load(x_ptr + t[:, None] * NW + w[None, :], mask=ok[:, None] & (w < NW)[None, :],
-                                    other=0)
-                        pkt = fl64 | (v.to(tl.int64) & 0xFFFFFFFF)
-                        for k in range(1, LW):
-                            peer = node0 + (local + k) % LW
-                            m = (ok & (dst == peer))[:, None] & (w[None, :] < NW)
-                            tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
-                        if MULTI_NODE:
-                            tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt,
-                                     mask=ok[:, None] & (w[None, :] < NW))
+                    # the token's staged words (codes, then scales) as they are, NW words per packet row
+                    _send_packets(x_ptr, t, ok, anyp, NW, NW, fl64, dst, rbox, drow, rowsz, node0, local, LW,
+                                  lstage_ptr, par, TK, r, ww, 1, MULTI_NODE)
                 else:
                     # codes and scales of BG groups per step, the same packets to whichever peer owns each pair
                     for g0 in range(0, tl.where(anyp, G, 0), BG):
@@ -318,18 +326,8 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
                             tl.store(lstage_ptr + srow[:, None] + DW + gi[None, :], ps,
                                      mask=ok[:, None] & (gi < G)[None, :])
             else:
-                # no word to write when every pair of the block is this rank's own or not sent
-                for w0 in range(0, tl.where(anyp, HW, 0), BW):
-                    w = w0 + ww
-                    pkt = _pack(x_ptr, t, ok, w, HW, H, fl64, EPW)
-                    for k in range(1, LW):                   # k = 0: this rank, copied above
-                        peer = node0 + (local + k) % LW
-                        m = (ok & (dst == peer))[:, None] & (w[None, :] < HW)
-                        tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + w[None, :], peer), pkt, mask=m)
-                    if MULTI_NODE:
-                        sm = ok[:, None] & (w[None, :] < HW)
-                        tl.store(lstage_ptr + (par * TK + r.to(tl.int64))[:, None] * rowsz + w[None, :], pkt,
-                                 mask=sm)
+                _send_packets(x_ptr, t, ok, anyp, HW, H, fl64, dst, rbox, drow, rowsz, node0, local, LW, lstage_ptr,
+                              par, TK, r, ww, EPW, MULTI_NODE)
             if MULTI_NODE:
                 dl.fence("release", "sys")
                 dl.syncthreads()
