@@ -43,7 +43,8 @@ def ep_tiles(mode, world_size, num_experts, hidden, dtype, *, sim=False, sms=132
     t.ll_fp8_groups = 1 if sim else 4
     # use_fp8: each token quantised once by ep_fp8_quant_kernel (tiles of fp8_quant_rows tokens x ll_fp8_groups
     # groups), the dispatch then moving its words per pair (True), or each pair's row quantised by the dispatch
-    # (False: a token's k pairs quantise it k times; on one H100 the send phase took 14 us against bf16's 8, 2026-12-07f)
+    # (False: a token's k pairs quantise it k times; on one H100 the send phase took 14 us against bf16's 8:
+    # bench/results/h100-2026-12-07f-fp8/)
     t.ll_fp8_prequant = False
     t.fp8_quant_rows = 4 if sim else 8
     # the LL dispatch's pairs per program: a contiguous share (False) or every P-th pair (True: a copy tile's rows
