@@ -10,14 +10,24 @@ bfloat16 implementation (transformers' included), and by more at TP=2 (partial s
     DITRON_RANKS_PER_GPU=2 torchrun --standalone --nproc-per-node 2 tests/gpu/hf_8b_equality.py --model qwen3-8b \\
         --dir /tmp/q8                                                                # TP=2, both ranks on one GPU
 
-The first run (one rank) builds the model, makes it confident as the simulator's tests do (LM-head rows of
-log-normal norms: random 8B weights otherwise put the top two logits within bf16 rounding of each other at most
-steps), picks prompts whose ``transformers`` greedy run has a top-1 / top-2 gap of at least ``--min-rel`` of the
-largest logit at every step (batched candidates, then each confirmed alone) and whose tokens ``transformers`` in
-float32 (teacher-forced) picks too, with a gap of at least half that (a step where bfloat16 and float32 part has no
-single right token), saves the model (``save_pretrained``,
-sharded safetensors) and the references to ``--dir``; every run then loads ``--dir`` through ``ditron.models``.
-Prints ``hf_8b_equality: PASS`` (or ``FAIL: ...``) per rank.
+The first run (one rank) builds the model, makes it confident, picks prompts whose ``transformers`` greedy run has
+an unambiguous token at every step, saves the model (``save_pretrained``, sharded safetensors) and the references to
+``--dir``; every run then loads ``--dir`` through ``ditron.models``.  Random 8B weights put the top two logits within
+bf16 rounding of each other at most steps, so ``--method`` makes the model confident one of two ways:
+
+* ``search`` (default for qwen3-8b, tiny-qwen3): as the simulator's tests do, LM-head rows of log-normal norms
+  (``--sigma``), then prompts whose greedy run has a top-1 / top-2 gap of at least ``--min-rel`` of the largest logit
+  at every step (batched candidates, then each confirmed alone);
+* ``plant`` (default for llama3-8b): random prompts and distinct random target tokens; the LM-head rows of the
+  targets are fitted (least-norm, to float32 teacher-forced final hidden states) so that each step's target scores
+  ``--alpha`` times the random head's largest logit there and the other targets about 0.  Searching finds nothing
+  at Llama-8B: a random 8B model's final hidden state in bf16 is ~2.5% (8 layers) to ~5% (32 layers) from float32's
+  (measured on CPU), so random top-2 gaps are within that noise at most steps, and no 32-step run is unambiguous.
+
+Either way the references are ``transformers``' own bf16 ``generate`` output (tokens and logits; a plant that
+``generate`` does not reproduce is rejected, not used), and ``transformers`` in float32 (teacher-forced) must pick the
+same tokens with a gap of at least ``--min-rel / 2`` (a step where bfloat16 and float32 part has no single right
+token); the check of ditron is the same for both.  Prints ``hf_8b_equality: PASS`` (or ``FAIL: ...``) per rank.
 """
 import argparse
 import os
@@ -80,6 +90,70 @@ def search(m, V, steps, lengths, min_rel, device, batches=16, keep=4):
     return found
 
 
+def plant(m, V, steps, lengths, device, alpha=2.0, seed=1234):
+    """One random prompt per length and ``steps`` target tokens each, all distinct and none of the config's special
+    ids (``min_new_tokens`` masks eos: an eos target could never come), planted: the targets' LM-head rows are
+    fitted to the float32 teacher-forced final hidden states ``h_t`` so that row ``t`` gives ``h_t`` the logit
+    ``a_t = alpha * max_j |W0_j . h_t|`` (``W0``: the random head) and the other states 0.  Then each prompt is
+    generated alone in bf16, as :func:`search` confirms candidates: ``[[(prompt, tokens, logits)] per length]``
+    with ``transformers``' own tokens and logits (never the targets), or a string naming the first step where
+    ``generate`` parts from the targets (a larger ``alpha`` may do)."""
+    cfg = m.config
+    if getattr(cfg, "tie_word_embeddings", False):
+        raise ValueError("plant: the model ties its LM head to its input embeddings (tie_word_embeddings): fitted "
+                         "LM-head rows would change the targets' embeddings too; use --method search")
+    n_t = steps * len(lengths)
+    if n_t > cfg.hidden_size:
+        raise ValueError(f"plant: {n_t} targets need at most hidden_size ({cfg.hidden_size}) independent states")
+    special = set()
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        v = getattr(cfg, k, None)
+        special.update(v if isinstance(v, (list, tuple)) else [] if v is None else [v])
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in lengths]
+    perm = torch.randperm(V, generator=g).tolist()
+    targets = [t for t in perm if t not in special][:n_t]
+    targets = [targets[i * steps:(i + 1) * steps] for i in range(len(lengths))]
+    m.float()                     # the hidden states and a_t in float32 (the head's bf16 values, exactly)
+    with torch.no_grad():
+        hs = []
+        for p, tg in zip(prompts, targets):
+            ids = torch.tensor([p + tg[:-1]], device=device)
+            hs.append(m.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0, len(p) - 1:].float())
+        hs = torch.cat(hs)                                         # [n_t, hidden]: state t predicts target t
+        a = alpha * (hs @ m.get_output_embeddings().weight.T).abs().amax(-1)
+        r = a[:, None] * torch.linalg.pinv(hs).T                   # r[t] . hs[s] = a[t] if s == t else 0
+        to_bf16(m)
+        head = m.get_output_embeddings().weight
+        head.index_copy_(0, torch.tensor(sum(targets, []), device=head.device), r.to(head.dtype))
+    found = []
+    for p, tg in zip(prompts, targets):
+        with torch.no_grad():
+            r1 = m.generate(torch.tensor([p], device=device), max_new_tokens=steps, min_new_tokens=steps,
+                            do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        toks = r1.sequences[0, len(p):].tolist()
+        lg = torch.stack([x[0].float() for x in r1.logits]).cpu()
+        if toks != tg:
+            k = next(i for i, (x, y) in enumerate(zip(toks, tg)) if x != y)
+            return (f"plant (alpha {alpha}): the prompt of length {len(p)} parts from its targets at step {k}: "
+                    f"generate picks {toks[k]}, the target is {tg[k]}; logit({toks[k]}) - logit({tg[k]}) "
+                    f"{(lg[k, toks[k]] - lg[k, tg[k]]).item():.4g}, largest logit {lg[k].abs().max().item():.4g}")
+        t2 = lg.topk(2, -1).values
+        gap = ((t2[:, 0] - t2[:, 1]) / lg.abs().amax(-1)).min().item()
+        print(f"prompt of length {len(p)} (planted, alpha {alpha}): smallest top-2 gap {gap:.3g} of the largest "
+              f"logit (bf16); tokens {toks}", flush=True)
+        found.append([(p, toks, lg)])
+    return found
+
+
+def to_bf16(m):
+    """``m`` back to bfloat16 after ``m.float()``: the parameters only (exact: they are bfloat16 values).
+    ``m.to(torch.bfloat16)`` would round the float32 buffers too -- RoPE's ``inv_freq``, which moves the angles of
+    every later ``generate`` off those of a freshly loaded model (and of ditron's)."""
+    for q in m.parameters():
+        q.data = q.data.to(torch.bfloat16)
+
+
 def choose(found, exact, min_rel):
     """Per length the first candidate whose greedy tokens are float32's too, with float32's top-2 gap at least
     ``min_rel / 2`` of its largest logit at every step (``exact``: :func:`exact_logits` of every candidate, in the
@@ -106,7 +180,7 @@ def choose(found, exact, min_rel):
     return prompts, refs, refs32
 
 
-def build_reference(name, path, steps, lengths, min_rel, sigma, device):
+def build_reference(name, path, steps, lengths, min_rel, sigma, device, method=None, alpha=(2.0, 4.0)):
     from ditron.kernels.decoder import hf
     from ditron.models import import_transformers
     tf = import_transformers()
@@ -117,26 +191,36 @@ def build_reference(name, path, steps, lengths, min_rel, sigma, device):
         m = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     print(f"built {name} ({sum(p.numel() for p in m.parameters()) / 1e9:.2f} B parameters) in "
           f"{time.monotonic() - t:.0f} s", flush=True)
+    method = method or default_method(name)
+    print(f"made confident by --method {method}", flush=True)
     V = cfg.vocab_size
     lm0 = m.get_output_embeddings().weight.detach().clone()
-    for sg in sigma:
-        f = torch.exp(torch.randn(V, 1, generator=torch.Generator().manual_seed(1)) * sg)
-        with torch.no_grad():
-            m.get_output_embeddings().weight.copy_(lm0 * f.to(device=device, dtype=torch.bfloat16))
-        found = search(m, V, steps, lengths, min_rel, device)
+    for x in (sigma if method == "search" else alpha):
+        if method == "search":
+            what = f"LM-head row norms log-normal with sigma {x}"
+            f = torch.exp(torch.randn(V, 1, generator=torch.Generator().manual_seed(1)) * x)
+            with torch.no_grad():
+                m.get_output_embeddings().weight.copy_(lm0 * f.to(device=device, dtype=torch.bfloat16))
+            found = search(m, V, steps, lengths, min_rel, device)
+        else:
+            what = f"LM-head rows planted with alpha {x}"
+            with torch.no_grad():                 # a_t from the random head, not an earlier try's planted rows
+                m.get_output_embeddings().weight.copy_(lm0)
+            found = plant(m, V, steps, lengths, device, alpha=x)
         if isinstance(found, list):
             cands = [h for hits in found for h in hits]
             exact = exact_logits(m, [h[0] for h in cands], [(h[1], h[2]) for h in cands])
-            m.to(torch.bfloat16)              # back from float32 (exact: the weights are bfloat16 values)
+            to_bf16(m)
             found = choose(found, exact, min_rel)
         if isinstance(found, tuple):
             prompts, refs, refs32 = found
-            print(f"LM-head row norms log-normal with sigma {sg}: prompts found", flush=True)
+            print(f"{what}: prompts found", flush=True)
             break
-        print(f"LM-head row norms log-normal with sigma {sg}: {found}", flush=True)
+        print(f"{what}: {found}", flush=True)
     else:
         raise SystemExit(f"hf_8b_equality: FAIL: no prompts with an unambiguous {steps}-step greedy run (bfloat16 and "
-                         f"float32) for any sigma in {sigma}; try --sigma / --min-rel")
+                         f"float32) by {method} for any of {sigma if method == 'search' else alpha}; try "
+                         f"{'--sigma' if method == 'search' else '--alpha'} / --min-rel / --method")
     del lm0
     t = time.monotonic()
     m.save_pretrained(path, max_shard_size="4GB")
@@ -161,6 +245,11 @@ def exact_logits(m, prompts, refs):
     return out
 
 
+def default_method(name):
+    """``--method``'s default: ``plant`` for Llama-8B, where the search finds no prompt (module docstring)."""
+    return "plant" if name == "llama3-8b" else "search"
+
+
 def _gather_device(world):
     """Where ``gather_ranks`` wants its tensor: the GPU under NCCL, the CPU under gloo (ranks sharing a GPU) and on
     the simulator."""
@@ -182,6 +271,13 @@ def main():
     # bf16-confident candidate at 2.0 parted from float32 somewhere in 32 steps): larger sigmas first
     p.add_argument("--sigma", default="3.0,2.5,2.0,1.5",
                    help="log-normal sigmas of the LM-head row norms to try in turn (comma list)")
+    p.add_argument("--method", choices=["search", "plant"], default=None,
+                   help="how the model is made confident: search (log-normal LM-head rows, random prompts) or plant "
+                        "(fitted LM-head rows for random target tokens); default: plant for llama3-8b, search for "
+                        "the others")
+    p.add_argument("--alpha", default="2.0,4.0",
+                   help="--method plant: each target's logit over the random head's largest, tried in turn "
+                        "(comma list)")
     args = p.parse_args()
 
     import ditron
@@ -193,7 +289,8 @@ def main():
         if world.world_size != 1:
             raise SystemExit(f"hf_8b_equality: FAIL: no references in {args.dir}: run once with one rank first")
         build_reference(args.model, args.dir, args.steps, [int(x) for x in args.lengths.split(",")], args.min_rel,
-                        [float(x) for x in args.sigma.split(",")], world.device)
+                        [float(x) for x in args.sigma.split(",")], world.device, args.method,
+                        [float(x) for x in args.alpha.split(",")])
     ditron.barrier_all()
     data = torch.load(ref_file)
     prompts, refs, refs32, steps = data["prompts"], data["refs"], data["refs32"], data["steps"]
