@@ -15,14 +15,15 @@ an unambiguous token at every step, saves the model (``save_pretrained``, sharde
 ``--dir``; every run then loads ``--dir`` through ``ditron.models``.  Random 8B weights put the top two logits within
 bf16 rounding of each other at most steps, so ``--method`` makes the model confident one of two ways:
 
-* ``search`` (default for qwen3-8b, tiny-qwen3): as the simulator's tests do, LM-head rows of log-normal norms
-  (``--sigma``), then prompts whose greedy run has a top-1 / top-2 gap of at least ``--min-rel`` of the largest logit
-  at every step (batched candidates, then each confirmed alone);
-* ``plant`` (default for llama3-8b): random prompts and distinct random target tokens; the LM-head rows of the
-  targets are fitted (least-norm, to float32 teacher-forced final hidden states) so that each step's target scores
-  ``--alpha`` times the random head's largest logit there and the other targets about 0.  Searching finds nothing
-  at Llama-8B: a random 8B model's final hidden state in bf16 is ~2.5% (8 layers) to ~5% (32 layers) from float32's
-  (measured on CPU), so random top-2 gaps are within that noise at most steps, and no 32-step run is unambiguous.
+* ``plant`` (tried first by default, the search after it): random prompts and distinct random target tokens; the
+  LM-head rows of the targets are fitted (least-norm, to float32 teacher-forced final hidden states) so that each
+  step's target scores ``--alpha`` times the random head's largest logit there and the other targets about 0.
+  Searching finds nothing at Llama-8B: a random 8B model's final hidden state in bf16 is ~2.5% (8 layers) to ~5%
+  (32 layers) from float32's (measured on CPU; Qwen3's alike), so random top-2 gaps are within that noise at most
+  steps, and a 32-step run where float32 agrees is rare (Qwen3-8B found one, 2026-12-07d; Llama-8B none, 07g);
+* ``search``: as the simulator's tests do, LM-head rows of log-normal norms (``--sigma``), then prompts whose greedy
+  run has a top-1 / top-2 gap of at least ``--min-rel`` of the largest logit at every step (batched candidates,
+  then each confirmed alone).
 
 Either way the references are ``transformers``' own bf16 ``generate`` output (tokens and logits; a plant that
 ``generate`` does not reproduce is rejected, not used), and ``transformers`` in float32 (teacher-forced) must pick the
@@ -180,7 +181,8 @@ def choose(found, exact, min_rel):
     return prompts, refs, refs32
 
 
-def build_reference(name, path, steps, lengths, min_rel, sigma, device, method=None, alpha=(2.0, 4.0)):
+def build_reference(name, path, steps, lengths, min_rel, sigma, device, methods=("plant", "search"),
+                    alpha=(2.0, 4.0)):
     from ditron.kernels.decoder import hf
     from ditron.models import import_transformers
     tf = import_transformers()
@@ -191,11 +193,10 @@ def build_reference(name, path, steps, lengths, min_rel, sigma, device, method=N
         m = tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
     print(f"built {name} ({sum(p.numel() for p in m.parameters()) / 1e9:.2f} B parameters) in "
           f"{time.monotonic() - t:.0f} s", flush=True)
-    method = method or default_method(name)
-    print(f"made confident by --method {method}", flush=True)
     V = cfg.vocab_size
     lm0 = m.get_output_embeddings().weight.detach().clone()
-    for x in (sigma if method == "search" else alpha):
+    tries = [(meth, x) for meth in methods for x in (sigma if meth == "search" else alpha)]
+    for method, x in tries:
         if method == "search":
             what = f"LM-head row norms log-normal with sigma {x}"
             f = torch.exp(torch.randn(V, 1, generator=torch.Generator().manual_seed(1)) * x)
@@ -206,7 +207,10 @@ def build_reference(name, path, steps, lengths, min_rel, sigma, device, method=N
             what = f"LM-head rows planted with alpha {x}"
             with torch.no_grad():                 # a_t from the random head, not an earlier try's planted rows
                 m.get_output_embeddings().weight.copy_(lm0)
-            found = plant(m, V, steps, lengths, device, alpha=x)
+            try:
+                found = plant(m, V, steps, lengths, device, alpha=x)
+            except ValueError as e:               # a tied LM head: no plant at any alpha
+                found = str(e)
         if isinstance(found, list):
             cands = [h for hits in found for h in hits]
             exact = exact_logits(m, [h[0] for h in cands], [(h[1], h[2]) for h in cands])
@@ -214,13 +218,12 @@ def build_reference(name, path, steps, lengths, min_rel, sigma, device, method=N
             found = choose(found, exact, min_rel)
         if isinstance(found, tuple):
             prompts, refs, refs32 = found
-            print(f"{what}: prompts found", flush=True)
+            print(f"{what} (--method {method}): prompts found", flush=True)
             break
         print(f"{what}: {found}", flush=True)
     else:
         raise SystemExit(f"hf_8b_equality: FAIL: no prompts with an unambiguous {steps}-step greedy run (bfloat16 and "
-                         f"float32) by {method} for any of {sigma if method == 'search' else alpha}; try "
-                         f"{'--sigma' if method == 'search' else '--alpha'} / --min-rel / --method")
+                         f"float32) by any of {tries} (method, alpha or sigma); try --alpha / --sigma / --min-rel")
     del lm0
     t = time.monotonic()
     m.save_pretrained(path, max_shard_size="4GB")
@@ -245,9 +248,13 @@ def exact_logits(m, prompts, refs):
     return out
 
 
-def default_method(name):
-    """``--method``'s default: ``plant`` for Llama-8B, where the search finds no prompt (module docstring)."""
-    return "plant" if name == "llama3-8b" else "search"
+def _methods(text):
+    """``--method``'s comma list, checked."""
+    methods = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in methods if x not in ("plant", "search")]
+    if bad or not methods:
+        raise SystemExit(f"hf_8b_equality: --method takes plant and / or search (comma list), not {text!r}")
+    return methods
 
 
 def _gather_device(world):
@@ -271,10 +278,9 @@ def main():
     # bf16-confident candidate at 2.0 parted from float32 somewhere in 32 steps): larger sigmas first
     p.add_argument("--sigma", default="3.0,2.5,2.0,1.5",
                    help="log-normal sigmas of the LM-head row norms to try in turn (comma list)")
-    p.add_argument("--method", choices=["search", "plant"], default=None,
-                   help="how the model is made confident: search (log-normal LM-head rows, random prompts) or plant "
-                        "(fitted LM-head rows for random target tokens); default: plant for llama3-8b, search for "
-                        "the others")
+    p.add_argument("--method", default="plant,search",
+                   help="how the model is made confident, tried in this order (comma list): plant (fitted LM-head "
+                        "rows for random target tokens) and / or search (log-normal LM-head rows, random prompts)")
     p.add_argument("--alpha", default="2.0,4.0",
                    help="--method plant: each target's logit over the random head's largest, tried in turn "
                         "(comma list)")
@@ -289,7 +295,7 @@ def main():
         if world.world_size != 1:
             raise SystemExit(f"hf_8b_equality: FAIL: no references in {args.dir}: run once with one rank first")
         build_reference(args.model, args.dir, args.steps, [int(x) for x in args.lengths.split(",")], args.min_rel,
-                        [float(x) for x in args.sigma.split(",")], world.device, args.method,
+                        [float(x) for x in args.sigma.split(",")], world.device, _methods(args.method),
                         [float(x) for x in args.alpha.split(",")])
     ditron.barrier_all()
     data = torch.load(ref_file)

@@ -7,15 +7,15 @@
 #   MODELS="qwen3-8b llama3-8b" tests/gpu/hf_megakernel.sh  # both architectures (equality and bench: ~2x the time)
 #   BENCH=0 tests/gpu/hf_megakernel.sh                      # the checks only
 #   EQ=0 BATCHES="1 16" tests/gpu/hf_megakernel.sh          # the benchmark only (one process per batch size)
-# Results of 2026-12-07 (H100): bench/results/h100-2026-12-07d-hf-megakernel/.  The prompt search is not
-# reproducible from run to run on the GPU (batched generate; gaps near the threshold): sigma 1.5 found prompts in
-# one run and not in the next, sigma 2.0 found them at once, so it is tried first.  For Llama-8B the search finds
-# nothing (bf16 hidden states ~5% from float32's at 32 layers: random top-2 gaps are within the noise), so
-# llama3-8b plants instead (--method plant: LM-head rows of random distinct target tokens fitted to the float32
-# hidden states; transformers' generate must still produce them and float32 agree).
+# Results of 2026-12-07 (H100): bench/results/h100-2026-12-07d-hf-megakernel/.  The prompt search (log-normal
+# LM-head rows, random prompts) is not reproducible from run to run on the GPU (batched generate; gaps near the
+# threshold) and finds nothing for Llama-8B (bf16 hidden states ~5% from float32's at 32 layers: random top-2 gaps
+# are within the noise), so the script plants first (--method plant,search: LM-head rows of random distinct target
+# tokens fitted to the float32 hidden states; transformers' generate must still produce them and float32 agree) and
+# searches only if no plant holds.
 #
 # 1. token equality with transformers at 8B shapes (tests/gpu/hf_8b_equality.py: random weights from the model's
-#    config, made confident (--method search for Qwen3, plant for Llama), prompts with a clear top-2 gap at every
+#    config, made confident (planted; --method), prompts with a clear top-2 gap at every
 #    step; 32 greedy steps of a ragged batch of 2,
 #    tokens equal and logits no further from transformers in float32 than 2x transformers' bf16 + 1%): TP=1, then TP=2 with both ranks on the GPU
 #    (DITRON_RANKS_PER_GPU=2, time-sliced: MPS=1 starts MPS, see below);
