@@ -305,7 +305,10 @@ def main(argv=None):
                         "transformers in float32)")
     p.add_argument("--hf-batch", default="1,16",
                    help="with --model: batches at which transformers (static cache, torch.compile reduce-overhead) is "
-                        "timed, one rank only (each compiles once; '' : none)")
+                        "timed, one rank only (each case compiles once, in a child process of its own: "
+                        "ditron/bench/megakernel_hf.py; '' : none)")
+    p.add_argument("--hf-timeout", type=float, default=900,
+                   help="seconds a transformers case's child process may take (model build, compile, timing)")
     p.add_argument("--layers", type=int, default=0, help="override the number of layers")
     p.add_argument("--ctx", default="512,4096", help="KV positions before the step (comma list)")
     p.add_argument("--batch", default=None, help="batch sizes (comma list; default 1,2,4,8,16, with --model 1,8,16)")

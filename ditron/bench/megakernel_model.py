@@ -8,8 +8,9 @@ megakernel launch, against
   at TP > 1 an all-gather of the logits, ``argmax``) captured in a CUDA graph;
 * ``hf_compile`` (one rank): ``transformers``' model of the same config (random weights) with a static KV cache of
   ``ctx + margin`` positions under ``torch.compile(mode="reduce-overhead", fullgraph=True)`` (CUDA graphs), one
-  decode step + ``argmax`` per call, at the batches of ``--hf-batch`` (each batch compiles once; the static cache
-  attends over its whole length, as ``transformers`` does).
+  decode step + ``argmax`` per call, at the batches of ``--hf-batch`` (the static cache attends over its whole
+  length, as ``transformers`` does); each case in a child process of its own, timed right after the case's other
+  columns (:mod:`.megakernel_hf`: one compiled forward per process).
 
 Weights are seeded random at the model's shapes (``weights.make_weights`` / ``make_head``; the speed does not
 depend on the values).  Each case is checked first: one megakernel step against the torch step on the same tokens
@@ -18,10 +19,10 @@ logits' difference).  Tokens per second: ``batch / step time``.
 """
 from __future__ import annotations
 
-import inspect
 import math
 
 from .harness import Impl, agree_fn, gather_ranks, measure, traced_fields
+from .megakernel_hf import run_child
 
 
 def model_config(name):
@@ -65,56 +66,7 @@ class TorchFullStep:
 CHECK_REL = 0.06
 
 
-def hf_stepper(model, batch, ctx, max_len, device):
-    """One compiled ``transformers`` decode step of ``batch`` sequences at position ``ctx`` (static cache of
-    ``max_len`` positions, prefilled with ``ctx`` tokens): ``step() -> next tokens``.  Works with the keyword names of
-    transformers 4.5x and 5.x (``past_key_values`` / ``cache``, ``cache_position`` where the model takes it)."""
-    import torch
-    from transformers import StaticCache
-    params = inspect.signature(model.forward).parameters
-    ckw = "cache" if "cache" in params else "past_key_values"
-    cache = StaticCache(config=model.config, max_cache_len=max_len)
-    with torch.no_grad():
-        ids = torch.randint(0, model.config.vocab_size, (batch, ctx), device=device)
-        kw = {ckw: cache, "use_cache": True, "logits_to_keep": 1}
-        if "cache_position" in params:
-            kw["cache_position"] = torch.arange(ctx, device=device)
-        model(input_ids=ids, **kw)
-    # a fresh compilation per case: reusing one compiled forward across cases (a recompilation per batch and cache,
-    # under the same CUDA-graph tree) ended in an illegal memory access at the second batch size (H100, 2026-12-07)
-    torch._dynamo.reset()
-    try:
-        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
-        reset_cudagraph_trees()
-    except ImportError:
-        pass
-    fwd = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    tok = torch.zeros((batch, 1), dtype=torch.long, device=device)
-    kw = {ckw: cache, "use_cache": True, "logits_to_keep": 1,
-          "position_ids": torch.full((batch, 1), ctx, dtype=torch.long, device=device)}
-    if "cache_position" in params:
-        kw["cache_position"] = torch.tensor([ctx], device=device)
-
-    def step():
-        with torch.no_grad():
-            out = fwd(input_ids=tok, **kw)
-            return out.logits[:, -1].argmax(-1)
-    return step, cache
-
-
-def hf_model(name, device):
-    """``transformers``' model of ``--model``'s config, random weights, bf16 on ``device``."""
-    import torch
-
-    from ..kernels.decoder import hf
-    from ..models import import_transformers
-    tf = import_transformers()
-    cfg = tf.AutoConfig.for_model(**hf.HF_CONFIGS[name])
-    with torch.device(device):
-        return tf.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
-
-
-def model_case(world, cfg, ctx, batch, args, bw, weights, head, hf=None):
+def model_case(world, cfg, ctx, batch, args, bw, weights, head, hf=False):
     """Check then time one (context, batch) of the whole step; returns the table row (``args.contexts(ctx, batch)``:
     the sequences' contexts)."""
     import torch
@@ -153,19 +105,18 @@ def model_case(world, cfg, ctx, batch, args, bw, weights, head, hf=None):
     impls = [Impl("torch_graph", graph_replay(lambda: ref.step(tok_static)) if cuda else lambda: ref.step(tok_static))]
     if ok:
         impls.append(Impl("megakernel", graph_replay(dm.step) if cuda else dm.step))
-    hf_cache = None
-    if hf is not None and world.world_size == 1 and batch in args.hf_batches:
-        try:
-            step, hf_cache = hf_stepper(hf, batch, max(ctxs), max(ctxs) + margin + 8, world.device)
-            impls.append(Impl("hf_compile", step))
-        except Exception as e:  # noqa: BLE001 -- reported in the row; the other columns stand
-            row.setdefault("errors", {})["hf_compile"] = f"{type(e).__name__}: {e}"[:300]
     res = measure(impls, world.device, warmup=args.warmup, iters=args.iters, graph=False,
                   barrier=ditron.barrier_all, repeat=args.repeat, agree=agree_fn(world))
     for name, r in res.items():
         row[f"{name}_us"] = r["us"] if r["ok"] and math.isfinite(r["us"]) else None
         if not r["ok"]:
             row.setdefault("errors", {})[name] = r["error"]
+    if hf and world.world_size == 1 and batch in args.hf_batches:
+        us, err = run_child(args.model, batch, max(ctxs), max(ctxs) + margin + 8, world.device, args.warmup,
+                            args.iters, args.repeat, timeout=args.hf_timeout)
+        row["hf_compile_us"] = us
+        if err:
+            row.setdefault("errors", {})["hf_compile"] = err
     mk = row.get("megakernel_us")
     if mk:
         row["mk_over_hbm_limit"] = mk / row["hbm_limit_us"]
@@ -176,7 +127,6 @@ def model_case(world, cfg, ctx, batch, args, bw, weights, head, hf=None):
                 row[f"{base}_tok_s"] = batch / row[f"{base}_us"] * 1e6
     if dm.mk.resources:
         row["resources"] = dm.mk.resources
-    del hf_cache
     if getattr(args, "trace", False) and ok:
         # a second build of the same step with per-item timestamps (the timed kernel has none): where the step's
         # time goes per kind of task, the embedding, the LM head and the sampler's stages included
@@ -216,15 +166,19 @@ def main_model(args, argv, cfg, ctxs, batches, copy_bandwidth) -> int:
     bw = copy_bandwidth(world.device)
     weights = make_weights(cfg, world.rank, world.world_size, device=world.device)
     head = make_head(cfg, world.rank, world.world_size, device=world.device)
-    hf = None
-    hf_note = ""
-    if world.world_size == 1 and args.hf_batches and str(world.device).startswith("cuda"):
-        try:
-            hf = hf_model(args.model, world.device)
-        except Exception as e:  # noqa: BLE001 -- the table says why the column is empty
-            hf_note = f"transformers baseline unavailable: {type(e).__name__}: {e}"[:300]
-    elif world.world_size > 1:
-        hf_note = "transformers baseline: one rank only (no tensor parallelism there)"
+    hf, hf_note = False, ""
+    if args.hf_batches:
+        if world.world_size > 1:
+            hf_note = "transformers baseline: one rank only (no tensor parallelism there)"
+        elif not str(world.device).startswith("cuda"):
+            hf_note = "transformers baseline: CUDA only (torch.compile reduce-overhead captures CUDA graphs)"
+        else:
+            try:
+                from ..models import import_transformers
+                import_transformers()
+                hf = True
+            except Exception as e:  # noqa: BLE001 -- the table says why the column is empty
+                hf_note = f"transformers baseline unavailable: {type(e).__name__}: {e}"[:300]
     rows = []
     command = "ditron bench megakernel " + " ".join(argv)
 
