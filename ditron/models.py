@@ -43,11 +43,13 @@ def import_transformers():
     import os
     import sys
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if "transformers" in sys.modules:
-        return sys.modules["transformers"]
     mod = sys.modules.get("kernels")
-    if mod is not None and os.path.abspath(getattr(mod, "__file__", "") or "").startswith(here + os.sep):
+    if mod is not None and not os.path.abspath(getattr(mod, "__file__", "") or "").startswith(here + os.sep):
+        return importlib.import_module("transformers")        # Hugging Face's kernels is the one imported
+    if mod is not None:
         del sys.modules["kernels"]
+    # also when transformers itself is imported already (``import transformers`` is lazy: its models import
+    # ``kernels`` when first used)
     saved = sys.path[:]
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     try:
