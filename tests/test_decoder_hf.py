@@ -29,24 +29,13 @@ from ditron.errors import DitronError
 
 
 def _import_transformers():
-    """transformers (5.x) imports the ``kernels`` distribution (Hugging Face's kernel hub); under ``python -m pytest``
-    the working directory is on ``sys.path`` and this repository's top-level ``kernels/`` directory would shadow it:
-    import it with the repository root off the path (ditron reaches its kernels as ``ditron.kernels``)."""
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    mod = sys.modules.get("kernels")
-    if mod is not None and os.path.dirname(os.path.abspath(getattr(mod, "__file__", "") or "")).startswith(root):
-        del sys.modules["kernels"]
-    saved = sys.path[:]
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != root]
+    """transformers through ``ditron.models.import_transformers`` (this repository's top-level ``kernels/`` would
+    shadow Hugging Face's ``kernels`` package, which transformers 5 imports); the test skips without it."""
+    from ditron.models import import_transformers
     try:
-        try:
-            __import__("kernels")
-        except ImportError:
-            pass
-        return pytest.importorskip("transformers")
-    finally:
-        sys.path[:] = saved
+        return import_transformers()
+    except ImportError:
+        pytest.skip("transformers is not installed (the test extra has it)")
 
 
 transformers = _import_transformers()
