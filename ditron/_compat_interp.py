@@ -800,8 +800,11 @@ def _patch_named_builtins(fn, scope):
 
 def install_libdevice_for_triton_launches():
     """libdevice for plain ``@triton.jit`` kernels that Triton's interpreter launches (see
-    :func:`_install_nested_patch_skip`); the simulator installs it in every rank."""
+    :func:`_install_nested_patch_skip`), and the NumPy-safe ``tensor.__index__`` (:func:`_install_numpy_safe_index`:
+    ``range(0, tl.where(...))`` in a plain kernel failed under Triton 3.6 unless a ditron launch had installed it
+    earlier in the process); the simulator installs it in every rank."""
     _install_nested_patch_skip()
+    _install_numpy_safe_index()
 
 
 def _patch_lang_now(_interp, fn):
