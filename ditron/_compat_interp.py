@@ -799,12 +799,18 @@ def _patch_named_builtins(fn, scope):
 
 
 def install_libdevice_for_triton_launches():
-    """libdevice for plain ``@triton.jit`` kernels that Triton's interpreter launches (see
-    :func:`_install_nested_patch_skip`), and the NumPy-safe ``tensor.__index__`` (:func:`_install_numpy_safe_index`:
-    ``range(0, tl.where(...))`` in a plain kernel failed under Triton 3.6 unless a ditron launch had installed it
-    earlier in the process); the simulator installs it in every rank."""
+    """For plain ``@triton.jit`` kernels that Triton's interpreter launches (the simulator installs it in every
+    rank): libdevice (see :func:`_install_nested_patch_skip`) and the GPU semantics that :func:`interpreter_launch`
+    gives ditron's kernels -- the NumPy-safe ``tensor.__index__``, bf16 ``tl.dot`` on values, round-to-nearest-even
+    casts to and from bf16, boolean splats of scalar conditions.  Without them a plain kernel launched before any of
+    ditron's in a process truncated fp32 -> bf16, multiplied bf16 storage in ``tl.dot``, refused ``mask & (flag >
+    0)`` (Triton 3.9) and failed ``range(0, tl.where(...))`` (Triton 3.6), and the same kernel computed right once a
+    ditron kernel had run (tests/test_sim_plain_first.py)."""
     _install_nested_patch_skip()
     _install_numpy_safe_index()
+    _install_bf16_dot()
+    _install_rne_casts()
+    _install_bool_splat()
 
 
 def _patch_lang_now(_interp, fn):
