@@ -807,6 +807,12 @@ def install_libdevice_for_triton_launches():
     0)`` (Triton 3.9) and failed ``range(0, tl.where(...))`` (Triton 3.6), and the same kernel computed right once a
     ditron kernel had run (tests/test_sim_plain_first.py)."""
     _install_nested_patch_skip()
+    _install_gpu_semantics()
+
+
+def _install_gpu_semantics():
+    """The interpreter builder's patches that make a kernel compute as on a GPU, whoever launches it (ditron's
+    :func:`interpreter_launch` or Triton's own launcher of a plain kernel): process-wide, each installed once."""
     _install_numpy_safe_index()
     _install_bf16_dot()
     _install_rne_casts()
@@ -890,10 +896,7 @@ def interpreter_launch(grid, num_warps=4):
     ``num_warps``: the launch's (``triton.language.extra.cuda.utils.num_warps()``)."""
     from triton.runtime import interpreter as _interp
     _install_thread_local_grid()
-    _install_numpy_safe_index()
-    _install_bf16_dot()
-    _install_rne_casts()
-    _install_bool_splat()
+    _install_gpu_semantics()
     _install_access_hooks()
     _install_nested_patch_skip()
     _install_overflow_check_skip()
