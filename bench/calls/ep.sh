@@ -4,11 +4,7 @@
 #   2. the fp8 tile sweep with prequant variants (bench/diag/ep_fp8_sweep.py)
 #   3. bench/diag/ep_w2.sh: the small-case diagnosis at 2 ranks and test_ep.py alone at 2 ranks
 #     OUT=dir bash bench/calls/ep.sh          (the device tool sets OUT)
-cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-KIND=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-')
-start=$(date +%s); el() { echo $(( $(date +%s) - start )); }
-source bench/ensure_ditron.sh > $OUT/ensure.log 2>&1
+source "$(dirname "$0")/prelude.sh"
 timeout 90 torchrun --standalone --nproc-per-node 1 -m ditron.bench ep --dtype fp8 --tokens 128 --hidden 7168 --topk 8 \
   --graph --machine "$KIND" --out $OUT/ep > $OUT/ep_fp8.log 2>&1; echo "ep fp8 rc=$? at $(el) s"
 grep -vE "^(W12|\*\*\*)" $OUT/ep_fp8.log | tail -16

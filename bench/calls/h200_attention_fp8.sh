@@ -1,13 +1,9 @@
 #!/usr/bin/env bash
 # One H200 call (~570 s), issues 52 / 55: attention twin (widens sm90.json's verified domain), ring_attn, fp8 GEMM row/block TP=2.
 # OUT=dir bash bench/calls/h200_attention_fp8.sh
-cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+source "$(dirname "$0")/prelude.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-KIND=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-')
-start=$(date +%s); el() { echo $(( $(date +%s) - start )); }
 fits() { [ $(( 570 - $(el) )) -gt "$1" ] || { echo "== skipped (needs $1 s, at $(el) s): $2"; return 1; }; }
-source bench/ensure_ditron.sh > $OUT/ensure.log 2>&1
 timeout 130 python3 tests/gpu/attention_hopper_twin.py --configs default --bound > $OUT/twin.log 2>&1; echo "twin rc=$? at $(el) s"
 grep -E "^(DIFF|FAIL|PASS|OK)|differ|identical" $OUT/twin.log | cut -c1-260 | tail -20
 fits 110 ring && { timeout 110 torchrun --standalone --nproc-per-node 1 -m ditron.bench ring_attn --seq 8192,16384,32768 --causal both \

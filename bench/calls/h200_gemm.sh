@@ -1,12 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call (~575 s), issue 52: GEMM core levers TP=2,8 (round-2 candidates, per-shape best -> an H200 table), then ring_attn.
 # OUT=dir bash bench/calls/h200_gemm.sh
-cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+source "$(dirname "$0")/prelude.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-KIND=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-')
-start=$(date +%s); el() { echo $(( $(date +%s) - start )); }
-source bench/ensure_ditron.sh > $OUT/ensure.log 2>&1
 OUT=$OUT/gemm TP=2,8 CHECK_TIMEOUT=110 TIME_TIMEOUT=${TT:-300} timeout -k 5 440 bash bench/gemm_core_levers.sh > $OUT/gemm_run.log 2>&1
 echo "gemm rc=$? at $(el) s"
 grep -E "^(==|FAIL|HUNG)|geo|worst|per-shape" $OUT/gemm_run.log | tail -30

@@ -6,11 +6,7 @@
 #   default (traced: where the step's time goes) | --block-n gate_up=16 (896 tiles, 2.26 waves: 48 columns per
 #   program on the critical path instead of 64) | batch 16 default | batch 16 --gu-wdot 16 (the dot path's tiles).
 #     OUT=dir bash bench/calls/llama_mk_ab.sh          (the device tool sets OUT)
-cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-KIND=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-')
-start=$(date +%s); el() { echo $(( $(date +%s) - start )); }
-source bench/ensure_ditron.sh > $OUT/ensure.log 2>&1
+source "$(dirname "$0")/prelude.sh"
 mk() { local tag=$1; shift
   timeout 100 torchrun --standalone --nproc-per-node 1 -m ditron.bench megakernel --model llama3-8b --ctx 512 \
     --hf-batch= --warmup 3 --iters 15 "$@" --machine "$KIND" --tag "$KIND-$tag" --out $OUT > $OUT/$tag.log 2>&1

@@ -7,12 +7,8 @@
 # (tests/gpu/hf_megakernel.sh EQ=0; each with its own megakernel and baselines again).  Tables in $OUT/*.md.
 # 2026-12-07h on an H100 (the older order: transformers with each batch): bench/results/h100-2026-12-07h-hf-megakernel/.
 #     OUT=dir bash bench/calls/megakernel_table.sh          (the device tool sets OUT)
-cd "$(dirname "$0")/../.."
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+source "$(dirname "$0")/prelude.sh"
 BUDGET=${BUDGET:-560}
-KIND=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' '-')
-start=$(date +%s); el() { echo $(( $(date +%s) - start )); }
-source bench/ensure_ditron.sh > $OUT/ensure.log 2>&1
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
 for M in qwen3-8b llama3-8b; do
     timeout 150 torchrun --standalone --nproc-per-node 1 -m ditron.bench megakernel --model $M --ctx 512,4096 \
