@@ -8,6 +8,8 @@ sm_90a / gfx942 (registers and spills on the CPU's ptxas).
 * ``TileConfig.prenorm``: on top of that, o_proj / down_proj add their output to the residual at once and write the
   next norm's bf16 input ``r * w`` and their columns' sums of squares (``linear_resnorm_tile``); qkv (from layer 1)
   and gate/up are plain GEMVs over it scaled by ``rstd`` (``linear_rstd_tile``, ``gate_up_rstd_tile``).
+* ``TileConfig.o_cols`` / ``down_cols`` / ``gate_up_cols``: the prenorm tiles of those projections hold fewer columns
+  than their rows (masked tiles), so that their counts can match the programs.
 """
 import pytest
 
@@ -17,8 +19,14 @@ import bodies_decoder as B
 def _names(cfg, world_size, batch):
     """Task kinds of the step at ``world_size`` ranks (specs only: nothing compiled)."""
     from ditron.kernels.decoder import resources as RZ
+    return RZ.kinds_of(_specs(cfg, world_size, batch))
+
+
+def _specs(cfg, world_size, batch):
+    """The step's task specs at ``world_size`` ranks (rank 0's; placeholder weights and cache)."""
+    from ditron.kernels.decoder import resources as RZ
     if world_size == 1:
-        return RZ.kinds_of(RZ.step_specs(cfg, batch))
+        return RZ.step_specs(cfg, batch)
     import torch
 
     from ditron.kernels.decoder.model import decoder_tasks, make_buffers
@@ -28,7 +36,7 @@ def _names(cfg, world_size, batch):
     k = torch.empty((cfg.n_layers, 1, 16, sh.kv_heads, cfg.head_dim), dtype=torch.bfloat16)
     cache = PagedKV(k, k, torch.zeros((batch, 3), dtype=torch.int32))
     buf = make_buffers(cfg, world_size, batch, cache.max_ctx, 1, "cpu")
-    return RZ.kinds_of(decoder_tasks(cfg, world_size, w, cache, buf))
+    return decoder_tasks(cfg, world_size, w, cache, buf)
 
 
 @pytest.mark.parametrize("lever", ["fold_resid", "prenorm"])
@@ -186,3 +194,112 @@ def test_fold_resid_compiles(target, lever):
     from ditron._compat import TRITON_VERSION
     if TRITON_VERSION[:2] == (3, 6):
         assert use["resident_per_sm"] >= 3, use
+
+
+def _gu_cols_cfg(cols, **tiles):
+    """tiny (intermediate 96, gate/up tiles of 16 rows) at one rank with prenorm and gate/up tiles of ``cols``."""
+    from ditron.kernels.decoder import tiny
+    return tiny().with_tiles(**{"direct_tp1": True, "gemv_stream": True, "prenorm": True, "gate_up_cols": cols,
+                                **tiles})
+
+
+def test_gate_up_cols_config_and_tasks(capsys):
+    # TileConfig.gate_up_cols: Llama-3.1-8B's MLP (14336 columns) in the 8B defaults' 32-row gate/up tiles is 448
+    # tiles for 396 programs (1.13 waves); 64-row tiles of 37 columns are 388 (one wave).  Every reader of act by
+    # gate/up tile follows the columns: down's in-loop waits (WAIT_PN), the prefetch hook (gate_up_cols_prefetch)
+    from ditron.errors import DitronError
+    from ditron.kernels.decoder import hf
+    from ditron.kernels.decoder import tiles as T
+    from ditron.kernels.decoder import tiles_gemv as TG
+    for bad in (-1, True, 2.5):
+        with pytest.raises(DitronError, match=f"gate_up_cols={bad!r}: must be an int >= 0"):
+            _gu_cols_cfg(bad)
+    llama = hf.config_from_hf(hf.HF_CONFIGS["llama3-8b"]).with_(n_layers=1)
+    cfg = llama.with_tiles(gate_up_block_n=64, gate_up_cols=37, stream_wait_projs="gate_up,down",
+                           prefetch_projs="o,gate_up")
+    assert (cfg.tiles.cols("gate_up"), cfg.tiles.cols("gate_up", True)) == (37, 32)     # (gu_wdot: its width)
+    b1 = {s.name: s for s in _specs(cfg, 1, 1)}
+    gu, down = b1["gu.0"], b1["down.0"]
+    assert gu.fn is TG.gate_up_rstd_sw_tile and gu.num_tiles == 388, gu
+    assert (gu.args["BLOCK_N"], gu.args["COLS"]) == (64, 37) and gu.prefetch is T.gate_up_cols_prefetch
+    assert down.fn is TG.linear_resnorm_sw_tile and down.args["WAIT_PN"] == 37, down.args
+    # unset: COLS 0 (all BLOCK_N columns), the plain hook, down's producer tiles of 32 columns
+    d = {s.name: s for s in _specs(llama.with_tiles(prefetch_projs="o,gate_up", stream_wait_projs="gate_up,down"),
+                                   1, 1)}
+    assert (d["gu.0"].num_tiles, d["gu.0"].args["COLS"], d["down.0"].args["WAIT_PN"]) == (448, 0, 32)
+    assert d["gu.0"].prefetch is T.gate_up_prefetch
+    # the plain prenorm tile (no in-loop waits) takes the columns too
+    plain = next(s for s in _specs(cfg.with_tiles(stream_wait=0), 1, 1) if s.name == "gu.0")
+    assert plain.fn is T.gate_up_rstd_tile and plain.num_tiles == 388 and plain.args["COLS"] == 37
+    # the batch path's gu_wdot tiles have no masked form: ignored there (one config serves every batch)
+    b8 = {s.name: s for s in _specs(cfg, 1, 8)}["gu.0"]
+    assert b8.fn is T.gate_up_rstd_wdot_tile and b8.num_tiles == 448 and "COLS" not in b8.args
+    # ... the plain tl.dot path's prenorm tile (pn_early, no gu_wdot) takes them, within its width
+    with pytest.raises(DitronError, match="gate_up_cols=37: more than the gate_up tile width 8 of the tl.dot path"):
+        _specs(cfg.with_tiles(gu_wdot=0, pn_early=True), 1, 8)
+    e8 = {s.name: s for s in _specs(cfg.with_tiles(gu_wdot=0, pn_early=True, dot_gate_up_block_n=64), 1, 8)}
+    assert e8["gu.0"].fn is T.gate_up_rstd_early_tile and e8["gu.0"].num_tiles == 388 and e8["gu.0"].args["COLS"] == 37
+    with pytest.raises(DitronError, match=r"gate_up_cols=37: more than the gate_up tile width 32 \("):
+        _specs(llama.with_tiles(gate_up_cols=37), 1, 1)
+    # where prenorm does not apply it is ignored, as o_cols / down_cols are: the fused-norm tiles, 2 ranks (the
+    # all-reduce path), split-K (no prenorm: its slices wait for the gate/up tiles of 16 columns)
+    for c, ranks, want in ((_gu_cols_cfg(11, prenorm=False), 1, 6), (_gu_cols_cfg(11), 2, 3),
+                           (_gu_cols_cfg(11, prenorm=None, down_split_k=2), 1, 6)):
+        gu = next(s for s in _specs(c.with_(n_layers=1), ranks, 1) if s.name == "gu.0")
+        assert gu.fn is T.rms_gate_up_tile and gu.num_tiles == want and "COLS" not in gu.args, (c.tiles, ranks)
+    # the bench's --cols sets it (--dry-run: the gate/up tiles per batch)
+    from ditron.bench.megakernel import main
+    assert main(["--dry-run", "--model", "llama3-8b", "--ctx", "33", "--batch", "1,8", "--block-n", "gate_up=64",
+                 "--cols", "gate_up=37"]) == 0
+    out = capsys.readouterr().out
+    assert "'gate_up_block_n': 64" in out and "'gate_up_cols': 37" in out, out
+    assert "batch 1: " in out and "gate/up 388 tiles of 37 of 64 columns" in out, out
+    assert "gate/up 448 tiles of 32 columns" in out, out              # batch 8: the gu_wdot tiles
+    with pytest.raises(SystemExit, match="--cols 'qkv=3'"):
+        main(["--dry-run", "--cols", "qkv=3"])
+
+
+@pytest.mark.parametrize("batch,cols,tiles", [
+    (1, 11, {}),                                        # the in-loop-wait tile (stream_wait's default: gate/up)
+    (1, 13, dict(stream_wait=0, prefetch_k=64, prefetch_projs="gate_up")),   # the plain tile, its rows prefetched
+    (1, 13, dict(stream_wait_projs="gate_up,down", gemv_block_k=8)),    # down waits per chunk for gate/up tiles of 13
+    (1, 11, dict(stream_wait_projs="gate_up,down", gemv_block_k=8, stream_wait_exact=True)),
+    (2, 11, dict(prefetch_k=64)),                       # the FMA path of batch 2, every hook
+    (3, 13, {}),                                        # the tl.dot path (tiny: batch 3 on, no gu_wdot)
+    (3, 11, dict(pn_early=True, stream_wait=0)),        # ... its early tile
+])
+def test_decoder_megakernel_gate_up_cols(dist_world, batch, cols, tiles):
+    # TileConfig.gate_up_cols on the simulator against the torch reference (two steps, ragged contexts): gate/up
+    # tiles of 16 rows holding 11 or 13 columns of the 96 (9 / 8 tiles, the last one partial), read by down_proj per
+    # tile of 11 / 13 columns; a tile storing past its columns would overwrite its neighbour's
+    cfg = _gu_cols_cfg(cols, **tiles)
+    errs = dist_world(1).run(B.decoder_steps, steps=2, B=batch, ctx=[33, 5, 17][:batch], cfg=cfg)
+    assert len(errs) == 1 and len(errs[0]) == 2
+
+
+@pytest.mark.skipif(__import__("os").environ.get("DITRON_TEST_BACKEND", "sim") != "sim",
+                    reason="simulator race finder")
+def test_gate_up_cols_is_race_free():
+    # every buffer on the symmetric heap: each masked gate/up tile writes only its own act columns (a store past them
+    # races with the next tile's), and down_proj's in-loop waits cover the tiles of 13 columns its chunks read
+    from conftest import race_world
+    cfg = _gu_cols_cfg(13, stream_wait_projs="gate_up,down", gemv_block_k=8)
+    errs = race_world(1).run(B.decoder_steps_symmetric, steps=2, cfg=cfg)
+    assert len(errs) == 1 and len(errs[0]) == 2
+
+
+def test_gate_up_cols_compiles():
+    # Llama-3.1-8B's gate/up branch at batch 1 with tiles of 32 rows holding 19 columns (755 tiles) on sm_90a: the
+    # weights still stream by cp.async and 3 programs fit per SM, within the 168-register cap without spills (the
+    # row mask costs registers: 72 -> 134 on Triton 3.9, 138 on 3.6; the whole step: 149 / 168, as without it)
+    import ditron
+    from ditron.kernels.decoder import hf
+    from ditron.kernels.decoder import resources as RZ
+    cfg = hf.config_from_hf(hf.HF_CONFIGS["llama3-8b"]).with_(n_layers=1).with_tiles(gate_up_cols=19)
+    ditron.init("sim")
+    try:
+        use = RZ.usage(cfg, 1, ("gu",))
+    finally:
+        ditron.finalize()
+    assert use["cp_async"] and use["registers"] <= 168 and use["resident_per_sm"] >= 3, use
+    assert use["spill_stores"] == 0 and use["spill_loads"] == 0, use

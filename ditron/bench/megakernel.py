@@ -33,6 +33,7 @@ Every step appends one position, so the context grows by up to
 ``2 * repeat * (warmup + iters)`` positions during the timing (the KV bytes
 of those positions are a fraction of a percent of the weight bytes at 8B).
 Tuning: ``--gemv-block-n/-k``, ``--block-n qkv=..,o=..,gate_up=..,down=..``, ``--block-k`` (the same for K),
+``--cols o=..,down=..,gate_up=..`` (the masked prenorm tiles' columns),
 ``--gemv-dot``, ``--dot-block-n/-k``, ``--dot-stream`` (the tl.dot GEMV path of batches above 2), ``--gemv-stream``
 (the FMA path of batches 1-2), ``--stream-stages``, ``--max-regs`` (ptxas register cap), ``--down-split-k``,
 ``--attn-split``,
@@ -102,9 +103,13 @@ def _config(args):
     if args.fuse_upto >= 0:
         over["fuse_upto"] = args.fuse_upto
     for flag, what in ((args.block_n, "block_n"), (args.block_k, "block_k"), (args.cols, "cols")):
+        known = ("o", "down", "gate_up") if what == "cols" else ("qkv", "o", "gate_up", "down")
         for item in (flag or "").split(","):
             if item:
                 proj, _, v = item.partition("=")
+                if proj.strip() not in known or not v.strip().isdigit():
+                    raise SystemExit(f"--{what.replace('_', '-')} {flag!r}: expected proj=N items with proj one of "
+                                     f"{', '.join(known)}")
                 over[f"{proj.strip()}_{what}"] = int(v)
     if args.no_fuse_norm:
         over["fuse_norm"] = False
@@ -275,14 +280,19 @@ def dry_run(cfg, ctxs, batches, args) -> int:
             cache = 2 * cfg.n_layers * pages * args.page_size * sh.kv_heads * cfg.head_dim * 2
             dot = cfg.tiles.dot_for(b)
             stream = cfg.tiles.stream_for(b)
-            norm = ("prenorm (o / down write its input)" if cfg.tiles.direct_tp1 and cfg.tiles.prenorm_for(b)
+            pre = cfg.tiles.direct_tp1 and cfg.tiles.prenorm_for(b)
+            norm = ("prenorm (o / down write its input)" if pre
                     else "fused into the GEMV tiles" if cfg.tiles.fuse_for(b) else "separate tasks")
+            # act columns per gate/up tile (TileConfig.gate_up_cols under prenorm; gu_wdot on the batch path)
+            gbn = cfg.tiles.gu_wdot if dot and cfg.tiles.gu_wdot else cfg.tiles.block_n("gate_up", dot)
+            gu = cfg.tiles.cols("gate_up", dot) if pre else gbn
             print(f"  context {ctx} batch {b}: contexts {cs if len(cs) <= 4 else cs[:4] + ['...']}, GEMV "
                   f"{'tl.dot (rows padded to 16), K chunk ' + str(cfg.tiles.block_k('down', True)) if dot else 'FMA'}"
                   f"{f' streamed by cp.async ({stream} stages)' if stream else ''}"
                   f"{f', gate/up weight rows on M ({cfg.tiles.gu_wdot} x 2)' if dot and cfg.tiles.gu_wdot else ''}"
                   f"{f', K over {cfg.tiles.dot_ksplit} warps' if dot and cfg.tiles.dot_ksplit > 1 else ''}"
-                  f", RMSNorm {norm}"
+                  f", RMSNorm {norm}, gate/up {cdiv(sh.inter, gu)} tiles of {gu}"
+                  f"{f' of {gbn} columns' if gu != gbn else ' columns'}"
                   f", bytes per step {(wb + kv) / 2**30:.2f} GiB, paged cache {pages} pages = {cache / 2**30:.2f} GiB "
                   f"(x2 with the reference's copy)")
     return 0
@@ -326,7 +336,8 @@ def main(argv=None):
     p.add_argument("--block-n", default="", help="per-projection columns per tile, e.g. 'qkv=32,gate_up=16'")
     p.add_argument("--block-k", default="", help="per-projection K chunk, e.g. 'gate_up=512,down=2048'")
     p.add_argument("--cols", default="",
-                   help="with prenorm: output columns per o_proj / down_proj tile (masked tiles), e.g. 'o=11,down=11'")
+                   help="with prenorm: output columns per o_proj / down_proj / gate/up tile (masked tiles; "
+                        "TileConfig.o_cols / down_cols / gate_up_cols), e.g. 'o=11,down=11,gate_up=37'")
     p.add_argument("--gemv-dot", choices=["auto", "on", "off"], default="auto",
                    help="GEMV tiles accumulate with tl.dot (auto: from batch --dot-from on)")
     p.add_argument("--dot-block-n", type=int, default=0,

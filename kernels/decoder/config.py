@@ -118,6 +118,17 @@ class TileConfig:
       most the tile width; any count: a tile of ``block_n`` rows with the rest masked), so that a projection of
       fewer tiles than programs can use them all (e.g. 11: 373 tiles of the 4096 columns for 396 programs, against
       256 tiles of 16; a lever of issue 26).
+    * ``gate_up_cols``: 0, or the same for the gate/up tiles that read o_proj's ``hn`` where ``prenorm`` applies
+      (``gate_up_rstd_tile`` and its in-loop-wait and early forms): a tile of its width's gate and up rows
+      (``gate_up_block_n``; ``dot_gate_up_block_n`` on the plain ``tl.dot`` path; at least ``gate_up_cols``) of
+      which only the first ``gate_up_cols`` are read and written, so that the intermediate size in
+      ``cdiv(I, gate_up_cols)`` tiles can match the programs (Llama-3.1-8B's 14336 in tiles of 32: 448 tiles, 1.13
+      waves of 396 programs; 37 columns of 64-row tiles: 388, one wave).  Ignored where it cannot apply, as
+      ``o_cols`` / ``down_cols`` are without ``prenorm``: the fused-norm and separate-norm gate/up tiles, the
+      ``gu_wdot`` tiles of the batch path (one config serves every batch), so also at more than one rank and with
+      ``down_split_k > 1`` (no ``prenorm`` there); :meth:`cols` gives the columns per tile where ``prenorm``
+      applies.  The row mask costs registers (Llama's gate/up branch at batch 1, 32 rows: 72 -> 134 with 19
+      columns, within the cap; ``bench/megakernel_regs.py``).
     * ``gu_wdot``: 0, or the gate/up tile width of the ``tl.dot`` path (batches from ``dot_from``) with the weight
       rows on the MMA's M side (:func:`~.tiles_gemv.gate_up_wdot_tile`: ``gu_wdot`` gate and ``gu_wdot`` up rows
       stacked, the batch rows the N operand, ``x^T``): the plain ``tl.dot`` path puts the few batch rows on M, so
@@ -240,6 +251,7 @@ class TileConfig:
     dot_gate_up_block_n: int = 0
     o_cols: int = 0
     down_cols: int = 0
+    gate_up_cols: int = 0
     gu_wdot: int = 0
     gu_wdot_k: int = 0
     pn_early: bool = False
@@ -285,12 +297,16 @@ class TileConfig:
         return batch <= self.fuse_upto if self.fuse_norm is None else bool(self.fuse_norm)
 
     def cols(self, proj: str, dot: bool = False) -> int:
-        """Output columns per tile of o_proj / down_proj under ``prenorm`` (``o_cols`` / ``down_cols``, else the
-        tile width)."""
+        """Output columns per tile of o_proj / down_proj / gate/up under ``prenorm`` (``o_cols`` / ``down_cols`` /
+        ``gate_up_cols``, else the tile width; ``dot``: of the ``tl.dot`` path, where gate/up's ``gu_wdot`` tiles
+        have no masked form: their width, ``gate_up_cols`` ignored)."""
+        if dot and proj == "gate_up" and self.gu_wdot:
+            return self.gu_wdot
         c = getattr(self, f"{proj}_cols", 0) or 0
         bn = self.block_n(proj, dot)
         if c > bn:
-            raise DitronError(f"TileConfig.{proj}_cols={c}: more than the {proj} tile width {bn}")
+            raise DitronError(f"TileConfig.{proj}_cols={c}: more than the {proj} tile width {bn}"
+                              f"{' of the tl.dot path' if dot else ''} (a masked tile holds at most its rows)")
         return c or bn
 
     def prenorm_for(self, batch: int) -> bool:
@@ -361,9 +377,10 @@ class TileConfig:
         if self.dot_from < 1 or self.fuse_upto < 0:
             raise DitronError(f"TileConfig: dot_from={self.dot_from} must be >= 1 and fuse_upto={self.fuse_upto} "
                               ">= 0 (batch sizes)")
-        if self.o_cols < 0 or self.down_cols < 0:
-            raise DitronError(f"TileConfig: o_cols={self.o_cols}, down_cols={self.down_cols} must be >= 0 (0: the "
-                              "tile width)")
+        for name in ("o_cols", "down_cols", "gate_up_cols"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise DitronError(f"TileConfig.{name}={v!r}: must be an int >= 0 (0: the tile width)")
         if self.dot_ksplit < 0 or self.dot_ksplit & (self.dot_ksplit - 1):
             raise DitronError(f"TileConfig.dot_ksplit={self.dot_ksplit}: must be 0 (off) or a power of two")
         for name in ("gu_wdot", "gu_wdot_k"):

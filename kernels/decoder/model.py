@@ -30,7 +30,9 @@ reads it (``res_a.l`` / ``res_m.l``), and the consumers wait for them instead.  
 ``TileConfig.fold_resid`` moves the residual commit into ``o.l`` / ``down.l`` (``linear_resid_tile``: no ``res_a`` /
 ``res_m`` tasks), and ``TileConfig.prenorm`` has them add their output to ``resid`` at once and write the next
 norm's input ``hn = bf16(r * w)`` with per-tile sums of squares (``linear_resnorm_tile``), read by plain GEMV tiles
-scaled by ``rstd`` (``linear_rstd_tile`` for ``qkv.l``, ``l > 0``; ``gate_up_rstd_tile``).
+scaled by ``rstd`` (``linear_rstd_tile`` for ``qkv.l``, ``l > 0``; ``gate_up_rstd_tile``).  There o_proj, down_proj
+and gate/up may have masked tiles of fewer columns than their width (``TileConfig.o_cols`` / ``down_cols`` /
+``gate_up_cols``: ``cdiv(N, cols)`` tiles of ``cols`` columns each).
 
 preceded by ``advance`` (one tile: ``seq[b] += 1`` for every sequence).  The KV cache is paged
 (:class:`~.weights.PagedKV`: pages ``[L, num_pages, page_size, KH, D]`` and a block table ``[B, max_pages]``);
@@ -216,11 +218,11 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     def prefetch_of(proj, cols=False):
         # (by projection: every gate/up tile reads the layer's stacked [2 x N, K] gate and up rows; the prenorm
         # gate/up tiles of batch 1 had linear_prefetch, which read one layer's worth of rows at the wrong offset;
-        # cols: a task whose tiles hold COLS rows each, TileConfig.o_cols / down_cols)
+        # cols: a task whose tiles hold COLS rows each, TileConfig.o_cols / down_cols / gate_up_cols)
         if not tc.prefetch_for(proj):
             return None
         if proj == "gate_up":
-            return T.gate_up_prefetch
+            return T.gate_up_cols_prefetch if cols else T.gate_up_prefetch
         return T.linear_cols_prefetch if cols else T.linear_prefetch
     check_cache(cfg, world_size, cache, B)
     rope_table = w.inv_freq
@@ -327,7 +329,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                           f"split into slices of a multiple of 8 columns (16-byte rows)")
 
     def down_split(l):              # split-K down_proj: slices into partial_k, added per all-reduce chunk
-        KS, BNg, BNd = IL // SK, BN["gate_up"], BN["down"]
+        KS, BNg, BNd = IL // SK, GU, BN["down"]
 
         def gu_tiles(t):            # down tile (n, s) -> the gate/up tiles writing act columns of slice s
             s = t % SK
@@ -361,6 +363,10 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     # (at every batch: above fuse_upto it also replaces the separate norm tasks but layer 0's)
     pre = direct and tc.prenorm_for(B)
     fold = pre or (direct and fuse and tc.fold_resid)
+    # act columns per gate/up tile: TileConfig.gate_up_cols on the prenorm tiles (cols: the tile width elsewhere,
+    # the gu_wdot tiles' too): gate/up tile p writes act[:, p * GU : +GU], which every reader of act by gate/up tile
+    # (down's in-loop waits, split-K's slices) assumes
+    GU = tc.cols("gate_up", dot) if pre else BN["gate_up"]
 
     def stream_wait(proj, fn, plain, producer, pn, deps, args, scalars):
         """TileConfig.stream_wait: the plain streamed prenorm GEMV ``plain`` over ``producer``'s output (``pn``
@@ -404,19 +410,23 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
         gc = gemv_c(proj)
         plain = fn
         early = dot and tc.pn_early                         # TileConfig.pn_early: rstd loaded before the stream
+        cols = BN[proj]
         if wdot and proj == "gate_up":
             fn, gc = T.gate_up_rstd_wdot_early_tile if early else T.gate_up_rstd_wdot_tile, gemv_wdot_c()
         elif kdot and proj != "gate_up":
             fn, gc = T.linear_rstd_kdot_tile, gemv_kdot_c(proj)
         elif early:
             fn = T.gate_up_rstd_early_tile if proj == "gate_up" else T.linear_rstd_early_tile
+        if proj == "gate_up" and not wdot:                  # TileConfig.gate_up_cols: tiles of COLS columns (0: all)
+            cols = GU
+            gc = {**gc, "COLS": cols % BN[proj]}
         args = {"x_ptr": buf.hn, "ss_ptr": ss, "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps,
                 "N": N, "K": H, "NT": nt, "BLOCK_T": next_pow2(nt), **gc}
         scalars = {"layer": l}
-        pf = prefetch_of(proj)
+        pf = prefetch_of(proj, cols=cols != BN[proj])
         if producer is not None:
             fn, deps = stream_wait(proj, fn, plain, producer, pn, deps, args, scalars)
-        specs.append(TaskSpec(name, fn, cdiv(N, BN[proj]), args,
+        specs.append(TaskSpec(name, fn, cdiv(N, cols), args,
                               reads=("x_ptr", "ss_ptr", "w_ptr"), writes=("out_ptr",), deps=deps,
                               scalars=scalars, prefetch=pf))
 
@@ -534,7 +544,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
                                       comm="all_reduce", scalars={"block": blk}))
         elif pre:
             resnorm(f"down.{l}", "down", buf.act, w.down, IL, l, 2 * l + 2, 0, buf.ss_m, [(f"gu.{l}", None)],
-                    f"gu.{l}", BN["gate_up"])
+                    f"gu.{l}", GU)
         elif fold:
             folded(f"down.{l}", "down", buf.act, w.down, IL, l, 0, [(f"gu.{l}", None)])
         else:

@@ -26,7 +26,8 @@ from __future__ import annotations
 from .tiles_gemv import (  # noqa: F401
     advance_tile, add_rmsnorm_tile, add_resid_tile, linear_tile, linear_resid_tile, linear_resnorm_tile,
     linear_rstd_tile, gate_up_rstd_tile, linear_split_tile, sum_splits_tile, rms_linear_tile, gate_up_tile,
-    rms_gate_up_tile, linear_prefetch, linear_cols_prefetch, gate_up_prefetch, o_weight_prefetch)
+    rms_gate_up_tile, linear_prefetch, linear_cols_prefetch, gate_up_prefetch, gate_up_cols_prefetch,
+    o_weight_prefetch)
 from .tiles_batch import (  # noqa: F401
     gate_up_wdot_tile, gate_up_rstd_wdot_tile, linear_rstd_early_tile, gate_up_rstd_early_tile,
     gate_up_rstd_wdot_early_tile, linear_resnorm_early_tile, linear_kdot_tile,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles_gemv import _gemv_acc, _resnorm_commit, _resnorm_index, _resnorm_operands, _rstd_rows, _store_rows
+from .tiles_gemv import (_cols_n0, _gemv_acc, _resnorm_commit, _resnorm_index, _resnorm_operands, _rstd_rows,
+                         _store_rows, _store_silu_mul)
 
 
 @triton.jit
@@ -97,16 +98,15 @@ def linear_rstd_early_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, N
 @triton.jit
 def gate_up_rstd_early_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, N: tl.constexpr, K: tl.constexpr,
                             NT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr):
-    """:func:`gate_up_rstd_tile` with ``rstd`` loaded first (:func:`linear_rstd_early_tile`)."""
+                            BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr, COLS: tl.constexpr = 0):
+    """:func:`gate_up_rstd_tile` (``COLS`` as there: ``TileConfig.gate_up_cols``) with ``rstd`` loaded first
+    (:func:`linear_rstd_early_tile`)."""
     rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
-    n0 = tile * BLOCK_N
+    n0 = _cols_n0(tile, BLOCK_N, COLS)
     g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, True, x_ptr, x_ptr,
-                     x_ptr, 0, 0.0, STREAM, K)
-    g = g * rstd[:, None]
-    u = u * rstd[:, None]
-    _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
+                     x_ptr, 0, 0.0, STREAM, K, COLS)
+    _store_silu_mul(out_ptr, g, u, rstd, n0, B, N, BLOCK_B, BLOCK_N, COLS)
 
 
 @triton.jit

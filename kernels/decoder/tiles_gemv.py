@@ -91,6 +91,24 @@ def _act_chunk(x_ptr, resid_ptr, delta_ptr, nw_ptr, first, offs_b, mb, offs_k, m
 
 
 @triton.jit
+def _cols_n0(tile, BLOCK_N: tl.constexpr, COLS: tl.constexpr):
+    """The first column of tile ``tile`` of a GEMV whose tiles hold ``COLS`` columns each, 0: ``BLOCK_N`` (the
+    gate/up tiles of ``TileConfig.gate_up_cols``, whose default 0 keeps the plain tiles' constants)."""
+    return tile * (BLOCK_N if COLS == 0 else COLS)
+
+
+@triton.jit
+def _cols_mask(n0, N: tl.constexpr, BLOCK_N: tl.constexpr, COLS: tl.constexpr):
+    """``(offs_n, mn)``: the columns ``n0 + [0, BLOCK_N)`` of a tile and their mask, ``< N`` and, with ``COLS > 0``,
+    only the first ``COLS`` of them (a masked tile: the other rows are never read nor written)."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mn = offs_n < N
+    if COLS > 0:
+        mn = mn & (tl.arange(0, BLOCK_N) < COLS)
+    return offs_n, mn
+
+
+@triton.jit
 def _w_chunk(w_ptr, offs_n, mn, offs_k, mk, K: tl.constexpr):
     # weights are read once per step: stream them past L2
     return tl.load(w_ptr + offs_n[:, None] * K + offs_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0,
@@ -158,11 +176,8 @@ def _gemv_acc(x_ptr, w_ptr, w2_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLO
     all of ``K``: when the loop ends every producer tile was waited on (their other outputs, e.g. the sums of
     squares of ``hn``, may be read after)."""
     offs_b = tl.arange(0, BLOCK_B)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
     mb = offs_b < B
-    mn = offs_n < N
-    if COLS > 0:                # a tile of COLS < BLOCK_N columns: the other rows are masked (never read)
-        mn = mn & (tl.arange(0, BLOCK_N) < COLS)
+    offs_n, mn = _cols_mask(n0, N, BLOCK_N, COLS)   # COLS < BLOCK_N columns: the other rows masked (never read)
     if DOT:
         acc = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
         acc2 = tl.zeros([BLOCK_B, BLOCK_N], tl.float32)
@@ -304,11 +319,14 @@ def _gemv_loop(x_ptr, w_ptr, w2_ptr, offs_b, mb, offs_n, mn, acc, acc2, ss, K: t
 
 
 @triton.jit
-def _store_rows(out_ptr, val, n0, B, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+def _store_rows(out_ptr, val, n0, B, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                COLS: tl.constexpr = 0):
+    """``out[b, n0 + n] = val[b, n]`` for the rows ``b < B`` and columns ``< N``; ``COLS > 0``: only ``n < COLS``
+    (a masked tile: the columns past them belong to the next tile, :func:`_cols_mask`)."""
     offs_b = tl.arange(0, BLOCK_B)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_n, mn = _cols_mask(n0, N, BLOCK_N, COLS)
     tl.store(out_ptr + offs_b[:, None] * N + offs_n[None, :], val.to(out_ptr.dtype.element_ty),
-             mask=(offs_b < B)[:, None] & (offs_n < N)[None, :])
+             mask=(offs_b < B)[:, None] & mn[None, :])
 
 
 @triton.jit
@@ -368,9 +386,8 @@ def _resnorm_index(n0, B, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.co
     """The ``[rows, columns]`` indices of a prenorm tile of ``COLS`` columns from ``n0``: ``(offs_b, offs_n, mb,
     mn, off, m)`` (row and column offsets and masks, element offsets into ``[B, N]``, their mask)."""
     offs_b = tl.arange(0, BLOCK_B)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_n, mn = _cols_mask(n0, N, BLOCK_N, COLS)
     mb = offs_b < B
-    mn = (offs_n < N) & (tl.arange(0, BLOCK_N) < COLS)
     off = offs_b[:, None] * N + offs_n[None, :]
     m = mb[:, None] & mn[None, :]
     return offs_b, offs_n, mb, mn, off, m
@@ -467,18 +484,29 @@ def linear_rstd_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, N: tl.c
 
 
 @triton.jit
-def gate_up_rstd_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, N: tl.constexpr, K: tl.constexpr,
-                      NT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr):
-    """:func:`rms_gate_up_tile` over ``hn`` (``TileConfig.prenorm``; see :func:`linear_rstd_tile`)."""
-    wl = w_ptr + layer.to(tl.int64) * 2 * N * K
-    n0 = tile * BLOCK_N
-    g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, True, x_ptr, x_ptr,
-                     x_ptr, 0, 0.0, STREAM, K)
-    rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
+def _store_silu_mul(out_ptr, g, u, rstd, n0, B, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                    COLS: tl.constexpr):
+    """The prenorm gate/up tiles' epilogue: ``out = bf16(silu(g * rstd) * (u * rstd))`` (``rstd``: ``[BLOCK_B]``)
+    for the tile's columns (:func:`_store_rows`, ``COLS``)."""
     g = g * rstd[:, None]
     u = u * rstd[:, None]
-    _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
+    _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N, COLS)
+
+
+@triton.jit
+def gate_up_rstd_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, N: tl.constexpr, K: tl.constexpr,
+                      NT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, DOT: tl.constexpr, STREAM: tl.constexpr, COLS: tl.constexpr = 0):
+    """:func:`rms_gate_up_tile` over ``hn`` (``TileConfig.prenorm``; see :func:`linear_rstd_tile`).  ``COLS > 0``
+    (``TileConfig.gate_up_cols``): the tile's columns are ``[tile * COLS, +COLS)``, ``COLS < BLOCK_N``: its other
+    gate and up rows masked (never read) and its output stored for those columns only, so that the tiles of any
+    count of columns can match the programs (0: ``BLOCK_N`` columns)."""
+    wl = w_ptr + layer.to(tl.int64) * 2 * N * K
+    n0 = _cols_n0(tile, BLOCK_N, COLS)
+    g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, True, x_ptr, x_ptr,
+                     x_ptr, 0, 0.0, STREAM, K, COLS)
+    rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
+    _store_silu_mul(out_ptr, g, u, rstd, n0, B, N, BLOCK_B, BLOCK_N, COLS)
 
 
 @triton.jit
@@ -503,18 +531,17 @@ def gate_up_rstd_sw_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, tas
                          N: tl.constexpr, K: tl.constexpr, NT: tl.constexpr, BLOCK_T: tl.constexpr,
                          BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                          STREAM: tl.constexpr, WAIT_OFF: tl.constexpr, WAIT_PN: tl.constexpr,
-                         WAIT_SEG: tl.constexpr, WAIT_EXACT: tl.constexpr, WAIT_LOAD: tl.constexpr):
-    """:func:`gate_up_rstd_tile` that waits on the producers of ``hn`` and ``ss`` itself (as
+                         WAIT_SEG: tl.constexpr, WAIT_EXACT: tl.constexpr, WAIT_LOAD: tl.constexpr,
+                         COLS: tl.constexpr = 0):
+    """:func:`gate_up_rstd_tile` (``COLS`` as there) that waits on the producers of ``hn`` and ``ss`` itself (as
     :func:`linear_rstd_sw_tile`)."""
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
-    n0 = tile * BLOCK_N
+    n0 = _cols_n0(tile, BLOCK_N, COLS)
     g, u = _gemv_acc(x_ptr, wl, wl + N * K, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, DOT, False, True, x_ptr, x_ptr,
-                     x_ptr, 0, 0.0, STREAM, K, 0, task_slots + WAIT_OFF, epoch, WAIT_PN, WAIT_SEG,
-                       WAIT_EXACT, WAIT_LOAD)
+                     x_ptr, 0, 0.0, STREAM, K, COLS, task_slots + WAIT_OFF, epoch, WAIT_PN, WAIT_SEG,
+                     WAIT_EXACT, WAIT_LOAD)
     rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
-    g = g * rstd[:, None]
-    u = u * rstd[:, None]
-    _store_rows(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
+    _store_silu_mul(out_ptr, g, u, rstd, n0, B, N, BLOCK_B, BLOCK_N, COLS)
 
 
 @triton.jit
@@ -590,11 +617,8 @@ def _prefetch_rows(w, n0, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexp
                    ROWS: tl.constexpr = 0):
     """L2 prefetch of columns ``[0, PREFETCH_K)`` of rows ``[n0, n0 + BLOCK_N)`` of ``w[N, K]`` (bf16: one address
     per 128-byte line); ``ROWS > 0``: only the first ``ROWS`` of them."""
-    rows = n0 + tl.arange(0, BLOCK_N)
+    rows, m = _cols_mask(n0, N, BLOCK_N, ROWS)
     cols = tl.arange(0, PREFETCH_K // 64) * 64
-    m = rows < N
-    if ROWS > 0:
-        m = m & (tl.arange(0, BLOCK_N) < ROWS)
     dl.prefetch_l2(w + rows[:, None].to(tl.int64) * K + cols[None, :], mask=m[:, None] & (cols < K)[None, :])
 
 
@@ -628,9 +652,25 @@ def linear_cols_prefetch(tile, w_ptr, layer, N: tl.constexpr, K: tl.constexpr, B
 
 
 @triton.jit
+def _gate_up_prefetch_rows(w_ptr, layer, n0, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                           PREFETCH_K: tl.constexpr, ROWS: tl.constexpr):
+    """:func:`_prefetch_rows` of the gate rows and the up rows of a gate/up tile (``w[layer]``: ``[2N, K]``)."""
+    wl = w_ptr + layer.to(tl.int64) * 2 * N * K
+    _prefetch_rows(wl, n0, N, K, BLOCK_N, PREFETCH_K, ROWS)
+    _prefetch_rows(wl + N * K, n0, N, K, BLOCK_N, PREFETCH_K, ROWS)
+
+
+@triton.jit
 def gate_up_prefetch(tile, w_ptr, layer, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
                      PREFETCH_K: tl.constexpr):
     """Prefetch hook of :func:`gate_up_tile` / :func:`rms_gate_up_tile`: gate and up rows of the tile."""
-    wl = w_ptr + layer.to(tl.int64) * 2 * N * K
-    _prefetch_rows(wl, tile * BLOCK_N, N, K, BLOCK_N, PREFETCH_K)
-    _prefetch_rows(wl + N * K, tile * BLOCK_N, N, K, BLOCK_N, PREFETCH_K)
+    _gate_up_prefetch_rows(w_ptr, layer, tile * BLOCK_N, N, K, BLOCK_N, PREFETCH_K, 0)
+
+
+@triton.jit
+def gate_up_cols_prefetch(tile, w_ptr, layer, N: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr,
+                          COLS: tl.constexpr, PREFETCH_K: tl.constexpr):
+    """:func:`gate_up_prefetch` of the tiles of ``COLS`` columns (``TileConfig.gate_up_cols``: tile ``t`` reads gate
+    and up rows ``[t * COLS, +COLS)``; 0: ``BLOCK_N``), as :func:`linear_cols_prefetch`: the rows past ``COLS``
+    belong to the next tile, which asks for them itself."""
+    _gate_up_prefetch_rows(w_ptr, layer, _cols_n0(tile, BLOCK_N, COLS), N, K, BLOCK_N, PREFETCH_K, COLS)
