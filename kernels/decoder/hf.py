@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -83,9 +84,30 @@ def _rope(cfg) -> tuple:
     raise DitronError(f"hf: RoPE type {kind!r} is not supported by the megakernel (default, linear, llama3)")
 
 
+#: programs of one wave of the 8B tiles on the GPUs they were fitted on: 3 per SM on 132 SMs (H100 SXM, H200)
+WAVE_8B = 396
+
+
+def tiles_for(hidden: int, intermediate: int) -> TileConfig:
+    """The default tiles of a model: :data:`TILES_SMALL` below hidden 1024; else :data:`~.config.TILES_8B`, with
+    ``gate_up_cols`` set where the gate/up tiles of batch 1 (32 columns each) would be more than one wave of
+    :data:`WAVE_8B` programs: then masked tiles of ``ceil(intermediate / (2 * WAVE_8B))`` columns, two full waves.
+    Llama-3.1-8B (14336): 448 tiles of 32 (1.13 waves: 52 programs take a second tile while the rest wait for down)
+    become 755 of 19; one H100, 2026-12-07 (``bench/calls/llama_mk_ab.sh``): batch 1 at 1.174x / 1.176x its HBM
+    limit at context 512 / 4096 against 1.212x / 1.215x, while 388 tiles of 37 (64-row tiles, one wave) took 2.9x
+    and 896 tiles of 16 1.196x / 1.200x.  Qwen3-8B (12288: 384 tiles) keeps the plain tiles."""
+    if hidden < 1024:
+        return TILES_SMALL
+    bn = TILES_8B.block_n("gate_up")
+    if cdiv(intermediate, bn) <= WAVE_8B:
+        return TILES_8B
+    cols = cdiv(intermediate, 2 * WAVE_8B)
+    return dataclasses.replace(TILES_8B, gate_up_cols=cols) if cols < bn else TILES_8B
+
+
 def config_from_hf(cfg, tiles: Optional[TileConfig] = None) -> DecoderConfig:
     """The :class:`DecoderConfig` (``vocab`` set) of a Hugging Face config (dict or ``PretrainedConfig``);
-    ``tiles``: default :data:`~.config.TILES_8B` for hidden sizes from 1024, else :data:`TILES_SMALL`."""
+    ``tiles``: default :func:`tiles_for` (:data:`~.config.TILES_8B` from hidden 1024, else :data:`TILES_SMALL`)."""
     mt = _get(cfg, "model_type")
     if mt not in SUPPORTED:
         archs = _get(cfg, "architectures")
@@ -104,7 +126,7 @@ def config_from_hf(cfg, tiles: Optional[TileConfig] = None) -> DecoderConfig:
     D = int(_get(cfg, "head_dim") or H // QH)
     theta, scaling = _rope(cfg)
     if tiles is None:
-        tiles = TILES_8B if H >= 1024 else TILES_SMALL
+        tiles = tiles_for(H, int(_get(cfg, "intermediate_size")))
     return DecoderConfig(hidden=H, n_q_heads=QH, n_kv_heads=KH, head_dim=D,
                          intermediate=int(_get(cfg, "intermediate_size")), n_layers=int(_get(cfg, "num_hidden_layers")),
                          rms_eps=float(_get(cfg, "rms_norm_eps", 1e-6)), rope_theta=theta, tiles=tiles,
