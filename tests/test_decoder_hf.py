@@ -17,6 +17,7 @@ CI time (2 cores, the suite run twice): one cluster call per world size with eve
 generator compiled for its own batch; about 10 s of one rank's CPU for the one-rank test, 5 s per rank at 2 ranks, 2 s
 per rank at 3, 1.5 s for the sampler's frequencies, and ~6 s of transformers in the test process (one thread: two
 threads on a busy 2-core runner made its tiny generate calls ~5x slower)."""
+import dataclasses
 import json
 import os
 
@@ -366,3 +367,18 @@ def test_demo_checkpoint_and_reference(tmp_path):
                 want = m(torch.tensor([p])).logits[0, -1].float()
             got = reference_logits(ck, p)
         torch.testing.assert_close(got, want, rtol=0, atol=0.02 * want.abs().max().item())
+
+
+def test_default_tiles_follow_the_mlp_width():
+    """hf.tiles_for: the 8B tiles' batch-1 gate/up tiles (32 columns) fill one wave of 396 programs for Qwen3-8B
+    (384 tiles: kept), not for Llama-3.1-8B (448: masked tiles of 19 columns, 755 tiles, two waves); small models get
+    TILES_SMALL; an MLP so wide that two waves need tiles of 32 or more columns keeps the plain tiles."""
+    from ditron.kernels.decoder import hf
+    from ditron.kernels.decoder.config import TILES_8B, cdiv
+    q, l = (hf.config_from_hf(hf.HF_CONFIGS[m]).tiles for m in ("qwen3-8b", "llama3-8b"))
+    assert q == TILES_8B and cdiv(12288, q.cols("gate_up")) == 384
+    assert l.gate_up_cols == 19 and cdiv(14336, l.cols("gate_up")) == 755 <= 2 * hf.WAVE_8B
+    assert l == dataclasses.replace(TILES_8B, gate_up_cols=19)          # nothing else differs
+    assert hf.tiles_for(64, 96) is hf.TILES_SMALL
+    assert hf.tiles_for(4096, 64 * 2 * hf.WAVE_8B) is TILES_8B          # 25344 columns: 32 per tile for two waves
+    assert hf.tiles_for(4096, 32 * hf.WAVE_8B + 1).gate_up_cols == 17
