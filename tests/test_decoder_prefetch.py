@@ -223,9 +223,11 @@ def test_gate_up_cols_config_and_tasks(capsys):
     assert gu.fn is TG.gate_up_rstd_sw_tile and gu.num_tiles == 388, gu
     assert (gu.args["BLOCK_N"], gu.args["COLS"]) == (64, 37) and gu.prefetch is T.gate_up_cols_prefetch
     assert down.fn is TG.linear_resnorm_sw_tile and down.args["WAIT_PN"] == 37, down.args
-    # unset: COLS 0 (all BLOCK_N columns), the plain hook, down's producer tiles of 32 columns
-    d = {s.name: s for s in _specs(llama.with_tiles(prefetch_projs="o,gate_up", stream_wait_projs="gate_up,down"),
-                                   1, 1)}
+    # Llama's default (hf.tiles_for) is 19 columns; unset: COLS 0 (all BLOCK_N columns), the plain hook, down's
+    # producer tiles of 32 columns
+    assert llama.tiles.gate_up_cols == 19
+    d = {s.name: s for s in _specs(llama.with_tiles(prefetch_projs="o,gate_up", stream_wait_projs="gate_up,down",
+                                                    gate_up_cols=0), 1, 1)}
     assert (d["gu.0"].num_tiles, d["gu.0"].args["COLS"], d["down.0"].args["WAIT_PN"]) == (448, 0, 32)
     assert d["gu.0"].prefetch is T.gate_up_prefetch
     # the plain prenorm tile (no in-loop waits) takes the columns too
