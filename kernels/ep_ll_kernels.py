@@ -103,6 +103,49 @@ def _fp8_quant(x_ptr, rows, ok, g0, H, G, BG: tl.constexpr, ROUND: tl.constexpr)
     return words, sinv
 
 
+@triton.jit
+def _send_fp8_once(x_ptr, t, snd, dst, me, orow, out_ptr, scale_ptr, sbase, scol, NR, drow, rbox, rowsz, fl64, node0,
+                   local, LW, lstage_ptr, par, TK, r, H, G, DW, BGO: tl.constexpr, ROUND: tl.constexpr,
+                   PEERS: tl.constexpr, MULTI_NODE: tl.constexpr):
+    """The fp8 LL dispatch's pairs ``snd`` of one block (rows ``t`` of ``x``), each token quantised once
+    (``ONCE``): per token of the block and per step of ``BGO`` groups, its codes and scales as a one-row tile
+    (:func:`_fp8_quant`, the same arithmetic as the per-pair path), broadcast to the block's rows and stored where
+    a row is that token's -- an own pair (``dst == me``) into ``recv_x`` row ``orow`` and its scales at
+    ``(sbase + group) * NR + scol``, a peer's as packets into row ``drow`` of its ``rbox`` (and, ``MULTI_NODE``,
+    this rank's staging)."""
+    BR: tl.constexpr = t.shape[0]
+    tmin = tl.min(tl.where(snd, t, TK), 0)
+    tmax = tl.max(tl.where(snd, t, -1), 0)
+    one = tl.zeros([1], tl.int64)
+    for tok in range(tmin, tmax + 1):
+        sel = snd & (t == tok)
+        mine = sel & (dst == me)
+        for g0 in range(0, G, BGO):
+            words, sinv = _fp8_quant(x_ptr, one + tok, one == 0, g0, H, G, BGO, ROUND)
+            wb = tl.broadcast_to(words, (BR, BGO * 32))
+            sb = tl.broadcast_to(sinv, (BR, BGO))
+            wi = g0 * 32 + tl.arange(0, BGO * 32)
+            gi = g0 + tl.arange(0, BGO)
+            wm = (wi < DW)[None, :]
+            gm = (gi < G)[None, :]
+            tl.store(out_ptr + orow[:, None] * DW + wi[None, :], wb, mask=mine[:, None] & wm)
+            tl.store(scale_ptr + (sbase[:, None] + gi[None, :]) * NR + scol[:, None], sb, mask=mine[:, None] & gm)
+            if PEERS:
+                pw = fl64 | (wb.to(tl.int64) & 0xFFFFFFFF)
+                ps = fl64 | (sb.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+                for k in range(1, LW):
+                    peer = node0 + (local + k) % LW
+                    okp = sel & (dst == peer)
+                    tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + wi[None, :], peer), pw, mask=okp[:, None] & wm)
+                    tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + DW + gi[None, :], peer), ps,
+                             mask=okp[:, None] & gm)
+                if MULTI_NODE:              # every peer pair staged, as the per-pair path does (puts: the caller)
+                    far = sel & (dst != me)
+                    srow = (par * TK + r.to(tl.int64)) * rowsz
+                    tl.store(lstage_ptr + srow[:, None] + wi[None, :], pw, mask=far[:, None] & wm)
+                    tl.store(lstage_ptr + srow[:, None] + DW + gi[None, :], ps, mask=far[:, None] & gm)
+
+
 # ---------------------------------------------------------------------------
 # kernels
 # ---------------------------------------------------------------------------
@@ -167,7 +210,7 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
                           ELP: tl.constexpr, EP: tl.constexpr, BLK: tl.constexpr, BR: tl.constexpr, BW: tl.constexpr,
                           CB: tl.constexpr, STRIDED: tl.constexpr, TRACE: tl.constexpr, FP8: tl.constexpr = False,
                           ROUND: tl.constexpr = False, BG: tl.constexpr = 1,
-                          PRE: tl.constexpr = False):
+                          PRE: tl.constexpr = False, ONCE: tl.constexpr = False, BGO: tl.constexpr = 1):
     """The LL dispatch with its routing, one launch, no exchange between its
     programs.  ``idx_ptr``: the ``TK = T * K`` expert ids (natural order).
     Program ``q`` owns pairs ``[q * per, (q + 1) * per)`` (``STRIDED``: pairs
@@ -196,7 +239,13 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
     * cap]`` (column-major per expert, as DeepEP returns them); an own pair
     is quantised straight into them.  ``PRE`` (with ``FP8``): ``x_ptr`` is
     :func:`ep_fp8_quant_kernel`'s output (int32 ``[T, NW]``, each token
-    quantised once): the pairs move its words, codes and scales, as they are."""
+    quantised once): the pairs move its words, codes and scales, as they are.
+    ``ONCE`` (with ``FP8``, not ``PRE`` or ``STRIDED``): each token of a block is
+    quantised once (a one-row tile of ``BGO`` groups per step,
+    :func:`_send_fp8_once`) and its codes and scales stored to every pair of
+    the block that is that token's, own or a peer's (a block of consecutive
+    pairs holds one or two tokens' pairs: at ``k = 8`` and 8 rows per block
+    the default path quantises the same row 8 times)."""
     _stamp(trace_ptr, 0, TRACE)
     par, flag, fl64, pid, P, me, W, LW, node, local, E, rowsz = _ll_prologue(calls_ptr, Eloc, HW)
     rbox = lrecv_ptr + par * (Eloc * W * cap) * rowsz          # [E_local][W][cap][HW]
@@ -272,7 +321,13 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
         t = (r // K).to(tl.int64)
         le = (eid % Eloc).to(tl.int64)
         own = ok & (dst == me)
-        if tl.sum(own.to(tl.int32), 0) > 0:
+        if FP8 and ONCE:
+            # every pair of the block that goes anywhere (own, or a peer's when PEERS), each token quantised once
+            ob = tl.sum(tl.where(le[:, None] == lidx[None, :], obase[None, :], 0), 1)
+            _send_fp8_once(x_ptr, t, ok if PEERS else own, dst, me, le * NR + ob + sl, out_ptr, scale_ptr,
+                           le * G, ob + sl, NR, (le * W + me) * cap + sl, rbox, rowsz, fl64, node0, local, LW,
+                           lstage_ptr, par, TK, r, H, G, DW, BGO, ROUND, PEERS, MULTI_NODE)
+        elif tl.sum(own.to(tl.int32), 0) > 0:
             ob = tl.sum(tl.where(le[:, None] == lidx[None, :], obase[None, :], 0), 1)
             if FP8:
                 orow = le * NR + ob + sl
@@ -299,7 +354,9 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
             ok = ok & (dst != me)
             drow = (le * W + me) * cap + sl
             anyp = tl.sum(ok.to(tl.int32), 0) > 0
-            if FP8:
+            if FP8 and ONCE:
+                pass                                    # sent above (_send_fp8_once)
+            elif FP8:
                 if PRE:
                     # the token's staged words (codes, then scales) as they are, NW words per packet row
                     _send_packets(x_ptr, t, ok, anyp, NW, NW, fl64, dst, rbox, drow, rowsz, node0, local, LW,

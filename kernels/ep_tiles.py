@@ -46,6 +46,11 @@ def ep_tiles(mode, world_size, num_experts, hidden, dtype, *, sim=False, sms=132
     # (False: a token's k pairs quantise it k times; on one H100 the send phase took 14 us against bf16's 8:
     # bench/results/h100-2026-12-07f-fp8/)
     t.ll_fp8_prequant = False
+    # use_fp8 without prequant or ll_strided: each token of a block quantised once in the dispatch (a one-row tile of
+    # ll_fp8_once_groups groups per step) and stored to the block's pairs of that token (True), or each pair's row
+    # quantised (False; at k = 8 a block of 8 consecutive pairs is one token's: 8 times the same arithmetic)
+    t.ll_fp8_once = False
+    t.ll_fp8_once_groups = 2 if sim else 16
     t.fp8_quant_rows = 4 if sim else 8
     # the LL dispatch's pairs per program: a contiguous share (False) or every P-th pair (True: a copy tile's rows
     # are different tokens; each pair ranked by a direct count)
@@ -118,7 +123,9 @@ def _constexprs(ctx, name, TK, k, esize, use_fp8=False, round_scale=False, trace
         return dict(MULTI_NODE=ctx.multi_node, PEERS=W > 1, EPW=ctx.epw, WP=ctx.wp, ELP=ctx.elp, EP=ctx.route_ep,
                     BLK=ll_blk, BR=ll_br, BW=bh, CB=ctx.ll_copy_cols, STRIDED=bool(ctx.ll_strided), TRACE=TR,
                     FP8=bool(use_fp8), ROUND=bool(round_scale), BG=ctx.ll_fp8_groups,
-                    PRE=bool(use_fp8) and bool(ctx.ll_fp8_prequant)), ctx.dispatch_warps
+                    PRE=bool(use_fp8) and bool(ctx.ll_fp8_prequant),
+                    ONCE=bool(use_fp8) and bool(getattr(ctx, "ll_fp8_once", False)) and not ctx.ll_fp8_prequant
+                    and not ctx.ll_strided, BGO=getattr(ctx, "ll_fp8_once_groups", 1)), ctx.dispatch_warps
     if name == "ep_fp8_quant_kernel":
         return dict(BR=ctx.fp8_quant_rows, BG=ctx.ll_fp8_groups, ROUND=bool(round_scale)), ctx.dispatch_warps
     if name == "ep_ll_combine_kernel":

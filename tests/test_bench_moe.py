@@ -81,7 +81,8 @@ def test_ep_fp8_bench_on_the_simulator(tmp_path):
              "--experts-per-rank", "2")
     assert p.returncode == 0, p.stdout + p.stderr
     data, rows = _rows(tmp_path / "smoke-ep-fp8.json")
-    for impl in ("ditron low_latency fp8", "ditron low_latency fp8 prequant", "ditron low_latency bf16"):
+    for impl in ("ditron low_latency fp8", "ditron low_latency fp8 prequant", "ditron low_latency fp8 once",
+                 "ditron low_latency bf16"):
         assert rows[("3 tok/rank", impl)]["status"] == "ok", rows
     assert rows[("3 tok/rank", "ditron low_latency fp8")]["speedup"] > 0
     assert "fp8 " in (tmp_path / "smoke-ep-fp8.md").read_text()

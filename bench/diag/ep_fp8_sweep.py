@@ -8,7 +8,7 @@ bf16's 8 us.
 
     DITRON_HEAP_SIZE=12G torchrun --standalone --nproc-per-node 1 bench/diag/ep_fp8_sweep.py [--tokens 128] [--hidden 7168]
     ditron sim -n 1 bench/diag/ep_fp8_sweep.py --tokens 4 --hidden 512 --topk 2 --experts 4 \\
-        --variants 4,1,1:4,4,1:4,1,1,p --iters 2                          # the CPU smoke run
+        --variants 4,1,1:4,4,1:4,1,1,p:4,1,1,o2 --iters 2                 # the CPU smoke run
 """
 import argparse
 
@@ -20,8 +20,9 @@ from ditron.bench.harness import Impl, measure
 from ditron.bench.moe import _rand, _routing
 from ditron.kernels import ep
 
-# powers of two (Triton tiles); a 4th field "p": ll_fp8_prequant (each token quantised once, then its words moved)
-DEFAULT_VARIANTS = "8,4,4:8,4,4,p:8,8,8,p:16,4,4,p:4,4,4,p:16,8,8:8,4,8"
+# powers of two (Triton tiles); a 4th field "p": ll_fp8_prequant (each token quantised once, then its words moved),
+# or "o<N>": ll_fp8_once with ll_fp8_once_groups N (each token of a dispatch block quantised once, N groups a step)
+DEFAULT_VARIANTS = "8,4,4:8,4,4,o16:8,4,4,o8:8,4,4,o32:8,4,8,o16:8,4,8,o32:16,4,4,o16:4,4,4,o16:8,4,4,p:16,8,8"
 
 
 def main():
@@ -52,9 +53,14 @@ def main():
         f = v.split(",")
         rows, groups, warps = (int(s) for s in f[:3])
         pre = f[3:] == ["p"]
+        once = int(f[3][1:]) if f[3:] and f[3].startswith("o") else 0
         ctx = ep.create_ep_context(T, H, E, k, torch.bfloat16, mode="low_latency", capacity=T)
         ctx.ll_rows, ctx.ll_fp8_groups, ctx.dispatch_warps, ctx.ll_fp8_prequant = rows, groups, warps, pre
-        name = f"fp8 rows {rows} groups {groups} warps {warps}" + (" prequant" if pre else "")
+        ctx.ll_fp8_once = bool(once)
+        if once:
+            ctx.ll_fp8_once_groups = once
+        name = f"fp8 rows {rows} groups {groups} warps {warps}" + (" prequant" if pre else "") + \
+            (f" once {once}" if once else "")
         try:
             (c8, s8), _, handle = ep.ep_dispatch(x, idx, w, ctx, use_fp8=True)
             y8 = ep.fp8_dequantize(c8, s8).to(torch.bfloat16)

@@ -8,6 +8,9 @@ Per token count (hidden 7168, top-8 by default), in one run:
 * ``ditron low_latency fp8``: dispatch with ``use_fp8=True`` (each row quantised to e4m3 with one fp32 scale
   per 128 channels in the dispatch kernel) + combine in bf16 of fixed expert outputs (identity experts: the
   dequantised rows, made once before the timing, as DeepEP's test times dispatch + combine);
+* ``ditron low_latency fp8 prequant`` / ``fp8 once``: the same with ``EpContext.ll_fp8_prequant`` (each token
+  quantised once by its own kernel, the dispatch moving words) / ``ll_fp8_once`` (each token of a dispatch block
+  quantised once, in the dispatch);
 * ``ditron low_latency bf16``: the same with the bf16 payload (the baseline of the speedup column);
 * ``device_copy_fp8``: a device copy of the fp8 call's bytes (``T * k * (H + 4 * H / 128)`` dispatched and
   ``T * k * H * 2`` combined), the memory floor at one GPU; ``device_copy_bf16`` the same for bf16.
@@ -120,9 +123,10 @@ def ep_fp8_impls(x, idx, w, world, E, traced=None):
         raise SystemExit(f"ditron bench ep --dtype fp8: --hidden must be a multiple of 128 (got {H})")
     impls = []
 
-    def fp8_impl(name, prequant):
+    def fp8_impl(name, prequant, once=False):
         ctx8 = ep.create_ep_context(tokens, H, E, k, torch.bfloat16, mode="low_latency", capacity=tokens)
         ctx8.ll_fp8_prequant = prequant
+        ctx8.ll_fp8_once = once
         # identity experts for the fp8 run: the dequantised rows, once (the layout is the same every call)
         (c8, s8), _, handle = ep.ep_dispatch(x, idx, w, ctx8, use_fp8=True)
         y8 = ep.fp8_dequantize(c8, s8).to(torch.bfloat16)        # rows past the counts: never read
@@ -143,6 +147,7 @@ def ep_fp8_impls(x, idx, w, world, E, traced=None):
     # the default (each pair's row quantised by the dispatch) and ll_fp8_prequant (each token once, then words)
     ctx8, run8 = fp8_impl("ditron low_latency fp8", False)
     ctxp, runp = fp8_impl("ditron low_latency fp8 prequant", True)
+    ctxo, runo = fp8_impl("ditron low_latency fp8 once", False, True)      # ll_fp8_once: each token of a block once
     ctx16 = ep.create_ep_context(tokens, H, E, k, torch.bfloat16, mode="low_latency", capacity=tokens)
 
     def run16():
@@ -151,6 +156,7 @@ def ep_fp8_impls(x, idx, w, world, E, traced=None):
     impls.append(Impl("ditron low_latency bf16", run16, combine_check(x, w, False, "bf16 dispatch + combine")))
     if traced is not None:
         traced += [("low_latency fp8", ctx8, run8), ("low_latency fp8 prequant", ctxp, runp),
+                   ("low_latency fp8 once", ctxo, runo),
                    ("low_latency bf16", ctx16, run16)]
     if world.backend != "sim":
         for name, n in (("device_copy_fp8", fp8_payload_bytes(tokens, H, k)),
@@ -166,7 +172,8 @@ def goal_notes(res, label):
     dispatch and the pre-quantised one."""
     b, c = res.get("ditron low_latency bf16"), res.get("device_copy_fp8")
     out = []
-    for name, tag in (("ditron low_latency fp8", "fp8"), ("ditron low_latency fp8 prequant", "fp8 prequant")):
+    for name, tag in (("ditron low_latency fp8", "fp8"), ("ditron low_latency fp8 prequant", "fp8 prequant"),
+                      ("ditron low_latency fp8 once", "fp8 once")):
         f = res.get(name)
         if f and b and f["ok"] and b["ok"]:
             out.append(f"{label}: {tag} {f['us']:.1f} us vs bf16 {b['us']:.1f} us: {b['us'] / f['us']:.2f}x "
