@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# One short GPU call (~400 s) for issue 53 on whatever comes: on an H200 the row it lacks (both models' whole step at
-# batch 1 / 8 / 16, context 512 / 4096, against the HBM limit and torch + graph: megakernel_table.sh without the
-# transformers cases), on an H100 bench/calls/llama_cols.sh (Llama's table with its new gate/up tiles, then token
-# equality TP=1 / TP=2).
+# The first GPU call of a session (~550 s) on whatever comes:
+#   an H200: issue 53's missing row (megakernel_table.sh without the transformers cases: both models' whole step at
+#            batch 1 / 8 / 16, context 512 / 4096, against the HBM limit and torch + graph), then mk_ab.sh (Qwen3-8B
+#            batch 1's gate/up wave);
+#   an H100: ep.sh (issue 55: the untimed ll_fp8_once), then mk_ab.sh.
 #     OUT=dir bash bench/calls/mk_any.sh          (the device tool sets OUT)
+here="$(dirname "$0")"
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-    echo "== H200: megakernel_table.sh, the megakernel half"; BUDGET=${BUDGET:-230} bash "$(dirname "$0")/megakernel_table.sh"
+    echo "== H200: megakernel_table.sh, the megakernel half"; BUDGET=${BUDGET:-230} bash "$here/megakernel_table.sh"
 else
-    echo "== H100: llama_cols.sh"; bash "$(dirname "$0")/llama_cols.sh"
+    echo "== H100: ep.sh"; mkdir -p "$OUT/ep_call"; OUT=$OUT/ep_call bash "$here/ep.sh"
 fi
+mkdir -p "$OUT/ab"; echo "== mk_ab.sh"; OUT=$OUT/ab bash "$here/mk_ab.sh"
