@@ -78,11 +78,23 @@ def _fp8_quant(x_ptr, rows, ok, g0, H, G, BG: tl.constexpr, ROUND: tl.constexpr)
     of two (``2 ** ceil(log2(amax / 448))``, DeepEP's ``round_scale``).
     Returns ``(words, sinv)``: ``[BR, 32 * BG]`` int32 words of 4 codes
     (channel ``4 w + i`` in byte ``i``) and the ``[BR, BG]`` fp32 scales."""
-    BR: tl.constexpr = rows.shape[0]
+    return _fp8_codes(_fp8_load(x_ptr, rows, ok, g0, H, G, BG), BG, ROUND)
+
+
+@triton.jit
+def _fp8_load(x_ptr, rows, ok, g0, H, G, BG: tl.constexpr):
+    """The ``[BR, 128 * BG]`` elements of :func:`_fp8_quant` (zero where not ``ok`` or past the ``G`` groups), in
+    ``x``'s dtype."""
     cols = g0 * 128 + tl.arange(0, BG * 128)
     m = ok[:, None] & (cols[None, :] < G * 128)
-    v = tl.load(x_ptr + rows[:, None].to(tl.int64) * H + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    v3 = tl.reshape(v, (BR, BG, 128))
+    return tl.load(x_ptr + rows[:, None].to(tl.int64) * H + cols[None, :], mask=m, other=0.0)
+
+
+@triton.jit
+def _fp8_codes(v, BG: tl.constexpr, ROUND: tl.constexpr):
+    """:func:`_fp8_quant` of the loaded elements ``v`` (:func:`_fp8_load`)."""
+    BR: tl.constexpr = v.shape[0]
+    v3 = tl.reshape(v.to(tl.float32), (BR, BG, 128))
     amax = tl.maximum(tl.max(tl.abs(v3), 2), 1e-4)
     if ROUND:
         bits = (amax * 0.002232142857142857).to(tl.int32, bitcast=True)
@@ -106,13 +118,14 @@ def _fp8_quant(x_ptr, rows, ok, g0, H, G, BG: tl.constexpr, ROUND: tl.constexpr)
 @triton.jit
 def _send_fp8_once(x_ptr, t, snd, dst, me, orow, out_ptr, scale_ptr, sbase, scol, NR, drow, rbox, rowsz, fl64, node0,
                    local, LW, lstage_ptr, par, TK, r, H, G, DW, BGO: tl.constexpr, ROUND: tl.constexpr,
-                   PEERS: tl.constexpr, MULTI_NODE: tl.constexpr):
+                   PEERS: tl.constexpr, MULTI_NODE: tl.constexpr, PF: tl.constexpr):
     """The fp8 LL dispatch's pairs ``snd`` of one block (rows ``t`` of ``x``), each token quantised once
     (``ONCE``): per token of the block and per step of ``BGO`` groups, its codes and scales as a one-row tile
     (:func:`_fp8_quant`, the same arithmetic as the per-pair path), broadcast to the block's rows and stored where
     a row is that token's -- an own pair (``dst == me``) into ``recv_x`` row ``orow`` and its scales at
     ``(sbase + group) * NR + scol``, a peer's as packets into row ``drow`` of its ``rbox`` (and, ``MULTI_NODE``,
-    this rank's staging)."""
+    this rank's staging).  ``PF``: the next step's elements are loaded before this step is quantised and stored
+    (two steps in flight, as the bf16 row copy's ``_copy_rows_x2``)."""
     BR: tl.constexpr = t.shape[0]
     tmin = tl.min(tl.where(snd, t, TK), 0)
     tmax = tl.max(tl.where(snd, t, -1), 0)
@@ -120,8 +133,16 @@ def _send_fp8_once(x_ptr, t, snd, dst, me, orow, out_ptr, scale_ptr, sbase, scol
     for tok in range(tmin, tmax + 1):
         sel = snd & (t == tok)
         mine = sel & (dst == me)
+        row = one + tok
+        if PF:
+            v = _fp8_load(x_ptr, row, one == 0, 0, H, G, BGO)
         for g0 in range(0, G, BGO):
-            words, sinv = _fp8_quant(x_ptr, one + tok, one == 0, g0, H, G, BGO, ROUND)
+            if PF:
+                nxt = _fp8_load(x_ptr, row, one == 0, g0 + BGO, H, G, BGO)     # (past G: masked, no access)
+                words, sinv = _fp8_codes(v, BGO, ROUND)
+                v = nxt
+            else:
+                words, sinv = _fp8_quant(x_ptr, row, one == 0, g0, H, G, BGO, ROUND)
             wb = tl.broadcast_to(words, (BR, BGO * 32))
             sb = tl.broadcast_to(sinv, (BR, BGO))
             wi = g0 * 32 + tl.arange(0, BGO * 32)
@@ -210,7 +231,8 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
                           ELP: tl.constexpr, EP: tl.constexpr, BLK: tl.constexpr, BR: tl.constexpr, BW: tl.constexpr,
                           CB: tl.constexpr, STRIDED: tl.constexpr, TRACE: tl.constexpr, FP8: tl.constexpr = False,
                           ROUND: tl.constexpr = False, BG: tl.constexpr = 1,
-                          PRE: tl.constexpr = False, ONCE: tl.constexpr = False, BGO: tl.constexpr = 1):
+                          PRE: tl.constexpr = False, ONCE: tl.constexpr = False, BGO: tl.constexpr = 1,
+                          ONCE_PF: tl.constexpr = False):
     """The LL dispatch with its routing, one launch, no exchange between its
     programs.  ``idx_ptr``: the ``TK = T * K`` expert ids (natural order).
     Program ``q`` owns pairs ``[q * per, (q + 1) * per)`` (``STRIDED``: pairs
@@ -241,7 +263,8 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
     :func:`ep_fp8_quant_kernel`'s output (int32 ``[T, NW]``, each token
     quantised once): the pairs move its words, codes and scales, as they are.
     ``ONCE`` (with ``FP8``, not ``PRE`` or ``STRIDED``): each token of a block is
-    quantised once (a one-row tile of ``BGO`` groups per step,
+    quantised once (a one-row tile of ``BGO`` groups per step, ``ONCE_PF``:
+    the next step's loads issued before this one's work,
     :func:`_send_fp8_once`) and its codes and scales stored to every pair of
     the block that is that token's, own or a peer's (a block of consecutive
     pairs holds one or two tokens' pairs: at ``k = 8`` and 8 rows per block
@@ -326,7 +349,7 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
             ob = tl.sum(tl.where(le[:, None] == lidx[None, :], obase[None, :], 0), 1)
             _send_fp8_once(x_ptr, t, ok if PEERS else own, dst, me, le * NR + ob + sl, out_ptr, scale_ptr,
                            le * G, ob + sl, NR, (le * W + me) * cap + sl, rbox, rowsz, fl64, node0, local, LW,
-                           lstage_ptr, par, TK, r, H, G, DW, BGO, ROUND, PEERS, MULTI_NODE)
+                           lstage_ptr, par, TK, r, H, G, DW, BGO, ROUND, PEERS, MULTI_NODE, ONCE_PF)
         elif tl.sum(own.to(tl.int32), 0) > 0:
             ob = tl.sum(tl.where(le[:, None] == lidx[None, :], obase[None, :], 0), 1)
             if FP8:

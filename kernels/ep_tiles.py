@@ -51,6 +51,7 @@ def ep_tiles(mode, world_size, num_experts, hidden, dtype, *, sim=False, sms=132
     # quantised (False; at k = 8 a block of 8 consecutive pairs is one token's: 8 times the same arithmetic)
     t.ll_fp8_once = False
     t.ll_fp8_once_groups = 2 if sim else 16
+    t.ll_fp8_once_prefetch = True       # its next step's row loaded before this step's work (two in flight)
     t.fp8_quant_rows = 4 if sim else 8
     # the LL dispatch's pairs per program: a contiguous share (False) or every P-th pair (True: a copy tile's rows
     # are different tokens; each pair ranked by a direct count)
@@ -125,7 +126,8 @@ def _constexprs(ctx, name, TK, k, esize, use_fp8=False, round_scale=False, trace
                     FP8=bool(use_fp8), ROUND=bool(round_scale), BG=ctx.ll_fp8_groups,
                     PRE=bool(use_fp8) and bool(ctx.ll_fp8_prequant),
                     ONCE=bool(use_fp8) and bool(getattr(ctx, "ll_fp8_once", False)) and not ctx.ll_fp8_prequant
-                    and not ctx.ll_strided, BGO=getattr(ctx, "ll_fp8_once_groups", 1)), ctx.dispatch_warps
+                    and not ctx.ll_strided, BGO=getattr(ctx, "ll_fp8_once_groups", 1),
+                    ONCE_PF=bool(getattr(ctx, "ll_fp8_once_prefetch", False))), ctx.dispatch_warps
     if name == "ep_fp8_quant_kernel":
         return dict(BR=ctx.fp8_quant_rows, BG=ctx.ll_fp8_groups, ROUND=bool(round_scale)), ctx.dispatch_warps
     if name == "ep_ll_combine_kernel":

@@ -102,7 +102,7 @@ _I64 = {"tok_ptr", "send_ptr", "rc_ptr", "rcnt_ptr", "cnt_ptr", "cstage_ptr", "s
         "start_ptr", "trace_ptr", "idx_ptr", "key_ptr", "skey_ptr", "sslot_ptr", "dropped_ptr", "rcalls_ptr"}
 _CONST = {"ep_ll_dispatch_kernel": dict(PEERS=True, EPW=2, WP=2, ELP=16, EP=16, BLK=32, BR=4, BW=512, CB=2048,
                                        STRIDED=False, TRACE=False, FP8=False, ROUND=False, BG=1, ONCE=False,
-                                       BGO=1)}
+                                       BGO=1, ONCE_PF=False)}
 
 
 # The EP kernels' sm_90a compiles -- one node: global loads and stores, no NVSHMEM linked; two nodes: the inter-node
@@ -150,7 +150,8 @@ def test_ep_ll_fp8_once(dist_world, n, nnodes, tokens, round_scale, kind):
     # block holds two tokens' pairs
     d = dist_world(n, nnodes)
     got = d.run(B.ep_fp8_rounds, tokens, H=384 if not ON_GPU else 7168, k=3, experts_per_rank=4, kind=kind, rounds=3,
-                capacity=4 if n == 3 else None, round_scale=round_scale, tune={"ll_fp8_once": True})
+                capacity=4 if n == 3 else None, round_scale=round_scale,
+                tune={"ll_fp8_once": True, "ll_fp8_once_prefetch": n != 2})      # 2 ranks: one step at a time
     assert len(got) == n and sum(got) > 0
 
 
@@ -196,17 +197,18 @@ def test_ep_ll_fp8_dispatch_compiles_for_sm90a(round_scale=False):
     assert ("div.rn.f32" in ptx) != round_scale          # power-of-two scales: no division
 
 
-@pytest.mark.parametrize("multi_node", [False, True])
-def test_ep_ll_fp8_once_compiles_for_sm90a(multi_node):
-    # ll_fp8_once on sm_90a (the GPU's tiles: 16 groups of 128 channels per one-row step, 8-row blocks, 4 warps):
-    # one quantisation path compiled in (the per-pair one is not), no spills
+@pytest.mark.parametrize("multi_node,prefetch", [(False, True), (True, True), (False, False)])
+def test_ep_ll_fp8_once_compiles_for_sm90a(multi_node, prefetch):
+    # ll_fp8_once on sm_90a (the GPU's tiles: 16 groups of 128 channels per one-row step, 8-row blocks, 4 warps; the
+    # next step's loads before this one's work, and without): one quantisation path compiled in (the per-pair one is
+    # not), no spills
     import inspect
 
     import ditron
     from ditron.kernels import ep_ll_kernels
     k = ep_ll_kernels.ep_ll_dispatch_kernel
     const = dict(_CONST["ep_ll_dispatch_kernel"], MULTI_NODE=multi_node, FP8=True, ROUND=False, BG=4, BR=8,
-                 PRE=False, ONCE=True, BGO=16)
+                 PRE=False, ONCE=True, BGO=16, ONCE_PF=prefetch)
     sig = {p: ("*i64" if p in _I64 else "*i32" if p == "out_ptr" else "*fp32" if p == "scale_ptr" else "*bf16")
            if p.endswith("_ptr") else "i32" for p in inspect.signature(k.fn).parameters if p not in const}
     from ditron.compiler import ptxas_usage

@@ -21,8 +21,10 @@ from ditron.bench.moe import _rand, _routing
 from ditron.kernels import ep
 
 # powers of two (Triton tiles); a 4th field "p": ll_fp8_prequant (each token quantised once, then its words moved),
-# or "o<N>": ll_fp8_once with ll_fp8_once_groups N (each token of a dispatch block quantised once, N groups a step)
-DEFAULT_VARIANTS = "8,4,4:8,4,4,o16:8,4,4,o8:8,4,4,o32:8,4,8,o16:8,4,8,o32:16,4,4,o16:4,4,4,o16:8,4,4,p:16,8,8"
+# or "o<N>": ll_fp8_once with ll_fp8_once_groups N (each token of a dispatch block quantised once, N groups a step;
+# "o<N>n": without ll_fp8_once_prefetch, one step's loads at a time -- sm_90a, 4 warps: o8 166 registers, o16 224,
+# o32 spills 32 B, o32n 255)
+DEFAULT_VARIANTS = "8,4,4:8,4,4,o16:8,4,4,o16n:8,4,4,o8:8,4,4,o8n:8,4,4,o32n:8,4,8,o16:16,4,4,o16:4,4,4,o16:8,4,4,p"
 
 
 def main():
@@ -53,14 +55,15 @@ def main():
         f = v.split(",")
         rows, groups, warps = (int(s) for s in f[:3])
         pre = f[3:] == ["p"]
-        once = int(f[3][1:]) if f[3:] and f[3].startswith("o") else 0
+        o = f[3] if f[3:] and f[3].startswith("o") else ""
+        once, pf = int(o[1:].rstrip("n") or 0), not o.endswith("n")
         ctx = ep.create_ep_context(T, H, E, k, torch.bfloat16, mode="low_latency", capacity=T)
         ctx.ll_rows, ctx.ll_fp8_groups, ctx.dispatch_warps, ctx.ll_fp8_prequant = rows, groups, warps, pre
         ctx.ll_fp8_once = bool(once)
         if once:
-            ctx.ll_fp8_once_groups = once
+            ctx.ll_fp8_once_groups, ctx.ll_fp8_once_prefetch = once, pf
         name = f"fp8 rows {rows} groups {groups} warps {warps}" + (" prequant" if pre else "") + \
-            (f" once {once}" if once else "")
+            (f" once {once}" + ("" if pf else " no prefetch") if once else "")
         try:
             (c8, s8), _, handle = ep.ep_dispatch(x, idx, w, ctx, use_fp8=True)
             y8 = ep.fp8_dequantize(c8, s8).to(torch.bfloat16)
