@@ -11,8 +11,10 @@
 source "$(dirname "$0")/prelude.sh"
 MODEL=${MODEL:-qwen3-8b}
 BATCH=${BATCH:-1}
-VARIANTS=${VARIANTS:-"cols16=--cols gate_up=16;bn16=--block-n gate_up=16;cols24=--cols gate_up=24"}
-VARIANTS="$VARIANTS${EXTRA:-;cols20=--cols gate_up=20;od11=--cols o=11,down=11}"
+if [ -z "${VARIANTS:-}" ]; then
+    VARIANTS="cols16=--cols gate_up=16;bn16=--block-n gate_up=16;cols24=--cols gate_up=24;cols20=--cols gate_up=20"
+    VARIANTS="$VARIANTS;od11=--cols o=11,down=11"
+fi
 mk() { local tag=$1; shift
   timeout 110 torchrun --standalone --nproc-per-node 1 -m ditron.bench megakernel --model $MODEL --ctx 512,4096 \
     --hf-batch= --batch $BATCH --warmup 3 --iters 15 "$@" --machine "$KIND" --tag "$KIND-$MODEL-b$BATCH-$tag" \
