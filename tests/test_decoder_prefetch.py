@@ -233,9 +233,19 @@ def test_gate_up_cols_config_and_tasks(capsys):
     # the plain prenorm tile (no in-loop waits) takes the columns too
     plain = next(s for s in _specs(cfg.with_tiles(stream_wait=0), 1, 1) if s.name == "gu.0")
     assert plain.fn is T.gate_up_rstd_tile and plain.num_tiles == 388 and plain.args["COLS"] == 37
-    # the batch path's gu_wdot tiles have no masked form: ignored there (one config serves every batch)
+    # the batch path's gu_wdot tiles: gate_up_cols ignored there (one config serves every batch), gu_wdot_cols theirs
     b8 = {s.name: s for s in _specs(cfg, 1, 8)}["gu.0"]
-    assert b8.fn is T.gate_up_rstd_wdot_tile and b8.num_tiles == 448 and "COLS" not in b8.args
+    assert b8.fn is T.gate_up_rstd_wdot_tile and b8.num_tiles == 448 and b8.args["COLS"] == 0
+    assert b8.prefetch is T.gate_up_prefetch
+    w8 = {s.name: s for s in _specs(cfg.with_tiles(gu_wdot_cols=19), 1, 8)}
+    assert w8["gu.0"].fn is T.gate_up_rstd_wdot_tile and w8["gu.0"].num_tiles == 755, w8["gu.0"]
+    assert (w8["gu.0"].args["BLOCK_N"], w8["gu.0"].args["COLS"]) == (32, 19)
+    assert w8["gu.0"].prefetch is T.gate_up_cols_prefetch
+    with pytest.raises(DitronError, match="gu_wdot_cols=33: more than the gate_up tile width 32 of the tl.dot path"):
+        _specs(cfg.with_tiles(gu_wdot_cols=33), 1, 8)
+    for bad in (-1, True):
+        with pytest.raises(DitronError, match=f"gu_wdot_cols={bad!r}: must be an int >= 0"):
+            cfg.with_tiles(gu_wdot_cols=bad)
     # ... the plain tl.dot path's prenorm tile (pn_early, no gu_wdot) takes them, within its width
     with pytest.raises(DitronError, match="gate_up_cols=37: more than the gate_up tile width 8 of the tl.dot path"):
         _specs(cfg.with_tiles(gu_wdot=0, pn_early=True), 1, 8)
@@ -269,6 +279,8 @@ def test_gate_up_cols_config_and_tasks(capsys):
     (2, 11, dict(prefetch_k=64)),                       # the FMA path of batch 2, every hook
     (3, 13, {}),                                        # the tl.dot path (tiny: batch 3 on, no gu_wdot)
     (3, 11, dict(pn_early=True, stream_wait=0)),        # ... its early tile
+    (3, 11, dict(gu_wdot=16, gu_wdot_cols=11)),         # the gu_wdot tiles (TileConfig.gu_wdot_cols)
+    (3, 13, dict(gu_wdot=16, gu_wdot_cols=13, pn_early=True, prefetch_k=64, prefetch_projs="gate_up")),  # early
 ])
 def test_decoder_megakernel_gate_up_cols(dist_world, batch, cols, tiles):
     # TileConfig.gate_up_cols on the simulator against the torch reference (two steps, ragged contexts): gate/up

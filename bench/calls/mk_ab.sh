@@ -7,7 +7,7 @@
 # stage's tail there too; o / down in 373 masked tiles of 11 columns instead of 256 of 16 were slower on an H200 on
 # 2026-11-27, before the in-loop waits and the noinline branches: od11 again).
 #     OUT=dir bash bench/calls/mk_ab.sh
-#     MODEL=llama3-8b BATCH=16 VARIANTS="gu16=--block-n gate_up=16;wdot16=--gu-wdot 16" OUT=dir bash bench/calls/mk_ab.sh
+#     MODEL=llama3-8b BATCH=16 VARIANTS="wdot16=--gu-wdot 16;wcols19=--gu-wdot-cols 19" OUT=dir bash bench/calls/mk_ab.sh
 source "$(dirname "$0")/prelude.sh"
 MODEL=${MODEL:-qwen3-8b}
 BATCH=${BATCH:-1}

@@ -143,7 +143,8 @@ def _config(args):
     # the batch path's gate/up tiles with the weight rows on the MMA's M side (issue 26: TileConfig.gu_wdot)
     # (and its other batch-path levers; 0 turns gu_wdot / dot_ksplit off)
     over.update({k: v for k, v in (("gu_wdot", args.gu_wdot), ("gu_wdot_k", args.gu_wdot_k),
-                                   ("dot_ksplit", args.dot_ksplit)) if v is not None})
+                                   ("gu_wdot_cols", args.gu_wdot_cols), ("dot_ksplit", args.dot_ksplit))
+                 if v is not None})
     if args.pn_early:
         over["pn_early"] = True
     if args.no_prenorm_dot:
@@ -283,7 +284,7 @@ def dry_run(cfg, ctxs, batches, args) -> int:
             pre = cfg.tiles.direct_tp1 and cfg.tiles.prenorm_for(b)
             norm = ("prenorm (o / down write its input)" if pre
                     else "fused into the GEMV tiles" if cfg.tiles.fuse_for(b) else "separate tasks")
-            # act columns per gate/up tile (TileConfig.gate_up_cols under prenorm; gu_wdot on the batch path)
+            # act columns per gate/up tile (TileConfig.gate_up_cols / gu_wdot_cols under prenorm)
             gbn = cfg.tiles.gu_wdot if dot and cfg.tiles.gu_wdot else cfg.tiles.block_n("gate_up", dot)
             gu = cfg.tiles.cols("gate_up", dot) if pre else gbn
             print(f"  context {ctx} batch {b}: contexts {cs if len(cs) <= 4 else cs[:4] + ['...']}, GEMV "
@@ -406,6 +407,9 @@ def main(argv=None):
                         "the MMA's M operand (0: off, the plain tl.dot tiles; 8b default 32: 384 tiles)")
     p.add_argument("--gu-wdot-k", type=int, default=None,
                    help="K chunk of --gu-wdot's tiles (0, the 8b default: from the ring, 256 up to batch 8)")
+    p.add_argument("--gu-wdot-cols", type=int, default=None,
+                   help="columns per --gu-wdot tile under prenorm, the other rows masked (TileConfig.gu_wdot_cols; "
+                        "0: all), e.g. 19 for Llama-3.1-8B's 14336 in 755 tiles of 32 rows")
     p.add_argument("--no-prenorm-dot", action="store_true",
                    help="the tl.dot batch path with separate norm tasks (8b default: prenorm there too). The batch "
                         "path before issue 26's b8 levers: --no-prenorm-dot --gu-wdot 0 --dot-ksplit 0")

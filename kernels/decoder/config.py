@@ -125,7 +125,8 @@ class TileConfig:
       ``cdiv(I, gate_up_cols)`` tiles can match the programs (Llama-3.1-8B's 14336 in tiles of 32: 448 tiles, 1.13
       waves of 396 programs; 37 columns of 64-row tiles: 388, one wave).  Ignored where it cannot apply, as
       ``o_cols`` / ``down_cols`` are without ``prenorm``: the fused-norm and separate-norm gate/up tiles, the
-      ``gu_wdot`` tiles of the batch path (one config serves every batch), so also at more than one rank and with
+      ``gu_wdot`` tiles of the batch path (one config serves every batch: ``gu_wdot_cols`` there), so also at more
+      than one rank and with
       ``down_split_k > 1`` (no ``prenorm`` there); :meth:`cols` gives the columns per tile where ``prenorm``
       applies.  The row mask costs registers (Llama's gate/up branch at batch 1, 32 rows: 72 -> 134 with 19
       columns, within the cap; ``bench/megakernel_regs.py``).
@@ -136,7 +137,9 @@ class TileConfig:
       8-wide gate/up tiles of batch 8: 4 times the shared-memory reads, issue 26); ``gu_wdot_k``: its K chunk (0:
       ``dot_block_k``, halved while fewer than 2 chunks would be in flight in ``dot_ring``: 256 at batch 8 and 32
       columns, 128 at batch 16); its pipeline depth follows ``dot_ring`` as the plain path's does (a lever of issue
-      26).
+      26); ``gu_wdot_cols``: 0, or the columns of each ``gu_wdot`` tile where ``prenorm`` applies (at most
+      ``gu_wdot``; as ``gate_up_cols``: its other gate and up rows masked, never read; ignored without ``prenorm``),
+      e.g. Llama-3.1-8B's 14336 in 755 tiles of 19 instead of 448 of 32 (1.13 waves of 396 programs).
     * ``pn_early``: where ``prenorm`` applies on the ``tl.dot`` path, its tiles load their epilogue's inputs before
       the weight stream (qkv, gate/up: the rows' partial sums of squares; o_proj / down_proj: their residual columns
       and norm weights; :mod:`~.tiles_batch`): those are ready when the tile starts, and loaded after the stream
@@ -254,6 +257,7 @@ class TileConfig:
     gate_up_cols: int = 0
     gu_wdot: int = 0
     gu_wdot_k: int = 0
+    gu_wdot_cols: int = 0
     pn_early: bool = False
     dot_ksplit: int = 0
     prenorm_dot: bool = False
@@ -299,13 +303,13 @@ class TileConfig:
     def cols(self, proj: str, dot: bool = False) -> int:
         """Output columns per tile of o_proj / down_proj / gate/up under ``prenorm`` (``o_cols`` / ``down_cols`` /
         ``gate_up_cols``, else the tile width; ``dot``: of the ``tl.dot`` path, where gate/up's ``gu_wdot`` tiles
-        have no masked form: their width, ``gate_up_cols`` ignored)."""
+        hold ``gu_wdot_cols``, else ``gu_wdot``, and ``gate_up_cols`` is ignored)."""
         if dot and proj == "gate_up" and self.gu_wdot:
-            return self.gu_wdot
-        c = getattr(self, f"{proj}_cols", 0) or 0
-        bn = self.block_n(proj, dot)
+            c, bn, what = self.gu_wdot_cols, self.gu_wdot, "gu_wdot_cols"
+        else:
+            c, bn, what = getattr(self, f"{proj}_cols", 0) or 0, self.block_n(proj, dot), f"{proj}_cols"
         if c > bn:
-            raise DitronError(f"TileConfig.{proj}_cols={c}: more than the {proj} tile width {bn}"
+            raise DitronError(f"TileConfig.{what}={c}: more than the {proj} tile width {bn}"
                               f"{' of the tl.dot path' if dot else ''} (a masked tile holds at most its rows)")
         return c or bn
 
@@ -377,7 +381,7 @@ class TileConfig:
         if self.dot_from < 1 or self.fuse_upto < 0:
             raise DitronError(f"TileConfig: dot_from={self.dot_from} must be >= 1 and fuse_upto={self.fuse_upto} "
                               ">= 0 (batch sizes)")
-        for name in ("o_cols", "down_cols", "gate_up_cols"):
+        for name in ("o_cols", "down_cols", "gate_up_cols", "gu_wdot_cols"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise DitronError(f"TileConfig.{name}={v!r}: must be an int >= 0 (0: the tile width)")

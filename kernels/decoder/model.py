@@ -363,8 +363,8 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
     # (at every batch: above fuse_upto it also replaces the separate norm tasks but layer 0's)
     pre = direct and tc.prenorm_for(B)
     fold = pre or (direct and fuse and tc.fold_resid)
-    # act columns per gate/up tile: TileConfig.gate_up_cols on the prenorm tiles (cols: the tile width elsewhere,
-    # the gu_wdot tiles' too): gate/up tile p writes act[:, p * GU : +GU], which every reader of act by gate/up tile
+    # act columns per gate/up tile: TileConfig.gate_up_cols / gu_wdot_cols on the prenorm tiles (cols: the tile width
+    # elsewhere): gate/up tile p writes act[:, p * GU : +GU], which every reader of act by gate/up tile
     # (down's in-loop waits, split-K's slices) assumes
     GU = tc.cols("gate_up", dot) if pre else BN["gate_up"]
 
@@ -417,7 +417,7 @@ def decoder_tasks(cfg: DecoderConfig, world_size: int, w: Weights, cache: PagedK
             fn, gc = T.linear_rstd_kdot_tile, gemv_kdot_c(proj)
         elif early:
             fn = T.gate_up_rstd_early_tile if proj == "gate_up" else T.linear_rstd_early_tile
-        if proj == "gate_up" and not wdot:                  # TileConfig.gate_up_cols: tiles of COLS columns (0: all)
+        if proj == "gate_up":       # TileConfig.gate_up_cols / gu_wdot_cols: tiles of COLS columns (0: all)
             cols = GU
             gc = {**gc, "COLS": cols % BN[proj]}
         args = {"x_ptr": buf.hn, "ss_ptr": ss, "w_ptr": wt, "out_ptr": out, "B": B, "eps": cfg.rms_eps,

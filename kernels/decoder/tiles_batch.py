@@ -11,25 +11,29 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles_gemv import (_cols_n0, _gemv_acc, _resnorm_commit, _resnorm_index, _resnorm_operands, _rstd_rows,
-                         _store_rows, _store_silu_mul)
+from .tiles_gemv import (_cols_mask, _cols_n0, _gemv_acc, _resnorm_commit, _resnorm_index, _resnorm_operands,
+                         _rstd_rows, _store_rows, _store_silu_mul)
 
 
 @triton.jit
 def _wdot_gu_acc(x_ptr, w_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STREAM: tl.constexpr):
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STREAM: tl.constexpr, COLS: tl.constexpr = 0):
     """``(g, u)``, each ``[BLOCK_N, BLOCK_B]`` float32: ``g[n, b] = sum_k w[n0 + n, k] * x[b, k]`` (gate rows of
     ``w[2N, K]``) and ``u`` the same over the up rows ``N + n0 + n`` (``TileConfig.gu_wdot``, the batch path).
     The weights are the MMA's M operand: gate and up rows stacked into one ``[2 * BLOCK_N, BLOCK_K]`` chunk, the
     batch rows its N operand (``x^T``: ``BLOCK_B >= 8`` columns, no padding to 16).  With ``2 * BLOCK_N`` a multiple
     of 16 per warp every warp reads its own weight rows from shared memory once; the ``tl.dot`` of
     :func:`_gemv_acc` puts the few batch rows on M, where every warp computed (and read) the whole chunk.
-    ``STREAM``: the software pipeline depth (``cp.async`` of the weight and activation chunks)."""
+    ``STREAM``: the software pipeline depth (``cp.async`` of the weight and activation chunks).  ``COLS > 0``
+    (``TileConfig.gu_wdot_cols``): only the first ``COLS`` gate and up rows are read (the others are zero)."""
     r = tl.arange(0, 2 * BLOCK_N)
     up = r >= BLOCK_N
-    n = n0 + r - tl.where(up, BLOCK_N, 0)
+    j = r - tl.where(up, BLOCK_N, 0)
+    n = n0 + j
     rows = n + tl.where(up, N, 0)
     mn = n < N
+    if COLS > 0:
+        mn = mn & (j < COLS)
     offs_b = tl.arange(0, BLOCK_B)
     mb = offs_b < B
     acc = tl.zeros([2 * BLOCK_N, BLOCK_B], tl.float32)
@@ -45,13 +49,24 @@ def _wdot_gu_acc(x_ptr, w_ptr, n0, B, N: tl.constexpr, K: tl.constexpr, BLOCK_B:
 
 
 @triton.jit
-def _store_cols(out_ptr, val, n0, B, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr):
+def _store_cols(out_ptr, val, n0, B, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                COLS: tl.constexpr = 0):
     """``out[b, n0 + n] = val[n, b]`` (``val``: ``[BLOCK_N, BLOCK_B]``, the transposed tiles of
-    :func:`_wdot_gu_acc`)."""
+    :func:`_wdot_gu_acc`); ``COLS > 0``: only ``n < COLS`` (:func:`~.tiles_gemv._cols_mask`)."""
     offs_b = tl.arange(0, BLOCK_B)
-    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_n, mn = _cols_mask(n0, N, BLOCK_N, COLS)
     tl.store(out_ptr + offs_b[None, :] * N + offs_n[:, None], val.to(out_ptr.dtype.element_ty),
-             mask=(offs_b < B)[None, :] & (offs_n < N)[:, None])
+             mask=(offs_b < B)[None, :] & mn[:, None])
+
+
+@triton.jit
+def _store_silu_mul_cols(out_ptr, g, u, rstd, n0, B, N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+                         COLS: tl.constexpr):
+    """The prenorm ``gu_wdot`` tiles' epilogue: ``out = bf16(silu(g * rstd) * (u * rstd))`` on the transposed
+    tiles (``rstd``: ``[BLOCK_B]``; :func:`_store_cols`, ``COLS``)."""
+    g = g * rstd[None, :]
+    u = u * rstd[None, :]
+    _store_cols(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N, COLS)
 
 
 @triton.jit
@@ -69,15 +84,14 @@ def gate_up_wdot_tile(tile, x_ptr, w_ptr, out_ptr, layer, B, N: tl.constexpr, K:
 @triton.jit
 def gate_up_rstd_wdot_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, N: tl.constexpr, K: tl.constexpr,
                            NT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                           BLOCK_K: tl.constexpr, STREAM: tl.constexpr):
-    """:func:`gate_up_rstd_tile` (``TileConfig.prenorm``) on the layout of :func:`gate_up_wdot_tile`."""
+                           BLOCK_K: tl.constexpr, STREAM: tl.constexpr, COLS: tl.constexpr = 0):
+    """:func:`gate_up_rstd_tile` (``TileConfig.prenorm``) on the layout of :func:`gate_up_wdot_tile`; ``COLS > 0``
+    (``TileConfig.gu_wdot_cols``): columns ``[tile * COLS, +COLS)``, the other rows masked (as ``gate_up_cols``)."""
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
-    n0 = tile * BLOCK_N
-    g, u = _wdot_gu_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, STREAM)
+    n0 = _cols_n0(tile, BLOCK_N, COLS)
+    g, u = _wdot_gu_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, STREAM, COLS)
     rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
-    g = g * rstd[None, :]
-    u = u * rstd[None, :]
-    _store_cols(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
+    _store_silu_mul_cols(out_ptr, g, u, rstd, n0, B, N, BLOCK_B, BLOCK_N, COLS)
 
 
 @triton.jit
@@ -112,15 +126,15 @@ def gate_up_rstd_early_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, 
 @triton.jit
 def gate_up_rstd_wdot_early_tile(tile, x_ptr, ss_ptr, w_ptr, out_ptr, layer, B, eps, N: tl.constexpr,
                                  K: tl.constexpr, NT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_B: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STREAM: tl.constexpr):
-    """:func:`gate_up_rstd_wdot_tile` with ``rstd`` loaded first (:func:`linear_rstd_early_tile`)."""
+                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STREAM: tl.constexpr,
+                                 COLS: tl.constexpr = 0):
+    """:func:`gate_up_rstd_wdot_tile` (``COLS`` as there) with ``rstd`` loaded first
+    (:func:`linear_rstd_early_tile`)."""
     rstd = _rstd_rows(ss_ptr, B, eps, K, NT, BLOCK_B, BLOCK_T)
     wl = w_ptr + layer.to(tl.int64) * 2 * N * K
-    n0 = tile * BLOCK_N
-    g, u = _wdot_gu_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, STREAM)
-    g = g * rstd[None, :]
-    u = u * rstd[None, :]
-    _store_cols(out_ptr, g / (1.0 + tl.exp(-g)) * u, n0, B, N, BLOCK_B, BLOCK_N)
+    n0 = _cols_n0(tile, BLOCK_N, COLS)
+    g, u = _wdot_gu_acc(x_ptr, wl, n0, B, N, K, BLOCK_B, BLOCK_N, BLOCK_K, STREAM, COLS)
+    _store_silu_mul_cols(out_ptr, g, u, rstd, n0, B, N, BLOCK_B, BLOCK_N, COLS)
 
 
 @triton.jit
