@@ -3,7 +3,7 @@
 # one process per variant (each with its own HBM limit and torch + graph), the shipped default first and last (drift).
 # Default: Qwen3-8B batch 1, the gate/up wave (issue 53: Llama-3.1-8B's 19 masked columns of 32 -- two waves of 396
 # programs -- beat its one-and-a-bit waves by 3% on an H100, 2026-12-07i; Qwen3-8B's 384 tiles are one wave, and
-# its excess over the HBM limit is ~24 us a layer on an H100 and on an H200 alike: smaller tiles may shorten the
+# its excess over the HBM limit is ~25 us a layer on an H100 and on an H200 alike: smaller tiles may shorten the
 # stage's tail there too; o / down in 373 masked tiles of 11 columns instead of 256 of 16 were slower on an H200 on
 # 2026-11-27, before the in-loop waits and the noinline branches: od11 again).
 #     OUT=dir bash bench/calls/mk_ab.sh
