@@ -272,9 +272,9 @@ def test_gate_up_cols_config_and_tasks(capsys):
 
 
 @pytest.mark.parametrize("batch,cols,tiles", [
-    (1, 11, {}),                                        # the in-loop-wait tile (stream_wait's default: gate/up)
     (1, 13, dict(stream_wait=0, prefetch_k=64, prefetch_projs="gate_up")),   # the plain tile, its rows prefetched
-    (1, 13, dict(stream_wait_projs="gate_up,down", gemv_block_k=8)),    # down waits per chunk for gate/up tiles of 13
+    # the in-loop-wait tile (stream_wait's default: gate/up), down waiting per chunk for gate/up tiles of 13
+    (1, 13, dict(stream_wait_projs="gate_up,down", gemv_block_k=8)),
     (1, 11, dict(stream_wait_projs="gate_up,down", gemv_block_k=8, stream_wait_exact=True)),
     (2, 11, dict(prefetch_k=64)),                       # the FMA path of batch 2, every hook
     (3, 13, {}),                                        # the tl.dot path (tiny: batch 3 on, no gu_wdot)
