@@ -116,23 +116,56 @@ def _fp8_codes(v, BG: tl.constexpr, ROUND: tl.constexpr):
 
 
 @triton.jit
+def _store_fp8_own(out_ptr, scale_ptr, words, sinv, g0, orow, sbase, scol, NR, DW, G, m):
+    """Step ``g0`` of the fp8 rows ``m`` that are this rank's own pairs: ``words`` (``[BR, 32 * BG]``) into
+    ``recv_x`` row ``orow``, the scales ``sinv`` (``[BR, BG]``) at ``(sbase + group) * NR + scol`` (column-major, as
+    DeepEP's)."""
+    BG: tl.constexpr = sinv.shape[1]
+    wi = g0 * 32 + tl.arange(0, BG * 32)
+    gi = g0 + tl.arange(0, BG)
+    tl.store(out_ptr + orow[:, None] * DW + wi[None, :], words, mask=m[:, None] & (wi < DW)[None, :])
+    tl.store(scale_ptr + (sbase[:, None] + gi[None, :]) * NR + scol[:, None], sinv, mask=m[:, None] & (gi < G)[None, :])
+
+
+@triton.jit
+def _send_fp8_packets(words, sinv, g0, m, dst, rbox, drow, rowsz, fl64, node0, local, LW, lstage_ptr, par, TK, r, DW,
+                      G, MULTI_NODE: tl.constexpr):
+    """Step ``g0`` of the fp8 rows ``m`` that are peers' pairs, as LL packets (codes, then scales) into row ``drow``
+    of the owner's ``rbox``, and (``MULTI_NODE``) into this rank's staging, every peer pair (the puts: the caller)."""
+    BG: tl.constexpr = sinv.shape[1]
+    wi = g0 * 32 + tl.arange(0, BG * 32)
+    gi = g0 + tl.arange(0, BG)
+    wm = (wi < DW)[None, :]
+    gm = (gi < G)[None, :]
+    pw = fl64 | (words.to(tl.int64) & 0xFFFFFFFF)
+    ps = fl64 | (sinv.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+    for k in range(1, LW):
+        peer = node0 + (local + k) % LW
+        okp = m & (dst == peer)
+        tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + wi[None, :], peer), pw, mask=okp[:, None] & wm)
+        tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + DW + gi[None, :], peer), ps, mask=okp[:, None] & gm)
+    if MULTI_NODE:
+        srow = (par * TK + r.to(tl.int64)) * rowsz
+        tl.store(lstage_ptr + srow[:, None] + wi[None, :], pw, mask=m[:, None] & wm)
+        tl.store(lstage_ptr + srow[:, None] + DW + gi[None, :], ps, mask=m[:, None] & gm)
+
+
+@triton.jit
 def _send_fp8_once(x_ptr, t, snd, dst, me, orow, out_ptr, scale_ptr, sbase, scol, NR, drow, rbox, rowsz, fl64, node0,
                    local, LW, lstage_ptr, par, TK, r, H, G, DW, BGO: tl.constexpr, ROUND: tl.constexpr,
                    PEERS: tl.constexpr, MULTI_NODE: tl.constexpr, PF: tl.constexpr):
     """The fp8 LL dispatch's pairs ``snd`` of one block (rows ``t`` of ``x``), each token quantised once
     (``ONCE``): per token of the block and per step of ``BGO`` groups, its codes and scales as a one-row tile
     (:func:`_fp8_quant`, the same arithmetic as the per-pair path), broadcast to the block's rows and stored where
-    a row is that token's -- an own pair (``dst == me``) into ``recv_x`` row ``orow`` and its scales at
-    ``(sbase + group) * NR + scol``, a peer's as packets into row ``drow`` of its ``rbox`` (and, ``MULTI_NODE``,
-    this rank's staging).  ``PF``: the next step's elements are loaded before this step is quantised and stored
-    (two steps in flight, as the bf16 row copy's ``_copy_rows_x2``)."""
+    a row is that token's, as the per-pair path stores its rows: an own pair (``dst == me``) by
+    :func:`_store_fp8_own`, a peer's by :func:`_send_fp8_packets`.  ``PF``: the next step's elements are loaded
+    before this step is quantised and stored (two steps in flight, as the bf16 row copy's ``_copy_rows_x2``)."""
     BR: tl.constexpr = t.shape[0]
     tmin = tl.min(tl.where(snd, t, TK), 0)
     tmax = tl.max(tl.where(snd, t, -1), 0)
     one = tl.zeros([1], tl.int64)
     for tok in range(tmin, tmax + 1):
         sel = snd & (t == tok)
-        mine = sel & (dst == me)
         row = one + tok
         if PF:
             v = _fp8_load(x_ptr, row, one == 0, 0, H, G, BGO)
@@ -145,26 +178,10 @@ def _send_fp8_once(x_ptr, t, snd, dst, me, orow, out_ptr, scale_ptr, sbase, scol
                 words, sinv = _fp8_quant(x_ptr, row, one == 0, g0, H, G, BGO, ROUND)
             wb = tl.broadcast_to(words, (BR, BGO * 32))
             sb = tl.broadcast_to(sinv, (BR, BGO))
-            wi = g0 * 32 + tl.arange(0, BGO * 32)
-            gi = g0 + tl.arange(0, BGO)
-            wm = (wi < DW)[None, :]
-            gm = (gi < G)[None, :]
-            tl.store(out_ptr + orow[:, None] * DW + wi[None, :], wb, mask=mine[:, None] & wm)
-            tl.store(scale_ptr + (sbase[:, None] + gi[None, :]) * NR + scol[:, None], sb, mask=mine[:, None] & gm)
+            _store_fp8_own(out_ptr, scale_ptr, wb, sb, g0, orow, sbase, scol, NR, DW, G, sel & (dst == me))
             if PEERS:
-                pw = fl64 | (wb.to(tl.int64) & 0xFFFFFFFF)
-                ps = fl64 | (sb.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
-                for k in range(1, LW):
-                    peer = node0 + (local + k) % LW
-                    okp = sel & (dst == peer)
-                    tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + wi[None, :], peer), pw, mask=okp[:, None] & wm)
-                    tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + DW + gi[None, :], peer), ps,
-                             mask=okp[:, None] & gm)
-                if MULTI_NODE:              # every peer pair staged, as the per-pair path does (puts: the caller)
-                    far = sel & (dst != me)
-                    srow = (par * TK + r.to(tl.int64)) * rowsz
-                    tl.store(lstage_ptr + srow[:, None] + wi[None, :], pw, mask=far[:, None] & wm)
-                    tl.store(lstage_ptr + srow[:, None] + DW + gi[None, :], ps, mask=far[:, None] & gm)
+                _send_fp8_packets(wb, sb, g0, sel & (dst != me), dst, rbox, drow, rowsz, fl64, node0, local, LW,
+                                  lstage_ptr, par, TK, r, DW, G, MULTI_NODE)
 
 
 # ---------------------------------------------------------------------------
@@ -365,12 +382,7 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
                 else:
                     for g0 in range(0, G, BG):
                         words, sinv = _fp8_quant(x_ptr, t, own, g0, H, G, BG, ROUND)
-                        wi = g0 * 32 + tl.arange(0, BG * 32)
-                        gi = g0 + tl.arange(0, BG)
-                        tl.store(out_ptr + orow[:, None] * DW + wi[None, :], words,
-                                 mask=own[:, None] & (wi < DW)[None, :])
-                        tl.store(scale_ptr + (le[:, None] * G + gi[None, :]) * NR + (ob + sl)[:, None], sinv,
-                                 mask=own[:, None] & (gi < G)[None, :])
+                        _store_fp8_own(out_ptr, scale_ptr, words, sinv, g0, orow, le * G, ob + sl, NR, DW, G, own)
             else:
                 _copy_rows_x2(x_ptr, t, out_ptr, le * (W * cap) + ob + sl, own, H, CB)
         if PEERS:
@@ -388,23 +400,8 @@ def ep_ll_dispatch_kernel(x_ptr, idx_ptr, key_ptr, pslot_ptr, dropped_ptr, out_p
                     # codes and scales of BG groups per step, the same packets to whichever peer owns each pair
                     for g0 in range(0, tl.where(anyp, G, 0), BG):
                         words, sinv = _fp8_quant(x_ptr, t, ok, g0, H, G, BG, ROUND)
-                        wi = g0 * 32 + tl.arange(0, BG * 32)
-                        gi = g0 + tl.arange(0, BG)
-                        pw = fl64 | (words.to(tl.int64) & 0xFFFFFFFF)
-                        ps = fl64 | (sinv.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
-                        for k in range(1, LW):
-                            peer = node0 + (local + k) % LW
-                            okp = ok & (dst == peer)
-                            tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + wi[None, :], peer), pw,
-                                     mask=okp[:, None] & (wi < DW)[None, :])
-                            tl.store(dl.symm_at(rbox + drow[:, None] * rowsz + DW + gi[None, :], peer), ps,
-                                     mask=okp[:, None] & (gi < G)[None, :])
-                        if MULTI_NODE:
-                            srow = (par * TK + r.to(tl.int64)) * rowsz
-                            tl.store(lstage_ptr + srow[:, None] + wi[None, :], pw,
-                                     mask=ok[:, None] & (wi < DW)[None, :])
-                            tl.store(lstage_ptr + srow[:, None] + DW + gi[None, :], ps,
-                                     mask=ok[:, None] & (gi < G)[None, :])
+                        _send_fp8_packets(words, sinv, g0, ok, dst, rbox, drow, rowsz, fl64, node0, local, LW,
+                                          lstage_ptr, par, TK, r, DW, G, MULTI_NODE)
             else:
                 _send_packets(x_ptr, t, ok, anyp, HW, H, fl64, dst, rbox, drow, rowsz, node0, local, LW, lstage_ptr,
                               par, TK, r, ww, EPW, MULTI_NODE)

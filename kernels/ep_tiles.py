@@ -125,9 +125,8 @@ def _constexprs(ctx, name, TK, k, esize, use_fp8=False, round_scale=False, trace
                     BLK=ll_blk, BR=ll_br, BW=bh, CB=ctx.ll_copy_cols, STRIDED=bool(ctx.ll_strided), TRACE=TR,
                     FP8=bool(use_fp8), ROUND=bool(round_scale), BG=ctx.ll_fp8_groups,
                     PRE=bool(use_fp8) and bool(ctx.ll_fp8_prequant),
-                    ONCE=bool(use_fp8) and bool(getattr(ctx, "ll_fp8_once", False)) and not ctx.ll_fp8_prequant
-                    and not ctx.ll_strided, BGO=getattr(ctx, "ll_fp8_once_groups", 1),
-                    ONCE_PF=bool(getattr(ctx, "ll_fp8_once_prefetch", False))), ctx.dispatch_warps
+                    ONCE=bool(use_fp8 and ctx.ll_fp8_once and not ctx.ll_fp8_prequant and not ctx.ll_strided),
+                    BGO=ctx.ll_fp8_once_groups, ONCE_PF=bool(ctx.ll_fp8_once_prefetch)), ctx.dispatch_warps
     if name == "ep_fp8_quant_kernel":
         return dict(BR=ctx.fp8_quant_rows, BG=ctx.ll_fp8_groups, ROUND=bool(round_scale)), ctx.dispatch_warps
     if name == "ep_ll_combine_kernel":

@@ -13,9 +13,9 @@ directory (``config.json`` + ``model.safetensors`` or the sharded ``model-0000i-
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
