@@ -1,6 +1,6 @@
 """The package layout shows the architecture: imports go one way.
 
-    base (errors, _compat, _compat_interp, target, libs, sim.memory)
+    base (errors, _compat, _compat_interp, target, libs, sim_memory)
       <- ir <- lowering <- language <- analysis <- runtime <- everything else
 
 A layer may import the layers below it, never one above (docs/architecture.md has the map).  Checked twice:
@@ -17,7 +17,7 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ditron")
 
-BASE = ("ditron._compat", "ditron._compat_interp", "ditron.errors", "ditron.target", "ditron.libs", "ditron.sim.memory")
+BASE = ("ditron._compat", "ditron._compat_interp", "ditron.errors", "ditron.target", "ditron.libs", "ditron.sim_memory")
 LAYERS = ("base", "ditron.ir", "ditron.lowering", "ditron.language", "ditron.analysis", "ditron.runtime")
 
 
@@ -60,7 +60,7 @@ def imports_of(module, is_pkg, path):
                 target = node.module or ""
             if not target.startswith("ditron"):
                 continue
-            # "from ..sim import memory" imports the module ditron.sim.memory (and the package ditron.sim)
+            # "from .. import sim_memory" imports the module ditron.sim_memory (not the package ditron)
             subs = {target + "." + a.name for a in node.names} & ALL
             out.update(subs or {target})
     return out

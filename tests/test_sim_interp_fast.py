@@ -282,10 +282,10 @@ def test_taskcheck_skips_unwritten_loads_with_the_same_answers():
 
 
 def test_sim_atomics_values_match_numpy_broadcast():
-    """ditron.sim.memory's shortcut for one Python int at one address gives the array (dtype, shape, values, a
+    """ditron.sim_memory's shortcut for one Python int at one address gives the array (dtype, shape, values, a
     fresh writable copy) or the error of the general expression, for every kind of value the atomics get."""
     import numpy as np
-    from ditron.sim import memory as M
+    from ditron import sim_memory as M
 
     def general(value, shape, dtype):
         return np.broadcast_to(np.asarray(value, dtype=dtype), shape).copy()

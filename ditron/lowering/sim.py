@@ -134,7 +134,7 @@ def _from_f32(x, tt, np_dtype):
 
 @register("multimem_ld_reduce", BACKEND)
 def _multimem_ld_reduce(ctx, ptrs, op, acc_dtype):
-    from ..sim import memory as M
+    from .. import sim_memory as M
     world, tr = _world(ctx)
     tt = _elem_ty(ptrs)
     npd = _compat.interpreter_np_dtype(tt)
@@ -153,7 +153,7 @@ def _multimem_ld_reduce(ctx, ptrs, op, acc_dtype):
 
 @register("multimem_st", BACKEND)
 def _multimem_st(ctx, ptrs, value):
-    from ..sim import memory as M
+    from .. import sim_memory as M
     world, tr = _world(ctx)
     tt = _elem_ty(ptrs)
     npd = _compat.interpreter_np_dtype(tt)
@@ -176,9 +176,9 @@ def _multimem_st(ctx, ptrs, value):
 # packed multicast accesses, per thread (Triton-distributed's language_extra helpers) -------------------------
 
 def _vector_io(tr, starts, nbytes, words=None):
-    """One access per ``nbytes``-byte vector at ``starts`` (ditron.sim.memory.vector_load / vector_store, the
+    """One access per ``nbytes``-byte vector at ``starts`` (ditron.sim_memory.vector_load / vector_store, the
     lock stripes by heap offset); loads return ``(n, nbytes // 8)`` int64 words."""
-    from ..sim import memory as M
+    from .. import sim_memory as M
     starts = np.asarray(starts, dtype=np.uint64).reshape(-1)
     stripes = (starts.astype(np.int64) - int(tr.base0)) >> 4
     abort = lambda: tr.control.abort != 0           # noqa: E731
@@ -263,7 +263,7 @@ _ST_BYTES = {"b32": 4, "b64": 8, "v2": 8, "v4": 16}
 @register("multimem_st_packed", BACKEND)
 def _multimem_st_packed(ctx, ptr, values, mask, form):
     """Per pointer, the bits of the values (32-bit words, or one 64-bit word) stored into every copy on the node."""
-    from ..sim import memory as M
+    from .. import sim_memory as M
     world, tr = _world(ctx)
     nbytes = _ST_BYTES[form]
     halves, live = _mm_packed(ctx, tr, ptr, mask, nbytes, f"multimem_st ({form})", store=True)
@@ -329,7 +329,7 @@ def _release_tile(ctx, slot_ptr, epoch):
 @register("fetch_task", BACKEND)
 def _fetch_task(ctx, counter_ptr):
     not_in_thread_region(ctx, "dl.fetch_task")
-    from ..sim import memory as M
+    from .. import sim_memory as M
     world, tr = _world(ctx)
     _slot_word(ctx, counter_ptr, "counter_ptr")
     addr = np.asarray([_int(counter_ptr)], dtype=np.uint64)

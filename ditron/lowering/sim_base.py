@@ -204,7 +204,7 @@ def _translate(ctx, tr, world, ptr_data, rank, arg, *, local=True, nbytes=1):
 
 
 def _spin_values(ctx, tr, addrs, dtype, ok, expected_text, primitive):
-    from ..sim import memory as M
+    from .. import sim_memory as M
     _skew("wait")
     launch = _launch()
     prog = _program()
@@ -243,7 +243,7 @@ def _signal_dtype(ctx, tt, arg, need64=False):
 
 
 def _signal_update(tr, addr, value, sig_op, dtype):
-    from ..sim import memory as M
+    from .. import sim_memory as M
     access().end_poll()
     if sig_op == "set":
         M.atomic_xchg(addr, value, dtype)

@@ -67,7 +67,7 @@ def _copy(ctx, tr, dst_addr, src_addr, nbytes):
         raise ctx.error(f"negative byte count {nbytes}", arg="nbytes")
     access().end_poll()
     if nbytes and race().enabled():
-        from ..sim import memory as M
+        from .. import sim_memory as M
         unit = np.uint16 if nbytes % 2 == 0 and int(src_addr) % 2 == 0 and int(dst_addr) % 2 == 0 else np.uint8
         step = np.dtype(unit).itemsize
         rel = np.arange(0, nbytes, step, dtype=np.uint64)
@@ -243,7 +243,7 @@ def _shmem_fence(ctx):
 
 def _device_barrier(ctx, primitive):
     not_in_thread_region(ctx, primitive)
-    from ..sim import memory as M
+    from .. import sim_memory as M
     world, tr = _world(ctx)
     ctl = tr.control
     gen_w, cnt_w = M.H_DEV_BAR_GEN, M.H_DEV_BAR_COUNT

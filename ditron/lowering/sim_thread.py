@@ -60,7 +60,7 @@ def _heap_ptrs(ctx, ptr):
 
 @register("ld", BACKEND)
 def _ld(ctx, ptr, scope, semantic):
-    from ..sim import memory as M
+    from .. import sim_memory as M
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
     addrs = _heap_ptrs(ctx, ptr)
@@ -80,7 +80,7 @@ def _ld(ctx, ptr, scope, semantic):
 
 @register("st", BACKEND)
 def _st(ctx, ptr, value, scope, semantic):
-    from ..sim import memory as M
+    from .. import sim_memory as M
     _thread_copies(ctx, ptr, "dl.st")        # every thread stores the same scalar: once is the same
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
@@ -130,10 +130,10 @@ def _vec_name(words, bits, kind):
 
 @register("ld_vec", BACKEND)
 def _ld_vec(ctx, ptr, words, scope, semantic):
-    """One access per vector (ditron.sim.memory.vector_load): a concurrent write lands wholly before or wholly
+    """One access per vector (ditron.sim_memory.vector_load): a concurrent write lands wholly before or wholly
     after it.  Weak (``""``): a plain read for the race finder, one access (a stale value is the whole vector's
     or none); relaxed / volatile / acquire: a read of signal words."""
-    from ..sim import memory as M
+    from .. import sim_memory as M
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
     bits = tt.primitive_bitwidth
@@ -160,9 +160,9 @@ def _ld_vec(ctx, ptr, words, scope, semantic):
 
 @register("st_vec", BACKEND)
 def _st_vec(ctx, ptr, values, scope, semantic):
-    """One access per vector with respect to other vector accesses (ditron.sim.memory.vector_store).  Weak:
+    """One access per vector with respect to other vector accesses (ditron.sim_memory.vector_store).  Weak:
     a plain write for the race finder; relaxed / volatile / release: a write of signal words."""
-    from ..sim import memory as M
+    from .. import sim_memory as M
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)
     bits = tt.primitive_bitwidth
@@ -233,7 +233,7 @@ def _atomic_add(ctx, ptr, value, scope, semantic):
 
 @register("atomic_cas", BACKEND)
 def _atomic_cas(ctx, ptr, cmp, value, scope, semantic):
-    from ..sim import memory as M
+    from .. import sim_memory as M
     copies = _thread_copies(ctx, ptr, "dl.atomic_cas")
     tt = _elem_ty(ptr)
     npd = _compat.interpreter_np_dtype(tt)

@@ -176,7 +176,7 @@ class CallBoard:
     def _exchange_sim(self, fp, call):
         import numpy as np
         import torch
-        from ..sim import memory as M
+        from .. import sim_memory as M
         transport = self.world.transport
         me, W = self.world.rank, self.world.world_size
         slot = call % SLOTS

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from ..errors import DitronError, DitronHangError
-from ..sim import memory as M
+from .. import sim_memory as M
 from .heap import SymmetricHeap, heap_size_from_env, parse_size, round_up, HEAP_ALIGN
 from .transport import Transport, World
 

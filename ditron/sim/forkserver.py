@@ -273,7 +273,7 @@ def _become_rank(rank, env, argv, server):
     signal.signal(signal.SIGINT, signal.SIG_IGN)       # Ctrl-C is the launcher's (as _rank_preexec)
     from . import threads
     threads.apply(env)                                 # torch is preloaded: its intra-op threads as env says
-    from . import memory as M
+    from .. import sim_memory as M
     M.die_with_parent()
     if os.getppid() != server:                         # the server died before the line above
         os._exit(1)

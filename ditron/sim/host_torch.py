@@ -294,7 +294,7 @@ def _write_value(nbytes):
     name = f"cuStreamWriteValue{nbytes * 8}"
 
     def write(stream, addr, value, flags=0):
-        from . import memory as M
+        from .. import sim_memory as M
         from ..lowering.sim import race
         world, addr, dtype = _word(name, addr, nbytes)
         value = int(value) & ((1 << (nbytes * 8)) - 1)
@@ -316,7 +316,7 @@ def _wait_value(nbytes):
     name = f"cuStreamWaitValue{nbytes * 8}"
 
     def wait(stream, addr, value, flags=0):
-        from . import memory as M
+        from .. import sim_memory as M
         from ..lowering.sim import race
         from ..runtime.heap import _call_site
         from ..runtime.sim import Blocked

@@ -34,7 +34,7 @@ import time
 from ..errors import format_report_lines
 from ..runtime.heap import HEAP_ALIGN, parse_size, round_up
 from . import forkserver as F
-from . import memory as M
+from .. import sim_memory as M
 from . import threads
 from . import zygote as Z
 

@@ -25,7 +25,7 @@ from multiprocessing.connection import wait as conn_wait
 
 from ..errors import DitronError, DitronHangError, DitronRankError
 from ..runtime.heap import HEAP_ALIGN, round_up
-from . import memory as M
+from .. import sim_memory as M
 from . import threads
 from .launcher import GRACE_S, check_topology, make_job, rank_env
 

@@ -47,7 +47,7 @@ import numpy as np
 
 from ..errors import DitronError
 from ..lowering import provide
-from . import memory as M
+from .. import sim_memory as M
 from .events import LaunchObserver
 
 ENV = "DITRON_SIM_RACE"

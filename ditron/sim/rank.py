@@ -26,7 +26,7 @@ def _stop_reason():
         from ..runtime.world import current_world
         world = current_world(required=False)
         if world is not None and world.transport.control is not None:
-            from . import memory as M
+            from .. import sim_memory as M
             return M.ABORT_REASONS.get(world.transport.control.abort)
     except Exception:  # noqa: BLE001
         return None
@@ -104,7 +104,7 @@ def main(argv=None):
             from ..runtime.world import current_world
             world = current_world(required=False)
             if world is not None and world.transport.control is not None:
-                from . import memory as M
+                from .. import sim_memory as M
                 world.transport.control.rank_set(rank, M.R_DONE, 1)
         except Exception:  # noqa: BLE001
             pass

@@ -126,7 +126,7 @@ SETTLE_S = 0.05
 
 
 def _until_others_idle(world, cap):
-    from . import memory as M
+    from .. import sim_memory as M
     ctl = world.transport.control
     me = world.rank
     end = time.monotonic() + cap

@@ -250,7 +250,7 @@ def serve(fd):
     """The zygote, on the listening socket ``fd``: preload, then fork a server for each job that it does not
     decline.  Returns ``(rank, env, argv, server)`` in a forked rank (as :func:`ditron.sim.forkserver._serve`),
     None when done."""
-    from . import memory as M
+    from .. import sim_memory as M
     M.die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     state = _State()

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from .. import _compat
+from . import _compat
 
 _I = None
 
