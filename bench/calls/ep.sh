@@ -11,7 +11,7 @@ source "$(dirname "$0")/prelude.sh"
 timeout 120 torchrun --standalone --nproc-per-node 1 -m ditron.bench ep --dtype fp8 --tokens 128 --hidden 7168 --topk 8 \
   --graph --trace --machine "$KIND" --out $OUT/ep > $OUT/ep_fp8.log 2>&1; echo "ep fp8 rc=$? at $(el) s"
 grep -vE "^(W12|\*\*\*)" $OUT/ep_fp8.log | grep -E "^\||Goal|^- " | head -40
-DITRON_HEAP_SIZE=12G timeout 120 torchrun --standalone --nproc-per-node 1 bench/diag/ep_fp8_sweep.py > $OUT/ep_sweep.log 2>&1
+DITRON_HEAP_SIZE=12G timeout 160 torchrun --standalone --nproc-per-node 1 bench/diag/ep_fp8_sweep.py > $OUT/ep_sweep.log 2>&1
 echo "sweep rc=$? at $(el) s"; grep -E "^\|" $OUT/ep_sweep.log
 NPROCS=2 BACKENDS=p2p RUN_BUDGET_S=150 PYTEST_WAIT_TIMEOUT_S=60 STEP_FILTER=pytest PYTEST_FILES="tests/test_ep.py" \
   timeout 160 bash tests/gpu/run.sh > $OUT/test_ep_w2.log 2>&1; echo "test_ep at 2 ranks rc=$? at $(el) s"
