@@ -264,16 +264,35 @@ def gluon_ast_source(fn, signature, constexprs):
     return GluonASTSource(fn, signature, consts)
 
 
+def fp_fusion_default() -> bool:
+    """ditron's ``enable_fp_fusion`` where the caller does not pass one: True (LLVM may contract an fp32 ``a * b
+    + c`` into one ``fma``; ptxas likewise), the setting every ditron kernel was validated and measured with --
+    Triton 3.6's default, while Triton 3.9 warns that its own default turns to False in 3.10, which would
+    silently change ditron's kernels (the megakernel's FMA GEMV path among them) with a Triton upgrade.  The
+    user's choice wins: ``TRITON_DEFAULT_FP_FUSION`` when set (Triton's knob), ``TRITON_FORCE_DISABLE_FP_FUSION``
+    (Triton 3.9 applies it over any request), or ``enable_fp_fusion=`` in a launch / ``ditron.compile``."""
+    if os.environ.get("TRITON_FORCE_DISABLE_FP_FUSION", "0").lower() in ("1", "true", "on", "yes"):
+        return False
+    if os.environ.get("TRITON_DEFAULT_FP_FUSION") is not None:
+        return bool(triton.knobs.language.default_fp_fusion)
+    return True
+
+
 def _compile_options(options):
     options = dict(options or {})
-    if TRITON_VERSION >= (3, 9) and "enable_fp_fusion" not in options:
-        # Triton >= 3.9 warns on every compile that leaves enable_fp_fusion
-        # unset while TRITON_DEFAULT_FP_FUSION is unset (its default flips in
-        # 3.10).  Pass Triton's own default explicitly: same result as leaving
-        # it unset (TRITON_DEFAULT_FP_FUSION / TRITON_FORCE_DISABLE_FP_FUSION
-        # still apply), exactly as on 3.6, without the per-compile warning.
-        options["enable_fp_fusion"] = bool(triton.knobs.language.default_fp_fusion)
+    if "enable_fp_fusion" not in options:
+        # ditron's default, explicit (fp_fusion_default): the same result under every Triton, and no per-compile
+        # warning from Triton >= 3.9 about its own default changing
+        options["enable_fp_fusion"] = fp_fusion_default()
     return options
+
+
+def with_fp_fusion(kwargs):
+    """A JIT launch's ``kwargs`` with ditron's ``enable_fp_fusion`` (:func:`fp_fusion_default`) where the launch
+    did not pass one -- used where Triton compiles (``JITFunction._pack_args``), not on every launch."""
+    if "enable_fp_fusion" in kwargs:
+        return kwargs
+    return dict(kwargs, enable_fp_fusion=fp_fusion_default())
 
 
 def compile_source(src, target, options):

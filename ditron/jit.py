@@ -253,6 +253,12 @@ class DitronJITFunction(_compat.JITFunction):
 
         return compile_with_libraries(once, target, needs, user_libs)
 
+    def _pack_args(self, backend, kwargs, bound_args, specialization, options):
+        """Triton parses the launch's options where it compiles (a launch found no binary in its in-memory cache):
+        ditron's ``enable_fp_fusion`` where the launch passed none (``_compat.fp_fusion_default``: FMA contraction
+        on under every Triton, as ``ditron.compile``), not Triton's own default, which turns off in 3.10."""
+        return super()._pack_args(backend, _compat.with_fp_fusion(kwargs), bound_args, specialization, options)
+
     def _do_compile(self, key, signature, device, constexprs, options, attrs, warmup):
         """Triton compiles (a launch found no binary in its in-memory cache): trace under a recording of the
         distributed IR, keep it (``dist_ir``), and lint the kernel once."""
