@@ -50,6 +50,8 @@ def ep_tiles(mode, world_size, num_experts, hidden, dtype, *, sim=False, sms=132
     # ll_fp8_once_groups groups per step) and stored to the block's pairs of that token (True), or each pair's row
     # quantised (False; at k = 8 a block of 8 consecutive pairs is one token's: 8 times the same arithmetic)
     t.ll_fp8_once = False
+    # 16 groups (2048 channels) a step on GPUs: the benchmark's launch (world size 1, 4 warps, H specialised) on
+    # Triton 3.6 takes 216 registers, no spills (tests/test_ep.py; bench/diag/ep_fp8_sweep.py has the others)
     t.ll_fp8_once_groups = 2 if sim else 16
     t.ll_fp8_once_prefetch = True       # its next step's row loaded before this step's work (two in flight)
     t.fp8_quant_rows = 4 if sim else 8
