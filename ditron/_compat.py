@@ -278,6 +278,23 @@ def fp_fusion_default() -> bool:
     return True
 
 
+def launch_int_specialization(value: int, specialize: bool = True):
+    """``(type, spec)`` Triton's launch gives an integer argument ``value``: ``("constexpr", 1)`` for 1 (the kernel
+    is compiled with the constant), else ``("i32" | "i64", "D" | "")`` -- ``"D"``: divisible by 16, which the
+    compiler may use (vector accesses, folded masks).  ``specialize=False`` (``do_not_specialize``): neither."""
+    try:
+        from triton.runtime.jit import native_specialize_impl
+        from triton.backends.compiler import BaseBackend
+        ty, spec = native_specialize_impl(BaseBackend, int(value), False, bool(specialize), True)
+        return ty, (spec or "")
+    except ImportError:          # a Triton without the native helper: its documented rule
+        v = int(value)
+        ty = "i32" if -2 ** 31 <= v < 2 ** 31 else "i64"
+        if not specialize:
+            return ty, ""
+        return ("constexpr", 1) if v == 1 else (ty, "D" if v % 16 == 0 else "")
+
+
 def _compile_options(options):
     options = dict(options or {})
     if "enable_fp_fusion" not in options:

@@ -1,7 +1,7 @@
 """``ditron`` command line.
 
     ditron compile FILE.py::KERNEL --target sm_90a --signature "x=*fp16,n=i32" --constexpr BLOCK=1024 \
-        --emit dist-ir|ttir|ttgir|llir|ptx|cubin|amdgcn|hsaco [-o OUT]
+        [--value n=4096] --emit dist-ir|ttir|ttgir|llir|ptx|cubin|amdgcn|hsaco [-o OUT]
     ditron doctor
 """
 from __future__ import annotations
@@ -186,7 +186,15 @@ def cmd_compile(args):
             raise SystemExit(f"ditron compile: --constexpr expects NAME=VALUE, got {c!r}")
         k, v = c.split("=", 1)
         constexprs[k.strip()] = _parse_value(v.strip())
-    signature = parse_signature(args.signature or "", [p for p in params if p not in constexprs])
+    values = {}
+    for c in getattr(args, "value", None) or []:
+        k, _, v = c.partition("=")
+        try:
+            values[k.strip()] = int(v.strip(), 0)
+        except ValueError:
+            raise SystemExit(f"ditron compile: --value expects NAME=INTEGER (an argument a launch would pass), "
+                             f"got {c!r}") from None
+    signature = parse_signature(args.signature or "", [p for p in params if p not in constexprs and p not in values])
     options = {}
     if args.num_warps:
         options["num_warps"] = args.num_warps
@@ -196,7 +204,8 @@ def cmd_compile(args):
     try:
         with warnings.catch_warnings():            # lint findings are printed below, once
             warnings.simplefilter("ignore", ditron.DitronLintWarning)
-            ck = ditron.compile(kernel, target=args.target, signature=signature, constexprs=constexprs, **options)
+            ck = ditron.compile(kernel, target=args.target, signature=signature, constexprs=constexprs,
+                                values=values or None, **options)
     except ditron.DitronError as e:
         print(f"ditron compile: error: {e}", file=sys.stderr)
         return 1
@@ -294,6 +303,9 @@ def main(argv=None):
                    help=f"{ACCEPTED.replace(' or sim', '')} (default sm_90a; the simulator compiles nothing)")
     p.add_argument("--signature", default="", help='"name=*fp16,n=i32" or "*fp16,i32" in parameter order')
     p.add_argument("--constexpr", "-D", action="append", help="NAME=VALUE (repeatable)")
+    p.add_argument("--value", "-V", action="append",
+                   help="NAME=INTEGER (repeatable): an integer argument specialised as a launch passing that value "
+                        "specialises it (1: a constant; a multiple of 16: known divisible by 16)")
     p.add_argument("--emit", default="dist-ir", choices=sorted(EMIT))
     p.add_argument("--num-warps", type=int)
     p.add_argument("--num-stages", type=int)

@@ -264,6 +264,39 @@ def _as_jit_function(kernel):
     raise DitronCompileError(f"ditron.compile expects a @ditron.jit kernel, got {type(kernel).__name__}")
 
 
+def _specialize_values(fn, signature, constexprs, values):
+    """``compile``'s ``values``: ``(signature, constexprs, names known divisible by 16)`` as a launch with those
+    integer arguments specialises them (:func:`ditron._compat.launch_int_specialization`)."""
+    signature = dict(zip(_compat.jit_function_params(fn), signature)) if isinstance(signature, (list, tuple)) \
+        else dict(signature or {})
+    constexprs = dict(constexprs or {})
+    if not values:
+        return signature, constexprs, []
+    params = {p.name: p for p in getattr(fn, "params", ())}
+    divisible = []
+    for name, v in values.items():
+        p = params.get(name)
+        if p is None:
+            raise DitronCompileError(f"values: kernel {fn.__name__} has no parameter {name!r}; its parameters are "
+                                     f"{list(params)}")
+        if p.is_constexpr or name in constexprs:
+            raise DitronCompileError(f"values: {name!r} is a constexpr of {fn.__name__}: give it in constexprs")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise DitronCompileError(f"values: {name!r} = {v!r}: only integer arguments are specialised by value")
+        ty, spec = _compat.launch_int_specialization(v, not p.do_not_specialize)
+        if ty == "constexpr":
+            signature[name] = "constexpr"
+            constexprs[name] = v
+        else:
+            if signature.get(name, ty) not in (ty, "i32", "i64"):
+                raise DitronCompileError(f"values: {name!r} has type {signature[name]!r} in the signature; a launch "
+                                         f"passing {v} gives it {ty!r}")
+            signature[name] = ty
+            if spec == "D":
+                divisible.append(name)
+    return signature, constexprs, divisible
+
+
 def normalize_signature(fn, signature, constexprs):
     """Complete a signature: every parameter needs a type string; parameters
     given in ``constexprs`` may be left out (they become ``"constexpr"``), and
@@ -333,13 +366,17 @@ def _cache_key(ttir_text: str) -> str:
 
 
 def compile(kernel, target="sm_90a", signature=None, constexprs=None, attrs=None, *, aligned=True,
-            extern_libs=None, **options):
+            values=None, extern_libs=None, **options):
     """Compile ``kernel`` for ``target`` without launching it.
 
     ``signature``: parameter name -> Triton type string (``"*fp16"``, ``"i32"``,
     ``"constexpr"``), as for Triton's ``ASTSource``.  ``constexprs``: values of
     constexpr parameters.  ``aligned`` (default True) tells the compiler that
     pointer arguments are 16-byte aligned, as they are for tensors from torch;
+    ``values``: integer parameter name -> the value a launch would pass, specialised as the launch specialises it
+    (1 becomes a constant, a multiple of 16 is known divisible by 16; none for a ``do_not_specialize``
+    parameter), so that what is compiled -- registers and spills included -- is what that launch runs; the type
+    of such a parameter may be left out of ``signature``.
     ``attrs`` overrides per-argument attributes.  Other keywords are backend
     options: every field of the installed Triton's ``CUDAOptions`` / ``HIPOptions`` (``num_warps``,
     ``num_stages``, ``maxnreg``, ``matrix_instr_nonkdim``, ``waves_per_eu``, ...); others are an error
@@ -355,6 +392,7 @@ def compile(kernel, target="sm_90a", signature=None, constexprs=None, attrs=None
     if unknown:
         raise DitronCompileError(f"unknown compile option(s) {sorted(unknown)} for {tgt.name} (Triton's "
                                  f"{tgt.backend} backend); valid options: {sorted(known)}", target=tgt.name)
+    signature, constexprs, divisible = _specialize_values(fn, signature, constexprs, values)
     sig, cexprs = normalize_signature(fn, signature, constexprs)
     if attrs is None:
         attrs = {}
@@ -362,6 +400,9 @@ def compile(kernel, target="sm_90a", signature=None, constexprs=None, attrs=None
             for i, ty in enumerate(sig.values()):
                 if isinstance(ty, str) and ty.startswith("*"):
                     attrs[(i,)] = _compat.divisibility_attr(16)
+        params = list(sig)
+        for n in divisible:
+            attrs[(params.index(n),)] = _compat.divisibility_attr(16)
     name = fn.__name__ if hasattr(fn, "__name__") else fn.fn.__name__
     needs = set()
 

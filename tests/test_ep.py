@@ -218,11 +218,10 @@ def test_ep_ll_fp8_once_compiles_for_sm90a(multi_node=False):
     assert const["ONCE"] and const["BGO"] == t.ll_fp8_once_groups and const["ONCE_PF"]
     k = ep_ll_kernels.ep_ll_dispatch_kernel
     params = list(inspect.signature(k.fn).parameters)
+    vals = {"H": 7168, "HW": t.hw, "K": 8}          # as the launch passes them (the others: do_not_specialize)
     sig = {p: ("*i64" if p in _I64 else "*i32" if p == "out_ptr" else "*fp32" if p == "scale_ptr" else "*bf16")
-           if p.endswith("_ptr") else "i32" for p in params if p not in const}
-    attrs = {(i,): _compat.divisibility_attr(16) for i, p in enumerate(params)
-             if p not in const and (p.endswith("_ptr") or p in ("H", "HW"))}
-    ptx = ditron.compile(k, target="sm_90a", signature=sig, constexprs=const, attrs=attrs, num_warps=warps).asm["ptx"]
+           if p.endswith("_ptr") else "i32" for p in params if p not in const and p not in vals}
+    ptx = ditron.compile(k, target="sm_90a", signature=sig, constexprs=const, values=vals, num_warps=warps).asm["ptx"]
     assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "div.rn.f32" in ptx
     if _compat.TRITON_VERSION[:2] == (3, 6):
         use = ptxas_usage(ptx, "sm_90a")

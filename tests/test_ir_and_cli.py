@@ -2,6 +2,7 @@
 and import hygiene."""
 import inspect
 import os
+import re
 import subprocess
 import sys
 
@@ -131,3 +132,18 @@ def test_jit_takes_triton_options():
     assert [p.do_not_specialize for p in k_plain.params] == [False, False, True]
     with pytest.raises(TypeError, match="unknown option"):
         ditron.jit(bogus=True)
+
+
+def test_cli_value_specialises_as_a_launch():
+    # --value n=4096: n known divisible by 16, as a launch passing 4096 makes it -- the masked loads vectorise
+    # (docs/porting.md); without it, scalar loads; a value that is not an integer is refused
+    sig = "x_ptr=*fp16,out_ptr=*fp16,sig_ptr=*i32"
+    r = _cli("compile", "kernels/porting_example.py::ring_pull_kernel", "--target", "sm_90a", "--signature", sig,
+             "-D", "BLOCK=1024", "--value", "n=4096", "--emit", "ptx")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"ld\.global(\.nc)?\.v4", r.stdout)
+    r = _cli("compile", "kernels/porting_example.py::ring_pull_kernel", "--target", "sm_90a", "--signature", SIG,
+             "-D", "BLOCK=1024", "--emit", "ptx")
+    assert r.returncode == 0 and not re.search(r"ld\.global(\.nc)?\.v4", r.stdout)
+    r = _cli("compile", "kernels/porting_example.py::ring_pull_kernel", "--value", "n=many")
+    assert r.returncode != 0 and "--value expects NAME=INTEGER" in r.stderr
