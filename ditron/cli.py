@@ -187,7 +187,7 @@ def cmd_compile(args):
         k, v = c.split("=", 1)
         constexprs[k.strip()] = _parse_value(v.strip())
     values = {}
-    for c in getattr(args, "value", None) or []:
+    for c in args.value or []:
         k, _, v = c.partition("=")
         try:
             values[k.strip()] = int(v.strip(), 0)

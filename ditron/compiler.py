@@ -267,11 +267,10 @@ def _as_jit_function(kernel):
 def _specialize_values(fn, signature, constexprs, values):
     """``compile``'s ``values``: ``(signature, constexprs, names known divisible by 16)`` as a launch with those
     integer arguments specialises them (:func:`ditron._compat.launch_int_specialization`)."""
-    signature = dict(zip(_compat.jit_function_params(fn), signature)) if isinstance(signature, (list, tuple)) \
-        else dict(signature or {})
-    constexprs = dict(constexprs or {})
     if not values:
         return signature, constexprs, []
+    signature = _signature_dict(fn, signature)
+    constexprs = dict(constexprs or {})
     params = {p.name: p for p in getattr(fn, "params", ())}
     divisible = []
     for name, v in values.items():
@@ -297,17 +296,23 @@ def _specialize_values(fn, signature, constexprs, values):
     return signature, constexprs, divisible
 
 
+def _signature_dict(fn, signature) -> dict:
+    """``signature`` by parameter name (a list or tuple gives one type per parameter, in order)."""
+    if isinstance(signature, (list, tuple)):
+        params = _compat.jit_function_params(fn)
+        if len(signature) != len(params):
+            raise DitronCompileError(f"signature lists {len(signature)} types for {len(params)} parameters "
+                                     f"{params}")
+        return dict(zip(params, signature))
+    return dict(signature or {})
+
+
 def normalize_signature(fn, signature, constexprs):
     """Complete a signature: every parameter needs a type string; parameters
     given in ``constexprs`` may be left out (they become ``"constexpr"``), and
     so may ``tl.constexpr`` parameters with a default (they take it)."""
     params = _compat.jit_function_params(fn)
-    if isinstance(signature, (list, tuple)):
-        if len(signature) != len(params):
-            raise DitronCompileError(f"signature lists {len(signature)} types for {len(params)} parameters "
-                                     f"{params}")
-        signature = dict(zip(params, signature))
-    signature = dict(signature or {})
+    signature = _signature_dict(fn, signature)
     constexprs = dict(constexprs or {})
     unknown = sorted((set(signature) | set(constexprs)) - set(params))
     if unknown:
